@@ -1,0 +1,86 @@
+"""Engine settings: one frozen dataclass; field docstrings become ``--help`` text."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+MOE_BACKENDS = ("auto", "fused", "offload", "cpu", "hybrid", "static-layers", "static-freq")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None
+    """Checkpoint directory (Hugging Face layout). None: the embedded default model."""
+    device: str | None = None
+    """Compute device: "cpu", "cuda" or "cuda:N". None: cuda when available, else cpu."""
+    dtype: str | None = None
+    """Compute dtype name ("float32", "bfloat16", "float16"). None: bfloat16 on GPU, float32 on CPU."""
+    moe_backend: str = "auto"
+    """Where routed experts run: auto, fused, offload, cpu, hybrid (see docs/architecture.md)."""
+    expert_cache: int | float | None = None
+    """Expert-slot cache size: a slot count (int) or a fraction of the pool (float in (0, 1])."""
+    fill_fraction: float | None = None
+    """Fixed share of cache misses to copy into the cache (the rest run on the CPU). None: measured split."""
+    max_running_requests: int = 4
+    """Requests decoded together; later ones wait in the queue."""
+    max_queued_requests: int = 256
+    """Requests that may wait; beyond this new requests are refused."""
+    max_batched_tokens: int = 8192
+    """Tokens computed in one step (prefill chunk size plus running decodes)."""
+    page_size: int = 16
+    """Tokens per KV page."""
+    kv_pages: int | None = None
+    """KV pages to allocate. None: derived from the memory budget (CPU: enough for max_model_len x running)."""
+    max_model_len: int | None = None
+    """Context length limit. None: the checkpoint's max_position_embeddings."""
+    cpu_threads: int | None = None
+    """Threads for the CPU expert kernel. None: physical cores - 1."""
+    seed: int = 0
+    """Seed for requests that set none."""
+
+    def __post_init__(self) -> None:
+        if self.moe_backend not in MOE_BACKENDS:
+            raise ValueError(f"moe_backend must be one of {', '.join(MOE_BACKENDS)}, got {self.moe_backend!r}")
+        if self.max_running_requests < 1:
+            raise ValueError("max_running_requests must be >= 1")
+        if self.max_batched_tokens < 1:
+            raise ValueError("max_batched_tokens must be >= 1")
+        if self.page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        ec = self.expert_cache
+        if isinstance(ec, float) and not (0.0 < ec <= 1.0):
+            raise ValueError(f"expert_cache as a fraction must be in (0, 1], got {ec}")
+        if isinstance(ec, int) and not isinstance(ec, bool) and ec < 0:
+            raise ValueError(f"expert_cache as a slot count must be >= 0, got {ec}")
+        if self.fill_fraction is not None and not (0.0 <= self.fill_fraction <= 1.0):
+            raise ValueError(f"fill_fraction must be in [0, 1], got {self.fill_fraction}")
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)}
+
+    def replace(self, **changes: Any) -> EngineConfig:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Env:
+    """The one typed place for environment variables."""
+
+    cache_dir: str = field(
+        default_factory=lambda: os.environ.get(
+            "FREETOKEN_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "freetoken")
+        )
+    )
+    """Where built kernels and machine profiles are kept (FREETOKEN_CACHE)."""
+    force_avx2: bool = field(default_factory=lambda: os.environ.get("FREETOKEN_FORCE_AVX2", "") == "1")
+    """Force the AVX2 path of the CPU expert kernel (FREETOKEN_FORCE_AVX2=1)."""
+    debug: bool = field(default_factory=lambda: os.environ.get("FREETOKEN_DEBUG", "") == "1")
+    """Check cache invariants after every step (FREETOKEN_DEBUG=1)."""
+
+
+def env() -> Env:
+    return Env()

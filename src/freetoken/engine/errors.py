@@ -1,0 +1,29 @@
+"""Engine errors. Input errors are the caller's fault and never harm other requests."""
+
+from __future__ import annotations
+
+
+class FreeTokenError(Exception):
+    """Base class."""
+
+
+class InputError(FreeTokenError, ValueError):
+    """A request the engine refuses (too long, bad ids, bad parameters)."""
+
+
+class PromptTooLongError(InputError):
+    def __init__(self, prompt_tokens: int, max_model_len: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.max_model_len = max_model_len
+        super().__init__(
+            f"prompt is too long: {prompt_tokens} tokens > {max_model_len - 1} maximum "
+            f"(context length {max_model_len} must leave room for at least one generated token)"
+        )
+
+
+class QueueFullError(FreeTokenError):
+    """The waiting queue is full; try again later."""
+
+
+class EngineDeadError(FreeTokenError):
+    """The engine thread died; the server answers 5xx."""

@@ -1,0 +1,87 @@
+"""The one narrow interface between the MoE layer and everything in ``experts/``.
+
+Shapes: T = tokens in the step, D = hidden size, I = expert intermediate size, k = experts per token,
+L = MoE layers, E = routed experts per layer, N = L * E pool rows (``eid = moe_layer * E + expert``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+ACTIVATIONS = ("silu",)
+
+
+@dataclass
+class ExpertBanks:
+    """All routed experts of all MoE layers, one bank per weight kind, ``eid`` rows.
+
+    ``gate_up[eid]`` is ``[2I, D]`` (gate rows first, then up rows); ``down[eid]`` is ``[D, I]``.
+    Filled straight from the checkpoint in this layout; this is the host expert pool's content.
+    """
+
+    gate_up: torch.Tensor  # [N, 2I, D]
+    down: torch.Tensor  # [N, D, I]
+    num_layers: int  # L (MoE layers only)
+    num_experts: int  # E
+    activation: str = "silu"
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.gate_up.shape[2])
+
+    @property
+    def intermediate_size(self) -> int:
+        return int(self.down.shape[2])
+
+    @property
+    def expert_bytes(self) -> int:
+        return (self.gate_up[0].numel() + self.down[0].numel()) * self.gate_up.element_size()
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.expert_bytes * self.num_layers * self.num_experts
+
+    @classmethod
+    def empty(
+        cls, num_layers: int, num_experts: int, hidden: int, inter: int, dtype: torch.dtype
+    ) -> ExpertBanks:
+        n = num_layers * num_experts
+        return cls(
+            gate_up=torch.empty((n, 2 * inter, hidden), dtype=dtype),
+            down=torch.empty((n, hidden, inter), dtype=dtype),
+            num_layers=num_layers,
+            num_experts=num_experts,
+        )
+
+
+class ExpertBackend(ABC):
+    """Runs the routed experts of one MoE layer for the tokens of a step.
+
+    ``forward`` returns ``sum_j topk_w[t, j] * expert_{topk_ids[t, j]}(x[t])`` exactly: every
+    routed expert contributes (no dropping), whichever device or cache computes it.
+    """
+
+    name: str = "base"
+
+    @abstractmethod
+    def forward(
+        self,
+        layer: int,  # MoE layer index in [0, L)
+        x: torch.Tensor,  # [T, D] compute dtype, on the compute device
+        topk_ids: torch.Tensor,  # [T, k] int64 expert ids in [0, E)
+        topk_w: torch.Tensor,  # [T, k] float32 routing weights
+    ) -> torch.Tensor:  # [T, D] compute dtype
+        ...
+
+    def begin_step(self, num_tokens: int, is_decode: bool) -> None:  # noqa: B027 - optional hook
+        """Called once before each model forward (a safe point between steps)."""
+
+    def stats(self) -> dict[str, int | float]:
+        """Cumulative counters; DESIGN §4 names (``expert_hits``, ``expert_fills``, ``expert_cpu_runs``)."""
+        return {}
+
+    def check_integrity(self) -> None:  # noqa: B027 - optional hook
+        """Raise AssertionError when an internal invariant is broken (slot tables, counts)."""
