@@ -1,0 +1,5 @@
+import sys
+
+from freetoken.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,51 @@
+"""The ``ft`` command: a thin dispatcher over one module per subcommand.
+
+Each subcommand module exposes ``add_parser(subparsers) -> argparse.ArgumentParser`` and
+``run(args) -> int``. Modules are imported lazily, so ``ft --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+# name -> module; a subcommand whose module is absent is simply not offered.
+SUBCOMMANDS: dict[str, str] = {
+    "serve": "freetoken.cli.serve",
+    "chat": "freetoken.cli.chat",
+    "generate": "freetoken.cli.generate",
+    "bench": "freetoken.cli.bench",
+    "convert": "freetoken.cli.convert",
+    "launch": "freetoken.cli.launch",
+    "ctl": "freetoken.cli.ctl",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ft", description="FreeToken: serve MoE LLMs on one machine.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module in SUBCOMMANDS.items():
+        if importlib.util.find_spec(module) is None:
+            continue
+        mod = importlib.import_module(module)
+        p = mod.add_parser(sub)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "_run"):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
