@@ -137,7 +137,7 @@ class SafetensorsReader:
     def _readinto(info: TensorInfo, dst: torch.Tensor) -> None:
         if info.nbytes == 0:
             return
-        buf = memoryview(dst.reshape(-1).view(torch.uint8).numpy()).cast("B")
+        buf = memoryview(dst.reshape(-1).view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]
         if len(buf) != info.nbytes:
             raise CheckpointError(f"{info.file.name}: size mismatch reading a tensor ({info.nbytes} bytes)")
         with open(info.file, "rb") as f:

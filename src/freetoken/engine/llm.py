@@ -56,11 +56,11 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[CompletionResult]:
-        if isinstance(prompts, str) or (
-            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
-        ):
-            prompts = [prompts]  # type: ignore[list-item]
-        plist = list(prompts)  # type: ignore[arg-type]
+        plist: list[Prompt]
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            plist = [prompts]  # type: ignore[list-item]
+        else:
+            plist = list(prompts)  # type: ignore[arg-type]
         params = sampling_params or SamplingParams()
         per = list(params) if isinstance(params, Sequence) else [params] * len(plist)
         if len(per) != len(plist):

@@ -54,7 +54,9 @@ class ModelRunner:
             is_decode = all(n == 1 for _, n in items)
             self.backend.begin_step(int(input_ids.shape[0]), is_decode)
         hidden = self.model.forward(input_ids, batch, self.kv)
-        sampling = [(req, row) for (req, n), row in zip(items, last_rows) if req.num_computed_tokens + n == req.num_tokens]
+        sampling = [
+            (req, row) for (req, n), row in zip(items, last_rows) if req.num_computed_tokens + n == req.num_tokens
+        ]
         if not sampling:
             return {}
         rows = torch.tensor([row for _, row in sampling], dtype=torch.int64, device=self.device)

@@ -42,8 +42,8 @@ def _yarn(inv: torch.Tensor, base: float, dim: int, p: dict, max_pos: int) -> tu
     def correction_dim(rot: float) -> float:
         return (dim * math.log(old / (rot * 2 * math.pi))) / (2 * math.log(base))
 
-    low = max(math.floor(correction_dim(beta_fast)), 0)
-    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
+    low = float(max(math.floor(correction_dim(beta_fast)), 0))
+    high = float(min(math.ceil(correction_dim(beta_slow)), dim - 1))
     if low == high:
         high += 0.001
     ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
