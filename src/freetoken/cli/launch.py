@@ -23,12 +23,21 @@ EXIT_NOT_FOUND = 127
 
 def _add_options(p: argparse.ArgumentParser, suppress: bool = False) -> None:
     default = argparse.SUPPRESS if suppress else None
-    p.add_argument("--dry-run", action="store_true", default=argparse.SUPPRESS if suppress else False,
-                   help="print the env vars and file diffs that would be applied; change nothing")
-    p.add_argument("--server", default=default, metavar="URL",
-                   help=f"FreeToken server (default {DEFAULT_SERVER})")
-    p.add_argument("--model", default=default, metavar="NAME",
-                   help="model id (default: the server's first model; 'freetoken' when it is down)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=argparse.SUPPRESS if suppress else False,
+        help="print the env vars and file diffs that would be applied; change nothing",
+    )
+    p.add_argument(
+        "--server", default=default, metavar="URL", help=f"FreeToken server (default {DEFAULT_SERVER})"
+    )
+    p.add_argument(
+        "--model",
+        default=default,
+        metavar="NAME",
+        help="model id (default: the server's first model; 'freetoken' when it is down)",
+    )
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from freetoken.launch import tomlw
-from freetoken.launch.base import LaunchPlan, ServerInfo, home_dir
+from freetoken.launch.base import LaunchError, LaunchPlan, ServerInfo, home_dir
 from freetoken.launch.files import FileChange, read_text
 
 BINARY = "codex"
@@ -77,12 +77,13 @@ def _profile_change(path: Path, server: ServerInfo) -> FileChange:
 
 def plan(server: ServerInfo, env: Mapping[str, str], args: Sequence[str]) -> LaunchPlan:
     home = codex_home(env)
-    return LaunchPlan(
-        agent="codex",
-        binary=BINARY,
-        args=("--profile", PROFILE, *args),
-        files=(
-            _config_change(home / "config.toml", server),
-            _profile_change(home / f"{PROFILE}.config.toml", server),
-        ),
-    )
+    files = []
+    for path, make in (
+        (home / "config.toml", _config_change),
+        (home / f"{PROFILE}.config.toml", _profile_change),
+    ):
+        try:
+            files.append(make(path, server))
+        except tomlw.TOMLDecodeError as exc:
+            raise LaunchError(f"cannot parse {path} ({exc}); fix it first") from exc
+    return LaunchPlan(agent="codex", binary=BINARY, args=("--profile", PROFILE, *args), files=tuple(files))

@@ -57,8 +57,11 @@ def updated_config(current: Mapping[str, Any], server: ServerInfo) -> dict[str, 
         "models": {server.model: {"context_length": server.context_length}},
     }
     providers = cfg.get("custom_providers")
-    others = [p for p in providers if not (isinstance(p, dict) and p.get("name") == PROVIDER)] \
-        if isinstance(providers, list) else []
+    others = (
+        [p for p in providers if not (isinstance(p, dict) and p.get("name") == PROVIDER)]
+        if isinstance(providers, list)
+        else []
+    )
     cfg["custom_providers"] = [*others, entry]
     return cfg
 

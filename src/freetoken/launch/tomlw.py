@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-import json
 import re
 import sys
 from collections.abc import Mapping
@@ -32,8 +31,24 @@ _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 _HEADER = re.compile(r"^\s*\[(\[)?\s*(?P<path>[^\[\]]+?)\s*\](\])?\s*(#.*)?$")
 
 
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def _string(s: str) -> str:
+    """A TOML basic string: quotes, backslashes and control characters (DEL too) escaped."""
+    out = []
+    for c in s:
+        if c in _ESCAPES:
+            out.append(_ESCAPES[c])
+        elif c < " " or c == "\x7f":
+            out.append(f"\\u{ord(c):04x}")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
 def _key(k: str) -> str:
-    return k if _BARE_KEY.match(k) else json.dumps(k, ensure_ascii=False)
+    return k if _BARE_KEY.match(k) else _string(k)
 
 
 def _value(v: Any) -> str:
@@ -49,8 +64,7 @@ def _value(v: Any) -> str:
             return "inf" if v > 0 else "-inf"
         return repr(v)
     if isinstance(v, str):
-        # JSON string escapes are a subset of TOML basic-string escapes.
-        return json.dumps(v, ensure_ascii=False)
+        return _string(v)
     if isinstance(v, dt.datetime | dt.date | dt.time):
         return v.isoformat()
     if isinstance(v, list | tuple):
@@ -97,7 +111,7 @@ def _parse_path(raw: str) -> tuple[str, ...] | None:
     parts: list[str] = []
     node: Any = parsed
     while isinstance(node, dict) and len(node) == 1:
-        (k, node), = node.items()
+        ((k, node),) = node.items()
         parts.append(k)
     return tuple(parts)
 
@@ -127,22 +141,30 @@ Tables = Mapping[tuple[str, ...], Mapping[str, Any] | None]
 
 
 def merged(doc: Mapping[str, Any], tables: Tables) -> dict[str, Any]:
-    """The document with each listed table replaced (a mapping) or removed (None)."""
+    """The document with each listed table replaced (a mapping) or removed (None).
+
+    Removing a table also drops parents it leaves empty (a text edit that deletes
+    ``[a.b]`` leaves no ``a`` behind either).
+    """
     out = copy.deepcopy(dict(doc))
     for path, value in tables.items():
-        node = out
+        chain = [out]
         for p in path[:-1]:
-            child = node.get(p)
+            child = chain[-1].get(p)
             if not isinstance(child, dict):
                 if value is None:
                     break
-                child = node[p] = {}
-            node = child
+                child = chain[-1][p] = {}
+            chain.append(child)
         else:
-            if value is None:
-                node.pop(path[-1], None)
-            else:
-                node[path[-1]] = copy.deepcopy(dict(value))
+            if value is not None:
+                chain[-1][path[-1]] = copy.deepcopy(dict(value))
+            elif path[-1] in chain[-1]:
+                del chain[-1][path[-1]]
+                for depth in range(len(chain) - 1, 0, -1):  # prune parents left empty
+                    if chain[depth]:
+                        break
+                    del chain[depth - 1][path[depth - 1]]
     return out
 
 
