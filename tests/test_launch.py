@@ -9,7 +9,6 @@ exec path runs and no real agent is ever started.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -505,7 +504,21 @@ def test_unknown_option_before_separator_is_an_error(box: dict[str, Any], dead_u
     assert res.returncode == 2 and "after `--`" in res.stderr
 
 
-def test_options_after_agent_name_and_env_defaults(box: dict[str, Any], dead_url: str) -> None:
+def test_options_after_agent_name(box: dict[str, Any], dead_url: str) -> None:
     res = ft_launch(box, "codex", "--dry-run", "--server", dead_url, "--model", "m1")
     assert res.returncode == 0 and '+model = "m1"' in res.stdout and "not reachable" in res.stdout
-    assert os.environ.get("HOME") != box["env"]["HOME"]  # the test never touched the real HOME
+    assert all_files(box["home"]) == []
+
+
+def test_symlinked_config_is_written_through(server: str, box: dict[str, Any], tmp_path: Path) -> None:
+    real = tmp_path / "dotfiles" / "hermes.yaml"
+    real.parent.mkdir()
+    real.write_text("terminal:\n  backend: local\n")
+    link = box["home"] / ".hermes" / "config.yaml"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    plan = load_agent("hermes").plan(probe_server(server), box["env"], [])
+    assert [c.path for c in plan.files] == [link]
+    ((_, backup),) = apply_plan(plan)
+    assert link.is_symlink() and yaml.safe_load(real.read_text())["model"]["provider"] == "custom"
+    assert backup is not None and backup.read_text() == "terminal:\n  backend: local\n"

@@ -43,6 +43,7 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool = False) -> None:
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "launch",
+        usage="ft launch [-h] [--dry-run] [--server URL] [--model NAME] AGENT [-- AGENT_ARGS ...]",
         help="point a coding agent at the FreeToken server and start it",
         description="Configure a coding agent for the FreeToken server (env vars and config files, "
         "each changed file backed up first) and start it. Arguments after `--` go to the agent.",
@@ -50,7 +51,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     _add_options(p)
     p.add_argument("agent", choices=list(AGENTS), help="which agent")
     # Everything after the agent name: our options up to `--`, then the agent's own args.
-    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    p.add_argument("rest", nargs=argparse.REMAINDER, metavar="-- AGENT_ARGS", help=argparse.SUPPRESS)
     return p
 
 

@@ -55,20 +55,24 @@ def backup_path(path: Path, stamp: str | None = None) -> Path:
 
 
 def apply_change(change: FileChange) -> Path | None:
-    """Back up (if the file exists) and write one change; returns the backup path."""
+    """Back up (if the file exists) and write one change; returns the backup path.
+
+    A symlinked config (dotfile managers) is written through: the link stays a link.
+    """
     if not change.changed:
         return None
-    change.path.parent.mkdir(parents=True, exist_ok=True)
+    target = change.path.resolve() if change.path.is_symlink() else change.path
+    target.parent.mkdir(parents=True, exist_ok=True)
     backup = None
-    if change.path.exists():
+    if target.exists():
         backup = backup_path(change.path)
-        shutil.copy2(change.path, backup)
+        shutil.copy2(target, backup)
     # Write to a temporary file and rename: a crash never leaves a half-written config.
-    tmp = change.path.with_name(f".{change.path.name}.ft-tmp")
+    tmp = target.with_name(f".{target.name}.ft-tmp")
     tmp.write_text(change.new_text, encoding="utf-8")
-    if change.path.exists():
-        shutil.copymode(change.path, tmp)
-    os.replace(tmp, change.path)
+    if target.exists():
+        shutil.copymode(target, tmp)
+    os.replace(tmp, target)
     return backup
 
 
