@@ -192,6 +192,7 @@ model = "old"
 [profiles.freetoken.features]
 x = true
 
+# docs server (this comment belongs to the next table)
 [mcp_servers.docs]
 command = "docs-mcp"
 args = ["--port", "9"]
@@ -210,7 +211,7 @@ def test_set_tables_replaces_only_our_tables_and_keeps_comments() -> None:
     }
     assert "profiles" not in doc or "freetoken" not in doc["profiles"]
     assert doc["mcp_servers"] == {"docs": {"command": "docs-mcp", "args": ["--port", "9"]}}
-    for kept in ("# my codex settings", 'model = "gpt-5"  # keep me', "[mcp_servers.docs]"):
+    for kept in ("# my codex settings", 'model = "gpt-5"  # keep me', "# docs server", "[mcp_servers.docs]"):
         assert kept in out
     assert tomlw.set_tables(out, {("model_providers", "freetoken"): table}) == out  # idempotent
 

@@ -133,8 +133,20 @@ def _table_spans(lines: list[str]) -> list[tuple[tuple[str, ...] | None, int, in
     spans = []
     for j, (path, start) in enumerate(heads):
         end = heads[j + 1][1] if j + 1 < len(heads) else len(lines)
-        spans.append((path, start, end))
+        spans.append((path, start, _own_end(lines, start, end)))
     return spans
+
+
+def _own_end(lines: list[str], start: int, end: int) -> int:
+    """End of a table's own lines: comments just above the next header belong to that one."""
+    j = end
+    while j > start + 1 and (not lines[j - 1].strip() or lines[j - 1].lstrip().startswith("#")):
+        j -= 1
+    if not any(line.lstrip().startswith("#") for line in lines[j:end]):
+        return end
+    while not lines[j].strip():  # blank lines before that comment go with this table
+        j += 1
+    return j
 
 
 Tables = Mapping[tuple[str, ...], Mapping[str, Any] | None]
