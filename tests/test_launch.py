@@ -305,12 +305,12 @@ def test_dry_run_shows_diff_of_existing_file_through_ft(server: str, box: dict[s
 
 def test_claude_env(server: str, box: dict[str, Any]) -> None:
     fake_agent(box, "claude")
-    res = ft_launch(
-        box, "claude", "--server", server, "--", "-p", "hi", extra_env={"ANTHROPIC_API_KEY": "sk-real"}
-    )
+    # `--dry-run` after `--` belongs to the agent: this is a real launch.
+    args = ("claude", "--server", server, "--", "--dry-run", "-p", "hi")
+    res = ft_launch(box, *args, extra_env={"ANTHROPIC_API_KEY": "sk-real"})
     assert res.returncode == 0, res.stderr
     rec = recorded(box)
-    assert rec["argv"][1:] == ["-p", "hi"]
+    assert rec["argv"][1:] == ["--dry-run", "-p", "hi"]
     env = rec["env"]
     assert env["ANTHROPIC_BASE_URL"] == server and env["ANTHROPIC_AUTH_TOKEN"]
     assert "ANTHROPIC_API_KEY" not in env  # the user's real key never reaches the local server
@@ -500,9 +500,16 @@ def test_missing_binary_prints_install_hint(
     assert all_files(box["home"]) == []  # nothing is configured for an agent that is not there
 
 
-def test_unknown_option_before_separator_is_an_error(box: dict[str, Any], dead_url: str) -> None:
+def test_bad_command_lines_are_errors(box: dict[str, Any], dead_url: str) -> None:
     res = ft_launch(box, "claude", "--server", dead_url, "--resume")
     assert res.returncode == 2 and "after `--`" in res.stderr
+    for argv in ([], ["vim"]):
+        res = ft_launch(box, *argv)
+        assert (
+            res.returncode == 2
+            and "choose one of claude, codex" in res.stderr
+            and "Traceback" not in res.stderr
+        )
 
 
 def test_options_after_agent_name(box: dict[str, Any], dead_url: str) -> None:

@@ -46,18 +46,24 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         usage="ft launch [-h] [--dry-run] [--server URL] [--model NAME] AGENT [-- AGENT_ARGS ...]",
         help="point a coding agent at the FreeToken server and start it",
         description="Configure a coding agent for the FreeToken server (env vars and config files, "
-        "each changed file backed up first) and start it. Arguments after `--` go to the agent.",
+        "each changed file backed up first) and start it. Arguments after `--` go to the agent. "
+        f"AGENT is one of: {', '.join(AGENTS)}.",
     )
     _add_options(p)
-    p.add_argument("agent", choices=list(AGENTS), help="which agent")
-    # Everything after the agent name: our options up to `--`, then the agent's own args.
-    p.add_argument("rest", nargs=argparse.REMAINDER, metavar="-- AGENT_ARGS", help=argparse.SUPPRESS)
+    # The agent name and everything after it, verbatim. One REMAINDER positional keeps a
+    # `--` right after the agent name on every Python version (a separate `agent`
+    # positional would let argparse swallow it, turning `-- --dry-run` into ours).
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="AGENT", help=argparse.SUPPRESS)
     return p
 
 
-def _split_rest(args: argparse.Namespace) -> list[str]:
-    """Parse our options given after the agent name; return the agent's own arguments."""
-    rest = list(args.rest)
+def _split_argv(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """Agent name and the agent's own arguments; our options after the name are parsed here."""
+    argv = list(args.argv)
+    if not argv or argv[0] not in AGENTS:
+        got = f"unknown agent {argv[0]!r}" if argv else "no agent given"
+        raise LaunchError(f"{got}; choose one of {', '.join(AGENTS)}")
+    rest = argv[1:]
     ours, theirs = (rest[: rest.index("--")], rest[rest.index("--") + 1 :]) if "--" in rest else (rest, [])
     late = argparse.ArgumentParser(prog="ft launch", add_help=False)
     _add_options(late, suppress=True)
@@ -66,14 +72,14 @@ def _split_rest(args: argparse.Namespace) -> list[str]:
         raise LaunchError(f"unknown option(s) {' '.join(unknown)}; put the agent's own arguments after `--`")
     for k, v in vars(parsed).items():
         setattr(args, k, v)
-    return theirs
+    return argv[0], theirs
 
 
 def run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     try:
-        agent_args = _split_rest(args)
-        agent = load_agent(args.agent)
+        name, agent_args = _split_argv(args)
+        agent = load_agent(name)
         server = probe_server(args.server, args.model)
         plan = agent.plan(server, env, agent_args)
     except LaunchError as exc:
