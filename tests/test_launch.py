@@ -135,7 +135,8 @@ def backups(path: Path) -> list[Path]:
 # ---------------------------------------------------------------------------- server
 
 
-def test_probe_reads_model_and_context_from_live_server(server: str) -> None:
+def test_probe_reads_model_and_context_from_live_server(server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")  # a loopback server is never proxied
     info = probe_server(server + "/v1/")  # a trailing /v1 is accepted and dropped
     assert info.reachable and info.base_url == server
     assert (info.model, info.context_length, info.max_output_tokens) == ("qwen3-moe", 131072, 8192)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -66,7 +66,14 @@ def default_output_tokens(context_length: int) -> int:
 def fetch_models(base_url: str, timeout: float = 2.0) -> list[dict[str, object]]:
     """GET ``/v1/models``; raises ``OSError``/``ValueError`` when it cannot be read."""
     req = urllib.request.Request(base_url + "/v1/models", headers={"Accept": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (user-given URL)
+    # A loopback server is asked directly, even when http_proxy is set for the outside world.
+    local = urllib.parse.urlsplit(base_url).hostname in ("127.0.0.1", "localhost", "::1")
+    opener = (
+        urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        if local
+        else urllib.request.build_opener()
+    )
+    with opener.open(req, timeout=timeout) as resp:
         body = json.loads(resp.read().decode("utf-8"))
     data = body.get("data") if isinstance(body, dict) else None
     if not isinstance(data, list):
