@@ -23,7 +23,7 @@ DEFAULT_SERVER = "http://127.0.0.1:1919"
 DEFAULT_MODEL = "freetoken"
 # Used only when the server cannot be asked. Hermes refuses windows under 64k.
 DEFAULT_CONTEXT_LENGTH = 65536
-# Agents send no API key we could check; local servers take any bearer token.
+# The server checks no key; this placeholder satisfies agents that insist on sending one.
 API_KEY = "freetoken"
 
 
