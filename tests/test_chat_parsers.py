@@ -101,7 +101,10 @@ def test_qwen3_reasoning_content_and_parallel_calls():
     msg = check(QWEN3, "qwen3")
     assert msg.reasoning == "The user wants weather for two cities."
     assert msg.content == "Let me check both."
-    assert calls(msg) == [("get_weather", {"city": "Paris", "days": 2}), ("get_weather", {"city": "東京 <b>", "days": 1})]
+    assert calls(msg) == [
+        ("get_weather", {"city": "Paris", "days": 2}),
+        ("get_weather", {"city": "東京 <b>", "days": 1}),
+    ]
     assert [c.id for c in msg.tool_calls] == [f"call_{0:024x}", f"call_{1:024x}"]
 
 
@@ -172,7 +175,7 @@ def test_partial_tag_is_held_and_plain_text_is_not():
 QWEN3_CODER = (
     "I'll look it up.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
     "<parameter=days>\n3\n</parameter>\n<parameter=metric>\nTrue\n</parameter>\n"
-    "<parameter=ratio>\n0.5\n</parameter>\n<parameter=opts>\n{\"a\": [1, 2]}\n</parameter>\n"
+    '<parameter=ratio>\n0.5\n</parameter>\n<parameter=opts>\n{"a": [1, 2]}\n</parameter>\n'
     "<parameter=tags>\nnull\n</parameter>\n</function>\n</tool_call>\n"
     "<tool_call>\n<function=run_shell>\n<parameter=cmd>\nif [ 1 -lt 2 ]; then\n  echo '<ok>'\nfi\n"
     "</parameter>\n</function>\n</tool_call>"
@@ -183,7 +186,17 @@ def test_qwen3_coder_xml_typed_by_schema():
     msg = check(QWEN3_CODER, "qwen3_coder")
     assert msg.content == "I'll look it up."
     assert calls(msg) == [
-        ("get_weather", {"city": "New York", "days": 3, "metric": True, "ratio": 0.5, "opts": {"a": [1, 2]}, "tags": None}),
+        (
+            "get_weather",
+            {
+                "city": "New York",
+                "days": 3,
+                "metric": True,
+                "ratio": 0.5,
+                "opts": {"a": [1, 2]},
+                "tags": None,
+            },
+        ),
         ("run_shell", {"cmd": "if [ 1 -lt 2 ]; then\n  echo '<ok>'\nfi"}),
     ]
 
@@ -198,7 +211,9 @@ def test_qwen3_coder_tolerates_missing_parameter_close_and_keeps_bad_types_as_te
 
 
 def test_qwen3_coder_with_reasoning_started_in_prompt_and_json_body():
-    text = 'plan it\n</think>\n\n<tool_call>\n{"name": "run_shell", "arguments": {"cmd": "make"}}\n</tool_call>'
+    text = (
+        'plan it\n</think>\n\n<tool_call>\n{"name": "run_shell", "arguments": {"cmd": "make"}}\n</tool_call>'
+    )
     msg = check(text, "qwen3_coder", sir=True)
     assert msg.reasoning == "plan it" and calls(msg) == [("run_shell", {"cmd": "make"})]
 
@@ -246,5 +261,7 @@ def test_unknown_names_are_refused():
         make_stream_parser("qwen3", TOOLS, False, tool_parser="nope")
     # Overriding one half: GLM's tool syntax with no reasoning parser.
     p = make_stream_parser("qwen3", TOOLS, False, tool_parser="glm45", reasoning_parser="none")
-    msg = p.parse_all("<think>x</think><tool_call>run_shell<arg_key>cmd</arg_key><arg_value>ls</arg_value></tool_call>")
+    msg = p.parse_all(
+        "<think>x</think><tool_call>run_shell<arg_key>cmd</arg_key><arg_value>ls</arg_value></tool_call>"
+    )
     assert msg.content == "<think>x</think>" and calls(msg) == [("run_shell", {"cmd": "ls"})]
