@@ -62,6 +62,17 @@ class Sentinels:
     def protect(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [self._message(m) for m in messages]
 
+    def protect_tools(self, tools: Any) -> Any:
+        """Descriptions anywhere in tool definitions (MCP servers write them); names, types and
+        enums stay real, since templates branch on them."""
+        if isinstance(tools, dict):
+            return {
+                k: self.wrap(v) if k == "description" else self.protect_tools(v) for k, v in tools.items()
+            }
+        if isinstance(tools, list):
+            return [self.protect_tools(x) for x in tools]
+        return tools
+
     def _message(self, m: dict[str, Any]) -> dict[str, Any]:
         out = dict(m)
         for key in _UNTRUSTED_KEYS:

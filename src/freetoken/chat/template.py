@@ -158,16 +158,42 @@ def render_pieces(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None = None,
     add_generation_prompt: bool = False,
+    continue_final_message: bool = False,
     **kwargs: Any,
 ) -> list[tuple[str, bool]] | None:
     """The prompt as (text, is_untrusted) pieces whose concatenation equals `render(...)`;
-    None when the template's handling of the text defeats both the sentinel and the alignment."""
+    None when the template's handling of the text defeats both the sentinel and the alignment.
+
+    `continue_final_message`: the prompt stops right after the last message's text (an
+    assistant prefill the model continues) instead of closing that turn.
+    """
+    if continue_final_message and add_generation_prompt:
+        raise TemplateRenderError("continue_final_message and add_generation_prompt exclude each other")
     prepared = prepare_messages(messages)
     plain = _render(template, prepared, tools, add_generation_prompt, kwargs)
     sentinels = Sentinels()
-    marked = _render(template, sentinels.protect(prepared), tools, add_generation_prompt, kwargs)
+    protected, protected_tools = sentinels.protect(prepared), sentinels.protect_tools(tools)
+    marked = _render(template, protected, protected_tools, add_generation_prompt, kwargs)
     texts, slots = sentinels.split(marked)
-    return pieces_from(texts, slots, plain) if slots else [(plain, False)]
+    if not slots:  # nothing untrusted was rendered, or the template mangled every sentinel
+        pieces: list[tuple[str, bool]] | None = [(plain, False)] if marked == plain else None
+    else:
+        pieces = pieces_from(texts, slots, plain)
+    if pieces is not None and continue_final_message:
+        pieces = _cut_after_final(pieces, messages[-1].get("content") if messages else None)
+    return pieces
+
+
+def _cut_after_final(pieces: list[tuple[str, bool]], final: Any) -> list[tuple[str, bool]]:
+    target = final.strip() if isinstance(final, str) else ""
+    if not target:
+        raise TemplateRenderError("continue_final_message needs a final message with text content")
+    for i in range(len(pieces) - 1, -1, -1):
+        text, untrusted = pieces[i]
+        j = text.rfind(target) if untrusted else -1
+        if j >= 0:
+            return pieces[:i] + [(text[: j + len(target)], True)]
+    raise TemplateRenderError("the chat template does not render the final message's text")
 
 
 def render_and_tokenize(
@@ -175,21 +201,26 @@ def render_and_tokenize(
     template: str,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None = None,
-    add_generation_prompt: bool = True,
+    add_generation_prompt: bool | None = None,
+    continue_final_message: bool = False,
     **kwargs: Any,
 ) -> list[int]:
     """Prompt token ids: template text with special tokens recognised, untrusted text without.
 
+    `add_generation_prompt` defaults to True unless `continue_final_message` (see render_pieces).
     `tokenizer`: a `tokenizers.Tokenizer` or an HF tokenizer (whose bos/eos strings are passed to
     the template unless given). Raises TemplateRenderError rather than let text that spells a
     special token through when it cannot be separated from the template text.
     """
     kw = {**template_token_kwargs(tokenizer), **kwargs}
-    pieces = render_pieces(template, messages, tools, add_generation_prompt, **kw)
+    gen = not continue_final_message if add_generation_prompt is None else add_generation_prompt
+    pieces = render_pieces(template, messages, tools, gen, continue_final_message, **kw)
     if pieces is None:
+        if continue_final_message:
+            raise TemplateRenderError("cannot find the final message's text in the rendered prompt")
         specials = special_token_strings(tokenizer)
-        plain = render(template, messages, tools, add_generation_prompt, **kw)
-        if any(s in v for s in specials for v in _untrusted_strings(messages)):
+        plain = render(template, messages, tools, gen, **kw)
+        if any(s in v for s in specials for v in _untrusted_strings(messages, tools)):
             raise TemplateRenderError("cannot keep message text apart from the chat template's markup")
         return encode(tokenizer, plain, special=True)
     ids: list[int] = []
@@ -198,7 +229,8 @@ def render_and_tokenize(
     return ids
 
 
-def _untrusted_strings(messages: list[dict[str, Any]]) -> list[str]:
+def _untrusted_strings(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[str]:
     s = Sentinels()
     s.protect(prepare_messages(messages))
+    s.protect_tools(tools)
     return s.values
