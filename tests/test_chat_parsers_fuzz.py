@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from freetoken.chat import ParsedMessage, accumulate, make_stream_parser, parse
 
-TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"properties": {"x": {"type": "integer"}}}}}]
+SCHEMA = {"properties": {"x": {"type": "integer"}}}
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": SCHEMA}}]
 
 FRAGMENTS = [
     "<think>", "</think>", "<tool_call>", "</tool_call>", "<function=f>", "</function>", "<parameter=x>",
