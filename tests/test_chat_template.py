@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerFast
 
 from freetoken.chat.template import (
     TemplateRenderError,
+    pick_template,
     render,
     render_and_tokenize,
     render_pieces,
@@ -290,3 +291,11 @@ def test_continue_final_message_stops_inside_the_assistant_turn(tok):
     assert text.endswith("<|im_start|>assistant\nRoses are <|im_end|>")
     assert render(QWEN3_STYLE, msgs).startswith(text)
     assert count_specials(tok, ids) == 3  # user start/end, assistant start; the typed end is text
+
+
+def test_pick_template_from_named_list():
+    named = [{"name": "default", "template": "D"}, {"name": "tool_use", "template": "T"}]
+    assert pick_template(named) == "D" and pick_template(named, has_tools=True) == "T"
+    assert pick_template("S", has_tools=True) == "S" and pick_template(named, name="tool_use") == "T"
+    with pytest.raises(TemplateRenderError, match="rag"):
+        pick_template([{"name": "tool_use", "template": "T"}], name="rag")

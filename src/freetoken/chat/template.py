@@ -90,6 +90,28 @@ def make_environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
+def pick_template(
+    chat_template: str | list[dict[str, str]] | dict[str, str],
+    has_tools: bool = False,
+    name: str | None = None,
+) -> str:
+    """The template text from tokenizer_config.json's `chat_template`, which is a string or a list
+    of named templates (HF picks `tool_use` when tools are given, else `default`)."""
+    if isinstance(chat_template, str):
+        return chat_template
+    named = (
+        {t["name"]: t["template"] for t in chat_template if isinstance(t, dict) and "name" in t}
+        if isinstance(chat_template, list)
+        else dict(chat_template)
+    )
+    for key in (name, "tool_use" if has_tools else None, "default"):
+        if key and key in named:
+            return named[key]
+    raise TemplateRenderError(
+        f"no chat template named {name or 'default'!r}; have: {', '.join(sorted(named))}"
+    )
+
+
 @lru_cache(maxsize=16)
 def compile_template(source: str) -> jinja2.Template:
     try:
