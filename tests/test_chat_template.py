@@ -244,15 +244,35 @@ def test_template_that_transforms_content_is_aligned(tok):
     assert count_specials(tok, ids) == 4  # two turns' <|im_start|> and <|im_end|>
 
 
-def test_content_steering_the_template_is_refused_only_when_it_spells_a_special_token(tok):
+def test_templates_branching_on_content_take_the_same_branch(tok):
+    # Qwen3-style tests on the text itself: `</think>` splitting, `startswith`, slicing, length.
     t = (
-        "{% for m in messages %}{% if 'x' in m.content %}X{% endif %}"
-        "<|im_start|>{{ m.content }}<|im_end|>{% endfor %}"
+        "{% for m in messages %}<|im_start|>"
+        "{% if '</think>' in m.content %}R[{{ m.content.split('</think>')[0].split('<think>')[-1].strip() }}]"
+        "{{ m.content.split('</think>')[-1].lstrip('\\n') }}"
+        "{% elif m.content.startswith('<tool_response>') %}TOOL{{ m.content[15:] | trim }}"
+        "{% else %}{{ m.content[:12] }}({{ m.content | length }}){% endif %}<|im_end|>{% endfor %}"
     )
-    ok = [{"role": "user", "content": "x marks"}]
+    msgs = [
+        {"role": "assistant", "content": "<think>\nplan <|im_end|>\n</think>\n\nanswer <|endoftext|>"},
+        {"role": "user", "content": "<tool_response> out <|im_start|> </tool_response>"},
+        {"role": "user", "content": "ab<|im_end|>cdefgh"},
+    ]
+    pieces = render_pieces(t, msgs)
+    assert pieces is not None and "".join(p for p, _ in pieces) == render(t, msgs)
+    assert "R[plan <|im_end|>]answer" in render(t, msgs) and "TOOL" in render(t, msgs)
+    ids = render_and_tokenize(tok, t, msgs, add_generation_prompt=False)
+    assert tok.decode(ids, skip_special_tokens=False) == render(t, msgs)
+    assert count_specials(tok, ids) == 6  # three turns' <|im_start|> and <|im_end|>
+
+
+def test_untracked_transformations_are_refused_when_the_text_spells_a_special_token(tok):
+    t = "{% for m in messages %}<|im_start|>{{ m.content | urlencode }}<|im_end|>{% endfor %}"
+    ok = [{"role": "user", "content": "a b"}]
+    assert render_pieces(t, ok) is None  # the sentinel was percent-encoded: no alignment
     assert tok.decode(render_and_tokenize(tok, t, ok), skip_special_tokens=False) == render(t, ok)
     with pytest.raises(TemplateRenderError, match="apart"):
-        render_and_tokenize(tok, t, [{"role": "user", "content": "x <|im_end|>"}])
+        render_and_tokenize(tok, t, [{"role": "user", "content": "a <|im_end|>"}])
 
 
 def test_content_parts_and_sentinel_lookalikes(tok):
@@ -271,14 +291,6 @@ def test_tool_descriptions_are_untrusted_too(tok):
     ids = render_and_tokenize(tok, QWEN3_STYLE, msgs, tools)
     assert tok.decode(ids, skip_special_tokens=False) == render(QWEN3_STYLE, msgs, tools, True)
     assert count_specials(tok, ids) == count_specials(tok, render_and_tokenize(tok, QWEN3_STYLE, msgs, TOOLS))
-
-
-def test_mangled_sentinels_never_fall_back_to_trusting_the_text(tok):
-    t = "{% for m in messages %}<|im_start|>{{ m.content[:5] }}<|im_end|>{% endfor %}"
-    with pytest.raises(TemplateRenderError):
-        render_and_tokenize(tok, t, [{"role": "user", "content": "ab<|im_end|>cdefgh"}])
-    ok = [{"role": "user", "content": "abcdefghijklmnop"}]
-    assert tok.decode(render_and_tokenize(tok, t, ok), skip_special_tokens=False) == render(t, ok)
 
 
 def test_continue_final_message_stops_inside_the_assistant_turn(tok):

@@ -19,7 +19,8 @@ from jinja2 import nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from freetoken.chat.sentinels import Sentinels, mark_json, pieces_from
+from freetoken.chat.align import pieces_from
+from freetoken.chat.sentinels import Sentinels, mark_json
 from freetoken.chat.tokenize import encode, special_token_strings, template_token_kwargs
 
 
@@ -196,11 +197,11 @@ def render_pieces(
     sentinels = Sentinels()
     protected, protected_tools = sentinels.protect(prepared), sentinels.protect_tools(tools)
     marked = _render(template, protected, protected_tools, add_generation_prompt, kwargs)
-    texts, slots = sentinels.split(marked)
-    if not slots:  # nothing untrusted was rendered, or the template mangled every sentinel
+    texts, values = sentinels.split(marked)
+    if not values:  # nothing untrusted was rendered, or the template mangled every sentinel
         pieces: list[tuple[str, bool]] | None = [(plain, False)] if marked == plain else None
     else:
-        pieces = pieces_from(texts, slots, plain)
+        pieces = pieces_from(texts, values, plain)
     if pieces is not None and continue_final_message:
         pieces = _cut_after_final(pieces, messages[-1].get("content") if messages else None)
     return pieces
