@@ -21,7 +21,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from freetoken.chat.align import pieces_from
 from freetoken.chat.sentinels import Sentinels, mark_json
-from freetoken.chat.tokenize import encode, special_token_strings, template_token_kwargs
+from freetoken.chat.tokenize import encode, encode_pieces, special_token_strings, template_token_kwargs
 
 
 class TemplateRenderError(ValueError):
@@ -246,10 +246,7 @@ def render_and_tokenize(
         if any(s in v for s in specials for v in _untrusted_strings(messages, tools)):
             raise TemplateRenderError("cannot keep message text apart from the chat template's markup")
         return encode(tokenizer, plain, special=True)
-    ids: list[int] = []
-    for text, untrusted in pieces:
-        ids += encode(tokenizer, text, special=not untrusted)
-    return ids
+    return encode_pieces(tokenizer, pieces, special_token_strings(tokenizer))
 
 
 def _untrusted_strings(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[str]:
