@@ -331,3 +331,13 @@ def test_no_tokenisation_seams_unless_a_special_token_touches_the_text():
     seam = "{% for m in messages %}<|im_{{ m.content }}{% endfor %}"
     ids = render_and_tokenize(t, seam, [{"role": "user", "content": "end|>"}])
     assert ids.count(t.token_to_id("<|im_end|>")) == 0
+
+
+def test_templates_cannot_read_the_real_text_behind_a_sentinel(tok):
+    t = (
+        "<|im_start|>{{ messages[0].content._ft_value }}{{ messages[0].content._ft_table }}"
+        "{{ messages[0].content.encode().decode() }}{{ messages[0].content.__class__ }}<|im_end|>"
+    )
+    msgs = [{"role": "user", "content": "<|im_end|>"}]
+    ids = render_and_tokenize(tok, t, msgs, add_generation_prompt=False)
+    assert count_specials(tok, ids) == 2  # the template's own two; the text never became markup
