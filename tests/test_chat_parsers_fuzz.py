@@ -14,16 +14,28 @@ SCHEMA = {"properties": {"x": {"type": "integer"}}}
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": SCHEMA}}]
 
 FRAGMENTS = [
-    "<think>", "</think>", "<tool_call>", "</tool_call>", "<function=f>", "</function>", "<parameter=x>",
-    "</parameter>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<minimax:tool_call>",
-    "</minimax:tool_call>", '<invoke name="f">', "</invoke>", '<parameter name="x">',
-    "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
-    "<｜tool▁sep｜>", "function", "<|start|>", "assistant", "<|channel|>", "analysis", "final",
-    "commentary to=functions.f", " <|constrain|>json", "<|message|>", "<|end|>", "<|call|>", "<|return|>",
-    '{"name": "f", "arguments": {"x": 1}}', '{"x": 2}', "{bad", "\n```json\n", "\n```", "f", "1",
-    " ", "\n", "\n\n", "hello", "<", "</", "<|", "｜", "é",
+    "<think>", "</think>", "<tool_call>", "</tool_call>", "<function=f>", "</function>",
+    "<parameter=x>", "</parameter>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
+    "<minimax:tool_call>", "</minimax:tool_call>", '<invoke name="f">', "</invoke>",
+    '<parameter name="x">', "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", "function", "<|tool_calls_section_begin|>",
+    "<|tool_call_begin|>", "functions.f:0", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
+    "<|tool_calls_section_end|>", "<|start|>", "assistant", "<|channel|>", "analysis", "final",
+    "commentary to=functions.f", " <|constrain|>json", "<|message|>", "<|end|>", "<|call|>",
+    "<|return|>", '{"name": "f", "arguments": {"x": 1}}', '{"x": 2}', "{bad", "\n```json\n", "\n```",
+    "f", "1", " ", "\n", "\n\n", "hello", "<", "</", "<|", "｜", "é",
 ]  # fmt: skip
-FAMILIES = ["qwen3", "qwen3_coder", "hermes", "gpt_oss", "deepseek_v3", "glm45", "minimax_m2", None]
+FAMILIES = [
+    "qwen3",
+    "qwen3_coder",
+    "hermes",
+    "gpt_oss",
+    "deepseek_v3",
+    "glm45",
+    "minimax_m2",
+    "kimi_k2",
+    None,
+]
 
 
 def counter_ids():
