@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from freetoken import LLM, SamplingParams
 from devices import DEVICES
+from freetoken import LLM, SamplingParams
 from reference import LOGIT_MARGIN, ROUTER_MARGIN, assert_close_logits, reference_greedy
 from tiny_models import FAMILIES, MOE_FAMILIES, save_checkpoint
 

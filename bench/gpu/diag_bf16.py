@@ -6,10 +6,9 @@ import tempfile
 import torch
 
 sys.path[:0] = ["tests", "src"]
-from tiny_models import save_checkpoint  # noqa: E402
-
 from freetoken import LLM  # noqa: E402
 from freetoken.layers.norm import rms_norm  # noqa: E402
+from tiny_models import save_checkpoint  # noqa: E402
 
 fam = sys.argv[1] if len(sys.argv) > 1 else "mixtral"
 d = tempfile.mkdtemp()
@@ -19,8 +18,8 @@ runs = {}
 for dev in ["cpu", "cuda"]:
     llm = LLM(model=d, device=dev, dtype="bfloat16")
     eng = llm.engine
-    from freetoken.engine.request import Request
     from freetoken.engine.detokenizer import IncrementalDetokenizer
+    from freetoken.engine.request import Request
     from freetoken.engine.sampling_params import SamplingParams
 
     pages = eng.kv.allocate(1, "x")
