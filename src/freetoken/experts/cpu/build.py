@@ -75,7 +75,10 @@ def _build_into(cxx: str, out_dir: Path) -> None:
         tmpd = Path(tmp)
         isa = ISA_SOURCES if _is_x86() else {}
         with ThreadPoolExecutor(max_workers=max(1, len(isa))) as ex:
-            futs = {src: ex.submit(_compile, cxx, src, flags, tmpd / f"{src}.o") for src, (flags, _) in isa.items()}
+            futs = {
+                src: ex.submit(_compile, cxx, src, flags, tmpd / f"{src}.o")
+                for src, (flags, _) in isa.items()
+            }
             built = [src for src, fut in futs.items() if fut.result()[0]]
         macros = tuple(f"-D{ISA_SOURCES[src][1]}" for src in built)
         objs = [tmpd / f"{src}.o" for src in built]

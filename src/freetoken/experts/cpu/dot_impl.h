@@ -16,6 +16,10 @@
 namespace ft {
 namespace FT_ISA_NS {
 
+#ifndef FT_PREFETCH
+#define FT_PREFETCH 512  // weights ahead of the loads (software prefetch, elements; 1 KiB of bf16)
+#endif
+
 static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline float fmin_(float a, float b) { return a < b ? a : b; }
 static inline float fmax_(float a, float b) { return a > b ? a : b; }
@@ -30,6 +34,9 @@ struct FmtF32 {
     b = S::load(r + k + S::W);
   }
   static inline float at(Row r, int64_t k) { return r[k]; }
+  static inline void prefetch(Row r, int64_t k) {
+    if (FT_PREFETCH > 0) __builtin_prefetch(r + k);
+  }
 };
 
 struct FmtBF16 {
@@ -39,6 +46,9 @@ struct FmtBF16 {
   }
   static inline void load2(Row r, int64_t k, S::vec& a, S::vec& b) { S::load_bf16x2(r + k, a, b); }
   static inline float at(Row r, int64_t k) { return bf16_to_f32(r[k]); }
+  static inline void prefetch(Row r, int64_t k) {
+    if (FT_PREFETCH > 0) __builtin_prefetch(r + k);
+  }
 };
 
 // res[r * NT + t] = dot(rows[r][0:K], xs[t][0:K]). Every (r, t) pair owns two accumulators and one
@@ -54,6 +64,7 @@ static inline void dot_tile(const typename F::Row* rows, const float* const* xs,
   for (; k + B <= K; k += B) {
     for (int r = 0; r < NR; ++r) {
       S::vec a, b;
+      F::prefetch(rows[r], k + FT_PREFETCH);
       F::load2(rows[r], k, a, b);
       for (int t = 0; t < NT; ++t) {
         acc0[r][t] = S::fma(a, S::load(xs[t] + k), acc0[r][t]);
@@ -82,6 +93,7 @@ static inline void dot_tile_dp(const uint16_t* const* rows, const uint16_t* cons
   int64_t k = 0;
   for (; k + B <= K; k += B) {
     for (int r = 0; r < NR; ++r) {
+      if (FT_PREFETCH > 0) __builtin_prefetch(rows[r] + k + FT_PREFETCH);
       __m512bh w = (__m512bh)_mm512_loadu_si512(rows[r] + k);
       for (int t = 0; t < NT; ++t) {
         acc0[r][t] = _mm512_dpbf16_ps(acc0[r][t], w, (__m512bh)_mm512_loadu_si512(hi[t] + k));

@@ -118,11 +118,17 @@ def check_args(
         raise ValueError(f"down must be [N={N}, D={D}, I={two_i // 2}], got {tuple(down.shape)}")
     R = row.shape[0]
     if tok.shape[0] != R or weight.shape[0] != R:
-        raise ValueError(f"tok, row and weight must have one entry per route, got {tok.shape[0]}, {R}, {weight.shape[0]}")
+        raise ValueError(
+            f"tok, row and weight must have one entry per route, got {tok.shape[0]}, {R}, {weight.shape[0]}"
+        )
     if R and (int(row.min()) < 0 or int(row.max()) >= N):
-        raise ValueError(f"row entries must be pool rows in [0, {N}), got [{int(row.min())}, {int(row.max())}]")
+        raise ValueError(
+            f"row entries must be pool rows in [0, {N}), got [{int(row.min())}, {int(row.max())}]"
+        )
     if R and (int(tok.min()) < 0 or int(tok.max()) >= T):
-        raise ValueError(f"tok entries must be token indices in [0, {T}), got [{int(tok.min())}, {int(tok.max())}]")
+        raise ValueError(
+            f"tok entries must be token indices in [0, {T}), got [{int(tok.min())}, {int(tok.max())}]"
+        )
     if out is not None:
         _check_tensor("out", out, (torch.float32,), 2)
         if tuple(out.shape) != (T, D):
