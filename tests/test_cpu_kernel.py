@@ -189,6 +189,9 @@ def test_torch_fallback_without_library(monkeypatch: pytest.MonkeyPatch) -> None
     assert kern.backend == "torch"
     case = make_case(3, 40, 24, 4, 7, torch.bfloat16, seed=4)
     torch.testing.assert_close(kern.run(*case), cpu_experts_reference(*case), rtol=0, atol=0)
+    x, tok, row, weight, gate_up, down = case
+    with pytest.raises(ValueError, match="pool rows in"):
+        kern.run(x, tok, torch.full_like(row, 4), weight, gate_up, down)
 
 
 def test_build_is_cached_and_fails_cleanly_without_compiler(
