@@ -223,11 +223,7 @@ class Pool {
 
   void run_read(int k) {
     const int64_t w0 = lo(rwords_, k, n_), w1 = lo(rwords_, k + 1, n_);
-    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-    int64_t i = w0;
-    for (; i + 4 <= w1; i += 4) a0 += rp_[i], a1 += rp_[i + 1], a2 += rp_[i + 2], a3 += rp_[i + 3];
-    for (; i < w1; ++i) a0 += rp_[i];
-    partial_[8 * k] = a0 + a1 + a2 + a3;
+    partial_[8 * k] = ops_.stream_sum(rp_ + w0, w1 - w0);
   }
 
   void worker(int k, int cpu) {

@@ -48,6 +48,7 @@ struct IsaOps {
   void (*phase1)(const Plan&, int64_t u0, int64_t u1);
   void (*phase2)(const Plan&, int64_t b0, int64_t b1);
   bool split_bf16;  // wants x_hi/x_lo and h_hi/h_lo (bf16 banks on the vdpbf16ps path)
+  uint64_t (*stream_sum)(const uint64_t* p, int64_t words);  // read-bandwidth probe, ISA-vectorised
 };
 
 // Defined in isa_<name>.cpp; kernel.cpp only references those the build compiled (FT_HAVE_<ISA>).
