@@ -78,6 +78,19 @@ def test_thread_count_does_not_change_bits(dtype: torch.dtype) -> None:
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
+@pytest.mark.parametrize("spin_us", [0, 20])
+def test_many_small_batches_back_to_back(spin_us: int) -> None:
+    """Hundreds of quick jobs through the start/barrier/done handshakes (sleeping or spinning)."""
+    _lib_or_skip()
+    kern = CpuExpertKernel(num_threads=3, spin_us=spin_us)
+    cases = [make_case(2, 40, 24, 4, 5, torch.float32, seed=s) for s in range(4)]
+    expected = [kern.run(*c).clone() for c in cases]
+    for i in range(300):
+        assert torch.equal(kern.run(*cases[i % 4]), expected[i % 4])
+    kern.close()
+    kern.close()  # idempotent
+
+
 def test_force_avx2_env(monkeypatch: pytest.MonkeyPatch) -> None:
     _lib_or_skip()
     if not _supported("avx2"):

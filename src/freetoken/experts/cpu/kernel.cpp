@@ -7,6 +7,8 @@
 // The ISA-specific phases live in isa_*.cpp (one TU per -m flag set), picked at run time.
 // C API at the bottom (ctypes); no torch headers.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -81,6 +83,28 @@ IsaOps ops_for(int isa) {
   }
 }
 
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Polls `pred` for up to spin_ns (0: not at all); true when it became true meanwhile. Only used
+// where the wait is expected to be short (between phases, between a decode step's layers) and
+// only when the caller asked for it: idle workers always end up asleep on a condition variable.
+template <class Pred>
+bool spin_until(Pred pred, int64_t spin_ns) {
+  if (spin_ns <= 0) return pred();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (uint32_t i = 1;; ++i) {
+    if (pred()) return true;
+    cpu_relax();
+    if ((i & 63) == 0 && std::chrono::steady_clock::now() - t0 > std::chrono::nanoseconds(spin_ns)) return pred();
+  }
+}
+
 void split_bf16(const float* src, int64_t n, uint16_t* hi, uint16_t* lo) {
   for (int64_t i = 0; i < n; ++i) {
     hi[i] = f32_to_bf16(src[i]);
@@ -90,7 +114,8 @@ void split_bf16(const float* src, int64_t n, uint16_t* hi, uint16_t* lo) {
 
 class Pool {
  public:
-  Pool(int n, const int* cpus, int isa) : n_(n), isa_(isa), ops_(ops_for(isa)), partial_(8 * n, 0) {
+  Pool(int n, const int* cpus, int isa, int64_t spin_ns)
+      : n_(n), isa_(isa), spin_ns_(spin_ns), ops_(ops_for(isa)), partial_(8 * n, 0) {
     for (int k = 0; k < n; ++k) threads_.emplace_back([this, k, cpu = cpus ? cpus[k] : -1] { worker(k, cpu); });
   }
 
@@ -98,7 +123,7 @@ class Pool {
     wait();
     {
       std::lock_guard<std::mutex> lk(mu_);
-      stop_ = true;
+      stop_.store(true, std::memory_order_release);
     }
     cv_start_.notify_all();
     for (auto& t : threads_) t.join();
@@ -107,10 +132,7 @@ class Pool {
   int threads() const { return n_; }
   int isa() const { return isa_; }
 
-  bool busy() {
-    std::lock_guard<std::mutex> lk(mu_);
-    return busy_;
-  }
+  bool busy() const { return busy_.load(std::memory_order_acquire); }
 
   int submit_moe(const FtMoeArgs& a) {
     if (busy()) return -1;
@@ -141,8 +163,9 @@ class Pool {
   }
 
   void wait() {
+    if (spin_until([this] { return !busy(); }, spin_ns_)) return;
     std::unique_lock<std::mutex> lk(mu_);
-    cv_done_.wait(lk, [this] { return !busy_; });
+    cv_done_.wait(lk, [this] { return !busy(); });
   }
 
  private:
@@ -187,24 +210,31 @@ class Pool {
     {
       std::lock_guard<std::mutex> lk(mu_);
       kind_ = kind;
-      busy_ = true;
-      remaining_ = n_;
-      ++gen_;
+      next1_.store(0, std::memory_order_relaxed);
+      next2_.store(0, std::memory_order_relaxed);
+      remaining_.store(n_, std::memory_order_relaxed);
+      busy_.store(true, std::memory_order_relaxed);
+      gen_.fetch_add(1, std::memory_order_release);
     }
     cv_start_.notify_all();
   }
 
-  // Sleeping barrier among the workers (phases last milliseconds; never spin on few cores).
+  // Barrier among the workers: a short optional spin, then sleep.
   void barrier() {
-    std::unique_lock<std::mutex> lk(bmu_);
-    const uint64_t g = bgen_;
-    if (++bcount_ == n_) {
-      bcount_ = 0;
-      ++bgen_;
+    const uint64_t g = bgen_.load(std::memory_order_acquire);
+    if (bcount_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
+      bcount_.store(0, std::memory_order_relaxed);
+      {
+        std::lock_guard<std::mutex> lk(bmu_);
+        bgen_.fetch_add(1, std::memory_order_release);
+      }
       bcv_.notify_all();
-    } else {
-      bcv_.wait(lk, [this, g] { return bgen_ != g; });
+      return;
     }
+    auto passed = [this, g] { return bgen_.load(std::memory_order_acquire) != g; };
+    if (spin_until(passed, spin_ns_)) return;
+    std::unique_lock<std::mutex> lk(bmu_);
+    bcv_.wait(lk, passed);
   }
 
   static int64_t lo(int64_t total, int k, int n) { return total * k / n; }
@@ -216,9 +246,11 @@ class Pool {
       split_bf16(p.x + t0 * p.D, (t1 - t0) * p.D, x_hi_.data() + t0 * p.D, x_lo_.data() + t0 * p.D);
       barrier();
     }
-    ops_.phase1(p, lo(p.units1, k, n_), lo(p.units1, k + 1, n_));
+    // Units are handed out one at a time (stragglers, e.g. a core shared with the GPU driver
+    // thread, do not hold the others up); a unit's result does not depend on who computes it.
+    for (int64_t u; (u = next1_.fetch_add(1, std::memory_order_relaxed)) < p.units1;) ops_.phase1(p, u, u + 1);
     barrier();
-    ops_.phase2(p, lo(p.blocks2, k, n_), lo(p.blocks2, k + 1, n_));
+    for (int64_t b; (b = next2_.fetch_add(1, std::memory_order_relaxed)) < p.blocks2;) ops_.phase2(p, b, b + 1);
   }
 
   void run_read(int k) {
@@ -239,19 +271,22 @@ class Pool {
 #endif
     uint64_t seen = 0;
     for (;;) {
-      Kind kind;
-      {
+      auto ready = [this, &seen] {
+        return stop_.load(std::memory_order_acquire) || gen_.load(std::memory_order_acquire) != seen;
+      };
+      if (!spin_until(ready, spin_ns_)) {
         std::unique_lock<std::mutex> lk(mu_);
-        cv_start_.wait(lk, [this, seen] { return stop_ || gen_ != seen; });
-        if (stop_) return;
-        seen = gen_;
-        kind = kind_;
+        cv_start_.wait(lk, ready);
       }
-      if (kind == kMoe) run_moe(k);
+      if (stop_.load(std::memory_order_acquire)) return;
+      seen = gen_.load(std::memory_order_acquire);
+      if (kind_ == kMoe) run_moe(k);
       else run_read(k);
-      std::lock_guard<std::mutex> lk(mu_);
-      if (--remaining_ == 0) {
-        busy_ = false;
+      if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // the last worker out
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          busy_.store(false, std::memory_order_release);
+        }
         if (done_flag_) __atomic_store_n(done_flag_, done_value_, __ATOMIC_RELEASE);
         cv_done_.notify_all();
       }
@@ -260,18 +295,20 @@ class Pool {
 
   const int n_;
   const int isa_;
+  const int64_t spin_ns_;
   const IsaOps ops_;
   std::vector<std::thread> threads_;
-  std::mutex mu_;
+  std::mutex mu_;  // guards sleeping on cv_start_ / cv_done_ (the flags themselves are atomics)
   std::condition_variable cv_start_, cv_done_;
-  uint64_t gen_ = 0;
-  bool stop_ = false, busy_ = false;
-  int remaining_ = 0;
+  std::atomic<uint64_t> gen_{0};  // job generation: workers run each one exactly once
+  std::atomic<bool> stop_{false}, busy_{false};
+  std::atomic<int> remaining_{0};  // workers still running the current job
   Kind kind_ = kMoe;
+  std::atomic<int64_t> next1_{0}, next2_{0};  // next phase-1 unit / phase-2 block to hand out
   std::mutex bmu_;
   std::condition_variable bcv_;
-  int bcount_ = 0;
-  uint64_t bgen_ = 0;
+  std::atomic<int> bcount_{0};
+  std::atomic<uint64_t> bgen_{0};
   // current batch (owned here so repeated calls reuse the allocations)
   Plan plan_{};
   bool split_ = false;
@@ -301,10 +338,11 @@ int ft_best_isa(int force_avx2) {
   return ft::ISA_GENERIC;
 }
 
-// n workers; cpus: null or n CPU ids to pin worker k to cpus[k]. Null when the ISA is unsupported.
-void* ft_pool_create(int n, const int* cpus, int isa) {
+// n workers; cpus: null or n CPU ids to pin worker k to cpus[k]; spin_us: how long a worker polls
+// for the next job / barrier before sleeping (0: sleep at once). Null when the ISA is unsupported.
+void* ft_pool_create(int n, const int* cpus, int isa, int spin_us) {
   if (n < 1 || !ft::isa_supported(isa)) return nullptr;
-  return new ft::Pool(n, cpus, isa);
+  return new ft::Pool(n, cpus, isa, int64_t{spin_us} * 1000);
 }
 
 void ft_pool_destroy(void* pool) { delete static_cast<ft::Pool*>(pool); }

@@ -19,12 +19,16 @@ import torch
 
 from freetoken.config import Env
 from freetoken.experts.cpu.reference import ACTIVATIONS, cpu_experts_reference
-from freetoken.hardware.cpus import default_kernel_threads, physical_core_cpus
+from freetoken.hardware.cpus import default_kernel_threads, physical_core_cpus, physical_cores
 
 __all__ = ["ISAS", "CpuExpertKernel", "cpu_experts_reference", "load_library"]
 
 ISAS = ("generic", "avx2", "avx512", "avx512bf16")  # index = the C enum value
 _FORMATS = {torch.float32: 0, torch.bfloat16: 1}
+# Machines with at least this many physical cores let workers poll briefly (for the next layer's
+# batch, at the phase barrier) before sleeping; smaller ones always sleep at once.
+SPIN_MIN_CORES = 8
+DEFAULT_SPIN_US = 50
 _ERRORS = {
     -1: "the previous batch is still running: call wait() first",
     -2: "bad dimensions or null pointers",
@@ -68,7 +72,7 @@ def load_library() -> ctypes.CDLL | None:
     vp, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
     lib.ft_isa_supported.argtypes, lib.ft_isa_supported.restype = [i32], i32
     lib.ft_best_isa.argtypes, lib.ft_best_isa.restype = [i32], i32
-    lib.ft_pool_create.argtypes, lib.ft_pool_create.restype = [i32, vp, i32], vp
+    lib.ft_pool_create.argtypes, lib.ft_pool_create.restype = [i32, vp, i32, i32], vp
     lib.ft_pool_destroy.argtypes, lib.ft_pool_destroy.restype = [vp], None
     lib.ft_moe_submit.argtypes, lib.ft_moe_submit.restype = [vp, ctypes.POINTER(_MoeArgs)], i32
     lib.ft_wait.argtypes, lib.ft_wait.restype = [vp], None
@@ -144,11 +148,15 @@ class CpuExpertKernel:
 
     ``num_threads``: workers (None: physical cores - 1, min 1). ``isa``: "auto" (best supported; AVX2
     when FREETOKEN_FORCE_AVX2=1) or one of ``ISAS``. ``pin``: pin worker k to its own physical core.
+    ``spin_us``: how long idle workers poll before sleeping (None: ``DEFAULT_SPIN_US`` on machines
+    with at least ``SPIN_MIN_CORES`` physical cores, else 0: never spin on few cores).
     Results do not depend on the thread count. Without a compiler it falls back to the torch
     reference (``backend == "torch"``), synchronously.
     """
 
-    def __init__(self, num_threads: int | None = None, isa: str = "auto", pin: bool = True) -> None:
+    def __init__(
+        self, num_threads: int | None = None, isa: str = "auto", pin: bool = True, spin_us: int | None = None
+    ) -> None:
         n = default_kernel_threads() if num_threads is None else int(num_threads)
         if n < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
@@ -166,7 +174,9 @@ class CpuExpertKernel:
             raise ValueError(f"ISA {isa!r} is not supported by this CPU or this build")
         cores = physical_core_cpus()
         cpus = (ctypes.c_int * n)(*cores[-n:]) if pin and n <= len(cores) else None
-        self._pool = self._lib.ft_pool_create(n, cpus, isa_id)
+        if spin_us is None:
+            spin_us = DEFAULT_SPIN_US if physical_cores() >= SPIN_MIN_CORES else 0
+        self._pool = self._lib.ft_pool_create(n, cpus, isa_id, max(0, int(spin_us)))
         if not self._pool:
             raise RuntimeError("could not create the CPU expert worker pool")
         self.isa = ISAS[isa_id]
