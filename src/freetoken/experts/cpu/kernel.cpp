@@ -283,11 +283,12 @@ class Pool {
       if (kind_ == kMoe) run_moe(k);
       else run_read(k);
       if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // the last worker out
+        // The done flag first: once busy_ drops, the caller may submit (and overwrite done_flag_).
+        if (done_flag_) __atomic_store_n(done_flag_, done_value_, __ATOMIC_RELEASE);
         {
           std::lock_guard<std::mutex> lk(mu_);
           busy_.store(false, std::memory_order_release);
         }
-        if (done_flag_) __atomic_store_n(done_flag_, done_value_, __ATOMIC_RELEASE);
         cv_done_.notify_all();
       }
     }
