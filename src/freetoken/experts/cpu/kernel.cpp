@@ -41,8 +41,8 @@ extern "C" struct FtMoeArgs {
 namespace ft {
 namespace {
 
-constexpr int64_t kHBlock = 16;  // h indices per phase-1 unit (32 weight rows)
-constexpr int64_t kDBlock = 16;  // output rows per phase-2 block
+constexpr int64_t kHBlock = 8;  // h indices per phase-1 unit (16 weight rows: 64 KiB at D=2048 bf16)
+constexpr int64_t kDBlock = 8;  // output rows per phase-2 block (small: the last grab ends the job)
 
 bool isa_supported(int isa) {
 #if defined(__x86_64__) || defined(__i386__)
