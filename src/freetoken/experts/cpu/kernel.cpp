@@ -1,9 +1,12 @@
 // CPU expert kernel: a persistent pool of pinned, sleeping worker threads that computes
 //   out[t] = sum over routes s with tok[s] == t of  w[s] * down[row[s]] @ act(gate_up[row[s]] @ x[t])
-// in two memory-bound phases (every thread streams disjoint weight bytes):
-//   phase 1: h = act(gate_up . x) for all routes, split over (distinct row, block of h indices);
+// in memory-bound phases where every thread streams disjoint weight bytes:
+//   phase 1: h = act(gate_up . x) for all routes, units of (distinct row, block of h indices);
 //   barrier;
-//   phase 2: out rows split over threads, each adding its rows over all routes in a fixed order.
+//   phase 2: y = down . h for all routes, units of (distinct row, block of down rows);
+//   barrier;
+//   phase 3: out[t] = sum of w * y over t's routes in a fixed order (small, cache-resident).
+// Units are handed out dynamically; a unit's result never depends on which thread computed it.
 // The ISA-specific phases live in isa_*.cpp (one TU per -m flag set), picked at run time.
 // C API at the bottom (ctypes); no torch headers.
 #include <algorithm>
@@ -41,8 +44,10 @@ extern "C" struct FtMoeArgs {
 namespace ft {
 namespace {
 
-constexpr int64_t kHBlock = 8;  // h indices per phase-1 unit (16 weight rows: 64 KiB at D=2048 bf16)
-constexpr int64_t kDBlock = 8;  // output rows per phase-2 block (small: the last grab ends the job)
+constexpr int64_t kHBlock = 16;  // h indices per phase-1 unit: 2 runs of 16 rows (2 x 64 KiB at D=2048 bf16)
+constexpr int64_t kDBlock = 32;  // down rows per phase-2 unit (48 KiB at I=768 bf16)
+constexpr int64_t kOBlock = 512;  // output columns per phase-3 unit
+static_assert(kHBlock <= kMaxHBlock, "phase 1 keeps a block of gate/up values on the stack");
 
 bool isa_supported(int isa) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -178,6 +183,8 @@ class Pool {
     std::stable_sort(order_.begin(), order_.end(), [&a](int64_t i, int64_t j) { return a.row[i] < a.row[j]; });
     s_tok_.resize(R);
     s_w_.resize(R);
+    tok_start_.assign(a.T + 1, 0);
+    tok_route_.resize(R);
     group_row_.clear();
     group_start_.clear();
     for (int64_t s = 0; s < R; ++s) {
@@ -187,14 +194,21 @@ class Pool {
       if (s == 0 || a.row[r] != group_row_.back()) group_row_.push_back(a.row[r]), group_start_.push_back(s);
     }
     group_start_.push_back(R);
+    // token -> its sorted routes in ascending order (counting sort: stable)
+    for (int64_t s = 0; s < R; ++s) ++tok_start_[s_tok_[s] + 1];
+    for (int64_t t = 0; t < a.T; ++t) tok_start_[t + 1] += tok_start_[t];
+    fill_.assign(tok_start_.begin(), tok_start_.end() - 1);
+    for (int64_t s = 0; s < R; ++s) tok_route_[fill_[s_tok_[s]]++] = s;
     h_.resize(R * a.I);
+    y_.resize(R * a.D);
     Plan& p = plan_;
     p = Plan{};
     p.x = a.x, p.T = a.T, p.D = a.D, p.I = a.I;
     p.gate_up = a.gate_up, p.down = a.down, p.fmt = a.fmt, p.act = a.act, p.out = a.out;
     p.R = R, p.G = static_cast<int64_t>(group_row_.size());
     p.group_row = group_row_.data(), p.group_start = group_start_.data();
-    p.s_tok = s_tok_.data(), p.s_w = s_w_.data(), p.h = h_.data();
+    p.s_tok = s_tok_.data(), p.s_w = s_w_.data(), p.h = h_.data(), p.y = y_.data();
+    p.tok_start = tok_start_.data(), p.tok_route = tok_route_.data();
     split_ = ops_.split_bf16 && a.fmt == FMT_BF16 && R > 0;
     if (split_) {
       x_hi_.resize(a.T * a.D), x_lo_.resize(a.T * a.D), h_hi_.resize(R * a.I), h_lo_.resize(R * a.I);
@@ -203,15 +217,16 @@ class Pool {
     p.hblock = kHBlock;
     p.units1 = p.G * ((a.I + kHBlock - 1) / kHBlock);
     p.dblock = kDBlock;
-    p.blocks2 = (a.D + kDBlock - 1) / kDBlock;
+    p.units2 = p.G * ((a.D + kDBlock - 1) / kDBlock);
+    p.oblock = kOBlock;
+    p.units3 = a.T * ((a.D + kOBlock - 1) / kOBlock);
   }
 
   void start(Kind kind) {
     {
       std::lock_guard<std::mutex> lk(mu_);
       kind_ = kind;
-      next1_.store(0, std::memory_order_relaxed);
-      next2_.store(0, std::memory_order_relaxed);
+      for (auto& n : next_) n.store(0, std::memory_order_relaxed);
       remaining_.store(n_, std::memory_order_relaxed);
       busy_.store(true, std::memory_order_relaxed);
       gen_.fetch_add(1, std::memory_order_release);
@@ -248,9 +263,11 @@ class Pool {
     }
     // Units are handed out one at a time (stragglers, e.g. a core shared with the GPU driver
     // thread, do not hold the others up); a unit's result does not depend on who computes it.
-    for (int64_t u; (u = next1_.fetch_add(1, std::memory_order_relaxed)) < p.units1;) ops_.phase1(p, u, u + 1);
+    for (int64_t u; (u = next_[0].fetch_add(1, std::memory_order_relaxed)) < p.units1;) ops_.phase1(p, u);
     barrier();
-    for (int64_t b; (b = next2_.fetch_add(1, std::memory_order_relaxed)) < p.blocks2;) ops_.phase2(p, b, b + 1);
+    for (int64_t u; (u = next_[1].fetch_add(1, std::memory_order_relaxed)) < p.units2;) ops_.phase2(p, u);
+    barrier();
+    for (int64_t u; (u = next_[2].fetch_add(1, std::memory_order_relaxed)) < p.units3;) ops_.phase3(p, u);
   }
 
   void run_read(int k) {
@@ -305,7 +322,7 @@ class Pool {
   std::atomic<bool> stop_{false}, busy_{false};
   std::atomic<int> remaining_{0};  // workers still running the current job
   Kind kind_ = kMoe;
-  std::atomic<int64_t> next1_{0}, next2_{0};  // next phase-1 unit / phase-2 block to hand out
+  std::atomic<int64_t> next_[3] = {};  // next unit of each phase to hand out
   std::mutex bmu_;
   std::condition_variable bcv_;
   std::atomic<int> bcount_{0};
@@ -313,9 +330,9 @@ class Pool {
   // current batch (owned here so repeated calls reuse the allocations)
   Plan plan_{};
   bool split_ = false;
-  std::vector<int64_t> order_, group_row_, group_start_;
+  std::vector<int64_t> order_, group_row_, group_start_, tok_start_, tok_route_, fill_;
   std::vector<int32_t> s_tok_;
-  std::vector<float> s_w_, h_;
+  std::vector<float> s_w_, h_, y_;
   std::vector<uint16_t> x_hi_, x_lo_, h_hi_, h_lo_;
   uint32_t* done_flag_ = nullptr;
   uint32_t done_value_ = 0;
