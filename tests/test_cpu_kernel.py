@@ -143,6 +143,25 @@ def test_token_output_does_not_depend_on_the_batch() -> None:
     assert torch.equal(alone[0], full[2])
 
 
+def test_big_batch_is_chunked_without_changing_bits() -> None:
+    """More routes than one chunk holds (4096): same bits per token as small batches."""
+    _lib_or_skip()
+    T, k = 700, 8  # 5600 routes
+    x, _, _, _, gate_up, down = make_case(T, 24, 12, 16, 1, torch.float32, seed=13)
+    g = torch.Generator().manual_seed(14)
+    row = torch.stack([torch.randperm(16, generator=g)[:k] for _ in range(T)]).reshape(-1).contiguous()
+    tok = torch.arange(T, dtype=torch.int32).repeat_interleave(k)
+    weight = torch.rand(T * k, generator=g)
+    kern = CpuExpertKernel(2)
+    full = kern.run(x, tok, row, weight, gate_up, down).clone()
+    ref = cpu_experts_reference(x, tok, row, weight, gate_up, down)
+    torch.testing.assert_close(full, ref, rtol=0, atol=_tol(ref, torch.float32))
+    for t0, t1 in ((0, 100), (650, 700)):  # token slices run as small batches
+        sel = slice(t0 * k, t1 * k)
+        part = kern.run(x[t0:t1].contiguous(), tok[sel] - t0, row[sel], weight[sel], gate_up, down)
+        assert torch.equal(part, full[t0:t1])
+
+
 def test_async_submit_wait() -> None:
     _lib_or_skip()
     kern = CpuExpertKernel(2)

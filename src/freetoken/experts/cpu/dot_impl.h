@@ -207,7 +207,7 @@ static void phase2(const Plan& p, int64_t u) {
 static void phase3(const Plan& p, int64_t u) {
   const int64_t D = p.D, nb = (D + p.oblock - 1) / p.oblock;
   const int64_t t = u / nb, c0 = (u % nb) * p.oblock, c1 = imin(D, c0 + p.oblock);
-  float* o = p.out + t * D;
+  float* o = p.out + (p.t0 + t) * D;
   for (int64_t c = c0; c < c1; ++c) o[c] = 0.f;
   for (int64_t j = p.tok_start[t]; j < p.tok_start[t + 1]; ++j) {
     const int64_t s = p.tok_route[j];

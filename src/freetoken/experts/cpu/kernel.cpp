@@ -9,13 +9,11 @@
 // Units are handed out dynamically; a unit's result never depends on which thread computed it.
 // The ISA-specific phases live in isa_*.cpp (one TU per -m flag set), picked at run time.
 // C API at the bottom (ctypes); no torch headers.
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
-#include <numeric>
 #include <thread>
 #include <vector>
 
@@ -24,30 +22,10 @@
 #endif
 
 #include "kernel_api.h"
-
-extern "C" struct FtMoeArgs {
-  const float* x;  // [T, D] fp32
-  int64_t T, D, I;
-  const int32_t* tok;  // [R]
-  const int64_t* row;  // [R] pool rows
-  const float* w;      // [R]
-  int64_t R;
-  const void* gate_up;  // [N, 2I, D]
-  const void* down;     // [N, D, I]
-  int64_t N;
-  int32_t fmt, act;
-  float* out;            // [T, D] fp32
-  uint32_t* done_flag;   // optional: set to done_value (release) when the batch is finished
-  uint32_t done_value;
-};
+#include "plan.h"
 
 namespace ft {
 namespace {
-
-constexpr int64_t kHBlock = 16;  // h indices per phase-1 unit: 2 runs of 16 rows (2 x 64 KiB at D=2048 bf16)
-constexpr int64_t kDBlock = 32;  // down rows per phase-2 unit (48 KiB at I=768 bf16)
-constexpr int64_t kOBlock = 512;  // output columns per phase-3 unit
-static_assert(kHBlock <= kMaxHBlock, "phase 1 keeps a block of gate/up values on the stack");
 
 bool isa_supported(int isa) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -141,13 +119,7 @@ class Pool {
 
   int submit_moe(const FtMoeArgs& a) {
     if (busy()) return -1;
-    if (a.T < 0 || a.D <= 0 || a.I <= 0 || a.R < 0 || a.N < 0 || (a.T > 0 && (!a.x || !a.out))) return -2;
-    for (int64_t s = 0; s < a.R; ++s) {
-      if (a.tok[s] < 0 || a.tok[s] >= a.T) return -3;
-      if (a.row[s] < 0 || a.row[s] >= a.N) return -4;
-    }
-    if ((a.fmt != FMT_F32 && a.fmt != FMT_BF16) || (a.act != ACT_SILU && a.act != ACT_GPTOSS)) return -5;
-    build_plan(a);
+    if (const int rc = plans_.build(a, ops_.split_bf16)) return rc;
     done_flag_ = a.done_flag;
     done_value_ = a.done_value;
     start(kMoe);
@@ -176,57 +148,11 @@ class Pool {
  private:
   enum Kind { kMoe, kRead };
 
-  void build_plan(const FtMoeArgs& a) {
-    const int64_t R = a.R;
-    order_.resize(R);
-    std::iota(order_.begin(), order_.end(), int64_t{0});
-    std::stable_sort(order_.begin(), order_.end(), [&a](int64_t i, int64_t j) { return a.row[i] < a.row[j]; });
-    s_tok_.resize(R);
-    s_w_.resize(R);
-    tok_start_.assign(a.T + 1, 0);
-    tok_route_.resize(R);
-    group_row_.clear();
-    group_start_.clear();
-    for (int64_t s = 0; s < R; ++s) {
-      const int64_t r = order_[s];
-      s_tok_[s] = a.tok[r];
-      s_w_[s] = a.w[r];
-      if (s == 0 || a.row[r] != group_row_.back()) group_row_.push_back(a.row[r]), group_start_.push_back(s);
-    }
-    group_start_.push_back(R);
-    // token -> its sorted routes in ascending order (counting sort: stable)
-    for (int64_t s = 0; s < R; ++s) ++tok_start_[s_tok_[s] + 1];
-    for (int64_t t = 0; t < a.T; ++t) tok_start_[t + 1] += tok_start_[t];
-    fill_.assign(tok_start_.begin(), tok_start_.end() - 1);
-    for (int64_t s = 0; s < R; ++s) tok_route_[fill_[s_tok_[s]]++] = s;
-    h_.resize(R * a.I);
-    y_.resize(R * a.D);
-    Plan& p = plan_;
-    p = Plan{};
-    p.x = a.x, p.T = a.T, p.D = a.D, p.I = a.I;
-    p.gate_up = a.gate_up, p.down = a.down, p.fmt = a.fmt, p.act = a.act, p.out = a.out;
-    p.R = R, p.G = static_cast<int64_t>(group_row_.size());
-    p.group_row = group_row_.data(), p.group_start = group_start_.data();
-    p.s_tok = s_tok_.data(), p.s_w = s_w_.data(), p.h = h_.data(), p.y = y_.data();
-    p.tok_start = tok_start_.data(), p.tok_route = tok_route_.data();
-    split_ = ops_.split_bf16 && a.fmt == FMT_BF16 && R > 0;
-    if (split_) {
-      x_hi_.resize(a.T * a.D), x_lo_.resize(a.T * a.D), h_hi_.resize(R * a.I), h_lo_.resize(R * a.I);
-      p.x_hi = x_hi_.data(), p.x_lo = x_lo_.data(), p.h_hi = h_hi_.data(), p.h_lo = h_lo_.data();
-    }
-    p.hblock = kHBlock;
-    p.units1 = p.G * ((a.I + kHBlock - 1) / kHBlock);
-    p.dblock = kDBlock;
-    p.units2 = p.G * ((a.D + kDBlock - 1) / kDBlock);
-    p.oblock = kOBlock;
-    p.units3 = a.T * ((a.D + kOBlock - 1) / kOBlock);
-  }
-
   void start(Kind kind) {
     {
       std::lock_guard<std::mutex> lk(mu_);
       kind_ = kind;
-      for (auto& n : next_) n.store(0, std::memory_order_relaxed);
+      reset_counters();
       remaining_.store(n_, std::memory_order_relaxed);
       busy_.store(true, std::memory_order_relaxed);
       gen_.fetch_add(1, std::memory_order_release);
@@ -234,10 +160,13 @@ class Pool {
     cv_start_.notify_all();
   }
 
-  // Barrier among the workers: a short optional spin, then sleep.
-  void barrier() {
+  // Barrier among the workers: a short optional spin, then sleep. The last to arrive runs
+  // on_last() before releasing the others.
+  template <class F>
+  void barrier(F on_last) {
     const uint64_t g = bgen_.load(std::memory_order_acquire);
     if (bcount_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
+      on_last();
       bcount_.store(0, std::memory_order_relaxed);
       {
         std::lock_guard<std::mutex> lk(bmu_);
@@ -251,23 +180,35 @@ class Pool {
     std::unique_lock<std::mutex> lk(bmu_);
     bcv_.wait(lk, passed);
   }
+  void barrier() {
+    barrier([] {});
+  }
 
   static int64_t lo(int64_t total, int k, int n) { return total * k / n; }
 
   void run_moe(int k) {
-    const Plan& p = plan_;
-    if (split_) {  // phase 0: bf16 hi/lo split of x, split over tokens
+    const std::vector<Plan>& chunks = plans_.chunks();
+    if (plans_.split()) {  // phase 0: bf16 hi/lo split of x, split over tokens
+      const Plan& p = chunks.front();
       const int64_t t0 = lo(p.T, k, n_), t1 = lo(p.T, k + 1, n_);
-      split_bf16(p.x + t0 * p.D, (t1 - t0) * p.D, x_hi_.data() + t0 * p.D, x_lo_.data() + t0 * p.D);
+      split_bf16(p.x + t0 * p.D, (t1 - t0) * p.D, plans_.x_hi() + t0 * p.D, plans_.x_lo() + t0 * p.D);
       barrier();
     }
     // Units are handed out one at a time (stragglers, e.g. a core shared with the GPU driver
     // thread, do not hold the others up); a unit's result does not depend on who computes it.
-    for (int64_t u; (u = next_[0].fetch_add(1, std::memory_order_relaxed)) < p.units1;) ops_.phase1(p, u);
-    barrier();
-    for (int64_t u; (u = next_[1].fetch_add(1, std::memory_order_relaxed)) < p.units2;) ops_.phase2(p, u);
-    barrier();
-    for (int64_t u; (u = next_[2].fetch_add(1, std::memory_order_relaxed)) < p.units3;) ops_.phase3(p, u);
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      const Plan& p = chunks[c];
+      for (int64_t u; (u = next_[0].fetch_add(1, std::memory_order_relaxed)) < p.units1;) ops_.phase1(p, u);
+      barrier();
+      for (int64_t u; (u = next_[1].fetch_add(1, std::memory_order_relaxed)) < p.units2;) ops_.phase2(p, u);
+      barrier();
+      for (int64_t u; (u = next_[2].fetch_add(1, std::memory_order_relaxed)) < p.units3;) ops_.phase3(p, u);
+      if (c + 1 < chunks.size()) barrier([this] { reset_counters(); });  // h and y are reused
+    }
+  }
+
+  void reset_counters() {
+    for (auto& n : next_) n.store(0, std::memory_order_relaxed);
   }
 
   void run_read(int k) {
@@ -327,13 +268,7 @@ class Pool {
   std::condition_variable bcv_;
   std::atomic<int> bcount_{0};
   std::atomic<uint64_t> bgen_{0};
-  // current batch (owned here so repeated calls reuse the allocations)
-  Plan plan_{};
-  bool split_ = false;
-  std::vector<int64_t> order_, group_row_, group_start_, tok_start_, tok_route_, fill_;
-  std::vector<int32_t> s_tok_;
-  std::vector<float> s_w_, h_, y_;
-  std::vector<uint16_t> x_hi_, x_lo_, h_hi_, h_lo_;
+  PlanBuilder plans_;  // the current batch (kept: repeated calls reuse its allocations)
   uint32_t* done_flag_ = nullptr;
   uint32_t done_value_ = 0;
   const uint64_t* rp_ = nullptr;

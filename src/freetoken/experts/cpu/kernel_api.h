@@ -22,6 +22,7 @@ enum Isa : int32_t { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512BF
 struct Plan {
   const float* x;  // [T, D] fp32
   int64_t T, D, I;
+  int64_t t0, t1;  // this chunk's tokens [t0, t1): its routes and phase-3 outputs
   const void* gate_up;  // [N, 2I, D]
   const void* down;     // [N, D, I]
   int32_t fmt, act;
@@ -32,8 +33,8 @@ struct Plan {
   const int64_t* group_start;  // [G + 1]
   const int32_t* s_tok;        // [R] token of each sorted route
   const float* s_w;            // [R] gate weight of each sorted route
-  // Token t's routes, as sorted positions in ascending order: tok_route[tok_start[t] .. tok_start[t+1]).
-  const int64_t* tok_start;  // [T + 1]
+  // Token t0 + j's routes, as sorted positions in ascending order: tok_route[tok_start[j] .. tok_start[j+1]).
+  const int64_t* tok_start;  // [t1 - t0 + 1]
   const int64_t* tok_route;  // [R]
   float* h;                  // [R, I] activations of each sorted route
   float* y;                  // [R, D] down projection of each sorted route (unweighted)
@@ -48,7 +49,7 @@ struct Plan {
   int64_t dblock;  // phase 2: down rows per unit; unit = (group, row block)
   int64_t units2;  // G * ceil(D / dblock)
   int64_t oblock;  // phase 3: output columns per unit; unit = (token, column block)
-  int64_t units3;  // T * ceil(D / oblock)
+  int64_t units3;  // (t1 - t0) * ceil(D / oblock)
 };
 
 // Phase 1: h = act(gate . x, up . x): a unit streams its gate rows, then its up rows (long
