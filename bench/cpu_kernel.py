@@ -1,11 +1,11 @@
 """CPU expert kernel vs torch F.linear, and vs the machine's streaming read bandwidth (same run).
 
 Effective GB/s = expert weight bytes read / time. Qwen3-30B-A3B expert shape (D=2048, I=768, bf16),
-top-8 routes per token, batch 1 and 4; routes pick random experts from a pool much larger than L3,
-so every call streams its weights from DRAM. Kernel and torch calls alternate in one loop (same
-noise), and so do streaming reads of 256 MiB slices of --read-gib of distinct data (the faster of
-a parallel uint64 sum on the kernel's own threads and torch's int64 sum on as many); medians over
---iters of each.
+top-8 routes per token, batch 1 and 4; routes walk a pool much larger than L3 in order (an expert
+comes back only after all others), so every call streams its weights from DRAM. Kernel and torch
+calls alternate in one loop (same noise), and so do streaming reads of 256 MiB slices of
+--read-gib of distinct data (the faster of a parallel uint64 sum on the kernel's own threads and
+torch's int64 sum on as many); medians over --iters of each.
 
     PYTHONPATH=src python bench/cpu_kernel.py [--threads 1,2] [--read-gib 4] [--pool-gib 1.25]
 """
@@ -41,11 +41,19 @@ def torch_experts(x: torch.Tensor, tok: torch.Tensor, row: torch.Tensor, w: torc
     return out
 
 
-def routes(batch: int, top_k: int, num_experts: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
-    rows = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(batch)])
-    tok = torch.arange(batch, dtype=torch.int32).repeat_interleave(top_k)
-    w = torch.rand(batch * top_k, generator=gen)
-    return tok, rows.reshape(-1).contiguous(), w
+class Routes:
+    """Routes for `batch` tokens x top-k experts, walking the pool in order: an expert is read again
+    only after every other one was, so the reuse distance is the whole pool (>> L3, no cache hits)."""
+
+    def __init__(self, num_experts: int, top_k: int, seed: int = 0) -> None:
+        self.n, self.k, self.cursor = num_experts, top_k, 0
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def next(self, batch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rows = (self.cursor + torch.arange(batch * self.k)) % self.n  # distinct while batch*k <= n
+        self.cursor = (self.cursor + batch * self.k) % self.n
+        tok = torch.arange(batch, dtype=torch.int32).repeat_interleave(self.k)
+        return tok, rows.contiguous(), torch.rand(batch * self.k, generator=self.gen)
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -83,14 +91,14 @@ def bench_threads(args: argparse.Namespace, n: int, banks: tuple[torch.Tensor, t
         stream.gbps()
     lines = []
     for batch in (1, 4):
-        gen = torch.Generator().manual_seed(batch)
+        walk = Routes(gate_up.shape[0], args.top_k, seed=batch)  # kernel and torch share one walk
         x = torch.randn(batch, gate_up.shape[2])
         ours, base, reads = [], [], []
         for _ in range(args.iters):
-            tok, row, w = routes(batch, args.top_k, gate_up.shape[0], gen)
+            tok, row, w = walk.next(batch)
             nbytes = torch.unique(row).numel() * expert_bytes
             ours.append(nbytes / timed(functools.partial(kern.run, x, tok, row, w, gate_up, down)) / 1e9)
-            tok, row, w = routes(batch, args.top_k, gate_up.shape[0], gen)
+            tok, row, w = walk.next(batch)
             nbytes = torch.unique(row).numel() * expert_bytes
             base.append(nbytes / timed(functools.partial(torch_experts, x, tok, row, w, gate_up, down)) / 1e9)
             reads.append(stream.gbps())
