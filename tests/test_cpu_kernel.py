@@ -127,8 +127,11 @@ def test_zero_routes_zero_output() -> None:
     x, _, _, _, gate_up, down = make_case(3, 33, 17, 2, 1, torch.bfloat16)
     empty_i32, empty_i64 = torch.empty(0, dtype=torch.int32), torch.empty(0, dtype=torch.int64)
     out = torch.full((3, 33), 7.0)
-    CpuExpertKernel(2).run(x, empty_i32, empty_i64, torch.empty(0), gate_up, down, out=out)
+    kern = CpuExpertKernel(2)
+    kern.run(x, empty_i32, empty_i64, torch.empty(0), gate_up, down, out=out)
     assert torch.all(out == 0)
+    no_tokens = kern.run(x[:0], empty_i32, empty_i64, torch.empty(0), gate_up, down)
+    assert no_tokens.shape == (0, 33)
 
 
 def test_token_output_does_not_depend_on_the_batch() -> None:
