@@ -12,7 +12,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <cstring>
+#include <new>
+#include <system_error>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -295,7 +296,11 @@ int ft_best_isa(int force_avx2) {
 // for the next job / barrier before sleeping (0: sleep at once). Null when the ISA is unsupported.
 void* ft_pool_create(int n, const int* cpus, int isa, int spin_us) {
   if (n < 1 || !ft::isa_supported(isa)) return nullptr;
-  return new ft::Pool(n, cpus, isa, int64_t{spin_us} * 1000);
+  try {
+    return new ft::Pool(n, cpus, isa, int64_t{spin_us} * 1000);
+  } catch (const std::exception&) {  // no exception may cross the C boundary
+    return nullptr;
+  }
 }
 
 void ft_pool_destroy(void* pool) { delete static_cast<ft::Pool*>(pool); }
@@ -304,8 +309,14 @@ int ft_pool_isa(void* pool) { return static_cast<ft::Pool*>(pool)->isa(); }
 int ft_pool_busy(void* pool) { return static_cast<ft::Pool*>(pool)->busy() ? 1 : 0; }
 
 // 0: started; -1 busy (wait first); -2 bad dims/pointers; -3 token out of range; -4 row out of range;
-// -5 unknown format or activation.
-int ft_moe_submit(void* pool, const FtMoeArgs* args) { return static_cast<ft::Pool*>(pool)->submit_moe(*args); }
+// -5 unknown format or activation; -6 out of memory for the plan's scratch.
+int ft_moe_submit(void* pool, const FtMoeArgs* args) {
+  try {
+    return static_cast<ft::Pool*>(pool)->submit_moe(*args);
+  } catch (const std::bad_alloc&) {
+    return -6;
+  }
+}
 void ft_wait(void* pool) { static_cast<ft::Pool*>(pool)->wait(); }
 
 uint64_t ft_stream_read(void* pool, const void* p, int64_t bytes) {

@@ -35,6 +35,7 @@ _ERRORS = {
     -3: "tok entries must be token indices in [0, T)",
     -4: "row entries must be pool rows in [0, N)",
     -5: "unknown weight format or activation",
+    -6: "out of memory for the kernel's scratch buffers",
 }
 
 
@@ -227,6 +228,8 @@ class CpuExpertKernel:
             None if done_flag is None else done_flag.data_ptr(), done_value & 0xFFFFFFFF,
         )  # fmt: skip
         rc = self._lib.ft_moe_submit(self._pool, ctypes.byref(args))
+        if rc == -6:
+            raise MemoryError(_ERRORS[rc])
         if rc != 0:
             raise ValueError(_ERRORS.get(rc, f"kernel error {rc}"))
         # keep every buffer alive until the workers are done with it
