@@ -1,14 +1,16 @@
 // The three phases of the expert kernel, written once over a SIMD traits struct `S` and a weight
-// format `F`. Each ISA translation unit defines FT_ISA_NS and `struct S`, then includes this file,
-// so every ISA gets its own copy of the templates in its own namespace (no ODR clash between TUs
-// compiled with different -m flags; std templates are avoided for the same reason).
+// format `F`. Each ISA translation unit defines FT_ISA_NS, FT_NT_MAX (tokens per register tile) and
+// `struct S`, then includes this file, so every ISA gets its own copy of the templates in its own
+// namespace (no ODR clash between TUs compiled with different -m flags; std templates are avoided
+// for the same reason).
 //
 // S provides: vec, W (fp32 lanes), zero(), load(const float*), fma(a, b, c) = a * b + c, add,
-// hsum(vec), sfma(float, float, float) for scalar tails, NT_MAX (tokens per register tile), and
+// hsum(vec) (fixed order), sfma(float, float, float) for scalar tails, and
 // load_bf16x2(const uint16_t*, vec&, vec&) (2W bf16 -> two fp32 vectors).
 // A weight format F provides: Row (a row handle), row(bank, index, K), load2(row, k, a, b) (2W
-// weights starting at k as two fp32 vectors) and at(row, k) (one weight). fp8 / mxfp4 / nvfp4
-// blocks plug in here: their Row carries the block scales and load2 dequantises one block.
+// weights starting at k as two fp32 vectors), at(row, k) (one weight) and prefetch(row, k).
+// fp8 / mxfp4 / nvfp4 plug in here as new formats: their Row also carries the block scales, and
+// load2 dequantises one 16/32-weight block to fp32; the phases stay as they are.
 #pragma once
 
 #include "kernel_api.h"
