@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 
@@ -243,3 +245,18 @@ def test_build_is_cached_and_fails_cleanly_without_compiler(
     monkeypatch.delenv("CXX", raising=False)
     with pytest.raises(build.BuildError, match="no C\\+\\+ compiler"):
         build.library_path(cache_dir=str(tmp_path))
+
+
+def test_build_drops_an_isa_the_compiler_cannot_build(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """A compiler without -mavx512bf16 still yields a library; that path is simply not offered."""
+    real = build.find_compiler()
+    if real is None or not build._is_x86():
+        pytest.skip("needs an x86 C++ compiler")
+    fake = tmp_path / "cxx-without-bf16"
+    refuse = 'for a in "$@"; do [ "$a" = -mavx512bf16 ] && exit 1; done'
+    fake.write_text(f'#!/bin/sh\n{refuse}\nexec {real} "$@"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    lib = ctypes.CDLL(str(build.library_path(cache_dir=str(tmp_path))))
+    assert lib.ft_isa_supported(ISAS.index("avx512bf16")) == 0
+    assert lib.ft_isa_supported(ISAS.index("generic")) == 1
