@@ -1,0 +1,147 @@
+"""CPU expert kernel vs torch F.linear, and vs the machine's streaming read bandwidth (same run).
+
+Effective GB/s = expert weight bytes read / time. Qwen3-30B-A3B expert shape (D=2048, I=768, bf16),
+top-8 routes per token, batch 1 and 4; routes walk a pool much larger than L3 in order (an expert
+comes back only after all others), so every call streams its weights from DRAM. Kernel and torch
+calls alternate in one loop (same noise), and so do streaming reads of 256 MiB slices of
+--read-gib of distinct data (the faster of a parallel uint64 sum on the kernel's own threads and
+torch's int64 sum on as many); medians over --iters of each.
+
+    PYTHONPATH=src python bench/cpu_kernel.py [--threads 1,2] [--read-gib 4] [--pool-gib 1.25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from freetoken.experts.cpu.kernel import CpuExpertKernel
+from freetoken.hardware.cpus import physical_cores
+
+
+def torch_experts(x: torch.Tensor, tok: torch.Tensor, row: torch.Tensor, w: torch.Tensor,
+                  gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """The baseline: per distinct expert, F.linear on its contiguous bf16 weights (bf16 activations)."""
+    inter = down.shape[2]
+    out = torch.zeros(x.shape, dtype=torch.float32)
+    xb = x.bfloat16()
+    for r in torch.unique(row).tolist():
+        sel = (row == r).nonzero().squeeze(1)
+        t = tok[sel].long()
+        gu = F.linear(xb[t], gate_up[r])
+        y = F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], down[r])
+        out.index_add_(0, t, y.float() * w[sel, None])
+    return out
+
+
+class Routes:
+    """Routes for `batch` tokens x top-k experts, walking the pool in order: an expert is read again
+    only after every other one was, so the reuse distance is the whole pool (>> L3, no cache hits)."""
+
+    def __init__(self, num_experts: int, top_k: int, seed: int = 0) -> None:
+        self.n, self.k, self.cursor = num_experts, top_k, 0
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def next(self, batch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rows = (self.cursor + torch.arange(batch * self.k)) % self.n  # distinct while batch*k <= n
+        self.cursor = (self.cursor + batch * self.k) % self.n
+        tok = torch.arange(batch, dtype=torch.int32).repeat_interleave(self.k)
+        return tok, rows.contiguous(), torch.rand(batch * self.k, generator=self.gen)
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+class StreamRead:
+    """Streaming read on the kernel's threads (our C++ sum) and torch's int64 sum (as many threads),
+    over rotating `chunk`-byte slices of `buf`, so reads interleave with the other measurements."""
+
+    def __init__(self, kern: CpuExpertKernel, buf: torch.Tensor, chunk: int = 256 * 2**20) -> None:
+        self.kern, self.buf, self.chunk, self.i = kern, buf, min(chunk, buf.numel()), 0
+
+    def gbps(self) -> float:
+        """The faster of the two reads of the next two slices."""
+        n = self.buf.numel() // self.chunk
+        a = self.buf[(self.i % n) * self.chunk :][: self.chunk]
+        b = self.buf[((self.i + 1) % n) * self.chunk :][: self.chunk]
+        self.i += 2
+        ours = timed(lambda: self.kern.stream_read(a))
+        theirs = timed(lambda: b.view(torch.int64).sum())
+        return self.chunk / min(ours, theirs) / 1e9
+
+
+def bench_threads(args: argparse.Namespace, n: int, banks: tuple[torch.Tensor, torch.Tensor],
+                  buf: torch.Tensor) -> list[str]:  # fmt: skip
+    gate_up, down = banks
+    kern = CpuExpertKernel(num_threads=n, isa=args.isa)
+    torch.set_num_threads(n)
+    expert_bytes = (gate_up[0].numel() + down[0].numel()) * gate_up.element_size()
+    stream = StreamRead(kern, buf)
+    for _ in range(buf.numel() // stream.chunk // 2):  # warm-up: touch the whole buffer once
+        stream.gbps()
+    lines = []
+    for batch in (1, 4):
+        walk = Routes(gate_up.shape[0], args.top_k, seed=batch)  # kernel and torch share one walk
+        x = torch.randn(batch, gate_up.shape[2])
+        ours, base, reads = [], [], []
+        for _ in range(args.iters):
+            tok, row, w = walk.next(batch)
+            nbytes = torch.unique(row).numel() * expert_bytes
+            ours.append(nbytes / timed(functools.partial(kern.run, x, tok, row, w, gate_up, down)) / 1e9)
+            tok, row, w = walk.next(batch)
+            nbytes = torch.unique(row).numel() * expert_bytes
+            base.append(nbytes / timed(functools.partial(torch_experts, x, tok, row, w, gate_up, down)) / 1e9)
+            reads.append(stream.gbps())
+        k, b, r = statistics.median(ours), statistics.median(base), statistics.median(reads)
+        ratios = [f"{k / b:.2f}x", f"{r:.1f}", f"{k / r:.0%}"]
+        cells = [str(n), kern.isa, str(batch), f"{k:.1f}", f"{b:.1f}", *ratios]
+        lines.append("| " + " | ".join(cells) + " |")
+    kern.close()
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", default=None, help="thread counts, e.g. 1,2 (default: 1,<cores>)")
+    p.add_argument("--read-gib", type=float, default=4.0, help="GiB of distinct data for the streaming read")
+    p.add_argument("--pool-gib", type=float, default=1.25, help="GiB of experts to cycle over (>> L3)")
+    p.add_argument("--iters", type=int, default=20, help="calls per configuration (median reported)")
+    p.add_argument("--isa", default="auto", help="auto, avx2, avx512, avx512bf16, generic")
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--inter", type=int, default=768)
+    p.add_argument("--top-k", type=int, default=8)
+    args = p.parse_args(argv)
+    threads = [int(t) for t in args.threads.split(",")] if args.threads else sorted({1, physical_cores()})
+    D, inter = args.hidden, args.inter
+    expert_bytes = 3 * D * inter * 2
+    num_experts = max(args.top_k * 4, int(args.pool_gib * 2**30 / expert_bytes))
+    gen = torch.Generator().manual_seed(0)
+    gate_up = torch.randn(num_experts, 2 * inter, D, generator=gen).div_(D**0.5).bfloat16()
+    down = torch.randn(num_experts, D, inter, generator=gen).div_(inter**0.5).bfloat16()
+    buf = torch.ones(int(args.read_gib * 2**30), dtype=torch.uint8)
+    print(f"# {' '.join(sys.argv)}")
+    pool_gib = num_experts * expert_bytes / 2**30
+    mb = expert_bytes / 1e6
+    print(f"# expert {D}x{inter} bf16 {mb:.1f} MB; pool {num_experts} experts, {pool_gib:.2f} GiB")
+    print(f"# top-{args.top_k}, read buffer {args.read_gib} GiB, {args.iters} iters (median)")
+    print("| threads | isa | batch | kernel GB/s | torch F.linear GB/s | kernel/torch | stream read GB/s "
+          "| kernel/stream |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for n in threads:
+        for line in bench_threads(args, n, (gate_up, down), buf):
+            print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+// The three phases of the expert kernel, written once over a SIMD traits struct `S` and a weight
+// format `F`. Each ISA translation unit defines FT_ISA_NS, FT_NT_MAX (tokens per register tile) and
+// `struct S`, then includes this file, so every ISA gets its own copy of the templates in its own
+// namespace (no ODR clash between TUs compiled with different -m flags; std templates are avoided
+// for the same reason).
+//
+// S provides: vec, W (fp32 lanes), zero(), load(const float*), fma(a, b, c) = a * b + c, add,
+// hsum(vec) (fixed order), sfma(float, float, float) for scalar tails, and
+// load_bf16x2(const uint16_t*, vec&, vec&) (2W bf16 -> two fp32 vectors).
+// A weight format F provides: Row (a row handle), row(bank, index, K), load2(row, k, a, b) (2W
+// weights starting at k as two fp32 vectors), at(row, k) (one weight) and prefetch(row, k).
+// fp8 / mxfp4 / nvfp4 plug in here as new formats: their Row also carries the block scales, and
+// load2 dequantises one 16/32-weight block to fp32; the phases stay as they are.
+#pragma once
+
+#include "kernel_api.h"
+
+namespace ft {
+namespace FT_ISA_NS {
+
+#ifndef FT_PREFETCH
+#define FT_PREFETCH 512  // weights ahead of the loads (software prefetch, elements; 1 KiB of bf16)
+#endif
+
+static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline float fmin_(float a, float b) { return a < b ? a : b; }
+static inline float fmax_(float a, float b) { return a > b ? a : b; }
+
+struct FmtF32 {
+  using Row = const float*;
+  static inline Row row(const void* bank, int64_t index, int64_t K) {
+    return static_cast<const float*>(bank) + index * K;
+  }
+  static inline void load2(Row r, int64_t k, S::vec& a, S::vec& b) {
+    a = S::load(r + k);
+    b = S::load(r + k + S::W);
+  }
+  static inline float at(Row r, int64_t k) { return r[k]; }
+  static inline void prefetch(Row r, int64_t k) {
+    if (FT_PREFETCH > 0) __builtin_prefetch(r + k);
+  }
+};
+
+struct FmtBF16 {
+  using Row = const uint16_t*;
+  static inline Row row(const void* bank, int64_t index, int64_t K) {
+    return static_cast<const uint16_t*>(bank) + index * K;
+  }
+  static inline void load2(Row r, int64_t k, S::vec& a, S::vec& b) { S::load_bf16x2(r + k, a, b); }
+  static inline float at(Row r, int64_t k) { return bf16_to_f32(r[k]); }
+  static inline void prefetch(Row r, int64_t k) {
+    if (FT_PREFETCH > 0) __builtin_prefetch(r + k);
+  }
+};
+
+// res[t] = dot(row[0:K], xs[t][0:K]) for t < NT. Every token owns two accumulators and one scalar
+// tail, reduced in a fixed order, so a value never depends on the tile (NT) it was computed in:
+// results do not depend on the thread count or on how routes were tiled.
+template <class F, int NT>
+static inline void dot_tile(typename F::Row row, const float* const* xs, int64_t K, float* res) {
+  constexpr int64_t B = 2 * S::W;
+  S::vec acc0[NT], acc1[NT];
+  for (int t = 0; t < NT; ++t) acc0[t] = acc1[t] = S::zero();
+  int64_t k = 0;
+  for (; k + B <= K; k += B) {
+    S::vec a, b;
+    F::prefetch(row, k + FT_PREFETCH);
+    F::load2(row, k, a, b);
+    for (int t = 0; t < NT; ++t) {
+      acc0[t] = S::fma(a, S::load(xs[t] + k), acc0[t]);
+      acc1[t] = S::fma(b, S::load(xs[t] + k + S::W), acc1[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    float s = 0.f;
+    for (int64_t kk = k; kk < K; ++kk) s = S::sfma(F::at(row, kk), xs[t][kk], s);
+    res[t] = S::hsum(S::add(acc0[t], acc1[t])) + s;
+  }
+}
+
+#ifdef FT_DOT_BF16
+// bf16 weights on AVX512-BF16: vdpbf16ps against the hi and lo bf16 halves of the fp32 operand
+// (x ~= hi + lo keeps ~16 mantissa bits, close to the fp32 path). Same accumulator discipline.
+template <int NT>
+static inline void dot_tile_dp(const uint16_t* row, const uint16_t* const* hi, const uint16_t* const* lo,
+                               const float* const* xs, int64_t K, float* res) {
+  constexpr int64_t B = 32;
+  __m512 acc0[NT], acc1[NT];
+  for (int t = 0; t < NT; ++t) acc0[t] = acc1[t] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + B <= K; k += B) {
+    if (FT_PREFETCH > 0) __builtin_prefetch(row + k + FT_PREFETCH);
+    const __m512bh w = (__m512bh)_mm512_loadu_si512(row + k);
+    for (int t = 0; t < NT; ++t) {
+      acc0[t] = _mm512_dpbf16_ps(acc0[t], w, (__m512bh)_mm512_loadu_si512(hi[t] + k));
+      acc1[t] = _mm512_dpbf16_ps(acc1[t], w, (__m512bh)_mm512_loadu_si512(lo[t] + k));
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    float s = 0.f;
+    for (int64_t kk = k; kk < K; ++kk) s = S::sfma(bf16_to_f32(row[kk]), xs[t][kk], s);
+    res[t] = S::hsum(_mm512_add_ps(acc0[t], acc1[t])) + s;
+  }
+}
+#endif
+
+static inline float activate(int32_t act, float g, float u) {
+  if (act == ACT_GPTOSS) {  // gpt-oss: clamped gate/up, glu = g * sigmoid(1.702 g), (u + 1) * glu
+    g = fmin_(g, 7.f);
+    u = fmax_(-7.f, fmin_(u, 7.f));
+    return (u + 1.f) * (g / (1.f + __builtin_expf(-1.702f * g)));
+  }
+  return g / (1.f + __builtin_expf(-g)) * u;  // SiLU-gated
+}
+
+// The operand side of a tile: nt fp32 vectors (and their bf16 hi/lo halves on the DP path).
+struct Operands {
+  int nt;
+  const float* f[FT_NT_MAX];
+  const uint16_t* hi[FT_NT_MAX];
+  const uint16_t* lo[FT_NT_MAX];
+};
+
+// res[t] = row . ops.f[t] for t < ops.nt, dispatching the runtime nt to a template instance.
+template <class F, bool DP>
+static inline void dot_row(typename F::Row row, const Operands& o, int64_t K, float* res) {
+#ifdef FT_DOT_BF16
+  if (DP) {
+    const uint16_t* r = reinterpret_cast<const uint16_t*>(row);
+    switch (o.nt) {
+      case 1: return dot_tile_dp<1>(r, o.hi, o.lo, o.f, K, res);
+      case 2: return dot_tile_dp<2>(r, o.hi, o.lo, o.f, K, res);
+      case 3: return dot_tile_dp<3>(r, o.hi, o.lo, o.f, K, res);
+      default: return dot_tile_dp<4>(r, o.hi, o.lo, o.f, K, res);
+    }
+  }
+#endif
+  switch (o.nt) {
+#if FT_NT_MAX >= 4
+    case 4: return dot_tile<F, 4>(row, o.f, K, res);
+    case 3: return dot_tile<F, 3>(row, o.f, K, res);
+#endif
+#if FT_NT_MAX >= 2
+    case 2: return dot_tile<F, 2>(row, o.f, K, res);
+#endif
+    default: return dot_tile<F, 1>(row, o.f, K, res);
+  }
+}
+
+// Operands of sorted routes [s, s + nt): their tokens' x rows (phase 1) or their h rows (phase 2).
+template <bool DP>
+static inline Operands operands(const Plan& p, int64_t s, int nt, bool x_side) {
+  Operands o;
+  o.nt = nt;
+  for (int t = 0; t < nt; ++t) {
+    const int64_t off = x_side ? static_cast<int64_t>(p.s_tok[s + t]) * p.D : (s + t) * p.I;
+    o.f[t] = (x_side ? p.x : p.h) + off;
+    if (DP) o.hi[t] = (x_side ? p.x_hi : p.h_hi) + off, o.lo[t] = (x_side ? p.x_lo : p.h_lo) + off;
+  }
+  return o;
+}
+
+// Phase-1 unit: h[s, i] for the group's routes s and h indices i of one block.
+template <class F, bool DP>
+static void phase1(const Plan& p, int64_t u) {
+  const int64_t D = p.D, I = p.I, nb = (I + p.hblock - 1) / p.hblock;
+  const int64_t g = u / nb, i0 = (u % nb) * p.hblock, n = imin(I, i0 + p.hblock) - i0;
+  const int64_t base = p.group_row[g] * 2 * I;  // first gate row of this expert
+  const int64_t s1 = p.group_start[g + 1];
+  float gate[kMaxHBlock * FT_NT_MAX], up[kMaxHBlock * FT_NT_MAX];
+  for (int64_t s = p.group_start[g]; s < s1; s += FT_NT_MAX) {
+    const int nt = static_cast<int>(imin(FT_NT_MAX, s1 - s));
+    const Operands o = operands<DP>(p, s, nt, true);
+    for (int64_t i = 0; i < n; ++i) dot_row<F, DP>(F::row(p.gate_up, base + i0 + i, D), o, D, gate + i * nt);
+    for (int64_t i = 0; i < n; ++i) dot_row<F, DP>(F::row(p.gate_up, base + I + i0 + i, D), o, D, up + i * nt);
+    for (int t = 0; t < nt; ++t) {
+      float* h = p.h + (s + t) * I + i0;
+      for (int64_t i = 0; i < n; ++i) h[i] = activate(p.act, gate[i * nt + t], up[i * nt + t]);
+      if (DP) {
+        for (int64_t i = 0; i < n; ++i) {
+          const uint16_t hi = f32_to_bf16(h[i]);
+          p.h_hi[(s + t) * I + i0 + i] = hi;
+          p.h_lo[(s + t) * I + i0 + i] = f32_to_bf16(h[i] - bf16_to_f32(hi));
+        }
+      }
+    }
+  }
+}
+
+// Phase-2 unit: y[s, d] = down[d] . h[s] for the group's routes s and one block of rows d.
+template <class F, bool DP>
+static void phase2(const Plan& p, int64_t u) {
+  const int64_t D = p.D, I = p.I, nb = (D + p.dblock - 1) / p.dblock;
+  const int64_t g = u / nb, d0 = (u % nb) * p.dblock, d1 = imin(D, d0 + p.dblock);
+  const int64_t base = p.group_row[g] * D;  // first down row of this expert
+  const int64_t s1 = p.group_start[g + 1];
+  for (int64_t s = p.group_start[g]; s < s1; s += FT_NT_MAX) {
+    const int nt = static_cast<int>(imin(FT_NT_MAX, s1 - s));
+    const Operands o = operands<DP>(p, s, nt, false);
+    for (int64_t d = d0; d < d1; ++d) {
+      float res[FT_NT_MAX];
+      dot_row<F, DP>(F::row(p.down, base + d, I), o, I, res);
+      for (int t = 0; t < nt; ++t) p.y[(s + t) * D + d] = res[t];
+    }
+  }
+}
+
+// Phase-3 unit: out[t, c0:c1] = sum over t's routes s (ascending) of w_s * y[s, c0:c1]; zero if none.
+static void phase3(const Plan& p, int64_t u) {
+  const int64_t D = p.D, nb = (D + p.oblock - 1) / p.oblock;
+  const int64_t t = u / nb, c0 = (u % nb) * p.oblock, c1 = imin(D, c0 + p.oblock);
+  float* o = p.out + (p.t0 + t) * D;
+  for (int64_t c = c0; c < c1; ++c) o[c] = 0.f;
+  for (int64_t j = p.tok_start[t]; j < p.tok_start[t + 1]; ++j) {
+    const int64_t s = p.tok_route[j];
+    const float w = p.s_w[s];
+    const float* y = p.y + s * D;
+    for (int64_t c = c0; c < c1; ++c) o[c] = S::sfma(w, y[c], o[c]);
+  }
+}
+
+// Sum of uint64 words: integer adds are associative, so the compiler vectorises this with the TU's
+// ISA. The streaming-read reference the kernel is measured against (hardware prefetch only).
+static uint64_t stream_sum(const uint64_t* p, int64_t words) {
+  uint64_t acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= words; i += 16)
+    for (int j = 0; j < 16; ++j) acc[j] += p[i + j];
+  for (; i < words; ++i) acc[0] += p[i];
+  uint64_t s = 0;
+  for (int j = 0; j < 16; ++j) s += acc[j];
+  return s;
+}
+
+static void phase1_dispatch(const Plan& p, int64_t u) {
+#ifdef FT_DOT_BF16
+  if (p.fmt == FMT_BF16 && p.x_hi) return phase1<FmtBF16, true>(p, u);
+#endif
+  if (p.fmt == FMT_BF16) return phase1<FmtBF16, false>(p, u);
+  return phase1<FmtF32, false>(p, u);
+}
+
+static void phase2_dispatch(const Plan& p, int64_t u) {
+#ifdef FT_DOT_BF16
+  if (p.fmt == FMT_BF16 && p.h_hi) return phase2<FmtBF16, true>(p, u);
+#endif
+  if (p.fmt == FMT_BF16) return phase2<FmtBF16, false>(p, u);
+  return phase2<FmtF32, false>(p, u);
+}
+
+}  // namespace FT_ISA_NS
+}  // namespace ft
