@@ -1,0 +1,102 @@
+"""The CPU branch behind a submit/wait shape: routed experts run on the host, from the pool.
+
+``submit`` takes the step's routes as codes (``-1 - eid`` = run here, anything else = not here) and
+returns at once; ``wait`` returns the float32 partial ``[T, D]`` on the compute device. The compute is
+``experts/reference.py`` in one worker thread for now; the C++ kernel (``freetoken.experts.cpu``) takes
+its place in ``_run_routes`` when it lands.
+
+On CUDA the inputs travel to pinned host buffers with one async copy; the worker waits on a CUDA event
+(in its own thread, never the engine's) and ``wait`` copies the partial back. ``wait`` blocks the host
+until the worker is done: this adapter is not capturable in a CUDA graph (the C++ kernel's stream-ordered
+flags are).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from freetoken.experts.pool import HostExpertPool
+from freetoken.experts.reference import expert_ffn
+
+
+@dataclass
+class CpuResult:
+    out: torch.Tensor  # [T, D] float32 on the host
+    experts: int  # distinct experts run
+    seconds: float  # wall time of the compute
+
+
+@dataclass
+class CpuHandle:
+    future: Future[CpuResult]
+    device: torch.device
+
+
+def _run_routes(
+    pool: HostExpertPool, x: torch.Tensor, codes: torch.Tensor, w: torch.Tensor, k: int
+) -> CpuResult:
+    """x [T, D], codes [K] (-1 - eid for the routes run here), w [K] float32 -> float32 [T, D]."""
+    t0 = time.perf_counter()
+    T = x.shape[0]
+    out = torch.zeros((T, x.shape[1]), dtype=torch.float32)
+    mine = codes < 0
+    rows = (-1 - codes)[mine]
+    routes = torch.arange(codes.numel())[mine]
+    if rows.numel() == 0:
+        return CpuResult(out, 0, time.perf_counter() - t0)
+    order = torch.argsort(rows, stable=True)
+    rows, routes = rows[order], routes[order]
+    uniq, counts = torch.unique_consecutive(rows, return_counts=True)
+    start = 0
+    for e, c in zip(uniq.tolist(), counts.tolist()):
+        sel = routes[start : start + c]
+        start += c
+        tok = torch.div(sel, k, rounding_mode="floor")
+        y = expert_ffn(x[tok], pool.gate_up[e], pool.down[e]).float()
+        out.index_add_(0, tok, y * w[sel, None])
+    return CpuResult(out, int(uniq.numel()), time.perf_counter() - t0)
+
+
+class CpuExpertRunner:
+    def __init__(self, pool: HostExpertPool, device: torch.device, threads: int | None = None) -> None:
+        self.pool = pool
+        self.device = device
+        self.threads = threads
+        self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ft-cpu-experts")
+
+    def submit(self, x: torch.Tensor, codes: torch.Tensor, topk_w: torch.Tensor) -> CpuHandle:
+        """x [T, D], codes [T*k] route codes, topk_w [T, k]; returns without waiting."""
+        k = topk_w.shape[1]
+        w = topk_w.reshape(-1).float()
+        if self.device.type == "cuda":
+            xh = torch.empty(x.shape, dtype=self.pool.gate_up.dtype, pin_memory=True)
+            ch = torch.empty(codes.shape, dtype=codes.dtype, pin_memory=True)
+            wh = torch.empty(w.shape, dtype=w.dtype, pin_memory=True)
+            xh.copy_(x, non_blocking=True)
+            ch.copy_(codes, non_blocking=True)
+            wh.copy_(w, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+
+            def job() -> CpuResult:
+                ready.synchronize()  # the worker thread waits, the engine thread does not
+                return _run_routes(self.pool, xh, ch, wh, k)
+
+            return CpuHandle(self._exec.submit(job), self.device)
+        xc = x.to(self.pool.gate_up.dtype)
+        return CpuHandle(self._exec.submit(_run_routes, self.pool, xc, codes, w, k), self.device)
+
+    def wait(self, handle: CpuHandle) -> tuple[torch.Tensor, CpuResult]:
+        """The float32 partial [T, D] on the compute device, and the worker's measurements."""
+        res = handle.future.result()
+        out = res.out
+        if handle.device.type == "cuda":
+            out = out.pin_memory().to(handle.device, non_blocking=True)
+        return out, res
+
+    def close(self) -> None:
+        self._exec.shutdown(wait=True)
