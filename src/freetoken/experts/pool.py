@@ -80,7 +80,10 @@ class HostExpertPool:
         if dtype is not None and banks.gate_up.dtype != dtype:
             # The slots hold the compute dtype and fills are raw copies, so the pool must match.
             banks = ExpertBanks(
-                banks.gate_up.to(dtype), banks.down.to(dtype), banks.num_layers, banks.num_experts,
+                banks.gate_up.to(dtype),
+                banks.down.to(dtype),
+                banks.num_layers,
+                banks.num_experts,
                 banks.activation,
             )
         self.banks = banks

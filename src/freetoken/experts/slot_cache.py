@@ -71,8 +71,13 @@ class SlotCache:
     def copy(self, plan: StepPlan) -> None:
         """One batched copy of this round's fills (all banks) from the pool into their slots."""
         batched_fill(
-            self._src_gate_up, self._src_down, self.slot_gate_up, self.slot_down,
-            plan.copy_src, plan.copy_dst, plan.copy_count,
+            self._src_gate_up,
+            self._src_down,
+            self.slot_gate_up,
+            self.slot_down,
+            plan.copy_src,
+            plan.copy_dst,
+            plan.copy_count,
         )
 
     # -- host-side API (may synchronise) -------------------------------------------------------------
@@ -104,12 +109,14 @@ class SlotCache:
             return ids
         if ids.unique().numel() != ids.numel():
             raise ValueError("insert takes distinct eids")
+        slots = self.lookup(ids)
+        blocked = self.tables.locked[: self.num_slots].clone()
+        blocked[slots[slots >= 0]] = True
+        if int((slots < 0).sum()) > self.num_slots - int(blocked.sum()):  # checked before any change
+            raise ValueError(f"cannot make {ids.numel()} experts resident in {self.num_slots} slots")
         groups = group_routes(ids, self.pool.num_rows)
         share = torch.ones((), dtype=torch.float32, device=self.device)
-        plan = self.plan(groups, groups.valid, share, min_fill=1)
-        if int(plan.num_misses) != int(plan.copy_count):
-            raise ValueError(f"cannot make {ids.numel()} experts resident in {self.num_slots} slots")
-        self.copy(plan)
+        self.copy(self.plan(groups, groups.valid, share, min_fill=1))
         return self.lookup(ids)
 
     def evict(self, eids: torch.Tensor | list[int]) -> None:

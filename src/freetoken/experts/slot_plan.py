@@ -84,9 +84,7 @@ class StepPlan:
     num_misses: torch.Tensor  # [] m
 
 
-def fill_quota(
-    m: torch.Tensor, share: torch.Tensor, available: torch.Tensor, min_fill: int
-) -> torch.Tensor:
+def fill_quota(m: torch.Tensor, share: torch.Tensor, available: torch.Tensor, min_fill: int) -> torch.Tensor:
     """q = clamp(round(m*share), min_fill if m > 0 else 0, m), then at most ``available``. All [] int64."""
     q = torch.round(m.to(torch.float32) * share.to(torch.float32)).to(torch.long)
     lo = torch.clamp(m, max=min_fill)  # min_fill when m >= min_fill, m when smaller, 0 when m == 0
@@ -136,9 +134,7 @@ def plan_fills(
     _update_tables(t, hit, slot, take, victims, copy_src, copy_dst)
     rslot = new_slot[groups.route_group]
     route_code = torch.where(rslot >= 0, rslot, -1 - groups.eids)
-    return StepPlan(
-        groups, new_slot, hit, fill, miss, route_code, copy_src, copy_dst, q, hit.sum(), m
-    )
+    return StepPlan(groups, new_slot, hit, fill, miss, route_code, copy_src, copy_dst, q, hit.sum(), m)
 
 
 def _update_tables(

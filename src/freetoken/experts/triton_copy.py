@@ -18,8 +18,17 @@ _ITERS = 8  # loads per program
 
 @triton.jit
 def _gather_rows_kernel(
-    src_gu, src_dn, dst_gu, dst_dn, copy_src, copy_dst, count_ptr,
-    GU: tl.constexpr, DN: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr,
+    src_gu,
+    src_dn,
+    dst_gu,
+    dst_dn,
+    copy_src,
+    copy_dst,
+    count_ptr,
+    GU: tl.constexpr,
+    DN: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ITERS: tl.constexpr,
 ):
     j = tl.program_id(0)
     c = tl.program_id(1)
@@ -55,6 +64,15 @@ def gather_rows_triton(
     dn = src_down[0].numel()
     chunks = triton.cdiv(gu + dn, _BLOCK * _ITERS)
     _gather_rows_kernel[(kv, chunks)](
-        src_gate_up, src_down, dst_gate_up, dst_down, copy_src, copy_dst, count,
-        GU=gu, DN=dn, BLOCK=_BLOCK, ITERS=_ITERS,
+        src_gate_up,
+        src_down,
+        dst_gate_up,
+        dst_down,
+        copy_src,
+        copy_dst,
+        count,
+        GU=gu,
+        DN=dn,
+        BLOCK=_BLOCK,
+        ITERS=_ITERS,
     )

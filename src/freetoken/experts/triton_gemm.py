@@ -21,9 +21,21 @@ _BM, _BN, _BK = 16, 64, 64
 
 @triton.jit
 def _gate_up_kernel(
-    x, gu, h, order, gstart, gcount, gslot, ngroups_ptr,
-    D: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    x,
+    gu,
+    h,
+    order,
+    gstart,
+    gcount,
+    gslot,
+    ngroups_ptr,
+    D: tl.constexpr,
+    I: tl.constexpr,
+    TOPK: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     g = tl.program_id(0)
     nt = tl.program_id(1)
@@ -49,8 +61,8 @@ def _gate_up_kernel(
                 wmask = kmask[:, None] & nmask[None, :]
                 wg = tl.load(wbase + offs_n[None, :] * D + offs_k[:, None], mask=wmask, other=0.0)
                 wu = tl.load(wbase + (I + offs_n)[None, :] * D + offs_k[:, None], mask=wmask, other=0.0)
-                acc_g = tl.dot(xa, wg, acc_g, input_precision="ieee")
-                acc_u = tl.dot(xa, wu, acc_u, input_precision="ieee")
+                acc_g = tl.dot(xa, wg, acc_g, input_precision=PREC)
+                acc_u = tl.dot(xa, wu, acc_u, input_precision=PREC)
             hv = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
             hp = h + (start + rows).to(tl.int64)[:, None] * I + offs_n[None, :]
             tl.store(hp, hv, mask=mmask[:, None] & nmask[None, :])
@@ -58,9 +70,21 @@ def _gate_up_kernel(
 
 @triton.jit
 def _down_kernel(
-    h, dn, y, wts, order, gstart, gcount, gslot, ngroups_ptr,
-    D: tl.constexpr, I: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    h,
+    dn,
+    y,
+    wts,
+    order,
+    gstart,
+    gcount,
+    gslot,
+    ngroups_ptr,
+    D: tl.constexpr,
+    I: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     g = tl.program_id(0)
     nt = tl.program_id(1)
@@ -80,10 +104,13 @@ def _down_kernel(
                 offs_k = i0 + tl.arange(0, BK)
                 kmask = offs_k < I
                 hp = h + (start + rows).to(tl.int64)[:, None] * I + offs_k[None, :]
-                wd = tl.load(wbase + offs_n[None, :] * I + offs_k[:, None],
-                             mask=kmask[:, None] & nmask[None, :], other=0.0)
+                wd = tl.load(
+                    wbase + offs_n[None, :] * I + offs_k[:, None],
+                    mask=kmask[:, None] & nmask[None, :],
+                    other=0.0,
+                )
                 ha = tl.load(hp, mask=mmask[:, None] & kmask[None, :], other=0.0).to(wd.dtype)
-                acc = tl.dot(ha, wd, acc, input_precision="ieee")
+                acc = tl.dot(ha, wd, acc, input_precision=PREC)
             w = tl.load(wts + ridx, mask=mmask, other=0.0)
             yp = y + ridx[:, None] * D + offs_n[None, :]
             tl.store(yp, acc * w[:, None], mask=mmask[:, None] & nmask[None, :])
@@ -106,12 +133,39 @@ def grouped_experts_triton(
     y = torch.zeros((K, D), dtype=torch.float32, device=x.device)
     wts = topk_w.reshape(-1).float().contiguous()
     ng = groups.n_groups.reshape(1)
+    prec = "ieee" if x.dtype == torch.float32 else "tf32"  # fp32: exact products, no TF32 rounding
     _gate_up_kernel[(K, triton.cdiv(I, _BN))](
-        x, slot_gate_up, h, groups.order, groups.start, groups.count, slot, ng,
-        D=D, I=I, TOPK=k, BM=_BM, BN=_BN, BK=_BK,
+        x,
+        slot_gate_up,
+        h,
+        groups.order,
+        groups.start,
+        groups.count,
+        slot,
+        ng,
+        D=D,
+        I=I,
+        TOPK=k,
+        BM=_BM,
+        BN=_BN,
+        BK=_BK,
+        PREC=prec,
     )
     _down_kernel[(K, triton.cdiv(D, _BN))](
-        h, slot_down, y, wts, groups.order, groups.start, groups.count, slot, ng,
-        D=D, I=I, BM=_BM, BN=_BN, BK=_BK,
+        h,
+        slot_down,
+        y,
+        wts,
+        groups.order,
+        groups.start,
+        groups.count,
+        slot,
+        ng,
+        D=D,
+        I=I,
+        BM=_BM,
+        BN=_BN,
+        BK=_BK,
+        PREC=prec,
     )
     return y.view(T, k, D).sum(dim=1)
