@@ -1,0 +1,116 @@
+"""Build the CPU expert kernel on first use and cache the shared library per machine.
+
+The .so lives under ``Env().cache_dir/kernels/`` in a folder named by a hash of the sources, the
+compiler's version, the machine and the flags, so a source edit or a new compiler rebuilds and
+several processes may share one build (a file lock keeps them from building it twice at once).
+Each ISA path is its own translation unit with its own ``-m`` flags; a path the compiler cannot
+build is left out and the run-time dispatch never picks it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from freetoken.config import Env
+
+SRC_DIR = Path(__file__).resolve().parent
+HEADERS = ("kernel_api.h", "dot_impl.h", "isa_avx512_s.h")
+CORE_SOURCES = ("kernel.cpp", "isa_generic.cpp")
+_AVX2 = ("-mavx2", "-mfma")
+_AVX512 = (*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl")
+# ISA translation unit -> (its -m flags, the macro that tells kernel.cpp it was built)
+ISA_SOURCES: dict[str, tuple[tuple[str, ...], str]] = {
+    "isa_avx2.cpp": (_AVX2, "FT_HAVE_AVX2"),
+    "isa_avx512.cpp": (_AVX512, "FT_HAVE_AVX512"),
+    "isa_avx512bf16.cpp": ((*_AVX512, "-mavx512bf16"), "FT_HAVE_AVX512BF16"),
+}
+BASE_FLAGS = ("-std=c++17", "-O3", "-fPIC", "-pthread", "-fno-math-errno")
+LIB_NAME = "libft_cpu_experts.so"
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def find_compiler() -> str | None:
+    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _is_x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
+def build_key(cxx: str) -> str:
+    """Hash of everything the library depends on: sources, compiler version, machine, flags."""
+    h = hashlib.sha256()
+    for name in (*HEADERS, *CORE_SOURCES, *ISA_SOURCES):
+        h.update(name.encode())
+        h.update((SRC_DIR / name).read_bytes())
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
+    h.update(version.encode())
+    h.update(f"{platform.machine()}|{platform.system()}|{BASE_FLAGS}|{ISA_SOURCES}".encode())
+    return h.hexdigest()[:16]
+
+
+def _compile(cxx: str, src: str, flags: tuple[str, ...], obj: Path) -> tuple[bool, str]:
+    cmd = [cxx, *BASE_FLAGS, *flags, "-c", str(SRC_DIR / src), "-o", str(obj)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    return proc.returncode == 0, proc.stderr[-2000:]
+
+
+def _build_into(cxx: str, out_dir: Path) -> None:
+    """Compile every TU (ISA ones in parallel, dropping those that fail) and link into out_dir."""
+    with tempfile.TemporaryDirectory(dir=out_dir.parent) as tmp:
+        tmpd = Path(tmp)
+        isa = ISA_SOURCES if _is_x86() else {}
+        with ThreadPoolExecutor(max_workers=max(1, len(isa))) as ex:
+            futs = {
+                src: ex.submit(_compile, cxx, src, flags, tmpd / f"{src}.o")
+                for src, (flags, _) in isa.items()
+            }
+            built = [src for src, fut in futs.items() if fut.result()[0]]
+        macros = tuple(f"-D{ISA_SOURCES[src][1]}" for src in built)
+        objs = [tmpd / f"{src}.o" for src in built]
+        for src in CORE_SOURCES:
+            ok, err = _compile(cxx, src, macros, tmpd / f"{src}.o")
+            if not ok:
+                raise BuildError(f"compiling {src} failed:\n{err}")
+            objs.append(tmpd / f"{src}.o")
+        lib_tmp = tmpd / LIB_NAME
+        cmd = [cxx, "-shared", "-pthread", *map(str, objs), "-o", str(lib_tmp)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise BuildError(f"linking failed:\n{proc.stderr[-2000:]}")
+        os.replace(lib_tmp, out_dir / LIB_NAME)  # atomic: readers never see a half-written file
+
+
+def library_path(cache_dir: str | None = None) -> Path:
+    """Path of the built library, building it first when needed. Raises BuildError."""
+    cxx = find_compiler()
+    if cxx is None:
+        raise BuildError("no C++ compiler found (tried $CXX, c++, g++, clang++)")
+    root = Path(cache_dir or Env().cache_dir) / "kernels"
+    out_dir = root / f"cpu_experts-{build_key(cxx)}"
+    lib = out_dir / LIB_NAME
+    if lib.exists():
+        return lib
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same key
+        try:
+            if not lib.exists():
+                _build_into(cxx, out_dir)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return lib

@@ -1,0 +1,36 @@
+// AVX2 + FMA path (compiled with -mavx2 -mfma): 8 fp32 lanes, bf16 widened with vpmovzxwd + shift.
+#include <immintrin.h>
+
+#include "kernel_api.h"
+
+#define FT_ISA_NS avx2
+#define FT_NT_MAX 2  // 2 rows x 2 tokens x 2 accumulators = 8 of the 16 ymm registers
+
+namespace ft {
+namespace avx2 {
+struct S {
+  static constexpr int W = 8;
+  using vec = __m256;
+  static inline vec zero() { return _mm256_setzero_ps(); }
+  static inline vec load(const float* p) { return _mm256_loadu_ps(p); }
+  static inline vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static inline vec add(vec a, vec b) { return _mm256_add_ps(a, b); }
+  static inline float hsum(vec a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static inline float sfma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+  static inline vec widen(__m128i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16)); }
+  static inline void load_bf16x2(const uint16_t* p, vec& a, vec& b) {
+    a = widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    b = widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+  }
+};
+}  // namespace avx2
+}  // namespace ft
+
+#include "dot_impl.h"
+
+ft::IsaOps ft::ops_avx2() { return IsaOps{avx2::phase1_dispatch, avx2::phase2_dispatch, false}; }

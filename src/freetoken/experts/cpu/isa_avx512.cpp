@@ -1,0 +1,17 @@
+// AVX-512 F/BW/VL path (compiled with -mavx512f -mavx512bw -mavx512vl -mfma): FMA on widened bf16.
+#include <immintrin.h>
+
+#include "kernel_api.h"
+
+#define FT_ISA_NS avx512
+#define FT_NT_MAX 4  // 2 rows x 4 tokens x 2 accumulators = 16 of the 32 zmm registers
+
+namespace ft {
+namespace avx512 {
+#include "isa_avx512_s.h"
+}  // namespace avx512
+}  // namespace ft
+
+#include "dot_impl.h"
+
+ft::IsaOps ft::ops_avx512() { return IsaOps{avx512::phase1_dispatch, avx512::phase2_dispatch, false}; }

@@ -1,0 +1,27 @@
+// SIMD traits for the AVX-512 paths (included by isa_avx512.cpp and isa_avx512bf16.cpp, each in
+// its own namespace): 16 fp32 lanes, bf16 widened with vpmovzxwd + shift.
+#pragma once
+#include <immintrin.h>
+
+struct S {
+  static constexpr int W = 16;
+  using vec = __m512;
+  static inline vec zero() { return _mm512_setzero_ps(); }
+  static inline vec load(const float* p) { return _mm512_loadu_ps(p); }
+  static inline vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+  static inline vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
+  // Fixed-order reduction (not _mm512_reduce_add_ps, which trips a GCC 12 -Wuninitialized false alarm).
+  static inline float hsum(vec a) {
+    const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_castps512_ps256(_mm512_shuffle_f32x4(a, a, 0xEE)));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static inline float sfma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+  static inline vec widen(__m256i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)); }
+  static inline void load_bf16x2(const uint16_t* p, vec& a, vec& b) {
+    a = widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    b = widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16)));
+  }
+};

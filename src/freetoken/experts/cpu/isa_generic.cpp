@@ -1,0 +1,44 @@
+// Portable path (no -m flags): a fixed-width "vector" of plain floats the compiler may vectorise.
+// Used on CPUs without AVX2+FMA and on non-x86 machines.
+#include "kernel_api.h"
+
+#define FT_ISA_NS generic
+#define FT_NT_MAX 1
+
+namespace ft {
+namespace generic {
+struct S {
+  static constexpr int W = 8;
+  struct vec {
+    float v[8];
+  };
+  static inline vec zero() { return vec{}; }
+  static inline vec load(const float* p) {
+    vec r;
+    for (int i = 0; i < W; ++i) r.v[i] = p[i];
+    return r;
+  }
+  static inline vec fma(vec a, vec b, vec c) {
+    for (int i = 0; i < W; ++i) c.v[i] = a.v[i] * b.v[i] + c.v[i];
+    return c;
+  }
+  static inline vec add(vec a, vec b) {
+    for (int i = 0; i < W; ++i) a.v[i] += b.v[i];
+    return a;
+  }
+  static inline float hsum(vec a) {
+    float s = 0.f;
+    for (int i = 0; i < W; ++i) s += a.v[i];
+    return s;
+  }
+  static inline float sfma(float a, float b, float c) { return a * b + c; }
+  static inline void load_bf16x2(const uint16_t* p, vec& a, vec& b) {
+    for (int i = 0; i < W; ++i) a.v[i] = bf16_to_f32(p[i]), b.v[i] = bf16_to_f32(p[W + i]);
+  }
+};
+}  // namespace generic
+}  // namespace ft
+
+#include "dot_impl.h"
+
+ft::IsaOps ft::ops_generic() { return IsaOps{generic::phase1_dispatch, generic::phase2_dispatch, false}; }

@@ -1,0 +1,248 @@
+"""``CpuExpertKernel``: a checked Python wrapper over the C++ expert kernel (ctypes, raw pointers).
+
+Shapes: T tokens, D hidden, I intermediate, R routes, N pool rows (``eid = layer * E + expert``).
+Inputs: x float32 [T, D]; routes as tok int32 [R], row int64 [R], weight float32 [R]; banks gate_up
+[N, 2I, D] and down [N, D, I], both bfloat16 or both float32; out float32 [T, D]. All contiguous CPU
+tensors. ctypes drops the GIL during every call, so ``submit`` returns at once and the workers run
+while the caller (the hybrid backend's GPU branch) goes on; ``wait`` blocks until they are done.
+One caller thread per kernel object.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import warnings
+import weakref
+
+import torch
+
+from freetoken.config import Env
+from freetoken.experts.cpu.reference import ACTIVATIONS, cpu_experts_reference
+from freetoken.hardware.cpus import default_kernel_threads, physical_core_cpus
+
+__all__ = ["ISAS", "CpuExpertKernel", "cpu_experts_reference", "load_library"]
+
+ISAS = ("generic", "avx2", "avx512", "avx512bf16")  # index = the C enum value
+_FORMATS = {torch.float32: 0, torch.bfloat16: 1}
+_ERRORS = {
+    -1: "the previous batch is still running: call wait() first",
+    -2: "bad dimensions or null pointers",
+    -3: "tok entries must be token indices in [0, T)",
+    -4: "row entries must be pool rows in [0, N)",
+    -5: "unknown weight format or activation",
+}
+
+
+class _MoeArgs(ctypes.Structure):  # mirrors FtMoeArgs in kernel.cpp
+    _fields_ = [
+        ("x", ctypes.c_void_p),
+        ("T", ctypes.c_int64),
+        ("D", ctypes.c_int64),
+        ("I", ctypes.c_int64),
+        ("tok", ctypes.c_void_p),
+        ("row", ctypes.c_void_p),
+        ("w", ctypes.c_void_p),
+        ("R", ctypes.c_int64),
+        ("gate_up", ctypes.c_void_p),
+        ("down", ctypes.c_void_p),
+        ("N", ctypes.c_int64),
+        ("fmt", ctypes.c_int32),
+        ("act", ctypes.c_int32),
+        ("out", ctypes.c_void_p),
+        ("done_flag", ctypes.c_void_p),
+        ("done_value", ctypes.c_uint32),
+    ]
+
+
+@functools.lru_cache(maxsize=1)
+def load_library() -> ctypes.CDLL | None:
+    """The built kernel library, or None (warned once) when it cannot be built here."""
+    from freetoken.experts.cpu.build import BuildError, library_path
+
+    try:
+        lib = ctypes.CDLL(str(library_path()))
+    except (BuildError, OSError) as exc:
+        warnings.warn(f"CPU expert kernel unavailable, using the torch fallback: {exc}", stacklevel=2)
+        return None
+    vp, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    lib.ft_isa_supported.argtypes, lib.ft_isa_supported.restype = [i32], i32
+    lib.ft_best_isa.argtypes, lib.ft_best_isa.restype = [i32], i32
+    lib.ft_pool_create.argtypes, lib.ft_pool_create.restype = [i32, vp, i32], vp
+    lib.ft_pool_destroy.argtypes, lib.ft_pool_destroy.restype = [vp], None
+    lib.ft_moe_submit.argtypes, lib.ft_moe_submit.restype = [vp, ctypes.POINTER(_MoeArgs)], i32
+    lib.ft_wait.argtypes, lib.ft_wait.restype = [vp], None
+    lib.ft_stream_read.argtypes, lib.ft_stream_read.restype = [vp, vp, i64], ctypes.c_uint64
+    return lib
+
+
+def _check_tensor(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...], ndim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} must be on the CPU, got {t.device}")
+    if t.dtype not in dtypes:
+        raise ValueError(f"{name} must have dtype {' or '.join(map(str, dtypes))}, got {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def check_args(
+    x: torch.Tensor,
+    tok: torch.Tensor,
+    row: torch.Tensor,
+    weight: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    activation: str,
+    out: torch.Tensor | None,
+    bounds: bool = True,
+) -> None:
+    """Raise ValueError unless the arguments match the kernel's contract (see the module docstring).
+
+    ``bounds=False`` skips the route index range checks (the C++ side checks them, cheaper).
+    """
+    _check_tensor("x", x, (torch.float32,), 2)
+    _check_tensor("tok", tok, (torch.int32,), 1)
+    _check_tensor("row", row, (torch.int64,), 1)
+    _check_tensor("weight", weight, (torch.float32,), 1)
+    _check_tensor("gate_up", gate_up, tuple(_FORMATS), 3)
+    _check_tensor("down", down, tuple(_FORMATS), 3)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    T, D = x.shape
+    N, two_i, _ = gate_up.shape
+    if gate_up.dtype != down.dtype:
+        raise ValueError(f"gate_up and down must share a dtype, got {gate_up.dtype} and {down.dtype}")
+    if two_i % 2 or two_i == 0 or gate_up.shape[2] != D:
+        raise ValueError(f"gate_up must be [N, 2I, D={D}], got {tuple(gate_up.shape)}")
+    if tuple(down.shape) != (N, D, two_i // 2):
+        raise ValueError(f"down must be [N={N}, D={D}, I={two_i // 2}], got {tuple(down.shape)}")
+    R = row.shape[0]
+    if tok.shape[0] != R or weight.shape[0] != R:
+        raise ValueError(
+            f"tok, row and weight must have one entry per route, got {tok.shape[0]}, {R}, {weight.shape[0]}"
+        )
+    if bounds and R and (int(row.min()) < 0 or int(row.max()) >= N):
+        raise ValueError(
+            f"row entries must be pool rows in [0, {N}), got [{int(row.min())}, {int(row.max())}]"
+        )
+    if bounds and R and (int(tok.min()) < 0 or int(tok.max()) >= T):
+        raise ValueError(
+            f"tok entries must be token indices in [0, {T}), got [{int(tok.min())}, {int(tok.max())}]"
+        )
+    if out is not None:
+        _check_tensor("out", out, (torch.float32,), 2)
+        if tuple(out.shape) != (T, D):
+            raise ValueError(f"out must be [T={T}, D={D}], got {tuple(out.shape)}")
+
+
+class CpuExpertKernel:
+    """Routed experts on the CPU, on a persistent pool of pinned worker threads that sleep when idle.
+
+    ``num_threads``: workers (None: physical cores - 1, min 1). ``isa``: "auto" (best supported; AVX2
+    when FREETOKEN_FORCE_AVX2=1) or one of ``ISAS``. ``pin``: pin worker k to its own physical core.
+    Results do not depend on the thread count. Without a compiler it falls back to the torch
+    reference (``backend == "torch"``), synchronously.
+    """
+
+    def __init__(self, num_threads: int | None = None, isa: str = "auto", pin: bool = True) -> None:
+        n = default_kernel_threads() if num_threads is None else int(num_threads)
+        if n < 1:
+            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+        if isa != "auto" and isa not in ISAS:
+            raise ValueError(f"isa must be 'auto' or one of {ISAS}, got {isa!r}")
+        self.num_threads = n
+        self._lib = load_library()
+        self._pool: int | None = None
+        self._inflight: tuple[torch.Tensor, ...] | None = None
+        self.isa = "torch"
+        if self._lib is None:
+            return
+        isa_id = self._lib.ft_best_isa(int(Env().force_avx2)) if isa == "auto" else ISAS.index(isa)
+        if not self._lib.ft_isa_supported(isa_id):
+            raise ValueError(f"ISA {isa!r} is not supported by this CPU or this build")
+        cores = physical_core_cpus()
+        cpus = (ctypes.c_int * n)(*cores[-n:]) if pin and n <= len(cores) else None
+        self._pool = self._lib.ft_pool_create(n, cpus, isa_id)
+        if not self._pool:
+            raise RuntimeError("could not create the CPU expert worker pool")
+        self.isa = ISAS[isa_id]
+        self._finalizer = weakref.finalize(self, self._lib.ft_pool_destroy, self._pool)
+
+    @property
+    def backend(self) -> str:
+        return "native" if self._pool else "torch"
+
+    def submit(
+        self,
+        x: torch.Tensor,
+        tok: torch.Tensor,
+        row: torch.Tensor,
+        weight: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        activation: str = "silu",
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Start a batch and return ``out`` at once; its content is valid after ``wait()``."""
+        if self._inflight is not None:
+            raise RuntimeError("the previous batch is still running: call wait() first")
+        check_args(x, tok, row, weight, gate_up, down, activation, out, bounds=self._pool is None)
+        T, D = x.shape
+        if out is None:
+            out = torch.empty((T, D), dtype=torch.float32)
+        if self._pool is None or self._lib is None:
+            cpu_experts_reference(x, tok, row, weight, gate_up, down, activation, out=out)
+            return out
+        args = _MoeArgs(
+            x.data_ptr(), T, D, down.shape[2],
+            tok.data_ptr(), row.data_ptr(), weight.data_ptr(), row.shape[0],
+            gate_up.data_ptr(), down.data_ptr(), gate_up.shape[0],
+            _FORMATS[gate_up.dtype], ACTIVATIONS.index(activation), out.data_ptr(), None, 0,
+        )  # fmt: skip
+        rc = self._lib.ft_moe_submit(self._pool, ctypes.byref(args))
+        if rc != 0:
+            raise ValueError(_ERRORS.get(rc, f"kernel error {rc}"))
+        self._inflight = (x, tok, row, weight, gate_up, down, out)  # alive until the workers finish
+        return out
+
+    def wait(self) -> None:
+        """Block (GIL released) until the submitted batch is finished."""
+        if self._pool is not None and self._lib is not None:
+            self._lib.ft_wait(self._pool)
+        self._inflight = None
+
+    def run(
+        self,
+        x: torch.Tensor,
+        tok: torch.Tensor,
+        row: torch.Tensor,
+        weight: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        activation: str = "silu",
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Synchronous ``submit`` + ``wait``; returns out float32 [T, D]."""
+        out = self.submit(x, tok, row, weight, gate_up, down, activation, out)
+        self.wait()
+        return out
+
+    def stream_read(self, buf: torch.Tensor) -> int:
+        """Sum ``buf``'s bytes as uint64 words with the kernel's workers (a read-bandwidth probe)."""
+        if not buf.is_contiguous() or buf.device.type != "cpu":
+            raise ValueError("buf must be a contiguous CPU tensor")
+        nbytes = buf.numel() * buf.element_size()
+        if self._pool is None or self._lib is None:
+            return int(buf.view(torch.uint8)[: nbytes - nbytes % 8].view(torch.int64).sum())
+        return int(self._lib.ft_stream_read(self._pool, buf.data_ptr(), nbytes))
+
+    def close(self) -> None:
+        """Stop and join the workers (also done when the object is collected)."""
+        if self._pool is not None:
+            self.wait()
+            self._finalizer()
+            self._pool = None

@@ -1,0 +1,74 @@
+// Shared declarations of the CPU expert kernel: the plan one submitted batch of routes is turned
+// into, and the per-ISA phase functions. Plain C++17, no torch headers (called through ctypes).
+//
+// Shapes: T tokens, D hidden, I expert intermediate, R routes, G distinct pool rows among them,
+// N pool rows (eid = layer * E + expert). Banks: gate_up [N, 2I, D] (gate rows, then up rows),
+// down [N, D, I]; weights bf16 (uint16 storage) or fp32.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ft {
+
+enum WeightFormat : int32_t { FMT_F32 = 0, FMT_BF16 = 1 };
+enum Activation : int32_t { ACT_SILU = 0, ACT_GPTOSS = 1 };
+enum Isa : int32_t { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512BF16 = 3, ISA_COUNT = 4 };
+
+// Built by the submitting thread; workers only read it, except the h scratch, where every element is
+// written by exactly one worker in phase 1 and read by all in phase 2 (after the barrier).
+struct Plan {
+  const float* x;  // [T, D] fp32
+  int64_t T, D, I;
+  const void* gate_up;  // [N, 2I, D]
+  const void* down;     // [N, D, I]
+  int32_t fmt, act;
+  float* out;  // [T, D] fp32, zeroed and filled in phase 2
+  // Routes sorted by pool row (stable): group g covers sorted positions [group_start[g], group_start[g+1]).
+  int64_t R, G;
+  const int64_t* group_row;    // [G]
+  const int64_t* group_start;  // [G + 1]
+  const int32_t* s_tok;        // [R] token of each sorted route
+  const float* s_w;            // [R] gate weight of each sorted route
+  float* h;                    // [R, I] activations of each sorted route
+  // bf16 hi/lo split of x and h (x ~= hi + lo), only for the vdpbf16ps path; null otherwise.
+  uint16_t* x_hi;
+  uint16_t* x_lo;  // [T, D]
+  uint16_t* h_hi;
+  uint16_t* h_lo;  // [R, I]
+  int64_t hblock;   // h indices per phase-1 work unit (fixed: results must not depend on threads)
+  int64_t units1;   // G * ceil(I / hblock)
+  int64_t dblock;   // output rows per phase-2 block (even, fixed)
+  int64_t blocks2;  // ceil(D / dblock)
+};
+
+// Phase 1: h = act(gate_up . x) for work units [u0, u1) (unit = (group, block of hblock h indices)).
+// Phase 2: out rows of blocks [b0, b1) (all tokens): zero, then add w * down . h over groups in order.
+struct IsaOps {
+  void (*phase1)(const Plan&, int64_t u0, int64_t u1);
+  void (*phase2)(const Plan&, int64_t b0, int64_t b1);
+  bool split_bf16;  // wants x_hi/x_lo and h_hi/h_lo (bf16 banks on the vdpbf16ps path)
+};
+
+// Defined in isa_<name>.cpp; kernel.cpp only references those the build compiled (FT_HAVE_<ISA>).
+IsaOps ops_generic();
+IsaOps ops_avx2();
+IsaOps ops_avx512();
+IsaOps ops_avx512bf16();
+
+inline float bf16_to_f32(uint16_t v) {
+  uint32_t u = static_cast<uint32_t>(v) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
+
+// Round to nearest even (finite inputs; activations and hidden states never hold NaN here).
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+}  // namespace ft

@@ -1,0 +1,54 @@
+"""Torch reference of the CPU expert kernel: the test oracle and the fallback without a compiler.
+
+Shapes: T tokens, D hidden, I intermediate, R routes, N pool rows. Computes in float32 whatever the
+bank dtype (weights are upcast per expert), so it is exact up to float32 summation order.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+ACTIVATIONS = ("silu", "gptoss")
+GPTOSS_LIMIT = 7.0
+GPTOSS_ALPHA = 1.702
+
+
+def activate(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
+    """``silu(gate) * up``, or gpt-oss's clamped gated activation."""
+    if activation == "silu":
+        return F.silu(gate) * up
+    if activation == "gptoss":
+        gate = gate.clamp(max=GPTOSS_LIMIT)
+        up = up.clamp(min=-GPTOSS_LIMIT, max=GPTOSS_LIMIT)
+        return (up + 1.0) * (gate * torch.sigmoid(GPTOSS_ALPHA * gate))
+    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
+def cpu_experts_reference(
+    x: torch.Tensor,  # [T, D] float32
+    tok: torch.Tensor,  # [R] token of each route
+    row: torch.Tensor,  # [R] pool row (eid) of each route
+    weight: torch.Tensor,  # [R] gate weight of each route
+    gate_up: torch.Tensor,  # [N, 2I, D]
+    down: torch.Tensor,  # [N, D, I]
+    activation: str = "silu",
+    out: torch.Tensor | None = None,  # [T, D] float32, overwritten
+) -> torch.Tensor:
+    """``out[t] = sum over routes s of t: weight[s] * down[row[s]] @ act(gate_up[row[s]] @ x[t])``."""
+    T, D = x.shape
+    inter = down.shape[2]
+    if out is None:
+        out = torch.empty((T, D), dtype=torch.float32)
+    out.zero_()
+    if row.numel() == 0:
+        return out
+    tok = tok.long()
+    rows, inverse = torch.unique(row, return_inverse=True)
+    for j, r in enumerate(rows.tolist()):
+        sel = (inverse == j).nonzero().squeeze(1)
+        gu = F.linear(x[tok[sel]].float(), gate_up[r].float())  # [n, 2I]
+        h = activate(gu[:, :inter], gu[:, inter:], activation)
+        y = F.linear(h, down[r].float())  # [n, D]
+        out.index_add_(0, tok[sel], y * weight[sel].float()[:, None])
+    return out

@@ -1,0 +1,165 @@
+"""Measure the bandwidths the hybrid split and the prefill streamer are planned with.
+
+All figures are GB/s (1e9 bytes per second) of expert weight bytes moved:
+- ``host_read``: a parallel sum over distinct host memory on the CPU kernel's threads.
+- ``cpu_kernel`` (``B_H``): the CPU expert kernel on expert shapes, top-k experts per call picked at
+  random from a pool much larger than L3 (weights stream from DRAM).
+- ``fill`` (``B_P,fill``): pinned host -> device copies of one expert each, a layer's misses per batch.
+- ``layer`` (``B_P,layer``): one whole layer of experts per copy (what prefill streams).
+- ``fill_concurrent`` / ``cpu_kernel_concurrent`` (``B_P'``, ``B_H'``): both running at once in this
+  process; they share host memory, and the split ``q* = m B_P' / (B_P' + B_H')`` uses these.
+GPU figures are None without CUDA.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from freetoken.experts.cpu.kernel import CpuExpertKernel
+
+_GB = 1e9
+
+
+@dataclass(frozen=True)
+class BandwidthConfig:
+    threads: int | None = None  # CPU kernel workers (None: physical cores - 1)
+    isa: str = "auto"
+    read_bytes: int = 4 * 2**30  # distinct data for the host read figure
+    pool_bytes: int = 5 * 2**28  # expert pool cycled over (>> L3), also the pinned copy source
+    hidden: int = 2048  # expert shape: Qwen3-30B-A3B by default
+    inter: int = 768
+    top_k: int = 8  # experts per kernel call / per fill batch (a decode layer's misses)
+    layer_experts: int = 128  # experts in one layer (B_P,layer copy size)
+    seconds: float = 1.0  # measurement window per figure
+    device: str = "cuda"
+
+    @property
+    def expert_bytes(self) -> int:
+        return 3 * self.hidden * self.inter * 2  # bf16 gate, up, down
+
+
+@dataclass(frozen=True)
+class BandwidthResult:
+    threads: int
+    isa: str
+    expert_bytes: int
+    host_read: float
+    cpu_kernel: float
+    fill: float | None = None
+    layer: float | None = None
+    fill_concurrent: float | None = None
+    cpu_kernel_concurrent: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def host_read_gbps(kern: CpuExpertKernel, nbytes: int, reps: int = 3) -> float:
+    buf = torch.ones(max(8, nbytes), dtype=torch.uint8)  # touched: every page is backed
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        kern.stream_read(buf)
+        times.append(time.perf_counter() - t0)
+    return buf.numel() / statistics.median(times) / _GB
+
+
+class KernelLoad:
+    """The CPU expert kernel on one token's top-k random experts, call after call."""
+
+    def __init__(self, kern: CpuExpertKernel, cfg: BandwidthConfig) -> None:
+        n = max(2 * cfg.top_k, cfg.pool_bytes // cfg.expert_bytes)
+        # values do not matter for bandwidth; small normals keep activations finite
+        self.gate_up = torch.empty(n, 2 * cfg.inter, cfg.hidden, dtype=torch.bfloat16).normal_(0, 0.02)
+        self.down = torch.empty(n, cfg.hidden, cfg.inter, dtype=torch.bfloat16).normal_(0, 0.02)
+        self.kern, self.k, self.n, self.expert_bytes = kern, cfg.top_k, n, cfg.expert_bytes
+        self.x = torch.randn(1, cfg.hidden)
+        self.tok = torch.zeros(cfg.top_k, dtype=torch.int32)
+        self.w = torch.full((cfg.top_k,), 1.0 / cfg.top_k)
+        self.out = torch.empty(1, cfg.hidden)
+        gen = torch.Generator().manual_seed(0)
+        self.route_sets = [torch.randperm(n, generator=gen)[: self.k].contiguous() for _ in range(64)]
+
+    def run_for(self, seconds: float, start: threading.Barrier | None = None) -> float:
+        """Calls until `seconds` have passed; returns GB/s of expert weights read."""
+        self.kern.run(self.x, self.tok, self.route_sets[0], self.w, self.gate_up, self.down, out=self.out)
+        if start is not None:
+            start.wait()
+        calls, t0 = 0, time.perf_counter()
+        while True:
+            rows = self.route_sets[calls % len(self.route_sets)]
+            self.kern.run(self.x, self.tok, rows, self.w, self.gate_up, self.down, out=self.out)
+            calls += 1
+            elapsed = time.perf_counter() - t0
+            if elapsed >= seconds:
+                return calls * self.k * self.expert_bytes / elapsed / _GB
+
+
+class CopyLoad:
+    """Pinned host -> device copies of `chunk` bytes, `batch` copies per stream synchronisation."""
+
+    def __init__(self, src: torch.Tensor, device: torch.device, chunk: int, batch: int) -> None:
+        self.src, self.chunk, self.batch = src, chunk, batch
+        self.slots = max(1, min(batch, src.numel() // chunk))
+        self.dst = torch.empty(self.slots * chunk, dtype=torch.uint8, device=device)
+        self.offsets = list(range(0, src.numel() - chunk + 1, chunk))
+        self.stream = torch.cuda.Stream(device)
+
+    def run_for(self, seconds: float, start: threading.Barrier | None = None) -> float:
+        self._batch(0)  # warm-up
+        if start is not None:
+            start.wait()
+        copies, t0 = 0, time.perf_counter()
+        while True:
+            copies += self._batch(copies)
+            elapsed = time.perf_counter() - t0
+            if elapsed >= seconds:
+                return copies * self.chunk / elapsed / _GB
+
+    def _batch(self, first: int) -> int:
+        with torch.cuda.stream(self.stream):
+            for j in range(self.batch):
+                off = self.offsets[(first + j) % len(self.offsets)]
+                slot = (j % self.slots) * self.chunk
+                self.dst[slot : slot + self.chunk].copy_(self.src[off : off + self.chunk], non_blocking=True)
+        self.stream.synchronize()
+        return self.batch
+
+
+def concurrent_gbps(kernel: KernelLoad, copies: CopyLoad, seconds: float) -> tuple[float, float]:
+    """(B_P', B_H'): the copy loop on a second thread while this thread runs the kernel loop."""
+    start = threading.Barrier(2)
+    result: dict[str, float] = {}
+    copier = threading.Thread(target=lambda: result.__setitem__("p", copies.run_for(seconds, start)))
+    copier.start()
+    h = kernel.run_for(seconds, start)
+    copier.join()
+    return result["p"], h
+
+
+def measure(cfg: BandwidthConfig) -> BandwidthResult:
+    kern = CpuExpertKernel(num_threads=cfg.threads, isa=cfg.isa)
+    try:
+        read = host_read_gbps(kern, cfg.read_bytes)
+        load = KernelLoad(kern, cfg)
+        b_h = load.run_for(cfg.seconds)
+        fields: dict[str, float] = {}
+        if cfg.device.startswith("cuda") and torch.cuda.is_available():
+            device = torch.device(cfg.device)
+            layer_bytes = cfg.layer_experts * cfg.expert_bytes
+            src = torch.empty(max(cfg.pool_bytes, layer_bytes), dtype=torch.uint8, pin_memory=True)
+            src.fill_(1)
+            fill = CopyLoad(src, device, cfg.expert_bytes, cfg.top_k)
+            fields["fill"] = fill.run_for(cfg.seconds)
+            fields["layer"] = CopyLoad(src, device, layer_bytes, 1).run_for(cfg.seconds)
+            b_p2, b_h2 = concurrent_gbps(load, fill, cfg.seconds)
+            fields["fill_concurrent"], fields["cpu_kernel_concurrent"] = b_p2, b_h2
+        return BandwidthResult(kern.num_threads, kern.isa, cfg.expert_bytes, read, b_h, **fields)
+    finally:
+        kern.close()

@@ -1,0 +1,134 @@
+"""Hardware profiles: measured bandwidths saved per machine fingerprint, and what they recommend.
+
+A profile is JSON under ``Env().cache_dir/profiles/<fingerprint>.json``. A profile carried over from
+another machine (or a machine whose hardware changed) is detected by its fingerprint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from freetoken.config import Env
+from freetoken.hardware.bandwidth import BandwidthResult
+from freetoken.hardware.probe import MachineInfo, probe
+
+PROFILE_VERSION = 1
+# Below this share of the combined miss bandwidth, a branch is not worth its overheads.
+_MINOR_SHARE = 0.1
+
+
+class ProfileMismatchError(ValueError):
+    """The profile was measured on another machine (its fingerprint differs from this one's)."""
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    machine: MachineInfo
+    bandwidth: BandwidthResult
+    created: float = field(default_factory=time.time)
+    fingerprint: str = ""  # of `machine`; filled in by __post_init__ when empty
+
+    def __post_init__(self) -> None:
+        if not self.fingerprint:
+            object.__setattr__(self, "fingerprint", self.machine.fingerprint())
+
+    def is_for(self, machine: MachineInfo) -> bool:
+        return self.fingerprint == machine.fingerprint()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": PROFILE_VERSION,
+            "fingerprint": self.fingerprint,
+            "created": self.created,
+            "machine": self.machine.to_dict(),
+            "bandwidth": self.bandwidth.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HardwareProfile:
+        if d.get("version") != PROFILE_VERSION:
+            raise ValueError(f"unsupported profile version {d.get('version')!r}")
+        return cls(
+            machine=MachineInfo.from_dict(d["machine"]),
+            bandwidth=BandwidthResult(**d["bandwidth"]),
+            created=float(d["created"]),
+            fingerprint=str(d["fingerprint"]),
+        )
+
+
+def profiles_dir(cache_dir: str | None = None) -> Path:
+    return Path(cache_dir or Env().cache_dir) / "profiles"
+
+
+def save_profile(profile: HardwareProfile, cache_dir: str | None = None) -> Path:
+    path = profiles_dir(cache_dir) / f"{profile.fingerprint}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(profile.to_dict(), indent=2))
+    os.replace(tmp, path)
+    return path
+
+
+def load_profile(path: str | Path, machine: MachineInfo | None = None) -> HardwareProfile:
+    """Read a profile; with `machine`, raise ProfileMismatchError when it was measured elsewhere."""
+    profile = HardwareProfile.from_dict(json.loads(Path(path).read_text()))
+    if machine is not None and not profile.is_for(machine):
+        raise ProfileMismatchError(
+            f"profile {path} was measured on machine {profile.fingerprint}, this is {machine.fingerprint()} "
+            f"({profile.machine.cpu_model!r} vs {machine.cpu_model!r}); run `ft bench bw` again"
+        )
+    return profile
+
+
+def current_profile(
+    cache_dir: str | None = None, machine: MachineInfo | None = None
+) -> HardwareProfile | None:
+    """This machine's saved profile, or None (missing, unreadable or from other hardware: warned)."""
+    machine = machine or probe()
+    path = profiles_dir(cache_dir) / f"{machine.fingerprint()}.json"
+    if not path.exists():
+        return None
+    try:
+        return load_profile(path, machine)
+    except (ValueError, KeyError, TypeError, OSError) as exc:
+        warnings.warn(f"ignoring hardware profile {path}: {exc}", stacklevel=2)
+        return None
+
+
+def _fill_gbps(bw: BandwidthResult, expert_bytes: int) -> float | None:
+    """B_P' for experts of `expert_bytes`: the per-copy overhead seen in the fill figure (vs the
+    whole-layer copy) scaled to this size, applied to the concurrent fill bandwidth."""
+    if bw.fill is None or bw.layer is None or bw.fill_concurrent is None:
+        return None
+    per_copy = max(0.0, bw.expert_bytes / (bw.fill * 1e9) - bw.expert_bytes / (bw.layer * 1e9))  # seconds
+    seconds = expert_bytes / (bw.fill_concurrent * 1e9) + per_copy
+    return expert_bytes / seconds / 1e9
+
+
+def recommend(profile: HardwareProfile, expert_bytes: int) -> str:
+    """Which MoE backend suits experts of `expert_bytes` on this machine, and why (one line)."""
+    bw = profile.bandwidth
+    mb = expert_bytes / 1e6
+    if not profile.machine.gpus or bw.fill is None:
+        per = mb / bw.cpu_kernel
+        return f"cpu: no GPU; misses run on the CPU at {bw.cpu_kernel:.1f} GB/s ({per:.2f} ms/expert)"
+    b_p = _fill_gbps(bw, expert_bytes) or 0.0
+    b_h = bw.cpu_kernel_concurrent if bw.cpu_kernel_concurrent is not None else bw.cpu_kernel
+    both = b_p + b_h
+    if b_h < _MINOR_SHARE * both:
+        return (
+            f"offload: the CPU adds only {b_h:.1f} GB/s to {b_p:.1f} GB/s of PCIe fills "
+            f"({b_h / both:.0%}); fill every miss ({mb / b_p:.2f} ms/expert)"
+        )
+    if b_p < _MINOR_SHARE * both:
+        return f"cpu: PCIe fills ({b_p:.1f} GB/s) add little to the CPU kernel ({b_h:.1f} GB/s)"
+    return (
+        f"hybrid: fill {b_p / both:.0%} of misses over PCIe ({b_p:.1f} GB/s) and run the rest on the CPU "
+        f"({b_h:.1f} GB/s): misses at {both:.1f} GB/s vs {b_p:.1f} fill-only ({mb / both:.2f} ms/expert)"
+    )

@@ -1,0 +1,208 @@
+"""CPU expert kernel vs the float32 torch reference: ISAs, formats, activations, threads, async."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from freetoken.experts.cpu import build
+from freetoken.experts.cpu import kernel as kmod
+from freetoken.experts.cpu.kernel import ISAS, CpuExpertKernel, cpu_experts_reference
+
+SHAPES = [(1, 64, 32, 3), (3, 67, 45, 5), (4, 130, 19, 7)]  # (T, D, I, N): D, I odd / not multiples of 16
+
+
+def _lib_or_skip():
+    lib = kmod.load_library()
+    if lib is None:
+        pytest.skip("no C++ compiler: the native kernel cannot be built here")
+    return lib
+
+
+def _supported(isa: str) -> bool:
+    lib = kmod.load_library()
+    return lib is not None and bool(lib.ft_isa_supported(ISAS.index(isa)))
+
+
+def make_case(T: int, D: int, inter: int, N: int, R: int, dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, D, generator=g)
+    gate_up = (torch.randn(N, 2 * inter, D, generator=g) / D**0.5).to(dtype)
+    down = (torch.randn(N, D, inter, generator=g) / inter**0.5).to(dtype)
+    tok = torch.randint(0, T, (R,), generator=g, dtype=torch.int32)
+    row = torch.randint(0, N, (R,), generator=g)
+    weight = torch.rand(R, generator=g)
+    return x, tok, row, weight, gate_up, down
+
+
+def _tol(ref: torch.Tensor, dtype: torch.dtype) -> float:
+    # fp32 banks: float32 summation-order noise only; bf16 banks: the vdpbf16ps path splits its
+    # fp32 operand into two bf16 halves (~16 mantissa bits), so allow a little more.
+    scale = max(1.0, float(ref.abs().max()))
+    return (2e-6 if dtype == torch.float32 else 5e-5) * scale
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("activation", ["silu", "gptoss"])
+def test_matches_reference(isa: str, dtype: torch.dtype, activation: str) -> None:
+    _lib_or_skip()
+    if not _supported(isa):
+        pytest.skip(f"{isa} not supported on this CPU/build")
+    kern = CpuExpertKernel(num_threads=2, isa=isa)
+    assert kern.isa == isa and kern.backend == "native"
+    for i, (T, D, inter, N) in enumerate(SHAPES):
+        case = make_case(T, D, inter, N, R=3 * T + 1, dtype=dtype, seed=i)
+        ref = cpu_experts_reference(*case, activation=activation)
+        out = kern.run(*case, activation=activation)
+        torch.testing.assert_close(out, ref, rtol=0, atol=_tol(ref, dtype))
+
+
+def test_gptoss_activation_clamps() -> None:
+    """Large pre-activations hit the clamps (gate <= 7, |up| <= 7), which the reference applies too."""
+    _lib_or_skip()
+    x, tok, row, weight, gate_up, down = make_case(2, 48, 24, 2, 4, torch.float32, seed=3)
+    x = x * 40.0
+    ref = cpu_experts_reference(x, tok, row, weight, gate_up, down, activation="gptoss")
+    unclamped = cpu_experts_reference(x, tok, row, weight, gate_up, down, activation="silu")
+    assert not torch.allclose(ref, unclamped)
+    out = CpuExpertKernel(1).run(x, tok, row, weight, gate_up, down, activation="gptoss")
+    torch.testing.assert_close(out, ref, rtol=0, atol=_tol(ref, torch.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_thread_count_does_not_change_bits(dtype: torch.dtype) -> None:
+    _lib_or_skip()
+    case = make_case(4, 200, 70, 6, 17, dtype, seed=7)  # 200 rows: several phase-2 blocks
+    outs = [CpuExpertKernel(num_threads=n).run(*case) for n in (1, 2, 3)]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def test_force_avx2_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    _lib_or_skip()
+    if not _supported("avx2"):
+        pytest.skip("no AVX2 here")
+    monkeypatch.setenv("FREETOKEN_FORCE_AVX2", "1")
+    kern = CpuExpertKernel(num_threads=2)
+    assert kern.isa == "avx2"
+    case = make_case(3, 67, 45, 5, 9, torch.bfloat16, seed=11)
+    ref = cpu_experts_reference(*case)
+    torch.testing.assert_close(kern.run(*case), ref, rtol=0, atol=_tol(ref, torch.bfloat16))
+    monkeypatch.delenv("FREETOKEN_FORCE_AVX2")
+    assert CpuExpertKernel(num_threads=1).isa == ISAS[kmod.load_library().ft_best_isa(0)]
+
+
+def test_repeated_tokens_and_experts_and_unrouted_tokens() -> None:
+    _lib_or_skip()
+    x, _, _, _, gate_up, down = make_case(5, 40, 20, 4, 1, torch.float32, seed=5)
+    # token 1 routes expert 2 twice; expert 2 is shared by tokens 0, 1, 3; tokens 2 and 4 unrouted
+    tok = torch.tensor([0, 1, 1, 3, 3, 0], dtype=torch.int32)
+    row = torch.tensor([2, 2, 2, 2, 0, 1])
+    weight = torch.tensor([0.5, 0.25, 0.75, 1.0, -0.5, 2.0])
+    ref = cpu_experts_reference(x, tok, row, weight, gate_up, down)
+    out = torch.full((5, 40), float("nan"))
+    CpuExpertKernel(2).run(x, tok, row, weight, gate_up, down, out=out)
+    torch.testing.assert_close(out, ref, rtol=0, atol=_tol(ref, torch.float32))
+    assert torch.all(out[2] == 0) and torch.all(out[4] == 0)
+    # the doubled route equals one route with the summed weight
+    merged = cpu_experts_reference(x, tok[1:2], row[1:2], torch.tensor([1.0]), gate_up, down)
+    torch.testing.assert_close(out[1], merged[1], rtol=1e-5, atol=1e-6)
+
+
+def test_zero_routes_zero_output() -> None:
+    _lib_or_skip()
+    x, _, _, _, gate_up, down = make_case(3, 33, 17, 2, 1, torch.bfloat16)
+    empty_i32, empty_i64 = torch.empty(0, dtype=torch.int32), torch.empty(0, dtype=torch.int64)
+    out = torch.full((3, 33), 7.0)
+    CpuExpertKernel(2).run(x, empty_i32, empty_i64, torch.empty(0), gate_up, down, out=out)
+    assert torch.all(out == 0)
+
+
+def test_token_output_does_not_depend_on_the_batch() -> None:
+    """A token's result is bit-identical alone or batched (fixed per-element summation order)."""
+    _lib_or_skip()
+    x, tok, row, weight, gate_up, down = make_case(4, 96, 40, 6, 12, torch.bfloat16, seed=9)
+    kern = CpuExpertKernel(2)
+    full = kern.run(x, tok, row, weight, gate_up, down).clone()
+    sel = tok == 2
+    tok_alone = torch.zeros(int(sel.sum()), dtype=torch.int32)
+    alone = kern.run(x[2:3].contiguous(), tok_alone, row[sel], weight[sel], gate_up, down)
+    assert torch.equal(alone[0], full[2])
+
+
+def test_async_submit_wait() -> None:
+    _lib_or_skip()
+    kern = CpuExpertKernel(2)
+    case_a = make_case(2, 64, 48, 4, 6, torch.float32, seed=1)
+    case_b = make_case(3, 64, 48, 4, 9, torch.float32, seed=2)
+    out = kern.submit(*case_a)
+    with pytest.raises(RuntimeError):
+        kern.submit(*case_b)  # one batch in flight at a time
+    side = torch.randn(64, 64) @ torch.randn(64, 64)  # the caller keeps working meanwhile
+    kern.wait()
+    ref = cpu_experts_reference(*case_a)
+    torch.testing.assert_close(out, ref, rtol=0, atol=_tol(ref, torch.float32))
+    out_b = kern.submit(*case_b)
+    kern.wait()
+    kern.wait()  # waiting again is harmless
+    ref_b = cpu_experts_reference(*case_b)
+    torch.testing.assert_close(out_b, ref_b, rtol=0, atol=_tol(ref_b, torch.float32))
+    assert side.shape == (64, 64)
+
+
+def _bad(kern: CpuExpertKernel, match: str, **over: object) -> None:
+    x, tok, row, weight, gate_up, down = make_case(2, 32, 16, 3, 4, torch.float32)
+    args: dict[str, object] = dict(x=x, tok=tok, row=row, weight=weight, gate_up=gate_up, down=down)
+    args.update(over)
+    with pytest.raises(ValueError, match=match):
+        kern.run(**args)  # type: ignore[arg-type]
+
+
+def test_bad_arguments_raise_value_error() -> None:
+    kern = CpuExpertKernel(1)
+    x, tok, row, weight, gate_up, down = make_case(2, 32, 16, 3, 4, torch.float32)
+    _bad(kern, "x must have dtype", x=x.double())
+    _bad(kern, "x must have dtype", x=x.bfloat16())
+    _bad(kern, "tok must have dtype", tok=tok.long())
+    _bad(kern, "row must have dtype", row=row.int())
+    _bad(kern, "weight must have dtype", weight=weight.half())
+    _bad(kern, "gate_up must be contiguous", gate_up=gate_up.transpose(1, 2).contiguous().transpose(1, 2))
+    _bad(kern, "share a dtype", down=down.bfloat16())
+    _bad(kern, "gate_up must be", gate_up=gate_up[:, :, :31].contiguous())
+    _bad(kern, "down must be", down=down[:, :, :15].contiguous())
+    _bad(kern, "one entry per route", weight=weight[:3].contiguous())
+    _bad(kern, "pool rows in", row=torch.tensor([0, 1, 3, 0]))
+    _bad(kern, "pool rows in", row=torch.tensor([0, -1, 2, 0]))
+    _bad(kern, "token indices in", tok=torch.tensor([0, 2, 1, 0], dtype=torch.int32))
+    _bad(kern, "activation must be", activation="relu")
+    _bad(kern, "out must be", out=torch.empty(3, 32))
+    _bad(kern, "must have 2 dimensions", x=x[0])
+    with pytest.raises(ValueError):
+        CpuExpertKernel(0)
+    with pytest.raises(ValueError):
+        CpuExpertKernel(1, isa="neon")
+
+
+def test_torch_fallback_without_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kmod, "load_library", lambda: None)
+    kern = CpuExpertKernel(2)
+    assert kern.backend == "torch"
+    case = make_case(3, 40, 24, 4, 7, torch.bfloat16, seed=4)
+    torch.testing.assert_close(kern.run(*case), cpu_experts_reference(*case), rtol=0, atol=0)
+    x, tok, row, weight, gate_up, down = case
+    with pytest.raises(ValueError, match="pool rows in"):
+        kern.run(x, tok, torch.full_like(row, 4), weight, gate_up, down)
+
+
+def test_build_is_cached_and_fails_cleanly_without_compiler(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    if build.find_compiler() is None:
+        pytest.skip("no C++ compiler")
+    first = build.library_path()
+    mtime = first.stat().st_mtime_ns
+    assert build.library_path() == first and first.stat().st_mtime_ns == mtime  # no rebuild
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CXX", raising=False)
+    with pytest.raises(build.BuildError, match="no C\\+\\+ compiler"):
+        build.library_path(cache_dir=str(tmp_path))
