@@ -1,9 +1,9 @@
 """The CPU branch behind a submit/wait shape: routed experts run on the host, from the pool.
 
 ``submit`` takes the step's routes as codes (``-1 - eid`` = run here, anything else = not here) and
-returns at once; ``wait`` returns the float32 partial ``[T, D]`` on the compute device. The compute is
-``experts/reference.py`` in one worker thread for now; the C++ kernel (``freetoken.experts.cpu``) takes
-its place in ``_run_routes`` when it lands.
+returns at once; ``wait`` returns the float32 partial ``[T, D]`` on the compute device. One feeder
+thread compacts the routes and calls the C++ expert kernel (``freetoken.experts.cpu``: its own pinned
+workers, GIL released); pools in a dtype the kernel does not take run the torch reference instead.
 
 On CUDA the inputs travel to pinned host buffers with one async copy; the worker waits on a CUDA event
 (in its own thread, never the engine's) and ``wait`` copies the partial back. ``wait`` blocks the host
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from freetoken.experts.cpu.kernel import CpuExpertKernel
 from freetoken.experts.pool import HostExpertPool
 from freetoken.experts.reference import expert_ffn
 
@@ -36,10 +37,21 @@ class CpuHandle:
     device: torch.device
 
 
-def _run_routes(
-    pool: HostExpertPool, x: torch.Tensor, codes: torch.Tensor, w: torch.Tensor, k: int
+def _run_routes_kernel(
+    kernel: CpuExpertKernel, pool: HostExpertPool, x: torch.Tensor, codes: torch.Tensor, w: torch.Tensor, k: int
 ) -> CpuResult:
     """x [T, D], codes [K] (-1 - eid for the routes run here), w [K] float32 -> float32 [T, D]."""
+    t0 = time.perf_counter()
+    mine = codes < 0
+    routes = torch.arange(codes.numel())[mine]
+    rows = (-1 - codes)[mine].contiguous()
+    tok = torch.div(routes, k, rounding_mode="floor").to(torch.int32)
+    out = kernel.run(x.float().contiguous(), tok, rows, w[mine].contiguous(), pool.gate_up, pool.down)
+    return CpuResult(out, int(torch.unique(rows).numel()), time.perf_counter() - t0)
+
+
+def _run_routes(pool: HostExpertPool, x: torch.Tensor, codes: torch.Tensor, w: torch.Tensor, k: int) -> CpuResult:
+    """Torch reference of ``_run_routes_kernel`` (any dtype)."""
     t0 = time.perf_counter()
     T = x.shape[0]
     out = torch.zeros((T, x.shape[1]), dtype=torch.float32)
@@ -67,13 +79,23 @@ class CpuExpertRunner:
         self.device = device
         self.threads = threads
         self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ft-cpu-experts")
+        self.kernel: CpuExpertKernel | None = None
+        if pool.gate_up.dtype in (torch.float32, torch.bfloat16):
+            self.kernel = CpuExpertKernel(num_threads=threads)
+
+    def _run(self, x: torch.Tensor, codes: torch.Tensor, w: torch.Tensor, k: int) -> CpuResult:
+        """In the feeder thread (the only caller of the kernel object)."""
+        if self.kernel is not None:
+            return _run_routes_kernel(self.kernel, self.pool, x, codes, w, k)
+        return _run_routes(self.pool, x, codes, w, k)
 
     def submit(self, x: torch.Tensor, codes: torch.Tensor, topk_w: torch.Tensor) -> CpuHandle:
         """x [T, D], codes [T*k] route codes, topk_w [T, k]; returns without waiting."""
         k = topk_w.shape[1]
         w = topk_w.reshape(-1).float()
         if self.device.type == "cuda":
-            xh = torch.empty(x.shape, dtype=self.pool.gate_up.dtype, pin_memory=True)
+            xdt = torch.float32 if self.kernel is not None else self.pool.gate_up.dtype
+            xh = torch.empty(x.shape, dtype=xdt, pin_memory=True)
             ch = torch.empty(codes.shape, dtype=codes.dtype, pin_memory=True)
             wh = torch.empty(w.shape, dtype=w.dtype, pin_memory=True)
             xh.copy_(x, non_blocking=True)
@@ -84,11 +106,11 @@ class CpuExpertRunner:
 
             def job() -> CpuResult:
                 ready.synchronize()  # the worker thread waits, the engine thread does not
-                return _run_routes(self.pool, xh, ch, wh, k)
+                return self._run(xh, ch, wh, k)
 
             return CpuHandle(self._exec.submit(job), self.device)
-        xc = x.to(self.pool.gate_up.dtype)
-        return CpuHandle(self._exec.submit(_run_routes, self.pool, xc, codes, w, k), self.device)
+        xc = x if self.kernel is not None else x.to(self.pool.gate_up.dtype)
+        return CpuHandle(self._exec.submit(self._run, xc, codes, w, k), self.device)
 
     def wait(self, handle: CpuHandle) -> tuple[torch.Tensor, CpuResult]:
         """The float32 partial [T, D] on the compute device, and the worker's measurements."""
@@ -100,3 +122,5 @@ class CpuExpertRunner:
 
     def close(self) -> None:
         self._exec.shutdown(wait=True)
+        if self.kernel is not None:
+            self.kernel.close()

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-# Profile keys, GB/s, first present wins: the contended figures, then the solo ones.
+# Profile keys, GB/s, first present wins: the contended figures, then the solo ones. The first names
+# are those of ``freetoken.hardware.bandwidth.BandwidthResult``; the b_* aliases serve plain dicts.
 PROFILE_KEYS = {
-    "copy": ("b_p_fill_concurrent", "b_p_concurrent", "b_p_fill", "b_p"),
-    "cpu": ("b_h_concurrent", "b_h_kernel", "b_h"),
+    "copy": ("fill_concurrent", "b_p_concurrent", "fill", "b_p"),
+    "cpu": ("cpu_kernel_concurrent", "b_h_concurrent", "cpu_kernel", "b_h"),
 }
 # Without a profile: the copy link and the CPU kernel are assumed equally fast until measured.
 DEFAULT_SHARE = 0.5
@@ -80,18 +81,13 @@ class SplitPolicy:
 
 
 def load_machine_profile() -> dict[str, object] | None:
-    """The stored profile of this machine (``freetoken.hardware.profile``), None when absent."""
+    """This machine's bandwidth figures from its saved profile (``ft bench bw``), None when absent."""
     try:
-        from freetoken.hardware import profile as hw_profile  # type: ignore[attr-defined]
+        from freetoken.hardware.profile import current_profile
     except ImportError:
         return None
-    loader = getattr(hw_profile, "load_profile", None)
-    if loader is None:
-        return None
     try:
-        prof = loader()
-    except (OSError, ValueError):
+        prof = current_profile()
+    except (OSError, ValueError, RuntimeError):
         return None
-    if prof is None:
-        return None
-    return dict(prof) if isinstance(prof, Mapping) else dict(vars(prof))
+    return None if prof is None else dict(prof.bandwidth.to_dict())
