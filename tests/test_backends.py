@@ -285,3 +285,22 @@ def test_engine_greedy_tokens_match(tiny_moe: tuple, name: str, expert_cache: fl
         assert s["expert_fills"] > 0
     if name in ("cpu", "hybrid"):
         assert s["expert_cpu_runs"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_pool_pins_in_place_and_gpu_reads_it() -> None:
+    from freetoken.experts.pool import HostExpertPool
+
+    banks = make_banks(2, 8, seed=1)
+    cuda = torch.device("cuda")
+    pool = HostExpertPool(banks, pin=True)
+    assert pool.pinned and pool.gate_up.data_ptr() == banks.gate_up.data_ptr()  # no second copy
+    second = HostExpertPool(banks, pin=True)  # same banks: the registration is shared and counted
+    pool.close()
+    gu, dn = second.device_views(cuda)
+    idx = torch.tensor([3, 0, 15], device=cuda)
+    assert torch.equal(gu.index_select(0, idx).cpu(), banks.gate_up[[3, 0, 15]])
+    assert torch.equal(dn.index_select(0, idx).cpu(), banks.down[[3, 0, 15]])
+    second.close()
+    assert not banks.gate_up.is_pinned()

@@ -55,6 +55,7 @@ class CpuBackend(ExpertBackend):
 
     def close(self) -> None:
         self.runner.close()
+        self.pool.close()
 
 
 def create(config: EngineConfig, banks: ExpertBanks, device: torch.device, dtype: torch.dtype) -> CpuBackend:

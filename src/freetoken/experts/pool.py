@@ -47,6 +47,40 @@ def check_pool_fits(pool_bytes: int, total_ram: int | None = None) -> None:
         )
 
 
+# Host ranges this process registered, by start pointer -> number of pools using them. Several pools may
+# wrap the same banks (backends built one after another); the range stays registered until the last goes.
+_REGISTERED: dict[int, int] = {}
+
+
+def _register(t: torch.Tensor) -> str:
+    """Page-lock ``t``'s memory in place (mapped, portable).
+
+    Returns "registered" (counted: undo with ``_unregister``), "pinned" (pinned by its allocator:
+    nothing to undo) or "failed".
+    """
+    ptr = t.data_ptr()
+    if ptr in _REGISTERED:
+        _REGISTERED[ptr] += 1
+        return "registered"
+    if t.is_pinned():
+        return "pinned"
+    err = torch.cuda.cudart().cudaHostRegister(ptr, t.numel() * t.element_size(), _REGISTER_FLAGS)
+    if int(getattr(err, "value", err)) != 0:
+        log.debug("cudaHostRegister failed with %s", err)
+        return "failed"
+    _REGISTERED[ptr] = 1
+    return "registered"
+
+
+def _unregister(ptr: int) -> None:
+    n = _REGISTERED.get(ptr, 0) - 1
+    if n > 0:
+        _REGISTERED[ptr] = n
+        return
+    _REGISTERED.pop(ptr, None)
+    torch.cuda.cudart().cudaHostUnregister(ptr)
+
+
 class _CudaArrayView:
     """Exposes a mapped host allocation through ``__cuda_array_interface__`` (bytes, shape [N, row])."""
 
@@ -115,15 +149,15 @@ class HostExpertPool:
     # -- pinning -------------------------------------------------------------------------------------
     def _pin(self) -> bool:
         """Register both banks in place; else copy into pinned storage if 2x fits; else give up."""
-        cudart = torch.cuda.cudart()
         for t in (self.gate_up, self.down):
             if t.numel() == 0:
                 continue
-            err = cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), _REGISTER_FLAGS)
-            if int(err) != 0:
+            how = _register(t)
+            if how == "failed":
                 self._unregister()
                 return self._pin_by_copy()
-            self._registered.append(t.data_ptr())
+            if how == "registered":
+                self._registered.append(t.data_ptr())
         return True
 
     def _pin_by_copy(self) -> bool:
@@ -137,11 +171,8 @@ class HostExpertPool:
         return True
 
     def _unregister(self) -> None:
-        if not self._registered:
-            return
-        cudart = torch.cuda.cudart()
         for ptr in self._registered:
-            cudart.cudaHostUnregister(ptr)
+            _unregister(ptr)
         self._registered = []
 
     @staticmethod

@@ -129,5 +129,7 @@ class SlotBackend(ExpertBackend):
         self.cache.check_integrity()
 
     def close(self) -> None:
+        """Stop the CPU workers and release the pool's pinning (the backend is unusable after)."""
         if self.cpu is not None:
             self.cpu.close()
+        self.pool.close()
