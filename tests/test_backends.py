@@ -304,3 +304,33 @@ def test_pool_pins_in_place_and_gpu_reads_it() -> None:
     assert torch.equal(dn.index_select(0, idx).cpu(), banks.down[[3, 0, 15]])
     second.close()
     assert not banks.gate_up.is_pinned()
+
+
+# -- the decode benchmark on a tiny shape (its figures are meaningless on the CPU; its plumbing is not) -----
+def test_bench_decode_plumbing_and_bound(tmp_path) -> None:
+    import argparse
+
+    import numpy as np
+
+    from freetoken.bench.decode import Bandwidths, add_arguments, layer_bound_s, run_policy
+    from freetoken.bench.presets import MoEShape
+    from freetoken.bench.synthetic import random_banks
+
+    shape = MoEShape("tiny", hidden=64, inter=32, experts=16, top_k=2, layers=2)
+    trace = np.sort(np.random.default_rng(0).integers(0, 16, (50, 2, 2)), axis=-1).astype(np.uint8)
+    np.save(tmp_path / "t.npy", trace)
+    args = add_arguments(argparse.ArgumentParser()).parse_args(
+        ["--layers", "2", "--steps", "6", "--warmup-tokens", "4", "--routing-trace", str(tmp_path / "t.npy")]
+    )
+    banks = random_banks(shape, 2, torch.float32)
+    dev = torch.device("cpu")
+    r = {p: run_policy(p, banks, shape, args, dev, torch.float32) for p in ("offload", "hybrid", "cpu")}
+    assert r["cpu"].miss_rate == 1.0 and r["cpu"].pcie_mb_per_token == 0
+    assert r["offload"].cpu_mb_per_token == 0 and r["offload"].fills_per_layer_step > 0
+    bw = Bandwidths(copy=50.0, cpu=20.0, copy_c=40.0, cpu_c=20.0, source="test")
+    gb = banks.expert_bytes / 1e9
+    off = r["offload"]
+    assert layer_bound_s(off, banks.expert_bytes, bw, 0.0) == pytest.approx(off.misses_per_layer_step * gb / 50.0)
+    hyb = r["hybrid"]
+    assert layer_bound_s(hyb, banks.expert_bytes, bw, 0.0) == pytest.approx(hyb.misses_per_layer_step * gb / 60.0)
+    assert layer_bound_s(hyb, banks.expert_bytes, bw, 1.0) == 1.0  # the GPU term dominates
