@@ -23,6 +23,15 @@ SLOT_BACKENDS = ["offload", "cpu", "hybrid", "static-layers", "static-freq"]
 HAS_CUDA = torch.cuda.is_available()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_intra_op_thread():
+    """Tiny ops: waking torch's intra-op threads on a loaded 2-core machine costs more than the ops."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def make_banks(L: int, E: int, seed: int, device: str = "cpu") -> ExpertBanks:
     g = torch.Generator().manual_seed(seed)
     gu = torch.randn(L * E, 2 * I, D, generator=g) / D**0.5
@@ -69,7 +78,7 @@ def test_backend_equals_reference(name: str, expert_cache: float) -> None:
     cfg = EngineConfig(moe_backend=name, expert_cache=expert_cache, fill_fraction=fill)
     backend = create_backend(cfg, banks, torch.device("cpu"), torch.float32)
     assert backend.name == name
-    worst = run_steps(backend, banks, steps=15, seed=2, device=torch.device("cpu"))
+    worst = run_steps(backend, banks, steps=10, seed=2, device=torch.device("cpu"))
     assert worst < 1e-5
     s = backend.stats()
     assert s["expert_slots"] == (0 if name == "cpu" else round(expert_cache * L * E))
@@ -230,6 +239,25 @@ def test_backend_equals_reference_cuda(name: str, expert_cache: float) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("name", ["offload", "hybrid"])
+def test_backend_bf16_cuda_close_to_reference(name: str) -> None:
+    """bf16: kernels round differently from the reference, so only closeness is asserted."""
+    banks = make_banks(2, 16, seed=11)
+    bf = ExpertBanks(banks.gate_up.bfloat16(), banks.down.bfloat16(), 2, 16)
+    dev = torch.device("cuda")
+    backend = create_backend(EngineConfig(moe_backend=name, expert_cache=0.25), bf, dev, torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    for T in (1, 3, 40):
+        x = torch.randn(T, D, generator=g).to(dev, torch.bfloat16)
+        ids, w = random_routing(T, 16, g, dev)
+        ref = moe_reference(x.float(), ids + 16, w, banks.gate_up.to(dev), banks.down.to(dev))
+        out = backend.forward(1, x, ids, w).float()
+        assert float((out - ref).abs().max() / ref.abs().max()) < 3e-2
+    backend.check_integrity()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_offload_decode_step_never_syncs() -> None:
     banks = make_banks(3, 16, seed=3)
     dev = torch.device("cuda")
@@ -238,10 +266,11 @@ def test_offload_decode_step_never_syncs() -> None:
     )
     g = torch.Generator().manual_seed(0)
     inputs = [(torch.randn(4, D, generator=g).to(dev), *random_routing(4, 16, g, dev)) for _ in range(6)]
+    backend.forward(0, *inputs[0])  # first launches compile the Triton kernels
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for i, (x, ids, w) in enumerate(inputs):
+        for i, (x, ids, w) in enumerate(inputs[1:]):
             backend.forward(i % 3, x, ids, w)
     finally:
         torch.cuda.set_sync_debug_mode("default")
@@ -250,7 +279,7 @@ def test_offload_decode_step_never_syncs() -> None:
 
 
 # -- engine level: the same greedy tokens through LLM for every backend (tiny qwen3_moe, fp32) ----------
-ENGINE_STEPS = 12
+ENGINE_STEPS = 10
 
 
 @pytest.fixture(scope="module")
@@ -269,7 +298,7 @@ def tiny_moe(tmp_path_factory: pytest.TempPathFactory) -> tuple:
 
 
 @pytest.mark.parametrize("expert_cache", [0.2, 0.5])
-@pytest.mark.parametrize("name", ["fused", *SLOT_BACKENDS])
+@pytest.mark.parametrize("name", ["fused", "offload", "cpu", "hybrid"])
 def test_engine_greedy_tokens_match(tiny_moe: tuple, name: str, expert_cache: float) -> None:
     from freetoken import LLM, SamplingParams
 

@@ -1,9 +1,10 @@
 """The CPU branch behind a submit/wait shape: routed experts run on the host, from the pool.
 
 ``submit`` takes the step's routes as codes (``-1 - eid`` = run here, anything else = not here) and
-returns at once; ``wait`` returns the float32 partial ``[T, D]`` on the compute device. One feeder
-thread compacts the routes and calls the C++ expert kernel (``freetoken.experts.cpu``: its own pinned
-workers, GIL released); pools in a dtype the kernel does not take run the torch reference instead.
+returns at once; ``wait`` returns the float32 partial ``[T, D]`` on the compute device. The C++ expert
+kernel (``freetoken.experts.cpu``: its own pinned workers, GIL released) does the work. On the CPU
+device ``submit`` starts it directly; on CUDA a feeder thread waits for the inputs' copy and calls it.
+Pools in a dtype the kernel does not take run the torch reference in the feeder thread instead.
 
 On CUDA the inputs travel to pinned host buffers with one async copy; the worker waits on a CUDA event
 (in its own thread, never the engine's) and ``wait`` copies the partial back. ``wait`` blocks the host
@@ -33,21 +34,35 @@ class CpuResult:
 
 @dataclass
 class CpuHandle:
-    future: Future[CpuResult]
     device: torch.device
+    future: Future[CpuResult] | None = None  # fed by the feeder thread (CUDA, torch fallback)
+    direct: CpuResult | None = None  # submitted straight to the kernel (CPU device): wait() completes it
 
 
-def _run_routes_kernel(
+def _submit_routes(
     kernel: CpuExpertKernel, pool: HostExpertPool, x: torch.Tensor, codes: torch.Tensor, w: torch.Tensor, k: int
 ) -> CpuResult:
-    """x [T, D], codes [K] (-1 - eid for the routes run here), w [K] float32 -> float32 [T, D]."""
+    """Start the kernel on the routes with codes < 0 (x [T, D], codes [K], w [K]); returns at once.
+
+    The result's ``out`` is valid after ``kernel.wait()``; ``seconds`` holds the start time until then.
+    """
     t0 = time.perf_counter()
     mine = codes < 0
     routes = torch.arange(codes.numel())[mine]
     rows = (-1 - codes)[mine].contiguous()
     tok = torch.div(routes, k, rounding_mode="floor").to(torch.int32)
-    out = kernel.run(x.float().contiguous(), tok, rows, w[mine].contiguous(), pool.gate_up, pool.down)
-    return CpuResult(out, int(torch.unique(rows).numel()), time.perf_counter() - t0)
+    out = kernel.submit(x.float().contiguous(), tok, rows, w[mine].contiguous(), pool.gate_up, pool.down)
+    return CpuResult(out, int(torch.unique(rows).numel()), t0)
+
+
+def _run_routes_kernel(
+    kernel: CpuExpertKernel, pool: HostExpertPool, x: torch.Tensor, codes: torch.Tensor, w: torch.Tensor, k: int
+) -> CpuResult:
+    """Synchronous ``_submit_routes``: float32 [T, D] and the wall time."""
+    res = _submit_routes(kernel, pool, x, codes, w, k)
+    kernel.wait()
+    res.seconds = time.perf_counter() - res.seconds
+    return res
 
 
 def _run_routes(pool: HostExpertPool, x: torch.Tensor, codes: torch.Tensor, w: torch.Tensor, k: int) -> CpuResult:
@@ -84,7 +99,7 @@ class CpuExpertRunner:
             self.kernel = CpuExpertKernel(num_threads=threads)
 
     def _run(self, x: torch.Tensor, codes: torch.Tensor, w: torch.Tensor, k: int) -> CpuResult:
-        """In the feeder thread (the only caller of the kernel object)."""
+        """In the feeder thread (on CUDA the only caller of the kernel object)."""
         if self.kernel is not None:
             return _run_routes_kernel(self.kernel, self.pool, x, codes, w, k)
         return _run_routes(self.pool, x, codes, w, k)
@@ -98,7 +113,7 @@ class CpuExpertRunner:
             xh = torch.empty(x.shape, dtype=xdt, pin_memory=True)
             ch = torch.empty(codes.shape, dtype=codes.dtype, pin_memory=True)
             wh = torch.empty(w.shape, dtype=w.dtype, pin_memory=True)
-            xh.copy_(x, non_blocking=True)
+            xh.copy_(x.to(xdt), non_blocking=True)  # convert on the device, then one D2H copy
             ch.copy_(codes, non_blocking=True)
             wh.copy_(w, non_blocking=True)
             ready = torch.cuda.Event()
@@ -108,13 +123,22 @@ class CpuExpertRunner:
                 ready.synchronize()  # the worker thread waits, the engine thread does not
                 return self._run(xh, ch, wh, k)
 
-            return CpuHandle(self._exec.submit(job), self.device)
-        xc = x if self.kernel is not None else x.to(self.pool.gate_up.dtype)
-        return CpuHandle(self._exec.submit(self._run, xc, codes, w, k), self.device)
+            return CpuHandle(self.device, future=self._exec.submit(job))
+        if self.kernel is not None:  # no thread handoff: the kernel's own workers run it, GIL released
+            return CpuHandle(self.device, direct=_submit_routes(self.kernel, self.pool, x, codes, w, k))
+        xc = x.to(self.pool.gate_up.dtype)
+        return CpuHandle(self.device, future=self._exec.submit(self._run, xc, codes, w, k))
 
     def wait(self, handle: CpuHandle) -> tuple[torch.Tensor, CpuResult]:
         """The float32 partial [T, D] on the compute device, and the worker's measurements."""
-        res = handle.future.result()
+        if handle.direct is not None:
+            assert self.kernel is not None
+            self.kernel.wait()
+            res = handle.direct
+            res.seconds = time.perf_counter() - res.seconds
+        else:
+            assert handle.future is not None
+            res = handle.future.result()
         out = res.out
         if handle.device.type == "cuda":
             out = out.pin_memory().to(handle.device, non_blocking=True)

@@ -33,7 +33,8 @@ def resolve_slots(
     else:
         slots = int(expert_cache)
     if slots > num_rows:
-        log.warning("expert cache of %d slots exceeds the pool's %d experts: clamped", slots, num_rows)
+        if expert_cache is not None:  # a budget larger than the pool is no mistake
+            log.warning("expert cache of %d slots exceeds the pool's %d experts: clamped", slots, num_rows)
         slots = num_rows
     if slots < 1:
         raise ValueError(
