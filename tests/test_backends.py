@@ -78,7 +78,7 @@ def test_backend_equals_reference(name: str, expert_cache: float) -> None:
     cfg = EngineConfig(moe_backend=name, expert_cache=expert_cache, fill_fraction=fill)
     backend = create_backend(cfg, banks, torch.device("cpu"), torch.float32)
     assert backend.name == name
-    worst = run_steps(backend, banks, steps=10, seed=2, device=torch.device("cpu"))
+    worst = run_steps(backend, banks, steps=20, seed=2, device=torch.device("cpu"))
     assert worst < 1e-5
     s = backend.stats()
     assert s["expert_slots"] == (0 if name == "cpu" else round(expert_cache * L * E))
@@ -279,7 +279,7 @@ def test_offload_decode_step_never_syncs() -> None:
 
 
 # -- engine level: the same greedy tokens through LLM for every backend (tiny qwen3_moe, fp32) ----------
-ENGINE_STEPS = 10
+ENGINE_STEPS = 12
 
 
 @pytest.fixture(scope="module")
@@ -298,7 +298,7 @@ def tiny_moe(tmp_path_factory: pytest.TempPathFactory) -> tuple:
 
 
 @pytest.mark.parametrize("expert_cache", [0.2, 0.5])
-@pytest.mark.parametrize("name", ["fused", "offload", "cpu", "hybrid"])
+@pytest.mark.parametrize("name", ["fused", *SLOT_BACKENDS])
 def test_engine_greedy_tokens_match(tiny_moe: tuple, name: str, expert_cache: float) -> None:
     from freetoken import LLM, SamplingParams
 
