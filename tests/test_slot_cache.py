@@ -6,6 +6,8 @@ expert it holds.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from collections import Counter
 
 import pytest
@@ -16,7 +18,7 @@ from hypothesis import strategies as st
 from freetoken.experts.base import ExpertBanks
 from freetoken.experts.pool import HostExpertPool, check_pool_fits
 from freetoken.experts.slot_cache import SlotCache
-from freetoken.experts.slot_plan import StepPlan, fill_quota
+from freetoken.experts.slot_plan import SlotTables, StepPlan, fill_quota, group_routes, plan_fills
 
 L, E, D, I = 2, 4, 4, 2  # N = 8 pool rows
 CPU = torch.device("cpu")
@@ -238,3 +240,46 @@ def test_random_sequences_match_model_and_keep_integrity(num_slots: int, steps: 
             assert (code >= 0 and eid_of[code] == eid) or (code < 0 and -1 - code == eid)
         cache.check_integrity()
         slots_hold_their_experts(cache)
+
+
+def _tables(num_rows: int, num_slots: int) -> SlotTables:
+    return SlotTables(
+        slot_of=torch.full((num_rows + 1,), -1, dtype=torch.long),
+        eid_of=torch.full((num_slots + 1,), -1, dtype=torch.long),
+        stamp=torch.full((num_slots + 1,), -1, dtype=torch.long),
+        locked=torch.zeros(num_slots + 1, dtype=torch.bool),
+        tick=torch.zeros((), dtype=torch.long),
+    )
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+@pytest.mark.parametrize("num_slots", [2, 5, 37, 700])
+def test_fused_triton_plan_equals_torch_plan(num_slots: int) -> None:
+    """The one-launch Triton plan gives bit-identical tables and outputs (run in Triton's interpreter)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("set TRITON_INTERPRET=1 to run the Triton kernels on the CPU")
+    from freetoken.experts.triton_plan import plan_step_triton
+
+    layers, experts, k = 3, 16, 2
+    a, b = _tables(layers * experts, num_slots), _tables(layers * experts, num_slots)
+    g = torch.Generator().manual_seed(num_slots)
+    for step_i in range(25):
+        T = int(torch.randint(1, 17, (1,), generator=g))
+        layer = step_i % layers
+        ids = torch.rand(T, experts, generator=g).argsort(dim=1)[:, :k]
+        share = torch.tensor(float(torch.rand((), generator=g)))
+        min_fill = step_i % 2
+        if step_i == 10 and num_slots > 3:  # lock a resident expert for a while
+            lockme = int(a.eid_of[0])
+            if lockme >= 0:
+                a.locked[0] = b.locked[0] = True
+        groups = group_routes(ids.reshape(-1) + layer * experts, layers * experts)
+        want = plan_fills(a, groups, groups.valid, share, min_fill)
+        got = plan_step_triton(b, ids, layer * experts, share, min_fill)
+        for f in ("order", "route_group", "start", "count", "eid", "valid", "n_groups"):
+            assert torch.equal(getattr(got.groups, f), getattr(want.groups, f)), f
+        for f in ("slot", "hit", "fill", "miss", "route_code", "copy_src", "copy_dst", "copy_count"):
+            assert torch.equal(getattr(got, f), getattr(want, f)), f
+        assert int(got.num_hits) == int(want.num_hits) and int(got.num_misses) == int(want.num_misses)
+        for f in ("slot_of", "eid_of", "stamp", "tick"):
+            assert torch.equal(getattr(a, f), getattr(b, f)), f

@@ -63,17 +63,11 @@ class SlotBackend(ExpertBackend):
         self._one = torch.ones((), dtype=torch.float32, device=device)
 
     # -- shared step pieces ----------------------------------------------------------------------------
-    def _groups(self, layer: int, topk_ids: torch.Tensor) -> RouteGroups:
-        check_slots_cover_topk(self.cache.num_slots, topk_ids.shape[1])
-        return self.cache.group(layer, topk_ids)
-
     def _copy(self, plan: StepPlan) -> None:
         """The round's batched fill (subclasses may time it)."""
         self.cache.copy(plan)
 
-    def _gpu(
-        self, x: torch.Tensor, groups: RouteGroups, plan: StepPlan, topk_w: torch.Tensor
-    ) -> torch.Tensor:
+    def _gpu(self, x: torch.Tensor, groups: RouteGroups, plan: StepPlan, topk_w: torch.Tensor) -> torch.Tensor:
         self._copy(plan)
         return grouped_experts(x, groups, plan.slot, topk_w, self.cache.slot_gate_up, self.cache.slot_down)
 
@@ -96,10 +90,10 @@ class SlotBackend(ExpertBackend):
         assert self.cpu is not None
         if topk_ids.numel() == 0:
             return torch.zeros_like(x)
-        groups = self._groups(layer, topk_ids)
-        plan = self.cache.plan(groups, groups.valid, self.share, min_fill)
+        check_slots_cover_topk(self.cache.num_slots, topk_ids.shape[1])
+        plan = self.cache.group_and_plan(layer, topk_ids, self.share, min_fill)
         handle = self.cpu.submit(x, plan.route_code, topk_w)  # CPU branch first
-        gpu = self._gpu(x, groups, plan, topk_w)
+        gpu = self._gpu(x, plan.groups, plan, topk_w)
         cpu, res = self.cpu.wait(handle)
         self._after_cpu(res.experts, res.seconds)
         self._count(plan, True, plan.num_misses - plan.copy_count)
