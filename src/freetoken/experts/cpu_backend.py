@@ -22,6 +22,7 @@ class CpuBackend(ExpertBackend):
         self.device = device
         self.runner = CpuExpertRunner(pool, device, config.cpu_threads)
         self.counters = DeviceCounters(device)
+        self._zero = torch.zeros((), dtype=torch.long, device=device)
 
     def forward(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
@@ -31,10 +32,8 @@ class CpuBackend(ExpertBackend):
         eids = topk_ids.reshape(-1) + layer * self.pool.num_experts  # [T*k] pool rows
         handle = self.runner.submit(x, -1 - eids, topk_w)
         groups = group_routes(eids, self.pool.num_rows)  # distinct experts, counted on the device
-        self.counters.add("layer_steps", 1)
-        self.counters.add("misses", groups.n_groups)
-        self.counters.add("miss_layers", (groups.n_groups > 0).long())
-        self.counters.add("cpu_runs", groups.n_groups)
+        n = groups.n_groups
+        self.counters.add_step(self._zero, n, self._zero, n)
         out, _ = self.runner.wait(handle)
         return out.to(x.dtype)
 

@@ -61,6 +61,7 @@ class SlotBackend(ExpertBackend):
         self.cpu = CpuExpertRunner(pool, device, config.cpu_threads) if with_cpu else None
         self.share = torch.zeros((), dtype=torch.float32, device=device)  # device scalar read by plans
         self._one = torch.ones((), dtype=torch.float32, device=device)
+        self._zero = torch.zeros((), dtype=torch.long, device=device)
 
     # -- shared step pieces ----------------------------------------------------------------------------
     def _copy(self, plan: StepPlan) -> None:
@@ -72,16 +73,8 @@ class SlotBackend(ExpertBackend):
         return grouped_experts(x, groups, plan.slot, topk_w, self.cache.slot_gate_up, self.cache.slot_down)
 
     def _count(self, plan: StepPlan, first_round: bool, cpu_runs: torch.Tensor | None) -> None:
-        c = self.counters
-        if first_round:
-            c.add("layer_steps", 1)
-            c.add("hits", plan.num_hits)
-            c.add("misses", plan.num_misses)
-            c.add("miss_layers", (plan.num_misses > 0).long())
-        c.add("fills", plan.copy_count)
-        c.set("q_last", plan.copy_count)
-        if cpu_runs is not None:
-            c.add("cpu_runs", cpu_runs)
+        cpu = self._zero if cpu_runs is None else cpu_runs
+        self.counters.add_step(plan.num_hits, plan.num_misses, plan.copy_count, cpu, first_round)
 
     def split_forward(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor, min_fill: int
