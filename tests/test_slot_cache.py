@@ -283,3 +283,25 @@ def test_fused_triton_plan_equals_torch_plan(num_slots: int) -> None:
         assert int(got.num_hits) == int(want.num_hits) and int(got.num_misses) == int(want.num_misses)
         for f in ("slot_of", "eid_of", "stamp", "tick"):
             assert torch.equal(getattr(a, f), getattr(b, f)), f
+
+
+def test_resize_keeps_locked_then_newest() -> None:
+    cache = SlotCache(make_pool(), 4, CPU)
+    step(cache, 0, [[0, 1]])  # tick 1: eids 0, 1
+    step(cache, 0, [[2, 3]])  # tick 2: eids 2, 3
+    step(cache, 0, [[0]])  # tick 3: eid 0 again
+    cache.lock([1])
+    cache.resize(2)  # keeps locked eid 1, then the newest: eid 0
+    assert cache.resident() == {1: 0, 0: 1}
+    assert cache.tables.locked.tolist() == [True, False, False]
+    slots_hold_their_experts(cache)
+    cache.check_integrity()
+    cache.resize(5)  # grow: everything stays, new slots are free
+    assert cache.resident() == {1: 0, 0: 1} and cache.free() == 3
+    step(cache, 1, [[0, 1]])  # eids 4, 5 fill the free slots 2, 3
+    assert cache.resident() == {1: 0, 0: 1, 4: 2, 5: 3}
+    slots_hold_their_experts(cache)
+    cache.check_integrity()
+    with pytest.raises(ValueError):
+        cache.lock([0])
+        cache.resize(1)  # two locked experts cannot fit one slot

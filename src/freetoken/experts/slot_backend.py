@@ -95,6 +95,10 @@ class SlotBackend(ExpertBackend):
     def _after_cpu(self, experts: int, seconds: float) -> None:  # noqa: B027 - optional hook
         """Hook: timing of the CPU branch."""
 
+    def resize_expert_cache(self, num_slots: int) -> None:
+        """Elastic memory, at a safe point between steps: see ``SlotCache.resize``."""
+        self.cache.resize(num_slots)
+
     # -- reporting -------------------------------------------------------------------------------------
     def stats(self) -> dict[str, int | float]:
         c = self.counters.read()

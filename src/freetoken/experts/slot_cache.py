@@ -139,6 +139,38 @@ class SlotCache:
         t.stamp[slots] = -1
         t.locked[slots] = False
 
+    def resize(self, num_slots: int) -> None:
+        """Safe points only (no step in flight): change the slot count, keeping the residents that fit
+        (locked ones first, then the most recently used). Kept experts move to slots 0..n-1 in that
+        order. Old and new banks coexist during the copy: the peak is old + new."""
+        t, S, N = self.tables, self.num_slots, self.pool.num_rows
+        if not 1 <= num_slots <= N:
+            raise ValueError(f"slot count must be in [1, {N}], got {num_slots}")
+        locked = t.locked[:S]
+        if int(locked.sum()) > num_slots:
+            raise ValueError(f"{int(locked.sum())} locked experts do not fit in {num_slots} slots")
+        used = torch.nonzero(t.eid_of[:S] >= 0).flatten()
+        key = t.stamp[used] + locked[used].long() * (1 << 62)  # locked first, then newest
+        keep = used[torch.sort(key, descending=True, stable=True).indices][:num_slots]
+        n, dev = keep.numel(), self.device
+        gu = torch.zeros((num_slots + 1, *self.slot_gate_up.shape[1:]), dtype=self.slot_gate_up.dtype, device=dev)
+        dn = torch.zeros((num_slots + 1, *self.slot_down.shape[1:]), dtype=self.slot_down.dtype, device=dev)
+        gu[:n] = self.slot_gate_up[keep]
+        dn[:n] = self.slot_down[keep]
+        self.slot_gate_up, self.slot_down = gu, dn
+        new = SlotTables(
+            slot_of=torch.full((N + 1,), -1, dtype=torch.long, device=dev),
+            eid_of=torch.full((num_slots + 1,), -1, dtype=torch.long, device=dev),
+            stamp=torch.full((num_slots + 1,), -1, dtype=torch.long, device=dev),
+            locked=torch.zeros(num_slots + 1, dtype=torch.bool, device=dev),
+            tick=t.tick,
+        )
+        new.eid_of[:n] = t.eid_of[keep]
+        new.stamp[:n] = t.stamp[keep]
+        new.locked[:n] = t.locked[keep]
+        new.slot_of[new.eid_of[:n]] = torch.arange(n, device=dev)
+        self.tables = new
+
     def resident(self) -> dict[int, int]:
         """eid -> slot for every resident expert."""
         eid_of = self.tables.eid_of[: self.num_slots].tolist()
