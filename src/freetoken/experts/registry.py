@@ -15,6 +15,11 @@ if TYPE_CHECKING:
 # name -> "module:factory"; a factory takes (config, banks, device, dtype) and returns a backend.
 BACKENDS: dict[str, str] = {
     "fused": "freetoken.experts.fused:create",
+    "offload": "freetoken.experts.offload:create",
+    "cpu": "freetoken.experts.cpu_backend:create",
+    "hybrid": "freetoken.experts.hybrid:create",
+    "static-layers": "freetoken.experts.static_layers:create",
+    "static-freq": "freetoken.experts.static_freq:create",
 }
 
 
@@ -23,7 +28,9 @@ def create_backend(
 ) -> ExpertBackend:
     name = config.moe_backend
     if name == "auto":
-        name = "fused"
+        from freetoken.experts.auto import resolve_auto
+
+        name = resolve_auto(banks, device)
     if name not in BACKENDS:
         raise ValueError(f"MoE backend {name!r} is not available; available: {', '.join(sorted(BACKENDS))}")
     module, _, attr = BACKENDS[name].partition(":")

@@ -1,0 +1,121 @@
+"""``ft bench record-routing``: record a real model's decode routing as a trace for ``bench decode``.
+
+Runs greedy generation through ``LLM`` one prompt at a time and records, for every decode token, the
+sorted expert ids each MoE layer routes it to: a ``uint8`` array ``[tokens, layers, k]`` saved with
+``numpy.save`` (the format of ``/work/shared/traces``). Prefill tokens are not recorded.
+
+    python -m freetoken.bench.record_routing --model /path/to/Qwen3-30B-A3B --tokens 2000 --out trace.npy
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import numpy as np
+import torch
+
+from freetoken.experts.base import ExpertBackend
+from freetoken.layers.moe import MoELayer
+
+DEFAULT_PROMPTS = (
+    "Write a Python function that parses an ISO 8601 date string and returns a datetime. Add tests.",
+    "Explain step by step how a radix tree supports prefix reuse in a key-value cache.",
+    "You are a coding agent. The build fails with 'undefined reference to main'. What do you check first?",
+    "Summarise the trade-offs between tensor parallelism and expert parallelism for MoE inference.",
+)
+
+
+class RecordingBackend(ExpertBackend):
+    """Delegates to the real backend and keeps the routed ids of single-token decode steps."""
+
+    def __init__(self, inner: ExpertBackend, num_layers: int) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.num_layers = num_layers
+        self.rows: list[np.ndarray] = []  # one [layers, k] per recorded token
+        self._decode = False
+        self._current: dict[int, np.ndarray] = {}
+
+    def begin_step(self, num_tokens: int, is_decode: bool) -> None:
+        self._flush()
+        self._decode = is_decode and num_tokens == 1
+        self.inner.begin_step(num_tokens, is_decode)
+
+    def _flush(self) -> None:
+        if len(self._current) == self.num_layers:
+            self.rows.append(np.stack([self._current[i] for i in range(self.num_layers)]))
+        self._current = {}
+
+    def forward(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
+        if self._decode:
+            self._current[layer] = np.sort(topk_ids[0].cpu().numpy()).astype(np.uint8)
+        return self.inner.forward(layer, x, topk_ids, topk_w)
+
+    def trace(self) -> np.ndarray:
+        self._flush()
+        if not self.rows:
+            raise RuntimeError("no decode token was recorded")
+        return np.stack(self.rows)  # [tokens, layers, k]
+
+    def stats(self) -> dict[str, int | float]:
+        return self.inner.stats()
+
+    def check_integrity(self) -> None:
+        self.inner.check_integrity()
+
+
+def install_recorder(llm: Any) -> RecordingBackend:
+    """Wrap the LLM's expert backend in a recorder, everywhere the engine holds it."""
+    engine = llm.engine
+    inner = engine.setup.loaded.backend
+    if inner is None:
+        raise ValueError("this model has no MoE layers: nothing to record")
+    moe = [layer.ffn for layer in engine.runner.model.layers if isinstance(layer.ffn, MoELayer)]
+    rec = RecordingBackend(inner, len(moe))
+    for m in moe:
+        m.backend = rec
+    engine.runner.backend = rec
+    engine.setup.loaded.backend = rec
+    return rec
+
+
+def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--model", default=None, help="checkpoint directory (default: the embedded model)")
+    p.add_argument("--tokens", type=int, default=2000, help="decode tokens to record in all")
+    p.add_argument("--prompt", action="append", default=None, help="a prompt (repeatable; default: built-in)")
+    p.add_argument("--out", required=True, help="output .npy file")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--moe-backend", default="auto")
+    p.add_argument("--expert-cache", type=float, default=None)
+    return p
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    return add_arguments(sub.add_parser("record-routing", help="record a model's decode routing as a trace"))
+
+
+def run(args: argparse.Namespace) -> int:
+    from freetoken import LLM, SamplingParams
+
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, moe_backend=args.moe_backend,
+              expert_cache=args.expert_cache)  # fmt: skip
+    rec = install_recorder(llm)
+    prompts = list(args.prompt or DEFAULT_PROMPTS)
+    per = -(-args.tokens // len(prompts)) + 1  # the first generated token comes from prefill
+    for p in prompts:
+        llm.generate([p], SamplingParams(temperature=0.0, max_tokens=per, ignore_eos=True))
+    trace = rec.trace()[: args.tokens]
+    np.save(args.out, trace)
+    print(f"recorded {trace.shape[0]} tokens x {trace.shape[1]} MoE layers x top-{trace.shape[2]} -> {args.out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(add_arguments(argparse.ArgumentParser(prog="ft bench record-routing")).parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

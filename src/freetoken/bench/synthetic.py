@@ -1,0 +1,79 @@
+"""A synthetic MoE stack of exact per-layer shape with random weights built in memory.
+
+Only what the expert path needs: per MoE layer a router ``[E, D]`` and routed experts (the host pool).
+Hidden states go ``x <- rms_norm(x + moe(x))`` through the layers, so with routing from the model each
+layer routes its own input. Weights are filled by tiling one random block (memcpy speed, not RNG speed):
+values do not matter for bandwidth, small normals keep activations finite.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from freetoken.bench.presets import MoEShape
+from freetoken.experts.base import ExpertBanks
+
+_BLOCK_EXPERTS = 8
+
+
+def random_banks(shape: MoEShape, layers: int, dtype: torch.dtype, seed: int = 0) -> ExpertBanks:
+    banks = ExpertBanks.empty(layers, shape.experts, shape.hidden, shape.inter, dtype)
+    g = torch.Generator().manual_seed(seed)
+    n = banks.gate_up.shape[0]
+    for bank, std in ((banks.gate_up, shape.hidden**-0.5), (banks.down, shape.inter**-0.5)):
+        block = (torch.randn((_BLOCK_EXPERTS, *bank.shape[1:]), generator=g) * std).to(dtype)
+        for start in range(0, n, _BLOCK_EXPERTS):
+            stop = min(n, start + _BLOCK_EXPERTS)
+            bank[start:stop].copy_(block[: stop - start])
+    return banks
+
+
+class SyntheticRouter:
+    """Routers of every layer on the compute device; ``route`` gives a layer's (ids, weights)."""
+
+    def __init__(self, shape: MoEShape, layers: int, device: torch.device, dtype: torch.dtype, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed + 1)
+        self.shape = shape
+        self.router = (torch.randn(layers, shape.experts, shape.hidden, generator=g)).to(device, dtype)  # [L,E,D]
+        self.device, self.dtype = device, dtype
+
+    def route(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = F.softmax(F.linear(x, self.router[layer]), dim=-1, dtype=torch.float32)  # [T, E]
+        w, ids = torch.topk(probs, self.shape.top_k, dim=-1)
+        return ids, w / w.sum(dim=-1, keepdim=True)
+
+
+class TraceRouter:
+    """Replays a routing trace ``[tokens, layers, k]`` (uint8 expert ids); request b of a batch reads the
+    trace from offset ``b * tokens // B`` on, so concurrent requests route differently."""
+
+    def __init__(self, path: str, shape: MoEShape, layers: int, batch: int, device: torch.device) -> None:
+        trace = np.load(path)
+        if trace.ndim != 3 or trace.shape[2] != shape.top_k:
+            raise ValueError(f"{path}: expected [tokens, layers, {shape.top_k}], got {list(trace.shape)}")
+        if int(trace.max()) >= shape.experts:
+            raise ValueError(f"{path}: expert ids up to {int(trace.max())} exceed {shape.experts} experts")
+        self.trace = torch.from_numpy(trace.astype(np.int64))  # [tokens, trace_layers, k]
+        self.trace_layers = trace.shape[1]
+        self.batch, self.device = batch, device
+        self.offsets = [b * (trace.shape[0] // batch) for b in range(batch)]
+        self.step = 0
+        self.g = torch.Generator().manual_seed(7)
+        self.layers = layers
+
+    def advance(self) -> None:
+        self.step += 1
+
+    def route(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = self.trace.shape[0]
+        rows = [(off + self.step) % n for off in self.offsets]
+        ids = self.trace[rows, layer % self.trace_layers]  # [B, k]
+        w = torch.softmax(torch.randn(ids.shape, generator=self.g), dim=-1)
+        return ids.to(self.device), w.to(self.device)
+
+
+def rms_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)

@@ -1,0 +1,45 @@
+"""``moe_backend="auto"``: fused when the pool fits the VRAM budget, else hybrid when the machine profile
+shows a CPU expert path that pays off, else offload (also when no profile exists). Logs why."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import torch
+
+from freetoken.experts.base import ExpertBanks
+from freetoken.experts.sizing import VRAM_SLOT_SHARE
+from freetoken.experts.split import cpu_pays_off, load_machine_profile
+
+log = logging.getLogger(__name__)
+
+
+def choose_backend(
+    banks: ExpertBanks,
+    device: torch.device,
+    vram_free: int | None = None,
+    profile: Mapping[str, object] | None = None,
+    load_profile: bool = True,
+) -> tuple[str, str]:
+    """(backend name, reason). ``vram_free``/``profile`` default to what this machine reports."""
+    if device.type != "cuda":
+        return "fused", "the compute device is the CPU: the pool is already in its memory"
+    if vram_free is None:
+        vram_free = int(torch.cuda.mem_get_info(device)[0])
+    budget = int(vram_free * VRAM_SLOT_SHARE)
+    if banks.pool_bytes <= budget:
+        return "fused", f"the expert pool ({banks.pool_bytes / 2**30:.1f} GiB) fits the VRAM budget"
+    if profile is None and load_profile:
+        profile = load_machine_profile()
+    if profile is None:
+        return "offload", "no machine profile (run `ft bench bw`): copying misses is the safe choice"
+    if cpu_pays_off(profile):
+        return "hybrid", "the machine profile shows the CPU expert path adding bandwidth beside PCIe"
+    return "offload", "the machine profile shows the CPU expert path too slow to help"
+
+
+def resolve_auto(banks: ExpertBanks, device: torch.device) -> str:
+    name, why = choose_backend(banks, device)
+    log.info("moe backend auto -> %s: %s", name, why)
+    return name

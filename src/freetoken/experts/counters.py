@@ -1,0 +1,40 @@
+"""Step counters: device values accumulate in one device vector (one add per layer, no host sync);
+host-known values (layer steps) are plain ints. ``read`` syncs once."""
+
+from __future__ import annotations
+
+import torch
+
+# Device-accumulated, in this order: distinct hits, distinct misses, fills, distinct CPU runs,
+# layer-steps with a miss.
+DEVICE_NAMES = ("hits", "misses", "fills", "cpu_runs", "miss_layers")
+
+
+class DeviceCounters:
+    def __init__(self, device: torch.device) -> None:
+        self._v = torch.zeros(len(DEVICE_NAMES), dtype=torch.long, device=device)
+        self._q_last = torch.zeros((), dtype=torch.long, device=device)
+        self.layer_steps = 0
+
+    def add_step(
+        self,
+        hits: torch.Tensor,  # [] int64
+        misses: torch.Tensor,
+        fills: torch.Tensor,
+        cpu_runs: torch.Tensor,
+        first_round: bool = True,
+    ) -> None:
+        """One layer round's counts; a layer's later rounds (offload) add fills only."""
+        if first_round:
+            self.layer_steps += 1
+            self._v += torch.stack((hits, misses, fills, cpu_runs, (misses > 0).long()))
+        else:
+            self._v[2:3] += fills
+        self._q_last.copy_(fills)
+
+    def read(self) -> dict[str, int]:
+        vals = self._v.tolist()
+        out = dict(zip(DEVICE_NAMES, (int(v) for v in vals)))
+        out["q_last"] = int(self._q_last)
+        out["layer_steps"] = self.layer_steps
+        return out

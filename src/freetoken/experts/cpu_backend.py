@@ -1,0 +1,62 @@
+"""``cpu``: every routed expert runs on the CPU from the host pool (no expert ever goes to the GPU)."""
+
+from __future__ import annotations
+
+import torch
+
+from freetoken.config import EngineConfig
+from freetoken.experts.base import ExpertBackend, ExpertBanks
+from freetoken.experts.counters import DeviceCounters
+from freetoken.experts.cpu_runner import CpuExpertRunner
+from freetoken.experts.pool import HostExpertPool
+from freetoken.experts.slot_plan import group_routes
+
+
+class CpuBackend(ExpertBackend):
+    name = "cpu"
+
+    def __init__(
+        self, config: EngineConfig, pool: HostExpertPool, device: torch.device, dtype: torch.dtype
+    ) -> None:
+        self.pool = pool
+        self.device = device
+        self.runner = CpuExpertRunner(pool, device, config.cpu_threads)
+        self.counters = DeviceCounters(device)
+        self._zero = torch.zeros((), dtype=torch.long, device=device)
+
+    def forward(
+        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
+    ) -> torch.Tensor:
+        if topk_ids.numel() == 0:
+            return torch.zeros_like(x)
+        eids = topk_ids.reshape(-1) + layer * self.pool.num_experts  # [T*k] pool rows
+        handle = self.runner.submit(x, -1 - eids, topk_w)
+        groups = group_routes(eids, self.pool.num_rows)  # distinct experts, counted on the device
+        n = groups.n_groups
+        self.counters.add_step(self._zero, n, self._zero, n)
+        out, _ = self.runner.wait(handle)
+        return out.to(x.dtype)
+
+    def stats(self) -> dict[str, int | float]:
+        c = self.counters.read()
+        return {
+            "expert_hits": 0,
+            "expert_misses": c["misses"],
+            "expert_fills": 0,
+            "expert_cpu_runs": c["cpu_runs"],
+            "pcie_bytes": 0,
+            "cpu_bytes": c["cpu_runs"] * self.pool.expert_bytes,
+            "q_last": 0,
+            "q_mean": 0.0,
+            "expert_slots": 0,
+            "layer_steps": c["layer_steps"],
+        }
+
+    def close(self) -> None:
+        self.runner.close()
+        self.pool.close()
+
+
+def create(config: EngineConfig, banks: ExpertBanks, device: torch.device, dtype: torch.dtype) -> CpuBackend:
+    # The CPU reads the pool in place: no pinning needed.
+    return CpuBackend(config, HostExpertPool(banks, dtype=dtype, pin=False), device, dtype)

@@ -1,0 +1,150 @@
+"""The CPU branch behind a submit/wait shape: routed experts run on the host, from the pool.
+
+``submit`` takes the step's routes as codes (``-1 - eid`` = run here, anything else = not here) and
+returns at once; ``wait`` returns the float32 partial ``[T, D]`` on the compute device. The C++ expert
+kernel (``freetoken.experts.cpu``: its own pinned workers, GIL released) does the work. On the CPU
+device ``submit`` starts it directly; on CUDA a feeder thread waits for the inputs' copy and calls it.
+Pools in a dtype the kernel does not take run the torch reference in the feeder thread instead.
+
+On CUDA the inputs travel to pinned host buffers with one async copy; the worker waits on a CUDA event
+(in its own thread, never the engine's) and ``wait`` copies the partial back. ``wait`` blocks the host
+until the worker is done: this adapter is not capturable in a CUDA graph (the C++ kernel's stream-ordered
+flags are).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from freetoken.experts.cpu.kernel import CpuExpertKernel
+from freetoken.experts.pool import HostExpertPool
+from freetoken.experts.reference import expert_ffn
+
+
+@dataclass
+class CpuResult:
+    out: torch.Tensor  # [T, D] float32 on the host
+    experts: int  # distinct experts run
+    seconds: float  # wall time of the compute
+
+
+@dataclass
+class CpuHandle:
+    device: torch.device
+    future: Future[CpuResult] | None = None  # fed by the feeder thread (CUDA, torch fallback)
+    direct: CpuResult | None = None  # submitted straight to the kernel (CPU device): wait() completes it
+
+
+def _submit_routes(
+    kernel: CpuExpertKernel, pool: HostExpertPool, x: torch.Tensor, codes: torch.Tensor, w: torch.Tensor, k: int
+) -> CpuResult:
+    """Start the kernel on the routes with codes < 0 (x [T, D], codes [K], w [K]); returns at once.
+
+    The result's ``out`` is valid after ``kernel.wait()``; ``seconds`` holds the start time until then.
+    """
+    t0 = time.perf_counter()
+    mine = codes < 0
+    routes = torch.arange(codes.numel())[mine]
+    rows = (-1 - codes)[mine].contiguous()
+    tok = torch.div(routes, k, rounding_mode="floor").to(torch.int32)
+    out = kernel.submit(x.float().contiguous(), tok, rows, w[mine].contiguous(), pool.gate_up, pool.down)
+    return CpuResult(out, int(torch.unique(rows).numel()), t0)
+
+
+def _run_routes_kernel(
+    kernel: CpuExpertKernel, pool: HostExpertPool, x: torch.Tensor, codes: torch.Tensor, w: torch.Tensor, k: int
+) -> CpuResult:
+    """Synchronous ``_submit_routes``: float32 [T, D] and the wall time."""
+    res = _submit_routes(kernel, pool, x, codes, w, k)
+    kernel.wait()
+    res.seconds = time.perf_counter() - res.seconds
+    return res
+
+
+def _run_routes(pool: HostExpertPool, x: torch.Tensor, codes: torch.Tensor, w: torch.Tensor, k: int) -> CpuResult:
+    """Torch reference of ``_run_routes_kernel`` (any dtype)."""
+    t0 = time.perf_counter()
+    T = x.shape[0]
+    out = torch.zeros((T, x.shape[1]), dtype=torch.float32)
+    mine = codes < 0
+    rows = (-1 - codes)[mine]
+    routes = torch.arange(codes.numel())[mine]
+    if rows.numel() == 0:
+        return CpuResult(out, 0, time.perf_counter() - t0)
+    order = torch.argsort(rows, stable=True)
+    rows, routes = rows[order], routes[order]
+    uniq, counts = torch.unique_consecutive(rows, return_counts=True)
+    start = 0
+    for e, c in zip(uniq.tolist(), counts.tolist()):
+        sel = routes[start : start + c]
+        start += c
+        tok = torch.div(sel, k, rounding_mode="floor")
+        y = expert_ffn(x[tok], pool.gate_up[e], pool.down[e]).float()
+        out.index_add_(0, tok, y * w[sel, None])
+    return CpuResult(out, int(uniq.numel()), time.perf_counter() - t0)
+
+
+class CpuExpertRunner:
+    def __init__(self, pool: HostExpertPool, device: torch.device, threads: int | None = None) -> None:
+        self.pool = pool
+        self.device = device
+        self.threads = threads
+        self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ft-cpu-experts")
+        self.kernel: CpuExpertKernel | None = None
+        if pool.gate_up.dtype in (torch.float32, torch.bfloat16):
+            self.kernel = CpuExpertKernel(num_threads=threads)
+
+    def _run(self, x: torch.Tensor, codes: torch.Tensor, w: torch.Tensor, k: int) -> CpuResult:
+        """In the feeder thread (on CUDA the only caller of the kernel object)."""
+        if self.kernel is not None:
+            return _run_routes_kernel(self.kernel, self.pool, x, codes, w, k)
+        return _run_routes(self.pool, x, codes, w, k)
+
+    def submit(self, x: torch.Tensor, codes: torch.Tensor, topk_w: torch.Tensor) -> CpuHandle:
+        """x [T, D], codes [T*k] route codes, topk_w [T, k]; returns without waiting."""
+        k = topk_w.shape[1]
+        w = topk_w.reshape(-1).float()
+        if self.device.type == "cuda":
+            xdt = torch.float32 if self.kernel is not None else self.pool.gate_up.dtype
+            xh = torch.empty(x.shape, dtype=xdt, pin_memory=True)
+            ch = torch.empty(codes.shape, dtype=codes.dtype, pin_memory=True)
+            wh = torch.empty(w.shape, dtype=w.dtype, pin_memory=True)
+            xh.copy_(x.to(xdt), non_blocking=True)  # convert on the device, then one D2H copy
+            ch.copy_(codes, non_blocking=True)
+            wh.copy_(w, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+
+            def job() -> CpuResult:
+                ready.synchronize()  # the worker thread waits, the engine thread does not
+                return self._run(xh, ch, wh, k)
+
+            return CpuHandle(self.device, future=self._exec.submit(job))
+        if self.kernel is not None:  # no thread handoff: the kernel's own workers run it, GIL released
+            return CpuHandle(self.device, direct=_submit_routes(self.kernel, self.pool, x, codes, w, k))
+        xc = x.to(self.pool.gate_up.dtype)
+        return CpuHandle(self.device, future=self._exec.submit(self._run, xc, codes, w, k))
+
+    def wait(self, handle: CpuHandle) -> tuple[torch.Tensor, CpuResult]:
+        """The float32 partial [T, D] on the compute device, and the worker's measurements."""
+        if handle.direct is not None:
+            assert self.kernel is not None
+            self.kernel.wait()
+            res = handle.direct
+            res.seconds = time.perf_counter() - res.seconds
+        else:
+            assert handle.future is not None
+            res = handle.future.result()
+        out = res.out
+        if handle.device.type == "cuda":
+            out = out.pin_memory().to(handle.device, non_blocking=True)
+        return out, res
+
+    def close(self) -> None:
+        self._exec.shutdown(wait=True)
+        if self.kernel is not None:
+            self.kernel.close()

@@ -1,0 +1,109 @@
+"""``hybrid``: of each layer's m misses, q are filled into slots and run on the GPU, m - q run on the CPU.
+
+``q = clamp(round(m * share), 1, m)`` on the device, capped by the slots this step does not read; the
+share comes from ``SplitPolicy`` (fill_fraction, machine profile, online refinement). Branch bandwidths
+are measured without host syncs: the CPU worker times itself; on CUDA the fills are bracketed by
+events whose times (and q, copied to pinned memory) are read at the next ``begin_step`` once done.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from freetoken.config import EngineConfig
+from freetoken.experts.base import ExpertBanks
+from freetoken.experts.cpu_backend import CpuBackend
+from freetoken.experts.pool import HostExpertPool
+from freetoken.experts.slot_backend import SlotBackend, make_pool, needs_cpu_fallback
+from freetoken.experts.slot_plan import StepPlan
+from freetoken.experts.split import SplitPolicy, load_machine_profile
+
+_MAX_PENDING_RECORDS = 4096
+
+
+@dataclass
+class _CopyRecord:
+    start: torch.cuda.Event
+    end: torch.cuda.Event
+    q: torch.Tensor  # [1] pinned host copy of copy_count
+
+
+class HybridBackend(SlotBackend):
+    name = "hybrid"
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        pool: HostExpertPool,
+        device: torch.device,
+        dtype: torch.dtype,
+        profile: dict[str, object] | None = None,
+    ) -> None:
+        super().__init__(config, pool, device, dtype, with_cpu=True)
+        prof = profile if profile is not None else load_machine_profile()
+        self.policy = SplitPolicy.create(config.fill_fraction, prof)
+        self.share.fill_(self.policy.share)
+        self._records: list[_CopyRecord] = []
+        self._copy_bytes, self._copy_s, self._cpu_bytes, self._cpu_s = 0, 0.0, 0, 0.0
+
+    def forward(
+        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
+    ) -> torch.Tensor:
+        return self.split_forward(layer, x, topk_ids, topk_w, min_fill=1)
+
+    def begin_step(self, num_tokens: int, is_decode: bool) -> None:
+        """Safe point: fold finished measurements into the split and publish the new share."""
+        self._fold_copy_records()
+        if self._copy_bytes or self._cpu_bytes:
+            self.policy.observe(self._copy_bytes, self._copy_s, self._cpu_bytes, self._cpu_s)
+            self._copy_bytes, self._copy_s, self._cpu_bytes, self._cpu_s = 0, 0.0, 0, 0.0
+            self.share.fill_(self.policy.share)
+
+    def _copy(self, plan: StepPlan) -> None:
+        if self.device.type != "cuda":
+            t0 = time.perf_counter()
+            self.cache.copy(plan)
+            self._copy_s += time.perf_counter() - t0
+            self._copy_bytes += int(plan.copy_count) * self.pool.expert_bytes  # a CPU tensor: no sync
+            return
+        if len(self._records) >= _MAX_PENDING_RECORDS:
+            self.cache.copy(plan)
+            return
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        q = torch.empty(1, dtype=torch.long, pin_memory=True)
+        start.record()
+        self.cache.copy(plan)
+        q.copy_(plan.copy_count.reshape(1), non_blocking=True)  # before `end`: done when `end` is
+        end.record()
+        self._records.append(_CopyRecord(start, end, q))
+
+    def _fold_copy_records(self) -> None:
+        keep: list[_CopyRecord] = []
+        for r in self._records:
+            if not r.end.query():  # not finished: never wait for it
+                keep.append(r)
+                continue
+            self._copy_s += r.start.elapsed_time(r.end) / 1e3
+            self._copy_bytes += int(r.q[0]) * self.pool.expert_bytes
+        self._records = keep
+
+    def _after_cpu(self, experts: int, seconds: float) -> None:
+        self._cpu_bytes += experts * self.pool.expert_bytes
+        self._cpu_s += seconds
+
+    def stats(self) -> dict[str, int | float]:
+        s = super().stats()
+        s["share"] = self.policy.share
+        return s
+
+
+def create(
+    config: EngineConfig, banks: ExpertBanks, device: torch.device, dtype: torch.dtype
+) -> HybridBackend | CpuBackend:
+    pool = make_pool(banks, device, dtype)
+    if needs_cpu_fallback(pool, device, "hybrid"):
+        return CpuBackend(config, pool, device, dtype)
+    return HybridBackend(config, pool, device, dtype)

@@ -1,0 +1,54 @@
+"""``offload``: every routed expert runs on the GPU; misses are copied into LRU-victim slots.
+
+A round fills as many misses as the slots this round does not read allow; when a step's misses exceed
+them (a small cache, a long prefill chunk), further rounds serve the rest after the earlier rounds'
+kernels (same stream), so every slot becomes a victim candidate again. The round count is a host
+bound from shapes only: ceil(min(T*k, E) / S); rounds with nothing left do no work.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from freetoken.config import EngineConfig
+from freetoken.experts.base import ExpertBanks
+from freetoken.experts.cpu_backend import CpuBackend
+from freetoken.experts.pool import HostExpertPool
+from freetoken.experts.sizing import check_slots_cover_topk
+from freetoken.experts.slot_backend import SlotBackend, make_pool, needs_cpu_fallback
+
+
+class OffloadBackend(SlotBackend):
+    name = "offload"
+
+    def __init__(self, config: EngineConfig, pool: HostExpertPool, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__(config, pool, device, dtype, with_cpu=False)
+
+    def rounds(self, num_routes: int) -> int:
+        distinct = min(num_routes, self.pool.num_experts)
+        return -(-distinct // self.cache.num_slots)
+
+    def forward(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
+        if topk_ids.numel() == 0:
+            return torch.zeros_like(x)
+        check_slots_cover_topk(self.cache.num_slots, topk_ids.shape[1])
+        plan = self.cache.group_and_plan(layer, topk_ids, self._one, min_fill=1)
+        groups = plan.groups
+        out = self._gpu(x, groups, plan, topk_w)
+        self._count(plan, True, None)
+        pending = groups.valid & (plan.slot < 0)
+        for _ in range(1, self.rounds(topk_ids.numel())):
+            plan = self.cache.plan(groups, pending, self._one, min_fill=1)
+            out = out + self._gpu(x, groups, plan, topk_w)
+            self._count(plan, False, None)
+            pending = pending & (plan.slot < 0)
+        return out.to(x.dtype)
+
+
+def create(
+    config: EngineConfig, banks: ExpertBanks, device: torch.device, dtype: torch.dtype
+) -> OffloadBackend | CpuBackend:
+    pool = make_pool(banks, device, dtype)
+    if needs_cpu_fallback(pool, device, "offload"):
+        return CpuBackend(config, pool, device, dtype)
+    return OffloadBackend(config, pool, device, dtype)

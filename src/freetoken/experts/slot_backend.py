@@ -1,0 +1,126 @@
+"""What every slot-cache backend shares: pool, slot cache, device counters, the GPU+CPU split step.
+
+``split_forward`` is one layer step with a GPU branch (hits + q fills, from slots) and a CPU branch
+(the other misses, from the pool). The CPU branch is submitted first and runs while the fills copy and
+the grouped GEMM run; ``out = gpu_partial + cpu_partial`` (float32 sum, then the compute dtype).
+Subclasses choose the share of misses to fill and the residency policy.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from freetoken.config import EngineConfig
+from freetoken.experts.base import ExpertBackend, ExpertBanks
+from freetoken.experts.counters import DeviceCounters
+from freetoken.experts.cpu_runner import CpuExpertRunner
+from freetoken.experts.grouped_gemm import grouped_experts
+from freetoken.experts.pool import HostExpertPool
+from freetoken.experts.sizing import check_slots_cover_topk, resolve_slots
+from freetoken.experts.slot_cache import SlotCache
+from freetoken.experts.slot_plan import RouteGroups, StepPlan
+
+log = logging.getLogger(__name__)
+
+
+def make_pool(banks: ExpertBanks, device: torch.device, dtype: torch.dtype) -> HostExpertPool:
+    """The host pool, pinned when the compute device is a GPU."""
+    return HostExpertPool(banks, dtype=dtype, pin=device.type == "cuda")
+
+
+def needs_cpu_fallback(pool: HostExpertPool, device: torch.device, name: str) -> bool:
+    """A GPU backend over an unpinned pool would copy at pageable speed: use the cpu backend instead."""
+    if device.type == "cuda" and not pool.pinned:
+        log.warning("moe backend %r needs a pinned expert pool; falling back to 'cpu'", name)
+        return True
+    return False
+
+
+class SlotBackend(ExpertBackend):
+    name = "slots"
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        pool: HostExpertPool,
+        device: torch.device,
+        dtype: torch.dtype,
+        num_slots: int | None = None,
+        with_cpu: bool = True,
+    ) -> None:
+        self.config = config
+        self.pool = pool
+        self.device = device
+        self.dtype = dtype
+        if num_slots is None:
+            num_slots = resolve_slots(config.expert_cache, pool.num_rows, pool.expert_bytes, device)
+        self.cache = SlotCache(pool, num_slots, device)
+        self.counters = DeviceCounters(device)
+        self.cpu = CpuExpertRunner(pool, device, config.cpu_threads) if with_cpu else None
+        self.share = torch.zeros((), dtype=torch.float32, device=device)  # device scalar read by plans
+        self._one = torch.ones((), dtype=torch.float32, device=device)
+        self._zero = torch.zeros((), dtype=torch.long, device=device)
+
+    # -- shared step pieces ----------------------------------------------------------------------------
+    def _copy(self, plan: StepPlan) -> None:
+        """The round's batched fill (subclasses may time it)."""
+        self.cache.copy(plan)
+
+    def _gpu(self, x: torch.Tensor, groups: RouteGroups, plan: StepPlan, topk_w: torch.Tensor) -> torch.Tensor:
+        self._copy(plan)
+        return grouped_experts(x, groups, plan.slot, topk_w, self.cache.slot_gate_up, self.cache.slot_down)
+
+    def _count(self, plan: StepPlan, first_round: bool, cpu_runs: torch.Tensor | None) -> None:
+        cpu = self._zero if cpu_runs is None else cpu_runs
+        self.counters.add_step(plan.num_hits, plan.num_misses, plan.copy_count, cpu, first_round)
+
+    def split_forward(
+        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor, min_fill: int
+    ) -> torch.Tensor:
+        """Hits and q fills on the GPU, the other misses on the CPU, concurrently."""
+        assert self.cpu is not None
+        if topk_ids.numel() == 0:
+            return torch.zeros_like(x)
+        check_slots_cover_topk(self.cache.num_slots, topk_ids.shape[1])
+        plan = self.cache.group_and_plan(layer, topk_ids, self.share, min_fill)
+        handle = self.cpu.submit(x, plan.route_code, topk_w)  # CPU branch first
+        gpu = self._gpu(x, plan.groups, plan, topk_w)
+        cpu, res = self.cpu.wait(handle)
+        self._after_cpu(res.experts, res.seconds)
+        self._count(plan, True, plan.num_misses - plan.copy_count)
+        return (gpu + cpu).to(x.dtype)
+
+    def _after_cpu(self, experts: int, seconds: float) -> None:  # noqa: B027 - optional hook
+        """Hook: timing of the CPU branch."""
+
+    def resize_expert_cache(self, num_slots: int) -> None:
+        """Elastic memory, at a safe point between steps: see ``SlotCache.resize``."""
+        self.cache.resize(num_slots)
+
+    # -- reporting -------------------------------------------------------------------------------------
+    def stats(self) -> dict[str, int | float]:
+        c = self.counters.read()
+        eb = self.pool.expert_bytes
+        return {
+            "expert_hits": c["hits"],
+            "expert_misses": c["misses"],
+            "expert_fills": c["fills"],
+            "expert_cpu_runs": c["cpu_runs"],
+            "pcie_bytes": c["fills"] * eb,
+            "cpu_bytes": c["cpu_runs"] * eb,
+            "q_last": c["q_last"],
+            "q_mean": c["fills"] / c["miss_layers"] if c["miss_layers"] else 0.0,
+            "expert_slots": self.cache.num_slots,
+            "layer_steps": c["layer_steps"],
+        }
+
+    def check_integrity(self) -> None:
+        self.cache.check_integrity()
+
+    def close(self) -> None:
+        """Stop the CPU workers and release the pool's pinning (the backend is unusable after)."""
+        if self.cpu is not None:
+            self.cpu.close()
+        self.pool.close()

@@ -1,0 +1,365 @@
+"""Every expert backend equals ``moe_reference`` on random banks and routing, and counts what it did."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+
+import pytest
+import torch
+
+from freetoken.config import EngineConfig
+from freetoken.experts.auto import choose_backend
+from freetoken.experts.base import ExpertBackend, ExpertBanks
+from freetoken.experts.grouped_gemm import grouped_experts_gather, grouped_experts_loop
+from freetoken.experts.reference import moe_reference
+from freetoken.experts.registry import create_backend
+from freetoken.experts.slot_plan import group_routes
+from freetoken.experts.split import DEFAULT_SHARE, SplitPolicy, cpu_pays_off
+
+D, I, K_TOP = 64, 32, 2
+SLOT_BACKENDS = ["offload", "cpu", "hybrid", "static-layers", "static-freq"]
+HAS_CUDA = torch.cuda.is_available()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_intra_op_thread():
+    """Tiny ops: waking torch's intra-op threads on a loaded 2-core machine costs more than the ops."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def make_banks(L: int, E: int, seed: int, device: str = "cpu") -> ExpertBanks:
+    g = torch.Generator().manual_seed(seed)
+    gu = torch.randn(L * E, 2 * I, D, generator=g) / D**0.5
+    dn = torch.randn(L * E, D, I, generator=g) / I**0.5
+    return ExpertBanks(gu.to(device), dn.to(device), L, E)
+
+
+def random_routing(
+    T: int, E: int, g: torch.Generator, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.rand(T, E, generator=g).argsort(dim=1)[:, :K_TOP]
+    w = torch.softmax(torch.randn(T, K_TOP, generator=g), dim=-1)
+    return ids.to(device), w.to(device)
+
+
+def run_steps(
+    backend: ExpertBackend, banks: ExpertBanks, steps: int, seed: int, device: torch.device, max_t: int = 40
+) -> float:
+    """Random steps through every layer; returns the worst relative error against the reference."""
+    g = torch.Generator().manual_seed(seed)
+    L, E = banks.num_layers, banks.num_experts
+    gu, dn = banks.gate_up.to(device), banks.down.to(device)
+    worst = 0.0
+    for _ in range(steps):
+        T = int(torch.randint(1, max_t + 1, (1,), generator=g))
+        backend.begin_step(T, True)
+        for layer in range(L):
+            x = torch.randn(T, D, generator=g).to(device)
+            ids, w = random_routing(T, E, g, device)
+            ref = moe_reference(x, ids + layer * E, w, gu, dn)
+            out = backend.forward(layer, x, ids, w)
+            assert out.shape == ref.shape and out.dtype == ref.dtype
+            worst = max(worst, float((out - ref).abs().max() / ref.abs().max()))
+        backend.check_integrity()
+    return worst
+
+
+@pytest.mark.parametrize("expert_cache", [0.2, 0.5])
+@pytest.mark.parametrize("name", SLOT_BACKENDS)
+def test_backend_equals_reference(name: str, expert_cache: float) -> None:
+    L, E = (3, 12) if expert_cache == 0.2 else (2, 16)
+    banks = make_banks(L, E, seed=1)
+    fill = 0.5 if name == "hybrid" else None
+    cfg = EngineConfig(moe_backend=name, expert_cache=expert_cache, fill_fraction=fill)
+    backend = create_backend(cfg, banks, torch.device("cpu"), torch.float32)
+    assert backend.name == name
+    worst = run_steps(backend, banks, steps=20, seed=2, device=torch.device("cpu"))
+    assert worst < 1e-5
+    s = backend.stats()
+    assert s["expert_slots"] == (0 if name == "cpu" else round(expert_cache * L * E))
+    if name == "offload":
+        assert s["expert_fills"] > 0 and s["expert_cpu_runs"] == 0
+        assert s["pcie_bytes"] == s["expert_fills"] * banks.expert_bytes
+    if name == "cpu":
+        assert s["expert_cpu_runs"] > 0 and s["expert_fills"] == 0 and s["expert_hits"] == 0
+    if name == "hybrid":
+        assert s["expert_fills"] > 0 and s["expert_cpu_runs"] > 0
+        assert s["expert_fills"] + s["expert_cpu_runs"] == s["expert_misses"]
+        assert 1 <= s["q_mean"]
+    if name.startswith("static"):
+        assert s["expert_fills"] == 0 and s["expert_cpu_runs"] > 0
+
+
+def test_static_backends_hit_once_placed() -> None:
+    banks = make_banks(2, 8, seed=3)
+    for name in ("static-layers", "static-freq"):
+        cfg = EngineConfig(moe_backend=name, expert_cache=0.5)
+        backend = create_backend(cfg, banks, torch.device("cpu"), torch.float32)
+        run_steps(backend, banks, steps=12, seed=4, device=torch.device("cpu"))  # > 200 tokens
+        assert backend.stats()["expert_hits"] > 0, name
+        assert backend.cache.size() == 8  # type: ignore[attr-defined]
+
+
+def test_offload_serves_more_misses_than_slots_in_rounds() -> None:
+    banks = make_banks(2, 16, seed=5)
+    cfg = EngineConfig(moe_backend="offload", expert_cache=K_TOP)  # as small as allowed
+    backend = create_backend(cfg, banks, torch.device("cpu"), torch.float32)
+    assert run_steps(backend, banks, steps=6, seed=6, device=torch.device("cpu")) < 1e-5
+    s = backend.stats()
+    assert s["expert_fills"] == s["expert_misses"] > 0  # every miss filled, some in later rounds
+
+
+def test_hybrid_split_follows_fill_fraction() -> None:
+    banks = make_banks(2, 16, seed=7)
+    for frac in (0.0, 1.0):
+        cfg = EngineConfig(moe_backend="hybrid", expert_cache=0.5, fill_fraction=frac)
+        backend = create_backend(cfg, banks, torch.device("cpu"), torch.float32)
+        run_steps(backend, banks, steps=5, seed=8, device=torch.device("cpu"), max_t=3)
+        s = backend.stats()
+        m, layers = s["expert_misses"], s["layer_steps"]
+        if frac == 0.0:  # q = 1 whenever m > 0: the cache keeps warming
+            assert s["expert_fills"] <= layers and s["expert_cpu_runs"] == m - s["expert_fills"]
+        else:  # 3 tokens x 2 experts fit the 16 slots: every miss is filled
+            assert s["expert_cpu_runs"] == 0 and s["expert_fills"] == m
+
+
+def test_expert_cache_bounds() -> None:
+    banks = make_banks(2, 8, seed=9)
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="top-k|fewer than"):
+        b = create_backend(EngineConfig(moe_backend="offload", expert_cache=1), banks, cpu, torch.float32)
+        run_steps(b, banks, steps=1, seed=0, device=cpu)
+    with pytest.raises(ValueError):
+        create_backend(EngineConfig(moe_backend="hybrid", expert_cache=0), banks, cpu, torch.float32)
+    big = create_backend(EngineConfig(moe_backend="offload", expert_cache=1000), banks, cpu, torch.float32)
+    assert big.stats()["expert_slots"] == 16
+
+
+def test_expert_cache_clamp_warns(caplog: pytest.LogCaptureFixture) -> None:
+    banks = make_banks(2, 8, seed=9)
+    with caplog.at_level(logging.WARNING):
+        create_backend(
+            EngineConfig(moe_backend="offload", expert_cache=99), banks, torch.device("cpu"), torch.float32
+        )
+    assert any("exceeds" in r.getMessage() for r in caplog.records)
+
+
+def test_split_policy_sources() -> None:
+    assert SplitPolicy.create(None, None).share == DEFAULT_SHARE
+    assert SplitPolicy.create(0.3, {"b_p": 50.0, "b_h": 25.0}).share == 0.3
+    p = SplitPolicy.create(None, {"b_p_concurrent": 55.0, "b_h_concurrent": 24.0, "b_p": 99.0})
+    assert p.share == pytest.approx(55.0 / 79.0)
+    for _ in range(60):  # the CPU measured as fast as the link: the share converges to 1/2
+        p.observe(copy_bytes=int(55e9), copy_s=1.0, cpu_bytes=int(55e9), cpu_s=1.0)
+    assert p.share == pytest.approx(0.5, abs=1e-3)
+    fixed = SplitPolicy.create(0.25, None)
+    assert fixed.observe(int(1e9), 1.0, int(1e6), 1.0) == 0.25
+
+
+def test_auto_choice() -> None:
+    banks = make_banks(2, 8, seed=1)
+    cuda = torch.device("cuda")
+    fits = banks.pool_bytes * 4
+    assert choose_backend(banks, torch.device("cpu"))[0] == "fused"
+    assert choose_backend(banks, cuda, vram_free=fits, load_profile=False)[0] == "fused"
+    assert choose_backend(banks, cuda, vram_free=1, load_profile=False)[0] == "offload"
+    good = {"b_p": 54.7, "b_h_concurrent": 24.0}
+    slow = {"b_p": 54.7, "b_h_concurrent": 2.0}
+    assert cpu_pays_off(good) and not cpu_pays_off(slow) and not cpu_pays_off(None)
+    assert choose_backend(banks, cuda, vram_free=1, profile=good)[0] == "hybrid"
+    assert choose_backend(banks, cuda, vram_free=1, profile=slow)[0] == "offload"
+
+
+def _groups_case(T: int, E: int, seed: int) -> tuple:
+    g = torch.Generator().manual_seed(seed)
+    banks = make_banks(1, E, seed)
+    x = torch.randn(T, D, generator=g)
+    ids, w = random_routing(T, E, g, torch.device("cpu"))
+    groups = group_routes(ids.reshape(-1), E)
+    # Slot of each group: the expert itself (slots = pool), but every third group runs elsewhere (-1).
+    slot = torch.where(torch.arange(T * K_TOP) % 3 == 2, -1, groups.eid.clamp(max=E - 1))
+    slot = torch.where(groups.valid, slot, -1)
+    gu = torch.cat([banks.gate_up, torch.zeros_like(banks.gate_up[:1])])  # + scratch slot
+    dn = torch.cat([banks.down, torch.zeros_like(banks.down[:1])])
+    on = slot[groups.route_group] >= 0
+    w_on = torch.where(on.view(T, K_TOP), w, torch.zeros_like(w))
+    ref = moe_reference(x, ids, w_on, banks.gate_up, banks.down).float()
+    return x, groups, slot, w, gu, dn, ref
+
+
+@pytest.mark.parametrize("T", [1, 4, 33])
+def test_grouped_experts_torch_paths(T: int) -> None:
+    x, groups, slot, w, gu, dn, ref = _groups_case(T, 12, seed=T)
+    for fn in (grouped_experts_gather, grouped_experts_loop):
+        out = fn(x, groups, slot, w, gu, dn)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+@pytest.mark.parametrize("T", [1, 5, 40])
+def test_triton_kernels_in_interpreter(T: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Triton kernels run on the CPU through Triton's interpreter (TRITON_INTERPRET=1)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("set TRITON_INTERPRET=1 to run the Triton kernels on the CPU")
+    from freetoken.experts.triton_copy import gather_rows_triton
+    from freetoken.experts.triton_gemm import grouped_experts_triton
+
+    x, groups, slot, w, gu, dn, ref = _groups_case(T, 12, seed=T)
+    torch.testing.assert_close(grouped_experts_triton(x, groups, slot, w, gu, dn), ref, rtol=1e-5, atol=1e-5)
+    dst_gu, dst_dn = torch.zeros(6, *gu.shape[1:]), torch.zeros(6, *dn.shape[1:])
+    src, dst = torch.tensor([3, 7, 0, 0]), torch.tensor([2, 0, 5, 5])
+    gather_rows_triton(gu, dn, dst_gu, dst_dn, src, dst, torch.tensor(2))
+    assert torch.equal(dst_gu[2], gu[3]) and torch.equal(dst_dn[0], dn[7])
+    assert dst_gu[5].abs().sum() == 0 and dst_gu[1].abs().sum() == 0  # padding skipped
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("expert_cache", [0.2, 0.5])
+@pytest.mark.parametrize("name", SLOT_BACKENDS)
+def test_backend_equals_reference_cuda(name: str, expert_cache: float) -> None:
+    banks = make_banks(3, 12, seed=1)
+    fill = 0.5 if name == "hybrid" else None
+    cfg = EngineConfig(moe_backend=name, expert_cache=expert_cache, fill_fraction=fill)
+    dev = torch.device("cuda")
+    backend = create_backend(cfg, banks, dev, torch.float32)
+    assert backend.name == name  # not the pageable fallback: the pool was pinned
+    assert run_steps(backend, banks, steps=20, seed=2, device=dev) < 1e-5
+    s = backend.stats()
+    if name in ("offload", "hybrid"):
+        assert s["expert_fills"] > 0
+    if name in ("cpu", "hybrid"):
+        assert s["expert_cpu_runs"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("name", ["offload", "hybrid"])
+def test_backend_bf16_cuda_close_to_reference(name: str) -> None:
+    """bf16: kernels round differently from the reference, so only closeness is asserted."""
+    banks = make_banks(2, 16, seed=11)
+    bf = ExpertBanks(banks.gate_up.bfloat16(), banks.down.bfloat16(), 2, 16)
+    dev = torch.device("cuda")
+    backend = create_backend(EngineConfig(moe_backend=name, expert_cache=0.25), bf, dev, torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    for T in (1, 3, 40):
+        x = torch.randn(T, D, generator=g).to(dev, torch.bfloat16)
+        ids, w = random_routing(T, 16, g, dev)
+        ref = moe_reference(x.float(), ids + 16, w, banks.gate_up.to(dev), banks.down.to(dev))
+        out = backend.forward(1, x, ids, w).float()
+        assert float((out - ref).abs().max() / ref.abs().max()) < 3e-2
+    backend.check_integrity()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_offload_decode_step_never_syncs() -> None:
+    banks = make_banks(3, 16, seed=3)
+    dev = torch.device("cuda")
+    backend = create_backend(
+        EngineConfig(moe_backend="offload", expert_cache=0.25), banks, dev, torch.float32
+    )
+    g = torch.Generator().manual_seed(0)
+    inputs = [(torch.randn(4, D, generator=g).to(dev), *random_routing(4, 16, g, dev)) for _ in range(6)]
+    backend.forward(0, *inputs[0])  # first launches compile the Triton kernels
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for i, (x, ids, w) in enumerate(inputs[1:]):
+            backend.forward(i % 3, x, ids, w)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    backend.check_integrity()
+    assert backend.stats()["expert_fills"] > 0
+
+
+# -- engine level: the same greedy tokens through LLM for every backend (tiny qwen3_moe, fp32) ----------
+ENGINE_STEPS = 12
+
+
+@pytest.fixture(scope="module")
+def tiny_moe(tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    from reference import LOGIT_MARGIN, ROUTER_MARGIN, reference_greedy
+    from tiny_models import save_checkpoint
+
+    d = tmp_path_factory.mktemp("qwen3_moe")
+    model = save_checkpoint("qwen3_moe", d, seed=1)  # 2 MoE layers x 8 experts, top-2
+    g = torch.Generator().manual_seed(1001)
+    prompts = [torch.randint(3, 512, (n,), generator=g).tolist() for n in (5, 13)]
+    refs = [reference_greedy(model, p, ENGINE_STEPS, top_k=2) for p in prompts]
+    for r in refs:  # the near-tie rule (DESIGN §8): this seed is free of ties
+        assert r.min_logit_margin > LOGIT_MARGIN and r.min_router_margin > ROUTER_MARGIN
+    return str(d), prompts, refs
+
+
+@pytest.mark.parametrize("expert_cache", [0.2, 0.5])
+@pytest.mark.parametrize("name", ["fused", *SLOT_BACKENDS])
+def test_engine_greedy_tokens_match(tiny_moe: tuple, name: str, expert_cache: float) -> None:
+    from freetoken import LLM, SamplingParams
+
+    path, prompts, refs = tiny_moe
+    fill = 0.5 if name == "hybrid" else None
+    llm = LLM(path, device="cpu", dtype="float32", moe_backend=name, expert_cache=expert_cache, fill_fraction=fill)
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=ENGINE_STEPS, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [r.tokens for r in refs]
+    llm.check_integrity()
+    s = llm.stats()
+    assert s["moe_backend"] == name
+    if name in ("offload", "hybrid"):
+        assert s["expert_fills"] > 0
+    if name in ("cpu", "hybrid"):
+        assert s["expert_cpu_runs"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_pool_pins_in_place_and_gpu_reads_it() -> None:
+    from freetoken.experts.pool import HostExpertPool
+
+    banks = make_banks(2, 8, seed=1)
+    cuda = torch.device("cuda")
+    pool = HostExpertPool(banks, pin=True)
+    assert pool.pinned and pool.gate_up.data_ptr() == banks.gate_up.data_ptr()  # no second copy
+    second = HostExpertPool(banks, pin=True)  # same banks: the registration is shared and counted
+    pool.close()
+    gu, dn = second.device_views(cuda)
+    idx = torch.tensor([3, 0, 15], device=cuda)
+    assert torch.equal(gu.index_select(0, idx).cpu(), banks.gate_up[[3, 0, 15]])
+    assert torch.equal(dn.index_select(0, idx).cpu(), banks.down[[3, 0, 15]])
+    second.close()
+    assert not banks.gate_up.is_pinned()
+
+
+# -- the decode benchmark on a tiny shape (its figures are meaningless on the CPU; its plumbing is not) -----
+def test_bench_decode_plumbing_and_bound(tmp_path) -> None:
+    import argparse
+
+    import numpy as np
+
+    from freetoken.bench.decode import Bandwidths, add_arguments, layer_bound_s, run_policy
+    from freetoken.bench.presets import MoEShape
+    from freetoken.bench.synthetic import random_banks
+
+    shape = MoEShape("tiny", hidden=64, inter=32, experts=16, top_k=2, layers=2)
+    trace = np.sort(np.random.default_rng(0).integers(0, 16, (50, 2, 2)), axis=-1).astype(np.uint8)
+    np.save(tmp_path / "t.npy", trace)
+    args = add_arguments(argparse.ArgumentParser()).parse_args(
+        ["--layers", "2", "--steps", "6", "--warmup-tokens", "4", "--routing-trace", str(tmp_path / "t.npy")]
+    )
+    banks = random_banks(shape, 2, torch.float32)
+    dev = torch.device("cpu")
+    r = {p: run_policy(p, banks, shape, args, dev, torch.float32) for p in ("offload", "hybrid", "cpu")}
+    assert r["cpu"].miss_rate == 1.0 and r["cpu"].pcie_mb_per_token == 0
+    assert r["offload"].cpu_mb_per_token == 0 and r["offload"].fills_per_layer_step > 0
+    bw = Bandwidths(copy=50.0, cpu=20.0, copy_c=40.0, cpu_c=20.0, source="test")
+    gb = banks.expert_bytes / 1e9
+    off = r["offload"]
+    assert layer_bound_s(off, banks.expert_bytes, bw, 0.0) == pytest.approx(off.misses_per_layer_step * gb / 50.0)
+    hyb = r["hybrid"]
+    assert layer_bound_s(hyb, banks.expert_bytes, bw, 0.0) == pytest.approx(hyb.misses_per_layer_step * gb / 60.0)
+    assert layer_bound_s(hyb, banks.expert_bytes, bw, 1.0) == 1.0  # the GPU term dominates
