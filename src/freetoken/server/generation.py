@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from freetoken.chat import events as ev
-from freetoken.chat.template import render_and_tokenize
+from freetoken.chat import make_stream_parser, prompt_opens_reasoning
 from freetoken.engine.sampling_params import SamplingParams
 from freetoken.server.errors import APIError, context_overflow, from_engine_error
 from freetoken.server.internal import ChatRequest, Completion, Finish, FinishReason, ToolCall
@@ -38,10 +38,14 @@ class Prepared:
 
 
 class Generation:
-    def __init__(self, engine: AsyncLLM, family: str, metrics: ServerMetrics) -> None:
+    def __init__(
+        self, engine: AsyncLLM, metrics: ServerMetrics, family: str | None,
+        tool_parser: str | None = None, reasoning_parser: str | None = None,
+    ) -> None:
         self.engine = engine
-        self.family = family
         self.metrics = metrics
+        self.family = family  # None: plain text output (no tool or reasoning markup known)
+        self.parser_overrides = {"tool_parser": tool_parser, "reasoning_parser": reasoning_parser}
 
     # ---- prompt -------------------------------------------------------------------------
     def render(self, req: ChatRequest) -> list[int]:
@@ -52,6 +56,8 @@ class Generation:
         kwargs: dict[str, Any] = {"add_generation_prompt": True, **req.template_kwargs}
         if req.reasoning is not None:
             kwargs["enable_thinking"] = req.reasoning
+        from freetoken.chat.template import render_and_tokenize
+
         try:
             return render_and_tokenize(tok, self.engine.chat_template, req.messages, tools, **kwargs)
         except APIError:
@@ -87,23 +93,19 @@ class Generation:
         return list(req.tools)
 
     def _starts_in_reasoning(self, prompt_ids: list[int]) -> bool:
-        from freetoken.chat.registry import prompt_ends_in_reasoning
-
         tok = self.engine.tokenizer
         tail = tok.decode(prompt_ids[-8:], skip_special_tokens=False) if tok is not None else ""
-        return bool(prompt_ends_in_reasoning(self.family, tail))
+        return prompt_opens_reasoning(tail)
 
     # ---- generation ---------------------------------------------------------------------
     async def stream(self, prep: Prepared, request_id: str | None = None) -> AsyncIterator[Event]:
         """Parser events, then one ``Finish``. Raises ``APIError`` before the first event on refusal."""
-        from freetoken.chat.registry import make_stream_parser
-
         req = prep.request
-        parse_tools = [] if req.tool_choice.mode == "none" else self._prompt_tools(req)
         parser = make_stream_parser(
-            self.family, [t.template_dict() for t in parse_tools], prep.starts_in_reasoning,
-            reasoning=req.reasoning is not False or prep.starts_in_reasoning,
+            self.family, [t.template_dict() for t in self._prompt_tools(req)], prep.starts_in_reasoning,
+            reasoning=True, **self.parser_overrides,
         )
+        shaper = _Shaper(req.parallel_tool_calls)
         rid = request_id or f"req-{uuid.uuid4().hex}"
         start = time.perf_counter()
         first_at: float | None = None
@@ -120,7 +122,7 @@ class Generation:
                         self.metrics.first_token(first_at - start)
                     out_ids.extend(out.new_token_ids)
                     text.append(out.new_text)
-                    for e in parser.feed(out.new_text) if out.new_text else []:
+                    for e in shaper.apply(parser.feed(out.new_text) if out.new_text else []):
                         saw_tool = saw_tool or isinstance(e, ev.ToolCallStart)
                         yield e
                     if out.finished:
@@ -130,7 +132,7 @@ class Generation:
                         completion_tokens = out.completion_tokens or len(out_ids)
                         prompt_tokens = out.prompt_tokens or prompt_tokens
                         break
-            for e in parser.finish():
+            for e in shaper.apply(parser.finish()):
                 saw_tool = saw_tool or isinstance(e, ev.ToolCallStart)
                 yield e
         except APIError:
@@ -192,3 +194,29 @@ class Generation:
     async def first_event(self, events: AsyncIterator[Event]) -> Event:
         """The first event, so refusals (queue full, too long) become HTTP errors before headers go out."""
         return await events.__anext__()
+
+
+class _Shaper:
+    """Tidies parser events for clients: whitespace that follows reasoning or a tool call is held
+    back until visible text follows (then dropped), so no blank text block sits between reasoning
+    and a call; with ``parallel_tool_calls`` off only the first call is kept."""
+
+    def __init__(self, parallel: bool) -> None:
+        self.parallel = parallel
+        self.trim = False  # True after a non-content event, until visible content arrives
+
+    def apply(self, events: list[Any]) -> list[Any]:
+        out: list[Any] = []
+        for e in events:
+            if isinstance(e, ev.ContentDelta):
+                text = e.text.lstrip() if self.trim else e.text
+                if text:
+                    self.trim = False
+                    out.append(ev.ContentDelta(text))
+                continue
+            self.trim = True
+            index = getattr(e, "index", None)
+            if not self.parallel and index is not None and index > 0:
+                continue
+            out.append(e)
+        return out

@@ -53,11 +53,14 @@ class ServerState:
         if eng.state != "ready":
             raise APIError("server_error", f"the engine is not running: {eng.error or eng.state}")
         if self._generation is None:
-            from freetoken.chat.registry import family_for
+            from freetoken.chat import detect_family
             from freetoken.server.generation import Generation
 
-            family = family_for(eng.model_type, self.config.tool_parser, eng.chat_template)
-            self._generation = Generation(eng, family, self.metrics)
+            cfg = self.config
+            self._generation = Generation(
+                eng, self.metrics, detect_family(eng.model_type, eng.chat_template),
+                tool_parser=cfg.tool_parser, reasoning_parser=cfg.reasoning_parser,
+            )
         return self._generation
 
 
