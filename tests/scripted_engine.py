@@ -19,22 +19,34 @@ from freetoken.engine.sampling_params import SamplingParams
 QWEN_LIKE_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n"
     "{% endif %}# Tools\n<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n</tools>\n"
-    "Call a tool as <tool_call>\n{\"name\": ..., \"arguments\": ...}\n</tool_call><|im_end|>\n"
-    "{%- elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n{%- endif %}"
+    'Call a tool as <tool_call>\n{"name": ..., "arguments": ...}\n</tool_call><|im_end|>\n'
+    "{%- elif messages[0].role == 'system' %}"
+    "<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n{%- endif %}"
     "{%- for m in messages %}"
     "{%- if m.role == 'user' or (m.role == 'system' and not loop.first) %}"
     "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
     "{%- elif m.role == 'assistant' %}<|im_start|>assistant\n"
     "{%- if m.reasoning_content %}<think>\n{{ m.reasoning_content }}\n</think>\n\n{% endif %}{{ m.content }}"
-    "{%- for tc in m.tool_calls or [] %}\n<tool_call>\n{\"name\": \"{{ tc.function.name }}\", \"arguments\": "
+    '{%- for tc in m.tool_calls or [] %}\n<tool_call>\n{"name": "{{ tc.function.name }}", "arguments": '
     "{{ tc.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
-    "{%- elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{%- elif m.role == 'tool' %}"
+    "<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
     "{%- endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n"
-    "{%- if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{%- endif %}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "<think>\n\n</think>\n\n{% endif %}{%- endif %}"
 )
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
-            "<tool_response>", "</tool_response>"]
+SPECIALS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+]
 
 
 def build_tokenizer(path: str) -> Any:
@@ -45,14 +57,21 @@ def build_tokenizer(path: str) -> Any:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    corpus = ["hello world, the quick brown fox jumps over the lazy dog. " * 3,
-              '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}',
-              "You are a helpful assistant. Think step by step and answer briefly."]
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    corpus = [
+        "hello world, the quick brown fox jumps over the lazy dog. " * 3,
+        '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}',
+        "You are a helpful assistant. Think step by step and answer briefly.",
+    ]
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(corpus, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   additional_special_tokens=SPECIALS[1:2] + SPECIALS[3:])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIALS[1:2] + SPECIALS[3:],
+    )
     fast.chat_template = QWEN_LIKE_TEMPLATE
     os.makedirs(path, exist_ok=True)
     fast.save_pretrained(path)
@@ -62,9 +81,16 @@ def build_tokenizer(path: str) -> Any:
 class ScriptedEngine:
     """``script(prompt_ids) -> text`` decides the reply; by default a fixed function of the prompt."""
 
-    def __init__(self, tokenizer: Any, script: Callable[[list[int]], str] | None = None,
-                 max_model_len: int = 256, step_s: float = 0.002, max_running: int = 4, max_queued: int = 8,
-                 model_name: str = "tiny") -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        script: Callable[[list[int]], str] | None = None,
+        max_model_len: int = 256,
+        step_s: float = 0.002,
+        max_running: int = 4,
+        max_queued: int = 8,
+        model_name: str = "tiny",
+    ) -> None:
         self.tokenizer = tokenizer
         self.chat_template: str | None = tokenizer.chat_template
         self.model_name = model_name
@@ -73,8 +99,9 @@ class ScriptedEngine:
         self.eos_token_ids = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
         self.state = "ready"
         self.error: str | None = None
-        self.script = script or (lambda ids: " ".join(["hello", "world", "fox", "dog"][i % 4]
-                                                      for i in ids[-6:]))
+        self.script = script or (
+            lambda ids: " ".join(["hello", "world", "fox", "dog"][i % 4] for i in ids[-6:])
+        )
         self.step_s = step_s
         self._slots = asyncio.Semaphore(max_running)
         self.max_queued = max_queued
@@ -87,8 +114,15 @@ class ScriptedEngine:
         return None
 
     def stats(self) -> dict[str, Any]:
-        return {"running": self.running, "waiting": self.waiting, "finished": self.finished,
-                "aborted": self.aborted, "expert_hits": 3, "expert_fills": 1, "expert_cpu_runs": 0}
+        return {
+            "running": self.running,
+            "waiting": self.waiting,
+            "finished": self.finished,
+            "aborted": self.aborted,
+            "expert_hits": 3,
+            "expert_fills": 1,
+            "expert_cpu_runs": 0,
+        }
 
     def check_integrity(self) -> None:
         assert self.running == 0 and self.waiting == 0, (self.running, self.waiting)
@@ -96,8 +130,9 @@ class ScriptedEngine:
     async def shutdown(self, drain: bool = True) -> None:
         self.state = "dead"
 
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
-                       request_id: str) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
         if self.state == "dead":
             raise EngineDeadError(self.error or "engine stopped")
         if len(prompt_token_ids) >= self.max_model_len:
@@ -121,7 +156,7 @@ class ScriptedEngine:
                 emitted += 1
                 is_eos = tid in self.eos_token_ids
                 full = self.tokenizer.decode(ids[: n + 1 - int(is_eos)], skip_special_tokens=False)
-                new, text = full[len(text):], full
+                new, text = full[len(text) :], full
                 stop_hit = next((s for s in params.stop_strings if s in text), None)
                 if stop_hit is not None:
                     new = new[: len(new) - (len(text) - text.index(stop_hit))]

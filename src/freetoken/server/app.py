@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -29,21 +30,36 @@ def check_api_key(request: Request) -> None:
     auth = request.headers.get("authorization", "")
     given = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
     if not given or not hmac.compare_digest(given.encode(), key.encode()):
-        raise APIError("authentication", "invalid or missing API key (send Authorization: Bearer KEY or x-api-key)")
+        raise APIError(
+            "authentication", "invalid or missing API key (send Authorization: Bearer KEY or x-api-key)"
+        )
 
 
-def build_app(engine: AsyncLLM, config: ServerConfig | None = None, own_engine: bool = True) -> FastAPI:
-    """``own_engine``: shut the engine down when the app stops (after in-flight requests drained)."""
+def build_app(
+    engine: AsyncLLM | Callable[[], AsyncLLM],
+    config: ServerConfig | None = None,
+    own_engine: bool = True,
+    on_ready: Callable[[ServerState], None] | None = None,
+) -> FastAPI:
+    """``engine``: a started engine, or a factory called on the server's event loop at startup.
+    ``own_engine``: shut the engine down when the app stops (after in-flight requests drained).
+    ``on_ready``: called once the model has loaded (``ft serve`` prints its URL there)."""
     from freetoken.server.anthropic import router as anthropic_router
     from freetoken.server.openai import router as openai_router
 
-    state = ServerState(engine, config or ServerConfig())
+    factory = engine if callable(engine) and not hasattr(engine, "generate") else None
+    state = ServerState(None if factory else engine, config or ServerConfig())  # type: ignore[arg-type]
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if factory is not None:
+            state.engine = factory()
+        watcher = asyncio.ensure_future(_announce(state, on_ready)) if on_ready else None
         yield
+        if watcher is not None:
+            watcher.cancel()
         if own_engine:
-            await engine.shutdown(drain=False)
+            await state.engine.shutdown(drain=False)
 
     app = FastAPI(title="FreeToken", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.freetoken = state
@@ -53,6 +69,14 @@ def build_app(engine: AsyncLLM, config: ServerConfig | None = None, own_engine: 
     _add_control_routes(app, state)
     _add_error_handlers(app, state)
     return app
+
+
+async def _announce(state: ServerState, on_ready: Callable[[ServerState], None]) -> None:
+    try:
+        await state.engine.wait_ready()
+    except Exception:
+        return  # /health reports the failure
+    on_ready(state)
 
 
 def _add_control_routes(app: FastAPI, state: ServerState) -> None:

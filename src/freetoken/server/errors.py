@@ -10,7 +10,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 Kind = Literal[
-    "invalid_request", "authentication", "not_found", "context_length", "overloaded", "server_error", "unavailable"
+    "invalid_request",
+    "authentication",
+    "not_found",
+    "context_length",
+    "overloaded",
+    "server_error",
+    "unavailable",
 ]
 
 # kind -> (OpenAI status, OpenAI type, Anthropic status, Anthropic type)

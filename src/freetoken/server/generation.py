@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from freetoken.server.metrics import ServerMetrics
 
 Event = Any  # one of freetoken.chat.events' dataclasses, or Finish
+Events = AsyncGenerator[Any, None]
 
 
 @dataclass
@@ -39,13 +40,17 @@ class Prepared:
 
 class Generation:
     def __init__(
-        self, engine: AsyncLLM, metrics: ServerMetrics, family: str | None,
-        tool_parser: str | None = None, reasoning_parser: str | None = None,
+        self,
+        engine: AsyncLLM,
+        metrics: ServerMetrics,
+        family: str | None,
+        tool_parser: str | None = None,
+        reasoning_parser: str | None = None,
     ) -> None:
         self.engine = engine
         self.metrics = metrics
         self.family = family  # None: plain text output (no tool or reasoning markup known)
-        self.parser_overrides = {"tool_parser": tool_parser, "reasoning_parser": reasoning_parser}
+        self.tool_parser, self.reasoning_parser = tool_parser, reasoning_parser
 
     # ---- prompt -------------------------------------------------------------------------
     def render(self, req: ChatRequest) -> list[int]:
@@ -98,12 +103,16 @@ class Generation:
         return prompt_opens_reasoning(tail)
 
     # ---- generation ---------------------------------------------------------------------
-    async def stream(self, prep: Prepared, request_id: str | None = None) -> AsyncIterator[Event]:
+    async def stream(self, prep: Prepared, request_id: str | None = None) -> AsyncGenerator[Event, None]:
         """Parser events, then one ``Finish``. Raises ``APIError`` before the first event on refusal."""
         req = prep.request
         parser = make_stream_parser(
-            self.family, [t.template_dict() for t in self._prompt_tools(req)], prep.starts_in_reasoning,
-            reasoning=True, **self.parser_overrides,
+            self.family,
+            [t.template_dict() for t in self._prompt_tools(req)],
+            prep.starts_in_reasoning,
+            reasoning=True,
+            tool_parser=self.tool_parser,
+            reasoning_parser=self.reasoning_parser,
         )
         shaper = _Shaper(req.parallel_tool_calls)
         rid = request_id or f"req-{uuid.uuid4().hex}"
@@ -127,7 +136,9 @@ class Generation:
                         yield e
                     if out.finished:
                         if out.finish_reason == "error":
-                            raise APIError("server_error", f"generation failed: {out.error or 'engine error'}")
+                            raise APIError(
+                                "server_error", f"generation failed: {out.error or 'engine error'}"
+                            )
                         reason = out.finish_reason or "stop"
                         completion_tokens = out.completion_tokens or len(out_ids)
                         prompt_tokens = out.prompt_tokens or prompt_tokens
@@ -144,8 +155,14 @@ class Generation:
         yield self._finish(prep, reason, saw_tool, "".join(text), out_ids, prompt_tokens, completion_tokens)
 
     def _finish(
-        self, prep: Prepared, reason: str, saw_tool: bool, text: str, out_ids: list[int],
-        prompt_tokens: int, completion_tokens: int,
+        self,
+        prep: Prepared,
+        reason: str,
+        saw_tool: bool,
+        text: str,
+        out_ids: list[int],
+        prompt_tokens: int,
+        completion_tokens: int,
     ) -> Finish:
         final: FinishReason
         stop_seq = None
@@ -191,7 +208,7 @@ class Generation:
         assert finish is not None
         return Completion("".join(content), "".join(reasoning), [calls[i] for i in sorted(calls)], finish)
 
-    async def first_event(self, events: AsyncIterator[Event]) -> Event:
+    async def first_event(self, events: AsyncGenerator[Event, None]) -> Event:
         """The first event, so refusals (queue full, too long) become HTTP errors before headers go out."""
         return await events.__anext__()
 

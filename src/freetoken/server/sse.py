@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable
 from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 T = TypeVar("T")
+Frames = AsyncGenerator[bytes, None]
 
 _HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
 
@@ -26,7 +27,7 @@ def sse(data: Any, event: str | None = None) -> bytes:
     return f"{head}data: {body}\n\n".encode()
 
 
-def sse_response(frames: AsyncIterator[bytes]) -> StreamingResponse:
+def sse_response(frames: AsyncGenerator[bytes, None]) -> StreamingResponse:
     # Starlette cancels the iterator when the client disconnects; the protocol generators use
     # ``aclosing`` around the engine stream, so that cancellation aborts the engine request.
     return StreamingResponse(frames, media_type="text/event-stream", headers=_HEADERS)

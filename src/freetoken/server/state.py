@@ -41,8 +41,9 @@ class ServerState:
         if name not in self.model_names:
             raise APIError(
                 "not_found",
-                f"model {name!r} not found; this server serves {', '.join(repr(n) for n in self.model_names)}",
-                param="model", code="model_not_found",
+                f"model {name!r} not found; this server serves {', '.join(map(repr, self.model_names))}",
+                param="model",
+                code="model_not_found",
             )
 
     def generation(self) -> Generation:
@@ -58,8 +59,11 @@ class ServerState:
 
             cfg = self.config
             self._generation = Generation(
-                eng, self.metrics, detect_family(eng.model_type, eng.chat_template),
-                tool_parser=cfg.tool_parser, reasoning_parser=cfg.reasoning_parser,
+                eng,
+                self.metrics,
+                detect_family(eng.model_type, eng.chat_template),
+                tool_parser=cfg.tool_parser,
+                reasoning_parser=cfg.reasoning_parser,
             )
         return self._generation
 

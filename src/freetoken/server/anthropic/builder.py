@@ -13,8 +13,14 @@ from typing import Any
 from freetoken.chat import events as ev
 from freetoken.server.internal import Finish
 
-_STOP = {"stop": "end_turn", "abort": "end_turn", "stop_sequence": "stop_sequence", "length": "max_tokens",
-         "tool_calls": "tool_use", "error": "end_turn"}
+_STOP = {
+    "stop": "end_turn",
+    "abort": "end_turn",
+    "stop_sequence": "stop_sequence",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "error": "end_turn",
+}
 
 
 def signature(thinking: str) -> str:
@@ -41,11 +47,19 @@ class MessageBuilder:
 
     def message(self) -> dict[str, Any]:
         return {
-            "id": self.id, "type": "message", "role": "assistant", "model": self.model,
-            "content": [dict(b) for b in self.content], "stop_reason": self.stop_reason,
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [dict(b) for b in self.content],
+            "stop_reason": self.stop_reason,
             "stop_sequence": self.stop_sequence,
-            "usage": {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
-                      "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+            "usage": {
+                "input_tokens": self.input_tokens,
+                "output_tokens": self.output_tokens,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            },
         }
 
     def take(self) -> list[tuple[str, dict[str, Any]]]:
@@ -81,11 +95,18 @@ class MessageBuilder:
             self.stop_sequence = e.stop_sequence
             self.output_tokens = e.completion_tokens
             self.input_tokens = e.prompt_tokens
-            self.emit("message_delta", {
-                "delta": {"stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence},
-                "usage": {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
-                          "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
-            })
+            self.emit(
+                "message_delta",
+                {
+                    "delta": {"stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence},
+                    "usage": {
+                        "input_tokens": self.input_tokens,
+                        "output_tokens": self.output_tokens,
+                        "cache_creation_input_tokens": 0,
+                        "cache_read_input_tokens": 0,
+                    },
+                },
+            )
             self.emit("message_stop", {})
 
     def _open_type(self) -> str | None:
@@ -108,8 +129,10 @@ class MessageBuilder:
         if block["type"] == "thinking":
             block["thinking"] = text
             block["signature"] = signature(text)
-            self.emit("content_block_delta", {"index": index,
-                                              "delta": {"type": "signature_delta", "signature": block["signature"]}})
+            self.emit(
+                "content_block_delta",
+                {"index": index, "delta": {"type": "signature_delta", "signature": block["signature"]}},
+            )
         elif block["type"] == "text":
             block["text"] = text
         else:

@@ -33,7 +33,9 @@ def to_internal(body: _Conversation) -> ChatRequest:
         raise APIError.invalid("messages: at least one user message is required", param="messages")
     if system:
         messages.insert(0, {"role": "system", "content": normalise_billing_header(system)})
-    tools = [ToolSpec(t.name, t.description or "", t.input_schema) for t in body.tools or [] if t.input_schema]
+    tools = [
+        ToolSpec(t.name, t.description or "", t.input_schema) for t in body.tools or [] if t.input_schema
+    ]
     choice, parallel = ToolChoice("auto"), True
     if body.tool_choice is not None:
         tc = body.tool_choice
@@ -41,8 +43,14 @@ def to_internal(body: _Conversation) -> ChatRequest:
         choice = ToolChoice(mode, tc.name)  # type: ignore[arg-type]
         parallel = not tc.disable_parallel_tool_use
     reasoning = None if body.thinking is None else body.thinking.type != "disabled"
-    req = ChatRequest(model=body.model, messages=messages, tools=tools, tool_choice=choice,
-                      parallel_tool_calls=parallel, reasoning=reasoning)
+    req = ChatRequest(
+        model=body.model,
+        messages=messages,
+        tools=tools,
+        tool_choice=choice,
+        parallel_tool_calls=parallel,
+        reasoning=reasoning,
+    )
     if isinstance(body, MessagesRequest):
         req.max_tokens = body.max_tokens
         req.stop = list(body.stop_sequences or [])
@@ -64,8 +72,9 @@ def _plain_text(content: str | list[ContentBlock], where: str) -> str:
     out: list[str] = []
     for i, b in enumerate(content):
         if b.type != "text" or b.text is None:
-            raise APIError.invalid(f"{where}[{i}]: only text blocks are allowed here, got {b.type!r}",
-                                   param=f"{where}.{i}")
+            raise APIError.invalid(
+                f"{where}[{i}]: only text blocks are allowed here, got {b.type!r}", param=f"{where}.{i}"
+            )
         out.append(b.text)
     return "\n".join(out)
 
@@ -88,8 +97,9 @@ def _user(m: Message, i: int) -> list[dict[str, Any]]:
                 text = f"Error: {text}" if text else "Error"
             tools.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": text})
         else:
-            raise APIError.invalid(f"{where}: content block type {b.type!r} is not supported in user messages",
-                                   param=where)
+            raise APIError.invalid(
+                f"{where}: content block type {b.type!r} is not supported in user messages", param=where
+            )
     if texts or not tools:
         tools.append({"role": "user", "content": "\n".join(texts)})
     return tools
@@ -103,8 +113,9 @@ def _result_text(content: str | list[dict[str, Any]] | None, where: str) -> str:
         if part.get("type") == "text":
             out.append(str(part.get("text", "")))
         else:
-            raise APIError.invalid(f"{where}.content[{k}]: only text tool results are supported",
-                                   param=f"{where}.content.{k}")
+            raise APIError.invalid(
+                f"{where}.content[{k}]: only text tool results are supported", param=f"{where}.content.{k}"
+            )
     return "\n".join(out)
 
 
@@ -123,12 +134,16 @@ def _assistant(m: Message, i: int) -> dict[str, Any]:
             continue  # opaque: nothing the model could read
         elif b.type == "tool_use":
             if not b.id or not b.name:
-                raise APIError.invalid(f"messages[{i}].content[{j}]: tool_use needs id and name",
-                                       param=f"messages.{i}.content.{j}")
+                raise APIError.invalid(
+                    f"messages[{i}].content[{j}]: tool_use needs id and name",
+                    param=f"messages.{i}.content.{j}",
+                )
             calls.append(tool_call_dict(b.id, b.name, b.input if isinstance(b.input, dict) else {}))
         else:
-            raise APIError.invalid(f"messages[{i}].content[{j}]: block type {b.type!r} is not supported",
-                                   param=f"messages.{i}.content.{j}")
+            raise APIError.invalid(
+                f"messages[{i}].content[{j}]: block type {b.type!r} is not supported",
+                param=f"messages.{i}.content.{j}",
+            )
     out["content"] = "".join(texts)
     if thinking:
         out["reasoning_content"] = "\n".join(thinking)

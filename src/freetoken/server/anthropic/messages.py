@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
@@ -40,7 +40,9 @@ async def _run(gen: Generation, prep: Prepared, builder: MessageBuilder) -> None
             builder.feed(e)
 
 
-async def _frames(builder: MessageBuilder, first: Any, events: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+async def _frames(
+    builder: MessageBuilder, first: Any, events: AsyncGenerator[Any, None]
+) -> AsyncGenerator[bytes, None]:
     builder.start()
     try:
         async with aclosing(events):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
@@ -20,7 +20,13 @@ from freetoken.server.openai.protocol import ChatCompletionRequest, ChatMessage,
 from freetoken.server.sse import sse, sse_response, unless_disconnected
 from freetoken.server.state import get_state, parse_body, read_json
 
-_FINISH = {"stop": "stop", "stop_sequence": "stop", "length": "length", "tool_calls": "tool_calls", "abort": "stop"}
+_FINISH = {
+    "stop": "stop",
+    "stop_sequence": "stop",
+    "length": "length",
+    "tool_calls": "tool_calls",
+    "abort": "stop",
+}
 
 
 def to_internal(body: ChatCompletionRequest) -> ChatRequest:
@@ -33,8 +39,11 @@ def to_internal(body: ChatCompletionRequest) -> ChatRequest:
     else:
         tool_choice = ToolChoice(choice or "auto")
     tools = [
-        ToolSpec(t.function.name, t.function.description or "",
-                 t.function.parameters or {"type": "object", "properties": {}})
+        ToolSpec(
+            t.function.name,
+            t.function.description or "",
+            t.function.parameters or {"type": "object", "properties": {}},
+        )
         for t in body.tools or []
     ]
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -44,11 +53,19 @@ def to_internal(body: ChatCompletionRequest) -> ChatRequest:
     if reasoning is None and body.reasoning_effort is not None:
         reasoning = body.reasoning_effort != "none"
     return ChatRequest(
-        model=body.model, messages=messages, tools=tools, tool_choice=tool_choice,
-        parallel_tool_calls=body.parallel_tool_calls is not False, max_tokens=max_tokens,
+        model=body.model,
+        messages=messages,
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+        max_tokens=max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
-        seed=body.seed, stop=stop, reasoning=reasoning, template_kwargs=kwargs,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=body.top_k or 0,
+        seed=body.seed,
+        stop=stop,
+        reasoning=reasoning,
+        template_kwargs=kwargs,
     )
 
 
@@ -67,7 +84,9 @@ def _message(m: ChatMessage, i: int) -> dict[str, Any]:
     if reasoning:
         out["reasoning_content"] = reasoning
     if m.tool_calls:
-        out["tool_calls"] = [tool_call_dict(tc.id, tc.function.name, tc.function.arguments) for tc in m.tool_calls]
+        out["tool_calls"] = [
+            tool_call_dict(tc.id, tc.function.name, tc.function.arguments) for tc in m.tool_calls
+        ]
     return out
 
 
@@ -99,7 +118,10 @@ def _completion_body(rid: str, model: str, done: Completion) -> dict[str, Any]:
         ]
     f = done.finish
     return {
-        "id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
         "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": _FINISH[f.reason]}],
         "usage": _usage(f),
     }
@@ -107,21 +129,30 @@ def _completion_body(rid: str, model: str, done: Completion) -> dict[str, Any]:
 
 def _usage(f: Finish) -> dict[str, Any]:
     return {
-        "prompt_tokens": f.prompt_tokens, "completion_tokens": f.completion_tokens,
+        "prompt_tokens": f.prompt_tokens,
+        "completion_tokens": f.completion_tokens,
         "total_tokens": f.prompt_tokens + f.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": f.cached_tokens},
     }
 
 
 async def _frames(
-    gen: Generation, prep: Prepared, rid: str, model: str, first: Any, events: AsyncIterator[Any],
+    gen: Generation,
+    prep: Prepared,
+    rid: str,
+    model: str,
+    first: Any,
+    events: AsyncGenerator[Any, None],
     include_usage: bool,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     created = int(time.time())
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
         c: dict[str, Any] = {
-            "id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
         }
         if include_usage:
@@ -136,8 +167,16 @@ async def _frames(
                 if isinstance(e, Finish):
                     yield chunk({}, _FINISH[e.reason])
                     if include_usage:
-                        yield sse({"id": rid, "object": "chat.completion.chunk", "created": created,
-                                   "model": model, "choices": [], "usage": _usage(e)})
+                        yield sse(
+                            {
+                                "id": rid,
+                                "object": "chat.completion.chunk",
+                                "created": created,
+                                "model": model,
+                                "choices": [],
+                                "usage": _usage(e),
+                            }
+                        )
                     break
                 delta = _delta(e)
                 if delta is not None:
@@ -154,10 +193,16 @@ def _delta(e: Any) -> dict[str, Any] | None:
     if isinstance(e, ev.ReasoningDelta):
         return {"reasoning_content": e.text} if e.text else None
     if isinstance(e, ev.ToolCallStart):
-        return {"tool_calls": [{"index": e.index, "id": e.id, "type": "function",
-                                "function": {"name": e.name, "arguments": ""}}]}
+        return {
+            "tool_calls": [
+                {
+                    "index": e.index,
+                    "id": e.id,
+                    "type": "function",
+                    "function": {"name": e.name, "arguments": ""},
+                }
+            ]
+        }
     if isinstance(e, ev.ToolCallArgsDelta):
         return {"tool_calls": [{"index": e.index, "function": {"arguments": e.text}}]} if e.text else None
     return None
-
-

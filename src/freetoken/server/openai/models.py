@@ -15,10 +15,15 @@ def _entry(state: ServerState, name: str) -> dict[str, object]:
     created = int(state.metrics.started_at)
     length = state.engine.max_model_len if state.engine.state == "ready" else None
     return {
-        "id": name, "object": "model", "created": created, "owned_by": "freetoken",
-        "context_length": length, "max_model_len": length,
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "freetoken",
+        "context_length": length,
+        "max_model_len": length,
         # Anthropic's model-list fields, so `anthropic.Anthropic().models.list()` works too.
-        "type": "model", "display_name": name,
+        "type": "model",
+        "display_name": name,
         "created_at": dt.datetime.fromtimestamp(created, dt.timezone.utc).isoformat().replace("+00:00", "Z"),
     }
 
@@ -26,8 +31,15 @@ def _entry(state: ServerState, name: str) -> dict[str, object]:
 async def list_models(request: Request) -> JSONResponse:
     state = get_state(request)
     data = [_entry(state, n) for n in state.model_names]
-    return JSONResponse({"object": "list", "data": data, "has_more": False,
-                         "first_id": data[0]["id"], "last_id": data[-1]["id"]})
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": data,
+            "has_more": False,
+            "first_id": data[0]["id"],
+            "last_id": data[-1]["id"],
+        }
+    )
 
 
 async def get_model(request: Request, model_id: str) -> JSONResponse:

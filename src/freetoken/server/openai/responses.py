@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
@@ -41,7 +41,9 @@ async def _run(gen: Generation, prep: Prepared, builder: ResponseBuilder) -> Non
             builder.feed(e)
 
 
-async def _frames(builder: ResponseBuilder, first: Any, events: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+async def _frames(
+    builder: ResponseBuilder, first: Any, events: AsyncGenerator[Any, None]
+) -> AsyncGenerator[bytes, None]:
     builder.start()
     try:
         async with aclosing(events):
@@ -58,5 +60,7 @@ async def _frames(builder: ResponseBuilder, first: Any, events: AsyncIterator[An
         body = err.body("openai")["error"]
         failed = builder.response()
         failed["error"] = {"code": body.get("code") or body["type"], "message": body["message"]}
-        yield sse({"type": "response.failed", "sequence_number": builder.seq, "response": failed},
-                  event="response.failed")
+        yield sse(
+            {"type": "response.failed", "sequence_number": builder.seq, "response": failed},
+            event="response.failed",
+        )

@@ -30,18 +30,27 @@ def to_internal(body: ResponsesRequest) -> ChatRequest:
     messages: list[dict[str, Any]] = []
     if body.instructions:
         messages.append({"role": "system", "content": body.instructions})
-    items = [{"type": "message", "role": "user", "content": body.input}] if isinstance(body.input, str) \
+    items = (
+        [{"type": "message", "role": "user", "content": body.input}]
+        if isinstance(body.input, str)
         else body.input
+    )
     _Items(messages).add_all(items)
     tools = [t for t in (_tool(d, i) for i, d in enumerate(body.tools or [])) if t is not None]
     reasoning = None
     if body.reasoning is not None and body.reasoning.effort is not None:
         reasoning = body.reasoning.effort not in ("none",)
     return ChatRequest(
-        model=body.model, messages=messages, tools=tools, tool_choice=_tool_choice(body.tool_choice),
-        parallel_tool_calls=body.parallel_tool_calls is not False, max_tokens=body.max_output_tokens,
+        model=body.model,
+        messages=messages,
+        tools=tools,
+        tool_choice=_tool_choice(body.tool_choice),
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+        max_tokens=body.max_output_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p, seed=body.seed, reasoning=reasoning,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        seed=body.seed,
+        reasoning=reasoning,
     )
 
 
@@ -115,17 +124,23 @@ class _Items:
                 args: Any = item.get("arguments", "")
             else:
                 args = json.dumps({"input": item.get("input", "")}, ensure_ascii=False)
-            self._assistant(new=False).setdefault("tool_calls", []).append(tool_call_dict(call_id, name, args))
+            self._assistant(new=False).setdefault("tool_calls", []).append(
+                tool_call_dict(call_id, name, args)
+            )
         elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
                 raise APIError.invalid(f"input[{i}]: {kind} needs call_id", param=where)
             output = item.get("output", "")
-            self.messages.append({"role": "tool", "tool_call_id": call_id,
-                                  "content": text_of(output, f"{where}.output")})
+            self.messages.append(
+                {"role": "tool", "tool_call_id": call_id, "content": text_of(output, f"{where}.output")}
+            )
         elif kind == "item_reference":
-            raise APIError.invalid(f"input[{i}]: item_reference needs stored responses, which this server "
-                                   "does not keep; send the item itself", param=where)
+            raise APIError.invalid(
+                f"input[{i}]: item_reference needs stored responses, which this server "
+                "does not keep; send the item itself",
+                param=where,
+            )
         else:
             raise APIError.invalid(f"input[{i}]: unsupported input item type {kind!r}", param=f"{where}.type")
 

@@ -45,13 +45,27 @@ class ResponseBuilder:
         if choice == "named":
             choice = {"type": "function", "name": req.tool_choice.name}
         return {
-            "id": self.id, "object": "response", "created_at": self.created_at, "status": self.status,
-            "model": self.model, "output": [dict(o) for o in self.output], "error": None,
-            "incomplete_details": self.incomplete, "instructions": None, "metadata": {},
-            "parallel_tool_calls": req.parallel_tool_calls, "tool_choice": choice, "tools": self.tools_in,
-            "temperature": req.temperature, "top_p": req.top_p, "max_output_tokens": req.max_tokens,
-            "previous_response_id": None, "reasoning": {"effort": None, "summary": None},
-            "text": {"format": {"type": "text"}}, "truncation": "disabled", "store": False,
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": self.status,
+            "model": self.model,
+            "output": [dict(o) for o in self.output],
+            "error": None,
+            "incomplete_details": self.incomplete,
+            "instructions": None,
+            "metadata": {},
+            "parallel_tool_calls": req.parallel_tool_calls,
+            "tool_choice": choice,
+            "tools": self.tools_in,
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "max_output_tokens": req.max_tokens,
+            "previous_response_id": None,
+            "reasoning": {"effort": None, "summary": None},
+            "text": {"format": {"type": "text"}},
+            "truncation": "disabled",
+            "store": False,
             "usage": self.usage,
         }
 
@@ -79,23 +93,44 @@ class ResponseBuilder:
             self._delta("response.reasoning_text.delta", e.text, content_index=0)
         elif isinstance(e, ev.ContentDelta):
             if self._open_type() != "message":
-                self._open({"id": _id("msg"), "type": "message", "role": "assistant", "status": "in_progress",
-                            "content": []})
+                self._open(
+                    {
+                        "id": _id("msg"),
+                        "type": "message",
+                        "role": "assistant",
+                        "status": "in_progress",
+                        "content": [],
+                    }
+                )
                 self._part("response.content_part.added", "")
             self._delta("response.output_text.delta", e.text, content_index=0, logprobs=[])
         elif isinstance(e, ev.ToolCallStart):
             if e.name in self.custom:
-                item = {"id": _id("ctc"), "type": "custom_tool_call", "call_id": e.id, "name": e.name,
-                        "input": "", "status": "in_progress"}
+                item = {
+                    "id": _id("ctc"),
+                    "type": "custom_tool_call",
+                    "call_id": e.id,
+                    "name": e.name,
+                    "input": "",
+                    "status": "in_progress",
+                }
             else:
-                item = {"id": _id("fc"), "type": "function_call", "call_id": e.id, "name": e.name,
-                        "arguments": "", "status": "in_progress"}
+                item = {
+                    "id": _id("fc"),
+                    "type": "function_call",
+                    "call_id": e.id,
+                    "name": e.name,
+                    "arguments": "",
+                    "status": "in_progress",
+                }
             self._open(item)
         elif isinstance(e, ev.ToolCallArgsDelta):
             self.buf += e.text
-            if self._open_type() == "function_call" and e.text:
-                self.emit("response.function_call_arguments.delta",
-                          {"item_id": self.open["id"], "output_index": len(self.output), "delta": e.text})
+            if self.open is not None and self.open["type"] == "function_call" and e.text:
+                self.emit(
+                    "response.function_call_arguments.delta",
+                    {"item_id": self.open["id"], "output_index": len(self.output), "delta": e.text},
+                )
         elif isinstance(e, ev.ToolCallEnd):
             self._close()
         elif isinstance(e, Finish):
@@ -105,8 +140,10 @@ class ResponseBuilder:
         self._close()
         out_reasoning = 0
         self.usage = {
-            "input_tokens": f.prompt_tokens, "input_tokens_details": {"cached_tokens": f.cached_tokens},
-            "output_tokens": f.completion_tokens, "output_tokens_details": {"reasoning_tokens": out_reasoning},
+            "input_tokens": f.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": f.cached_tokens},
+            "output_tokens": f.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": out_reasoning},
             "total_tokens": f.prompt_tokens + f.completion_tokens,
         }
         if f.reason == "length":
@@ -129,13 +166,17 @@ class ResponseBuilder:
     def _delta(self, kind: str, text: str, **extra: Any) -> None:
         assert self.open is not None
         self.buf += text
-        self.emit(kind, {"item_id": self.open["id"], "output_index": len(self.output), "delta": text, **extra})
+        self.emit(
+            kind, {"item_id": self.open["id"], "output_index": len(self.output), "delta": text, **extra}
+        )
 
     def _part(self, kind: str, text: str) -> None:
         assert self.open is not None
         part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-        self.emit(kind, {"item_id": self.open["id"], "output_index": len(self.output), "content_index": 0,
-                         "part": part})
+        self.emit(
+            kind,
+            {"item_id": self.open["id"], "output_index": len(self.output), "content_index": 0, "part": part},
+        )
 
     def _close(self) -> None:
         item, text = self.open, self.buf
@@ -148,11 +189,15 @@ class ResponseBuilder:
             self.emit("response.reasoning_text.done", {**where, "content_index": 0, "text": text})
         elif kind == "message":
             item["content"] = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
-            self.emit("response.output_text.done", {**where, "content_index": 0, "text": text, "logprobs": []})
+            self.emit(
+                "response.output_text.done", {**where, "content_index": 0, "text": text, "logprobs": []}
+            )
             self._part("response.content_part.done", text)
         elif kind == "function_call":
             item["arguments"] = text
-            self.emit("response.function_call_arguments.done", {**where, "name": item["name"], "arguments": text})
+            self.emit(
+                "response.function_call_arguments.done", {**where, "name": item["name"], "arguments": text}
+            )
         else:  # custom_tool_call: the model wrote {"input": "..."}; the client wants the raw input
             item["input"] = _custom_input(text)
             self.emit("response.custom_tool_call_input.delta", {**where, "delta": item["input"]})
@@ -174,5 +219,7 @@ def _custom_input(arguments: str) -> str:
 
 
 def tool_specs_for_echo(tools: list[ToolSpec]) -> list[dict[str, Any]]:
-    return [{"type": "custom" if t.custom else "function", "name": t.name, "description": t.description}
-            for t in tools]
+    return [
+        {"type": "custom" if t.custom else "function", "name": t.name, "description": t.description}
+        for t in tools
+    ]
