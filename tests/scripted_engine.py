@@ -85,7 +85,7 @@ class ScriptedEngine:
         self,
         tokenizer: Any,
         script: Callable[[list[int]], str] | None = None,
-        max_model_len: int = 256,
+        max_model_len: int = 1024,
         step_s: float = 0.002,
         max_running: int = 4,
         max_queued: int = 8,
@@ -149,23 +149,18 @@ class ScriptedEngine:
         self.running += 1
         done = False
         try:
-            emitted = 0
-            text = ""
+            sent = 0  # characters of the decoded text already emitted
             for n, tid in enumerate(ids[: params.max_tokens]):
                 await asyncio.sleep(self.step_s)
-                emitted += 1
                 is_eos = tid in self.eos_token_ids
-                full = self.tokenizer.decode(ids[: n + 1 - int(is_eos)], skip_special_tokens=False)
-                new, text = full[len(text) :], full
-                stop_hit = next((s for s in params.stop_strings if s in text), None)
-                if stop_hit is not None:
-                    new = new[: len(new) - (len(text) - text.index(stop_hit))]
-                    yield RequestOutput(request_id, [tid], new, True, "stop", len(prompt_token_ids), emitted)
-                    done = True
-                    return
-                last = is_eos or n + 1 == params.max_tokens
-                reason = ("stop" if is_eos else "length") if last else None
-                yield RequestOutput(request_id, [tid], new, last, reason, len(prompt_token_ids), emitted)
+                text = self.tokenizer.decode(ids[: n + 1 - int(is_eos)], skip_special_tokens=False)
+                hit = min((text.find(s) for s in params.stop_strings if s in text), default=-1)
+                last = is_eos or hit >= 0 or n + 1 == params.max_tokens
+                # Like the engine: never emit a tail that could still grow into a stop string.
+                safe = hit if hit >= 0 else len(text) - _held(text, params.stop_strings, last)
+                new, sent = text[sent:safe], max(sent, safe)
+                reason = ("stop" if is_eos or hit >= 0 else "length") if last else None
+                yield RequestOutput(request_id, [tid], new, last, reason, len(prompt_token_ids), n + 1)
                 if last:
                     done = True
                     return
@@ -174,3 +169,10 @@ class ScriptedEngine:
             self._slots.release()
             self.finished += int(done)
             self.aborted += int(not done)
+
+
+def _held(text: str, stops: list[str], last: bool) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
+    if last:
+        return 0
+    return max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)

@@ -115,7 +115,9 @@ class _Items:
                 raise APIError.invalid(f"input[{i}]: unknown role {role!r}", param=f"{where}.role")
         elif kind == "reasoning":
             parts = item.get("content") or item.get("summary") or []
-            self.reasoning.append(text_of(parts, f"{where}.content"))
+            text = text_of(parts, f"{where}.content")
+            if text:  # encrypted-only reasoning carries nothing this model can read
+                self.reasoning.append(text)
         elif kind in ("function_call", "custom_tool_call"):
             call_id, name = item.get("call_id"), item.get("name")
             if not isinstance(call_id, str) or not isinstance(name, str):
