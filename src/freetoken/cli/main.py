@@ -26,7 +26,7 @@ SUBCOMMANDS: dict[str, str] = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ft", description="FreeToken: serve MoE LLMs on one machine.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module in SUBCOMMANDS.items():
+    for module in SUBCOMMANDS.values():
         if importlib.util.find_spec(module) is None:
             continue
         mod = importlib.import_module(module)

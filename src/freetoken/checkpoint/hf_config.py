@@ -1,0 +1,151 @@
+"""Read a Hugging Face ``config.json`` (transformers-5 form and the older form) into one typed view."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from freetoken.checkpoint.errors import CheckpointError
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    theta: float = 10000.0
+    kind: str = "default"  # default | linear | llama3 | yarn
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HFConfig:
+    """The fields our model families use, normalised across config generations."""
+
+    path: Path
+    architecture: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_eps: float
+    rope: RopeConfig
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    sliding_window: int | None
+    # MoE (num_experts == 0: dense)
+    num_experts: int
+    top_k: int
+    moe_intermediate_size: int
+    norm_topk_prob: bool
+    shared_expert_intermediate_size: int
+    mlp_only_layers: tuple[int, ...]
+    decoder_sparse_step: int
+    eos_token_ids: tuple[int, ...]
+    dtype: str | None
+    raw: dict[str, Any]
+
+    def is_moe_layer(self, i: int) -> bool:
+        return (
+            self.num_experts > 0
+            and i not in self.mlp_only_layers
+            and (i + 1) % max(self.decoder_sparse_step, 1) == 0
+        )
+
+    @property
+    def moe_layer_ids(self) -> list[int]:
+        return [i for i in range(self.num_layers) if self.is_moe_layer(i)]
+
+
+def _rope(raw: dict[str, Any]) -> RopeConfig:
+    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    kind = params.get("rope_type", params.get("type", "default")) or "default"
+    extra = {k: v for k, v in params.items() if k not in ("rope_theta", "rope_type", "type")}
+    return RopeConfig(theta=theta, kind=str(kind), params=extra)
+
+
+def _eos(directory: Path, raw: dict[str, Any]) -> tuple[int, ...]:
+    ids: list[int] = []
+    for source in (raw, _load_json(directory / "generation_config.json")):
+        value = source.get("eos_token_id")
+        if isinstance(value, int):
+            ids.append(value)
+        elif isinstance(value, list):
+            ids.extend(int(v) for v in value)
+    return tuple(dict.fromkeys(ids))
+
+
+def _load_json(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: invalid JSON ({e.msg} at line {e.lineno})") from e
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
+def load_hf_config(directory: str | Path) -> HFConfig:
+    d = Path(directory)
+    if not d.is_dir():
+        raise CheckpointError(f"{d}: model directory does not exist")
+    path = d / "config.json"
+    if not path.exists():
+        raise CheckpointError(f"{path}: missing (not a Hugging Face checkpoint directory)")
+    raw = _load_json(path)
+    raw = {**raw.get("text_config", {}), **raw} if "text_config" in raw else raw
+    archs = raw.get("architectures") or []
+    if not archs:
+        raise CheckpointError(f"{path}: no 'architectures' entry")
+    try:
+        hidden = int(raw["hidden_size"])
+        heads = int(raw["num_attention_heads"])
+        num_experts = int(raw.get("num_local_experts", raw.get("num_experts", 0)) or 0)
+        return HFConfig(
+            path=d,
+            architecture=str(archs[0]),
+            model_type=str(raw.get("model_type", "")),
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=hidden,
+            num_layers=int(raw["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or hidden // heads),
+            intermediate_size=int(raw.get("intermediate_size", 0)),
+            rms_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope=_rope(raw),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=bool(raw.get("attention_bias", raw.get("qkv_bias", False))),
+            sliding_window=_sliding_window(raw),
+            num_experts=num_experts,
+            top_k=int(raw.get("num_experts_per_tok", 0) or 0),
+            moe_intermediate_size=int(raw.get("moe_intermediate_size") or raw.get("intermediate_size", 0)),
+            norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+            shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size", 0) or 0),
+            mlp_only_layers=tuple(int(i) for i in raw.get("mlp_only_layers", []) or []),
+            decoder_sparse_step=int(raw.get("decoder_sparse_step", 1) or 1),
+            eos_token_ids=_eos(d, raw),
+            dtype=raw.get("dtype", raw.get("torch_dtype")),
+            raw=raw,
+        )
+    except KeyError as e:
+        raise CheckpointError(f"{path}: required field {e.args[0]!r} is missing") from None
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: a field has the wrong type ({e})") from None
+
+
+def _sliding_window(raw: dict[str, Any]) -> int | None:
+    window = raw.get("sliding_window")
+    if not window:
+        return None
+    if "use_sliding_window" in raw and not raw["use_sliding_window"]:
+        return None
+    return int(window)

@@ -1,0 +1,100 @@
+"""``ft launch AGENT [--dry-run] [--server URL] [--model NAME] [-- AGENT ARGS]``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from freetoken.launch import AGENTS, load_agent
+from freetoken.launch.base import (
+    DEFAULT_SERVER,
+    LaunchError,
+    apply_plan,
+    exec_agent,
+    find_binary,
+    probe_server,
+    render_plan,
+)
+
+# Exit status when the agent's binary is missing, as a shell reports "command not found".
+EXIT_NOT_FOUND = 127
+
+
+def _add_options(p: argparse.ArgumentParser, suppress: bool = False) -> None:
+    default = argparse.SUPPRESS if suppress else None
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=argparse.SUPPRESS if suppress else False,
+        help="print the env vars and file diffs that would be applied; change nothing",
+    )
+    p.add_argument(
+        "--server", default=default, metavar="URL", help=f"FreeToken server (default {DEFAULT_SERVER})"
+    )
+    p.add_argument(
+        "--model",
+        default=default,
+        metavar="NAME",
+        help="model id (default: the server's first model; 'freetoken' when it is down)",
+    )
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "launch",
+        usage="ft launch [-h] [--dry-run] [--server URL] [--model NAME] AGENT [-- AGENT_ARGS ...]",
+        help="point a coding agent at the FreeToken server and start it",
+        description="Configure a coding agent for the FreeToken server (env vars and config files, "
+        "each changed file backed up first) and start it. Arguments after `--` go to the agent. "
+        f"AGENT is one of: {', '.join(AGENTS)}.",
+    )
+    _add_options(p)
+    # The agent name and everything after it, verbatim. One REMAINDER positional keeps a
+    # `--` right after the agent name on every Python version (a separate `agent`
+    # positional would let argparse swallow it, turning `-- --dry-run` into ours).
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="AGENT", help=argparse.SUPPRESS)
+    return p
+
+
+def _split_argv(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """Agent name and the agent's own arguments; our options after the name are parsed here."""
+    argv = list(args.argv)
+    if not argv or argv[0] not in AGENTS:
+        got = f"unknown agent {argv[0]!r}" if argv else "no agent given"
+        raise LaunchError(f"{got}; choose one of {', '.join(AGENTS)}")
+    rest = argv[1:]
+    ours, theirs = (rest[: rest.index("--")], rest[rest.index("--") + 1 :]) if "--" in rest else (rest, [])
+    late = argparse.ArgumentParser(prog="ft launch", add_help=False)
+    _add_options(late, suppress=True)
+    parsed, unknown = late.parse_known_args(ours)
+    if unknown:
+        raise LaunchError(f"unknown option(s) {' '.join(unknown)}; put the agent's own arguments after `--`")
+    for k, v in vars(parsed).items():
+        setattr(args, k, v)
+    return argv[0], theirs
+
+
+def run(args: argparse.Namespace) -> int:
+    env = dict(os.environ)
+    try:
+        name, agent_args = _split_argv(args)
+        agent = load_agent(name)
+        server = probe_server(args.server, args.model)
+        plan = agent.plan(server, env, agent_args)
+    except LaunchError as exc:
+        print(f"ft launch: {exc}", file=sys.stderr)
+        return 2
+    print(render_plan(plan, server))
+    if args.dry_run:
+        print("dry run: nothing was changed")
+        return 0
+    path = find_binary(plan.binary, env)
+    if path is None:
+        print(f"ft launch: {agent.INSTALL_HINT}", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    for changed, backup in apply_plan(plan):
+        print(f"wrote {changed}" + (f" (backup: {backup})" if backup else ""))
+    sys.stdout.flush()
+    exec_agent(path, plan, env)
+    return 0  # not reached: exec replaced this process

@@ -1,0 +1,192 @@
+"""The synchronous engine: add requests, step, collect outputs. No HTTP, no threads (see async_llm.py)."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Any
+
+import torch
+
+from freetoken.cache.kv_pool import KVPool
+from freetoken.config import EngineConfig
+from freetoken.engine.detokenizer import IncrementalDetokenizer
+from freetoken.engine.errors import InputError, PromptTooLongError, QueueFullError
+from freetoken.engine.model_setup import ModelSetup, setup_model
+from freetoken.engine.outputs import RequestOutput
+from freetoken.engine.request import Request, Status
+from freetoken.engine.runner import ModelRunner
+from freetoken.engine.sampler import make_generator, sample
+from freetoken.engine.sampling_params import SamplingParams
+from freetoken.engine.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        s: ModelSetup = setup_model(config)
+        self.setup = s
+        self.device, self.dtype, self.hf = s.device, s.dtype, s.hf
+        self.tokenizer = s.tokenizer
+        self.max_model_len = s.max_model_len
+        self.eos_token_ids = s.eos_token_ids
+        self.kv = KVPool(
+            s.hf.num_layers, s.kv_pages, config.page_size, s.hf.num_kv_heads, s.hf.head_dim, s.dtype, s.device
+        )
+        self.scheduler = Scheduler(self.kv, config.max_running_requests, config.max_batched_tokens)
+        self.runner = ModelRunner(s.loaded.model, self.kv, s.device, s.loaded.backend, s.hf.sliding_window)
+        self.requests: dict[str, Request] = {}
+        self._seeds = random.Random(config.seed)
+        self._counters = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0, "requests_finished": 0}
+        self._pending: list[RequestOutput] = []
+        self._started = time.monotonic()
+
+    # ---- requests -------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        if request_id in self.requests:
+            raise InputError(f"duplicate request id {request_id!r}")
+        if not prompt_token_ids:
+            raise InputError("the prompt is empty")
+        vocab = self.hf.vocab_size
+        bad = next((t for t in prompt_token_ids if not (0 <= int(t) < vocab)), None)
+        if bad is not None:
+            raise InputError(f"token id {bad} is outside the vocabulary [0, {vocab})")
+        n = len(prompt_token_ids)
+        if n >= self.max_model_len:
+            raise PromptTooLongError(n, self.max_model_len)
+        if self.kv.pages_for(n + 1) > self.kv.num_pages:
+            raise InputError(
+                f"prompt of {n} tokens can never fit the KV pool ({self.kv.num_pages * self.kv.page_size} tokens)"
+            )
+        if len(self.scheduler.waiting) >= self.config.max_queued_requests:
+            raise QueueFullError(f"the queue is full ({self.config.max_queued_requests} requests waiting)")
+        seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+        req = Request(
+            request_id=request_id,
+            prompt_token_ids=[int(t) for t in prompt_token_ids],
+            params=params,
+            max_total_tokens=min(n + params.max_tokens, self.max_model_len),
+            detok=IncrementalDetokenizer(
+                self.tokenizer, prompt_token_ids, params.stop_strings, params.skip_special_tokens
+            ),
+            generator=None if params.greedy else make_generator(seed, torch.device("cpu")),
+        )
+        self.requests[request_id] = req
+        self.scheduler.add(req)
+
+    def abort(self, request_id: str) -> None:
+        req = self.requests.get(request_id)
+        if req is not None and not req.finished:
+            self._finish(req, "abort")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- the step -------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        outputs, self._pending = self._pending, []
+        batch = self.scheduler.schedule()
+        for req in batch.never_fit:
+            self._finish(req, "error", error="the request does not fit the KV pool even alone")
+            outputs.append(self._pending.pop())
+        if not batch.items:
+            return outputs
+        logits = self.runner.run(batch.items)
+        self._counters["steps"] += 1
+        for req, n in batch.items:
+            was_prefill = req.num_computed_tokens < req.num_prompt_tokens
+            req.num_computed_tokens += n
+            self._counters["prefill_tokens" if was_prefill else "decode_tokens"] += n
+            if req in logits:
+                outputs.append(self._append_token(req, sample(logits[req], req.params, req.generator)))
+        if _debug():
+            self.check_integrity()
+        return outputs
+
+    def _append_token(self, req: Request, token: int) -> RequestOutput:
+        req.token_ids.append(token)
+        p = req.params
+        stop_token = (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids
+        text, stop_str = ("", False) if stop_token else req.detok.add_token(token)
+        reason = None
+        if stop_token or stop_str:
+            reason = "stop"
+        elif req.num_output_tokens >= p.max_tokens or req.num_tokens >= req.max_total_tokens:
+            reason = "length"
+        if reason is not None:
+            text += req.detok.flush()
+            self._finish(req, reason, emit=False)
+        return self._output(req, [token], text)
+
+    def _output(self, req: Request, new_ids: list[int], text: str, error: str | None = None) -> RequestOutput:
+        return RequestOutput(
+            request_id=req.request_id,
+            new_token_ids=new_ids,
+            new_text=text,
+            finished=req.finished,
+            finish_reason=req.finish_reason,
+            prompt_tokens=req.num_prompt_tokens,
+            completion_tokens=req.num_output_tokens,
+            error=error,
+        )
+
+    def _finish(self, req: Request, reason: str, emit: bool = True, error: str | None = None) -> None:
+        self.scheduler.finish(req)
+        req.status = Status.FINISHED
+        req.finish_reason = reason
+        self.requests.pop(req.request_id, None)
+        self._counters["requests_finished"] += 1
+        if emit:
+            self._pending.append(self._output(req, [], req.detok.flush() if reason != "abort" else "", error))
+
+    def score(self, token_ids: list[int]) -> torch.Tensor:
+        """Logits [n, V] (float32, CPU) at every position of ``token_ids``, computed in one prefill with
+        temporary pages (for tests and perplexity; does not touch other requests)."""
+        n = len(token_ids)
+        if not 0 < n < self.max_model_len:
+            raise PromptTooLongError(n, self.max_model_len) if n else InputError("the prompt is empty")
+        rid = f"score-{time.monotonic_ns()}"
+        pages = self.kv.allocate(self.kv.pages_for(n), rid)
+        try:
+            req = Request(rid, list(token_ids), SamplingParams(), n + 1, IncrementalDetokenizer(None, [], [], True))
+            req.pages = pages
+            input_ids, batch, _ = self.runner.build_batch([(req, n)])
+            hidden = self.runner.model.forward(input_ids, batch, self.kv)
+            return self.runner.model.logits(hidden).cpu()
+        finally:
+            self.kv.free(pages, rid)
+
+    # ---- introspection --------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        backend = self.setup.loaded.backend
+        expert = backend.stats() if backend is not None else {}
+        return {
+            "expert_hits": 0,
+            "expert_fills": 0,
+            "expert_cpu_runs": 0,
+            "prefix_tokens_reused": 0,
+            **expert,
+            **self._counters,
+            "preemptions": self.scheduler.num_preemptions,
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "kv_pages_total": self.kv.num_pages,
+            "kv_pages_used": self.kv.num_used,
+            "moe_backend": backend.name if backend is not None else "none",
+            "uptime_s": time.monotonic() - self._started,
+        }
+
+    def check_integrity(self) -> None:
+        self.kv.check_integrity(self.scheduler.page_tables())
+        backend = self.setup.loaded.backend
+        if backend is not None:
+            backend.check_integrity()
+
+
+def _debug() -> bool:
+    from freetoken.config import env
+
+    return env().debug

@@ -1,0 +1,93 @@
+"""Resolve the model, device and dtype, load weights and tokenizer, size the KV pool."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from freetoken.checkpoint.errors import CheckpointError
+from freetoken.checkpoint.hf_config import HFConfig, load_hf_config
+from freetoken.checkpoint.loader import LoadedModel, load_model
+from freetoken.checkpoint.tokenizer import load_tokenizer
+from freetoken.config import EngineConfig
+from freetoken.experts.registry import create_backend
+from freetoken.models.registry import get_family
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_KV_BUDGET_FRACTION = 0.3  # of free device memory after weights (the memory planner refines this)
+
+
+@dataclass
+class ModelSetup:
+    model_path: Path
+    hf: HFConfig
+    device: torch.device
+    dtype: torch.dtype
+    loaded: LoadedModel
+    tokenizer: Any | None
+    max_model_len: int
+    kv_pages: int
+    eos_token_ids: list[int]
+
+
+def default_model_path() -> Path:
+    return Path(__file__).resolve().parent.parent / "assets" / "default_model"
+
+
+def resolve_device(name: str | None) -> torch.device:
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available")
+    return dev
+
+
+def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
+    if name is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {name!r}")
+    return _DTYPES[name]
+
+
+def _kv_pages(config: EngineConfig, hf: HFConfig, dtype: torch.dtype, device: torch.device, max_len: int) -> int:
+    if config.kv_pages is not None:
+        return config.kv_pages
+    page_bytes = 2 * hf.num_layers * config.page_size * hf.num_kv_heads * hf.head_dim * dtype.itemsize
+    wanted = -(-max_len // config.page_size) * config.max_running_requests
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = int(free * _KV_BUDGET_FRACTION)
+    else:
+        import psutil
+
+        budget = min(4 << 30, int(psutil.virtual_memory().available * 0.25))
+    return max(1, min(wanted, budget // page_bytes))
+
+
+def setup_model(config: EngineConfig) -> ModelSetup:
+    path = Path(config.model) if config.model else default_model_path()
+    if config.model is None and not (path / "config.json").exists():
+        raise CheckpointError(f"{path}: the embedded default model is not installed; pass a model directory")
+    hf = load_hf_config(path)
+    family = get_family(hf.architecture, str(path / "config.json"))
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    max_len = min(config.max_model_len or hf.max_position_embeddings, hf.max_position_embeddings)
+    loaded = load_model(
+        hf, family, device, dtype, lambda banks: create_backend(config, banks, device, dtype), max_len
+    )
+    tokenizer = load_tokenizer(path)
+    eos = list(hf.eos_token_ids)
+    if tokenizer is not None and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
+        eos.append(int(tokenizer.eos_token_id))
+    pages = _kv_pages(config, hf, dtype, device, max_len)
+    log.info("loaded %s (%s) on %s as %s; %d KV pages", path.name, hf.architecture, device, dtype, pages)
+    return ModelSetup(path, hf, device, dtype, loaded, tokenizer, max_len, pages, eos)

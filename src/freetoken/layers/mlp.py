@@ -1,0 +1,22 @@
+"""Dense SiLU-gated MLP (dense layers and shared experts)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class DenseMLP:
+    gate: torch.Tensor  # [I, D]
+    up: torch.Tensor  # [I, D]
+    down: torch.Tensor  # [D, I]
+    gate_bias: torch.Tensor | None = None
+    up_bias: torch.Tensor | None = None
+    down_bias: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.silu(F.linear(x, self.gate, self.gate_bias)) * F.linear(x, self.up, self.up_bias)
+        return F.linear(h, self.down, self.down_bias)

@@ -1,0 +1,41 @@
+"""The MoE layer: router on the compute device, routed experts through ``experts/``, shared expert."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from freetoken.experts.base import ExpertBackend
+from freetoken.layers.mlp import DenseMLP
+
+
+@dataclass
+class MoELayer:
+    router: torch.Tensor  # [E, D]
+    top_k: int
+    norm_topk_prob: bool
+    moe_index: int  # this layer's index among MoE layers (eid = moe_index * E + expert)
+    backend: ExpertBackend
+    shared: DenseMLP | None = None
+    shared_gate: torch.Tensor | None = None  # [1, D]: sigmoid gate on the shared expert
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, D] -> (topk_ids [T, k] int64, topk_w [T, k] float32)."""
+        probs = F.softmax(F.linear(x, self.router), dim=-1, dtype=torch.float32)  # [T, E]
+        w, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            w = w / w.sum(dim=-1, keepdim=True)
+        # The reference casts routing weights to the activation dtype before use.
+        return ids, w.to(x.dtype).to(torch.float32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids, w = self.route(x)
+        out = self.backend.forward(self.moe_index, x, ids, w)
+        if self.shared is not None:
+            s = self.shared.forward(x)
+            if self.shared_gate is not None:
+                s = torch.sigmoid(F.linear(x, self.shared_gate)) * s
+            out = out + s
+        return out

@@ -1,0 +1,75 @@
+"""Rotary position embeddings (default, linear, llama3, yarn), rotate-half convention."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from freetoken.checkpoint.hf_config import RopeConfig
+
+
+def inv_freq_and_scale(rope: RopeConfig, head_dim: int, max_pos: int) -> tuple[torch.Tensor, float]:
+    """Returns the inverse frequencies [head_dim/2] and the attention scaling of cos/sin."""
+    base = rope.theta
+    dim = int(head_dim * float(rope.params.get("partial_rotary_factor", 1.0)))
+    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    p = rope.params
+    if rope.kind == "default":
+        return inv, 1.0
+    if rope.kind == "linear":
+        return inv / float(p["factor"]), 1.0
+    if rope.kind == "llama3":
+        factor, lo, hi = float(p["factor"]), float(p["low_freq_factor"]), float(p["high_freq_factor"])
+        old = float(p["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old / lo, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        is_mid = (wavelen >= old / hi) & (wavelen <= old / lo)
+        return torch.where(is_mid, mid, scaled), 1.0
+    if rope.kind == "yarn":
+        return _yarn(inv, base, dim, p, max_pos)
+    raise ValueError(f"unsupported rope type {rope.kind!r} (supported: default, linear, llama3, yarn)")
+
+
+def _yarn(inv: torch.Tensor, base: float, dim: int, p: dict, max_pos: int) -> tuple[torch.Tensor, float]:
+    factor = float(p["factor"])
+    old = float(p.get("original_max_position_embeddings", max_pos))
+    beta_fast, beta_slow = float(p.get("beta_fast", 32)), float(p.get("beta_slow", 1))
+    mscale = float(p.get("attention_factor") or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0))
+
+    def correction_dim(rot: float) -> float:
+        return (dim * math.log(old / (rot * 2 * math.pi))) / (2 * math.log(base))
+
+    low = float(max(math.floor(correction_dim(beta_fast)), 0))
+    high = float(min(math.ceil(correction_dim(beta_slow)), dim - 1))
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp
+    interp = inv / factor
+    return interp * (1 - extrapolation) + inv * extrapolation, mscale
+
+
+class Rotary:
+    """Precomputed cos/sin tables; ``apply`` rotates q/k at given positions."""
+
+    def __init__(self, rope: RopeConfig, head_dim: int, max_pos: int, device: torch.device) -> None:
+        inv, scale = inv_freq_and_scale(rope, head_dim, max_pos)
+        t = torch.arange(max_pos, dtype=torch.float32)
+        freqs = torch.outer(t, inv)
+        emb = torch.cat((freqs, freqs), dim=-1)  # [P, rot_dim]
+        self.cos = (emb.cos() * scale).to(device)
+        self.sin = (emb.sin() * scale).to(device)
+        self.rot_dim = emb.shape[-1]
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [T, H, hd], positions [T] -> rotated x (same dtype)."""
+        cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # [T, 1, rot]
+        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+        rot, rest = x[..., : self.rot_dim], x[..., self.rot_dim :]
+        half = self.rot_dim // 2
+        rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
+        out = rot * cos + rotated * sin
+        return torch.cat((out, rest), dim=-1) if rest.numel() else out

@@ -1,0 +1,46 @@
+"""What a model family declares: its weight names and its small architectural switches.
+
+Families differ from each other by a handful of choices; the decoder in ``decoder.py`` composes the
+layers, ``checkpoint/loader.py`` reads the weights by these names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Naming:
+    """Checkpoint tensor names; ``{i}`` = layer, ``{e}`` = expert."""
+
+    embed: str = "model.embed_tokens.weight"
+    final_norm: str = "model.norm.weight"
+    lm_head: str = "lm_head.weight"
+    layer: str = "model.layers.{i}."
+    attn_norm: str = "input_layernorm.weight"
+    ffn_norm: str = "post_attention_layernorm.weight"
+    attn: str = "self_attn."
+    q_norm: str = "q_norm.weight"
+    k_norm: str = "k_norm.weight"
+    mlp: str = "mlp."  # dense MLP prefix
+    moe: str = "mlp."  # MoE block prefix
+    router: str = "gate.weight"
+    experts: tuple[str, str, str] = (
+        "experts.{e}.gate_proj.weight",
+        "experts.{e}.up_proj.weight",
+        "experts.{e}.down_proj.weight",
+    )
+    # transformers-5 in-memory layout, also found in some checkpoints: [E, 2I, D] and [E, D, I]
+    fused_experts: tuple[str, str] = ("experts.gate_up_proj", "experts.down_proj")
+    shared_expert: str | None = None
+    shared_expert_gate: str | None = None
+
+
+@dataclass(frozen=True)
+class Family:
+    architectures: tuple[str, ...]
+    naming: Naming = field(default_factory=Naming)
+    qk_norm: str = "none"  # "none" | "head" (per head, [hd]) | "full" (whole projection, [H*hd])
+    always_norm_topk: bool = False  # Mixtral renormalises top-k weights regardless of config
+    qkv_bias_key: str | None = None  # config key forcing q/k/v biases (Qwen2: "qkv_bias")
+    clip_qkv_key: str | None = None  # config key of a q/k/v clamp (OLMoE: "clip_qkv")

@@ -1,0 +1,48 @@
+"""The decoder every family composes: embeddings, N x (attention + dense MLP or MoE), final norm, head."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from freetoken.cache.kv_pool import KVPool
+from freetoken.layers.attention import Attention, AttnBatch
+from freetoken.layers.mlp import DenseMLP
+from freetoken.layers.moe import MoELayer
+from freetoken.layers.norm import rms_norm
+
+
+@dataclass
+class DecoderLayer:
+    attn_norm: torch.Tensor
+    attn: Attention
+    ffn_norm: torch.Tensor
+    ffn: DenseMLP | MoELayer
+
+
+class DecoderModel:
+    def __init__(
+        self,
+        embed: torch.Tensor,  # [V, D]
+        layers: list[DecoderLayer],
+        final_norm: torch.Tensor,
+        lm_head: torch.Tensor,  # [V, D]
+        eps: float,
+    ) -> None:
+        self.embed, self.layers, self.final_norm, self.lm_head, self.eps = embed, layers, final_norm, lm_head, eps
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
+        """input_ids [T] -> final hidden states [T, D]."""
+        h = F.embedding(input_ids, self.embed)
+        for layer in self.layers:
+            h = h + layer.attn.forward(rms_norm(h, layer.attn_norm, self.eps), batch, kv)
+            h = h + layer.ffn.forward(rms_norm(h, layer.ffn_norm, self.eps))
+        return rms_norm(h, self.final_norm, self.eps)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [n, D] -> logits [n, V] in float32 (only rows where a token is sampled)."""
+        return F.linear(hidden, self.lm_head).float()

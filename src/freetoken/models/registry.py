@@ -1,0 +1,31 @@
+"""HF ``architectures`` name -> model family (lazy imports: one line per family)."""
+
+from __future__ import annotations
+
+import importlib
+
+from freetoken.checkpoint.errors import CheckpointError
+from freetoken.models.base import Family
+
+_FAMILIES: dict[str, str] = {
+    "Qwen3MoeForCausalLM": "freetoken.models.qwen3_moe",
+    "Qwen2MoeForCausalLM": "freetoken.models.qwen2_moe",
+    "MixtralForCausalLM": "freetoken.models.mixtral",
+    "OlmoeForCausalLM": "freetoken.models.olmoe",
+    "Qwen3ForCausalLM": "freetoken.models.qwen3",
+    "LlamaForCausalLM": "freetoken.models.llama",
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_FAMILIES)
+
+
+def get_family(architecture: str, where: str = "config.json") -> Family:
+    module = _FAMILIES.get(architecture)
+    if module is None:
+        raise CheckpointError(
+            f"{where}: unsupported architecture {architecture!r}; supported: {', '.join(supported_architectures())}"
+        )
+    family: Family = importlib.import_module(module).FAMILY
+    return family

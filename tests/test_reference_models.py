@@ -1,0 +1,73 @@
+"""Our engine against transformers' forward on tiny random checkpoints of every supported family (CPU, fp32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from freetoken import LLM, SamplingParams
+from reference import LOGIT_MARGIN, ROUTER_MARGIN, assert_close_logits, reference_greedy
+from tiny_models import FAMILIES, MOE_FAMILIES, save_checkpoint
+
+PROMPT_LENGTHS = (5, 13, 29)
+STEPS = 32
+# Seeds picked so the reference has no near ties (asserted below, DESIGN §8).
+SEEDS = {"qwen3_moe": 1, "qwen2_moe": 1, "mixtral": 1, "olmoe": 2, "qwen3": 0, "llama": 0}
+
+
+def _prompts(seed: int, vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(1000 + seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
+
+
+def _refs(model, family: str, prompts: list[list[int]]):
+    top_k = model.config.num_experts_per_tok if family in MOE_FAMILIES else None
+    refs = [reference_greedy(model, p, STEPS, top_k) for p in prompts]
+    for r in refs:  # the near-tie rule: this seed must be free of ties, else pick another seed
+        assert r.min_logit_margin > LOGIT_MARGIN, f"seed has a logit near-tie ({r.min_logit_margin:.2g})"
+        if top_k:
+            assert r.min_router_margin > ROUTER_MARGIN, f"seed has a router near-tie ({r.min_router_margin:.2g})"
+    return refs
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_ckpt(request, tmp_path_factory):
+    family = request.param
+    d = tmp_path_factory.mktemp(family)
+    model = save_checkpoint(family, d, seed=SEEDS[family])
+    prompts = _prompts(SEEDS[family], model.config.vocab_size)
+    return family, d, model, prompts, _refs(model, family, prompts)
+
+
+def test_prefill_logits_match(family_ckpt):
+    family, d, model, prompts, refs = family_ckpt
+    llm = LLM(model=str(d), device="cpu", dtype="float32")
+    for r in refs:
+        assert_close_logits(llm.engine.score(r.prompt), r.prompt_logits)
+
+
+def test_greedy_tokens_batched_match(family_ckpt):
+    family, d, model, prompts, refs = family_ckpt
+    llm = LLM(model=str(d), device="cpu", dtype="float32")
+    params = SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True)
+    outs = llm.generate(prompts, params)  # all three together: batching must not change a token
+    for out, r in zip(outs, refs):
+        assert out.token_ids == r.tokens
+        assert out.finish_reason == "length"
+    alone = llm.generate([prompts[1]], params)[0]
+    assert alone.token_ids == refs[1].tokens
+    llm.check_integrity()
+    assert llm.stats()["kv_pages_used"] == 0
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_sharded_checkpoint(tmp_path, family):
+    model = save_checkpoint(family, tmp_path, seed=SEEDS[family], max_shard_size="200KB")
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    assert len(list(tmp_path.glob("*.safetensors"))) >= 2
+    prompts = _prompts(SEEDS[family], model.config.vocab_size)
+    refs = _refs(model, family, prompts)
+    llm = LLM(model=str(tmp_path), device="cpu", dtype="float32")
+    assert_close_logits(llm.engine.score(prompts[0]), refs[0].prompt_logits)
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [r.tokens for r in refs]
