@@ -137,7 +137,7 @@ class ScriptedEngine:
             raise EngineDeadError(self.error or "engine stopped")
         if len(prompt_token_ids) >= self.max_model_len:
             raise PromptTooLongError(len(prompt_token_ids), self.max_model_len)
-        if self.waiting >= self.max_queued:
+        if self._slots.locked() and self.waiting >= self.max_queued:
             raise QueueFullError("queue full")
         ids = self.tokenizer.encode(self.script(prompt_token_ids), add_special_tokens=False)
         ids = ids + self.eos_token_ids
