@@ -70,10 +70,13 @@ class ToolCallParser:
         """Held text is plain content; an unclosed call or section is surfaced raw."""
         buf, self._buf = self._buf, ""
         if self._mode == "call":
-            raw = self._call_open + buf
-            buf = self._pending + raw if self._section_pending() else self._saved_ws + raw
+            buf = self._call_open + buf
+            if self._section_pending():
+                buf = self._saved_ws + self._pending + buf
+            elif not self._in_section:
+                buf = self._saved_ws + buf
         elif self._mode == "section" and not self._section_ok:
-            buf = self._pending + buf
+            buf = self._saved_ws + self._pending + buf
         out = self._out.push(buf)
         self._out.edge()
         self._mode = "text"
@@ -100,16 +103,17 @@ class ToolCallParser:
             return False
         if tag == fmt.opener:
             self._mode, self._in_section, self._call_open = "call", in_section, tag
-            self._saved_ws = "" if in_section else self._out.take_held()
+            if not in_section:
+                self._saved_ws = self._out.take_held()
             self._scan_from = 0
         elif tag == fmt.section_open:
             self._mode, self._section_ok, self._pending = "section", False, tag
-            self._out.edge()
+            self._saved_ws = self._out.take_held()
         else:  # section close
             if self._section_ok:
                 self._out.edge()
             else:
-                out += self._out.push(self._pending + tag)
+                out += self._out.push(self._saved_ws + self._pending + tag)
             self._mode = "text"
         return True
 
@@ -123,6 +127,7 @@ class ToolCallParser:
         raw = self._call_open + body + fmt.closer
         if calls:
             if self._section_pending():
+                self._out.edge()
                 out += self._out.push(self._pending[len(fmt.section_open or "") :])
                 self._section_ok = True
             for name, args in calls:
@@ -131,6 +136,8 @@ class ToolCallParser:
             self._out.edge()
         elif self._section_pending():
             self._pending += raw
+        elif self._in_section:
+            out += self._out.push(raw)
         else:
             out += self._out.push(self._saved_ws + raw)
         self._mode = "section" if self._in_section else "text"

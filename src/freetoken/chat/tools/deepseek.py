@@ -1,6 +1,7 @@
 """DeepSeek V3 / V3.1 / R1 calls (the tags are single tokens; `｜` is U+FF5C, `▁` U+2581).
 
-V3.1:  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{"k": "v"}<｜tool▁call▁end｜>…<｜tool▁calls▁end｜>
+V3.1:  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{"k": "v"}<｜tool▁call▁end｜>…
+       <｜tool▁calls▁end｜>
 V3/R1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
        ```json
        {"k": "v"}

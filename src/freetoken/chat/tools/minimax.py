@@ -1,10 +1,10 @@
 """MiniMax-M2 calls (several `<invoke>` in one block are parallel calls):
 
-    <minimax:tool_call>
-    <invoke name="NAME">
-    <parameter name="k">v</parameter>
-    </invoke>
-    </minimax:tool_call>
+<minimax:tool_call>
+<invoke name="NAME">
+<parameter name="k">v</parameter>
+</invoke>
+</minimax:tool_call>
 """
 
 from __future__ import annotations

@@ -31,7 +31,9 @@ def _types(schema: Any) -> set[str]:
     if not isinstance(schema, dict):
         return set()
     t = schema.get("type")
-    found = {t} if isinstance(t, str) else {x for x in t if isinstance(x, str)} if isinstance(t, list) else set()
+    found: set[str] = {t} if isinstance(t, str) else set()
+    if isinstance(t, list):
+        found = {x for x in t if isinstance(x, str)}
     for key in ("anyOf", "oneOf"):
         for sub in schema.get(key) or []:
             found |= _types(sub)
@@ -49,7 +51,11 @@ def type_name(v: Any) -> str:
         return "number"
     if v is None:
         return "null"
-    return {str: "string", dict: "object", list: "array"}.get(type(v), "string")
+    if isinstance(v, dict):
+        return "object"
+    if isinstance(v, list):
+        return "array"
+    return "string"
 
 
 def _try(text: str, kind: str) -> tuple[bool, Any]:
