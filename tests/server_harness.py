@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import socket
-import sys
 import threading
 import time
-import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,24 +18,6 @@ from freetoken.server.settings import ServerConfig
 from freetoken.server.state import ServerState
 
 MODEL = "tiny"
-
-
-def _template_shim() -> None:
-    """Until freetoken.chat.template lands: HF's renderer (tests only)."""
-    try:
-        import freetoken.chat.template  # noqa: F401
-    except ImportError:
-        m = types.ModuleType("freetoken.chat.template")
-
-        def render_and_tokenize(tok: Any, template: str, messages: Any, tools: Any, **kw: Any) -> list[int]:
-            text = tok.apply_chat_template(messages, tools=tools, chat_template=template, tokenize=False, **kw)
-            return list(tok.encode(text, add_special_tokens=False))
-
-        m.render_and_tokenize = render_and_tokenize  # type: ignore[attr-defined]
-        sys.modules["freetoken.chat.template"] = m
-
-
-_template_shim()
 
 
 def free_port() -> int:
