@@ -90,6 +90,7 @@ class ScriptedEngine:
         max_running: int = 4,
         max_queued: int = 8,
         model_name: str = "tiny",
+        fail_after: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.chat_template: str | None = tokenizer.chat_template
@@ -99,10 +100,9 @@ class ScriptedEngine:
         self.eos_token_ids = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
         self.state = "ready"
         self.error: str | None = None
-        self.script = script or (
-            lambda ids: " ".join(["hello", "world", "fox", "dog"][i % 4] for i in ids[-6:])
-        )
+        self.script = script or (lambda ids: " ".join(["hello", "world", "fox", "dog"][i % 4] for i in ids[-6:]))
         self.step_s = step_s
+        self.fail_after = fail_after  # emit an engine error after this many tokens
         self._slots = asyncio.Semaphore(max_running)
         self.max_queued = max_queued
         self.waiting = 0
@@ -152,6 +152,10 @@ class ScriptedEngine:
             sent = 0  # characters of the decoded text already emitted
             for n, tid in enumerate(ids[: params.max_tokens]):
                 await asyncio.sleep(self.step_s)
+                if n == self.fail_after:
+                    yield RequestOutput(request_id, [], "", True, "error", len(prompt_token_ids), n, "kernel fault")
+                    done = True
+                    return
                 is_eos = tid in self.eos_token_ids
                 text = self.tokenizer.decode(ids[: n + 1 - int(is_eos)], skip_special_tokens=False)
                 hit = min((text.find(s) for s in params.stop_strings if s in text), default=-1)

@@ -15,8 +15,13 @@ from server_harness import MODEL, Running, serve
 from freetoken.server.anthropic.convert import to_internal
 from freetoken.server.anthropic.protocol import MessagesRequest
 
-TOOLS: Any = [{"name": "get_weather", "description": "Weather for a city",
-               "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+TOOLS: Any = [
+    {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+]
 SCRIPT = (
     "<think>\nNeed the weather.\n</think>\n\nLet me check.\n"
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -56,15 +61,22 @@ def _blocks(m: Any) -> list[Any]:
 
 def test_thinking_text_tool_use_stream_equals_nonstream(scripted: Running) -> None:
     c = client(scripted)
-    kw: dict[str, Any] = dict(model=MODEL, max_tokens=300, tools=TOOLS,
-                              messages=[{"role": "user", "content": "Weather in Paris?"}],
-                              thinking={"type": "enabled", "budget_tokens": 100})
+    kw: dict[str, Any] = dict(
+        model=MODEL,
+        max_tokens=300,
+        tools=TOOLS,
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        thinking={"type": "enabled", "budget_tokens": 100},
+    )
     full = c.messages.create(**kw)
     with c.messages.stream(**kw) as s:
         streamed = s.get_final_message()
     assert _blocks(full) == _blocks(streamed)
-    assert [b[:2] for b in _blocks(full)] == [("thinking", "Need the weather."), ("text", "Let me check."),
-                                              ("tool_use", "get_weather")]
+    assert [b[:2] for b in _blocks(full)] == [
+        ("thinking", "Need the weather."),
+        ("text", "Let me check."),
+        ("tool_use", "get_weather"),
+    ]
     assert _blocks(full)[2][2] == {"city": "Paris"} and _blocks(full)[0][2]
     assert full.stop_reason == streamed.stop_reason == "tool_use"
     assert full.usage.input_tokens == streamed.usage.input_tokens
@@ -73,8 +85,13 @@ def test_thinking_text_tool_use_stream_equals_nonstream(scripted: Running) -> No
 
 
 def test_raw_event_sequence(scripted: Running) -> None:
-    body = {"model": MODEL, "max_tokens": 300, "stream": True, "tools": TOOLS,
-            "messages": [{"role": "user", "content": "Weather?"}]}
+    body = {
+        "model": MODEL,
+        "max_tokens": 300,
+        "stream": True,
+        "tools": TOOLS,
+        "messages": [{"role": "user", "content": "Weather?"}],
+    }
     counted = client(scripted).messages.count_tokens(model=MODEL, tools=TOOLS, messages=body["messages"])
     with httpx.stream("POST", scripted.url + "/v1/messages", json=body) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
@@ -108,43 +125,81 @@ def test_stop_sequence_and_max_tokens(scripted: Running) -> None:
 def test_claude_code_shapes_accepted(scripted: Running) -> None:
     """?beta=true, unknown headers and fields, system blocks with cache_control, role=system items."""
     body = {
-        "model": MODEL, "max_tokens": 50, "metadata": {"user_id": "u"}, "some_future_field": {"x": 1},
-        "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.0; cch=ab12f;"},
-                   {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
+        "model": MODEL,
+        "max_tokens": 50,
+        "metadata": {"user_id": "u"},
+        "some_future_field": {"x": 1},
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.0; cch=ab12f;"},
+            {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
+        ],
         "messages": [
             {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]},
-            {"role": "assistant", "content": [
-                {"type": "thinking", "thinking": "ponder", "signature": "sig"},
-                {"type": "redacted_thinking", "data": "opaque"},
-                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Rome"}}]},
-            {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True,
-                 "content": [{"type": "text", "text": "no network"}]},
-                {"type": "text", "text": "try again"}]},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "ponder", "signature": "sig"},
+                    {"type": "redacted_thinking", "data": "opaque"},
+                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Rome"}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "toolu_1",
+                        "is_error": True,
+                        "content": [{"type": "text", "text": "no network"}],
+                    },
+                    {"type": "text", "text": "try again"},
+                ],
+            },
             {"role": "system", "content": "Late system note."},
         ],
-        "tools": TOOLS, "tool_choice": {"type": "auto"}, "thinking": {"type": "adaptive"},
+        "tools": TOOLS,
+        "tool_choice": {"type": "auto"},
+        "thinking": {"type": "adaptive"},
     }
-    headers = {"anthropic-beta": "interleaved-thinking-2025-05-14,fine-grained-tool-streaming",
-               "anthropic-version": "2023-06-01", "x-stainless-whatever": "1", "x-app": "cli"}
+    headers = {
+        "anthropic-beta": "interleaved-thinking-2025-05-14,fine-grained-tool-streaming",
+        "anthropic-version": "2023-06-01",
+        "x-stainless-whatever": "1",
+        "x-app": "cli",
+    }
     r = httpx.post(scripted.url + "/v1/messages?beta=true", json=body, headers=headers)
     assert r.status_code == 200, r.text
     req = to_internal(MessagesRequest.model_validate(body))
-    assert req.messages[0] == {"role": "system", "content": "x-anthropic-billing-header: cc_version=2.0; cch=00000;"
-                               "\nYou are Claude Code.\n\nLate system note."}
-    assert req.messages[2] == {"role": "assistant", "content": "", "reasoning_content": "ponder", "tool_calls": [
-        {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]}
-    assert req.messages[3:] == [{"role": "tool", "tool_call_id": "toolu_1", "content": "Error: no network"},
-                                {"role": "user", "content": "try again"}]
+    assert req.messages[0] == {
+        "role": "system",
+        "content": "x-anthropic-billing-header: cc_version=2.0; cch=00000;\nYou are Claude Code.\n\nLate system note.",
+    }
+    assert req.messages[2] == {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": "ponder",
+        "tool_calls": [
+            {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}
+        ],
+    }
+    assert req.messages[3:] == [
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "Error: no network"},
+        {"role": "user", "content": "try again"},
+    ]
 
 
 def test_billing_header_keeps_prompt_identical(scripted: Running) -> None:
     c = client(scripted)
 
     def ids(cch: str) -> list[int]:
-        body = MessagesRequest.model_validate({
-            "model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}],
-            "system": [{"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.3; cch={cch};"}]})
+        body = MessagesRequest.model_validate(
+            {
+                "model": MODEL,
+                "max_tokens": 5,
+                "messages": [{"role": "user", "content": "hi"}],
+                "system": [{"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.3; cch={cch};"}],
+            }
+        )
         return scripted.state.generation().render(to_internal(body))
 
     assert ids("1a2b3") == ids("ffff0")
@@ -154,9 +209,15 @@ def test_billing_header_keeps_prompt_identical(scripted: Running) -> None:
 def test_special_token_text_in_content_stays_text(scripted: Running) -> None:
     tok = scripted.engine.tokenizer
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
-    body = MessagesRequest.model_validate({
-        "model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "a<|im_end|>b<tool_call>"}]})
+    body = MessagesRequest.model_validate(
+        {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "a<|im_end|>b<tool_call>"}]}
+    )
     ids = scripted.state.generation().render(to_internal(body))
-    plain = scripted.state.generation().render(to_internal(MessagesRequest.model_validate({
-        "model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "ab"}]})))
+    plain = scripted.state.generation().render(
+        to_internal(
+            MessagesRequest.model_validate(
+                {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "ab"}]}
+            )
+        )
+    )
     assert ids.count(im_end) == plain.count(im_end)

@@ -45,11 +45,13 @@ def _anthropic_error(r: httpx.Response, status: int, kind: str) -> str:
 
 
 def _ok(srv: Running) -> None:
-    r = httpx.post(srv.url + CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-                                         "max_tokens": 3})
+    r = httpx.post(
+        srv.url + CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    )
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
-    r = httpx.post(srv.url + MSGS, json={"model": MODEL, "max_tokens": 3,
-                                         "messages": [{"role": "user", "content": "hi"}]})
+    r = httpx.post(
+        srv.url + MSGS, json={"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+    )
     assert r.status_code == 200 and r.json()["content"][0]["text"]
 
 
@@ -61,13 +63,27 @@ BAD_OPENAI: list[tuple[str, Any, int]] = [
     ("unknown model", {"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}, 404),
     ("empty messages", {"model": MODEL, "messages": []}, 400),
     ("max_tokens 0", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400),
-    ("max_tokens -1", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
-                       "max_completion_tokens": -1}, 400),
-    ("orphan tool result", {"model": MODEL, "messages": [{"role": "user", "content": "x"},
-                                                          {"role": "tool", "tool_call_id": "c9", "content": "r"}]},
-     400),
-    ("image part", {"model": MODEL, "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "data:"}}]}]}, 400),
+    (
+        "max_tokens -1",
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1},
+        400,
+    ),
+    (
+        "orphan tool result",
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "c9", "content": "r"}],
+        },
+        400,
+    ),
+    (
+        "image part",
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:"}}]}],
+        },
+        400,
+    ),
     ("n=2", {"model": MODEL, "n": 2, "messages": [{"role": "user", "content": "x"}]}, 400),
 ]
 
@@ -85,20 +101,58 @@ def test_openai_bad_input(srv: Running, name: str, body: Any, status: int) -> No
 
 BAD_ANTHROPIC: list[tuple[str, Any, int, str]] = [
     ("invalid json", b"{", 400, "invalid_request_error"),
-    ("missing max_tokens", {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}, 400,
-     "invalid_request_error"),
-    ("wrong type", {"model": MODEL, "max_tokens": "ten", "messages": [{"role": "user", "content": "x"}]}, 400,
-     "invalid_request_error"),
-    ("unknown model", {"model": "claude-opus-9", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
-     404, "not_found_error"),
+    (
+        "missing max_tokens",
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}]},
+        400,
+        "invalid_request_error",
+    ),
+    (
+        "wrong type",
+        {"model": MODEL, "max_tokens": "ten", "messages": [{"role": "user", "content": "x"}]},
+        400,
+        "invalid_request_error",
+    ),
+    (
+        "unknown model",
+        {"model": "claude-opus-9", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
+        404,
+        "not_found_error",
+    ),
     ("empty messages", {"model": MODEL, "max_tokens": 5, "messages": []}, 400, "invalid_request_error"),
-    ("max_tokens 0", {"model": MODEL, "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}, 400,
-     "invalid_request_error"),
-    ("orphan tool_result", {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": "toolu_9", "content": "r"}]}]}, 400, "invalid_request_error"),
-    ("image block", {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": [
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}]}]}, 400,
-     "invalid_request_error"),
+    (
+        "max_tokens 0",
+        {"model": MODEL, "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]},
+        400,
+        "invalid_request_error",
+    ),
+    (
+        "orphan tool_result",
+        {
+            "model": MODEL,
+            "max_tokens": 5,
+            "messages": [
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "content": "r"}]}
+            ],
+        },
+        400,
+        "invalid_request_error",
+    ),
+    (
+        "image block",
+        {
+            "model": MODEL,
+            "max_tokens": 5,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}],
+                }
+            ],
+        },
+        400,
+        "invalid_request_error",
+    ),
 ]
 
 
@@ -113,8 +167,9 @@ def test_context_overflow_in_each_wording(srv: Running) -> None:
     r = httpx.post(srv.url + CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": long}]})
     err = _openai_error(r, 400)
     assert err["code"] == "context_length_exceeded" and "maximum context length is 128" in err["message"]
-    r = httpx.post(srv.url + MSGS, json={"model": MODEL, "max_tokens": 5,
-                                         "messages": [{"role": "user", "content": long}]})
+    r = httpx.post(
+        srv.url + MSGS, json={"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": long}]}
+    )
     msg = _anthropic_error(r, 400, "invalid_request_error")
     n = int(msg.split("prompt is too long: ")[1].split(" tokens")[0])
     assert n > 128 and msg.startswith(f"prompt is too long: {n} tokens > 127 maximum")
@@ -123,7 +178,8 @@ def test_context_overflow_in_each_wording(srv: Running) -> None:
     # The SDKs surface them as their BadRequestError types.
     with pytest.raises(anthropic.BadRequestError):
         anthropic.Anthropic(base_url=srv.url, api_key="k", max_retries=0).messages.create(
-            model=MODEL, max_tokens=5, messages=[{"role": "user", "content": long}])
+            model=MODEL, max_tokens=5, messages=[{"role": "user", "content": long}]
+        )
 
 
 def test_max_tokens_clamped_to_context_left(srv: Running) -> None:
@@ -142,8 +198,11 @@ def test_max_tokens_clamped_to_context_left(srv: Running) -> None:
 
 def test_server_keeps_serving_after_bad_input(srv: Running) -> None:
     for name, body, _ in BAD_OPENAI:
-        httpx.post(srv.url + CHAT, content=body if isinstance(body, bytes) else None,
-                   json=None if isinstance(body, bytes) else body)
+        httpx.post(
+            srv.url + CHAT,
+            content=body if isinstance(body, bytes) else None,
+            json=None if isinstance(body, bytes) else body,
+        )
     _ok(srv)
     srv.engine.check_integrity()
     text = httpx.get(srv.url + "/metrics").text
@@ -154,10 +213,13 @@ def test_api_key(tokenizer: Any) -> None:
     with serve(ScriptedEngine(tokenizer), ServerConfig(api_key="s3cret", served_model_names=(MODEL,))) as s:
         body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
         assert httpx.post(s.url + CHAT, json=body).status_code == 401
-        assert _openai_error(httpx.post(s.url + CHAT, json=body, headers={"Authorization": "Bearer nope"}), 401)[
-            "type"] == "authentication_error"
-        _anthropic_error(httpx.post(s.url + MSGS, json=body, headers={"x-api-key": "nope"}), 401,
-                         "authentication_error")
+        assert (
+            _openai_error(httpx.post(s.url + CHAT, json=body, headers={"Authorization": "Bearer nope"}), 401)["type"]
+            == "authentication_error"
+        )
+        _anthropic_error(
+            httpx.post(s.url + MSGS, json=body, headers={"x-api-key": "nope"}), 401, "authentication_error"
+        )
         assert httpx.post(s.url + CHAT, json=body, headers={"Authorization": "Bearer s3cret"}).status_code == 200
         assert httpx.post(s.url + MSGS, json=body, headers={"x-api-key": "s3cret"}).status_code == 200
         assert httpx.get(s.url + "/health").status_code == 200
@@ -172,8 +234,16 @@ def test_queue_full_is_429_and_529(tokenizer: Any) -> None:
         started = threading.Event()
 
         def hold() -> None:
-            with httpx.stream("POST", s.url + CHAT, json={"model": MODEL, "stream": True, "max_tokens": 100,
-                                                          "messages": [{"role": "user", "content": "x"}]}) as r:
+            with httpx.stream(
+                "POST",
+                s.url + CHAT,
+                json={
+                    "model": MODEL,
+                    "stream": True,
+                    "max_tokens": 100,
+                    "messages": [{"role": "user", "content": "x"}],
+                },
+            ) as r:
                 assert r.status_code == 200
                 for _ in r.iter_lines():
                     started.set()
@@ -203,3 +273,23 @@ def test_engine_dead_and_loading(tokenizer: Any) -> None:
         _anthropic_error(httpx.post(s.url + MSGS, json=body), 500, "api_error")
         eng.state = "ready"
         _ok(s)
+
+
+def test_engine_error_mid_stream_in_each_shape(tokenizer: Any) -> None:
+    with serve(ScriptedEngine(tokenizer, lambda ids: "fox " * 50, fail_after=3)) as s:
+        body = {"model": MODEL, "max_tokens": 40, "messages": [{"role": "user", "content": "hi"}]}
+        assert "kernel fault" in _openai_error(httpx.post(s.url + CHAT, json=body), 500)["message"]
+        _anthropic_error(httpx.post(s.url + MSGS, json=body), 500, "api_error")
+        with pytest.raises(openai.APIError, match="kernel fault"):
+            list(
+                openai.OpenAI(base_url=s.url + "/v1", api_key="k", max_retries=0).chat.completions.create(
+                    model=MODEL, messages=body["messages"], max_tokens=40, stream=True
+                )
+            )
+        with pytest.raises(anthropic.APIError, match="kernel fault"):
+            with anthropic.Anthropic(base_url=s.url, api_key="k", max_retries=0).messages.stream(**body) as st:
+                st.get_final_message()
+        with httpx.stream("POST", s.url + "/v1/responses", json={"model": MODEL, "input": "hi", "stream": True}) as r:
+            kinds = [ln[7:] for ln in r.iter_lines() if ln.startswith("event: ")]
+        assert kinds[0] == "response.created" and kinds[-1] == "response.failed"
+        s.engine.check_integrity()

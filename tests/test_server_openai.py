@@ -73,8 +73,12 @@ def test_chat_tool_calls_stream_equals_nonstream(scripted: Running) -> None:
 def test_chat_stream_chunks_keep_ids_and_indexes(scripted: Running) -> None:
     chunks = list(
         client(scripted).chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "x"}], tools=TOOLS, stream=True,
-            stream_options={"include_usage": True}, max_tokens=200,
+            model=MODEL,
+            messages=[{"role": "user", "content": "x"}],
+            tools=TOOLS,
+            stream=True,
+            stream_options={"include_usage": True},
+            max_tokens=200,
         )
     )
     starts = [tc for ch in chunks for choice in ch.choices for tc in choice.delta.tool_calls or [] if tc.id]
@@ -134,29 +138,48 @@ def test_responses_stream_equals_nonstream_with_reasoning_and_calls(scripted: Ru
                 out.append((item.type, item.name, item.arguments))
         return out
 
-    assert shape(full) == shape(streamed) == [
-        ("reasoning", ["The user wants weather."]),
-        ("message", ["Checking both."]),
-        ("function_call", "get_weather", '{"city": "Paris"}'),
-        ("function_call", "get_weather", '{"city": "Oslo"}'),
-    ]
+    assert (
+        shape(full)
+        == shape(streamed)
+        == [
+            ("reasoning", ["The user wants weather."]),
+            ("message", ["Checking both."]),
+            ("function_call", "get_weather", '{"city": "Paris"}'),
+            ("function_call", "get_weather", '{"city": "Oslo"}'),
+        ]
+    )
     assert full.status == streamed.status == "completed"
     assert full.usage is not None and streamed.usage is not None
     assert full.usage.output_tokens == streamed.usage.output_tokens
     assert events[:2] == ["response.created", "response.in_progress"] and events[-1] == "response.completed"
-    for kind in ("response.output_item.added", "response.content_part.added", "response.output_text.delta",
-                 "response.function_call_arguments.delta", "response.output_item.done",
-                 "response.reasoning_text.delta"):
+    for kind in (
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.function_call_arguments.delta",
+        "response.output_item.done",
+        "response.reasoning_text.delta",
+    ):
         assert kind in events
 
 
 def test_responses_custom_tool(tokenizer: Any) -> None:
     patch = "*** Begin Patch\n*** End Patch"
-    text = '<tool_call>\n{"name": "apply_patch", "arguments": {"input": ' + repr(patch).replace("'", '"') + "}}\n</tool_call>"
+    text = (
+        '<tool_call>\n{"name": "apply_patch", "arguments": {"input": '
+        + repr(patch).replace("'", '"')
+        + "}}\n</tool_call>"
+    )
     with serve(ScriptedEngine(tokenizer, lambda ids: text)) as srv:
         c = client(srv)
-        tools: Any = [{"type": "custom", "name": "apply_patch", "description": "Apply a patch",
-                       "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}}]
+        tools: Any = [
+            {
+                "type": "custom",
+                "name": "apply_patch",
+                "description": "Apply a patch",
+                "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"},
+            }
+        ]
         full = c.responses.create(model=MODEL, input="fix it", tools=tools)
         with c.responses.stream(model=MODEL, input="fix it", tools=tools) as s:
             streamed = s.get_final_response()
@@ -166,32 +189,48 @@ def test_responses_custom_tool(tokenizer: Any) -> None:
 
 
 def test_responses_input_items_convert() -> None:
-    body = ResponsesRequest.model_validate({
-        "model": MODEL, "instructions": "sys",
-        "input": [
-            {"role": "developer", "content": "dev"},
-            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
-            {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "hmm"}]},
-            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": '{"a": 1}'},
-            {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "r1"}]},
-            {"type": "reasoning", "id": "rs_2", "summary": [], "encrypted_content": "opaque"},
-            {"type": "custom_tool_call", "call_id": "c2", "name": "apply_patch", "input": "PATCH"},
-            {"type": "custom_tool_call_output", "call_id": "c2", "output": "ok"},
-            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]},
-        ],
-    })
+    body = ResponsesRequest.model_validate(
+        {
+            "model": MODEL,
+            "instructions": "sys",
+            "input": [
+                {"role": "developer", "content": "dev"},
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+                {
+                    "type": "reasoning",
+                    "id": "rs_1",
+                    "summary": [],
+                    "content": [{"type": "reasoning_text", "text": "hmm"}],
+                },
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": '{"a": 1}'},
+                {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "r1"}]},
+                {"type": "reasoning", "id": "rs_2", "summary": [], "encrypted_content": "opaque"},
+                {"type": "custom_tool_call", "call_id": "c2", "name": "apply_patch", "input": "PATCH"},
+                {"type": "custom_tool_call_output", "call_id": "c2", "output": "ok"},
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]},
+            ],
+        }
+    )
     req = to_internal(body)
     req.validate()
     assert req.messages == [
         {"role": "system", "content": "sys"},
         {"role": "system", "content": "dev"},
         {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": "", "reasoning_content": "hmm",
-         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "hmm",
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "r1"},
-        {"role": "assistant", "content": "",
-         "tool_calls": [{"id": "c2", "type": "function",
-                         "function": {"name": "apply_patch", "arguments": {"input": "PATCH"}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c2", "type": "function", "function": {"name": "apply_patch", "arguments": {"input": "PATCH"}}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "c2", "content": "ok"},
         {"role": "assistant", "content": "done"},
     ]

@@ -23,11 +23,7 @@ def field_docs(cls: type) -> dict[str, str]:
     body = ast.parse(inspect.getsource(cls)).body[0].body  # type: ignore[attr-defined]
     for node, nxt in zip(body, body[1:]):
         doc = nxt.value if isinstance(nxt, ast.Expr) else None
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(doc, ast.Constant)
-        ):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(doc, ast.Constant):
             docs[node.target.id] = str(doc.value)
     return docs
 

@@ -30,9 +30,7 @@ def check_api_key(request: Request) -> None:
     auth = request.headers.get("authorization", "")
     given = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
     if not given or not hmac.compare_digest(given.encode(), key.encode()):
-        raise APIError(
-            "authentication", "invalid or missing API key (send Authorization: Bearer KEY or x-api-key)"
-        )
+        raise APIError("authentication", "invalid or missing API key (send Authorization: Bearer KEY or x-api-key)")
 
 
 def build_app(

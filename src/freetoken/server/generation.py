@@ -85,6 +85,7 @@ class Generation:
             top_k=req.top_k,
             stop=list(req.stop),
             seed=req.seed,
+            ignore_eos=req.ignore_eos,
             skip_special_tokens=False,  # the parsers need <tool_call>/<think> markers
         )
         return Prepared(req, prompt_ids, params, self._starts_in_reasoning(prompt_ids))
@@ -136,9 +137,7 @@ class Generation:
                         yield e
                     if out.finished:
                         if out.finish_reason == "error":
-                            raise APIError(
-                                "server_error", f"generation failed: {out.error or 'engine error'}"
-                            )
+                            raise APIError("server_error", f"generation failed: {out.error or 'engine error'}")
                         reason = out.finish_reason or "stop"
                         completion_tokens = out.completion_tokens or len(out_ids)
                         prompt_tokens = out.prompt_tokens or prompt_tokens

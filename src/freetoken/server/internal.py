@@ -53,6 +53,7 @@ class ChatRequest:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    ignore_eos: bool = False  # extension (vLLM's name): keep going past end-of-sequence
     stop: list[str] = field(default_factory=list)
     reasoning: bool | None = None  # None: the template's default (enable_thinking unset)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -62,9 +63,7 @@ class ChatRequest:
         if not self.messages:
             raise APIError.invalid("messages must contain at least one message", param="messages")
         if self.max_tokens is not None and self.max_tokens < 1:
-            raise APIError.invalid(
-                f"max_tokens must be at least 1, got {self.max_tokens}", param="max_tokens"
-            )
+            raise APIError.invalid(f"max_tokens must be at least 1, got {self.max_tokens}", param="max_tokens")
         if self.temperature < 0 or self.temperature > 2:
             raise APIError.invalid("temperature must be between 0 and 2", param="temperature")
         if not (0.0 < self.top_p <= 1.0):
@@ -73,9 +72,7 @@ class ChatRequest:
             raise APIError.invalid("stop sequences must be non-empty strings", param="stop")
         names = {t.name for t in self.tools}
         if self.tool_choice.mode == "named" and self.tool_choice.name not in names:
-            raise APIError.invalid(
-                f"tool_choice names unknown tool {self.tool_choice.name!r}", param="tool_choice"
-            )
+            raise APIError.invalid(f"tool_choice names unknown tool {self.tool_choice.name!r}", param="tool_choice")
         if self.tool_choice.mode == "required" and not self.tools:
             raise APIError.invalid("tool_choice requires tools", param="tool_choice")
         _check_tool_results(self.messages)

@@ -71,9 +71,7 @@ class ServerMetrics:
             metric("freetoken_up", "gauge", "1 when the engine is ready", float(engine_state == "ready"))
             metric("freetoken_requests_total", "counter", "Generation requests started", self.requests_total)
             metric("freetoken_requests_running", "gauge", "Requests being served now", self.requests_running)
-            metric(
-                "freetoken_generated_tokens_total", "counter", "Tokens generated", self.generated_tokens_total
-            )
+            metric("freetoken_generated_tokens_total", "counter", "Tokens generated", self.generated_tokens_total)
             metric("freetoken_generation_tokens_per_second", "gauge", "Generated tokens/s, last minute", tps)
             lines.append("# HELP freetoken_errors_total Requests answered with an error, by kind")
             lines.append("# TYPE freetoken_errors_total counter")

@@ -33,9 +33,7 @@ def to_internal(body: _Conversation) -> ChatRequest:
         raise APIError.invalid("messages: at least one user message is required", param="messages")
     if system:
         messages.insert(0, {"role": "system", "content": normalise_billing_header(system)})
-    tools = [
-        ToolSpec(t.name, t.description or "", t.input_schema) for t in body.tools or [] if t.input_schema
-    ]
+    tools = [ToolSpec(t.name, t.description or "", t.input_schema) for t in body.tools or [] if t.input_schema]
     choice, parallel = ToolChoice("auto"), True
     if body.tool_choice is not None:
         tc = body.tool_choice

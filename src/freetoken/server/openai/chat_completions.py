@@ -63,6 +63,7 @@ def to_internal(body: ChatCompletionRequest) -> ChatRequest:
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=body.top_k or 0,
         seed=body.seed,
+        ignore_eos=body.ignore_eos,
         stop=stop,
         reasoning=reasoning,
         template_kwargs=kwargs,
@@ -84,9 +85,7 @@ def _message(m: ChatMessage, i: int) -> dict[str, Any]:
     if reasoning:
         out["reasoning_content"] = reasoning
     if m.tool_calls:
-        out["tool_calls"] = [
-            tool_call_dict(tc.id, tc.function.name, tc.function.arguments) for tc in m.tool_calls
-        ]
+        out["tool_calls"] = [tool_call_dict(tc.id, tc.function.name, tc.function.arguments) for tc in m.tool_calls]
     return out
 
 

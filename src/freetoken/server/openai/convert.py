@@ -29,17 +29,13 @@ def text_of(content: Any, where: str) -> str:
     for i, part in enumerate(content):
         ptype = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
         text = part.get("text") if isinstance(part, dict) else getattr(part, "text", None)
-        if ptype in ("text", "input_text", "output_text", "summary_text", "reasoning_text") and isinstance(
-            text, str
-        ):
+        if ptype in ("text", "input_text", "output_text", "summary_text", "reasoning_text") and isinstance(text, str):
             texts.append(text)
         elif ptype == "refusal":
             refusal = part.get("refusal") if isinstance(part, dict) else getattr(part, "refusal", "")
             texts.append(str(refusal or ""))
         else:
-            raise APIError.invalid(
-                f"{where}[{i}]: content of type {ptype!r} is not supported (text only)", param=where
-            )
+            raise APIError.invalid(f"{where}[{i}]: content of type {ptype!r} is not supported (text only)", param=where)
     return "\n".join(texts)
 
 

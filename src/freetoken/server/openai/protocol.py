@@ -80,6 +80,7 @@ class ChatCompletionRequest(_Open):
     parallel_tool_calls: bool | None = None
     reasoning_effort: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    ignore_eos: bool = False
 
 
 # ---- /v1/responses ----------------------------------------------------------------------

@@ -30,11 +30,7 @@ def to_internal(body: ResponsesRequest) -> ChatRequest:
     messages: list[dict[str, Any]] = []
     if body.instructions:
         messages.append({"role": "system", "content": body.instructions})
-    items = (
-        [{"type": "message", "role": "user", "content": body.input}]
-        if isinstance(body.input, str)
-        else body.input
-    )
+    items = [{"type": "message", "role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
     _Items(messages).add_all(items)
     tools = [t for t in (_tool(d, i) for i, d in enumerate(body.tools or [])) if t is not None]
     reasoning = None
@@ -126,9 +122,7 @@ class _Items:
                 args: Any = item.get("arguments", "")
             else:
                 args = json.dumps({"input": item.get("input", "")}, ensure_ascii=False)
-            self._assistant(new=False).setdefault("tool_calls", []).append(
-                tool_call_dict(call_id, name, args)
-            )
+            self._assistant(new=False).setdefault("tool_calls", []).append(tool_call_dict(call_id, name, args))
         elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = item.get("call_id")
             if not isinstance(call_id, str):

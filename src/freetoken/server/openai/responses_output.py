@@ -166,9 +166,7 @@ class ResponseBuilder:
     def _delta(self, kind: str, text: str, **extra: Any) -> None:
         assert self.open is not None
         self.buf += text
-        self.emit(
-            kind, {"item_id": self.open["id"], "output_index": len(self.output), "delta": text, **extra}
-        )
+        self.emit(kind, {"item_id": self.open["id"], "output_index": len(self.output), "delta": text, **extra})
 
     def _part(self, kind: str, text: str) -> None:
         assert self.open is not None
@@ -189,15 +187,11 @@ class ResponseBuilder:
             self.emit("response.reasoning_text.done", {**where, "content_index": 0, "text": text})
         elif kind == "message":
             item["content"] = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
-            self.emit(
-                "response.output_text.done", {**where, "content_index": 0, "text": text, "logprobs": []}
-            )
+            self.emit("response.output_text.done", {**where, "content_index": 0, "text": text, "logprobs": []})
             self._part("response.content_part.done", text)
         elif kind == "function_call":
             item["arguments"] = text
-            self.emit(
-                "response.function_call_arguments.done", {**where, "name": item["name"], "arguments": text}
-            )
+            self.emit("response.function_call_arguments.done", {**where, "name": item["name"], "arguments": text})
         else:  # custom_tool_call: the model wrote {"input": "..."}; the client wants the raw input
             item["input"] = _custom_input(text)
             self.emit("response.custom_tool_call_input.delta", {**where, "delta": item["input"]})
@@ -219,7 +213,4 @@ def _custom_input(arguments: str) -> str:
 
 
 def tool_specs_for_echo(tools: list[ToolSpec]) -> list[dict[str, Any]]:
-    return [
-        {"type": "custom" if t.custom else "function", "name": t.name, "description": t.description}
-        for t in tools
-    ]
+    return [{"type": "custom" if t.custom else "function", "name": t.name, "description": t.description} for t in tools]
