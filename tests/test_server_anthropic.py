@@ -9,11 +9,11 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
-from scripted_engine import ScriptedEngine, build_tokenizer
-from server_harness import MODEL, Running, serve
 
 from freetoken.server.anthropic.convert import to_internal
 from freetoken.server.anthropic.protocol import MessagesRequest
+from scripted_engine import ScriptedEngine, build_tokenizer
+from server_harness import MODEL, Running, serve
 
 TOOLS: Any = [
     {

@@ -11,12 +11,12 @@ from typing import Any
 
 import httpx
 import pytest
-from scripted_engine import ScriptedEngine, build_tokenizer
-from server_harness import MODEL, free_port, serve, tiny_checkpoint
 
 from freetoken.cli.main import main
 from freetoken.cli.serve import cache_size, field_docs
 from freetoken.config import EngineConfig
+from scripted_engine import ScriptedEngine, build_tokenizer
+from server_harness import MODEL, free_port, serve, tiny_checkpoint
 
 
 def test_ctl_talks_to_a_server(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:

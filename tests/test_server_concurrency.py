@@ -12,6 +12,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+
 from server_harness import MODEL, Running, real_engine, serve, tiny_checkpoint
 
 pytest.importorskip("freetoken.engine.async_llm")

@@ -10,10 +10,10 @@ import anthropic
 import httpx
 import openai
 import pytest
-from scripted_engine import ScriptedEngine, build_tokenizer
-from server_harness import MODEL, Running, serve
 
 from freetoken.server.settings import ServerConfig
+from scripted_engine import ScriptedEngine, build_tokenizer
+from server_harness import MODEL, Running, serve
 
 CHAT = "/v1/chat/completions"
 MSGS = "/v1/messages"

@@ -8,11 +8,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from scripted_engine import ScriptedEngine, build_tokenizer
-from server_harness import MODEL, Running, serve
 
 from freetoken.server.openai.protocol import ResponsesRequest
 from freetoken.server.openai.responses_input import to_internal
+from scripted_engine import ScriptedEngine, build_tokenizer
+from server_harness import MODEL, Running, serve
 
 TOOLS = [
     {
