@@ -70,6 +70,8 @@ def test_ft_serve_process_answers_and_exits_on_ctrl_c(tmp_path: Any) -> None:
         assert curl.startswith("curl ") and "Authorization: Bearer k1" in curl
         # The printed curl line is a working request.
         body = json.loads(curl.split(" -d ")[1].strip("'"))
+        assert body["max_tokens"] == 64
+        body["max_tokens"] = 4  # keep the test short
         r = httpx.post(
             f"http://127.0.0.1:{port}/v1/chat/completions",
             json=body,
@@ -84,12 +86,13 @@ def test_ft_serve_process_answers_and_exits_on_ctrl_c(tmp_path: Any) -> None:
             f"http://127.0.0.1:{port}/v1/chat/completions",
             timeout=60,
             headers={"Authorization": "Bearer k1"},
-            json={**body, "stream": True, "max_tokens": 200},
+            json={**body, "stream": True, "max_tokens": 24},
         ) as s:
-            next(s.iter_lines())
+            lines = s.iter_lines()
+            next(lines)
             proc.send_signal(signal.SIGINT)
-            for _ in s.iter_lines():
-                pass
+            rest = [ln for ln in lines if ln]
+        assert rest[-1] == "data: [DONE]"  # the running request was finished, not cut
         assert proc.wait(60) == 0
     finally:
         if proc.poll() is None:

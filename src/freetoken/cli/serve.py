@@ -114,5 +114,8 @@ def run(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         timeout_graceful_shutdown=15,
     )
-    uvicorn.Server(config).run()
+    try:
+        uvicorn.Server(config).run()
+    except KeyboardInterrupt:  # uvicorn re-raises the signal after its graceful shutdown
+        pass
     return 0
