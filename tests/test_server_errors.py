@@ -197,7 +197,7 @@ def test_max_tokens_clamped_to_context_left(srv: Running) -> None:
 
 
 def test_server_keeps_serving_after_bad_input(srv: Running) -> None:
-    for name, body, _ in BAD_OPENAI:
+    for _name, body, _ in BAD_OPENAI:
         httpx.post(
             srv.url + CHAT,
             content=body if isinstance(body, bytes) else None,

@@ -14,10 +14,11 @@ import uuid
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from freetoken.chat import events as ev
 from freetoken.chat import make_stream_parser, prompt_opens_reasoning
+from freetoken.chat.template import render_and_tokenize
 from freetoken.engine.sampling_params import SamplingParams
 from freetoken.server.errors import APIError, context_overflow, from_engine_error
 from freetoken.server.internal import ChatRequest, Completion, Finish, FinishReason, ToolCall
@@ -54,17 +55,15 @@ class Generation:
 
     # ---- prompt -------------------------------------------------------------------------
     def render(self, req: ChatRequest) -> list[int]:
-        tok = self.engine.tokenizer
-        if tok is None:
-            raise APIError.invalid("this model has no tokenizer, so chat requests cannot be served")
+        tok, template = self.engine.tokenizer, self.engine.chat_template
+        if tok is None or not template:
+            raise APIError.invalid("this model has no tokenizer or no chat template, so it cannot serve chat requests")
         tools = [t.template_dict() for t in self._prompt_tools(req)] or None
         kwargs: dict[str, Any] = {"add_generation_prompt": True, **req.template_kwargs}
         if req.reasoning is not None:
             kwargs["enable_thinking"] = req.reasoning
-        from freetoken.chat.template import render_and_tokenize
-
         try:
-            return render_and_tokenize(tok, self.engine.chat_template, req.messages, tools, **kwargs)
+            return render_and_tokenize(tok, template, req.messages, tools, **kwargs)
         except APIError:
             raise
         except Exception as exc:  # a template that refuses the conversation is the caller's problem
@@ -125,7 +124,8 @@ class Generation:
         saw_tool = False
         self.metrics.request_started()
         try:
-            async with aclosing(self.engine.generate(prep.prompt_ids, prep.params, rid)) as outputs:
+            engine_stream = cast(AsyncGenerator[Any, None], self.engine.generate(prep.prompt_ids, prep.params, rid))
+            async with aclosing(engine_stream) as outputs:
                 async for out in outputs:
                     if first_at is None and out.new_token_ids:
                         first_at = time.perf_counter()
