@@ -21,7 +21,7 @@ from freetoken.chat import make_stream_parser, prompt_opens_reasoning
 from freetoken.chat.template import render_and_tokenize
 from freetoken.engine.sampling_params import SamplingParams
 from freetoken.server.errors import APIError, context_overflow, from_engine_error
-from freetoken.server.internal import ChatRequest, Completion, Finish, FinishReason, ToolCall
+from freetoken.server.internal import ChatRequest, Completion, Finish, FinishReason, Started, ToolCall
 
 if TYPE_CHECKING:
     from freetoken.engine.async_llm import AsyncLLM
@@ -127,9 +127,10 @@ class Generation:
             engine_stream = cast(AsyncGenerator[Any, None], self.engine.generate(prep.prompt_ids, prep.params, rid))
             async with aclosing(engine_stream) as outputs:
                 async for out in outputs:
-                    if first_at is None and out.new_token_ids:
+                    if first_at is None:
                         first_at = time.perf_counter()
                         self.metrics.first_token(first_at - start)
+                        yield Started()  # accepted and prefilled: streams may send their headers now
                     out_ids.extend(out.new_token_ids)
                     text.append(out.new_text)
                     for e in shaper.apply(parser.feed(out.new_text) if out.new_text else []):
@@ -208,7 +209,8 @@ class Generation:
         return Completion("".join(content), "".join(reasoning), [calls[i] for i in sorted(calls)], finish)
 
     async def first_event(self, events: AsyncGenerator[Event, None]) -> Event:
-        """The first event, so refusals (queue full, too long) become HTTP errors before headers go out."""
+        """The first event (``Started`` once the engine produced output, or an early ``Finish``), so
+        refusals (queue full, too long, engine dead) become HTTP errors before any header goes out."""
         return await events.__anext__()
 
 

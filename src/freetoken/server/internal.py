@@ -104,6 +104,11 @@ FinishReason = Literal["stop", "length", "tool_calls", "stop_sequence", "abort",
 
 
 @dataclass
+class Started:
+    """The engine accepted the request and produced its first output (protocols may ignore it)."""
+
+
+@dataclass
 class Finish:
     """The last event of a generation."""
 
