@@ -21,6 +21,7 @@ from freetoken.chat import make_stream_parser, prompt_opens_reasoning
 from freetoken.chat.template import render_and_tokenize
 from freetoken.engine.sampling_params import SamplingParams
 from freetoken.server.errors import APIError, context_overflow, from_engine_error
+from freetoken.server.forced_tools import forced_prefix
 from freetoken.server.internal import ChatRequest, Completion, Finish, FinishReason, Started, ToolCall
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ class Prepared:
     prompt_ids: list[int]
     params: SamplingParams
     starts_in_reasoning: bool
+    prefill: str = ""  # text already in the prompt that the parser must read first (forced tool call)
 
 
 class Generation:
@@ -72,6 +74,10 @@ class Generation:
     def prepare(self, req: ChatRequest) -> Prepared:
         req.validate()
         prompt_ids = self.render(req)
+        starts_in_reasoning = self._starts_in_reasoning(prompt_ids)
+        prefill = forced_prefix(req.tool_choice, self.family, self.tool_parser, starts_in_reasoning)
+        if prefill:
+            prompt_ids = prompt_ids + list(self.engine.tokenizer.encode(prefill, add_special_tokens=False))
         limit = self.engine.max_model_len
         left = limit - len(prompt_ids)
         if left < 1:
@@ -87,7 +93,7 @@ class Generation:
             ignore_eos=req.ignore_eos,
             skip_special_tokens=False,  # the parsers need <tool_call>/<think> markers
         )
-        return Prepared(req, prompt_ids, params, self._starts_in_reasoning(prompt_ids))
+        return Prepared(req, prompt_ids, params, starts_in_reasoning, prefill)
 
     @staticmethod
     def _prompt_tools(req: ChatRequest) -> list[Any]:
@@ -115,6 +121,7 @@ class Generation:
             reasoning_parser=self.reasoning_parser,
         )
         shaper = _Shaper(req.parallel_tool_calls)
+        primed = parser.feed(prep.prefill) if prep.prefill else []  # events come once the call completes
         rid = request_id or f"req-{uuid.uuid4().hex}"
         start = time.perf_counter()
         first_at: float | None = None
@@ -133,7 +140,8 @@ class Generation:
                         yield Started()  # accepted and prefilled: streams may send their headers now
                     out_ids.extend(out.new_token_ids)
                     text.append(out.new_text)
-                    for e in shaper.apply(parser.feed(out.new_text) if out.new_text else []):
+                    fresh, primed = primed + (parser.feed(out.new_text) if out.new_text else []), []
+                    for e in shaper.apply(fresh):
                         saw_tool = saw_tool or isinstance(e, ev.ToolCallStart)
                         yield e
                     if out.finished:
