@@ -17,5 +17,7 @@ class ServerConfig:
     """Names clients may use in "model" (the first is reported). Empty: the checkpoint's name."""
     tool_parser: str | None = None
     """Tool-call parser family (see freetoken.chat.registry). None: chosen from the checkpoint."""
+    keepalive_s: float = 10.0
+    """Seconds of silence after which a stream sends a keep-alive (Anthropic ping, SSE comment)."""
     reasoning_parser: str | None = None
     """Reasoning parser family, or "none" to return reasoning as plain content. None: from the checkpoint."""

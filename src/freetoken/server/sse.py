@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncGenerator, Awaitable
 from typing import Any, TypeVar
@@ -27,10 +28,14 @@ def sse(data: Any, event: str | None = None) -> bytes:
     return f"{head}data: {body}\n\n".encode()
 
 
-def sse_response(frames: AsyncGenerator[bytes, None]) -> StreamingResponse:
-    # Starlette cancels the iterator when the client disconnects; the protocol generators use
-    # ``aclosing`` around the engine stream, so that cancellation aborts the engine request.
-    return StreamingResponse(frames, media_type="text/event-stream", headers=_HEADERS)
+def sse_response(frames: Frames, every_s: float, ping: bytes = b": keep-alive\n\n") -> StreamingResponse:
+    """An SSE response that sends ``ping`` during silences longer than ``every_s``.
+
+    Starlette cancels the iterator when the client disconnects; the protocol generators use
+    ``aclosing`` around the engine stream, so that cancellation aborts the engine request.
+    """
+    body = with_keepalive(frames, ping, every_s)
+    return StreamingResponse(body, media_type="text/event-stream", headers=_HEADERS)
 
 
 class ClientGone(Exception):
@@ -59,3 +64,32 @@ async def unless_disconnected(request: Request, work: Awaitable[T], poll_s: floa
     except asyncio.CancelledError:
         task.cancel()
         raise
+
+
+async def with_keepalive(frames: Frames, ping: bytes, every_s: float) -> Frames:
+    """Pass ``frames`` through, sending ``ping`` after every ``every_s`` seconds of silence.
+
+    A tool call's arguments arrive in one piece when the call closes, so a long call would
+    otherwise leave the connection silent for minutes (proxies and clients may give up).
+    """
+    pending: asyncio.Future[bytes] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(frames.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=every_s)
+            if not done:
+                yield ping
+                continue
+            finished, pending = pending, None
+            try:
+                frame = finished.result()
+            except StopAsyncIteration:
+                return
+            yield frame
+    finally:
+        if pending is not None:  # client gone mid-wait: cancelling unwinds (and aborts) the stream
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                await pending
+        await frames.aclose()

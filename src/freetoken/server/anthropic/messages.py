@@ -31,7 +31,8 @@ async def create_message(request: Request) -> Response:
         return JSONResponse(builder.message())
     events = gen.stream(prep, builder.id)
     first = await unless_disconnected(request, gen.first_event(events))
-    return sse_response(_frames(builder, first, events))
+    ping = sse({"type": "ping"}, event="ping")
+    return sse_response(_frames(builder, first, events), state.config.keepalive_s, ping)
 
 
 async def _run(gen: Generation, prep: Prepared, builder: MessageBuilder) -> None:

@@ -102,7 +102,8 @@ async def create_chat_completion(request: Request) -> Response:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     events = gen.stream(prep, rid)
     first = await unless_disconnected(request, gen.first_event(events))
-    return sse_response(_frames(gen, prep, rid, body.model, first, events, include_usage))
+    frames = _frames(gen, prep, rid, body.model, first, events, include_usage)
+    return sse_response(frames, state.config.keepalive_s)
 
 
 def _completion_body(rid: str, model: str, done: Completion) -> dict[str, Any]:

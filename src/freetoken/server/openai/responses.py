@@ -32,7 +32,7 @@ async def create_response(request: Request) -> Response:
         return JSONResponse(builder.response())
     events = gen.stream(prep, builder.id)
     first = await unless_disconnected(request, gen.first_event(events))
-    return sse_response(_frames(builder, first, events))
+    return sse_response(_frames(builder, first, events), state.config.keepalive_s)
 
 
 async def _run(gen: Generation, prep: Prepared, builder: ResponseBuilder) -> None:
