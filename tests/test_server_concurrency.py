@@ -159,3 +159,40 @@ def test_metrics_and_stats(srv: Running) -> None:
         assert name in text
     stats = httpx.get(srv.url + "/v1/engine/stats").json()
     assert stats["state"] == "ready" and stats["server"]["requests_total"] > 0 and stats["engine"]
+
+
+def test_non_streaming_client_gone_aborts(srv: Running) -> None:
+    before = srv.state.metrics.generated_tokens_total
+    body = {"model": MODEL, "max_tokens": 400, "ignore_eos": True, "messages": _msgs(PROMPTS[2])}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(5.0, read=1.0))
+    deadline = time.time() + 30
+    while srv.state.metrics.requests_running and time.time() < deadline:
+        time.sleep(0.05)
+    assert srv.state.metrics.requests_running == 0
+    assert srv.state.metrics.generated_tokens_total - before < 400
+    srv.engine.check_integrity()
+
+
+def test_engine_death_mid_stream_is_5xx_not_a_hang(tmp_path_factory: pytest.TempPathFactory) -> None:
+    model = tiny_checkpoint(str(tmp_path_factory.mktemp("tiny_dies")))
+    with serve(real_engine(model, max_model_len=256)) as s:
+        inner = s.engine.engine
+        real_step, calls = inner.step, [0]
+
+        def failing_step() -> Any:  # fault injection: the 5th step raises inside the engine thread
+            calls[0] += 1
+            if calls[0] == 5:
+                raise RuntimeError("injected device fault")
+            return real_step()
+
+        inner.step = failing_step
+        body = {"model": MODEL, "max_tokens": 50, "ignore_eos": True, "stream": True, "messages": _msgs("hi")}
+        with httpx.stream("POST", s.url + "/v1/chat/completions", json=body, timeout=30) as r:
+            lines = [ln for ln in r.iter_lines() if ln]
+        assert "injected device fault" in lines[-2] and lines[-1] == "data: [DONE]"
+        assert '"error"' in lines[-2]
+        health = httpx.get(s.url + "/health")
+        assert health.status_code == 503 and "injected device fault" in health.json()["error"]
+        r2 = httpx.post(s.url + "/v1/messages", json={**body, "stream": False}, timeout=30)
+        assert r2.status_code == 500 and r2.json()["error"]["type"] == "api_error"
