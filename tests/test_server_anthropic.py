@@ -229,8 +229,13 @@ def test_keepalive_pings_while_a_tool_call_is_written(tokenizer: Any) -> None:
 
     eng = ScriptedEngine(tokenizer, lambda ids: SCRIPT, step_s=0.03)
     with serve(eng, ServerConfig(served_model_names=(MODEL,), keepalive_s=0.1)) as srv:
-        body = {"model": MODEL, "max_tokens": 300, "stream": True, "tools": TOOLS,
-                "messages": [{"role": "user", "content": "Weather?"}]}
+        body = {
+            "model": MODEL,
+            "max_tokens": 300,
+            "stream": True,
+            "tools": TOOLS,
+            "messages": [{"role": "user", "content": "Weather?"}],
+        }
         with httpx.stream("POST", srv.url + "/v1/messages", json=body) as r:
             kinds = [ln[7:] for ln in r.iter_lines() if ln.startswith("event: ")]
         assert kinds[:2] == ["message_start", "ping"]
@@ -238,8 +243,9 @@ def test_keepalive_pings_while_a_tool_call_is_written(tokenizer: Any) -> None:
         with client(srv).messages.stream(**{k: v for k, v in body.items() if k != "stream"}) as s:
             m = s.get_final_message()
         assert m.stop_reason == "tool_use" and m.content[-1].input == {"city": "Paris"}  # type: ignore[union-attr]
-        chat_tools = [{"type": "function", "function": {"name": t["name"], "parameters": t["input_schema"]}}
-                      for t in TOOLS]
+        chat_tools = [
+            {"type": "function", "function": {"name": t["name"], "parameters": t["input_schema"]}} for t in TOOLS
+        ]
         with httpx.stream("POST", srv.url + "/v1/chat/completions", json={**body, "tools": chat_tools}) as r:
             lines = list(r.iter_lines())
         assert ": keep-alive" in lines and [ln for ln in lines if ln][-1] == "data: [DONE]"

@@ -77,10 +77,10 @@ BAD_OPENAI: list[tuple[str, Any, int]] = [
         400,
     ),
     (
-        "image part",
+        "unknown part",
         {
             "model": MODEL,
-            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:"}}]}],
+            "messages": [{"role": "user", "content": [{"type": "hologram", "hologram": {"url": "data:"}}]}],
         },
         400,
     ),
@@ -139,14 +139,14 @@ BAD_ANTHROPIC: list[tuple[str, Any, int, str]] = [
         "invalid_request_error",
     ),
     (
-        "image block",
+        "unknown block",
         {
             "model": MODEL,
             "max_tokens": 5,
             "messages": [
                 {
                     "role": "user",
-                    "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}],
+                    "content": [{"type": "hologram", "source": {"type": "base64", "data": ""}}],
                 }
             ],
         },
@@ -293,3 +293,38 @@ def test_engine_error_mid_stream_in_each_shape(tokenizer: Any) -> None:
             kinds = [ln[7:] for ln in r.iter_lines() if ln.startswith("event: ")]
         assert kinds[0] == "response.created" and kinds[-1] == "response.failed"
         s.engine.check_integrity()
+
+
+def test_images_become_a_note_not_an_error(srv: Running) -> None:
+    """An agent resends an attached screenshot on every turn: refusing it would wedge the session."""
+    img = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    body = {
+        "model": MODEL,
+        "max_tokens": 2,
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "look"}, img]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "read", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [img]}]},
+        ],
+    }
+    assert httpx.post(srv.url + MSGS, json=body).status_code == 200
+    from freetoken.server.anthropic.convert import to_internal
+    from freetoken.server.anthropic.protocol import MessagesRequest
+
+    req = to_internal(MessagesRequest.model_validate(body))
+    assert req.messages[0]["content"] == "look\n[image omitted: this model reads text only]"
+    assert req.messages[2]["content"] == "[image omitted: this model reads text only]"
+    chat = {
+        "model": MODEL,
+        "max_tokens": 2,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "see"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                ],
+            }
+        ],
+    }
+    assert httpx.post(srv.url + CHAT, json=chat).status_code == 200

@@ -8,7 +8,7 @@ from typing import Any
 from freetoken.server.anthropic.protocol import ContentBlock, Message, MessagesRequest, _Conversation
 from freetoken.server.errors import APIError
 from freetoken.server.internal import ChatRequest, ToolChoice, ToolSpec
-from freetoken.server.openai.convert import tool_call_dict
+from freetoken.server.openai.convert import MEDIA_PARTS, media_placeholder, tool_call_dict
 
 # Claude Code puts a per-request checksum (cch=…) in a billing line at the top of the system
 # prompt; left alone it changes the very first tokens and defeats the prefix cache.
@@ -94,6 +94,8 @@ def _user(m: Message, i: int) -> list[dict[str, Any]]:
             if b.is_error:
                 text = f"Error: {text}" if text else "Error"
             tools.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": text})
+        elif b.type in MEDIA_PARTS:
+            texts.append(media_placeholder(b.type))
         else:
             raise APIError.invalid(
                 f"{where}: content block type {b.type!r} is not supported in user messages", param=where
@@ -110,9 +112,12 @@ def _result_text(content: str | list[dict[str, Any]] | None, where: str) -> str:
     for k, part in enumerate(content):
         if part.get("type") == "text":
             out.append(str(part.get("text", "")))
+        elif part.get("type") in MEDIA_PARTS:
+            out.append(media_placeholder(str(part["type"])))
         else:
             raise APIError.invalid(
-                f"{where}.content[{k}]: only text tool results are supported", param=f"{where}.content.{k}"
+                f"{where}.content[{k}]: tool result part {part.get('type')!r} is not supported",
+                param=f"{where}.content.{k}",
             )
     return "\n".join(out)
 

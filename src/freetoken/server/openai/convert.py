@@ -19,6 +19,15 @@ def parse_arguments(arguments: str | dict[str, Any]) -> dict[str, Any] | str:
     return value if isinstance(value, dict) else arguments
 
 
+# Media the model cannot read. An agent that once attached a screenshot resends it on every
+# later turn, so refusing it would wedge the whole session: it becomes a short note instead.
+MEDIA_PARTS = frozenset({"image_url", "input_image", "input_audio", "input_file", "file", "image", "document"})
+
+
+def media_placeholder(kind: str) -> str:
+    return f"[{kind} omitted: this model reads text only]"
+
+
 def text_of(content: Any, where: str) -> str:
     """A string, or text parts joined; anything else (images, audio) is refused."""
     if content is None:
@@ -34,6 +43,8 @@ def text_of(content: Any, where: str) -> str:
         elif ptype == "refusal":
             refusal = part.get("refusal") if isinstance(part, dict) else getattr(part, "refusal", "")
             texts.append(str(refusal or ""))
+        elif ptype in MEDIA_PARTS:
+            texts.append(media_placeholder(str(ptype)))
         else:
             raise APIError.invalid(f"{where}[{i}]: content of type {ptype!r} is not supported (text only)", param=where)
     return "\n".join(texts)
