@@ -149,12 +149,15 @@ def test_client_killed_mid_stream(srv: Running) -> None:
 
 
 def test_metrics_and_stats(srv: Running) -> None:
+    oai(srv).chat.completions.create(model=MODEL, messages=_msgs("hi"), max_tokens=2)
     text = httpx.get(srv.url + "/metrics").text
     for name in (
         "freetoken_up 1.0",
         "freetoken_generated_tokens_total",
         "freetoken_time_to_first_token_seconds_count",
         "freetoken_generation_tokens_per_second",
+        "freetoken_kv_pages_occupancy",
+        "freetoken_engine_waiting",
     ):
         assert name in text
     stats = httpx.get(srv.url + "/v1/engine/stats").json()

@@ -91,6 +91,13 @@ class ServerMetrics:
             name = "freetoken_engine_" + _sanitize(key)
             lines.append(f"# TYPE {name} gauge")
             lines.append(f"{name} {_fmt(value)}")
+        # Occupancy of every pool the engine reports as <name>_used / <name>_total (KV pages, slots, …).
+        flat = _flatten(engine_stats)
+        for key in sorted(k for k in flat if k.endswith("_used")):
+            total = flat.get(key[: -len("_used")] + "_total")
+            if total:
+                name = "freetoken_" + _sanitize(key[: -len("_used")]) + "_occupancy"
+                metric(name, "gauge", "Fraction in use", flat[key] / total)
         hits = engine_stats.get("expert_hits")
         misses = (engine_stats.get("expert_fills") or 0) + (engine_stats.get("expert_cpu_runs") or 0)
         if isinstance(hits, (int, float)):
