@@ -241,6 +241,7 @@ def test_random_multi_way_splits(cuts):
         ("<｜tool▁calls▁begin｜>", None, "deepseek_v3"),
         ("<tool_call>{{ name }}<arg_key>", None, "glm45"),
         ("<minimax:tool_call>", None, "minimax_m2"),
+        ("<|tool_calls_section_begin|> <think>", None, "kimi_k2"),
         ("{{ messages }}", "glm4_moe", "glm45"),
         ("{{ messages }}", "llama", None),
     ],

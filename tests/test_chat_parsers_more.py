@@ -202,3 +202,20 @@ def test_minimax_malformed_invoke_and_bare_invoke_are_content():
     assert check(bad, "minimax_m2") == ParsedMessage(bad, "", [])
     bare = 'Use <invoke name="x"></invoke> tags.'
     assert check(bare, "minimax_m2") == ParsedMessage(bare, "", [])
+
+
+# ---- Kimi-K2 -----------------------------------------------------------------------------------
+KS, KE = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+KB, KA, KC = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
+
+
+def test_kimi_k2_parallel_calls_and_malformed():
+    text = (
+        f'<think>plan</think>Checking.{KS}{KB}functions.get_weather:0{KA}{{"city": "Oslo"}}{KC}'
+        f'{KB}functions.run_shell:1{KA}{{"cmd": "ls"}}{KC}{KE}'
+    )
+    msg = check(text, "kimi_k2")
+    assert msg.reasoning == "plan" and msg.content == "Checking."
+    assert calls(msg) == [("get_weather", {"city": "Oslo"}), ("run_shell", {"cmd": "ls"})]
+    bad = f"{KS}{KB}functions.run_shell:0{KA}{{cmd}}{KC}{KE}"
+    assert check(bad, "kimi_k2") == ParsedMessage(bad, "", [])

@@ -24,6 +24,13 @@ from freetoken.chat.registry import (
     reasoning_parser_names,
     tool_parser_names,
 )
+from freetoken.chat.template import (
+    TemplateRenderError,
+    pick_template,
+    render,
+    render_and_tokenize,
+    render_pieces,
+)
 
 __all__ = [
     "ContentDelta",
@@ -31,6 +38,7 @@ __all__ = [
     "ParsedMessage",
     "ReasoningDelta",
     "StreamParser",
+    "TemplateRenderError",
     "ToolCall",
     "ToolCallArgsDelta",
     "ToolCallEnd",
@@ -41,7 +49,11 @@ __all__ = [
     "make_stream_parser",
     "new_call_id",
     "parse",
+    "pick_template",
     "prompt_opens_reasoning",
     "reasoning_parser_names",
+    "render",
+    "render_and_tokenize",
+    "render_pieces",
     "tool_parser_names",
 ]

@@ -21,6 +21,7 @@ TOOL_PARSERS: dict[str, str] = {
     "deepseek_v3": "freetoken.chat.tools.deepseek",
     "glm45": "freetoken.chat.tools.glm",
     "minimax_m2": "freetoken.chat.tools.minimax",
+    "kimi_k2": "freetoken.chat.tools.kimi",
     "harmony": "freetoken.chat.harmony",
 }
 REASONING_PARSERS: tuple[str, ...] = ("think", "harmony")
@@ -40,6 +41,7 @@ FAMILIES: dict[str, Family] = {
     "deepseek_v3": Family("deepseek_v3", "think"),
     "glm45": Family("glm45", "think"),
     "minimax_m2": Family("minimax_m2", "think"),
+    "kimi_k2": Family("kimi_k2", "think"),
 }
 ALIASES: dict[str, str] = {
     "harmony": "gpt_oss",
@@ -61,6 +63,7 @@ MODEL_TYPES: dict[str, str] = {
     "deepseek_v32": "deepseek_v3",
     "glm4_moe": "glm45",
     "minimax_m2": "minimax_m2",
+    "kimi_k2": "kimi_k2",
 }
 
 
@@ -91,6 +94,8 @@ def detect_family(model_type: str | None = None, chat_template: str | None = Non
     t = chat_template or ""
     if "<|channel|>" in t:
         return "gpt_oss"
+    if "<|tool_calls_section_begin|>" in t:
+        return "kimi_k2"
     if "<minimax:tool_call>" in t:
         return "minimax_m2"
     if "<arg_key>" in t:

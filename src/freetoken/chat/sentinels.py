@@ -1,11 +1,14 @@
 """Keeping untrusted message text out of the chat template's special-token syntax.
 
-Every untrusted string (message content, reasoning, tool results, tool-call argument values) is
-replaced by a sentinel `\\ue000<nonce>:<i>\\ue001` before rendering. The rendered string is then
-cut at the sentinels: template text between them may hold special tokens, the values may not.
-A value rendered through `tojson` is marked `\\ue002` (or `\\ue003` with ensure_ascii), so it is put
-back JSON-escaped. The result is checked against a plain render; where a template transforms a
-value (strip, split on `</think>`, ...) the plain render is aligned on the template text instead.
+Every untrusted string (message content, reasoning, tool results, tool-call argument values,
+tool descriptions) is rendered as a sentinel `\\ue000<nonce>:<i>\\ue001` and the rendered string
+is cut at the sentinels: template text between them may hold special tokens, the values may not.
+
+A sentinel is a `Tainted` str: its characters are the marker, but what templates ask of it
+(`'</think>' in x`, `x.startswith(..)`, `x|length`, `x == ..`) is answered from the real value,
+and what they derive from it (`x.split(..)[-1].lstrip()`, `x|trim`, `x[:n]`) is a new sentinel
+for the derived value. So templates take the same branches as with the real text. Values that
+reach `tojson` are re-marked `\\ue002` (`\\ue003` with ensure_ascii) and put back JSON-escaped.
 """
 
 from __future__ import annotations
@@ -14,18 +17,26 @@ import json
 import re
 import secrets
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 RAW, JSON, JSON_ASCII, CLOSE = "\ue000", "\ue002", "\ue003", "\ue001"
-# Digits only, so case filters (`upper`, `title`) leave a sentinel intact.
+# Digits only, so case filters applied to the marker itself would leave it intact.
 _SENTINEL = re.compile("([\ue000\ue002\ue003])([0-9]{8}):([0-9]+)\ue001")
 _ESCAPED_RAW = re.compile(r"\\ue000([0-9]{8}:[0-9]+)\\ue001")
 _UNTRUSTED_KEYS = ("content", "reasoning_content", "reasoning", "thinking")
-_MAX_ALIGN_STEPS = 200_000
 
-# A piece of the final prompt: (text, is_untrusted).
-Piece = tuple[str, bool]
+# str methods whose string results are derived values (new sentinels); the asking ones answer from
+# the value with bools and ints only. Nothing may hand the real text back as another type (no
+# `encode`): a template could turn it back into plain, trusted-looking text.
+_DERIVING = (
+    "strip lstrip rstrip lower upper title capitalize casefold swapcase replace removeprefix "
+    "removesuffix expandtabs center ljust rjust zfill"
+).split()
+_SPLITTING = ("split", "rsplit", "splitlines", "partition", "rpartition")
+_ASKING = (
+    "startswith endswith find rfind index rindex count isspace isdigit isalpha isalnum isnumeric "
+    "isdecimal islower isupper istitle isidentifier isprintable isascii"
+).split()
 
 
 def mark_json(dumped: str, ensure_ascii: bool) -> str:
@@ -35,36 +46,104 @@ def mark_json(dumped: str, ensure_ascii: bool) -> str:
     return _SENTINEL.sub(lambda m: (JSON if m.group(1) == RAW else m.group(1)) + m.group(0)[1:], dumped)
 
 
-@dataclass
-class _Slot:
-    value: str
-    kind: str  # RAW | JSON | JSON_ASCII
+class Tainted(str):
+    """Untrusted text as a template sees it (see the module doc). Attributes start with `_`, so
+    the sandbox keeps templates from reading the real value directly."""
 
-    @property
-    def text(self) -> str:
-        if self.kind == RAW:
-            return self.value
-        return json.dumps(self.value, ensure_ascii=self.kind == JSON_ASCII)[1:-1]
+    _ft_value: str
+    _ft_table: Sentinels
+
+    def __new__(cls, marker: str, value: str, table: Sentinels) -> Tainted:
+        obj = super().__new__(cls, marker)
+        obj._ft_value, obj._ft_table = value, table
+        return obj
+
+    def __len__(self) -> int:
+        return len(self._ft_value)
+
+    def __bool__(self) -> bool:
+        return bool(self._ft_value)
+
+    def __contains__(self, sub: object) -> bool:
+        return _plain(sub) in self._ft_value  # type: ignore[operator]
+
+    def __eq__(self, other: object) -> bool:
+        return self._ft_value == _plain(other)
+
+    def __ne__(self, other: object) -> bool:
+        return self._ft_value != _plain(other)
+
+    def __hash__(self) -> int:
+        return hash(self._ft_value)
+
+    def __getitem__(self, key: Any) -> Tainted:  # type: ignore[override]
+        return self._ft_table.wrap(self._ft_value[key])
+
+    def __iter__(self) -> Iterator[Tainted]:  # type: ignore[override]
+        return (self._ft_table.wrap(c) for c in self._ft_value)
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, Tainted):
+        return v._ft_value
+    if isinstance(v, tuple):
+        return tuple(_plain(x) for x in v)
+    return v
+
+
+def _deriving(name: str) -> Any:
+    def method(self: Tainted, *args: Any, **kwargs: Any) -> Any:
+        out = getattr(self._ft_value, name)(*_plain(args), **{k: _plain(v) for k, v in kwargs.items()})
+        return self._ft_table.wrap(out)
+
+    return method
+
+
+def _splitting(name: str) -> Any:
+    def method(self: Tainted, *args: Any, **kwargs: Any) -> Any:
+        parts = getattr(self._ft_value, name)(*_plain(args), **kwargs)
+        wrapped = [self._ft_table.wrap(p) for p in parts]
+        return tuple(wrapped) if isinstance(parts, tuple) else wrapped
+
+    return method
+
+
+def _asking(name: str) -> Any:
+    def method(self: Tainted, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self._ft_value, name)(*_plain(args), **kwargs)
+
+    return method
+
+
+for _name in _DERIVING:
+    setattr(Tainted, _name, _deriving(_name))
+for _name in _SPLITTING:
+    setattr(Tainted, _name, _splitting(_name))
+for _name in _ASKING:
+    setattr(Tainted, _name, _asking(_name))
 
 
 class Sentinels:
+    """The table of one render: sentinel i stands for `values[i]`."""
+
     def __init__(self) -> None:
         self.nonce = f"{secrets.randbelow(10**8):08d}"
         self.values: list[str] = []
 
     def wrap(self, value: Any) -> Any:
-        """A sentinel for non-blank strings; blank ones cannot smuggle tokens and steer `if`s."""
-        if not isinstance(value, str) or not value.strip():
+        if not isinstance(value, str):
             return value
+        if isinstance(value, Tainted):
+            value = value._ft_value
         self.values.append(value)
-        return f"{RAW}{self.nonce}:{len(self.values) - 1}{CLOSE}"
+        return Tainted(f"{RAW}{self.nonce}:{len(self.values) - 1}{CLOSE}", value, self)
 
     def protect(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [self._message(m) for m in messages]
 
     def protect_tools(self, tools: Any) -> Any:
         """Descriptions anywhere in tool definitions (MCP servers write them); names, types and
-        enums stay real, since templates branch on them."""
+        enums stay plain, since templates build syntax from them."""
         if isinstance(tools, dict):
             return {
                 k: self.wrap(v) if k == "description" else self.protect_tools(v) for k, v in tools.items()
@@ -78,10 +157,7 @@ class Sentinels:
         for key in _UNTRUSTED_KEYS:
             v = out.get(key)
             if isinstance(v, list):
-                out[key] = [
-                    {**p, "text": self.wrap(p.get("text"))} if isinstance(p, dict) else self.wrap(p)
-                    for p in v
-                ]
+                out[key] = [{**p, "text": self.wrap(p.get("text"))} if isinstance(p, dict) else p for p in v]
             elif v is not None:
                 out[key] = self.wrap(v)
         if isinstance(out.get("tool_calls"), list):
@@ -105,105 +181,18 @@ class Sentinels:
             return [self._deep(x) for x in v]
         return self.wrap(v)
 
-    def split(self, rendered: str) -> tuple[list[str], list[_Slot]]:
-        """Template texts t0..tn and the n slots between them (t_i may be empty)."""
-        texts, slots, pos = [], [], 0
+    def split(self, rendered: str) -> tuple[list[str], list[str]]:
+        """Template texts t0..tn and the n values between them, as they must read in place
+        (JSON-escaped where a sentinel went through `tojson`)."""
+        texts, values, pos = [], [], 0
         for m in _SENTINEL.finditer(rendered):
             if m.group(2) != self.nonce or int(m.group(3)) >= len(self.values):
                 continue
+            value = self.values[int(m.group(3))]
+            if m.group(1) != RAW:
+                value = json.dumps(value, ensure_ascii=m.group(1) == JSON_ASCII)[1:-1]
             texts.append(rendered[pos : m.start()])
-            slots.append(_Slot(self.values[int(m.group(3))], m.group(1)))
+            values.append(value)
             pos = m.end()
         texts.append(rendered[pos:])
-        return texts, slots
-
-
-def pieces_from(texts: list[str], slots: list[_Slot], plain: str) -> list[Piece] | None:
-    """Template/untrusted pieces whose concatenation is exactly `plain`, or None."""
-    direct = _interleave(texts, [s.text for s in slots])
-    if "".join(t for t, _ in direct) == plain:
-        return direct
-    gaps = _align(texts, [s.text for s in slots], plain)
-    return _interleave(texts, gaps) if gaps is not None else None
-
-
-def _interleave(texts: list[str], gaps: list[str]) -> list[Piece]:
-    out: list[Piece] = []
-    for i, t in enumerate(texts):
-        if t:
-            out.append((t, False))
-        if i < len(gaps) and gaps[i]:
-            if out and out[-1][1]:  # adjacent untrusted values: one piece
-                out[-1] = (out[-1][0] + gaps[i], True)
-            else:
-                out.append((gaps[i], True))
-    return out
-
-
-def _align(texts: list[str], preferred: list[str], plain: str) -> list[str] | None:
-    """Find gaps g with plain == t0 g0 t1 g1 ... tn, preferring g_i == preferred[i].
-
-    Depth-first over the occurrences of the next template text (backtracking, step-bounded).
-    Neighbouring gaps with empty template text between them are merged first.
-    """
-    ts: list[str] = [texts[0]]
-    merged: list[str] = []
-    for t, p in zip(texts[1:], preferred):
-        if merged and not ts[-1]:
-            merged[-1] += p
-            ts[-1] = t
-        else:
-            merged.append(p)
-            ts.append(t)
-    n = len(merged)
-    if n == 0 or not plain.startswith(ts[0]):
-        return None
-    gaps: list[str] = []
-    stack = [_candidates(ts, merged, plain, 0, len(ts[0]))]
-    starts = [len(ts[0])]
-    steps = 0
-    while stack:
-        steps += 1
-        if steps > _MAX_ALIGN_STEPS:
-            return None
-        end = next(stack[-1], None)
-        if end is None:
-            stack.pop()
-            starts.pop()
-            if gaps:
-                gaps.pop()
-            continue
-        k = len(stack) - 1
-        gaps.append(plain[starts[-1] : end])
-        nxt = end + len(ts[k + 1])
-        if k + 1 == n:
-            if nxt == len(plain):
-                return _unmerge(texts, preferred, gaps)
-            gaps.pop()
-            continue
-        stack.append(_candidates(ts, merged, plain, k + 1, nxt))
-        starts.append(nxt)
-    return None
-
-
-def _candidates(ts: list[str], merged: list[str], plain: str, k: int, start: int) -> Iterator[int]:
-    """Possible ends of gap k (which starts at `start`): the preferred value first."""
-    nxt = ts[k + 1]
-    if plain.startswith(merged[k], start) and plain.startswith(nxt, start + len(merged[k])):
-        yield start + len(merged[k])
-    if not nxt:  # the last template text is empty: the gap runs to the end
-        yield len(plain)
-        return
-    i = plain.find(nxt, start)
-    while i >= 0:
-        yield i
-        i = plain.find(nxt, i + 1)
-
-
-def _unmerge(texts: list[str], preferred: list[str], gaps: list[str]) -> list[str]:
-    """Gaps per original slot: a merged gap goes to the first slot of its run."""
-    out: list[str] = []
-    it = iter(gaps)
-    for i in range(len(preferred)):
-        out.append(next(it) if i == 0 or texts[i] else "")
-    return out
+        return texts, values

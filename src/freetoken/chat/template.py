@@ -19,8 +19,9 @@ from jinja2 import nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from freetoken.chat.sentinels import Sentinels, mark_json, pieces_from
-from freetoken.chat.tokenize import encode, special_token_strings, template_token_kwargs
+from freetoken.chat.align import pieces_from
+from freetoken.chat.sentinels import Sentinels, mark_json
+from freetoken.chat.tokenize import encode, encode_pieces, special_token_strings, template_token_kwargs
 
 
 class TemplateRenderError(ValueError):
@@ -88,6 +89,28 @@ def make_environment() -> ImmutableSandboxedEnvironment:
     env.globals["strftime_now"] = _strftime_now
     env.globals["namespace"] = _Namespace
     return env
+
+
+def pick_template(
+    chat_template: str | list[dict[str, str]] | dict[str, str],
+    has_tools: bool = False,
+    name: str | None = None,
+) -> str:
+    """The template text from tokenizer_config.json's `chat_template`, which is a string or a list
+    of named templates (HF picks `tool_use` when tools are given, else `default`)."""
+    if isinstance(chat_template, str):
+        return chat_template
+    named = (
+        {t["name"]: t["template"] for t in chat_template if isinstance(t, dict) and "name" in t}
+        if isinstance(chat_template, list)
+        else dict(chat_template)
+    )
+    for key in (name, "tool_use" if has_tools else None, "default"):
+        if key and key in named:
+            return named[key]
+    raise TemplateRenderError(
+        f"no chat template named {name or 'default'!r}; have: {', '.join(sorted(named))}"
+    )
 
 
 @lru_cache(maxsize=16)
@@ -174,11 +197,11 @@ def render_pieces(
     sentinels = Sentinels()
     protected, protected_tools = sentinels.protect(prepared), sentinels.protect_tools(tools)
     marked = _render(template, protected, protected_tools, add_generation_prompt, kwargs)
-    texts, slots = sentinels.split(marked)
-    if not slots:  # nothing untrusted was rendered, or the template mangled every sentinel
+    texts, values = sentinels.split(marked)
+    if not values:  # nothing untrusted was rendered, or the template mangled every sentinel
         pieces: list[tuple[str, bool]] | None = [(plain, False)] if marked == plain else None
     else:
-        pieces = pieces_from(texts, slots, plain)
+        pieces = pieces_from(texts, values, plain)
     if pieces is not None and continue_final_message:
         pieces = _cut_after_final(pieces, messages[-1].get("content") if messages else None)
     return pieces
@@ -223,10 +246,7 @@ def render_and_tokenize(
         if any(s in v for s in specials for v in _untrusted_strings(messages, tools)):
             raise TemplateRenderError("cannot keep message text apart from the chat template's markup")
         return encode(tokenizer, plain, special=True)
-    ids: list[int] = []
-    for text, untrusted in pieces:
-        ids += encode(tokenizer, text, special=not untrusted)
-    return ids
+    return encode_pieces(tokenizer, pieces, special_token_strings(tokenizer))
 
 
 def _untrusted_strings(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[str]:

@@ -90,7 +90,7 @@ class ToolCallParser:
             return self._step_call(fmt, out)
         in_section = self._mode == "section"
         if in_section:
-            markers = [fmt.opener, fmt.section_close or ""]
+            markers = [fmt.opener] + ([fmt.section_close] if fmt.section_close else [])
         else:
             markers = [fmt.opener] if fmt.bare_calls or not fmt.section_open else []
             markers += [fmt.section_open] if fmt.section_open else []
