@@ -76,9 +76,8 @@ def tiny_checkpoint(directory: str) -> str:
 
 def real_engine(model_dir: str, **config: Any) -> Callable[[], Any]:
     """A factory for the real engine on the CPU, started on the server's event loop."""
-    from freetoken.engine.async_llm import AsyncLLM
-
     from freetoken.config import EngineConfig
+    from freetoken.engine.async_llm import AsyncLLM
 
     cfg = EngineConfig(model=model_dir, device="cpu", dtype="float32", **config)
     return lambda: AsyncLLM.start(cfg)

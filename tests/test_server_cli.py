@@ -36,7 +36,6 @@ def test_serve_flags() -> None:
 
 
 def test_ft_serve_process_answers_and_exits_on_ctrl_c(tmp_path: Any) -> None:
-    pytest.importorskip("freetoken.engine.async_llm")
     model = tiny_checkpoint(str(tmp_path / "tiny"))
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.abspath("src"), os.environ.get("PYTHONPATH", "")])}

@@ -15,8 +15,6 @@ import pytest
 
 from server_harness import MODEL, Running, real_engine, serve, tiny_checkpoint
 
-pytest.importorskip("freetoken.engine.async_llm")
-
 N_TOKENS = 8
 GREEDY = {"temperature": 0}  # anthropic 2.x dropped the temperature argument
 PROMPTS = [f"Question {i}: what is {i} plus {i * 3}?" for i in range(12)]
