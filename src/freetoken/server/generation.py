@@ -9,6 +9,7 @@ iterator, which aborts the request and frees its KV pages.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 from freetoken.chat import events as ev
 from freetoken.chat import make_stream_parser, prompt_opens_reasoning
 from freetoken.chat.template import render_and_tokenize
+from freetoken.chat.tokenize import encode
 from freetoken.engine.sampling_params import SamplingParams
 from freetoken.server.errors import APIError, context_overflow, from_engine_error
 from freetoken.server.forced_tools import forced_prefix
@@ -77,7 +79,7 @@ class Generation:
         starts_in_reasoning = self._starts_in_reasoning(prompt_ids)
         prefill = forced_prefix(req.tool_choice, self.family, self.tool_parser, starts_in_reasoning)
         if prefill:
-            prompt_ids = prompt_ids + list(self.engine.tokenizer.encode(prefill, add_special_tokens=False))
+            prompt_ids = prompt_ids + encode(self.engine.tokenizer, prefill, special=True)
         limit = self.engine.max_model_len
         left = limit - len(prompt_ids)
         if left < 1:
@@ -94,6 +96,11 @@ class Generation:
             skip_special_tokens=False,  # the parsers need <tool_call>/<think> markers
         )
         return Prepared(req, prompt_ids, params, starts_in_reasoning, prefill)
+
+    async def prepare_async(self, req: ChatRequest) -> Prepared:
+        """``prepare`` off the event loop: rendering and tokenising a long agent context takes
+        long enough to stall every other stream."""
+        return await asyncio.to_thread(self.prepare, req)
 
     @staticmethod
     def _prompt_tools(req: ChatRequest) -> list[Any]:

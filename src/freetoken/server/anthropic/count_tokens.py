@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
@@ -16,4 +18,5 @@ async def count_tokens(request: Request) -> JSONResponse:
     state.check_model(body.model)
     req = to_internal(body)
     req.validate()
-    return JSONResponse({"input_tokens": len(state.generation().render(req))})
+    ids = await asyncio.to_thread(state.generation().render, req)  # long prompts: keep the loop free
+    return JSONResponse({"input_tokens": len(ids)})

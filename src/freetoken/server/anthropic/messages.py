@@ -24,7 +24,7 @@ async def create_message(request: Request) -> Response:
     body = parse_body(MessagesRequest, await read_json(request))
     state.check_model(body.model)
     gen = state.generation()
-    prep = gen.prepare(to_internal(body))
+    prep = await gen.prepare_async(to_internal(body))
     builder = MessageBuilder(body.model, len(prep.prompt_ids))
     if not body.stream:
         await unless_disconnected(request, _run(gen, prep, builder))

@@ -94,7 +94,7 @@ async def create_chat_completion(request: Request) -> Response:
     body = parse_body(ChatCompletionRequest, await read_json(request))
     state.check_model(body.model)
     gen = state.generation()
-    prep = gen.prepare(to_internal(body))
+    prep = await gen.prepare_async(to_internal(body))
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     if not body.stream:
         done = await unless_disconnected(request, gen.complete(prep, rid))

@@ -25,7 +25,7 @@ async def create_response(request: Request) -> Response:
     state.check_model(body.model)
     gen = state.generation()
     req = to_internal(body)
-    prep = gen.prepare(req)
+    prep = await gen.prepare_async(req)
     builder = ResponseBuilder(req, body.model, body.tools)
     if not body.stream:
         await unless_disconnected(request, _run(gen, prep, builder))
