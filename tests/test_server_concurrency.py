@@ -197,3 +197,24 @@ def test_engine_death_mid_stream_is_5xx_not_a_hang(tmp_path_factory: pytest.Temp
         assert health.status_code == 503 and "injected device fault" in health.json()["error"]
         r2 = httpx.post(s.url + "/v1/messages", json={**body, "stream": False}, timeout=30)
         assert r2.status_code == 500 and r2.json()["error"]["type"] == "api_error"
+
+
+def test_seed_and_stop_reach_the_engine(srv: Running) -> None:
+    c = oai(srv)
+
+    def sample(seed: int) -> str:
+        m = c.chat.completions.create(
+            model=MODEL, messages=_msgs("Tell me"), temperature=1.0, seed=seed, max_tokens=N_TOKENS
+        )
+        return m.choices[0].message.content or ""
+
+    a, b = sample(7), sample(7)
+    assert a == b and any(sample(s) != a for s in (8, 9, 10))
+    greedy = c.chat.completions.create(model=MODEL, messages=_msgs("Tell me"), temperature=0, max_tokens=N_TOKENS)
+    text = greedy.choices[0].message.content or ""
+    stop = next(text[i : i + 2] for i in range(len(text) // 2, len(text) - 1) if text[i : i + 2].strip())
+    cut = c.chat.completions.create(
+        model=MODEL, messages=_msgs("Tell me"), temperature=0, max_tokens=N_TOKENS, stop=[stop]
+    )
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].message.content == text[: text.index(stop)].rstrip()
