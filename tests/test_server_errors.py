@@ -85,6 +85,8 @@ BAD_OPENAI: list[tuple[str, Any, int]] = [
         400,
     ),
     ("n=2", {"model": MODEL, "n": 2, "messages": [{"role": "user", "content": "x"}]}, 400),
+    ("top_k -5", {"model": MODEL, "top_k": -5, "messages": [{"role": "user", "content": "x"}]}, 400),
+    ("temperature 9", {"model": MODEL, "temperature": 9, "messages": [{"role": "user", "content": "x"}]}, 400),
 ]
 
 

@@ -85,16 +85,19 @@ class Generation:
         if left < 1:
             raise context_overflow(len(prompt_ids), limit - 1)
         max_tokens = left if req.max_tokens is None else min(req.max_tokens, left)
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            top_k=req.top_k,
-            stop=list(req.stop),
-            seed=req.seed,
-            ignore_eos=req.ignore_eos,
-            skip_special_tokens=False,  # the parsers need <tool_call>/<think> markers
-        )
+        try:
+            params = SamplingParams(
+                max_tokens=max_tokens,
+                temperature=req.temperature,
+                top_p=req.top_p,
+                top_k=req.top_k,
+                stop=list(req.stop),
+                seed=req.seed,
+                ignore_eos=req.ignore_eos,
+                skip_special_tokens=False,  # the parsers need <tool_call>/<think> markers
+            )
+        except ValueError as exc:  # e.g. top_k < -1: the engine's own checks
+            raise APIError.invalid(str(exc)) from exc
         return Prepared(req, prompt_ids, params, starts_in_reasoning, prefill)
 
     async def prepare_async(self, req: ChatRequest) -> Prepared:
