@@ -272,3 +272,16 @@ def test_tool_choice_required_and_named_force_a_call(tokenizer: Any) -> None:
             model=MODEL, input="x", tools=R_TOOLS, tool_choice={"type": "function", "name": "get_weather"}
         )
         assert [(o.type, getattr(o, "arguments", None)) for o in r.output] == [("function_call", '{"city": "Rome"}')]
+
+
+def test_leading_system_messages_merge() -> None:
+    from freetoken.server.internal import merge_leading_system
+
+    msgs = [
+        {"role": "system", "content": "a"},
+        {"role": "system", "content": "b"},
+        {"role": "user", "content": "u"},
+        {"role": "system", "content": "late"},
+    ]
+    assert merge_leading_system(msgs) == [{"role": "system", "content": "a\n\nb"}, *msgs[2:]]
+    assert merge_leading_system(msgs[1:]) == msgs[1:]

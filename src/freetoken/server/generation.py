@@ -24,7 +24,15 @@ from freetoken.chat.tokenize import encode
 from freetoken.engine.sampling_params import SamplingParams
 from freetoken.server.errors import APIError, context_overflow, from_engine_error
 from freetoken.server.forced_tools import forced_prefix
-from freetoken.server.internal import ChatRequest, Completion, Finish, FinishReason, Started, ToolCall
+from freetoken.server.internal import (
+    ChatRequest,
+    Completion,
+    Finish,
+    FinishReason,
+    Started,
+    ToolCall,
+    merge_leading_system,
+)
 
 if TYPE_CHECKING:
     from freetoken.engine.async_llm import AsyncLLM
@@ -67,7 +75,7 @@ class Generation:
         if req.reasoning is not None:
             kwargs["enable_thinking"] = req.reasoning
         try:
-            return render_and_tokenize(tok, template, req.messages, tools, **kwargs)
+            return render_and_tokenize(tok, template, merge_leading_system(req.messages), tools, **kwargs)
         except APIError:
             raise
         except Exception as exc:  # a template that refuses the conversation is the caller's problem

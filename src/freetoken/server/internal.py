@@ -78,6 +78,18 @@ class ChatRequest:
         _check_tool_results(self.messages)
 
 
+def merge_leading_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One system message at the top: instructions + developer messages (Responses), or system
+    blocks + ``role: system`` items (Anthropic), arrive as several; many templates accept only one."""
+    n = 0
+    while n < len(messages) and messages[n]["role"] == "system":
+        n += 1
+    if n < 2:
+        return messages
+    text = "\n\n".join(str(m["content"]) for m in messages[:n] if m["content"])
+    return [{"role": "system", "content": text}, *messages[n:]]
+
+
 def _check_tool_results(messages: list[dict[str, Any]]) -> None:
     """Every tool result must answer a tool call made earlier in the conversation."""
     seen: set[str] = set()
