@@ -82,3 +82,14 @@ def test_prompt_longer_than_context(ckpt):
     r = ft("generate", "--model", str(ckpt), "--prompt", "hello " * 40, "--max-model-len", "16")
     line = _error_line(r)
     assert "prompt is too long" in line and "16" in line
+
+
+def test_chat_streams_replies_and_exits(ckpt):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    r = subprocess.run(
+        [sys.executable, "-m", "freetoken.cli", "chat", "--model", str(ckpt), "--max-tokens", "6", "--device", "cpu"],
+        input="Hello there\n/reset\nHow are you?\n/exit\n", capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("> ") == 4  # a prompt for each of the four input lines
+    assert "/reset" in r.stderr  # the help line
