@@ -29,7 +29,9 @@ def signature(thinking: str) -> str:
 
 
 def tool_use_id(call_id: str) -> str:
-    return call_id if call_id.startswith("toolu_") else "toolu_" + call_id.removeprefix("call_")
+    """Our generated ``call_…`` ids look like Anthropic's ``toolu_…``; ids the model itself wrote
+    (Kimi's ``functions.NAME:IDX``) are kept, since the template renders them back in history."""
+    return "toolu_" + call_id.removeprefix("call_") if call_id.startswith("call_") else call_id
 
 
 class MessageBuilder:
