@@ -22,6 +22,8 @@ D, I, K_TOP = 64, 32, 2
 SLOT_BACKENDS = ["offload", "cpu", "hybrid", "static-layers", "static-freq"]
 HAS_CUDA = torch.cuda.is_available()
 
+from devices import DEVICES  # noqa: E402
+
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_intra_op_thread():
@@ -297,14 +299,15 @@ def tiny_moe(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     return str(d), prompts, refs
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("expert_cache", [0.2, 0.5])
 @pytest.mark.parametrize("name", ["fused", *SLOT_BACKENDS])
-def test_engine_greedy_tokens_match(tiny_moe: tuple, name: str, expert_cache: float) -> None:
+def test_engine_greedy_tokens_match(tiny_moe: tuple, name: str, expert_cache: float, device: str) -> None:
     from freetoken import LLM, SamplingParams
 
     path, prompts, refs = tiny_moe
     fill = 0.5 if name == "hybrid" else None
-    llm = LLM(path, device="cpu", dtype="float32", moe_backend=name, expert_cache=expert_cache, fill_fraction=fill)
+    llm = LLM(path, device=device, dtype="float32", moe_backend=name, expert_cache=expert_cache, fill_fraction=fill)
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=ENGINE_STEPS, ignore_eos=True))
     assert [o.token_ids for o in outs] == [r.tokens for r in refs]
     llm.check_integrity()

@@ -126,7 +126,7 @@ def run_policy(
 ) -> PolicyResult:
     cfg = EngineConfig(
         moe_backend=policy, expert_cache=args.expert_cache, fill_fraction=args.fill_fraction,
-        cpu_threads=args.cpu_threads,
+        cpu_threads=args.threads,
     )  # fmt: skip
     backend = create_backend(cfg, banks, dev, dtype)
     router = make_router(args, shape, dev, dtype)
@@ -189,7 +189,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated MoE backends to compare")
     p.add_argument("--expert-cache", type=float, default=0.25, help="slot cache: fraction of the pool (<= 1)")
     p.add_argument("--fill-fraction", type=float, default=None, help="fixed share of misses to fill (hybrid)")
-    p.add_argument("--cpu-threads", type=int, default=None, help="CPU expert kernel threads")
+    p.add_argument("--cpu-threads", default=None, help="CPU expert kernel threads; a comma list runs each in turn")
+    p.add_argument("--repeats", type=int, default=1, help="interleaved repeats (policy order inside each); medians")
+    p.add_argument("--measure-bw", action="store_true", help="measure B_P, B_H, B_P', B_H' in this process first")
     p.add_argument("--batch", type=int, default=1, help="decode tokens per step (concurrent requests)")
     p.add_argument("--steps", type=int, default=64, help="timed decode steps")
     p.add_argument("--warmup-tokens", type=int, default=200, help="untimed tokens first (static-freq profiles these)")
@@ -233,21 +235,35 @@ def run(args: argparse.Namespace) -> int:
         f"{dev} {str(dtype).removeprefix('torch.')}; batch {args.batch}; cache {args.expert_cache:.0%}; "
         f"routing {args.routing_trace or 'from the model'}; bandwidths from {bw.source}"
     )
-    results: list[PolicyResult] = []
-    for policy in [p.strip() for p in args.policies.split(",") if p.strip()]:
-        if policy == "fused" and dev.type == "cuda" and choose_backend(banks, dev, load_profile=False)[0] != "fused":
-            print(f"# fused skipped: the {pool_gb:.1f} GB pool does not fit the VRAM budget")
-            continue
-        results.append(run_policy(policy, banks, shape, args, dev, dtype))
-        print(f"#   {policy}: {results[-1].tok_s:.1f} tok/s", file=sys.stderr)
-    fused = next((r for r in results if r.backend == "fused"), None)
-    t_gpu_layer = fused.step_ms / 1e3 / args.layers if fused else 0.0
-    for r in results:
-        lb = layer_bound_s(r, banks.expert_bytes, bw, t_gpu_layer)
-        if lb:
-            r.bound_tok_s = args.batch / (lb * args.layers)
-            r.of_bound = r.tok_s / r.bound_tok_s
-    print_table(results, fused is not None)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    threads_list = [int(t) for t in str(args.cpu_threads).split(",")] if args.cpu_threads else [None]
+    if "fused" in policies and dev.type == "cuda" and choose_backend(banks, dev, load_profile=False)[0] != "fused":
+        print(f"# fused skipped: the {pool_gb:.1f} GB pool does not fit the VRAM budget")
+        policies.remove("fused")
+    all_results: list[PolicyResult] = []
+    for threads in threads_list:
+        args.threads = threads
+        if args.measure_bw:
+            bw = measured_bandwidths(threads, banks, dev)
+        runs: dict[str, list[PolicyResult]] = {p: [] for p in policies}
+        for rep in range(args.repeats):
+            for policy in policies:
+                r = run_policy(policy, banks, shape, args, dev, dtype)
+                runs[policy].append(r)
+                print(f"#   threads {threads} rep {rep}: {policy} {r.tok_s:.1f} tok/s", file=sys.stderr)
+        results = [median_result(rs) for rs in runs.values()]
+        fused = next((r for r in results if r.backend == "fused"), None)
+        t_gpu_layer = fused.step_ms / 1e3 / args.layers if fused else 0.0
+        for r in results:
+            lb = layer_bound_s(r, banks.expert_bytes, bw, t_gpu_layer)
+            if lb:
+                r.bound_tok_s = args.batch / (lb * args.layers)
+                r.of_bound = r.tok_s / r.bound_tok_s
+        print(f"## CPU threads {threads or 'default'}; medians of {args.repeats}; bandwidths (GB/s) {asdict(bw)}")
+        print_table(results, fused is not None)
+        print_acceptance(results)
+        all_results += results
+    results = all_results
     if args.json:
         meta = {
             "preset": asdict(shape), "layers": args.layers, "batch": args.batch, "steps": args.steps,
@@ -259,6 +275,45 @@ def run(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "results": [asdict(r) for r in results]}, f, indent=2)
     return 0
+
+
+def measured_bandwidths(threads: int | None, banks: ExpertBanks, dev: torch.device) -> Bandwidths:
+    """B_P, B_H alone and concurrently, measured in this process on this model's expert shape."""
+    from freetoken.hardware.bandwidth import BandwidthConfig, measure
+
+    cfg = BandwidthConfig(
+        threads=threads, read_bytes=2**30, hidden=banks.hidden_size, inter=banks.intermediate_size,
+        layer_experts=banks.num_experts, seconds=1.0, device=str(dev) if dev.type == "cuda" else "none",
+    )  # fmt: skip
+    r = measure(cfg)
+    return Bandwidths(r.fill, r.cpu_kernel, r.fill_concurrent, r.cpu_kernel_concurrent, "measured in this run")
+
+
+def median_result(rs: list[PolicyResult]) -> PolicyResult:
+    """The repeat with the median tok/s, annotated with the spread."""
+    ordered = sorted(rs, key=lambda r: r.tok_s)
+    mid = ordered[len(ordered) // 2]
+    mid.stats = {**mid.stats, "tok_s_runs": [round(r.tok_s, 2) for r in rs]}
+    return mid
+
+
+def print_acceptance(results: list[PolicyResult]) -> None:
+    by = {r.policy: r for r in results}
+    h = by.get("hybrid")
+    if h is None:
+        return
+    parts = []
+    for other in ("static-layers", "static-freq", "offload", "cpu"):
+        if other in by:
+            parts.append(f"hybrid/{other} {h.tok_s / by[other].tok_s:.2f}x")
+    best = max((by[p].tok_s for p in ("offload", "cpu") if p in by), default=None)
+    if best:
+        parts.append(f"hybrid/max(offload,cpu) {h.tok_s / best:.2f}x")
+    if h.of_bound:
+        parts.append(f"hybrid of bound {h.of_bound:.0%}")
+    runs = ", ".join(f"{r.policy} {r.stats.get('tok_s_runs')}" for r in results)
+    print("# acceptance: " + "; ".join(parts))
+    print("# runs (tok/s): " + runs)
 
 
 def print_table(results: list[PolicyResult], have_fused: bool) -> None:
