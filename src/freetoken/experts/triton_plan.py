@@ -20,7 +20,7 @@ from freetoken.experts.slot_plan import RouteGroups, SlotTables, StepPlan
 
 MAX_ROUTES = 64
 _BS = 512  # slots per pass of the victim search
-_MAXKEY = 9223372036854775807
+_MAXKEY: tl.constexpr = tl.constexpr(9223372036854775807)  # real Triton only reads constexpr globals
 
 
 @triton.jit(do_not_specialize=["K", "layer_off", "N", "S", "KV"])
