@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     profile = HardwareProfile(machine, bw)
     gpus = ", ".join(f"{g.name} ({g.vram_total / _GIB:.0f} GiB)" for g in machine.gpus) or "none"
     ram = f"{machine.ram_total / _GIB:.0f} GiB RAM"
-    print(f"machine {profile.fingerprint}: {machine.cpu_model}, {machine.physical_cores} cores, {ram}, ")
+    print(f"machine {profile.fingerprint}: {machine.cpu_model}, {machine.physical_cores} cores, {ram},")
     print(f"  {machine.numa_nodes} NUMA node(s), GPU: {gpus}")
     print(f"ISA: {' '.join(machine.isa_flags) or '-'}; kernel: {bw.threads} threads, {bw.isa}")
     mb = bw.expert_bytes / 1e6

@@ -144,7 +144,8 @@ def concurrent_gbps(kernel: KernelLoad, copies: CopyLoad, seconds: float) -> tup
 
 
 def measure(cfg: BandwidthConfig) -> BandwidthResult:
-    kern = CpuExpertKernel(num_threads=cfg.threads, isa=cfg.isa)
+    # workers only (the caller does not help): B_H is what `threads` workers deliver
+    kern = CpuExpertKernel(num_threads=cfg.threads, isa=cfg.isa, caller_helps=False)
     try:
         read = host_read_gbps(kern, cfg.read_bytes)
         load = KernelLoad(kern, cfg)
