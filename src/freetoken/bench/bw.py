@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=8, help="experts per kernel call / per fill batch")
     p.add_argument("--layer-experts", type=int, default=128, help="experts per layer (B_P,layer copy size)")
     p.add_argument("--seconds", type=float, default=1.0, help="measurement window per figure")
-    p.add_argument("--device", default="cuda", help="GPU for the copy figures (skipped without CUDA)")
+    p.add_argument("--device", default="cuda", help="copy target: cuda[:N] (skipped without CUDA) or cpu")
     p.add_argument(
         "--expert-mb", type=float, action="append", default=[], help="extra expert size to advise on"
     )
