@@ -59,13 +59,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"ISA: {' '.join(machine.isa_flags) or '-'}; kernel: {bw.threads} threads, {bw.isa}")
     mb = bw.expert_bytes / 1e6
     share = bw.cpu_kernel / bw.host_read
+    kind = "memcpy (CPU slot pool)" if cfg.device == "cpu" else "pinned H2D"
     both = None if bw.fill_concurrent is None else bw.fill_concurrent + (bw.cpu_kernel_concurrent or 0.0)
     print("| figure | GB/s | what |\n|---|---|---|")
     for line in (
         _row("host read", bw.host_read, f"parallel sum over {args.read_gib:g} GiB, {bw.threads} threads"),
         _row("B_H", bw.cpu_kernel, f"kernel, {mb:.1f} MB experts, top-{cfg.top_k}: {share:.0%} of read"),
-        _row("B_P,fill", bw.fill, f"pinned H2D copies of one expert ({mb:.1f} MB), alone"),
-        _row("B_P,layer", bw.layer, f"pinned H2D copy of {cfg.layer_experts} experts at once"),
+        _row("B_P,fill", bw.fill, f"{kind} copies of one expert ({mb:.1f} MB), alone"),
+        _row("B_P,layer", bw.layer, f"{kind} copy of {cfg.layer_experts} experts at once"),
         _row("B_P'", bw.fill_concurrent, "expert copies while the CPU kernel runs"),
         _row("B_H'", bw.cpu_kernel_concurrent, "CPU kernel while the copies run"),
         _row("B_P' + B_H'", both, "miss bandwidth of the hybrid split"),

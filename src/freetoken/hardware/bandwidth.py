@@ -14,13 +14,13 @@ into a CPU slot pool (the CPU stand-in for fills).
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from freetoken.experts.cpu.kernel import CpuExpertKernel
@@ -114,6 +114,9 @@ class CopyLoad:
         self.dst = torch.empty(self.slots * chunk, dtype=torch.uint8, device=device)
         self.offsets = list(range(0, src.numel() - chunk + 1, chunk))
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # CPU: one single-threaded memcpy per copy (numpy), like one copy thread; torch's parallel
+        # copy would compete with the kernel's workers for the same cores
+        self._np = None if self.stream is not None else (src.numpy(), self.dst.numpy())
 
     def run_for(self, seconds: float, start: threading.Barrier | None = None) -> float:
         self._batch(0)  # warm-up
@@ -127,13 +130,20 @@ class CopyLoad:
                 return copies * self.chunk / elapsed / _GB
 
     def _batch(self, first: int) -> int:
-        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+        if self._np is not None:
+            src, dst = self._np
+            for j in range(self.batch):
+                off = self.offsets[(first + j) % len(self.offsets)]
+                slot = (j % self.slots) * self.chunk
+                np.copyto(dst[slot : slot + self.chunk], src[off : off + self.chunk])
+            return self.batch
+        assert self.stream is not None
+        with torch.cuda.stream(self.stream):
             for j in range(self.batch):
                 off = self.offsets[(first + j) % len(self.offsets)]
                 slot = (j % self.slots) * self.chunk
                 self.dst[slot : slot + self.chunk].copy_(self.src[off : off + self.chunk], non_blocking=True)
-        if self.stream is not None:
-            self.stream.synchronize()
+        self.stream.synchronize()
         return self.batch
 
 
