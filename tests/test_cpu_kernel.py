@@ -11,7 +11,8 @@ from freetoken.experts.cpu import build
 from freetoken.experts.cpu import kernel as kmod
 from freetoken.experts.cpu.kernel import ISAS, CpuExpertKernel, cpu_experts_reference
 
-SHAPES = [(1, 64, 32, 3), (3, 67, 45, 5), (4, 130, 19, 7)]  # (T, D, I, N): D, I odd / not multiples of 16
+# (T, D, I, N): D, I odd / not multiples of 16; the last shares 2 experts among 19 routes (4-token tiles)
+SHAPES = [(1, 64, 32, 3), (3, 67, 45, 5), (4, 130, 19, 7), (6, 40, 24, 2)]
 
 
 def _lib_or_skip():
@@ -76,7 +77,8 @@ def test_gptoss_activation_clamps() -> None:
 def test_thread_count_does_not_change_bits(dtype: torch.dtype) -> None:
     _lib_or_skip()
     case = make_case(4, 200, 70, 6, 17, dtype, seed=7)  # 200 rows: several phase-2 blocks
-    outs = [CpuExpertKernel(num_threads=n).run(*case) for n in (1, 2, 3)]
+    kernels = [CpuExpertKernel(num_threads=n, caller_helps=h) for n, h in ((1, False), (2, True), (3, False))]
+    outs = [k.run(*case) for k in kernels]
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
@@ -84,7 +86,7 @@ def test_thread_count_does_not_change_bits(dtype: torch.dtype) -> None:
 def test_many_small_batches_back_to_back(spin_us: int) -> None:
     """Hundreds of quick jobs through the start/barrier/done handshakes (sleeping or spinning)."""
     _lib_or_skip()
-    kern = CpuExpertKernel(num_threads=3, spin_us=spin_us)
+    kern = CpuExpertKernel(num_threads=3, spin_us=spin_us, caller_helps=spin_us == 0)
     cases = [make_case(2, 40, 24, 4, 5, torch.float32, seed=s) for s in range(4)]
     expected = [kern.run(*c).clone() for c in cases]
     for i in range(300):

@@ -61,6 +61,13 @@ def test_bandwidth_tiny_sizes_cpu_figures() -> None:
         assert bw.cpu_kernel_concurrent is None
 
 
+def test_bandwidth_tiny_sizes_cpu_pool_copies() -> None:
+    """device="cpu": fills are memcpy into a CPU slot pool; every copy figure is measured."""
+    bw = measure(dataclasses.replace(TINY, device="cpu", layer_experts=16))
+    for value in (bw.fill, bw.layer, bw.fill_concurrent, bw.cpu_kernel_concurrent):
+        assert value is not None and value > 0
+
+
 @pytest.mark.gpu
 def test_bandwidth_tiny_sizes_gpu_figures() -> None:
     if not torch.cuda.is_available():

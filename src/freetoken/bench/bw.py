@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=8, help="experts per kernel call / per fill batch")
     p.add_argument("--layer-experts", type=int, default=128, help="experts per layer (B_P,layer copy size)")
     p.add_argument("--seconds", type=float, default=1.0, help="measurement window per figure")
-    p.add_argument("--device", default="cuda", help="GPU for the copy figures (skipped without CUDA)")
+    p.add_argument("--device", default="cuda", help="copy target: cuda[:N] (skipped without CUDA) or cpu")
     p.add_argument(
         "--expert-mb", type=float, action="append", default=[], help="extra expert size to advise on"
     )
@@ -54,18 +54,19 @@ def run(args: argparse.Namespace) -> int:
     profile = HardwareProfile(machine, bw)
     gpus = ", ".join(f"{g.name} ({g.vram_total / _GIB:.0f} GiB)" for g in machine.gpus) or "none"
     ram = f"{machine.ram_total / _GIB:.0f} GiB RAM"
-    print(f"machine {profile.fingerprint}: {machine.cpu_model}, {machine.physical_cores} cores, {ram}, ")
+    print(f"machine {profile.fingerprint}: {machine.cpu_model}, {machine.physical_cores} cores, {ram},")
     print(f"  {machine.numa_nodes} NUMA node(s), GPU: {gpus}")
     print(f"ISA: {' '.join(machine.isa_flags) or '-'}; kernel: {bw.threads} threads, {bw.isa}")
     mb = bw.expert_bytes / 1e6
     share = bw.cpu_kernel / bw.host_read
+    kind = "memcpy (CPU slot pool)" if cfg.device == "cpu" else "pinned H2D"
     both = None if bw.fill_concurrent is None else bw.fill_concurrent + (bw.cpu_kernel_concurrent or 0.0)
     print("| figure | GB/s | what |\n|---|---|---|")
     for line in (
         _row("host read", bw.host_read, f"parallel sum over {args.read_gib:g} GiB, {bw.threads} threads"),
         _row("B_H", bw.cpu_kernel, f"kernel, {mb:.1f} MB experts, top-{cfg.top_k}: {share:.0%} of read"),
-        _row("B_P,fill", bw.fill, f"pinned H2D copies of one expert ({mb:.1f} MB), alone"),
-        _row("B_P,layer", bw.layer, f"pinned H2D copy of {cfg.layer_experts} experts at once"),
+        _row("B_P,fill", bw.fill, f"{kind} copies of one expert ({mb:.1f} MB), alone"),
+        _row("B_P,layer", bw.layer, f"{kind} copy of {cfg.layer_experts} experts at once"),
         _row("B_P'", bw.fill_concurrent, "expert copies while the CPU kernel runs"),
         _row("B_H'", bw.cpu_kernel_concurrent, "CPU kernel while the copies run"),
         _row("B_P' + B_H'", both, "miss bandwidth of the hybrid split"),

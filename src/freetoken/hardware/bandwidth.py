@@ -8,7 +8,8 @@ All figures are GB/s (1e9 bytes per second) of expert weight bytes moved:
 - ``layer`` (``B_P,layer``): one whole layer of experts per copy (what prefill streams).
 - ``fill_concurrent`` / ``cpu_kernel_concurrent`` (``B_P'``, ``B_H'``): both running at once in this
   process; they share host memory, and the split ``q* = m B_P' / (B_P' + B_H')`` uses these.
-GPU figures are None without CUDA.
+Copy figures are None when the device is CUDA but CUDA is absent; device "cpu" measures memcpy
+into a CPU slot pool (the CPU stand-in for fills).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from freetoken.experts.cpu.kernel import CpuExpertKernel
@@ -102,14 +104,19 @@ class KernelLoad:
 
 
 class CopyLoad:
-    """Pinned host -> device copies of `chunk` bytes, `batch` copies per stream synchronisation."""
+    """Host -> device copies of `chunk` bytes, `batch` copies per stream synchronisation (pinned
+    source, own CUDA stream). On a "cpu" device the copies are memcpy into a separate CPU pool, as the
+    CPU slot cache does (DESIGN §8)."""
 
     def __init__(self, src: torch.Tensor, device: torch.device, chunk: int, batch: int) -> None:
         self.src, self.chunk, self.batch = src, chunk, batch
         self.slots = max(1, min(batch, src.numel() // chunk))
         self.dst = torch.empty(self.slots * chunk, dtype=torch.uint8, device=device)
         self.offsets = list(range(0, src.numel() - chunk + 1, chunk))
-        self.stream = torch.cuda.Stream(device)
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # CPU: one single-threaded memcpy per copy (numpy), like one copy thread; torch's parallel
+        # copy would compete with the kernel's workers for the same cores
+        self._np = None if self.stream is not None else (src.numpy(), self.dst.numpy())
 
     def run_for(self, seconds: float, start: threading.Barrier | None = None) -> float:
         self._batch(0)  # warm-up
@@ -123,6 +130,14 @@ class CopyLoad:
                 return copies * self.chunk / elapsed / _GB
 
     def _batch(self, first: int) -> int:
+        if self._np is not None:
+            src, dst = self._np
+            for j in range(self.batch):
+                off = self.offsets[(first + j) % len(self.offsets)]
+                slot = (j % self.slots) * self.chunk
+                np.copyto(dst[slot : slot + self.chunk], src[off : off + self.chunk])
+            return self.batch
+        assert self.stream is not None
         with torch.cuda.stream(self.stream):
             for j in range(self.batch):
                 off = self.offsets[(first + j) % len(self.offsets)]
@@ -144,16 +159,18 @@ def concurrent_gbps(kernel: KernelLoad, copies: CopyLoad, seconds: float) -> tup
 
 
 def measure(cfg: BandwidthConfig) -> BandwidthResult:
-    kern = CpuExpertKernel(num_threads=cfg.threads, isa=cfg.isa)
+    # workers only (the caller does not help): B_H is what `threads` workers deliver
+    kern = CpuExpertKernel(num_threads=cfg.threads, isa=cfg.isa, caller_helps=False)
     try:
         read = host_read_gbps(kern, cfg.read_bytes)
         load = KernelLoad(kern, cfg)
         b_h = load.run_for(cfg.seconds)
         fields: dict[str, float] = {}
-        if cfg.device.startswith("cuda") and torch.cuda.is_available():
-            device = torch.device(cfg.device)
+        device = torch.device(cfg.device)
+        if device.type == "cpu" or (device.type == "cuda" and torch.cuda.is_available()):
             layer_bytes = cfg.layer_experts * cfg.expert_bytes
-            src = torch.empty(max(cfg.pool_bytes, layer_bytes), dtype=torch.uint8, pin_memory=True)
+            pinned = device.type == "cuda"  # pinning needs CUDA; CPU "fills" are plain memcpy
+            src = torch.empty(max(cfg.pool_bytes, layer_bytes), dtype=torch.uint8, pin_memory=pinned)
             src.fill_(1)
             fill = CopyLoad(src, device, cfg.expert_bytes, cfg.top_k)
             fields["fill"] = fill.run_for(cfg.seconds)

@@ -76,7 +76,7 @@ def load_library() -> ctypes.CDLL | None:
     lib.ft_pool_create.argtypes, lib.ft_pool_create.restype = [i32, vp, i32, i32], vp
     lib.ft_pool_destroy.argtypes, lib.ft_pool_destroy.restype = [vp], None
     lib.ft_moe_submit.argtypes, lib.ft_moe_submit.restype = [vp, ctypes.POINTER(_MoeArgs)], i32
-    lib.ft_wait.argtypes, lib.ft_wait.restype = [vp], None
+    lib.ft_wait.argtypes, lib.ft_wait.restype = [vp, i32], None
     lib.ft_stream_read.argtypes, lib.ft_stream_read.restype = [vp, vp, i64], ctypes.c_uint64
     return lib
 
@@ -151,12 +151,19 @@ class CpuExpertKernel:
     when FREETOKEN_FORCE_AVX2=1) or one of ``ISAS``. ``pin``: pin worker k to its own physical core.
     ``spin_us``: how long idle workers poll before sleeping (None: ``DEFAULT_SPIN_US`` on machines
     with at least ``SPIN_MIN_CORES`` physical cores, else 0: never spin on few cores).
+    ``caller_helps``: the thread blocked in ``wait()``/``run()`` computes units too (it would only
+    sleep otherwise; on a busy machine it may do the whole batch before a worker is scheduled).
     Results do not depend on the thread count. Without a compiler it falls back to the torch
     reference (``backend == "torch"``), synchronously.
     """
 
     def __init__(
-        self, num_threads: int | None = None, isa: str = "auto", pin: bool = True, spin_us: int | None = None
+        self,
+        num_threads: int | None = None,
+        isa: str = "auto",
+        pin: bool = True,
+        spin_us: int | None = None,
+        caller_helps: bool = True,
     ) -> None:
         n = default_kernel_threads() if num_threads is None else int(num_threads)
         if n < 1:
@@ -164,6 +171,7 @@ class CpuExpertKernel:
         if isa != "auto" and isa not in ISAS:
             raise ValueError(f"isa must be 'auto' or one of {ISAS}, got {isa!r}")
         self.num_threads = n
+        self.caller_helps = caller_helps
         self._lib = load_library()
         self._pool: int | None = None
         self._inflight: tuple[torch.Tensor, ...] | None = None
@@ -248,7 +256,7 @@ class CpuExpertKernel:
     def wait(self) -> None:
         """Block (GIL released) until the submitted batch is finished."""
         if self._pool is not None and self._lib is not None:
-            self._lib.ft_wait(self._pool)
+            self._lib.ft_wait(self._pool, int(self.caller_helps))
         self._inflight = None
 
     def run(
