@@ -130,11 +130,11 @@ def run_policy(
     )  # fmt: skip
     backend = create_backend(cfg, banks, dev, dtype)
     router = make_router(args, shape, dev, dtype)
-    g = torch.Generator().manual_seed(args.seed)
+    g = torch.Generator(device=dev).manual_seed(args.seed)
     B, L = args.batch, args.layers
 
     def inputs() -> torch.Tensor:  # a fresh token embedding per step, identical across policies
-        return torch.randn(B, shape.hidden, generator=g).to(dev, dtype)
+        return torch.randn(B, shape.hidden, generator=g, device=dev).to(dtype)
 
     def sync() -> None:
         if dev.type == "cuda":
