@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 
@@ -74,8 +76,22 @@ def test_gptoss_activation_clamps() -> None:
 def test_thread_count_does_not_change_bits(dtype: torch.dtype) -> None:
     _lib_or_skip()
     case = make_case(4, 200, 70, 6, 17, dtype, seed=7)  # 200 rows: several phase-2 blocks
-    outs = [CpuExpertKernel(num_threads=n).run(*case) for n in (1, 2, 3)]
+    kernels = [CpuExpertKernel(num_threads=n, caller_helps=h) for n, h in ((1, False), (2, True), (3, False))]
+    outs = [k.run(*case) for k in kernels]
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+@pytest.mark.parametrize("spin_us", [0, 20])
+def test_many_small_batches_back_to_back(spin_us: int) -> None:
+    """Hundreds of quick jobs through the start/barrier/done handshakes (sleeping or spinning)."""
+    _lib_or_skip()
+    kern = CpuExpertKernel(num_threads=3, spin_us=spin_us, caller_helps=spin_us == 0)
+    cases = [make_case(2, 40, 24, 4, 5, torch.float32, seed=s) for s in range(4)]
+    expected = [kern.run(*c).clone() for c in cases]
+    for i in range(300):
+        assert torch.equal(kern.run(*cases[i % 4]), expected[i % 4])
+    kern.close()
+    kern.close()  # idempotent
 
 
 def test_force_avx2_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -114,8 +130,11 @@ def test_zero_routes_zero_output() -> None:
     x, _, _, _, gate_up, down = make_case(3, 33, 17, 2, 1, torch.bfloat16)
     empty_i32, empty_i64 = torch.empty(0, dtype=torch.int32), torch.empty(0, dtype=torch.int64)
     out = torch.full((3, 33), 7.0)
-    CpuExpertKernel(2).run(x, empty_i32, empty_i64, torch.empty(0), gate_up, down, out=out)
+    kern = CpuExpertKernel(2)
+    kern.run(x, empty_i32, empty_i64, torch.empty(0), gate_up, down, out=out)
     assert torch.all(out == 0)
+    no_tokens = kern.run(x[:0], empty_i32, empty_i64, torch.empty(0), gate_up, down)
+    assert no_tokens.shape == (0, 33)
 
 
 def test_token_output_does_not_depend_on_the_batch() -> None:
@@ -130,6 +149,25 @@ def test_token_output_does_not_depend_on_the_batch() -> None:
     assert torch.equal(alone[0], full[2])
 
 
+def test_big_batch_is_chunked_without_changing_bits() -> None:
+    """More routes than one chunk holds (4096): same bits per token as small batches."""
+    _lib_or_skip()
+    T, k = 700, 8  # 5600 routes
+    x, _, _, _, gate_up, down = make_case(T, 24, 12, 16, 1, torch.float32, seed=13)
+    g = torch.Generator().manual_seed(14)
+    row = torch.stack([torch.randperm(16, generator=g)[:k] for _ in range(T)]).reshape(-1).contiguous()
+    tok = torch.arange(T, dtype=torch.int32).repeat_interleave(k)
+    weight = torch.rand(T * k, generator=g)
+    kern = CpuExpertKernel(2)
+    full = kern.run(x, tok, row, weight, gate_up, down).clone()
+    ref = cpu_experts_reference(x, tok, row, weight, gate_up, down)
+    torch.testing.assert_close(full, ref, rtol=0, atol=_tol(ref, torch.float32))
+    for t0, t1 in ((0, 100), (650, 700)):  # token slices run as small batches
+        sel = slice(t0 * k, t1 * k)
+        part = kern.run(x[t0:t1].contiguous(), tok[sel] - t0, row[sel], weight[sel], gate_up, down)
+        assert torch.equal(part, full[t0:t1])
+
+
 def test_async_submit_wait() -> None:
     _lib_or_skip()
     kern = CpuExpertKernel(2)
@@ -142,8 +180,10 @@ def test_async_submit_wait() -> None:
     kern.wait()
     ref = cpu_experts_reference(*case_a)
     torch.testing.assert_close(out, ref, rtol=0, atol=_tol(ref, torch.float32))
-    out_b = kern.submit(*case_b)
+    flag = torch.zeros(1, dtype=torch.int32)
+    out_b = kern.submit(*case_b, done_flag=flag, done_value=7)
     kern.wait()
+    assert int(flag[0]) == 7
     kern.wait()  # waiting again is harmless
     ref_b = cpu_experts_reference(*case_b)
     torch.testing.assert_close(out_b, ref_b, rtol=0, atol=_tol(ref_b, torch.float32))
@@ -206,3 +246,18 @@ def test_build_is_cached_and_fails_cleanly_without_compiler(
     monkeypatch.delenv("CXX", raising=False)
     with pytest.raises(build.BuildError, match="no C\\+\\+ compiler"):
         build.library_path(cache_dir=str(tmp_path))
+
+
+def test_build_drops_an_isa_the_compiler_cannot_build(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """A compiler without -mavx512bf16 still yields a library; that path is simply not offered."""
+    real = build.find_compiler()
+    if real is None or not build._is_x86():
+        pytest.skip("needs an x86 C++ compiler")
+    fake = tmp_path / "cxx-without-bf16"
+    refuse = 'for a in "$@"; do [ "$a" = -mavx512bf16 ] && exit 1; done'
+    fake.write_text(f'#!/bin/sh\n{refuse}\nexec {real} "$@"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    lib = ctypes.CDLL(str(build.library_path(cache_dir=str(tmp_path))))
+    assert lib.ft_isa_supported(ISAS.index("avx512bf16")) == 0
+    assert lib.ft_isa_supported(ISAS.index("generic")) == 1

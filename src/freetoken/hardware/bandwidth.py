@@ -2,8 +2,8 @@
 
 All figures are GB/s (1e9 bytes per second) of expert weight bytes moved:
 - ``host_read``: a parallel sum over distinct host memory on the CPU kernel's threads.
-- ``cpu_kernel`` (``B_H``): the CPU expert kernel on expert shapes, top-k experts per call picked at
-  random from a pool much larger than L3 (weights stream from DRAM).
+- ``cpu_kernel`` (``B_H``): the CPU expert kernel on expert shapes, top-k experts per call taken in
+  turn from a pool much larger than L3 (weights stream from DRAM).
 - ``fill`` (``B_P,fill``): pinned host -> device copies of one expert each, a layer's misses per batch.
 - ``layer`` (``B_P,layer``): one whole layer of experts per copy (what prefill streams).
 - ``fill_concurrent`` / ``cpu_kernel_concurrent`` (``B_P'``, ``B_H'``): both running at once in this
@@ -71,7 +71,7 @@ def host_read_gbps(kern: CpuExpertKernel, nbytes: int, reps: int = 3) -> float:
 
 
 class KernelLoad:
-    """The CPU expert kernel on one token's top-k random experts, call after call."""
+    """The CPU expert kernel on one token's top-k experts, call after call."""
 
     def __init__(self, kern: CpuExpertKernel, cfg: BandwidthConfig) -> None:
         n = max(2 * cfg.top_k, cfg.pool_bytes // cfg.expert_bytes)
@@ -83,8 +83,8 @@ class KernelLoad:
         self.tok = torch.zeros(cfg.top_k, dtype=torch.int32)
         self.w = torch.full((cfg.top_k,), 1.0 / cfg.top_k)
         self.out = torch.empty(1, cfg.hidden)
-        gen = torch.Generator().manual_seed(0)
-        self.route_sets = [torch.randperm(n, generator=gen)[: self.k].contiguous() for _ in range(64)]
+        # walk the pool in order: an expert comes back only after all others (reuse distance >> L3)
+        self.route_sets = [(torch.arange(self.k) + i * self.k) % n for i in range(max(1, n // self.k))]
 
     def run_for(self, seconds: float, start: threading.Barrier | None = None) -> float:
         """Calls until `seconds` have passed; returns GB/s of expert weights read."""

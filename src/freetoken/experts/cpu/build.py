@@ -22,8 +22,9 @@ from pathlib import Path
 from freetoken.config import Env
 
 SRC_DIR = Path(__file__).resolve().parent
-HEADERS = ("kernel_api.h", "dot_impl.h", "isa_avx512_s.h")
-CORE_SOURCES = ("kernel.cpp", "isa_generic.cpp")
+HEADERS = ("kernel_api.h", "plan.h", "pool.h", "dot_impl.h", "isa_avx512_s.h")
+CORE_SOURCES = ("kernel.cpp", "plan.cpp", "pool.cpp", "isa_generic.cpp")
+DISPATCH_SOURCE = "kernel.cpp"  # compiled last, with the FT_HAVE_<ISA> macros of the paths that built
 _AVX2 = ("-mavx2", "-mfma")
 _AVX512 = (*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl")
 # ISA translation unit -> (its -m flags, the macro that tells kernel.cpp it was built)
@@ -70,23 +71,24 @@ def _compile(cxx: str, src: str, flags: tuple[str, ...], obj: Path) -> tuple[boo
 
 
 def _build_into(cxx: str, out_dir: Path) -> None:
-    """Compile every TU (ISA ones in parallel, dropping those that fail) and link into out_dir."""
+    """Compile every TU in parallel (dropping ISA ones that fail), then kernel.cpp, and link."""
     with tempfile.TemporaryDirectory(dir=out_dir.parent) as tmp:
         tmpd = Path(tmp)
         isa = ISA_SOURCES if _is_x86() else {}
-        with ThreadPoolExecutor(max_workers=max(1, len(isa))) as ex:
-            futs = {
-                src: ex.submit(_compile, cxx, src, flags, tmpd / f"{src}.o")
-                for src, (flags, _) in isa.items()
-            }
-            built = [src for src, fut in futs.items() if fut.result()[0]]
-        macros = tuple(f"-D{ISA_SOURCES[src][1]}" for src in built)
-        objs = [tmpd / f"{src}.o" for src in built]
-        for src in CORE_SOURCES:
-            ok, err = _compile(cxx, src, macros, tmpd / f"{src}.o")
-            if not ok:
+        jobs = {src: flags for src, (flags, _) in isa.items()}
+        jobs.update({src: () for src in CORE_SOURCES if src != DISPATCH_SOURCE})
+        with ThreadPoolExecutor(max_workers=len(jobs)) as ex:
+            futs = {src: ex.submit(_compile, cxx, src, fl, tmpd / f"{src}.o") for src, fl in jobs.items()}
+            results = {src: fut.result() for src, fut in futs.items()}
+        for src, (ok, err) in results.items():
+            if not ok and src not in isa:
                 raise BuildError(f"compiling {src} failed:\n{err}")
-            objs.append(tmpd / f"{src}.o")
+        built = [src for src in isa if results[src][0]]
+        # the dispatcher learns which ISA paths exist from FT_HAVE_<ISA> macros
+        ok, err = _compile(cxx, DISPATCH_SOURCE, tuple(f"-D{ISA_SOURCES[s][1]}" for s in built), tmpd / "k.o")
+        if not ok:
+            raise BuildError(f"compiling {DISPATCH_SOURCE} failed:\n{err}")
+        objs = [tmpd / f"{src}.o" for src in results if results[src][0]] + [tmpd / "k.o"]
         lib_tmp = tmpd / LIB_NAME
         cmd = [cxx, "-shared", "-pthread", *map(str, objs), "-o", str(lib_tmp)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)

@@ -33,4 +33,4 @@ struct S {
 
 #include "dot_impl.h"
 
-ft::IsaOps ft::ops_avx2() { return IsaOps{avx2::phase1_dispatch, avx2::phase2_dispatch, false}; }
+ft::IsaOps ft::ops_avx2() { return IsaOps{avx2::phase1_dispatch, avx2::phase2_dispatch, avx2::phase3, false, avx2::stream_sum}; }

@@ -41,4 +41,4 @@ struct S {
 
 #include "dot_impl.h"
 
-ft::IsaOps ft::ops_generic() { return IsaOps{generic::phase1_dispatch, generic::phase2_dispatch, false}; }
+ft::IsaOps ft::ops_generic() { return IsaOps{generic::phase1_dispatch, generic::phase2_dispatch, generic::phase3, false, generic::stream_sum}; }

@@ -19,18 +19,23 @@ import torch
 
 from freetoken.config import Env
 from freetoken.experts.cpu.reference import ACTIVATIONS, cpu_experts_reference
-from freetoken.hardware.cpus import default_kernel_threads, physical_core_cpus
+from freetoken.hardware.cpus import default_kernel_threads, physical_core_cpus, physical_cores
 
 __all__ = ["ISAS", "CpuExpertKernel", "cpu_experts_reference", "load_library"]
 
 ISAS = ("generic", "avx2", "avx512", "avx512bf16")  # index = the C enum value
 _FORMATS = {torch.float32: 0, torch.bfloat16: 1}
+# Machines with at least this many physical cores let workers poll briefly (for the next layer's
+# batch, at the phase barrier) before sleeping; smaller ones always sleep at once.
+SPIN_MIN_CORES = 8
+DEFAULT_SPIN_US = 50
 _ERRORS = {
     -1: "the previous batch is still running: call wait() first",
     -2: "bad dimensions or null pointers",
     -3: "tok entries must be token indices in [0, T)",
     -4: "row entries must be pool rows in [0, N)",
     -5: "unknown weight format or activation",
+    -6: "out of memory for the kernel's scratch buffers",
 }
 
 
@@ -68,10 +73,10 @@ def load_library() -> ctypes.CDLL | None:
     vp, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
     lib.ft_isa_supported.argtypes, lib.ft_isa_supported.restype = [i32], i32
     lib.ft_best_isa.argtypes, lib.ft_best_isa.restype = [i32], i32
-    lib.ft_pool_create.argtypes, lib.ft_pool_create.restype = [i32, vp, i32], vp
+    lib.ft_pool_create.argtypes, lib.ft_pool_create.restype = [i32, vp, i32, i32], vp
     lib.ft_pool_destroy.argtypes, lib.ft_pool_destroy.restype = [vp], None
     lib.ft_moe_submit.argtypes, lib.ft_moe_submit.restype = [vp, ctypes.POINTER(_MoeArgs)], i32
-    lib.ft_wait.argtypes, lib.ft_wait.restype = [vp], None
+    lib.ft_wait.argtypes, lib.ft_wait.restype = [vp, i32], None
     lib.ft_stream_read.argtypes, lib.ft_stream_read.restype = [vp, vp, i64], ctypes.c_uint64
     return lib
 
@@ -144,17 +149,29 @@ class CpuExpertKernel:
 
     ``num_threads``: workers (None: physical cores - 1, min 1). ``isa``: "auto" (best supported; AVX2
     when FREETOKEN_FORCE_AVX2=1) or one of ``ISAS``. ``pin``: pin worker k to its own physical core.
+    ``spin_us``: how long idle workers poll before sleeping (None: ``DEFAULT_SPIN_US`` on machines
+    with at least ``SPIN_MIN_CORES`` physical cores, else 0: never spin on few cores).
+    ``caller_helps``: the thread blocked in ``wait()``/``run()`` computes units too (it would only
+    sleep otherwise; on a busy machine it may do the whole batch before a worker is scheduled).
     Results do not depend on the thread count. Without a compiler it falls back to the torch
     reference (``backend == "torch"``), synchronously.
     """
 
-    def __init__(self, num_threads: int | None = None, isa: str = "auto", pin: bool = True) -> None:
+    def __init__(
+        self,
+        num_threads: int | None = None,
+        isa: str = "auto",
+        pin: bool = True,
+        spin_us: int | None = None,
+        caller_helps: bool = True,
+    ) -> None:
         n = default_kernel_threads() if num_threads is None else int(num_threads)
         if n < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
         if isa != "auto" and isa not in ISAS:
             raise ValueError(f"isa must be 'auto' or one of {ISAS}, got {isa!r}")
         self.num_threads = n
+        self.caller_helps = caller_helps
         self._lib = load_library()
         self._pool: int | None = None
         self._inflight: tuple[torch.Tensor, ...] | None = None
@@ -166,7 +183,9 @@ class CpuExpertKernel:
             raise ValueError(f"ISA {isa!r} is not supported by this CPU or this build")
         cores = physical_core_cpus()
         cpus = (ctypes.c_int * n)(*cores[-n:]) if pin and n <= len(cores) else None
-        self._pool = self._lib.ft_pool_create(n, cpus, isa_id)
+        if spin_us is None:
+            spin_us = DEFAULT_SPIN_US if physical_cores() >= SPIN_MIN_CORES else 0
+        self._pool = self._lib.ft_pool_create(n, cpus, isa_id, max(0, int(spin_us)))
         if not self._pool:
             raise RuntimeError("could not create the CPU expert worker pool")
         self.isa = ISAS[isa_id]
@@ -186,33 +205,58 @@ class CpuExpertKernel:
         down: torch.Tensor,
         activation: str = "silu",
         out: torch.Tensor | None = None,
+        done_flag: torch.Tensor | None = None,
+        done_value: int = 1,
     ) -> torch.Tensor:
-        """Start a batch and return ``out`` at once; its content is valid after ``wait()``."""
+        """Start a batch and return ``out`` at once; its content is valid after ``wait()``.
+
+        ``done_flag`` (int32 CPU tensor, e.g. pinned and mapped for the GPU): its first element is set
+        to ``done_value`` (release order) once ``out`` is complete, before ``wait()`` returns.
+        """
         if self._inflight is not None:
             raise RuntimeError("the previous batch is still running: call wait() first")
         check_args(x, tok, row, weight, gate_up, down, activation, out, bounds=self._pool is None)
+        if done_flag is not None:
+            _check_tensor("done_flag", done_flag, (torch.int32,), 1)
+            if done_flag.numel() < 1:
+                raise ValueError("done_flag must hold at least one element")
         T, D = x.shape
         if out is None:
             out = torch.empty((T, D), dtype=torch.float32)
         if self._pool is None or self._lib is None:
             cpu_experts_reference(x, tok, row, weight, gate_up, down, activation, out=out)
+            if done_flag is not None:
+                done_flag[0] = done_value
             return out
         args = _MoeArgs(
             x.data_ptr(), T, D, down.shape[2],
             tok.data_ptr(), row.data_ptr(), weight.data_ptr(), row.shape[0],
             gate_up.data_ptr(), down.data_ptr(), gate_up.shape[0],
-            _FORMATS[gate_up.dtype], ACTIVATIONS.index(activation), out.data_ptr(), None, 0,
+            _FORMATS[gate_up.dtype], ACTIVATIONS.index(activation), out.data_ptr(),
+            None if done_flag is None else done_flag.data_ptr(), done_value & 0xFFFFFFFF,
         )  # fmt: skip
         rc = self._lib.ft_moe_submit(self._pool, ctypes.byref(args))
+        if rc == -6:
+            raise MemoryError(_ERRORS[rc])
         if rc != 0:
             raise ValueError(_ERRORS.get(rc, f"kernel error {rc}"))
-        self._inflight = (x, tok, row, weight, gate_up, down, out)  # alive until the workers finish
+        # keep every buffer alive until the workers are done with it
+        self._inflight = (
+            x,
+            tok,
+            row,
+            weight,
+            gate_up,
+            down,
+            out,
+            *(() if done_flag is None else (done_flag,)),
+        )
         return out
 
     def wait(self) -> None:
         """Block (GIL released) until the submitted batch is finished."""
         if self._pool is not None and self._lib is not None:
-            self._lib.ft_wait(self._pool)
+            self._lib.ft_wait(self._pool, int(self.caller_helps))
         self._inflight = None
 
     def run(

@@ -11,43 +11,57 @@
 
 namespace ft {
 
+constexpr int64_t kMaxHBlock = 64;  // upper bound of Plan::hblock (stack buffers in phase 1)
+
 enum WeightFormat : int32_t { FMT_F32 = 0, FMT_BF16 = 1 };
 enum Activation : int32_t { ACT_SILU = 0, ACT_GPTOSS = 1 };
 enum Isa : int32_t { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512BF16 = 3, ISA_COUNT = 4 };
 
-// Built by the submitting thread; workers only read it, except the h scratch, where every element is
-// written by exactly one worker in phase 1 and read by all in phase 2 (after the barrier).
+// Built by the submitting thread; workers only read it, except the scratch buffers h and y, where
+// every element is written by exactly one worker in one phase and read only in later phases.
 struct Plan {
   const float* x;  // [T, D] fp32
   int64_t T, D, I;
+  int64_t t0, t1;  // this chunk's tokens [t0, t1): its routes and phase-3 outputs
   const void* gate_up;  // [N, 2I, D]
   const void* down;     // [N, D, I]
   int32_t fmt, act;
-  float* out;  // [T, D] fp32, zeroed and filled in phase 2
+  float* out;  // [T, D] fp32, written (not accumulated) in phase 3
   // Routes sorted by pool row (stable): group g covers sorted positions [group_start[g], group_start[g+1]).
   int64_t R, G;
   const int64_t* group_row;    // [G]
   const int64_t* group_start;  // [G + 1]
   const int32_t* s_tok;        // [R] token of each sorted route
   const float* s_w;            // [R] gate weight of each sorted route
-  float* h;                    // [R, I] activations of each sorted route
+  // Token t0 + j's routes, as sorted positions in ascending order: tok_route[tok_start[j] .. tok_start[j+1]).
+  const int64_t* tok_start;  // [t1 - t0 + 1]
+  const int64_t* tok_route;  // [R]
+  float* h;                  // [R, I] activations of each sorted route
+  float* y;                  // [R, D] down projection of each sorted route (unweighted)
   // bf16 hi/lo split of x and h (x ~= hi + lo), only for the vdpbf16ps path; null otherwise.
   uint16_t* x_hi;
   uint16_t* x_lo;  // [T, D]
   uint16_t* h_hi;
   uint16_t* h_lo;  // [R, I]
-  int64_t hblock;   // h indices per phase-1 work unit (fixed: results must not depend on threads)
-  int64_t units1;   // G * ceil(I / hblock)
-  int64_t dblock;   // output rows per phase-2 block (even, fixed)
-  int64_t blocks2;  // ceil(D / dblock)
+  // Work units (fixed sizes: results must not depend on the thread count).
+  int64_t hblock;  // phase 1: h indices per unit; unit = (group, h block)
+  int64_t units1;  // G * ceil(I / hblock)
+  int64_t dblock;  // phase 2: down rows per unit; unit = (group, row block)
+  int64_t units2;  // G * ceil(D / dblock)
+  int64_t oblock;  // phase 3: output columns per unit; unit = (token, column block)
+  int64_t units3;  // (t1 - t0) * ceil(D / oblock)
 };
 
-// Phase 1: h = act(gate_up . x) for work units [u0, u1) (unit = (group, block of hblock h indices)).
-// Phase 2: out rows of blocks [b0, b1) (all tokens): zero, then add w * down . h over groups in order.
+// Phase 1: h = act(gate . x, up . x): a unit streams its gate rows, then its up rows (long
+//          sequential runs: the hardware prefetcher loses track of interleaved distant rows).
+// Phase 2: y = down . h: a unit streams a block of one expert's down rows.
+// Phase 3: out[t] = sum of w_s * y_s over t's routes in sorted order (a fixed order per element).
 struct IsaOps {
-  void (*phase1)(const Plan&, int64_t u0, int64_t u1);
-  void (*phase2)(const Plan&, int64_t b0, int64_t b1);
+  void (*phase1)(const Plan&, int64_t unit);
+  void (*phase2)(const Plan&, int64_t unit);
+  void (*phase3)(const Plan&, int64_t unit);
   bool split_bf16;  // wants x_hi/x_lo and h_hi/h_lo (bf16 banks on the vdpbf16ps path)
+  uint64_t (*stream_sum)(const uint64_t* p, int64_t words);  // read-bandwidth probe, ISA-vectorised
 };
 
 // Defined in isa_<name>.cpp; kernel.cpp only references those the build compiled (FT_HAVE_<ISA>).

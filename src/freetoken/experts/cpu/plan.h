@@ -1,0 +1,60 @@
+// Turning one submitted batch of routes into work plans: routes are bucketed by token, cut into
+// chunks of consecutive tokens with at most kMaxChunkRoutes routes (bounds the h/y scratch for big
+// batches), and within a chunk sorted by pool row. Plain C++17, no ISA flags.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernel_api.h"
+
+extern "C" struct FtMoeArgs {
+  const float* x;  // [T, D] fp32
+  int64_t T, D, I;
+  const int32_t* tok;  // [R]
+  const int64_t* row;  // [R] pool rows
+  const float* w;      // [R]
+  int64_t R;
+  const void* gate_up;  // [N, 2I, D]
+  const void* down;     // [N, D, I]
+  int64_t N;
+  int32_t fmt, act;
+  float* out;           // [T, D] fp32
+  uint32_t* done_flag;  // optional: set to done_value (release) when the batch is finished
+  uint32_t done_value;
+};
+
+namespace ft {
+
+// A token's output is the same bits whether or not the batch is chunked: its routes are summed in
+// (pool row, submission index) order either way.
+constexpr int64_t kMaxChunkRoutes = 4096;
+
+class PlanBuilder {
+ public:
+  // Checks `a` and builds the chunk plans. 0, or the error codes of ft_moe_submit (-2 .. -5).
+  int build(const FtMoeArgs& a, bool split_bf16);
+
+  const std::vector<Plan>& chunks() const { return plans_; }
+  // bf16 hi/lo split of x wanted (filled by the workers before phase 1; the plans point at it)
+  bool split() const { return split_; }
+  uint16_t* x_hi() { return x_hi_.data(); }
+  uint16_t* x_lo() { return x_lo_.data(); }
+
+ private:
+  struct Chunk {  // storage behind one Plan
+    std::vector<int64_t> group_row, group_start, tok_start, tok_route;
+    std::vector<int32_t> s_tok;
+    std::vector<float> s_w;
+  };
+  void build_chunk(const FtMoeArgs& a, int64_t t0, int64_t t1, Chunk& c, Plan& p);
+
+  std::vector<int64_t> by_tok_, tok_begin_, order_;  // routes bucketed by token (stable)
+  std::vector<Chunk> store_;
+  std::vector<Plan> plans_;
+  std::vector<float> h_, y_;  // scratch shared by the chunks (run one after another)
+  std::vector<uint16_t> x_hi_, x_lo_, h_hi_, h_lo_;
+  bool split_ = false;
+};
+
+}  // namespace ft

@@ -1,0 +1,74 @@
+// A persistent pool of worker threads, each pinned to its own core, that run "jobs": a job is a
+// sequence of steps, a step a number of independent units. Units are handed out one at a time;
+// whoever finishes a step's last unit opens the next step, so no participant is ever waited for
+// (a descheduled or late worker holds nothing up) and the thread that waits for a job may take
+// units itself. Idle threads sleep on a condition variable, after an optional short spin.
+// Plain C++17, no ISA flags.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace ft {
+
+class Job {
+ public:
+  virtual ~Job() = default;
+  virtual int64_t steps() const = 0;
+  virtual int64_t units(int64_t step) const = 0;
+  // Called concurrently for distinct units; every unit of a step runs before any unit of the next.
+  virtual void run(int64_t step, int64_t unit) = 0;
+};
+
+class Pool {
+ public:
+  // n workers; cpus: null or n CPU ids (worker k pinned to cpus[k]); spin_ns: how long a waiting
+  // thread polls before it sleeps (0: sleeps at once; never spin on machines with few cores).
+  Pool(int n, const int* cpus, int64_t spin_ns);
+  ~Pool();
+
+  int threads() const { return static_cast<int>(threads_.size()); }
+  bool busy() const { return live_.load(std::memory_order_acquire); }
+  // Blocks until no worker is inside a job any more: the state a job reads may then change.
+  void quiesce();
+  // Starts `job` (not busy; after quiesce(); the job must live until it is done). done_flag, if
+  // given, is set to done_value (release order) when the last unit is finished.
+  void start(Job* job, uint32_t* done_flag, uint32_t done_value);
+  // Blocks until the job is done; with help, this thread takes units too meanwhile.
+  void wait(bool help);
+
+ private:
+  struct Step {
+    std::atomic<int64_t> next{0}, done{0};
+    int64_t units = 0;
+  };
+  void worker(int cpu);
+  void participate();
+  void advance(int64_t step);
+  void finish();
+  template <class Pred>
+  void sleep_until(std::condition_variable& cv, Pred pred);
+
+  const int64_t spin_ns_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;  // guards sleeping (the state itself is atomics)
+  std::condition_variable cv_work_, cv_done_, cv_idle_;
+  std::atomic<bool> stop_{false}, live_{false};
+  std::atomic<uint64_t> gen_{0};   // job generation
+  std::atomic<int> active_{0};     // workers inside a job
+  std::atomic<int64_t> step_{0};   // the open step (== nsteps_ when the job is done)
+  // the current job: written by start() only while no worker is inside a job
+  Job* job_ = nullptr;
+  int64_t nsteps_ = 0;
+  std::unique_ptr<Step[]> step_state_;
+  int64_t step_cap_ = 0;
+  uint32_t* done_flag_ = nullptr;
+  uint32_t done_value_ = 0;
+};
+
+}  // namespace ft
