@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from devices import DEVICES
 from freetoken import LLM, SamplingParams
 from reference import LOGIT_MARGIN, ROUTER_MARGIN, assert_close_logits, reference_greedy
 from tiny_models import FAMILIES, MOE_FAMILIES, save_checkpoint
@@ -39,16 +40,18 @@ def family_ckpt(request, tmp_path_factory):
     return family, d, model, prompts, _refs(model, family, prompts)
 
 
-def test_prefill_logits_match(family_ckpt):
+@pytest.mark.parametrize("device", DEVICES)
+def test_prefill_logits_match(family_ckpt, device):
     family, d, model, prompts, refs = family_ckpt
-    llm = LLM(model=str(d), device="cpu", dtype="float32")
+    llm = LLM(model=str(d), device=device, dtype="float32")
     for r in refs:
         assert_close_logits(llm.engine.score(r.prompt), r.prompt_logits)
 
 
-def test_greedy_tokens_batched_match(family_ckpt):
+@pytest.mark.parametrize("device", DEVICES)
+def test_greedy_tokens_batched_match(family_ckpt, device):
     family, d, model, prompts, refs = family_ckpt
-    llm = LLM(model=str(d), device="cpu", dtype="float32")
+    llm = LLM(model=str(d), device=device, dtype="float32")
     params = SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True)
     outs = llm.generate(prompts, params)  # all three together: batching must not change a token
     for out, r in zip(outs, refs):
@@ -58,6 +61,25 @@ def test_greedy_tokens_batched_match(family_ckpt):
     assert alone.token_ids == refs[1].tokens
     llm.check_integrity()
     assert llm.stats()["kv_pages_used"] == 0
+
+
+@pytest.mark.gpu
+def test_bf16_agreement_on_gpu(family_ckpt, record_property):
+    """bf16 cannot match fp32 token for token: a bf16 rounding can flip a router top-k choice on these wide random
+    weights (transformers' own bf16 forward shows the same jumps). Measure the agreement (reported in the issue note)
+    and bound it loosely: most prompts agree on their first tokens and logits stay the same function."""
+    family, d, model, prompts, refs = family_ckpt
+    llm = LLM(model=str(d), device="cuda", dtype="bfloat16")
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True))
+    agree, errs = [], []
+    for out, r in zip(outs, refs):
+        n = next((i for i, (a, b) in enumerate(zip(out.token_ids, r.tokens)) if a != b), STEPS)
+        agree.append(n)
+        err = float((llm.engine.score(r.prompt) - r.prompt_logits).abs().max()) / float(r.prompt_logits.abs().max())
+        print(f"bf16 {family}: first divergence at token {n}/{STEPS}, prefill logit rel err {err:.3g}")
+        errs.append(err)
+    record_property("bf16_agreement", agree)
+    assert sorted(agree)[1] >= 1 and sorted(errs)[1] < 0.1  # 2 of 3 prompts agree closely
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])

@@ -34,6 +34,8 @@ class EngineConfig:
     """Tokens per KV page."""
     kv_pages: int | None = None
     """KV pages to allocate. None: derived from the memory budget (CPU: enough for max_model_len x running)."""
+    prefix_cache: bool = True
+    """Reuse the KV of prompt prefixes computed before (radix tree over KV pages, shared by all requests)."""
     max_model_len: int | None = None
     """Context length limit. None: the checkpoint's max_position_embeddings."""
     cpu_threads: int | None = None

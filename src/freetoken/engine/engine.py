@@ -10,9 +10,11 @@ from typing import Any
 import torch
 
 from freetoken.cache.kv_pool import KVPool
+from freetoken.cache.radix import RadixCache
 from freetoken.config import EngineConfig
 from freetoken.engine.detokenizer import IncrementalDetokenizer
 from freetoken.engine.errors import InputError, PromptTooLongError, QueueFullError
+from freetoken.engine.kv_manager import KVManager
 from freetoken.engine.model_setup import ModelSetup, setup_model
 from freetoken.engine.outputs import RequestOutput
 from freetoken.engine.request import Request, Status
@@ -36,7 +38,9 @@ class LLMEngine:
         self.kv = KVPool(
             s.hf.num_layers, s.kv_pages, config.page_size, s.hf.num_kv_heads, s.hf.head_dim, s.dtype, s.device
         )
-        self.scheduler = Scheduler(self.kv, config.max_running_requests, config.max_batched_tokens)
+        self.tree = RadixCache(self.kv) if config.prefix_cache else None
+        self.pages = KVManager(self.kv, self.tree)
+        self.scheduler = Scheduler(self.pages, config.max_running_requests, config.max_batched_tokens)
         self.runner = ModelRunner(s.loaded.model, self.kv, s.device, s.loaded.backend, s.hf.sliding_window)
         self.requests: dict[str, Request] = {}
         self._seeds = random.Random(config.seed)
@@ -149,6 +153,8 @@ class LLMEngine:
         if not 0 < n < self.max_model_len:
             raise PromptTooLongError(n, self.max_model_len) if n else InputError("the prompt is empty")
         rid = f"score-{time.monotonic_ns()}"
+        if not self.pages.reserve(self.kv.pages_for(n)):
+            raise InputError(f"{n} tokens do not fit the free KV pages now")
         pages = self.kv.allocate(self.kv.pages_for(n), rid)
         try:
             req = Request(rid, list(token_ids), SamplingParams(), n + 1, IncrementalDetokenizer(None, [], [], True))
@@ -167,20 +173,22 @@ class LLMEngine:
             "expert_hits": 0,
             "expert_fills": 0,
             "expert_cpu_runs": 0,
-            "prefix_tokens_reused": 0,
             **expert,
             **self._counters,
+            "prefix_tokens_reused": self.pages.num_prefix_tokens_reused,
+            "radix_pages": self.tree.num_pages if self.tree is not None else 0,
+            "radix_evictions": self.tree.num_evictions if self.tree is not None else 0,
             "preemptions": self.scheduler.num_preemptions,
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
             "kv_pages_total": self.kv.num_pages,
-            "kv_pages_used": self.kv.num_used,
+            "kv_pages_used": self.pages.num_pinned,  # not reclaimable now: unlocked tree pages do not count
             "moe_backend": backend.name if backend is not None else "none",
             "uptime_s": time.monotonic() - self._started,
         }
 
     def check_integrity(self) -> None:
-        self.kv.check_integrity(self.scheduler.page_tables())
+        self.scheduler.check_integrity()
         backend = self.setup.loaded.backend
         if backend is not None:
             backend.check_integrity()

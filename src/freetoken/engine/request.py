@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from freetoken.engine.detokenizer import IncrementalDetokenizer
 from freetoken.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from freetoken.cache.radix import RadixNode
 
 
 class Status(enum.Enum):
@@ -27,7 +31,9 @@ class Request:
     generator: torch.Generator | None = None
     token_ids: list[int] = field(default_factory=list)  # prompt + output
     num_computed_tokens: int = 0  # tokens whose K/V are in this request's pages
-    pages: list[int] = field(default_factory=list)
+    pages: list[int] = field(default_factory=list)  # page table: shared prefix pages, then private ones
+    num_shared_pages: int = 0  # leading pages read from the radix tree (owned by it, locked via prefix_node)
+    prefix_node: RadixNode | None = None  # the locked radix node whose path is pages[:num_shared_pages]
     status: Status = Status.WAITING
     finish_reason: str | None = None
     num_preemptions: int = 0

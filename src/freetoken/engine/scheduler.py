@@ -1,9 +1,11 @@
 """Continuous batching over the paged KV pool.
 
 Each step: running requests first (oldest first) get their next tokens (1 when decoding, a prompt
-chunk otherwise) within the token budget; then waiting requests join while there is room. When the
-KV pool runs out, the newest running request is preempted (pages freed, recomputed later) so the
-older ones always progress: no deadlock.
+chunk otherwise) within the token budget; then waiting requests join while there is room, each
+starting after its longest prefix cached in the radix tree. When the KV pool runs out, unlocked
+tree pages are evicted first; then the newest running request is preempted (its computed pages
+go to the tree, it is recomputed later, mostly from there) so the older ones always progress: no
+deadlock. Which pages a request holds is the KV manager's business (kv_manager.py).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from freetoken.cache.kv_pool import KVPool
+from freetoken.engine.kv_manager import KVManager
 from freetoken.engine.request import Request, Status
 
 
@@ -26,8 +28,9 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, kv: KVPool, max_running: int, max_batched_tokens: int) -> None:
-        self.kv = kv
+    def __init__(self, pages: KVManager, max_running: int, max_batched_tokens: int) -> None:
+        self.pages = pages
+        self.kv = pages.kv
         self.max_running = max_running
         self.max_batched_tokens = max_batched_tokens
         self.waiting: deque[Request] = deque()
@@ -40,21 +43,9 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _grow(self, req: Request, n: int) -> bool:
-        """Make req's pages cover num_computed + n tokens; False when the pool is short."""
-        need = self.kv.pages_for(req.num_computed_tokens + n) - len(req.pages)
-        if need <= 0:
-            return True
-        if need > self.kv.num_free:
-            return False
-        req.pages += self.kv.allocate(need, req.request_id)
-        return True
-
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
-        self.kv.free(req.pages, req.request_id)
-        req.pages = []
-        req.num_computed_tokens = 0
+        self.pages.release(req)
         req.status = Status.WAITING
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -68,7 +59,7 @@ class Scheduler:
             if req not in self.running or budget <= 0:
                 continue
             n = min(req.num_tokens - req.num_computed_tokens, budget)
-            while not self._grow(req, n):
+            while not self.pages.grow(req, n):
                 victim = self.running[-1]
                 if victim is req and len(self.running) == 1:
                     never_fit.append(req)
@@ -82,8 +73,8 @@ class Scheduler:
                 budget -= n
         while self.waiting and len(self.running) < self.max_running and budget > 0:
             req = self.waiting[0]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if not self._grow(req, n):
+            n = self.pages.admit(req, budget)
+            if n == 0:
                 if not self.running and self.kv.pages_for(req.num_tokens + 1) > self.kv.num_pages:
                     self.waiting.popleft()
                     never_fit.append(req)
@@ -101,10 +92,8 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        if req.pages:
-            self.kv.free(req.pages, req.request_id)
-            req.pages = []
+        self.pages.release(req)
         req.status = Status.FINISHED
 
-    def page_tables(self) -> dict[str, list[int]]:
-        return {r.request_id: r.pages for r in [*self.running, *self.waiting] if r.pages}
+    def check_integrity(self) -> None:
+        self.pages.check_integrity([*self.running, *self.waiting])

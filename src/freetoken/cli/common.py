@@ -1,0 +1,55 @@
+"""Engine options shared by the subcommands that load a model; errors as one clear line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from freetoken.config import MOE_BACKENDS, EngineConfig
+from freetoken.engine.errors import FreeTokenError
+
+
+def expert_cache_arg(value: str) -> int | float:
+    """``N`` slots or a fraction ``F`` in (0, 1]."""
+    try:
+        return int(value)
+    except ValueError:
+        pass
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a slot count or a fraction, got {value!r}") from None
+
+
+def add_engine_args(p: argparse.ArgumentParser, model_required: bool = False) -> None:
+    p.add_argument("--model", required=model_required, help="checkpoint directory (default: embedded model)")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--moe-backend", default="auto", choices=MOE_BACKENDS)
+    p.add_argument("--expert-cache", type=expert_cache_arg, default=None, help="slots (N) or pool fraction (F)")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-running-requests", type=int, default=4)
+    p.add_argument("--cpu-threads", type=int, default=None)
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        moe_backend=args.moe_backend,
+        expert_cache=args.expert_cache,
+        max_model_len=args.max_model_len,
+        max_running_requests=args.max_running_requests,
+        cpu_threads=args.cpu_threads,
+    )
+
+
+def run_guarded(command: str, body: Callable[[], int]) -> int:
+    """Run a subcommand; bad input or a broken checkpoint prints one line and exits non-zero."""
+    try:
+        return body()
+    except (FreeTokenError, ValueError, OSError) as e:
+        print(f"ft {command}: error: {e}", file=sys.stderr)
+        return 1

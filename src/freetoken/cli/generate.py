@@ -1,0 +1,50 @@
+"""``ft generate``: complete one prompt, streaming the text to stdout."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from freetoken.cli.common import add_engine_args, engine_config, run_guarded
+from freetoken.engine.sampling_params import SamplingParams
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser("generate", help="complete a prompt", description="Complete one prompt and stream it.")
+    add_engine_args(p)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_guarded("generate", lambda: _generate(args))
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from freetoken.engine.engine import LLMEngine
+
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
+    )
+    engine = LLMEngine(engine_config(args))
+    tok = engine.tokenizer
+    if tok is None:
+        raise ValueError(f"{args.model}: the checkpoint has no tokenizer; text prompts need one")
+    if args.chat:
+        ids = list(tok.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True,
+                                           tokenize=True, return_dict=False))
+    else:
+        ids = tok.encode(args.prompt, add_special_tokens=False)
+    engine.add_request("cli", ids, params)
+    while engine.has_unfinished():
+        for out in engine.step():
+            sys.stdout.write(out.new_text)
+            sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0

@@ -1,0 +1,111 @@
+"""Which KV pages each request holds: a locked shared prefix from the radix tree, then a private tail.
+
+A request's page table is ``pages[:num_shared_pages]`` (owned by the tree, read-only, locked through
+``prefix_node``) followed by pages it owns and writes. The shared part is a multiple of the page
+size, so a request never writes into a tree page. Without a tree (``prefix_cache=False``) every page
+is private and this reduces to allocate / free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from freetoken.cache.kv_pool import KVPool
+from freetoken.cache.radix import RadixCache
+from freetoken.engine.request import Request
+
+
+class KVManager:
+    def __init__(self, kv: KVPool, tree: RadixCache | None) -> None:
+        self.kv, self.tree = kv, tree
+        self.num_prefix_tokens_reused = 0  # tokens admitted as already computed thanks to the tree
+
+    def admit(self, req: Request, budget: int) -> int:
+        """Gives a request that holds no KV its longest cached prefix (whole pages, at least one token
+        left to compute so the step yields logits) and pages for its next chunk of at most ``budget``
+        tokens. Returns the tokens to compute this step; 0 when the pool is short (then it holds nothing)."""
+        assert not req.pages and req.num_computed_tokens == 0, "admit: the request already holds KV"
+        if self.tree is not None:
+            m = self.tree.match(req.token_ids[: req.num_tokens - 1])
+            if m.pages:
+                self.tree.lock(m.node)
+                req.prefix_node, req.pages, req.num_shared_pages = m.node, list(m.pages), m.num_pages
+                req.num_computed_tokens = m.num_pages * self.kv.page_size
+        n = min(req.num_tokens - req.num_computed_tokens, budget)
+        if not self.grow(req, n):
+            self.release(req, cache=False)
+            return 0
+        self.num_prefix_tokens_reused += req.num_computed_tokens
+        return n
+
+    def grow(self, req: Request, n: int) -> bool:
+        """Make req's pages cover num_computed + n tokens; False when the pool is short even after
+        evicting every unlocked tree page it needs."""
+        need = self.kv.pages_for(req.num_computed_tokens + n) - len(req.pages)
+        if need <= 0:
+            return True
+        if not self.reserve(need):
+            return False
+        req.pages += self.kv.allocate(need, req.request_id)
+        return True
+
+    def reserve(self, num_pages: int) -> bool:
+        """Evicts unlocked tree pages until ``num_pages`` are free; False if that is not possible."""
+        short = num_pages - self.kv.num_free
+        if short > 0 and self.tree is not None:
+            self.tree.evict(short)
+        return num_pages <= self.kv.num_free
+
+    def release(self, req: Request, cache: bool = True) -> None:
+        """Gives back every page of req (finished or preempted): with ``cache`` its fully computed pages
+        enter the tree (so a recompute or a next turn is cheap), the rest return to the pool. Afterwards
+        the request holds no KV (``num_computed_tokens == 0``)."""
+        rid, shared = req.request_id, req.num_shared_pages
+        to_free = req.pages[shared:]
+        if self.tree is not None and cache:
+            full = min(req.num_computed_tokens // self.kv.page_size, len(req.pages))
+            if full > 0:
+                S = self.kv.page_size
+                cached = self.tree.insert(req.token_ids[: full * S], req.pages[:full], rid)
+                # the locked shared path is in the tree with the same tokens, so it is found again
+                assert cached >= shared, "the tree lost a locked prefix"
+                to_free = req.pages[shared:cached] + req.pages[full:]  # duplicates of cached pages + the tail
+        self.kv.free(to_free, rid)
+        if req.prefix_node is not None:
+            assert self.tree is not None
+            self.tree.unlock(req.prefix_node)
+        req.pages, req.num_shared_pages, req.prefix_node = [], 0, None
+        req.num_computed_tokens = 0
+
+    # ---- introspection --------------------------------------------------------------------------
+    @property
+    def num_pinned(self) -> int:
+        """Pages that cannot be reclaimed now: request-private ones and locked tree pages."""
+        return self.kv.num_used - (self.tree.num_evictable_pages if self.tree is not None else 0)
+
+    def page_tables(self, requests: Iterable[Request]) -> dict[object, list[int]]:
+        """Every owner's pages, as the pool should record them: private pages by request id, and the tree's."""
+        tables: dict[object, list[int]] = {r.request_id: r.pages[r.num_shared_pages :] for r in requests if r.pages}
+        if self.tree is not None:
+            tables[self.tree] = self.tree.all_pages()
+        return tables
+
+    def check_integrity(self, requests: Iterable[Request]) -> None:
+        reqs = list(requests)
+        self.kv.check_integrity(self.page_tables(reqs))
+        if self.tree is None:
+            assert all(r.num_shared_pages == 0 and r.prefix_node is None for r in reqs), "shared pages without a tree"
+            return
+        self.tree.check_integrity()
+        holders = 0
+        for r in reqs:
+            if r.prefix_node is None:
+                assert r.num_shared_pages == 0, f"{r.request_id!r}: shared pages without a locked node"
+                continue
+            holders += 1
+            assert r.prefix_node.lock_ref > 0, f"{r.request_id!r}: its prefix node is not locked"
+            assert r.pages[: r.num_shared_pages] == self.tree.path_pages(r.prefix_node), (
+                f"{r.request_id!r}: shared pages differ from its locked path"
+            )
+        # each lock adds one to exactly one child of the root: no lock without a holder
+        assert sum(c.lock_ref for c in self.tree.root.children.values()) == holders, "a radix lock has no holder"

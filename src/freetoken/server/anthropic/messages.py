@@ -1,0 +1,59 @@
+"""``POST /v1/messages`` (what Claude Code speaks), streamed or not."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from freetoken.server.anthropic.builder import MessageBuilder
+from freetoken.server.anthropic.convert import to_internal
+from freetoken.server.anthropic.protocol import MessagesRequest
+from freetoken.server.errors import APIError
+from freetoken.server.generation import Generation, Prepared
+from freetoken.server.internal import Finish
+from freetoken.server.sse import sse, sse_response, unless_disconnected
+from freetoken.server.state import get_state, parse_body, read_json
+
+
+async def create_message(request: Request) -> Response:
+    state = get_state(request)
+    body = parse_body(MessagesRequest, await read_json(request))
+    state.check_model(body.model)
+    gen = state.generation()
+    prep = await gen.prepare_async(to_internal(body))
+    builder = MessageBuilder(body.model, len(prep.prompt_ids))
+    if not body.stream:
+        await unless_disconnected(request, _run(gen, prep, builder))
+        return JSONResponse(builder.message())
+    events = gen.stream(prep, builder.id)
+    first = await unless_disconnected(request, gen.first_event(events))
+    ping = sse({"type": "ping"}, event="ping")
+    return sse_response(_frames(builder, first, events), state.config.keepalive_s, ping)
+
+
+async def _run(gen: Generation, prep: Prepared, builder: MessageBuilder) -> None:
+    async with aclosing(gen.stream(prep, builder.id)) as events:
+        async for e in events:
+            builder.feed(e)
+
+
+async def _frames(
+    builder: MessageBuilder, first: Any, events: AsyncGenerator[Any, None]
+) -> AsyncGenerator[bytes, None]:
+    builder.start()
+    try:
+        async with aclosing(events):
+            e = first
+            while True:
+                builder.feed(e)
+                for kind, payload in builder.take():
+                    yield sse(payload, event=kind)
+                if isinstance(e, Finish):
+                    break
+                e = await events.__anext__()
+    except APIError as err:
+        yield sse(err.body("anthropic"), event="error")

@@ -1,0 +1,73 @@
+"""Pydantic schemas for the Anthropic routes. Unknown fields (and betas) are accepted and ignored."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ContentBlock(_Open):
+    type: str
+    text: str | None = None
+    # tool_use
+    id: str | None = None
+    name: str | None = None
+    input: Any = None
+    # tool_result
+    tool_use_id: str | None = None
+    content: str | list[dict[str, Any]] | None = None
+    is_error: bool | None = None
+    # thinking / redacted_thinking
+    thinking: str | None = None
+    signature: str | None = None
+    data: str | None = None
+
+
+class Message(_Open):
+    role: Literal["user", "assistant", "system"]
+    content: str | list[ContentBlock]
+
+
+class Tool(_Open):
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any] | None = None
+    type: str | None = None
+
+
+class ToolChoice(_Open):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class Thinking(_Open):
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = None
+
+
+class _Conversation(_Open):
+    model: str
+    messages: list[Message]
+    system: str | list[ContentBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None
+
+
+class MessagesRequest(_Conversation):
+    max_tokens: int
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+
+
+class CountTokensRequest(_Conversation):
+    pass

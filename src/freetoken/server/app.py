@@ -1,0 +1,139 @@
+"""The FastAPI app: protocol routers, health, metrics, engine stats, auth and error shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from freetoken.server.errors import APIError, flavor_for_path
+from freetoken.server.settings import ServerConfig
+from freetoken.server.sse import ClientGone
+from freetoken.server.state import ServerState, get_state
+
+if TYPE_CHECKING:
+    from freetoken.engine.async_llm import AsyncLLM
+
+
+def check_api_key(request: Request) -> None:
+    """Accept ``Authorization: Bearer KEY`` (OpenAI) or ``x-api-key: KEY`` (Anthropic)."""
+    key = get_state(request).config.api_key
+    if not key:
+        return
+    auth = request.headers.get("authorization", "")
+    given = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
+    if not given or not hmac.compare_digest(given.encode(), key.encode()):
+        raise APIError("authentication", "invalid or missing API key (send Authorization: Bearer KEY or x-api-key)")
+
+
+def build_app(
+    engine: AsyncLLM | Callable[[], AsyncLLM],
+    config: ServerConfig | None = None,
+    own_engine: bool = True,
+    on_ready: Callable[[ServerState], None] | None = None,
+) -> FastAPI:
+    """``engine``: a started engine, or a factory called on the server's event loop at startup.
+    ``own_engine``: shut the engine down when the app stops (after in-flight requests drained).
+    ``on_ready``: called once the model has loaded (``ft serve`` prints its URL there)."""
+    from freetoken.server.anthropic import router as anthropic_router
+    from freetoken.server.openai import router as openai_router
+
+    factory = engine if callable(engine) and not hasattr(engine, "generate") else None
+    state = ServerState(None if factory else engine, config or ServerConfig())  # type: ignore[arg-type]
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if factory is not None:
+            state.engine = factory()
+        watcher = asyncio.ensure_future(_announce(state, on_ready)) if on_ready else None
+        yield
+        if watcher is not None:
+            watcher.cancel()
+        if own_engine:
+            await state.engine.shutdown(drain=False)
+
+    app = FastAPI(title="FreeToken", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.freetoken = state
+    auth = [Depends(check_api_key)]
+    app.include_router(openai_router(), dependencies=auth)
+    app.include_router(anthropic_router(), dependencies=auth)
+    _add_control_routes(app, state)
+    _add_error_handlers(app, state)
+    return app
+
+
+async def _announce(state: ServerState, on_ready: Callable[[ServerState], None]) -> None:
+    try:
+        await state.engine.wait_ready()
+    except Exception:
+        return  # /health reports the failure
+    on_ready(state)
+
+
+def _add_control_routes(app: FastAPI, state: ServerState) -> None:
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        eng = state.engine
+        if eng.state == "ready":
+            return JSONResponse({"status": "ok", "model": state.model_names[0]})
+        if eng.state == "loading":
+            return JSONResponse({"status": "loading"}, status_code=503)
+        return JSONResponse({"status": "unhealthy", "error": eng.error}, status_code=503)
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        stats = state.engine.stats() if state.engine.state == "ready" else {}
+        return PlainTextResponse(
+            state.metrics.render(stats, state.engine.state), media_type="text/plain; version=0.0.4"
+        )
+
+    @app.get("/v1/engine/stats", dependencies=[Depends(check_api_key)])
+    async def engine_stats() -> JSONResponse:
+        eng = state.engine
+        stats = eng.stats() if eng.state == "ready" else {}
+        server = {
+            "requests_total": state.metrics.requests_total,
+            "requests_running": state.metrics.requests_running,
+            "generated_tokens_total": state.metrics.generated_tokens_total,
+            "tokens_per_second": state.metrics.tokens_per_second(),
+        }
+        return JSONResponse({"state": eng.state, "error": eng.error, "engine": stats, "server": server})
+
+
+def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
+    def render(request: Request, err: APIError) -> JSONResponse:
+        state.metrics.error(err.kind)
+        flavor = flavor_for_path(request.url.path)
+        return JSONResponse(err.body(flavor), status_code=err.status(flavor))
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return render(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return render(request, APIError.invalid(str(exc)))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = {401: "authentication", 404: "not_found"}.get(exc.status_code, "invalid_request")
+        msg = f"{request.method} {request.url.path}: {exc.detail}"
+        err = APIError(kind, msg)  # type: ignore[arg-type]
+        resp = render(request, err)
+        resp.status_code = exc.status_code
+        return resp
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone) -> Response:
+        return Response(status_code=499)
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, exc: Exception) -> JSONResponse:
+        return render(request, APIError("server_error", f"internal error: {type(exc).__name__}: {exc}"))

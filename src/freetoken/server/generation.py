@@ -1,0 +1,266 @@
+"""The serving core shared by every protocol: prompt → engine → parsed events.
+
+``Generation.prepare`` renders the internal request with the model's chat template (special-token
+strings inside message text stay plain text), checks the context and clamps ``max_tokens``.
+``Generation.stream`` drives the engine and the family's stream parser and yields the parser's
+events followed by one ``Finish``. Closing the stream early (client gone) closes the engine
+iterator, which aborts the request and frees its KV pages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+from freetoken.chat import events as ev
+from freetoken.chat import make_stream_parser, prompt_opens_reasoning
+from freetoken.chat.template import render_and_tokenize
+from freetoken.chat.tokenize import encode
+from freetoken.engine.sampling_params import SamplingParams
+from freetoken.server.errors import APIError, context_overflow, from_engine_error
+from freetoken.server.forced_tools import forced_prefix
+from freetoken.server.internal import (
+    ChatRequest,
+    Completion,
+    Finish,
+    FinishReason,
+    Started,
+    ToolCall,
+    merge_leading_system,
+)
+
+if TYPE_CHECKING:
+    from freetoken.engine.async_llm import AsyncLLM
+    from freetoken.server.metrics import ServerMetrics
+
+Event = Any  # one of freetoken.chat.events' dataclasses, or Finish
+Events = AsyncGenerator[Any, None]
+
+
+@dataclass
+class Prepared:
+    request: ChatRequest
+    prompt_ids: list[int]
+    params: SamplingParams
+    starts_in_reasoning: bool
+    prefill: str = ""  # text already in the prompt that the parser must read first (forced tool call)
+
+
+class Generation:
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        metrics: ServerMetrics,
+        family: str | None,
+        tool_parser: str | None = None,
+        reasoning_parser: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.family = family  # None: plain text output (no tool or reasoning markup known)
+        self.tool_parser, self.reasoning_parser = tool_parser, reasoning_parser
+
+    # ---- prompt -------------------------------------------------------------------------
+    def render(self, req: ChatRequest) -> list[int]:
+        tok, template = self.engine.tokenizer, self.engine.chat_template
+        if tok is None or not template:
+            raise APIError.invalid("this model has no tokenizer or no chat template, so it cannot serve chat requests")
+        tools = [t.template_dict() for t in self._prompt_tools(req)] or None
+        kwargs: dict[str, Any] = {"add_generation_prompt": True, **req.template_kwargs}
+        if req.reasoning is not None:
+            kwargs["enable_thinking"] = req.reasoning
+        try:
+            return render_and_tokenize(tok, template, merge_leading_system(req.messages), tools, **kwargs)
+        except APIError:
+            raise
+        except Exception as exc:  # a template that refuses the conversation is the caller's problem
+            raise APIError.invalid(f"could not apply the chat template: {exc}") from exc
+
+    def prepare(self, req: ChatRequest) -> Prepared:
+        req.validate()
+        prompt_ids = self.render(req)
+        starts_in_reasoning = self._starts_in_reasoning(prompt_ids)
+        prefill = forced_prefix(req.tool_choice, self.family, self.tool_parser, starts_in_reasoning)
+        if prefill:
+            prompt_ids = prompt_ids + encode(self.engine.tokenizer, prefill, special=True)
+        limit = self.engine.max_model_len
+        left = limit - len(prompt_ids)
+        if left < 1:
+            raise context_overflow(len(prompt_ids), limit - 1)
+        max_tokens = left if req.max_tokens is None else min(req.max_tokens, left)
+        try:
+            params = SamplingParams(
+                max_tokens=max_tokens,
+                temperature=req.temperature,
+                top_p=req.top_p,
+                top_k=req.top_k,
+                stop=list(req.stop),
+                seed=req.seed,
+                ignore_eos=req.ignore_eos,
+                skip_special_tokens=False,  # the parsers need <tool_call>/<think> markers
+            )
+        except ValueError as exc:  # e.g. top_k < -1: the engine's own checks
+            raise APIError.invalid(str(exc)) from exc
+        return Prepared(req, prompt_ids, params, starts_in_reasoning, prefill)
+
+    async def prepare_async(self, req: ChatRequest) -> Prepared:
+        """``prepare`` off the event loop: rendering and tokenising a long agent context takes
+        long enough to stall every other stream."""
+        return await asyncio.to_thread(self.prepare, req)
+
+    @staticmethod
+    def _prompt_tools(req: ChatRequest) -> list[Any]:
+        if req.tool_choice.mode == "none":
+            return []
+        if req.tool_choice.mode == "named":
+            return [t for t in req.tools if t.name == req.tool_choice.name]
+        return list(req.tools)
+
+    def _starts_in_reasoning(self, prompt_ids: list[int]) -> bool:
+        tok = self.engine.tokenizer
+        tail = tok.decode(prompt_ids[-8:], skip_special_tokens=False) if tok is not None else ""
+        return prompt_opens_reasoning(tail)
+
+    # ---- generation ---------------------------------------------------------------------
+    async def stream(self, prep: Prepared, request_id: str | None = None) -> AsyncGenerator[Event, None]:
+        """Parser events, then one ``Finish``. Raises ``APIError`` before the first event on refusal."""
+        req = prep.request
+        parser = make_stream_parser(
+            self.family,
+            [t.template_dict() for t in self._prompt_tools(req)],
+            prep.starts_in_reasoning,
+            reasoning=True,
+            tool_parser=self.tool_parser,
+            reasoning_parser=self.reasoning_parser,
+        )
+        shaper = _Shaper(req.parallel_tool_calls)
+        primed = parser.feed(prep.prefill) if prep.prefill else []  # events come once the call completes
+        rid = request_id or f"req-{uuid.uuid4().hex}"
+        start = time.perf_counter()
+        first_at: float | None = None
+        text: list[str] = []
+        out_ids: list[int] = []
+        reason, completion_tokens, prompt_tokens = "abort", 0, len(prep.prompt_ids)
+        saw_tool = False
+        self.metrics.request_started()
+        try:
+            engine_stream = cast(AsyncGenerator[Any, None], self.engine.generate(prep.prompt_ids, prep.params, rid))
+            async with aclosing(engine_stream) as outputs:
+                async for out in outputs:
+                    if first_at is None:
+                        first_at = time.perf_counter()
+                        self.metrics.first_token(first_at - start)
+                        yield Started()  # accepted and prefilled: streams may send their headers now
+                    out_ids.extend(out.new_token_ids)
+                    text.append(out.new_text)
+                    fresh, primed = primed + (parser.feed(out.new_text) if out.new_text else []), []
+                    for e in shaper.apply(fresh):
+                        saw_tool = saw_tool or isinstance(e, ev.ToolCallStart)
+                        yield e
+                    if out.finished:
+                        if out.finish_reason == "error":
+                            raise APIError("server_error", f"generation failed: {out.error or 'engine error'}")
+                        reason = out.finish_reason or "stop"
+                        completion_tokens = out.completion_tokens or len(out_ids)
+                        prompt_tokens = out.prompt_tokens or prompt_tokens
+                        break
+            for e in shaper.apply(parser.finish()):
+                saw_tool = saw_tool or isinstance(e, ev.ToolCallStart)
+                yield e
+        except APIError:
+            raise
+        except Exception as exc:
+            raise from_engine_error(exc) from exc
+        finally:
+            self.metrics.request_finished(len(out_ids), time.perf_counter() - start)
+        yield self._finish(prep, reason, saw_tool, "".join(text), out_ids, prompt_tokens, completion_tokens)
+
+    def _finish(
+        self,
+        prep: Prepared,
+        reason: str,
+        saw_tool: bool,
+        text: str,
+        out_ids: list[int],
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> Finish:
+        final: FinishReason
+        stop_seq = None
+        if reason == "length":
+            final = "length"
+        elif reason == "abort":
+            final = "abort"
+        elif saw_tool:
+            final = "tool_calls"
+        else:
+            stop_seq = self._matched_stop(prep, text, out_ids)
+            final = "stop_sequence" if stop_seq is not None else "stop"
+        return Finish(final, prompt_tokens, completion_tokens, stop_seq)
+
+    def _matched_stop(self, prep: Prepared, text: str, out_ids: list[int]) -> str | None:
+        """Which stop string ended generation (the engine drops it from the text)."""
+        stops = prep.params.stop_strings
+        if not stops or not out_ids or out_ids[-1] in set(self.engine.eos_token_ids):
+            return None
+        tok = self.engine.tokenizer
+        full = tok.decode(out_ids, skip_special_tokens=False) if tok is not None else text
+        hits = [(full.find(s, max(0, len(text) - len(s))), s) for s in stops]
+        hits = [h for h in hits if h[0] >= 0]
+        return min(hits)[1] if hits else None
+
+    async def complete(self, prep: Prepared, request_id: str | None = None) -> Completion:
+        content: list[str] = []
+        reasoning: list[str] = []
+        calls: dict[int, ToolCall] = {}
+        finish: Finish | None = None
+        async with aclosing(self.stream(prep, request_id)) as events:
+            async for e in events:
+                if isinstance(e, ev.ContentDelta):
+                    content.append(e.text)
+                elif isinstance(e, ev.ReasoningDelta):
+                    reasoning.append(e.text)
+                elif isinstance(e, ev.ToolCallStart):
+                    calls[e.index] = ToolCall(e.index, e.id, e.name, "")
+                elif isinstance(e, ev.ToolCallArgsDelta):
+                    calls[e.index].arguments += e.text
+                elif isinstance(e, Finish):
+                    finish = e
+        assert finish is not None
+        return Completion("".join(content), "".join(reasoning), [calls[i] for i in sorted(calls)], finish)
+
+    async def first_event(self, events: AsyncGenerator[Event, None]) -> Event:
+        """The first event (``Started`` once the engine produced output, or an early ``Finish``), so
+        refusals (queue full, too long, engine dead) become HTTP errors before any header goes out."""
+        return await events.__anext__()
+
+
+class _Shaper:
+    """Tidies parser events for clients: whitespace that follows reasoning or a tool call is held
+    back until visible text follows (then dropped), so no blank text block sits between reasoning
+    and a call; with ``parallel_tool_calls`` off only the first call is kept."""
+
+    def __init__(self, parallel: bool) -> None:
+        self.parallel = parallel
+        self.trim = False  # True after a non-content event, until visible content arrives
+
+    def apply(self, events: list[Any]) -> list[Any]:
+        out: list[Any] = []
+        for e in events:
+            if isinstance(e, ev.ContentDelta):
+                text = e.text.lstrip() if self.trim else e.text
+                if text:
+                    self.trim = False
+                    out.append(ev.ContentDelta(text))
+                continue
+            self.trim = True
+            index = getattr(e, "index", None)
+            if not self.parallel and index is not None and index > 0:
+                continue
+            out.append(e)
+        return out

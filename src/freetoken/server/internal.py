@@ -1,0 +1,141 @@
+"""The one internal request every protocol converts to, and what generation hands back.
+
+Messages use the Hugging Face chat-template shape, because that is what templates render:
+``{"role": "system"|"user"|"assistant"|"tool", "content": str, "reasoning_content"?: str,
+"tool_calls"?: [{"id", "type": "function", "function": {"name", "arguments": dict|str}}],
+"tool_call_id"?: str}``. Protocol packages (openai/, anthropic/) only translate shapes;
+everything that touches the model (template, limits, parsing) lives in generation.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from freetoken.server.errors import APIError
+
+ToolChoiceMode = Literal["auto", "none", "required", "named"]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+    custom: bool = False
+    """A Responses-API ``custom`` (free-form) tool: shown to the model as one string argument ``input``."""
+
+    def template_dict(self) -> dict[str, Any]:
+        """The shape chat templates expect in ``tools=``."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    mode: ToolChoiceMode = "auto"
+    name: str | None = None  # set when mode == "named"
+
+
+@dataclass
+class ChatRequest:
+    """One generation request, whatever API it came from."""
+
+    model: str
+    messages: list[dict[str, Any]]
+    tools: list[ToolSpec] = field(default_factory=list)
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    parallel_tool_calls: bool = True
+    max_tokens: int | None = None  # None: whatever context is left
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    ignore_eos: bool = False  # extension (vLLM's name): keep going past end-of-sequence
+    stop: list[str] = field(default_factory=list)
+    reasoning: bool | None = None  # None: the template's default (enable_thinking unset)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Checks every protocol shares (each protocol already checked its own shapes)."""
+        if not self.messages:
+            raise APIError.invalid("messages must contain at least one message", param="messages")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise APIError.invalid(f"max_tokens must be at least 1, got {self.max_tokens}", param="max_tokens")
+        if self.temperature < 0 or self.temperature > 2:
+            raise APIError.invalid("temperature must be between 0 and 2", param="temperature")
+        if not (0.0 < self.top_p <= 1.0):
+            raise APIError.invalid("top_p must be in (0, 1]", param="top_p")
+        if any(not s for s in self.stop):
+            raise APIError.invalid("stop sequences must be non-empty strings", param="stop")
+        names = {t.name for t in self.tools}
+        if self.tool_choice.mode == "named" and self.tool_choice.name not in names:
+            raise APIError.invalid(f"tool_choice names unknown tool {self.tool_choice.name!r}", param="tool_choice")
+        if self.tool_choice.mode == "required" and not self.tools:
+            raise APIError.invalid("tool_choice requires tools", param="tool_choice")
+        _check_tool_results(self.messages)
+
+
+def merge_leading_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One system message at the top: instructions + developer messages (Responses), or system
+    blocks + ``role: system`` items (Anthropic), arrive as several; many templates accept only one."""
+    n = 0
+    while n < len(messages) and messages[n]["role"] == "system":
+        n += 1
+    if n < 2:
+        return messages
+    text = "\n\n".join(str(m["content"]) for m in messages[:n] if m["content"])
+    return [{"role": "system", "content": text}, *messages[n:]]
+
+
+def _check_tool_results(messages: list[dict[str, Any]]) -> None:
+    """Every tool result must answer a tool call made earlier in the conversation."""
+    seen: set[str] = set()
+    for i, m in enumerate(messages):
+        for tc in m.get("tool_calls") or []:
+            seen.add(tc["id"])
+        if m["role"] == "tool" and m.get("tool_call_id") not in seen:
+            raise APIError.invalid(
+                f"messages[{i}]: tool result for id {m.get('tool_call_id')!r} has no matching tool call "
+                "in an earlier assistant message",
+                param=f"messages.{i}",
+            )
+
+
+@dataclass
+class ToolCall:
+    index: int
+    id: str
+    name: str
+    arguments: str  # JSON text as the model wrote it
+
+
+FinishReason = Literal["stop", "length", "tool_calls", "stop_sequence", "abort", "error"]
+
+
+@dataclass
+class Started:
+    """The engine accepted the request and produced its first output (protocols may ignore it)."""
+
+
+@dataclass
+class Finish:
+    """The last event of a generation."""
+
+    reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    stop_sequence: str | None = None
+    cached_tokens: int = 0
+
+
+@dataclass
+class Completion:
+    """A whole (non-streamed) generation, parsed."""
+
+    content: str
+    reasoning: str
+    tool_calls: list[ToolCall]
+    finish: Finish

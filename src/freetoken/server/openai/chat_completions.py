@@ -1,0 +1,208 @@
+"""``POST /v1/chat/completions``: streaming and not, tools, reasoning in ``reasoning_content``."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from freetoken.chat import events as ev
+from freetoken.server.errors import APIError
+from freetoken.server.generation import Generation, Prepared
+from freetoken.server.internal import ChatRequest, Completion, Finish, ToolChoice, ToolSpec
+from freetoken.server.openai.convert import text_of, tool_call_dict
+from freetoken.server.openai.protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice
+from freetoken.server.sse import sse, sse_response, unless_disconnected
+from freetoken.server.state import get_state, parse_body, read_json
+
+_FINISH = {
+    "stop": "stop",
+    "stop_sequence": "stop",
+    "length": "length",
+    "tool_calls": "tool_calls",
+    "abort": "stop",
+}
+
+
+def to_internal(body: ChatCompletionRequest) -> ChatRequest:
+    if body.n != 1:
+        raise APIError.invalid("only n=1 is supported", param="n")
+    messages = [_message(m, i) for i, m in enumerate(body.messages)]
+    choice = body.tool_choice
+    if isinstance(choice, NamedToolChoice):
+        tool_choice = ToolChoice("named", choice.function.name)
+    else:
+        tool_choice = ToolChoice(choice or "auto")
+    tools = [
+        ToolSpec(
+            t.function.name,
+            t.function.description or "",
+            t.function.parameters or {"type": "object", "properties": {}},
+        )
+        for t in body.tools or []
+    ]
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    kwargs = dict(body.chat_template_kwargs or {})
+    reasoning = kwargs.pop("enable_thinking", None)
+    if reasoning is None and body.reasoning_effort is not None:
+        reasoning = body.reasoning_effort != "none"
+    return ChatRequest(
+        model=body.model,
+        messages=messages,
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+        max_tokens=max_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=body.top_k or 0,
+        seed=body.seed,
+        ignore_eos=body.ignore_eos,
+        stop=stop,
+        reasoning=reasoning,
+        template_kwargs=kwargs,
+    )
+
+
+def _message(m: ChatMessage, i: int) -> dict[str, Any]:
+    where = f"messages.{i}.content"
+    if m.role in ("system", "developer"):
+        return {"role": "system", "content": text_of(m.content, where)}
+    if m.role == "user":
+        return {"role": "user", "content": text_of(m.content, where)}
+    if m.role == "tool":
+        if not m.tool_call_id:
+            raise APIError.invalid(f"messages[{i}]: a tool message needs tool_call_id", param=f"messages.{i}")
+        return {"role": "tool", "content": text_of(m.content, where), "tool_call_id": m.tool_call_id}
+    out: dict[str, Any] = {"role": "assistant", "content": text_of(m.content, where)}
+    reasoning = m.reasoning_content or m.reasoning
+    if reasoning:
+        out["reasoning_content"] = reasoning
+    if m.tool_calls:
+        out["tool_calls"] = [tool_call_dict(tc.id, tc.function.name, tc.function.arguments) for tc in m.tool_calls]
+    return out
+
+
+async def create_chat_completion(request: Request) -> Response:
+    state = get_state(request)
+    body = parse_body(ChatCompletionRequest, await read_json(request))
+    state.check_model(body.model)
+    gen = state.generation()
+    prep = await gen.prepare_async(to_internal(body))
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    if not body.stream:
+        done = await unless_disconnected(request, gen.complete(prep, rid))
+        return JSONResponse(_completion_body(rid, body.model, done))
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    events = gen.stream(prep, rid)
+    first = await unless_disconnected(request, gen.first_event(events))
+    frames = _frames(gen, prep, rid, body.model, first, events, include_usage)
+    return sse_response(frames, state.config.keepalive_s)
+
+
+def _completion_body(rid: str, model: str, done: Completion) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": done.content}
+    if done.reasoning:
+        message["reasoning_content"] = done.reasoning
+    if done.tool_calls:
+        message["content"] = done.content or None
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in done.tool_calls
+        ]
+    f = done.finish
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": _FINISH[f.reason]}],
+        "usage": _usage(f),
+    }
+
+
+def _usage(f: Finish) -> dict[str, Any]:
+    return {
+        "prompt_tokens": f.prompt_tokens,
+        "completion_tokens": f.completion_tokens,
+        "total_tokens": f.prompt_tokens + f.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": f.cached_tokens},
+    }
+
+
+async def _frames(
+    gen: Generation,
+    prep: Prepared,
+    rid: str,
+    model: str,
+    first: Any,
+    events: AsyncGenerator[Any, None],
+    include_usage: bool,
+) -> AsyncGenerator[bytes, None]:
+    created = int(time.time())
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        c: dict[str, Any] = {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+        if include_usage:
+            c["usage"] = None
+        return sse(c)
+
+    yield chunk({"role": "assistant", "content": ""})
+    try:
+        async with aclosing(events):
+            e = first
+            while True:
+                if isinstance(e, Finish):
+                    yield chunk({}, _FINISH[e.reason])
+                    if include_usage:
+                        yield sse(
+                            {
+                                "id": rid,
+                                "object": "chat.completion.chunk",
+                                "created": created,
+                                "model": model,
+                                "choices": [],
+                                "usage": _usage(e),
+                            }
+                        )
+                    break
+                delta = _delta(e)
+                if delta is not None:
+                    yield chunk(delta)
+                e = await events.__anext__()
+    except APIError as err:
+        yield sse(err.body("openai"))
+    yield sse("[DONE]")
+
+
+def _delta(e: Any) -> dict[str, Any] | None:
+    if isinstance(e, ev.ContentDelta):
+        return {"content": e.text} if e.text else None
+    if isinstance(e, ev.ReasoningDelta):
+        return {"reasoning_content": e.text} if e.text else None
+    if isinstance(e, ev.ToolCallStart):
+        return {
+            "tool_calls": [
+                {
+                    "index": e.index,
+                    "id": e.id,
+                    "type": "function",
+                    "function": {"name": e.name, "arguments": ""},
+                }
+            ]
+        }
+    if isinstance(e, ev.ToolCallArgsDelta):
+        return {"tool_calls": [{"index": e.index, "function": {"arguments": e.text}}]} if e.text else None
+    return None

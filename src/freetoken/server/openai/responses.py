@@ -1,0 +1,66 @@
+"""``POST /v1/responses`` (what Codex speaks): stateless, streamed or not."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from freetoken.server.errors import APIError
+from freetoken.server.generation import Generation, Prepared
+from freetoken.server.internal import Finish
+from freetoken.server.openai.protocol import ResponsesRequest
+from freetoken.server.openai.responses_input import to_internal
+from freetoken.server.openai.responses_output import ResponseBuilder
+from freetoken.server.sse import sse, sse_response, unless_disconnected
+from freetoken.server.state import get_state, parse_body, read_json
+
+
+async def create_response(request: Request) -> Response:
+    state = get_state(request)
+    body = parse_body(ResponsesRequest, await read_json(request))
+    state.check_model(body.model)
+    gen = state.generation()
+    req = to_internal(body)
+    prep = await gen.prepare_async(req)
+    builder = ResponseBuilder(req, body.model, body.tools)
+    if not body.stream:
+        await unless_disconnected(request, _run(gen, prep, builder))
+        return JSONResponse(builder.response())
+    events = gen.stream(prep, builder.id)
+    first = await unless_disconnected(request, gen.first_event(events))
+    return sse_response(_frames(builder, first, events), state.config.keepalive_s)
+
+
+async def _run(gen: Generation, prep: Prepared, builder: ResponseBuilder) -> None:
+    async with aclosing(gen.stream(prep, builder.id)) as events:
+        async for e in events:
+            builder.feed(e)
+
+
+async def _frames(
+    builder: ResponseBuilder, first: Any, events: AsyncGenerator[Any, None]
+) -> AsyncGenerator[bytes, None]:
+    builder.start()
+    try:
+        async with aclosing(events):
+            e = first
+            while True:
+                builder.feed(e)
+                for frame in builder.take():
+                    yield sse(frame, event=frame["type"])
+                if isinstance(e, Finish):
+                    break
+                e = await events.__anext__()
+    except APIError as err:
+        builder.status = "failed"
+        body = err.body("openai")["error"]
+        failed = builder.response()
+        failed["error"] = {"code": body.get("code") or body["type"], "message": body["message"]}
+        yield sse(
+            {"type": "response.failed", "sequence_number": builder.seq, "response": failed},
+            event="response.failed",
+        )

@@ -1,0 +1,153 @@
+"""Responses-API request (instructions, input items, tools) → the internal request.
+
+The server is stateless: everything the model should see must be in ``input``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from freetoken.server.errors import APIError
+from freetoken.server.internal import ChatRequest, ToolChoice, ToolSpec
+from freetoken.server.openai.convert import text_of, tool_call_dict
+from freetoken.server.openai.protocol import ResponsesRequest
+
+CUSTOM_INPUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"input": {"type": "string", "description": "The raw input for this tool."}},
+    "required": ["input"],
+}
+
+
+def to_internal(body: ResponsesRequest) -> ChatRequest:
+    if body.previous_response_id or body.conversation:
+        raise APIError.invalid(
+            "previous_response_id / conversation are not supported: this server keeps no state; "
+            "send the whole conversation in `input` (store=false)",
+            param="previous_response_id" if body.previous_response_id else "conversation",
+        )
+    messages: list[dict[str, Any]] = []
+    if body.instructions:
+        messages.append({"role": "system", "content": body.instructions})
+    items = [{"type": "message", "role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
+    _Items(messages).add_all(items)
+    tools = [t for t in (_tool(d, i) for i, d in enumerate(body.tools or [])) if t is not None]
+    reasoning = None
+    if body.reasoning is not None and body.reasoning.effort is not None:
+        reasoning = body.reasoning.effort not in ("none",)
+    return ChatRequest(
+        model=body.model,
+        messages=messages,
+        tools=tools,
+        tool_choice=_tool_choice(body.tool_choice),
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+        max_tokens=body.max_output_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        seed=body.seed,
+        reasoning=reasoning,
+    )
+
+
+def _tool(d: dict[str, Any], i: int) -> ToolSpec | None:
+    kind = d.get("type")
+    if kind == "function":
+        name = d.get("name")
+        if not isinstance(name, str) or not name:
+            raise APIError.invalid(f"tools[{i}]: a function tool needs a name", param=f"tools.{i}.name")
+        params = d.get("parameters") or {"type": "object", "properties": {}}
+        return ToolSpec(name, d.get("description") or "", params)
+    if kind == "custom":
+        name = d.get("name")
+        if not isinstance(name, str) or not name:
+            raise APIError.invalid(f"tools[{i}]: a custom tool needs a name", param=f"tools.{i}.name")
+        desc = d.get("description") or ""
+        fmt = d.get("format") or {}
+        if fmt.get("type") == "grammar" and fmt.get("definition"):
+            desc += f"\n\nThe input must follow this {fmt.get('syntax', '')} grammar:\n{fmt['definition']}"
+        return ToolSpec(name, desc.strip(), CUSTOM_INPUT_SCHEMA, custom=True)
+    return None  # hosted tools (web_search, file_search, …) are not available on this server
+
+
+def _tool_choice(choice: str | dict[str, Any] | None) -> ToolChoice:
+    if choice is None or choice == "auto":
+        return ToolChoice("auto")
+    if choice in ("none", "required"):
+        return ToolChoice(choice)  # type: ignore[arg-type]
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom") and choice.get("name"):
+        return ToolChoice("named", str(choice["name"]))
+    if isinstance(choice, dict):
+        return ToolChoice("auto")  # allowed_tools, hosted tools: no narrower behaviour available
+    raise APIError.invalid(f"unsupported tool_choice {choice!r}", param="tool_choice")
+
+
+class _Items:
+    """Folds input items into template messages (calls join the assistant turn before them)."""
+
+    def __init__(self, messages: list[dict[str, Any]]) -> None:
+        self.messages = messages
+        self.reasoning: list[str] = []  # reasoning items waiting for their assistant turn
+
+    def add_all(self, items: list[dict[str, Any]]) -> None:
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise APIError.invalid(f"input[{i}] must be an object", param=f"input.{i}")
+            self.add(item, i)
+
+    def add(self, item: dict[str, Any], i: int) -> None:
+        kind = item.get("type") or ("message" if "role" in item else None)
+        where = f"input.{i}"
+        if kind == "message":
+            role = item.get("role")
+            text = text_of(item.get("content"), f"{where}.content")
+            if role in ("system", "developer"):
+                self.messages.append({"role": "system", "content": text})
+            elif role == "user":
+                self.messages.append({"role": "user", "content": text})
+            elif role == "assistant":
+                self._assistant(new=True)["content"] = text
+            else:
+                raise APIError.invalid(f"input[{i}]: unknown role {role!r}", param=f"{where}.role")
+        elif kind == "reasoning":
+            parts = item.get("content") or item.get("summary") or []
+            text = text_of(parts, f"{where}.content")
+            if text:  # encrypted-only reasoning carries nothing this model can read
+                self.reasoning.append(text)
+        elif kind in ("function_call", "custom_tool_call"):
+            call_id, name = item.get("call_id"), item.get("name")
+            if not isinstance(call_id, str) or not isinstance(name, str):
+                raise APIError.invalid(f"input[{i}]: {kind} needs call_id and name", param=where)
+            if kind == "function_call":
+                args: Any = item.get("arguments", "")
+            else:
+                args = json.dumps({"input": item.get("input", "")}, ensure_ascii=False)
+            self._assistant(new=False).setdefault("tool_calls", []).append(tool_call_dict(call_id, name, args))
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            call_id = item.get("call_id")
+            if not isinstance(call_id, str):
+                raise APIError.invalid(f"input[{i}]: {kind} needs call_id", param=where)
+            output = item.get("output", "")
+            self.messages.append(
+                {"role": "tool", "tool_call_id": call_id, "content": text_of(output, f"{where}.output")}
+            )
+        elif kind == "item_reference":
+            raise APIError.invalid(
+                f"input[{i}]: item_reference needs stored responses, which this server "
+                "does not keep; send the item itself",
+                param=where,
+            )
+        else:
+            raise APIError.invalid(f"input[{i}]: unsupported input item type {kind!r}", param=f"{where}.type")
+
+    def _assistant(self, new: bool) -> dict[str, Any]:
+        """The assistant turn to write into: a fresh one, or the last one if calls may join it."""
+        last = self.messages[-1] if self.messages else None
+        if not new and last is not None and last["role"] == "assistant" and not self.reasoning:
+            return last
+        msg: dict[str, Any] = {"role": "assistant", "content": ""}
+        if self.reasoning:
+            msg["reasoning_content"] = "\n".join(self.reasoning)
+            self.reasoning = []
+        self.messages.append(msg)
+        return msg

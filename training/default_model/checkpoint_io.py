@@ -1,0 +1,35 @@
+"""Write the model directory: bf16 safetensors shards (<= 15 MiB each) + index, configs, tokenizer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tokenizer_train import write_tokenizer_files
+from tokenizers import Tokenizer
+from transformers import Qwen3MoeForCausalLM
+
+MAX_SHARD_BYTES = 15 * 2**20
+SHARD_SIZE = "15MB"  # save_pretrained's own accounting; checked against MAX_SHARD_BYTES below
+
+
+def save_checkpoint(model: Qwen3MoeForCausalLM, tok: Tokenizer, out_dir: Path) -> None:
+    """Save in the Hugging Face Qwen3-MoE layout (per-expert gate/up/down tensors), bf16."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bf16 = model.to(torch.bfloat16)
+    bf16.save_pretrained(out_dir, max_shard_size=SHARD_SIZE)
+    model.to(torch.float32)
+    for shard in out_dir.glob("*.safetensors"):
+        size = shard.stat().st_size
+        if size > MAX_SHARD_BYTES:
+            raise RuntimeError(f"{shard.name} is {size} bytes > 15 MiB")
+    cfg_path = out_dir / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["num_experts"] = cfg.get("num_local_experts", cfg.get("num_experts"))  # the name Qwen3 hub configs use
+    cfg["dtype"] = "bfloat16"
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    im_end, eot = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
+    gen = {"eos_token_id": [im_end, eot], "pad_token_id": eot, "do_sample": False, "max_new_tokens": 256}
+    (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    write_tokenizer_files(tok, out_dir)
