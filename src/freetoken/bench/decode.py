@@ -1,4 +1,6 @@
-"""``ft bench decode``: decode throughput of each MoE expert policy on a synthetic model of exact shape.
+"""Decode tok/s of each MoE expert policy on a synthetic model of exact per-layer shape, vs its bound.
+
+``ft bench decode`` (``python -m freetoken.bench.decode``).
 
 Per policy: tokens/s, distinct-expert miss rate, mean q, bytes per token over PCIe and through the CPU
 kernel, and the bandwidth-model bound of BENCH.md:
@@ -201,11 +203,6 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the results here")
     return p
-
-
-def add_parser(sub: Any) -> argparse.ArgumentParser:
-    """For ``ft bench``: registers the ``decode`` subcommand."""
-    return add_arguments(sub.add_parser("decode", help="decode tok/s per MoE expert policy (synthetic model)"))
 
 
 def _commit() -> str:
