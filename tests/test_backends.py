@@ -41,9 +41,7 @@ def make_banks(L: int, E: int, seed: int, device: str = "cpu") -> ExpertBanks:
     return ExpertBanks(gu.to(device), dn.to(device), L, E)
 
 
-def random_routing(
-    T: int, E: int, g: torch.Generator, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
+def random_routing(T: int, E: int, g: torch.Generator, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     ids = torch.rand(T, E, generator=g).argsort(dim=1)[:, :K_TOP]
     w = torch.softmax(torch.randn(T, K_TOP, generator=g), dim=-1)
     return ids.to(device), w.to(device)
@@ -130,6 +128,27 @@ def test_hybrid_split_follows_fill_fraction() -> None:
             assert s["expert_cpu_runs"] == 0 and s["expert_fills"] == m
 
 
+def test_hybrid_prefill_fills_every_miss_that_fits() -> None:
+    banks = make_banks(2, 16, seed=12)
+    backend = create_backend(
+        EngineConfig(moe_backend="hybrid", expert_cache=1.0), banks, torch.device("cpu"), torch.float32
+    )
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(12, D, generator=g)
+    ids, w = random_routing(12, 16, g, torch.device("cpu"))
+    backend.begin_step(12, False)  # prefill: share 1
+    out = backend.forward(0, x, ids, w)
+    torch.testing.assert_close(out, moe_reference(x, ids, w, banks.gate_up, banks.down), rtol=1e-5, atol=1e-6)
+    s = backend.stats()
+    assert s["expert_cpu_runs"] == 0 and s["expert_fills"] == s["expert_misses"] > 1
+    backend.policy = SplitPolicy(share=0.5, fixed=False)  # whatever this machine's profile says
+    backend.begin_step(1, True)  # decode: the split (m = 2 -> q = 1)
+    ids = torch.tensor([[0, 1]])  # both miss in layer 1
+    backend.forward(1, x[:1], ids, w[:1])
+    s2 = backend.stats()
+    assert s2["expert_fills"] - s["expert_fills"] == 1 and s2["expert_cpu_runs"] == 1
+
+
 def test_expert_cache_bounds() -> None:
     banks = make_banks(2, 8, seed=9)
     cpu = torch.device("cpu")
@@ -145,9 +164,7 @@ def test_expert_cache_bounds() -> None:
 def test_expert_cache_clamp_warns(caplog: pytest.LogCaptureFixture) -> None:
     banks = make_banks(2, 8, seed=9)
     with caplog.at_level(logging.WARNING):
-        create_backend(
-            EngineConfig(moe_backend="offload", expert_cache=99), banks, torch.device("cpu"), torch.float32
-        )
+        create_backend(EngineConfig(moe_backend="offload", expert_cache=99), banks, torch.device("cpu"), torch.float32)
     assert any("exceeds" in r.getMessage() for r in caplog.records)
 
 
@@ -263,9 +280,7 @@ def test_backend_bf16_cuda_close_to_reference(name: str) -> None:
 def test_offload_decode_step_never_syncs() -> None:
     banks = make_banks(3, 16, seed=3)
     dev = torch.device("cuda")
-    backend = create_backend(
-        EngineConfig(moe_backend="offload", expert_cache=0.25), banks, dev, torch.float32
-    )
+    backend = create_backend(EngineConfig(moe_backend="offload", expert_cache=0.25), banks, dev, torch.float32)
     g = torch.Generator().manual_seed(0)
     inputs = [(torch.randn(4, D, generator=g).to(dev), *random_routing(4, 16, g, dev)) for _ in range(6)]
     backend.forward(0, *inputs[0])  # first launches compile the Triton kernels

@@ -1,4 +1,6 @@
-"""``ft bench decode``: decode throughput of each MoE expert policy on a synthetic model of exact shape.
+"""Decode tok/s of each MoE expert policy on a synthetic model of exact per-layer shape, vs its bound.
+
+``ft bench decode`` (``python -m freetoken.bench.decode``).
 
 Per policy: tokens/s, distinct-expert miss rate, mean q, bytes per token over PCIe and through the CPU
 kernel, and the bandwidth-model bound of BENCH.md:
@@ -130,11 +132,11 @@ def run_policy(
     )  # fmt: skip
     backend = create_backend(cfg, banks, dev, dtype)
     router = make_router(args, shape, dev, dtype)
-    g = torch.Generator().manual_seed(args.seed)
+    g = torch.Generator(device=dev).manual_seed(args.seed)
     B, L = args.batch, args.layers
 
     def inputs() -> torch.Tensor:  # a fresh token embedding per step, identical across policies
-        return torch.randn(B, shape.hidden, generator=g).to(dev, dtype)
+        return torch.randn(B, shape.hidden, generator=g, device=dev).to(dtype)
 
     def sync() -> None:
         if dev.type == "cuda":
@@ -203,11 +205,6 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the results here")
     return p
-
-
-def add_parser(sub: Any) -> argparse.ArgumentParser:
-    """For ``ft bench``: registers the ``decode`` subcommand."""
-    return add_arguments(sub.add_parser("decode", help="decode tok/s per MoE expert policy (synthetic model)"))
 
 
 def _commit() -> str:

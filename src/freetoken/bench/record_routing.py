@@ -1,4 +1,6 @@
-"""``ft bench record-routing``: record a real model's decode routing as a trace for ``bench decode``.
+"""Record a model's decode routing as a trace ([tokens, layers, k] uint8) for ``ft bench decode``.
+
+``ft bench record-routing`` (``python -m freetoken.bench.record_routing``).
 
 Runs greedy generation through ``LLM`` one prompt at a time and records, for every decode token, the
 sorted expert ids each MoE layer routes it to: a ``uint8`` array ``[tokens, layers, k]`` saved with
@@ -91,10 +93,6 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--moe-backend", default="auto")
     p.add_argument("--expert-cache", type=float, default=None)
     return p
-
-
-def add_parser(sub: Any) -> argparse.ArgumentParser:
-    return add_arguments(sub.add_parser("record-routing", help="record a model's decode routing as a trace"))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -47,7 +47,8 @@ class SyntheticRouter:
 
 class TraceRouter:
     """Replays a routing trace ``[tokens, layers, k]`` (uint8 expert ids); request b of a batch reads the
-    trace from offset ``b * tokens // B`` on, so concurrent requests route differently."""
+    trace from offset ``b * tokens // B`` on, so concurrent requests route differently. The trace, the
+    replay order and the routing weights live on the compute device: replay copies nothing per step."""
 
     def __init__(self, path: str, shape: MoEShape, layers: int, batch: int, device: torch.device) -> None:
         trace = np.load(path)
@@ -55,23 +56,23 @@ class TraceRouter:
             raise ValueError(f"{path}: expected [tokens, layers, {shape.top_k}], got {list(trace.shape)}")
         if int(trace.max()) >= shape.experts:
             raise ValueError(f"{path}: expert ids up to {int(trace.max())} exceed {shape.experts} experts")
-        self.trace = torch.from_numpy(trace.astype(np.int64))  # [tokens, trace_layers, k]
-        self.trace_layers = trace.shape[1]
-        self.batch, self.device = batch, device
-        self.offsets = [b * (trace.shape[0] // batch) for b in range(batch)]
+        n, trace_layers = trace.shape[0], trace.shape[1]
+        layer_idx = torch.arange(layers) % trace_layers  # more layers than the trace: wrap around
+        ids = torch.from_numpy(trace.astype(np.int64))[:, layer_idx]  # [n, layers, k]
+        g = torch.Generator().manual_seed(7)
+        w = torch.softmax(torch.randn(ids.shape, generator=g), dim=-1)
+        self.ids, self.w = ids.to(device), w.to(device)
+        offsets = torch.arange(batch) * (n // batch)
+        self.rows = ((offsets[None, :] + torch.arange(n)[:, None]) % n).to(device)  # [n, B] per step
+        self.n = n
         self.step = 0
-        self.g = torch.Generator().manual_seed(7)
-        self.layers = layers
 
     def advance(self) -> None:
-        self.step += 1
+        self.step = (self.step + 1) % self.n
 
     def route(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        n = self.trace.shape[0]
-        rows = [(off + self.step) % n for off in self.offsets]
-        ids = self.trace[rows, layer % self.trace_layers]  # [B, k]
-        w = torch.softmax(torch.randn(ids.shape, generator=self.g), dim=-1)
-        return ids.to(self.device), w.to(self.device)
+        rows = self.rows[self.step]  # [B] device view
+        return self.ids[rows, layer], self.w[rows, layer]  # [B, k] each
 
 
 def rms_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

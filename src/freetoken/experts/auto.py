@@ -1,5 +1,6 @@
 """``moe_backend="auto"``: fused when the pool fits the VRAM budget, else hybrid when the machine profile
-shows a CPU expert path that pays off, else offload (also when no profile exists). Logs why."""
+shows a CPU expert path that pays off for this expert size (``hardware.profile.recommend``), else
+offload (also when no profile exists). Logs why."""
 
 from __future__ import annotations
 
@@ -31,12 +32,36 @@ def choose_backend(
     if banks.pool_bytes <= budget:
         return "fused", f"the expert pool ({banks.pool_bytes / 2**30:.1f} GiB) fits the VRAM budget"
     if profile is None and load_profile:
+        hw = _hardware_recommendation(banks.expert_bytes)
+        if hw is not None:
+            return hw
         profile = load_machine_profile()
     if profile is None:
         return "offload", "no machine profile (run `ft bench bw`): copying misses is the safe choice"
     if cpu_pays_off(profile):
         return "hybrid", "the machine profile shows the CPU expert path adding bandwidth beside PCIe"
     return "offload", "the machine profile shows the CPU expert path too slow to help"
+
+
+def _hardware_recommendation(expert_bytes: int) -> tuple[str, str] | None:
+    """What this machine's saved profile recommends for experts of this size (``hardware.profile``)."""
+    try:
+        from freetoken.hardware.profile import current_profile, recommend
+    except ImportError:
+        return None
+    try:
+        prof = current_profile()
+    except (OSError, ValueError, RuntimeError):
+        return None
+    if prof is None:
+        return None
+    line = recommend(prof, expert_bytes)
+    choice = line.split(":", 1)[0].strip()
+    if choice not in ("offload", "hybrid", "cpu"):
+        return None
+    # "cpu" (PCIe adds little) still runs hybrid: its split sends nearly every miss to the CPU while one
+    # fill per layer keeps the cache warming.
+    return ("hybrid" if choice == "cpu" else choice), f"machine profile: {line}"
 
 
 def resolve_auto(banks: ExpertBanks, device: torch.device) -> str:

@@ -46,6 +46,8 @@ class HybridBackend(SlotBackend):
         prof = profile if profile is not None else load_machine_profile()
         self.policy = SplitPolicy.create(config.fill_fraction, prof)
         self.share.fill_(self.policy.share)
+        self._published = self.policy.share
+        self._decode = True
         self._records: list[_CopyRecord] = []
         self._copy_bytes, self._copy_s, self._cpu_bytes, self._cpu_s = 0, 0.0, 0, 0.0
 
@@ -55,12 +57,20 @@ class HybridBackend(SlotBackend):
         return self.split_forward(layer, x, topk_ids, topk_w, min_fill=1)
 
     def begin_step(self, num_tokens: int, is_decode: bool) -> None:
-        """Safe point: fold finished measurements into the split and publish the new share."""
+        """Safe point: fold finished measurements into the split and publish this step's share.
+
+        Prefill steps fill every miss that fits (share 1): many tokens per expert make the CPU branch
+        compute-bound, while a copied expert serves them all on the GPU. A fixed fill_fraction holds always.
+        """
+        self._decode = is_decode
         self._fold_copy_records()
         if self._copy_bytes or self._cpu_bytes:
             self.policy.observe(self._copy_bytes, self._copy_s, self._cpu_bytes, self._cpu_s)
             self._copy_bytes, self._copy_s, self._cpu_bytes, self._cpu_s = 0, 0.0, 0, 0.0
-            self.share.fill_(self.policy.share)
+        share = self.policy.share if is_decode or self.policy.fixed else 1.0
+        if share != self._published:
+            self.share.fill_(share)
+            self._published = share
 
     def _copy(self, plan: StepPlan) -> None:
         if self.device.type != "cuda":
@@ -91,6 +101,8 @@ class HybridBackend(SlotBackend):
         self._records = keep
 
     def _after_cpu(self, experts: int, seconds: float) -> None:
+        if not self._decode:  # prefill CPU work is compute-bound: not the bandwidth the split needs
+            return
         self._cpu_bytes += experts * self.pool.expert_bytes
         self._cpu_s += seconds
 
