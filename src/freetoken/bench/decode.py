@@ -123,12 +123,20 @@ def decode_step(backend: ExpertBackend, router: Router, layers: int, x: torch.Te
         router.advance()
 
 
+def _threads(args: argparse.Namespace) -> int | None:
+    """The thread count of the current group (``--cpu-threads`` may list several)."""
+    t = getattr(args, "threads", None)
+    if t is None and args.cpu_threads:
+        t = int(str(args.cpu_threads).split(",")[0])
+    return t
+
+
 def run_policy(
     policy: str, banks: ExpertBanks, shape: MoEShape, args: argparse.Namespace, dev: torch.device, dtype: torch.dtype
 ) -> PolicyResult:
     cfg = EngineConfig(
         moe_backend=policy, expert_cache=args.expert_cache, fill_fraction=args.fill_fraction,
-        cpu_threads=args.threads,
+        cpu_threads=_threads(args),
     )  # fmt: skip
     backend = create_backend(cfg, banks, dev, dtype)
     router = make_router(args, shape, dev, dtype)
