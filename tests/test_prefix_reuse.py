@@ -50,9 +50,8 @@ def _run(llm: LLM, prompt: list[int]) -> tuple[list[int], int, int]:
     before = llm.stats()
     out = llm.generate([prompt], PARAMS)[0].token_ids
     after = llm.stats()
-    return out, after["prefill_tokens"] - before["prefill_tokens"], (
-        after["prefix_tokens_reused"] - before["prefix_tokens_reused"]
-    )
+    computed = after["prefill_tokens"] - before["prefill_tokens"]
+    return out, computed, after["prefix_tokens_reused"] - before["prefix_tokens_reused"]
 
 
 def test_second_request_sharing_90_percent_prefills_only_the_rest(ckpt):
@@ -81,7 +80,8 @@ def test_multi_turn_conversation_reuses_the_history(ckpt):
     llm, fresh = _llm(d), _llm(d, prefix_cache=False)
     history: list[int] = []
     for turn in range(4):
-        prompt = history + _tokens(MULTI_TURN_SEED + turn, 13 + 5 * turn)  # the harness re-sends history + new user text
+        # the harness re-sends the history and adds new user text
+        prompt = history + _tokens(MULTI_TURN_SEED + turn, 13 + 5 * turn)
         out, computed, reused = _run(llm, prompt)
         # the previous turn computed K/V for all of its history but its last sampled token
         expected = (len(history) - 1) // S * S if history else 0
@@ -100,7 +100,8 @@ def test_multi_turn_conversation_reuses_the_history(ckpt):
 def test_kv_pressure_with_a_full_tree_evicts_and_completes(ckpt):
     d, model = ckpt
     prompts = [_tokens(PRESSURE_SEED + i, 30 + 7 * i) for i in range(5)]
-    prompts += [p[:24] + _tokens(PRESSURE_SEED + 20 + i, 9) for i, p in enumerate(prompts[:3])]  # share 3 pages with earlier ones
+    # three more share their first 3 pages with earlier ones
+    prompts += [p[:24] + _tokens(PRESSURE_SEED + 20 + i, 9) for i, p in enumerate(prompts[:3])]
     refs = [_reference(model, p) for p in prompts]
     # 14 pages of 8 tokens: a few requests at a time, and the tree fills up after the first ones
     llm = _llm(d, kv_pages=14, max_running_requests=2)

@@ -26,7 +26,7 @@ class KVManager:
         tokens. Returns the tokens to compute this step; 0 when the pool is short (then it holds nothing)."""
         assert not req.pages and req.num_computed_tokens == 0, "admit: the request already holds KV"
         if self.tree is not None:
-            m = self.tree.match(req.token_ids[: req.num_tokens - 1])
+            m = self.tree.lookup(req.token_ids[: req.num_tokens - 1])
             if m.pages:
                 self.tree.lock(m.node)
                 req.prefix_node, req.pages, req.num_shared_pages = m.node, list(m.pages), m.num_pages
