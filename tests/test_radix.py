@@ -3,6 +3,7 @@ test against a brute-force model (one dict entry per cached page, keyed by the w
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -105,6 +106,22 @@ def test_insert_under_a_locked_node_keeps_the_lock_on_split():
     assert tree.evict(10) == [4]  # only b's page is unlocked
     tree.unlock(m.node)
     tree.check_integrity()
+
+
+def test_pool_integrity_sees_each_page_with_one_owner():
+    kv, tree = _setup(num_pages=6)
+    _cache(tree, kv, [1, 2, 3, 4], "a")  # pages 0 1 to the tree
+    private = kv.allocate(2, "r")  # 2 3 a running request's tail
+    kv.check_integrity({tree: tree.all_pages(), "r": private})
+    with pytest.raises(AssertionError, match="disagree"):
+        kv.check_integrity({tree: tree.all_pages()})  # r's pages missing from the tables
+    with pytest.raises(AssertionError, match="in the tables of"):
+        kv.check_integrity({tree: tree.all_pages(), "r": private + [0]})  # a tree page in a request's table
+    with pytest.raises(AssertionError, match="owned by <radix tree>"):
+        kv.free([0], "r")  # a request cannot free a tree page
+    with pytest.raises(AssertionError, match="owned by 'r'"):
+        kv.transfer([2], "a", tree)
+    assert kv.num_free + kv.num_used == kv.num_pages == 6 and kv.num_owned_by(tree) == 2
 
 
 # ---- property test: the tree against a brute-force model ----------------------------------------
