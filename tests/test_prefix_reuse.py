@@ -8,6 +8,11 @@ import pytest
 import torch
 
 from freetoken import LLM, SamplingParams
+from freetoken.cache.kv_pool import KVPool
+from freetoken.cache.radix import RadixCache
+from freetoken.engine.detokenizer import IncrementalDetokenizer
+from freetoken.engine.kv_manager import KVManager
+from freetoken.engine.request import Request
 from reference import LOGIT_MARGIN, ROUTER_MARGIN, reference_greedy
 from tiny_models import save_checkpoint
 
@@ -134,3 +139,25 @@ def test_preempted_request_resumes_from_its_cached_pages(ckpt):
     assert [o.token_ids for o in plain.generate([a, b], params)] == [o.token_ids for o in outs]
     assert plain.stats()["prefill_tokens"] > stats["prefill_tokens"]
     llm.check_integrity()
+
+
+def _request(rid: str, tokens: list[int]) -> Request:
+    return Request(rid, tokens, PARAMS, len(tokens) + STEPS, IncrementalDetokenizer(None, [], [], True))
+
+
+def test_admission_evicts_only_when_that_makes_room():
+    kv = KVPool(1, 6, 2, 1, 1, torch.float32, torch.device("cpu"))
+    pages = KVManager(kv, RadixCache(kv))
+    for rid, toks in (("a", [1, 2, 3, 4]), ("b", [5, 6, 7, 8])):
+        done = _request(rid, toks)
+        assert pages.admit(done, budget=100) == 4
+        done.num_computed_tokens = 4
+        pages.release(done)  # its 2 full pages enter the tree
+    assert pages.tree is not None and pages.tree.num_pages == 4 and kv.num_free == 2
+    big = _request("big", [9] * 13)  # 7 pages: more than free + evictable, so nothing is evicted
+    assert pages.admit(big, budget=100) == 0 and pages.tree.num_pages == 4 and not big.pages
+    reuse = _request("c", [1, 2, 3, 4] + [9] * 7)  # a's 2 pages, then 4 more: 2 free and b's 2 (LRU)
+    assert pages.admit(reuse, budget=100) == 7 and reuse.num_computed_tokens == 4
+    assert pages.tree.num_evictions == 2 and pages.num_prefix_tokens_reused == 4
+    assert pages.tree.lookup([5, 6, 7, 8]).pages == [] and kv.num_free == 0
+    pages.check_integrity([reuse])

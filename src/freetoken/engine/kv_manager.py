@@ -50,11 +50,16 @@ class KVManager:
         return True
 
     def reserve(self, num_pages: int) -> bool:
-        """Evicts unlocked tree pages until ``num_pages`` are free; False if that is not possible."""
+        """Evicts unlocked tree pages until ``num_pages`` are free; False (evicting nothing: cached
+        prefixes are not thrown away for nothing) if even that would not be enough."""
         short = num_pages - self.kv.num_free
-        if short > 0 and self.tree is not None:
-            self.tree.evict(short)
-        return num_pages <= self.kv.num_free
+        if short <= 0:
+            return True
+        if self.tree is None or short > self.tree.num_evictable_pages:
+            return False
+        freed = self.tree.evict(short)
+        assert len(freed) == short, "unlocked tree pages could not all be evicted"
+        return True
 
     def release(self, req: Request, cache: bool = True) -> None:
         """Gives back every page of req (finished or preempted): with ``cache`` its fully computed pages
