@@ -8,6 +8,11 @@ import pytest
 import torch
 
 from freetoken import LLM, SamplingParams
+from freetoken.cache.kv_pool import KVPool
+from freetoken.cache.radix import RadixCache
+from freetoken.engine.detokenizer import IncrementalDetokenizer
+from freetoken.engine.kv_manager import KVManager
+from freetoken.engine.request import Request
 from reference import LOGIT_MARGIN, ROUTER_MARGIN, reference_greedy
 from tiny_models import save_checkpoint
 
@@ -50,9 +55,8 @@ def _run(llm: LLM, prompt: list[int]) -> tuple[list[int], int, int]:
     before = llm.stats()
     out = llm.generate([prompt], PARAMS)[0].token_ids
     after = llm.stats()
-    return out, after["prefill_tokens"] - before["prefill_tokens"], (
-        after["prefix_tokens_reused"] - before["prefix_tokens_reused"]
-    )
+    computed = after["prefill_tokens"] - before["prefill_tokens"]
+    return out, computed, after["prefix_tokens_reused"] - before["prefix_tokens_reused"]
 
 
 def test_second_request_sharing_90_percent_prefills_only_the_rest(ckpt):
@@ -81,7 +85,8 @@ def test_multi_turn_conversation_reuses_the_history(ckpt):
     llm, fresh = _llm(d), _llm(d, prefix_cache=False)
     history: list[int] = []
     for turn in range(4):
-        prompt = history + _tokens(MULTI_TURN_SEED + turn, 13 + 5 * turn)  # the harness re-sends history + new user text
+        # the harness re-sends the history and adds new user text
+        prompt = history + _tokens(MULTI_TURN_SEED + turn, 13 + 5 * turn)
         out, computed, reused = _run(llm, prompt)
         # the previous turn computed K/V for all of its history but its last sampled token
         expected = (len(history) - 1) // S * S if history else 0
@@ -100,7 +105,8 @@ def test_multi_turn_conversation_reuses_the_history(ckpt):
 def test_kv_pressure_with_a_full_tree_evicts_and_completes(ckpt):
     d, model = ckpt
     prompts = [_tokens(PRESSURE_SEED + i, 30 + 7 * i) for i in range(5)]
-    prompts += [p[:24] + _tokens(PRESSURE_SEED + 20 + i, 9) for i, p in enumerate(prompts[:3])]  # share 3 pages with earlier ones
+    # three more share their first 3 pages with earlier ones
+    prompts += [p[:24] + _tokens(PRESSURE_SEED + 20 + i, 9) for i, p in enumerate(prompts[:3])]
     refs = [_reference(model, p) for p in prompts]
     # 14 pages of 8 tokens: a few requests at a time, and the tree fills up after the first ones
     llm = _llm(d, kv_pages=14, max_running_requests=2)
@@ -133,3 +139,25 @@ def test_preempted_request_resumes_from_its_cached_pages(ckpt):
     assert [o.token_ids for o in plain.generate([a, b], params)] == [o.token_ids for o in outs]
     assert plain.stats()["prefill_tokens"] > stats["prefill_tokens"]
     llm.check_integrity()
+
+
+def _request(rid: str, tokens: list[int]) -> Request:
+    return Request(rid, tokens, PARAMS, len(tokens) + STEPS, IncrementalDetokenizer(None, [], [], True))
+
+
+def test_admission_evicts_only_when_that_makes_room():
+    kv = KVPool(1, 6, 2, 1, 1, torch.float32, torch.device("cpu"))
+    pages = KVManager(kv, RadixCache(kv))
+    for rid, toks in (("a", [1, 2, 3, 4]), ("b", [5, 6, 7, 8])):
+        done = _request(rid, toks)
+        assert pages.admit(done, budget=100) == 4
+        done.num_computed_tokens = 4
+        pages.release(done)  # its 2 full pages enter the tree
+    assert pages.tree is not None and pages.tree.num_pages == 4 and kv.num_free == 2
+    big = _request("big", [9] * 13)  # 7 pages: more than free + evictable, so nothing is evicted
+    assert pages.admit(big, budget=100) == 0 and pages.tree.num_pages == 4 and not big.pages
+    reuse = _request("c", [1, 2, 3, 4] + [9] * 7)  # a's 2 pages, then 4 more: 2 free and b's 2 (LRU)
+    assert pages.admit(reuse, budget=100) == 7 and reuse.num_computed_tokens == 4
+    assert pages.tree.num_evictions == 2 and pages.num_prefix_tokens_reused == 4
+    assert pages.tree.lookup([5, 6, 7, 8]).pages == [] and kv.num_free == 0
+    pages.check_integrity([reuse])

@@ -3,6 +3,7 @@ test against a brute-force model (one dict entry per cached page, keyed by the w
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -46,11 +47,11 @@ def test_insert_split_match_exact_ids():
     assert tree.num_pages == 5 and kv.num_used == 5
 
     # a match ending inside b's edge splits it too; a trailing partial page never matches
-    m = tree.match([1, 2, 3, 4, 7, 8, 9])
+    m = tree.lookup([1, 2, 3, 4, 7, 8, 9])
     assert (m.node.id, m.pages) == (4, [0, 1, 5])
     assert m.node.children[(9, 10)] is b and b.pages == [6]
-    assert tree.match([1, 2, 3]).pages == [0]
-    assert tree.match([1]).pages == [] and tree.match([2, 1]).node is tree.root
+    assert tree.lookup([1, 2, 3]).pages == [0]
+    assert tree.lookup([1]).pages == [] and tree.lookup([2, 1]).node is tree.root
     assert tree.path_pages(a) == [0, 1, 2]
     tree.check_integrity()
     kv.check_integrity({tree: tree.all_pages()})
@@ -61,11 +62,11 @@ def test_lru_eviction_order_and_partial_leaves():
     _cache(tree, kv, [1, 2, 3, 4, 5, 6], "a")  # pages 0 1 2, clock 1
     _cache(tree, kv, [1, 2, 3, 4, 7, 8, 9, 10], "b")  # duplicates 3 4 freed, new 5 6, clock 2
     _cache(tree, kv, [9, 9, 9, 9], "c")  # pages 4 3 (the LIFO free list hands back b's), clock 3
-    assert tree.match([9, 9, 9, 9]).pages == [4, 3]
+    assert tree.lookup([9, 9, 9, 9]).pages == [4, 3]
     # leaves by last use: a's tail [2] (clock 1) < b's tail [5, 6] (clock 2) < c [4, 3] (clock 4)
     assert tree.evict(1) == [2]
     assert tree.evict(1) == [6]  # b's leaf shrinks from its deepest page
-    assert tree.match([1, 2, 3, 4]).pages == [0, 1]  # touches the shared head only: b's leaf stays old
+    assert tree.lookup([1, 2, 3, 4]).pages == [0, 1]  # touches the shared head only: b's leaf stays old
     assert tree.evict(2) == [5, 3]  # b's last page, then c's deepest page
     assert tree.evict(5) == [4, 1, 0]  # c is older than the shared head now; then the head goes too
     assert tree.num_pages == 0 and not tree.root.children and tree.num_evictions == 7
@@ -77,7 +78,7 @@ def test_locked_paths_are_never_evicted():
     kv, tree = _setup()
     _cache(tree, kv, [1, 2, 3, 4, 5, 6], "a")  # 0 1 2
     _cache(tree, kv, [1, 2, 7, 8], "b")  # new page 4 (its copy of [1, 2], page 3, went back)
-    m = tree.match([1, 2, 3, 4])  # splits a after page 1: lock covers [0, 1] exactly
+    m = tree.lookup([1, 2, 3, 4])  # splits a after page 1: lock covers [0, 1] exactly
     assert m.pages == [0, 1]
     tree.lock(m.node)
     tree.lock(m.node)  # a second reader of the same prefix
@@ -96,7 +97,7 @@ def test_locked_paths_are_never_evicted():
 def test_insert_under_a_locked_node_keeps_the_lock_on_split():
     kv, tree = _setup()
     _cache(tree, kv, [1, 2, 3, 4, 5, 6], "a")
-    m = tree.match([1, 2, 3, 4, 5, 6])
+    m = tree.lookup([1, 2, 3, 4, 5, 6])
     tree.lock(m.node)  # a reader holds the whole edge [0, 1, 2]
     _cache(tree, kv, [1, 2, 8, 8], "b")  # splits the locked edge: both halves stay locked
     head = tree.root.children[(1, 2)]
@@ -105,6 +106,22 @@ def test_insert_under_a_locked_node_keeps_the_lock_on_split():
     assert tree.evict(10) == [4]  # only b's page is unlocked
     tree.unlock(m.node)
     tree.check_integrity()
+
+
+def test_pool_integrity_sees_each_page_with_one_owner():
+    kv, tree = _setup(num_pages=6)
+    _cache(tree, kv, [1, 2, 3, 4], "a")  # pages 0 1 to the tree
+    private = kv.allocate(2, "r")  # 2 3 a running request's tail
+    kv.check_integrity({tree: tree.all_pages(), "r": private})
+    with pytest.raises(AssertionError, match="disagree"):
+        kv.check_integrity({tree: tree.all_pages()})  # r's pages missing from the tables
+    with pytest.raises(AssertionError, match="in the tables of"):
+        kv.check_integrity({tree: tree.all_pages(), "r": private + [0]})  # a tree page in a request's table
+    with pytest.raises(AssertionError, match="owned by <radix tree>"):
+        kv.free([0], "r")  # a request cannot free a tree page
+    with pytest.raises(AssertionError, match="owned by 'r'"):
+        kv.transfer([2], "a", tree)
+    assert kv.num_free + kv.num_used == kv.num_pages == 6 and kv.num_owned_by(tree) == 2
 
 
 # ---- property test: the tree against a brute-force model ----------------------------------------
@@ -133,7 +150,7 @@ class Model:
             out.append(p)
         return out
 
-    def match(self, tokens: list[int]) -> list[Path]:
+    def lookup(self, tokens: list[int]) -> list[Path]:
         self.clock += 1
         hit = self.longest(tokens)
         for p in hit:
@@ -174,7 +191,7 @@ tokens_st = st.builds(
 )  # fmt: skip
 op_st = st.one_of(
     st.tuples(st.just("admit"), tokens_st),
-    st.tuples(st.just("match"), tokens_st),
+    st.tuples(st.just("lookup"), tokens_st),
     st.tuples(st.just("finish"), st.integers(0, 7)),
     st.tuples(st.just("evict"), st.integers(1, 6)),
 )
@@ -187,13 +204,13 @@ def test_random_operations_match_a_brute_force_model(ops):
     model = Model()
     held: list[tuple[str, list[int], object, list[int], int, list[Path]]] = []
     for i, (kind, arg) in enumerate(ops):
-        if kind == "match":
-            assert tree.match(arg).pages == [model.page[p] for p in model.match(arg)]
+        if kind == "lookup":
+            assert tree.lookup(arg).pages == [model.page[p] for p in model.lookup(arg)]
         elif kind == "evict":
             expected = model.evict(arg)
             assert tree.evict(arg) == expected
         elif kind == "admit":  # what the KV manager does: match + lock, then private pages for the rest
-            m, hit = tree.match(arg), model.match(arg)
+            m, hit = tree.lookup(arg), model.lookup(arg)
             assert m.pages == [model.page[p] for p in hit]
             tree.lock(m.node)
             for p in hit:

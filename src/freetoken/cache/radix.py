@@ -5,7 +5,7 @@ a node holds the KV page id of each of its S-token pages. A path from the root s
 prefix whose K/V sit in the path's pages, in order.
 
 Contract (the shape every cache shares: lookup / lock / insert / evict / size / check_integrity):
-- ``match(tokens)`` (lookup): the longest cached prefix of whole pages, as its last node and its
+- ``lookup(tokens)``: the longest cached prefix of whole pages, as its last node and its
   pages. It may split a node at a page boundary so that the node ends exactly at the match, and it
   marks the path as used now (LRU).
 - ``lock(node)`` / ``unlock(node)``: a request reading the pages of a path holds one lock on the
@@ -47,7 +47,7 @@ class RadixNode:
     parent: RadixNode | None
     children: dict[tuple[int, ...], RadixNode] = field(default_factory=dict)  # by the first page's tokens
     lock_ref: int = 0  # requests whose locked path runs through this node
-    last_access: int = 0  # logical clock of the last match/insert touching this node
+    last_access: int = 0  # logical clock of the last lookup/insert touching this node
 
 
 @dataclass
@@ -76,6 +76,11 @@ class RadixCache:
 
     # ---- size -----------------------------------------------------------------------------------
     @property
+    def size(self) -> int:
+        """Pages held by the tree (locked or not)."""
+        return self._num_pages
+
+    @property
     def num_pages(self) -> int:
         return self._num_pages
 
@@ -88,7 +93,7 @@ class RadixCache:
         return self._num_pages - self._num_locked_pages
 
     # ---- lookup ---------------------------------------------------------------------------------
-    def match(self, tokens: Sequence[int]) -> PrefixMatch:
+    def lookup(self, tokens: Sequence[int]) -> PrefixMatch:
         """Longest cached prefix of ``tokens`` in whole pages (a trailing partial page never matches)."""
         self._clock += 1
         node, pages, i = self.root, [], 0

@@ -26,7 +26,7 @@ class KVManager:
         tokens. Returns the tokens to compute this step; 0 when the pool is short (then it holds nothing)."""
         assert not req.pages and req.num_computed_tokens == 0, "admit: the request already holds KV"
         if self.tree is not None:
-            m = self.tree.match(req.token_ids[: req.num_tokens - 1])
+            m = self.tree.lookup(req.token_ids[: req.num_tokens - 1])
             if m.pages:
                 self.tree.lock(m.node)
                 req.prefix_node, req.pages, req.num_shared_pages = m.node, list(m.pages), m.num_pages
@@ -50,11 +50,16 @@ class KVManager:
         return True
 
     def reserve(self, num_pages: int) -> bool:
-        """Evicts unlocked tree pages until ``num_pages`` are free; False if that is not possible."""
+        """Evicts unlocked tree pages until ``num_pages`` are free; False (evicting nothing: cached
+        prefixes are not thrown away for nothing) if even that would not be enough."""
         short = num_pages - self.kv.num_free
-        if short > 0 and self.tree is not None:
-            self.tree.evict(short)
-        return num_pages <= self.kv.num_free
+        if short <= 0:
+            return True
+        if self.tree is None or short > self.tree.num_evictable_pages:
+            return False
+        freed = self.tree.evict(short)
+        assert len(freed) == short, "unlocked tree pages could not all be evicted"
+        return True
 
     def release(self, req: Request, cache: bool = True) -> None:
         """Gives back every page of req (finished or preempted): with ``cache`` its fully computed pages
