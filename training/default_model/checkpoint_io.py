@@ -19,6 +19,8 @@ SHARD_SIZE = "15MB"  # save_pretrained's own accounting; checked against MAX_SHA
 def save_checkpoint(model: Qwen3MoeForCausalLM, tok: Tokenizer, out_dir: Path) -> None:
     """Save in the Hugging Face Qwen3-MoE layout (per-expert gate/up/down tensors), bf16."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    for old in [*out_dir.glob("model*.safetensors"), *out_dir.glob("model.safetensors.index.json")]:
+        old.unlink()  # a retrain into the same directory must not leave shards of another split
     bf16: Any = copy.deepcopy(model)  # a copy: Module.to() is in place and would round the live weights
     bf16.to(torch.bfloat16).save_pretrained(out_dir, max_shard_size=SHARD_SIZE)
     del bf16
