@@ -104,7 +104,7 @@ def test_chat_template_renders_alike_everywhere(mods: dict[str, ModuleType], ena
     conv = _tool_conversation(mods)
     msgs, tools = conv["messages"], conv["tools"]
     source = json.loads((ASSETS / "tokenizer_config.json").read_text())["chat_template"]
-    kw = {} if enable_thinking else {"enable_thinking": False}
+    kw: dict[str, Any] = {} if enable_thinking else {"enable_thinking": False}
     hf = AutoTokenizer.from_pretrained(ASSETS).apply_chat_template(
         msgs, tools=tools, tokenize=False, add_generation_prompt=True, **kw)
     plain = ImmutableSandboxedEnvironment().from_string(source).render(

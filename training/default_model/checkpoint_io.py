@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizer_train import write_tokenizer_files
@@ -17,9 +19,11 @@ SHARD_SIZE = "15MB"  # save_pretrained's own accounting; checked against MAX_SHA
 def save_checkpoint(model: Qwen3MoeForCausalLM, tok: Tokenizer, out_dir: Path) -> None:
     """Save in the Hugging Face Qwen3-MoE layout (per-expert gate/up/down tensors), bf16."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    bf16 = model.to(torch.bfloat16)
-    bf16.save_pretrained(out_dir, max_shard_size=SHARD_SIZE)
-    model.to(torch.float32)
+    for old in [*out_dir.glob("model*.safetensors"), *out_dir.glob("model.safetensors.index.json")]:
+        old.unlink()  # a retrain into the same directory must not leave shards of another split
+    bf16: Any = copy.deepcopy(model)  # a copy: Module.to() is in place and would round the live weights
+    bf16.to(torch.bfloat16).save_pretrained(out_dir, max_shard_size=SHARD_SIZE)
+    del bf16
     for shard in out_dir.glob("*.safetensors"):
         size = shard.stat().st_size
         if size > MAX_SHARD_BYTES:

@@ -40,7 +40,8 @@ def transformers_generator(model_dir: Path, device: str = "cpu", dtype: torch.dt
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    model.to(device).eval()
 
     @torch.no_grad()
     def run(prompts: list[str], max_new_tokens: int) -> list[str]:
@@ -63,7 +64,7 @@ def freetoken_generator(model_dir: Path, device: str = "cpu") -> tuple[Generate,
 
     from freetoken import LLM, SamplingParams
 
-    llm = LLM(model=str(model_dir), device=device)
+    llm = LLM(model=str(model_dir), device=device, max_running_requests=64)
 
     def run(prompts: list[str], max_new_tokens: int) -> list[str]:
         sp = SamplingParams(max_tokens=max_new_tokens, temperature=0.0, skip_special_tokens=False)
@@ -100,15 +101,22 @@ def arithmetic_accuracy(gen: Generate, tok: Any, n: int = 50) -> tuple[float, li
     return 1 - len(misses) / len(convs), misses
 
 
-def tool_accuracy(gen: Generate, tok: Any, n: int = 50) -> tuple[float, list[tuple[str, str]]]:
-    """Share of held-out tool prompts whose first call has the offered name and the exact arguments."""
+def tool_accuracy(gen: Generate, tok: Any, n: int = 50) -> tuple[float, list[tuple[str, str]], str]:
+    """Share of held-out tool prompts whose first call has the offered name and the exact arguments;
+    also the misses and a breakdown (name-only accuracy, exact accuracy per tool kind)."""
     convs = heldout_tool_prompts(n)
     outs = gen([prompt_text(tok, c) for c in convs], 128)
-    misses = []
+    misses, names_ok = [], 0
+    per_kind: dict[str, list[int]] = {}
     for c, o in zip(convs, outs):
-        if parse_tool_call(o) != (c["meta"]["name"], c["meta"]["arguments"]):
+        call = parse_tool_call(o)
+        ok = call == (c["meta"]["name"], c["meta"]["arguments"])
+        names_ok += call is not None and call[0] == c["meta"]["name"]
+        per_kind.setdefault(c["meta"]["kind"], []).append(ok)
+        if not ok:
             misses.append((c["messages"][-1]["content"], o))
-    return 1 - len(misses) / len(convs), misses
+    kinds = ", ".join(f"{k} {sum(v)}/{len(v)}" for k, v in sorted(per_kind.items()))
+    return 1 - len(misses) / len(convs), misses, f"name right {names_ok}/{len(convs)}; exact per tool: {kinds}"
 
 
 def no_tool_call_rate(gen: Generate, tok: Any, n: int = 50) -> tuple[float, list[tuple[str, str]]]:
@@ -132,10 +140,10 @@ def main() -> None:
     else:
         gen, tok = transformers_generator(a.model, a.device, getattr(torch, a.dtype))
     acc, amiss = arithmetic_accuracy(gen, tok)
-    tacc, tmiss = tool_accuracy(gen, tok)
+    tacc, tmiss, tdetail = tool_accuracy(gen, tok)
     rate, calls = no_tool_call_rate(gen, tok)
     print(f"[eval] arithmetic exact-match on 50 held-out prompts: {acc:.1%} (target >= 90%)")
-    print(f"[eval] tool name + arguments on 50 held-out tool prompts: {tacc:.1%} (target >= 90%)")
+    print(f"[eval] tool name + arguments on 50 held-out tool prompts: {tacc:.1%} (target >= 90%); {tdetail}")
     print(f"[eval] tool-call rate on 50 no-tool prompts: {rate:.1%} (target <= 10%)")
     for label, rows in (("arith miss", amiss), ("tool miss", tmiss), ("spurious call", calls)):
         for row in rows[:a.show_misses]:

@@ -39,7 +39,8 @@ def synthetic_cities(n: int, seed: int) -> list[str]:
     return sorted(out)
 
 
-PATH_ROOTS = ["/home/user", "/home/ana", "/srv", "/var/log", "/tmp", "/etc", "/opt/app", "~", ".", "src", "docs", "data"]
+PATH_ROOTS = ["/home/user", "/home/ana", "/srv", "/var/log", "/tmp", "/etc", "/opt/app", "~", ".", "src", "docs",
+              "data"]
 PATH_DIRS = """projects notes reports photos config scripts tests lib build assets logs backup drafts music
 invoices models experiments web api utils old new archive""".split()
 FILE_STEMS = """readme main notes todo config report index setup server client utils data results summary

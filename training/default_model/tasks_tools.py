@@ -101,6 +101,7 @@ def _expression(rng: random.Random) -> tuple[str, int]:
 
 def draw_argument(rng: random.Random, kind: str, heldout: bool) -> tuple[str, Any]:
     """(argument text, tool result payload) on the requested side of the split."""
+    payload: dict[str, Any]
     while True:
         if kind == "weather":
             x = rng.choice(HELDOUT_CITIES if heldout else TRAIN_CITIES)

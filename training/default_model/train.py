@@ -65,6 +65,13 @@ def make_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8)
 
 
+def token_id(tok: Tokenizer, token: str) -> int:
+    i = tok.token_to_id(token)
+    if i is None:
+        raise ValueError(f"tokenizer lacks {token}")
+    return i
+
+
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -109,8 +116,8 @@ def train(args: argparse.Namespace) -> None:
     n_tok = sum(len(x) for x, _ in samples)
     print(f"[data] tokenizer vocab {tok.get_vocab_size()}; {len(samples)} samples, {n_tok} tokens; "
           f"{time.time() - t0:.1f}s", flush=True)
-    pad = tok.token_to_id("<|endoftext|>")
-    cfg = build_config(tok.get_vocab_size(), [tok.token_to_id("<|im_end|>"), pad], pad, toy=args.toy)
+    pad, im_end = token_id(tok, "<|endoftext|>"), token_id(tok, "<|im_end|>")
+    cfg = build_config(tok.get_vocab_size(), [im_end, pad], pad, toy=args.toy)
     model = Qwen3MoeForCausalLM(cfg).to(args.device)
     if args.device.startswith("cuda") or args.toy:
         pick_experts_implementation(model, next(batches(samples, args.batch_size, pad, args.seed + 1)), args.device)
