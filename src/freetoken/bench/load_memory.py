@@ -18,6 +18,24 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
+def _reset_peak() -> bool:
+    """Reset the kernel's peak-RSS mark (VmHWM) so import-time transients do not count."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -28,11 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     from freetoken.config import EngineConfig
     from freetoken.engine.engine import LLMEngine
 
+    _reset_peak()
     base = _rss_bytes()
     t0 = time.perf_counter()
     eng = LLMEngine(EngineConfig(model=args.model, device="cpu", dtype=args.dtype, kv_pages=16))
     secs = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = _peak_bytes()
     m = eng.setup.loaded.model
     weights = sum(
         t.numel() * t.element_size()
