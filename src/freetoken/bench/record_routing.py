@@ -29,6 +29,17 @@ DEFAULT_PROMPTS = (
 )
 
 
+def chat_prompt(i: int) -> str:
+    """The i-th of a fixed, varied stream of questions (arithmetic, counting, chat) for chat models."""
+    a, b = (37 * i + 11) % 100, (53 * i + 29) % 100
+    forms = (
+        f"What is {a} + {b}?", f"{a} minus {b}", f"multiply {a % 10} by {b}", "Hello! Who are you?",
+        f"How many items are in this list: {', '.join(['cat', 'dog', 'sun', 'tree', 'car'][: 2 + i % 4])}?",
+        f"add {a} and {b}", f"What is {a} * {b % 10}?", "Tell me a joke about computers.",
+    )  # fmt: skip
+    return forms[i % len(forms)]
+
+
 class RecordingBackend(ExpertBackend):
     """Delegates to the real backend and keeps the routed ids of single-token decode steps."""
 
@@ -86,6 +97,7 @@ def install_recorder(llm: Any) -> RecordingBackend:
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="checkpoint directory (default: the embedded model)")
     p.add_argument("--tokens", type=int, default=2000, help="decode tokens to record in all")
+    p.add_argument("--chat", action="store_true", help="chat-formatted built-in questions, stopping at EOS")
     p.add_argument("--prompt", action="append", default=None, help="a prompt (repeatable; default: built-in)")
     p.add_argument("--out", required=True, help="output .npy file")
     p.add_argument("--device", default=None)
@@ -101,10 +113,19 @@ def run(args: argparse.Namespace) -> int:
     llm = LLM(args.model, device=args.device, dtype=args.dtype, moe_backend=args.moe_backend,
               expert_cache=args.expert_cache)  # fmt: skip
     rec = install_recorder(llm)
-    prompts = list(args.prompt or DEFAULT_PROMPTS)
-    per = -(-args.tokens // len(prompts)) + 1  # the first generated token comes from prefill
-    for p in prompts:
-        llm.generate([p], SamplingParams(temperature=0.0, max_tokens=per, ignore_eos=True))
+    if args.chat:  # chat-formatted questions; each answer stops at the model's own end of turn
+        tok = llm.tokenizer
+        i = 0
+        while len(rec.rows) < args.tokens:
+            msgs = [{"role": "user", "content": chat_prompt(i)}]
+            ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+            llm.generate([list(ids)], SamplingParams(temperature=0.0, max_tokens=256))
+            i += 1
+    else:
+        prompts = list(args.prompt or DEFAULT_PROMPTS)
+        per = -(-args.tokens // len(prompts)) + 1  # the first generated token comes from prefill
+        for p in prompts:
+            llm.generate([p], SamplingParams(temperature=0.0, max_tokens=per, ignore_eos=True))
     trace = rec.trace()[: args.tokens]
     np.save(args.out, trace)
     print(f"recorded {trace.shape[0]} tokens x {trace.shape[1]} MoE layers x top-{trace.shape[2]} -> {args.out}")
