@@ -22,6 +22,7 @@ from freetoken.experts.slot_plan import StepPlan
 from freetoken.experts.split import SplitPolicy, load_machine_profile
 
 _MAX_PENDING_RECORDS = 4096
+PROTECT_STEPS = 1  # 0 turns admission control off (plain LRU victims)
 
 
 @dataclass
@@ -47,6 +48,8 @@ class HybridBackend(SlotBackend):
         self.policy = SplitPolicy.create(config.fill_fraction, prof)
         self.share.fill_(self.policy.share)
         self._published = self.policy.share
+        # Admission control: experts used within the last step (one plan per MoE layer) are no victims.
+        self.protect = PROTECT_STEPS * pool.num_layers
         self._decode = True
         self._records: list[_CopyRecord] = []
         self._copy_bytes, self._copy_s, self._cpu_bytes, self._cpu_s = 0, 0.0, 0, 0.0
@@ -54,7 +57,7 @@ class HybridBackend(SlotBackend):
     def forward(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
     ) -> torch.Tensor:
-        return self.split_forward(layer, x, topk_ids, topk_w, min_fill=1)
+        return self.split_forward(layer, x, topk_ids, topk_w, min_fill=1, protect=self.protect)
 
     def begin_step(self, num_tokens: int, is_decode: bool) -> None:
         """Safe point: fold finished measurements into the split and publish this step's share.

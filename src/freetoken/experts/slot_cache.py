@@ -63,19 +63,24 @@ class SlotCache:
         """topk_ids [T, k] per-layer expert ids -> routes grouped by eid = layer*E + id."""
         return group_routes(topk_ids.reshape(-1) + layer * self.pool.num_experts, self.pool.num_rows)
 
-    def plan(self, groups: RouteGroups, pending: torch.Tensor, share: torch.Tensor, min_fill: int) -> StepPlan:
-        return plan_fills(self.tables, groups, pending, share, min_fill)
+    def plan(
+        self, groups: RouteGroups, pending: torch.Tensor, share: torch.Tensor, min_fill: int, protect: int = 0
+    ) -> StepPlan:
+        return plan_fills(self.tables, groups, pending, share, min_fill, protect)
 
-    def group_and_plan(self, layer: int, topk_ids: torch.Tensor, share: torch.Tensor, min_fill: int) -> StepPlan:
+    def group_and_plan(
+        self, layer: int, topk_ids: torch.Tensor, share: torch.Tensor, min_fill: int, protect: int = 0
+    ) -> StepPlan:
         """``group`` + ``plan`` of every group (a step's first round). Decode-sized steps on CUDA take the
         fused Triton plan (one launch instead of ~100 small ops), with identical results."""
         if self.device.type == "cuda" and triton_available():
             from freetoken.experts.triton_plan import MAX_ROUTES, plan_step_triton
 
             if topk_ids.numel() <= MAX_ROUTES:
-                return plan_step_triton(self.tables, topk_ids, layer * self.pool.num_experts, share, min_fill)
+                off = layer * self.pool.num_experts
+                return plan_step_triton(self.tables, topk_ids, off, share, min_fill, protect)
         groups = self.group(layer, topk_ids)
-        return self.plan(groups, groups.valid, share, min_fill)
+        return self.plan(groups, groups.valid, share, min_fill, protect)
 
     def copy(self, plan: StepPlan) -> None:
         """One batched copy of this round's fills (all banks) from the pool into their slots."""

@@ -98,8 +98,14 @@ def plan_fills(
     pending: torch.Tensor,  # [K] bool: groups still to serve (round 1: groups.valid)
     share: torch.Tensor,  # [] float: share of misses to fill
     min_fill: int,  # 1: keep the cache warming; 0: frozen residency
+    protect: int = 0,  # > 0: slots used in the last `protect` plans are no victims (admission control)
 ) -> StepPlan:
-    """Classify pending groups, choose q fills and their victims, update the tables, build the copies."""
+    """Classify pending groups, choose q fills and their victims, update the tables, build the copies.
+
+    ``protect`` is for backends that can serve a miss elsewhere (hybrid: the CPU): when a step's working
+    set exceeds the cache, plain LRU evicts what the next step needs again (every fill a future miss);
+    protecting the last step's experts sends those misses to the CPU instead and keeps the hits.
+    """
     t = tables
     S, N = t.num_slots, t.num_rows
     K = groups.eid.numel()
@@ -113,6 +119,9 @@ def plan_fills(
     used = torch.zeros(S + 1, dtype=torch.bool, device=dev)
     used.scatter_(0, torch.where(hit, slot, S), True)
     blocked = (used | t.locked)[:S]
+    if protect > 0:
+        stamp = t.stamp[:S]
+        blocked = blocked | ((stamp > t.tick - protect) & (stamp >= 0))
     available = S - blocked.sum()
     q = fill_quota(m, share, available, min_fill)
     # Fill the misses the most routes want first (ties: the lower eid), one descending sort.

@@ -23,9 +23,9 @@ _BS = 512  # slots per pass of the victim search
 _MAXKEY = 9223372036854775807
 
 
-@triton.jit(do_not_specialize=["K", "layer_off", "N", "S", "KV"])
+@triton.jit(do_not_specialize=["K", "layer_off", "N", "S", "KV", "protect"])
 def _plan_kernel(
-    ids_ptr, K, layer_off, N, S, KV,
+    ids_ptr, K, layer_off, N, S, KV, protect,
     slot_of, eid_of, stamp, locked, tick_ptr, share_ptr,
     i64_out, b_out,
     MIN_FILL: tl.constexpr, KB: tl.constexpr, BS: tl.constexpr,
@@ -59,12 +59,20 @@ def _plan_kernel(
     miss = gvalid & (gslot < 0)
     h = tl.sum(hit.to(tl.int64), axis=0)
     m = tl.sum(miss.to(tl.int64), axis=0)
-    hit_locked = tl.sum((hit & (tl.load(locked + gslot, mask=hit, other=0) != 0)).to(tl.int64), axis=0)
-    n_locked = tl.sum(tl.zeros((BS,), tl.int64), axis=0)
+    # Blocked slots: locked, or used within the last `protect` plans (stamps > tick - protect).
+    tick0 = tl.load(tick_ptr)
+    recent_after = tick0 - protect
+    hst = tl.load(stamp + gslot, mask=hit, other=-1)
+    hblk = (tl.load(locked + gslot, mask=hit, other=0) != 0) | ((hst > recent_after) & (hst >= 0))
+    hit_blocked = tl.sum((hit & hblk).to(tl.int64), axis=0)
+    n_blocked = tl.sum(tl.zeros((BS,), tl.int64), axis=0)
     for s0 in range(0, S, BS):
         sl = s0 + tl.arange(0, BS)
-        n_locked += tl.sum((tl.load(locked + sl, mask=sl < S, other=0) != 0).to(tl.int64), axis=0)
-    available = s64 - n_locked - h + hit_locked
+        sm = sl < S
+        st = tl.load(stamp + sl, mask=sm, other=-1)
+        blk = (tl.load(locked + sl, mask=sm, other=0) != 0) | ((st > recent_after) & (st >= 0))
+        n_blocked += tl.sum((blk & sm).to(tl.int64), axis=0)
+    available = s64 - n_blocked - h + hit_blocked
     x = m.to(tl.float32) * tl.load(share_ptr)
     f = tl.floor(x)
     fi = f.to(tl.int64)
@@ -91,7 +99,7 @@ def _plan_kernel(
             st = tl.load(stamp + sl, mask=sm, other=0)
             lk = tl.load(locked + sl, mask=sm, other=1)
             ks = st * sp1 + sl
-            ok = sm & (lk == 0) & (ks > prev)
+            ok = sm & (lk == 0) & ((st <= recent_after) | (st < 0)) & (ks > prev)
             best = tl.minimum(best, tl.min(tl.where(ok, ks, _MAXKEY), axis=0))
         prev = best
         cand = (best + sp1) % sp1  # keys are >= -(S+1) (free slots: stamp -1); keep the remainder >= 0
@@ -104,7 +112,7 @@ def _plan_kernel(
     take_j = r < q
     src = tl.sum(tl.where((rank[None, :] == r[:, None]) & fill[None, :], geid[None, :], 0), axis=1)
     old = tl.load(eid_of + vict, mask=take_j, other=-1)
-    tick = tl.load(tick_ptr) + 1
+    tick = tick0 + 1
     rslot = tl.sum(tl.where(g_of[:, None] == r[None, :], new_slot[None, :], 0), axis=1)
     code = tl.where(rslot >= 0, rslot, -1 - e)
     tl.debug_barrier()  # every table read above happens before any write below
@@ -143,8 +151,9 @@ def plan_step_triton(
     layer_offset: int,  # layer * E
     share: torch.Tensor,  # [] float32
     min_fill: int,
+    protect: int = 0,
 ) -> StepPlan:
-    """``group_routes`` + ``plan_fills(pending=valid)`` in one launch, for T*k <= MAX_ROUTES."""
+    """``group_routes`` + ``plan_fills(pending=valid, protect)`` in one launch, for T*k <= MAX_ROUTES."""
     ids = topk_ids.reshape(-1)
     K = ids.numel()
     if not 0 < K <= MAX_ROUTES:
@@ -156,7 +165,7 @@ def plan_step_triton(
     b = torch.empty(4 * K, dtype=torch.bool, device=dev)
     KB = max(16, triton.next_power_of_2(K))
     _plan_kernel[(1,)](
-        ids, K, layer_offset, N, S, KV,
+        ids, K, layer_offset, N, S, KV, protect,
         tables.slot_of, tables.eid_of, tables.stamp, tables.locked.view(torch.uint8), tables.tick,
         share.to(torch.float32), i64, b.view(torch.uint8),
         MIN_FILL=min_fill, KB=KB, BS=_BS,
