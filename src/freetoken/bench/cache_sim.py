@@ -31,7 +31,14 @@ class SimResult:
 
 
 def simulate(
-    trace: np.ndarray, cache: float, batch: int, share: float, protect_steps: int, steps: int, warmup: int
+    trace: np.ndarray,
+    cache: float,
+    batch: int,
+    share: float,
+    protect_steps: int,
+    steps: int,
+    warmup: int,
+    recent_last: bool = False,
 ) -> SimResult:
     """trace [tokens, layers, k] expert ids; request b replays from offset b * tokens // batch."""
     n, L, _ = trace.shape
@@ -50,7 +57,7 @@ def simulate(
         rows = [(o + step) % n for o in offsets]
         for layer in range(L):
             g = group_routes(ids_all[rows, layer].reshape(-1) + layer * E, N)
-            p = plan_fills(t, g, g.valid, share_t, 1, protect_steps * L)
+            p = plan_fills(t, g, g.valid, share_t, 1, protect_steps * L, recent_last)
             if step >= warmup:
                 h, m, f = h + int(p.num_hits), m + int(p.num_misses), f + int(p.copy_count)
     return SimResult(cache, batch, share, protect_steps, h / max(h + m, 1), m, f, m - f, steps * batch)
@@ -61,7 +68,13 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--cache", default="0.11,0.25,0.37", help="comma-separated fractions of the pool")
     p.add_argument("--batch", default="1,4", help="comma-separated concurrent requests")
     p.add_argument("--share", default="1.0", help="comma-separated shares of misses to fill")
-    p.add_argument("--protect", default="0,1", help="comma-separated admission windows in steps (0: LRU)")
+    p.add_argument("--protect", default="0,1", help="comma-separated recency windows in steps (0: LRU)")
+    p.add_argument(
+        "--recent",
+        default="block",
+        choices=("block", "last"),
+        help="recent slots: never victims (hybrid) or victims last, newest first (offload)",
+    )
     p.add_argument("--steps", type=int, default=200, help="measured decode steps")
     p.add_argument("--warmup", type=int, default=50, help="unmeasured steps first")
     return p
@@ -78,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         for b in (int(v) for v in args.batch.split(",")):
             for s in (float(v) for v in args.share.split(",")):
                 for pr in (int(v) for v in args.protect.split(",")):
-                    r = simulate(trace, c, b, s, pr, args.steps, args.warmup)
+                    r = simulate(trace, c, b, s, pr, args.steps, args.warmup, args.recent == "last")
                     tok = r.tokens
                     print(
                         f"{c:6.2f}{b:6d}{s:6.2f}{pr:8d}{r.hit_rate:7.3f}{r.misses / tok:11.1f}"

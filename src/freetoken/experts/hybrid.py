@@ -54,10 +54,10 @@ class HybridBackend(SlotBackend):
         self._records: list[_CopyRecord] = []
         self._copy_bytes, self._copy_s, self._cpu_bytes, self._cpu_s = 0, 0.0, 0, 0.0
 
-    def forward(
-        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
-    ) -> torch.Tensor:
-        return self.split_forward(layer, x, topk_ids, topk_w, min_fill=1, protect=self.protect)
+    def forward(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
+        # Decode: recent slots are never victims (their misses go to the CPU). Prefill: the CPU would be
+        # compute-bound, so recent slots are victims too, last and newest first.
+        return self.split_forward(layer, x, topk_ids, topk_w, 1, self.protect, recent_last=not self._decode)
 
     def begin_step(self, num_tokens: int, is_decode: bool) -> None:
         """Safe point: fold finished measurements into the split and publish this step's share.

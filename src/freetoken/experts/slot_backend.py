@@ -84,13 +84,14 @@ class SlotBackend(ExpertBackend):
         topk_w: torch.Tensor,
         min_fill: int,
         protect: int = 0,
+        recent_last: bool = False,
     ) -> torch.Tensor:
         """Hits and q fills on the GPU, the other misses on the CPU, concurrently."""
         assert self.cpu is not None
         if topk_ids.numel() == 0:
             return torch.zeros_like(x)
         check_slots_cover_topk(self.cache.num_slots, topk_ids.shape[1])
-        plan = self.cache.group_and_plan(layer, topk_ids, self.share, min_fill, protect)
+        plan = self.cache.group_and_plan(layer, topk_ids, self.share, min_fill, protect, recent_last)
         handle = self.cpu.submit(x, plan.route_code, topk_w)  # CPU branch first
         gpu = self._gpu(x, plan.groups, plan, topk_w)
         cpu, res = self.cpu.wait(handle)

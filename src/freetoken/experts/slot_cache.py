@@ -64,12 +64,25 @@ class SlotCache:
         return group_routes(topk_ids.reshape(-1) + layer * self.pool.num_experts, self.pool.num_rows)
 
     def plan(
-        self, groups: RouteGroups, pending: torch.Tensor, share: torch.Tensor, min_fill: int, protect: int = 0
+        self,
+        groups: RouteGroups,
+        pending: torch.Tensor,
+        share: torch.Tensor,
+        min_fill: int,
+        protect: int = 0,
+        recent_last: bool = False,
     ) -> StepPlan:
-        return plan_fills(self.tables, groups, pending, share, min_fill, protect)
+        """See ``slot_plan.plan_fills`` (``protect``/``recent_last``: what happens to recently used slots)."""
+        return plan_fills(self.tables, groups, pending, share, min_fill, protect, recent_last)
 
     def group_and_plan(
-        self, layer: int, topk_ids: torch.Tensor, share: torch.Tensor, min_fill: int, protect: int = 0
+        self,
+        layer: int,
+        topk_ids: torch.Tensor,
+        share: torch.Tensor,
+        min_fill: int,
+        protect: int = 0,
+        recent_last: bool = False,
     ) -> StepPlan:
         """``group`` + ``plan`` of every group (a step's first round). Decode-sized steps on CUDA take the
         fused Triton plan (one launch instead of ~100 small ops), with identical results."""
@@ -78,9 +91,9 @@ class SlotCache:
 
             if topk_ids.numel() <= MAX_ROUTES:
                 off = layer * self.pool.num_experts
-                return plan_step_triton(self.tables, topk_ids, off, share, min_fill, protect)
+                return plan_step_triton(self.tables, topk_ids, off, share, min_fill, protect, recent_last)
         groups = self.group(layer, topk_ids)
-        return self.plan(groups, groups.valid, share, min_fill, protect)
+        return self.plan(groups, groups.valid, share, min_fill, protect, recent_last)
 
     def copy(self, plan: StepPlan) -> None:
         """One batched copy of this round's fills (all banks) from the pool into their slots."""

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 import torch
 
 _INT64_MAX = torch.iinfo(torch.int64).max
+# Victim keys: older slots are stamp * (S+1) + slot < 2**60 (stamps < 2**40 plans, S < 2**20); recent
+# slots taken last sort above _RECENT_BASE.
+_STAMP_CAP = 1 << 40
+_RECENT_BASE = 1 << 61
 
 
 @dataclass
@@ -98,13 +102,17 @@ def plan_fills(
     pending: torch.Tensor,  # [K] bool: groups still to serve (round 1: groups.valid)
     share: torch.Tensor,  # [] float: share of misses to fill
     min_fill: int,  # 1: keep the cache warming; 0: frozen residency
-    protect: int = 0,  # > 0: slots used in the last `protect` plans are no victims (admission control)
+    protect: int = 0,  # > 0: slots used in the last `protect` plans are "recent"
+    recent_last: bool = False,  # recent slots: False = never victims, True = victims last, newest first
 ) -> StepPlan:
     """Classify pending groups, choose q fills and their victims, update the tables, build the copies.
 
-    ``protect`` is for backends that can serve a miss elsewhere (hybrid: the CPU): when a step's working
-    set exceeds the cache, plain LRU evicts what the next step needs again (every fill a future miss);
-    protecting the last step's experts sends those misses to the CPU instead and keeps the hits.
+    When a step's working set exceeds the cache, plain LRU evicts exactly what the next step needs
+    again (every fill a future miss, hit rate 0). ``protect`` names the recent slots (used within the
+    last step): a backend that can serve a miss elsewhere (hybrid: the CPU) never evicts them, so
+    those misses go to the CPU and the hits stay; one that cannot (offload) evicts them last and
+    newest first (``recent_last``), so excess misses stream through a few slots, not the whole cache.
+    Neither changes anything while the cache holds more than a step's working set.
     """
     t = tables
     S, N = t.num_slots, t.num_rows
@@ -119,9 +127,10 @@ def plan_fills(
     used = torch.zeros(S + 1, dtype=torch.bool, device=dev)
     used.scatter_(0, torch.where(hit, slot, S), True)
     blocked = (used | t.locked)[:S]
-    if protect > 0:
-        stamp = t.stamp[:S]
-        blocked = blocked | ((stamp > t.tick - protect) & (stamp >= 0))
+    stamp = t.stamp[:S]
+    recent = (stamp > t.tick - protect) & (stamp >= 0)  # all False when protect == 0
+    if not recent_last:
+        blocked = blocked | recent
     available = S - blocked.sum()
     q = fill_quota(m, share, available, min_fill)
     # Fill the misses the most routes want first (ties: the lower eid), one descending sort.
@@ -132,7 +141,10 @@ def plan_fills(
     fill = miss & (rank < q)
     # Victims: the Kv oldest unblocked slots (free slots have stamp -1: oldest, lowest slot first).
     sidx = torch.arange(S, device=dev)
-    skey = torch.where(blocked, torch.full_like(sidx, _INT64_MAX), t.stamp[:S] * (S + 1) + sidx)
+    skey = stamp * (S + 1) + sidx
+    if recent_last:  # after every older slot, newest first
+        skey = torch.where(recent, _RECENT_BASE + (_STAMP_CAP - stamp) * (S + 1) + sidx, skey)
+    skey = torch.where(blocked, torch.full_like(sidx, _INT64_MAX), skey)
     victims = torch.topk(skey, Kv, largest=False, sorted=True).indices  # [Kv]
     j = pos[:Kv]
     take = j < q
