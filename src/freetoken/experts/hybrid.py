@@ -1,9 +1,12 @@
 """``hybrid``: of each layer's m misses, q are filled into slots and run on the GPU, m - q run on the CPU.
 
-``q = clamp(round(m * share), 1, m)`` on the device, capped by the slots this step does not read; the
-share comes from ``SplitPolicy`` (fill_fraction, machine profile, online refinement). Branch bandwidths
-are measured without host syncs: the CPU worker times itself; on CUDA the fills are bracketed by
-events whose times (and q, copied to pinned memory) are read at the next ``begin_step`` once done.
+``q = clamp(round(m * share), 1, m)`` on the device, capped by the slots this step does not read and, in
+decode, by the slots not used within the last step (admission control: when the cache cannot hold a
+step's working set, q may be 0 and the misses run on the CPU instead of evicting what the next step
+needs). The share comes from ``SplitPolicy`` (fill_fraction, machine profile, online refinement); prefill
+steps use share 1. Branch bandwidths are measured without host syncs: the CPU worker times itself; on
+CUDA the fills are bracketed by events whose times (and q, copied to pinned memory) are read at the next
+``begin_step`` once done.
 """
 
 from __future__ import annotations
