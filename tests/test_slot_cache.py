@@ -302,11 +302,28 @@ def test_protect_keeps_the_last_steps_experts() -> None:
     cache.check_integrity()
 
 
-def step_protect(cache: SlotCache, layer: int, ids: list[list[int]], protect: int) -> StepPlan:
+def step_protect(
+    cache: SlotCache, layer: int, ids: list[list[int]], protect: int, recent_last: bool = False
+) -> StepPlan:
     groups = cache.group(layer, torch.tensor(ids))
-    plan = cache.plan(groups, groups.valid, torch.tensor(1.0), 1, protect)
+    plan = cache.plan(groups, groups.valid, torch.tensor(1.0), 1, protect, recent_last)
     cache.copy(plan)
     return plan
+
+
+@pytest.mark.parametrize("recent_last", [False, True])
+def test_recent_slots_are_victims_last_newest_first(recent_last: bool) -> None:
+    """Offload's policy: older slots first (LRU), then the recent ones newest first (streaming)."""
+    cache = SlotCache(make_pool(), 3, CPU)
+    step_protect(cache, 0, [[0, 1]], 2, recent_last)  # eids 0, 1 -> slots 0, 1 (stamp 1)
+    step_protect(cache, 1, [[0, 1]], 2, recent_last)  # eids 4, 5: free slot 2 first, then (last) slot 0
+    assert cache.resident() == ({5: 0, 1: 1, 4: 2} if recent_last else {0: 0, 1: 1, 4: 2})
+    plan = step_protect(cache, 0, [[2, 3]], 2, recent_last)  # every slot is recent now
+    if recent_last:  # newest first: slots 0 and 2 (stamp 2); the older eid 1 stays
+        assert plan.copy_dst.tolist() == [0, 2] and cache.resident() == {2: 0, 1: 1, 3: 2}
+    else:  # recent slots are never victims: both misses stay unfilled
+        assert int(plan.copy_count) == 0 and cache.resident() == {0: 0, 1: 1, 4: 2}
+    cache.check_integrity()
 
 
 def test_resize_keeps_locked_then_newest() -> None:
