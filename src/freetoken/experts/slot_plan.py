@@ -109,10 +109,10 @@ def plan_fills(
 
     When a step's working set exceeds the cache, plain LRU evicts exactly what the next step needs
     again (every fill a future miss, hit rate 0). ``protect`` names the recent slots (used within the
-    last step): a backend that can serve a miss elsewhere (hybrid: the CPU) never evicts them, so
-    those misses go to the CPU and the hits stay; one that cannot (offload) evicts them last and
-    newest first (``recent_last``), so excess misses stream through a few slots, not the whole cache.
-    Neither changes anything while the cache holds more than a step's working set.
+    last ``protect`` plans). ``recent_last`` (offload, hybrid) evicts them only after every older slot,
+    newest first, so excess misses stream through a few slots instead of flushing the cache; without it
+    they are never victims (q shrinks: the misses stay unfilled, e.g. for the CPU). Neither changes
+    anything while the cache holds more than a step's working set.
     """
     t = tables
     S, N = t.num_slots, t.num_rows
