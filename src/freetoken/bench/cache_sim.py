@@ -71,9 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--protect", default="0,1", help="comma-separated recency windows in steps (0: LRU)")
     p.add_argument(
         "--recent",
-        default="block",
+        default="last",
         choices=("block", "last"),
-        help="recent slots: never victims (hybrid) or victims last, newest first (offload)",
+        help="recent slots: victims last, newest first (what offload and hybrid do) or never victims",
     )
     p.add_argument("--steps", type=int, default=200, help="measured decode steps")
     p.add_argument("--warmup", type=int, default=50, help="unmeasured steps first")
