@@ -398,7 +398,7 @@ def test_triton_kernels_compile_for_hopper() -> None:
     plan_sig |= dict.fromkeys(["K", "layer_off", "N", "S", "KV", "protect"], "i32")
     plan_sig |= {"locked": "*u8", "share_ptr": "*fp32", "b_out": "*u8"}
     groups = dict.fromkeys(["order", "gstart", "gcount", "gslot", "ngroups_ptr"], i64)
-    cases = [
+    cases: list[tuple[object, dict[str, str], dict[str, object]]] = [
         (triton_plan._plan_kernel, plan_sig, {"MIN_FILL": 1, "RECENT_LAST": True, "KB": 32, "BS": 512}),
         (triton_plan._plan_kernel, plan_sig, {"MIN_FILL": 0, "RECENT_LAST": False, "KB": 64, "BS": 512}),
         (
@@ -419,7 +419,7 @@ def test_triton_kernels_compile_for_hopper() -> None:
         ),
     ]
     for fn, sig, consts in cases:
-        signature = {**sig, **dict.fromkeys(consts, "constexpr")}
+        signature: dict[str, str] = {**sig, **{k: "constexpr" for k in consts}}
         src = ASTSource(fn=fn, signature=signature, constexprs=consts)
         kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32))
         assert "cubin" in kernel.asm
