@@ -41,8 +41,9 @@ class OffloadBackend(SlotBackend):
         groups = plan.groups
         out = self._gpu(x, groups, plan, topk_w)
         self._count(plan, True, None)
-        pending = groups.valid & (plan.slot < 0)
-        for _ in range(1, self.rounds(topk_ids.numel())):
+        rounds = self.rounds(topk_ids.numel())
+        pending = groups.valid & (plan.slot < 0) if rounds > 1 else groups.valid
+        for _ in range(1, rounds):
             plan = self.cache.plan(groups, pending, self._one, 1, self.protect, recent_last=True)
             out = out + self._gpu(x, groups, plan, topk_w)
             self._count(plan, False, None)
