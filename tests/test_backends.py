@@ -218,7 +218,7 @@ def test_grouped_experts_torch_paths(T: int) -> None:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
-@pytest.mark.parametrize("T", [1, 5, 40])
+@pytest.mark.parametrize("T", [1, 5, 40, 600])
 def test_triton_kernels_in_interpreter(T: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The Triton kernels run on the CPU through Triton's interpreter (TRITON_INTERPRET=1)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
@@ -228,6 +228,8 @@ def test_triton_kernels_in_interpreter(T: int, monkeypatch: pytest.MonkeyPatch) 
 
     x, groups, slot, w, gu, dn, ref = _groups_case(T, 12, seed=T)
     torch.testing.assert_close(grouped_experts_triton(x, groups, slot, w, gu, dn), ref, rtol=1e-5, atol=1e-5)
+    out = grouped_experts_triton(x, groups, slot, w, gu, dn, max_groups=12)  # grid bounded by E
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     dst_gu, dst_dn = torch.zeros(6, *gu.shape[1:]), torch.zeros(6, *dn.shape[1:])
     src, dst = torch.tensor([3, 7, 0, 0]), torch.tensor([2, 0, 5, 5])
     gather_rows_triton(gu, dn, dst_gu, dst_dn, src, dst, torch.tensor(2))
@@ -405,6 +407,11 @@ def test_triton_kernels_compile_for_hopper() -> None:
             triton_gemm._gate_up_kernel,
             {"x": "*bf16", "gu": "*bf16", "h": "*fp32", **groups},
             {"D": 2048, "I": 768, "TOPK": 8, "BM": 16, "BN": 64, "BK": 64, "PREC": "tf32"},
+        ),
+        (
+            triton_gemm._gate_up_kernel,
+            {"x": "*bf16", "gu": "*bf16", "h": "*fp32", **groups},
+            {"D": 2880, "I": 2880, "TOPK": 4, "BM": 64, "BN": 64, "BK": 64, "PREC": "tf32"},
         ),
         (
             triton_gemm._down_kernel,

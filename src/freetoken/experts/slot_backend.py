@@ -70,7 +70,8 @@ class SlotBackend(ExpertBackend):
 
     def _gpu(self, x: torch.Tensor, groups: RouteGroups, plan: StepPlan, topk_w: torch.Tensor) -> torch.Tensor:
         self._copy(plan)
-        return grouped_experts(x, groups, plan.slot, topk_w, self.cache.slot_gate_up, self.cache.slot_down)
+        c = self.cache
+        return grouped_experts(x, groups, plan.slot, topk_w, c.slot_gate_up, c.slot_down, self.pool.num_experts)
 
     def _count(self, plan: StepPlan, first_round: bool, cpu_runs: torch.Tensor | None) -> None:
         cpu = self._zero if cpu_runs is None else cpu_runs
