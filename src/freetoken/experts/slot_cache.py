@@ -73,7 +73,8 @@ class SlotCache:
         recent_last: bool = False,
     ) -> StepPlan:
         """See ``slot_plan.plan_fills`` (``protect``/``recent_last``: what happens to recently used slots)."""
-        return plan_fills(self.tables, groups, pending, share, min_fill, protect, recent_last)
+        E = self.pool.num_experts  # one layer's routes name at most E distinct experts
+        return plan_fills(self.tables, groups, pending, share, min_fill, protect, recent_last, E)
 
     def group_and_plan(
         self,
@@ -143,7 +144,7 @@ class SlotCache:
             raise ValueError(f"cannot make {ids.numel()} experts resident in {self.num_slots} slots")
         groups = group_routes(ids, self.pool.num_rows)
         share = torch.ones((), dtype=torch.float32, device=self.device)
-        self.copy(self.plan(groups, groups.valid, share, min_fill=1))
+        self.copy(plan_fills(self.tables, groups, groups.valid, share, 1))  # eids of any layers: no E bound
         return self.lookup(ids)
 
     def evict(self, eids: torch.Tensor | list[int]) -> None:

@@ -73,7 +73,7 @@ class SlotTables:
 
 @dataclass
 class StepPlan:
-    """What one round of one layer does. Group tensors are [K], copy tensors [Kv], Kv = min(K, S)."""
+    """What one round of one layer does. Group tensors are [K], copy tensors [Kv], Kv = min(K, S[, E])."""
 
     groups: RouteGroups
     slot: torch.Tensor  # [K] slot serving group g on the GPU this round, -1 otherwise
@@ -104,6 +104,7 @@ def plan_fills(
     min_fill: int,  # 1: keep the cache warming; 0: frozen residency
     protect: int = 0,  # > 0: slots used in the last `protect` plans are "recent"
     recent_last: bool = False,  # recent slots: False = never victims, True = victims last, newest first
+    max_distinct: int | None = None,  # bound on distinct eids (a layer's E): shortens the copy lists
 ) -> StepPlan:
     """Classify pending groups, choose q fills and their victims, update the tables, build the copies.
 
@@ -117,7 +118,7 @@ def plan_fills(
     t = tables
     S, N = t.num_slots, t.num_rows
     K = groups.eid.numel()
-    Kv = min(K, S)
+    Kv = min(K, S) if max_distinct is None else min(K, S, max_distinct)  # q <= m <= distinct eids
     dev = groups.eid.device
     slot = t.slot_of[groups.eid.clamp(max=N)]  # padding groups read the sentinel (-1)
     hit = pending & (slot >= 0)
