@@ -273,9 +273,11 @@ def test_fused_triton_plan_equals_torch_plan(num_slots: int) -> None:
             lockme = int(a.eid_of[0])
             if lockme >= 0:
                 a.locked[0] = b.locked[0] = True
+        protect = (0, 1, layers)[step_i % 3]
+        recent_last = step_i % 4 >= 2
         groups = group_routes(ids.reshape(-1) + layer * experts, layers * experts)
-        want = plan_fills(a, groups, groups.valid, share, min_fill)
-        got = plan_step_triton(b, ids, layer * experts, share, min_fill)
+        want = plan_fills(a, groups, groups.valid, share, min_fill, protect, recent_last)
+        got = plan_step_triton(b, ids, layer * experts, share, min_fill, protect, recent_last)
         for f in ("order", "route_group", "start", "count", "eid", "valid", "n_groups"):
             assert torch.equal(getattr(got.groups, f), getattr(want.groups, f)), f
         for f in ("slot", "hit", "fill", "miss", "route_code", "copy_src", "copy_dst", "copy_count"):
@@ -283,6 +285,45 @@ def test_fused_triton_plan_equals_torch_plan(num_slots: int) -> None:
         assert int(got.num_hits) == int(want.num_hits) and int(got.num_misses) == int(want.num_misses)
         for f in ("slot_of", "eid_of", "stamp", "tick"):
             assert torch.equal(getattr(a, f), getattr(b, f)), f
+
+
+def test_protect_keeps_the_last_steps_experts() -> None:
+    """Admission control: slots used within the last `protect` plans are not evicted (the misses that
+    would need them stay unfilled, for the CPU), and free slots are always fillable."""
+    cache = SlotCache(make_pool(), 3, CPU)
+    plan = step_protect(cache, 0, [[0, 1]], protect=2)  # tick 1: free slots fill normally
+    assert int(plan.copy_count) == 2
+    plan = step_protect(cache, 1, [[0, 1]], protect=2)  # tick 2: one free slot left, eids 4, 5 miss
+    assert int(plan.copy_count) == 1 and cache.resident() == {0: 0, 1: 1, 4: 2}
+    plan = step_protect(cache, 0, [[2, 3]], protect=2)  # tick 3: every slot used in the last 2 plans
+    assert int(plan.copy_count) == 0 and plan.route_code.tolist() == [-1 - 2, -1 - 3]
+    plan = step_protect(cache, 0, [[2, 3]], protect=1)  # only the last plan (which used no slot) counts
+    assert int(plan.copy_count) == 2 and cache.resident() == {2: 0, 3: 1, 4: 2}
+    cache.check_integrity()
+
+
+def step_protect(
+    cache: SlotCache, layer: int, ids: list[list[int]], protect: int, recent_last: bool = False
+) -> StepPlan:
+    groups = cache.group(layer, torch.tensor(ids))
+    plan = cache.plan(groups, groups.valid, torch.tensor(1.0), 1, protect, recent_last)
+    cache.copy(plan)
+    return plan
+
+
+@pytest.mark.parametrize("recent_last", [False, True])
+def test_recent_slots_are_victims_last_newest_first(recent_last: bool) -> None:
+    """Offload's policy: older slots first (LRU), then the recent ones newest first (streaming)."""
+    cache = SlotCache(make_pool(), 3, CPU)
+    step_protect(cache, 0, [[0, 1]], 2, recent_last)  # eids 0, 1 -> slots 0, 1 (stamp 1)
+    step_protect(cache, 1, [[0, 1]], 2, recent_last)  # eids 4, 5: free slot 2 first, then (last) slot 0
+    assert cache.resident() == ({5: 0, 1: 1, 4: 2} if recent_last else {0: 0, 1: 1, 4: 2})
+    plan = step_protect(cache, 0, [[2, 3]], 2, recent_last)  # every slot is recent now
+    if recent_last:  # newest first: slots 0 and 2 (stamp 2); the older eid 1 stays
+        assert plan.copy_dst.tolist() == [0, 2] and cache.resident() == {2: 0, 1: 1, 3: 2}
+    else:  # recent slots are never victims: both misses stay unfilled
+        assert int(plan.copy_count) == 0 and cache.resident() == {0: 0, 1: 1, 4: 2}
+    cache.check_integrity()
 
 
 def test_resize_keeps_locked_then_newest() -> None:

@@ -15,18 +15,14 @@ from freetoken.experts.slot_plan import group_routes
 class CpuBackend(ExpertBackend):
     name = "cpu"
 
-    def __init__(
-        self, config: EngineConfig, pool: HostExpertPool, device: torch.device, dtype: torch.dtype
-    ) -> None:
+    def __init__(self, config: EngineConfig, pool: HostExpertPool, device: torch.device, dtype: torch.dtype) -> None:
         self.pool = pool
         self.device = device
         self.runner = CpuExpertRunner(pool, device, config.cpu_threads)
         self.counters = DeviceCounters(device)
         self._zero = torch.zeros((), dtype=torch.long, device=device)
 
-    def forward(
-        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
-    ) -> torch.Tensor:
+    def forward(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
         if topk_ids.numel() == 0:
             return torch.zeros_like(x)
         eids = topk_ids.reshape(-1) + layer * self.pool.num_experts  # [T*k] pool rows

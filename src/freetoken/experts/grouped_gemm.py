@@ -75,13 +75,14 @@ def grouped_experts(
     topk_w: torch.Tensor,
     slot_gate_up: torch.Tensor,
     slot_down: torch.Tensor,
+    max_groups: int | None = None,  # a layer's E: at most this many distinct experts per step
 ) -> torch.Tensor:
     """Dispatch: Triton on CUDA, else gather (small steps on CUDA) or loop. Returns float32 [T, D]."""
     if x.device.type == "cuda":
         if triton_available():
             from freetoken.experts.triton_gemm import grouped_experts_triton
 
-            return grouped_experts_triton(x, groups, slot, topk_w, slot_gate_up, slot_down)
+            return grouped_experts_triton(x, groups, slot, topk_w, slot_gate_up, slot_down, max_groups)
         if groups.order.numel() <= GATHER_MAX_ROUTES:
             return grouped_experts_gather(x, groups, slot, topk_w, slot_gate_up, slot_down)
     return grouped_experts_loop(x, groups, slot, topk_w, slot_gate_up, slot_down)

@@ -1,9 +1,13 @@
 """``hybrid``: of each layer's m misses, q are filled into slots and run on the GPU, m - q run on the CPU.
 
-``q = clamp(round(m * share), 1, m)`` on the device, capped by the slots this step does not read; the
-share comes from ``SplitPolicy`` (fill_fraction, machine profile, online refinement). Branch bandwidths
-are measured without host syncs: the CPU worker times itself; on CUDA the fills are bracketed by
-events whose times (and q, copied to pinned memory) are read at the next ``begin_step`` once done.
+``q = clamp(round(m * share), 1, m)`` on the device, capped by the slots this step does not read. Victims
+are the oldest slots, and slots used within the last step only after every older one, newest first: when
+the cache cannot hold a step's working set, the fills stream through a few slots instead of evicting
+what the next step needs (blocking those slots outright would push the misses to the CPU beyond the
+balanced split; ``bench/cache_sim.py`` compares both). The share comes from ``SplitPolicy``
+(fill_fraction, machine profile, online refinement); prefill steps use share 1. Branch bandwidths are
+measured without host syncs: the CPU worker times itself; on CUDA the fills are bracketed by events whose
+times (and q, copied to pinned memory) are read at the next ``begin_step`` once done.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from freetoken.experts.slot_plan import StepPlan
 from freetoken.experts.split import SplitPolicy, load_machine_profile
 
 _MAX_PENDING_RECORDS = 4096
+RECENT_STEPS = 1  # 0: plain LRU victims
 
 
 @dataclass
@@ -47,14 +52,14 @@ class HybridBackend(SlotBackend):
         self.policy = SplitPolicy.create(config.fill_fraction, prof)
         self.share.fill_(self.policy.share)
         self._published = self.policy.share
+        # Slots used within the last step (one plan per MoE layer) are victims last, newest first.
+        self.protect = RECENT_STEPS * pool.num_layers
         self._decode = True
         self._records: list[_CopyRecord] = []
         self._copy_bytes, self._copy_s, self._cpu_bytes, self._cpu_s = 0, 0.0, 0, 0.0
 
-    def forward(
-        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
-    ) -> torch.Tensor:
-        return self.split_forward(layer, x, topk_ids, topk_w, min_fill=1)
+    def forward(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
+        return self.split_forward(layer, x, topk_ids, topk_w, 1, self.protect, recent_last=True)
 
     def begin_step(self, num_tokens: int, is_decode: bool) -> None:
         """Safe point: fold finished measurements into the split and publish this step's share.

@@ -17,12 +17,17 @@ from freetoken.experts.pool import HostExpertPool
 from freetoken.experts.sizing import check_slots_cover_topk
 from freetoken.experts.slot_backend import SlotBackend, make_pool, needs_cpu_fallback
 
+RECENT_STEPS = 1  # 0: plain LRU victims
+
 
 class OffloadBackend(SlotBackend):
     name = "offload"
 
     def __init__(self, config: EngineConfig, pool: HostExpertPool, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(config, pool, device, dtype, with_cpu=False)
+        # Slots used within the last step are evicted last, newest first: when a step's working set
+        # exceeds the cache, the excess misses stream through a few slots instead of flushing it all.
+        self.protect = RECENT_STEPS * pool.num_layers
 
     def rounds(self, num_routes: int) -> int:
         distinct = min(num_routes, self.pool.num_experts)
@@ -32,13 +37,14 @@ class OffloadBackend(SlotBackend):
         if topk_ids.numel() == 0:
             return torch.zeros_like(x)
         check_slots_cover_topk(self.cache.num_slots, topk_ids.shape[1])
-        plan = self.cache.group_and_plan(layer, topk_ids, self._one, min_fill=1)
+        plan = self.cache.group_and_plan(layer, topk_ids, self._one, 1, self.protect, recent_last=True)
         groups = plan.groups
         out = self._gpu(x, groups, plan, topk_w)
         self._count(plan, True, None)
-        pending = groups.valid & (plan.slot < 0)
-        for _ in range(1, self.rounds(topk_ids.numel())):
-            plan = self.cache.plan(groups, pending, self._one, min_fill=1)
+        rounds = self.rounds(topk_ids.numel())
+        pending = groups.valid & (plan.slot < 0) if rounds > 1 else groups.valid
+        for _ in range(1, rounds):
+            plan = self.cache.plan(groups, pending, self._one, 1, self.protect, recent_last=True)
             out = out + self._gpu(x, groups, plan, topk_w)
             self._count(plan, False, None)
             pending = pending & (plan.slot < 0)

@@ -19,9 +19,7 @@ def vram_slot_budget(device: torch.device, expert_bytes: int) -> int:
     return int(free * VRAM_SLOT_SHARE) // max(expert_bytes, 1)
 
 
-def resolve_slots(
-    expert_cache: int | float | None, num_rows: int, expert_bytes: int, device: torch.device
-) -> int:
+def resolve_slots(expert_cache: int | float | None, num_rows: int, expert_bytes: int, device: torch.device) -> int:
     """Slot count in [1, num_rows]. A request above the pool is clamped with a warning."""
     if expert_cache is None:
         if device.type == "cuda":
@@ -37,9 +35,7 @@ def resolve_slots(
             log.warning("expert cache of %d slots exceeds the pool's %d experts: clamped", slots, num_rows)
         slots = num_rows
     if slots < 1:
-        raise ValueError(
-            f"expert cache of {expert_cache!r} gives {slots} slots; at least one layer's top-k are needed"
-        )
+        raise ValueError(f"expert cache of {expert_cache!r} gives {slots} slots; at least one layer's top-k are needed")
     return slots
 
 

@@ -70,21 +70,29 @@ class SlotBackend(ExpertBackend):
 
     def _gpu(self, x: torch.Tensor, groups: RouteGroups, plan: StepPlan, topk_w: torch.Tensor) -> torch.Tensor:
         self._copy(plan)
-        return grouped_experts(x, groups, plan.slot, topk_w, self.cache.slot_gate_up, self.cache.slot_down)
+        c = self.cache
+        return grouped_experts(x, groups, plan.slot, topk_w, c.slot_gate_up, c.slot_down, self.pool.num_experts)
 
     def _count(self, plan: StepPlan, first_round: bool, cpu_runs: torch.Tensor | None) -> None:
         cpu = self._zero if cpu_runs is None else cpu_runs
         self.counters.add_step(plan.num_hits, plan.num_misses, plan.copy_count, cpu, first_round)
 
     def split_forward(
-        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor, min_fill: int
+        self,
+        layer: int,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_w: torch.Tensor,
+        min_fill: int,
+        protect: int = 0,
+        recent_last: bool = False,
     ) -> torch.Tensor:
         """Hits and q fills on the GPU, the other misses on the CPU, concurrently."""
         assert self.cpu is not None
         if topk_ids.numel() == 0:
             return torch.zeros_like(x)
         check_slots_cover_topk(self.cache.num_slots, topk_ids.shape[1])
-        plan = self.cache.group_and_plan(layer, topk_ids, self.share, min_fill)
+        plan = self.cache.group_and_plan(layer, topk_ids, self.share, min_fill, protect, recent_last)
         handle = self.cpu.submit(x, plan.route_code, topk_w)  # CPU branch first
         gpu = self._gpu(x, plan.groups, plan, topk_w)
         cpu, res = self.cpu.wait(handle)

@@ -63,19 +63,38 @@ class SlotCache:
         """topk_ids [T, k] per-layer expert ids -> routes grouped by eid = layer*E + id."""
         return group_routes(topk_ids.reshape(-1) + layer * self.pool.num_experts, self.pool.num_rows)
 
-    def plan(self, groups: RouteGroups, pending: torch.Tensor, share: torch.Tensor, min_fill: int) -> StepPlan:
-        return plan_fills(self.tables, groups, pending, share, min_fill)
+    def plan(
+        self,
+        groups: RouteGroups,
+        pending: torch.Tensor,
+        share: torch.Tensor,
+        min_fill: int,
+        protect: int = 0,
+        recent_last: bool = False,
+    ) -> StepPlan:
+        """See ``slot_plan.plan_fills`` (``protect``/``recent_last``: what happens to recently used slots)."""
+        E = self.pool.num_experts  # one layer's routes name at most E distinct experts
+        return plan_fills(self.tables, groups, pending, share, min_fill, protect, recent_last, E)
 
-    def group_and_plan(self, layer: int, topk_ids: torch.Tensor, share: torch.Tensor, min_fill: int) -> StepPlan:
+    def group_and_plan(
+        self,
+        layer: int,
+        topk_ids: torch.Tensor,
+        share: torch.Tensor,
+        min_fill: int,
+        protect: int = 0,
+        recent_last: bool = False,
+    ) -> StepPlan:
         """``group`` + ``plan`` of every group (a step's first round). Decode-sized steps on CUDA take the
         fused Triton plan (one launch instead of ~100 small ops), with identical results."""
         if self.device.type == "cuda" and triton_available():
             from freetoken.experts.triton_plan import MAX_ROUTES, plan_step_triton
 
             if topk_ids.numel() <= MAX_ROUTES:
-                return plan_step_triton(self.tables, topk_ids, layer * self.pool.num_experts, share, min_fill)
+                off = layer * self.pool.num_experts
+                return plan_step_triton(self.tables, topk_ids, off, share, min_fill, protect, recent_last)
         groups = self.group(layer, topk_ids)
-        return self.plan(groups, groups.valid, share, min_fill)
+        return self.plan(groups, groups.valid, share, min_fill, protect, recent_last)
 
     def copy(self, plan: StepPlan) -> None:
         """One batched copy of this round's fills (all banks) from the pool into their slots."""
@@ -125,7 +144,7 @@ class SlotCache:
             raise ValueError(f"cannot make {ids.numel()} experts resident in {self.num_slots} slots")
         groups = group_routes(ids, self.pool.num_rows)
         share = torch.ones((), dtype=torch.float32, device=self.device)
-        self.copy(self.plan(groups, groups.valid, share, min_fill=1))
+        self.copy(plan_fills(self.tables, groups, groups.valid, share, 1))  # eids of any layers: no E bound
         return self.lookup(ids)
 
     def evict(self, eids: torch.Tensor | list[int]) -> None:

@@ -1,9 +1,10 @@
 """One batched copy of a round's fills, all banks: pool rows -> slots, indexed by device tensors.
 
 ``copy_src``/``copy_dst`` are [Kv] with a valid prefix of ``count`` entries; the rest point at the
-scratch slot. CPU: ``index_copy_`` from the pool. CUDA: a Triton kernel gathers the rows straight from
-the pinned, mapped host pool (UVA) and skips the padded entries by reading ``count`` on the device;
-without Triton the same gather runs as torch ops on the mapped view (padded rows are copied too).
+scratch slot. CPU: ``index_copy_`` of the valid prefix from the pool (reading ``count`` is free there).
+CUDA: a Triton kernel gathers the rows straight from the pinned, mapped host pool (UVA) and skips the
+padded entries by reading ``count`` on the device; without Triton the same gather runs as torch ops on
+the mapped view (padded rows are copied too: the host cannot read ``count`` without a sync).
 """
 
 from __future__ import annotations
@@ -52,4 +53,7 @@ def batched_fill(
 
         gather_rows_triton(src_gate_up, src_down, dst_gate_up, dst_down, copy_src, copy_dst, count)
         return
+    if dst_gate_up.device.type == "cpu":  # reading the count costs nothing here: skip the padded entries
+        n = int(count)
+        copy_src, copy_dst = copy_src[:n], copy_dst[:n]
     batched_fill_torch(src_gate_up, src_down, dst_gate_up, dst_down, copy_src, copy_dst)

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 import torch
 
 _INT64_MAX = torch.iinfo(torch.int64).max
+# Victim keys: older slots are stamp * (S+1) + slot < 2**60 (stamps < 2**40 plans, S < 2**20); recent
+# slots taken last sort above _RECENT_BASE.
+_STAMP_CAP = 1 << 40
+_RECENT_BASE = 1 << 61
 
 
 @dataclass
@@ -69,7 +73,7 @@ class SlotTables:
 
 @dataclass
 class StepPlan:
-    """What one round of one layer does. Group tensors are [K], copy tensors [Kv], Kv = min(K, S)."""
+    """What one round of one layer does. Group tensors are [K], copy tensors [Kv], Kv = min(K, S[, E])."""
 
     groups: RouteGroups
     slot: torch.Tensor  # [K] slot serving group g on the GPU this round, -1 otherwise
@@ -98,12 +102,23 @@ def plan_fills(
     pending: torch.Tensor,  # [K] bool: groups still to serve (round 1: groups.valid)
     share: torch.Tensor,  # [] float: share of misses to fill
     min_fill: int,  # 1: keep the cache warming; 0: frozen residency
+    protect: int = 0,  # > 0: slots used in the last `protect` plans are "recent"
+    recent_last: bool = False,  # recent slots: False = never victims, True = victims last, newest first
+    max_distinct: int | None = None,  # bound on distinct eids (a layer's E): shortens the copy lists
 ) -> StepPlan:
-    """Classify pending groups, choose q fills and their victims, update the tables, build the copies."""
+    """Classify pending groups, choose q fills and their victims, update the tables, build the copies.
+
+    When a step's working set exceeds the cache, plain LRU evicts exactly what the next step needs
+    again (every fill a future miss, hit rate 0). ``protect`` names the recent slots (used within the
+    last ``protect`` plans). ``recent_last`` (offload, hybrid) evicts them only after every older slot,
+    newest first, so excess misses stream through a few slots instead of flushing the cache; without it
+    they are never victims (q shrinks: the misses stay unfilled, e.g. for the CPU). Neither changes
+    anything while the cache holds more than a step's working set.
+    """
     t = tables
     S, N = t.num_slots, t.num_rows
     K = groups.eid.numel()
-    Kv = min(K, S)
+    Kv = min(K, S) if max_distinct is None else min(K, S, max_distinct)  # q <= m <= distinct eids
     dev = groups.eid.device
     slot = t.slot_of[groups.eid.clamp(max=N)]  # padding groups read the sentinel (-1)
     hit = pending & (slot >= 0)
@@ -113,6 +128,10 @@ def plan_fills(
     used = torch.zeros(S + 1, dtype=torch.bool, device=dev)
     used.scatter_(0, torch.where(hit, slot, S), True)
     blocked = (used | t.locked)[:S]
+    stamp = t.stamp[:S]
+    recent = (stamp > t.tick - protect) & (stamp >= 0)  # all False when protect == 0
+    if not recent_last:
+        blocked = blocked | recent
     available = S - blocked.sum()
     q = fill_quota(m, share, available, min_fill)
     # Fill the misses the most routes want first (ties: the lower eid), one descending sort.
@@ -123,7 +142,10 @@ def plan_fills(
     fill = miss & (rank < q)
     # Victims: the Kv oldest unblocked slots (free slots have stamp -1: oldest, lowest slot first).
     sidx = torch.arange(S, device=dev)
-    skey = torch.where(blocked, torch.full_like(sidx, _INT64_MAX), t.stamp[:S] * (S + 1) + sidx)
+    skey = stamp * (S + 1) + sidx
+    if recent_last:  # after every older slot, newest first
+        skey = torch.where(recent, _RECENT_BASE + (_STAMP_CAP - stamp) * (S + 1) + sidx, skey)
+    skey = torch.where(blocked, torch.full_like(sidx, _INT64_MAX), skey)
     victims = torch.topk(skey, Kv, largest=False, sorted=True).indices  # [Kv]
     j = pos[:Kv]
     take = j < q

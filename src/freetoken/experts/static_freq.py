@@ -54,9 +54,7 @@ class StaticFreqBackend(SlotBackend):
         self.cache.insert(eids)
         self.cache.lock(eids)
 
-    def forward(
-        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
-    ) -> torch.Tensor:
+    def forward(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
         if not self.placed:
             eids = topk_ids.reshape(-1) + layer * self.pool.num_experts
             self.route_counts.index_add_(0, eids, torch.ones_like(eids))

@@ -18,9 +18,7 @@ from freetoken.experts.slot_backend import SlotBackend, make_pool, needs_cpu_fal
 class StaticLayersBackend(SlotBackend):
     name = "static-layers"
 
-    def __init__(
-        self, config: EngineConfig, pool: HostExpertPool, device: torch.device, dtype: torch.dtype
-    ) -> None:
+    def __init__(self, config: EngineConfig, pool: HostExpertPool, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(config, pool, device, dtype, with_cpu=True)
         L, E = pool.num_layers, pool.num_experts
         self.gpu_layers = min(L, self.cache.num_slots // E)
@@ -30,9 +28,7 @@ class StaticLayersBackend(SlotBackend):
             self.cache.insert(eids)
             self.cache.lock(eids)
 
-    def forward(
-        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
-    ) -> torch.Tensor:
+    def forward(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
         return self.split_forward(layer, x, topk_ids, topk_w, min_fill=0)  # share stays 0: no fills
 
 

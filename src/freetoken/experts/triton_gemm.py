@@ -17,6 +17,7 @@ import triton.language as tl
 from freetoken.experts.slot_plan import RouteGroups
 
 _BM, _BN, _BK = 16, 64, 64
+_BM_BIG, _BIG_STEP = 64, 1024  # token tile for steps of more than _BIG_STEP routes
 
 
 @triton.jit
@@ -123,9 +124,12 @@ def grouped_experts_triton(
     topk_w: torch.Tensor,  # [T, k]
     slot_gate_up: torch.Tensor,  # [S+1, 2I, D]
     slot_down: torch.Tensor,  # [S+1, D, I]
+    max_groups: int | None = None,  # distinct experts a step can route to (a layer's E): bounds the grid
 ) -> torch.Tensor:  # [T, D] float32
     T, k = topk_w.shape
     K = T * k
+    G = K if max_groups is None else min(K, max_groups)  # groups g >= n_groups exit at once
+    bm = _BM if K <= _BIG_STEP else _BM_BIG  # long prefill steps: many tokens per expert
     D = x.shape[1]
     I = slot_down.shape[2]
     x = x.to(slot_gate_up.dtype).contiguous()
@@ -134,7 +138,7 @@ def grouped_experts_triton(
     wts = topk_w.reshape(-1).float().contiguous()
     ng = groups.n_groups.reshape(1)
     prec = "ieee" if x.dtype == torch.float32 else "tf32"  # fp32: exact products, no TF32 rounding
-    _gate_up_kernel[(K, triton.cdiv(I, _BN))](
+    _gate_up_kernel[(G, triton.cdiv(I, _BN))](
         x,
         slot_gate_up,
         h,
@@ -146,12 +150,12 @@ def grouped_experts_triton(
         D=D,
         I=I,
         TOPK=k,
-        BM=_BM,
+        BM=bm,
         BN=_BN,
         BK=_BK,
         PREC=prec,
     )
-    _down_kernel[(K, triton.cdiv(D, _BN))](
+    _down_kernel[(G, triton.cdiv(D, _BN))](
         h,
         slot_down,
         y,
@@ -163,7 +167,7 @@ def grouped_experts_triton(
         ng,
         D=D,
         I=I,
-        BM=_BM,
+        BM=bm,
         BN=_BN,
         BK=_BK,
         PREC=prec,

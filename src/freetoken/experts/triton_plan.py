@@ -20,15 +20,17 @@ from freetoken.experts.slot_plan import RouteGroups, SlotTables, StepPlan
 
 MAX_ROUTES = 64
 _BS = 512  # slots per pass of the victim search
-_MAXKEY: tl.constexpr = tl.constexpr(9223372036854775807)  # real Triton only reads constexpr globals
+_MAXKEY = tl.constexpr(9223372036854775807)
+_STAMP_CAP = tl.constexpr(1 << 40)  # as in slot_plan: recent victim keys sit above _RECENT_BASE
+_RECENT_BASE = tl.constexpr(1 << 61)
 
 
-@triton.jit(do_not_specialize=["K", "layer_off", "N", "S", "KV"])
+@triton.jit(do_not_specialize=["K", "layer_off", "N", "S", "KV", "protect"])
 def _plan_kernel(
-    ids_ptr, K, layer_off, N, S, KV,
+    ids_ptr, K, layer_off, N, S, KV, protect,
     slot_of, eid_of, stamp, locked, tick_ptr, share_ptr,
     i64_out, b_out,
-    MIN_FILL: tl.constexpr, KB: tl.constexpr, BS: tl.constexpr,
+    MIN_FILL: tl.constexpr, RECENT_LAST: tl.constexpr, KB: tl.constexpr, BS: tl.constexpr,
 ):  # fmt: skip
     r = tl.arange(0, KB)
     rv = r < K
@@ -59,12 +61,24 @@ def _plan_kernel(
     miss = gvalid & (gslot < 0)
     h = tl.sum(hit.to(tl.int64), axis=0)
     m = tl.sum(miss.to(tl.int64), axis=0)
-    hit_locked = tl.sum((hit & (tl.load(locked + gslot, mask=hit, other=0) != 0)).to(tl.int64), axis=0)
-    n_locked = tl.sum(tl.zeros((BS,), tl.int64), axis=0)
+    # Blocked slots: locked, or used within the last `protect` plans (stamps > tick - protect).
+    tick0 = tl.load(tick_ptr)
+    recent_after = tick0 - protect
+    hst = tl.load(stamp + gslot, mask=hit, other=-1)
+    hblk = tl.load(locked + gslot, mask=hit, other=0) != 0
+    if not RECENT_LAST:
+        hblk = hblk | ((hst > recent_after) & (hst >= 0))
+    hit_blocked = tl.sum((hit & hblk).to(tl.int64), axis=0)
+    n_blocked = tl.sum(tl.zeros((BS,), tl.int64), axis=0)
     for s0 in range(0, S, BS):
         sl = s0 + tl.arange(0, BS)
-        n_locked += tl.sum((tl.load(locked + sl, mask=sl < S, other=0) != 0).to(tl.int64), axis=0)
-    available = s64 - n_locked - h + hit_locked
+        sm = sl < S
+        st = tl.load(stamp + sl, mask=sm, other=-1)
+        blk = tl.load(locked + sl, mask=sm, other=0) != 0
+        if not RECENT_LAST:
+            blk = blk | ((st > recent_after) & (st >= 0))
+        n_blocked += tl.sum((blk & sm).to(tl.int64), axis=0)
+    available = s64 - n_blocked - h + hit_blocked
     x = m.to(tl.float32) * tl.load(share_ptr)
     f = tl.floor(x)
     fi = f.to(tl.int64)
@@ -90,11 +104,17 @@ def _plan_kernel(
             sm = sl < S
             st = tl.load(stamp + sl, mask=sm, other=0)
             lk = tl.load(locked + sl, mask=sm, other=1)
+            recent = (st > recent_after) & (st >= 0)
             ks = st * sp1 + sl
-            ok = sm & (lk == 0) & (ks > prev)
+            if RECENT_LAST:  # recent slots after every older one, newest first
+                ks = tl.where(recent, _RECENT_BASE + (_STAMP_CAP - st) * sp1 + sl, ks)
+                ok = sm & (lk == 0) & (ks > prev)
+            else:
+                ok = sm & (lk == 0) & ~recent & (ks > prev)
             best = tl.minimum(best, tl.min(tl.where(ok, ks, _MAXKEY), axis=0))
         prev = best
-        cand = (best + sp1) % sp1  # keys are >= -(S+1) (free slots: stamp -1); keep the remainder >= 0
+        # keys are >= -(S+1) (free slots: stamp -1): shift before the remainder; recent keys: unbias
+        cand = tl.where(best >= _RECENT_BASE, (best - _RECENT_BASE) % sp1, (best + sp1) % sp1)
         is_hit = tl.sum((hslots == cand).to(tl.int32), axis=0) > 0
         take = (~is_hit) & (j < q) & (best < _MAXKEY)
         vict = tl.where((r == j) & take, cand, vict)
@@ -104,7 +124,7 @@ def _plan_kernel(
     take_j = r < q
     src = tl.sum(tl.where((rank[None, :] == r[:, None]) & fill[None, :], geid[None, :], 0), axis=1)
     old = tl.load(eid_of + vict, mask=take_j, other=-1)
-    tick = tl.load(tick_ptr) + 1
+    tick = tick0 + 1
     rslot = tl.sum(tl.where(g_of[:, None] == r[None, :], new_slot[None, :], 0), axis=1)
     code = tl.where(rslot >= 0, rslot, -1 - e)
     tl.debug_barrier()  # every table read above happens before any write below
@@ -143,8 +163,10 @@ def plan_step_triton(
     layer_offset: int,  # layer * E
     share: torch.Tensor,  # [] float32
     min_fill: int,
+    protect: int = 0,
+    recent_last: bool = False,
 ) -> StepPlan:
-    """``group_routes`` + ``plan_fills(pending=valid)`` in one launch, for T*k <= MAX_ROUTES."""
+    """``group_routes`` + ``plan_fills(pending=valid, ...)`` in one launch, for T*k <= MAX_ROUTES."""
     ids = topk_ids.reshape(-1)
     K = ids.numel()
     if not 0 < K <= MAX_ROUTES:
@@ -156,10 +178,10 @@ def plan_step_triton(
     b = torch.empty(4 * K, dtype=torch.bool, device=dev)
     KB = max(16, triton.next_power_of_2(K))
     _plan_kernel[(1,)](
-        ids, K, layer_offset, N, S, KV,
+        ids, K, layer_offset, N, S, KV, protect,
         tables.slot_of, tables.eid_of, tables.stamp, tables.locked.view(torch.uint8), tables.tick,
         share.to(torch.float32), i64, b.view(torch.uint8),
-        MIN_FILL=min_fill, KB=KB, BS=_BS,
+        MIN_FILL=min_fill, RECENT_LAST=recent_last, KB=KB, BS=_BS,
     )  # fmt: skip
     order, rgroup, start, count, geid, slot, code = i64[: 7 * K].view(7, K)
     tail = i64[7 * K + 2 * KV :]

@@ -1,0 +1,109 @@
+"""Slot-cache policy on a routing trace, tables only: hit rate, misses, fills and CPU runs per policy.
+
+Runs the real device plan (``experts/slot_plan.py``) on the slot tables alone, no expert weights, so it
+takes seconds on any CPU and compares cache sizes, batch sizes, fill shares and the hybrid's admission
+control on identical routing. ``python -m freetoken.bench.cache_sim --trace FILE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from freetoken.experts.slot_plan import SlotTables, group_routes, plan_fills
+
+
+@dataclass
+class SimResult:
+    cache: float
+    batch: int
+    share: float
+    protect_steps: int
+    hit_rate: float  # distinct (layer, expert) hits / (hits + misses), measured steps only
+    misses: int
+    fills: int
+    cpu_runs: int
+    tokens: int
+
+
+def simulate(
+    trace: np.ndarray,
+    cache: float,
+    batch: int,
+    share: float,
+    protect_steps: int,
+    steps: int,
+    warmup: int,
+    recent_last: bool = False,
+) -> SimResult:
+    """trace [tokens, layers, k] expert ids; request b replays from offset b * tokens // batch."""
+    n, L, _ = trace.shape
+    E = int(trace.max()) + 1
+    N = L * E
+    S = max(1, int(cache * N))
+    t = SlotTables(
+        torch.full((N + 1,), -1), torch.full((S + 1,), -1), torch.full((S + 1,), -1),
+        torch.zeros(S + 1, dtype=torch.bool), torch.zeros((), dtype=torch.long),
+    )  # fmt: skip
+    ids_all = torch.from_numpy(trace.astype(np.int64))
+    offsets = [b * (n // batch) for b in range(batch)]
+    share_t = torch.tensor(share)
+    h = m = f = 0
+    for step in range(warmup + steps):
+        rows = [(o + step) % n for o in offsets]
+        for layer in range(L):
+            g = group_routes(ids_all[rows, layer].reshape(-1) + layer * E, N)
+            p = plan_fills(t, g, g.valid, share_t, 1, protect_steps * L, recent_last)
+            if step >= warmup:
+                h, m, f = h + int(p.num_hits), m + int(p.num_misses), f + int(p.copy_count)
+    return SimResult(cache, batch, share, protect_steps, h / max(h + m, 1), m, f, m - f, steps * batch)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--trace", required=True, help="[tokens, layers, k] uint8 routing (.npy)")
+    p.add_argument("--cache", default="0.11,0.25,0.37", help="comma-separated fractions of the pool")
+    p.add_argument("--batch", default="1,4", help="comma-separated concurrent requests")
+    p.add_argument("--share", default="1.0", help="comma-separated shares of misses to fill")
+    p.add_argument("--protect", default="0,1", help="comma-separated recency windows in steps (0: LRU)")
+    p.add_argument(
+        "--recent",
+        default="last",
+        choices=("block", "last"),
+        help="recent slots: victims last, newest first (what offload and hybrid do) or never victims",
+    )
+    p.add_argument("--steps", type=int, default=200, help="measured decode steps")
+    p.add_argument("--warmup", type=int, default=50, help="unmeasured steps first")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    trace = np.load(args.trace)
+    print(f"# {args.trace}: {trace.shape[0]} tokens x {trace.shape[1]} layers x top-{trace.shape[2]}")
+    print(
+        f"{'cache':>6}{'batch':>6}{'share':>6}{'protect':>8}{'hit':>7}{'misses/tok':>11}{'fills/tok':>10}{'cpu/tok':>8}"
+    )
+    torch.set_num_threads(1)
+    for c in (float(v) for v in args.cache.split(",")):
+        for b in (int(v) for v in args.batch.split(",")):
+            for s in (float(v) for v in args.share.split(",")):
+                for pr in (int(v) for v in args.protect.split(",")):
+                    r = simulate(trace, c, b, s, pr, args.steps, args.warmup, args.recent == "last")
+                    tok = r.tokens
+                    print(
+                        f"{c:6.2f}{b:6d}{s:6.2f}{pr:8d}{r.hit_rate:7.3f}{r.misses / tok:11.1f}"
+                        f"{r.fills / tok:10.1f}{r.cpu_runs / tok:8.1f}",
+                        flush=True,
+                    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(add_arguments(argparse.ArgumentParser(prog="ft bench cache-sim")).parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
