@@ -135,6 +135,7 @@ class LLMEngine:
             prompt_tokens=req.num_prompt_tokens,
             completion_tokens=req.num_output_tokens,
             error=error,
+            cached_tokens=req.num_cached_tokens,
         )
 
     def _finish(self, req: Request, reason: str, emit: bool = True, error: str | None = None) -> None:

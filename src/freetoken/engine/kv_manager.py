@@ -36,6 +36,8 @@ class KVManager:
             self.release(req, cache=False)
             return 0
         self.num_prefix_tokens_reused += req.num_computed_tokens
+        if req.num_preemptions == 0:
+            req.num_cached_tokens = req.num_computed_tokens
         return n
 
     def grow(self, req: Request, n: int) -> bool:

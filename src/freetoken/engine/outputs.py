@@ -17,6 +17,7 @@ class RequestOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
 @dataclass

@@ -37,6 +37,7 @@ class Request:
     status: Status = Status.WAITING
     finish_reason: str | None = None
     num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache at first admission
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -146,6 +146,7 @@ class Generation:
         text: list[str] = []
         out_ids: list[int] = []
         reason, completion_tokens, prompt_tokens = "abort", 0, len(prep.prompt_ids)
+        cached_tokens = 0
         saw_tool = False
         self.metrics.request_started()
         try:
@@ -168,6 +169,7 @@ class Generation:
                         reason = out.finish_reason or "stop"
                         completion_tokens = out.completion_tokens or len(out_ids)
                         prompt_tokens = out.prompt_tokens or prompt_tokens
+                        cached_tokens = getattr(out, "cached_tokens", 0)
                         break
             for e in shaper.apply(parser.finish()):
                 saw_tool = saw_tool or isinstance(e, ev.ToolCallStart)
@@ -178,7 +180,9 @@ class Generation:
             raise from_engine_error(exc) from exc
         finally:
             self.metrics.request_finished(len(out_ids), time.perf_counter() - start)
-        yield self._finish(prep, reason, saw_tool, "".join(text), out_ids, prompt_tokens, completion_tokens)
+        fin = self._finish(prep, reason, saw_tool, "".join(text), out_ids, prompt_tokens, completion_tokens)
+        fin.cached_tokens = cached_tokens
+        yield fin
 
     def _finish(
         self,
