@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,3 +88,14 @@ class Env:
 
 def env() -> Env:
     return Env()
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each dataclass field (they become ``--help`` text)."""
+    docs: dict[str, str] = {}
+    body = ast.parse(inspect.getsource(cls)).body[0].body  # type: ignore[attr-defined]
+    for node, nxt in zip(body, body[1:]):
+        doc = nxt.value if isinstance(nxt, ast.Expr) else None
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(doc, ast.Constant):
+            docs[node.target.id] = str(doc.value)
+    return docs

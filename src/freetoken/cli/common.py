@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from freetoken.config import MOE_BACKENDS, EngineConfig
+from freetoken.config import MOE_BACKENDS, EngineConfig, field_docs
 from freetoken.engine.errors import FreeTokenError
 
 
@@ -23,14 +23,15 @@ def expert_cache_arg(value: str) -> int | float:
 
 
 def add_engine_args(p: argparse.ArgumentParser, model_required: bool = False) -> None:
-    p.add_argument("--model", required=model_required, help="checkpoint directory (default: embedded model)")
-    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--moe-backend", default="auto", choices=MOE_BACKENDS)
-    p.add_argument("--expert-cache", type=expert_cache_arg, default=None, help="slots (N) or pool fraction (F)")
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-running-requests", type=int, default=4)
-    p.add_argument("--cpu-threads", type=int, default=None)
+    e = field_docs(EngineConfig)
+    p.add_argument("--model", required=model_required, help=e["model"])
+    p.add_argument("--device", default=None, help=e["device"])
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"], help=e["dtype"])
+    p.add_argument("--moe-backend", default="auto", choices=MOE_BACKENDS, help=e["moe_backend"])
+    p.add_argument("--expert-cache", type=expert_cache_arg, default=None, metavar="N|F", help=e["expert_cache"])
+    p.add_argument("--max-model-len", type=int, default=None, help=e["max_model_len"])
+    p.add_argument("--max-running-requests", type=int, default=4, help=e["max_running_requests"])
+    p.add_argument("--cpu-threads", type=int, default=None, help=e["cpu_threads"])
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

@@ -3,53 +3,27 @@
 from __future__ import annotations
 
 import argparse
-import ast
-import inspect
 import json
 import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
-from freetoken.config import MOE_BACKENDS, EngineConfig
+from freetoken.cli.common import add_engine_args, engine_config
+from freetoken.config import EngineConfig, field_docs
 from freetoken.server.settings import ServerConfig
 
 if TYPE_CHECKING:
     from freetoken.server.state import ServerState
 
 
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each dataclass field (they become ``--help`` text)."""
-    docs: dict[str, str] = {}
-    body = ast.parse(inspect.getsource(cls)).body[0].body  # type: ignore[attr-defined]
-    for node, nxt in zip(body, body[1:]):
-        doc = nxt.value if isinstance(nxt, ast.Expr) else None
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(doc, ast.Constant):
-            docs[node.target.id] = str(doc.value)
-    return docs
-
-
-def cache_size(text: str) -> int | float:
-    """``--expert-cache``: a slot count (``64``) or a fraction of the pool (``0.25``)."""
-    try:
-        return int(text)
-    except ValueError:
-        return float(text)
-
-
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    e, s = field_docs(EngineConfig), field_docs(ServerConfig)
+    s = field_docs(ServerConfig)
     p: argparse.ArgumentParser = sub.add_parser(
         "serve", help="serve a model over the OpenAI and Anthropic APIs", description=__doc__
     )
-    p.add_argument("--model", default=None, help=e["model"])
+    add_engine_args(p)
     p.add_argument("--host", default="127.0.0.1", help=s["host"])
     p.add_argument("--port", type=int, default=1919, help=s["port"])
-    p.add_argument("--device", default=None, help=e["device"])
-    p.add_argument("--dtype", default=None, help=e["dtype"])
-    p.add_argument("--moe-backend", default="auto", choices=MOE_BACKENDS, help=e["moe_backend"])
-    p.add_argument("--expert-cache", type=cache_size, default=None, metavar="N|F", help=e["expert_cache"])
-    p.add_argument("--max-model-len", type=int, default=None, help=e["max_model_len"])
-    p.add_argument("--max-running-requests", type=int, default=4, help=e["max_running_requests"])
     p.add_argument("--api-key", default=None, help=s["api_key"])
     p.add_argument("--served-model-name", nargs="+", default=None, help=s["served_model_names"])
     p.add_argument("--tool-parser", default=None, help=s["tool_parser"])
@@ -59,15 +33,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
-    engine = EngineConfig(
-        model=args.model,
-        device=args.device,
-        dtype=args.dtype,
-        moe_backend=args.moe_backend,
-        expert_cache=args.expert_cache,
-        max_model_len=args.max_model_len,
-        max_running_requests=args.max_running_requests,
-    )
+    engine = engine_config(args)
     server = ServerConfig(
         host=args.host,
         port=args.port,
