@@ -19,7 +19,7 @@ import torch
 
 from freetoken.config import Env
 from freetoken.experts.cpu.reference import ACTIVATIONS, cpu_experts_reference
-from freetoken.hardware.cpus import default_kernel_threads, physical_core_cpus, physical_cores
+from freetoken.hardware.cpus import default_kernel_threads, physical_cores, worker_cpus
 
 __all__ = ["ISAS", "CpuExpertKernel", "cpu_experts_reference", "load_library"]
 
@@ -181,8 +181,7 @@ class CpuExpertKernel:
         isa_id = self._lib.ft_best_isa(int(Env().force_avx2)) if isa == "auto" else ISAS.index(isa)
         if not self._lib.ft_isa_supported(isa_id):
             raise ValueError(f"ISA {isa!r} is not supported by this CPU or this build")
-        cores = physical_core_cpus()
-        cpus = (ctypes.c_int * n)(*cores[-n:]) if pin and n <= len(cores) else None
+        cpus = (ctypes.c_int * n)(*worker_cpus(n)) if pin and n <= physical_cores() else None
         if spin_us is None:
             spin_us = DEFAULT_SPIN_US if physical_cores() >= SPIN_MIN_CORES else 0
         self._pool = self._lib.ft_pool_create(n, cpus, isa_id, max(0, int(spin_us)))
