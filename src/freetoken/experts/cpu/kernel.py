@@ -4,8 +4,8 @@ Shapes: T tokens, D hidden, I intermediate, R routes, N pool rows (``eid = layer
 Inputs: x float32 [T, D]; routes as tok int32 [R], row int64 [R], weight float32 [R]; banks gate_up
 [N, 2I, D] and down [N, D, I], both bfloat16 or both float32; out float32 [T, D]. All contiguous CPU
 tensors. ctypes drops the GIL during every call, so ``submit`` returns at once and the workers run
-while the caller (the hybrid backend's GPU branch) goes on; ``wait`` blocks until they are done.
-One caller thread per kernel object.
+while the caller (the hybrid backend's GPU branch) goes on; ``wait`` blocks until they are done
+(taking work units itself meanwhile unless ``caller_helps=False``). One caller thread per object.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ __all__ = ["ISAS", "CpuExpertKernel", "cpu_experts_reference", "load_library"]
 
 ISAS = ("generic", "avx2", "avx512", "avx512bf16")  # index = the C enum value
 _FORMATS = {torch.float32: 0, torch.bfloat16: 1}
-# Machines with at least this many physical cores let workers poll briefly (for the next layer's
-# batch, at the phase barrier) before sleeping; smaller ones always sleep at once.
+# Machines with at least this many physical cores let waiting threads poll briefly (for the next
+# layer's batch, for the next step of a batch) before sleeping; smaller ones always sleep at once.
 SPIN_MIN_CORES = 8
 DEFAULT_SPIN_US = 50
 _ERRORS = {
