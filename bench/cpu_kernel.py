@@ -61,6 +61,11 @@ class Routes:
         return tok, rows.contiguous(), torch.rand(batch * self.k, generator=self.gen)
 
 
+# After a torch call its OpenMP threads spin a while on the same cores; let them go to sleep before
+# the next measurement, so no configuration is timed against another's spinning threads.
+OMP_SETTLE_S = 0.002
+
+
 def timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
@@ -82,6 +87,7 @@ class StreamRead:
         self.i += 2
         ours = timed(lambda: self.kern.stream_read(a))
         theirs = timed(lambda: b.view(torch.int64).sum())
+        time.sleep(OMP_SETTLE_S)
         return self.chunk / min(ours, theirs) / 1e9
 
 
@@ -110,6 +116,7 @@ def bench_threads(args: argparse.Namespace, n: int, banks: tuple[torch.Tensor, t
             tok, row, w = walk.next(batch)
             nbytes = torch.unique(row).numel() * expert_bytes
             base.append(nbytes / timed(functools.partial(torch_experts, x, tok, row, w, gate_up, down)) / 1e9)
+            time.sleep(OMP_SETTLE_S)
             reads.append(stream.gbps())
         k, b, r = statistics.median(ours), statistics.median(base), statistics.median(reads)
         ratios = [f"{k / b:.2f}x", f"{r:.1f}", f"{k / r:.0%}", f"{statistics.median(plus):.1f}"]
