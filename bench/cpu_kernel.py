@@ -8,6 +8,10 @@ calls alternate in one loop (same noise), and so do streaming reads of 256 MiB s
 torch's int64 sum on as many); medians over --iters of each.
 
     PYTHONPATH=src python bench/cpu_kernel.py [--threads 1,2] [--read-gib 4] [--pool-gib 1.25]
+
+Each thread count runs in its own process. torch's OpenMP threads spin for a while after each call
+and slow down whatever runs next on their cores (here: the kernel); OMP_WAIT_POLICY=PASSIVE shows
+the kernel without that (and torch without its spinning).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import functools
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -56,6 +61,11 @@ class Routes:
         return tok, rows.contiguous(), torch.rand(batch * self.k, generator=self.gen)
 
 
+# After a torch call its OpenMP threads spin a while on the same cores; let them go to sleep before
+# the next measurement, so no configuration is timed against another's spinning threads.
+OMP_SETTLE_S = 0.002
+
+
 def timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
@@ -77,6 +87,7 @@ class StreamRead:
         self.i += 2
         ours = timed(lambda: self.kern.stream_read(a))
         theirs = timed(lambda: b.view(torch.int64).sum())
+        time.sleep(OMP_SETTLE_S)
         return self.chunk / min(ours, theirs) / 1e9
 
 
@@ -105,6 +116,7 @@ def bench_threads(args: argparse.Namespace, n: int, banks: tuple[torch.Tensor, t
             tok, row, w = walk.next(batch)
             nbytes = torch.unique(row).numel() * expert_bytes
             base.append(nbytes / timed(functools.partial(torch_experts, x, tok, row, w, gate_up, down)) / 1e9)
+            time.sleep(OMP_SETTLE_S)
             reads.append(stream.gbps())
         k, b, r = statistics.median(ours), statistics.median(base), statistics.median(reads)
         ratios = [f"{k / b:.2f}x", f"{r:.1f}", f"{k / r:.0%}", f"{statistics.median(plus):.1f}"]
@@ -125,27 +137,50 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--inter", type=int, default=768)
     p.add_argument("--top-k", type=int, default=8)
+    p.add_argument("--rows-only", action="store_true", help=argparse.SUPPRESS)  # child process mode
     args = p.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")] if args.threads else sorted({1, physical_cores()})
     D, inter = args.hidden, args.inter
     expert_bytes = 3 * D * inter * 2
     num_experts = max(args.top_k * 4, int(args.pool_gib * 2**30 / expert_bytes))
+    if not args.rows_only:
+        print(f"# {' '.join(sys.argv)}")
+        pool_gib = num_experts * expert_bytes / 2**30
+        mb = expert_bytes / 1e6
+        print(f"# expert {D}x{inter} bf16 {mb:.1f} MB; pool {num_experts} experts, {pool_gib:.2f} GiB")
+        print(f"# top-{args.top_k}, read buffer {args.read_gib} GiB, {args.iters} iters (median)")
+        print("| threads | isa | batch | kernel GB/s | torch F.linear GB/s | kernel/torch | stream read GB/s "
+              "| kernel/stream | kernel + waiting caller GB/s |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|", flush=True)
+    if len(threads) > 1:
+        # one process per thread count: torch's OpenMP team and our pools from one configuration
+        # must not linger into the next
+        for n in threads:
+            cmd = [sys.executable, __file__, *strip_threads(argv), "--threads", str(n), "--rows-only"]
+            subprocess.run(cmd, check=True)
+        return 0
     gen = torch.Generator().manual_seed(0)
     gate_up = torch.randn(num_experts, 2 * inter, D, generator=gen).div_(D**0.5).bfloat16()
     down = torch.randn(num_experts, D, inter, generator=gen).div_(inter**0.5).bfloat16()
     buf = torch.ones(int(args.read_gib * 2**30), dtype=torch.uint8)
-    print(f"# {' '.join(sys.argv)}")
-    pool_gib = num_experts * expert_bytes / 2**30
-    mb = expert_bytes / 1e6
-    print(f"# expert {D}x{inter} bf16 {mb:.1f} MB; pool {num_experts} experts, {pool_gib:.2f} GiB")
-    print(f"# top-{args.top_k}, read buffer {args.read_gib} GiB, {args.iters} iters (median)")
-    print("| threads | isa | batch | kernel GB/s | torch F.linear GB/s | kernel/torch | stream read GB/s "
-          "| kernel/stream | kernel + waiting caller GB/s |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
-    for n in threads:
-        for line in bench_threads(args, n, (gate_up, down), buf):
-            print(line, flush=True)
+    for line in bench_threads(args, threads[0], (gate_up, down), buf):
+        print(line, flush=True)
     return 0
+
+
+def strip_threads(argv: list[str] | None) -> list[str]:
+    """The command line without its --threads option (either form: `--threads 1,2`, `--threads=1,2`)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    out: list[str] = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--threads":
+            skip = True
+        elif not a.startswith("--threads="):
+            out.append(a)
+    return out
 
 
 if __name__ == "__main__":

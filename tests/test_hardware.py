@@ -11,7 +11,7 @@ import torch
 
 from freetoken.cli.main import main as ft_main
 from freetoken.hardware.bandwidth import BandwidthConfig, BandwidthResult, measure
-from freetoken.hardware.cpus import default_kernel_threads, physical_core_cpus
+from freetoken.hardware.cpus import default_kernel_threads, physical_core_cpus, worker_cpus
 from freetoken.hardware.probe import ISA_FLAGS, GpuInfo, MachineInfo, probe
 from freetoken.hardware.profile import (
     HardwareProfile,
@@ -36,6 +36,10 @@ def test_probe_reports_this_machine() -> None:
     cores = physical_core_cpus()
     assert len(cores) == m.physical_cores and set(cores) <= os.sched_getaffinity(0)
     assert default_kernel_threads() == max(1, m.physical_cores - 1)
+    for n in range(1, m.physical_cores + 1):
+        pinned = worker_cpus(n)
+        assert len(pinned) == n == len(set(pinned)) and set(pinned) <= set(cores)
+        assert (cores[0] in pinned) == (n == m.physical_cores)  # core 0 stays free while one is spare
 
 
 def test_fingerprint_tracks_hardware_not_momentary_state() -> None:

@@ -149,7 +149,7 @@ class CopyLoad:
 
 def concurrent_gbps(kernel: KernelLoad, copies: CopyLoad, seconds: float) -> tuple[float, float]:
     """(B_P', B_H'): the copy loop on a second thread while this thread runs the kernel loop."""
-    start = threading.Barrier(2)
+    start = threading.Barrier(2, timeout=max(60.0, 10 * seconds))  # a failing side must not hang the other
     result: dict[str, float] = {}
     copier = threading.Thread(target=lambda: result.__setitem__("p", copies.run_for(seconds, start)))
     copier.start()

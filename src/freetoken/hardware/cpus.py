@@ -44,3 +44,11 @@ def physical_cores() -> int:
 def default_kernel_threads() -> int:
     """Workers for the CPU expert kernel: physical cores - 1 (one core left to the engine thread), min 1."""
     return max(1, physical_cores() - 1)
+
+
+def worker_cpus(n: int) -> list[int]:
+    """CPUs to pin n kernel workers to, one per physical core: the first core is left to the engine
+    thread (and interrupts) while a core is spare; lower ids first (the performance cores on hybrid
+    Intel parts)."""
+    cores = physical_core_cpus()
+    return cores[1 : n + 1] if n < len(cores) else cores[:n]

@@ -19,7 +19,9 @@ namespace ft {
 namespace FT_ISA_NS {
 
 #ifndef FT_PREFETCH
-#define FT_PREFETCH 512  // weights ahead of the loads (software prefetch, elements; 1 KiB of bf16)
+// Software prefetch distance in weights (0: off). Off by default: with long sequential runs the
+// hardware prefetcher alone streams faster; kept as a knob for other CPUs (-DFT_PREFETCH=N).
+#define FT_PREFETCH 0
 #endif
 
 static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -59,22 +61,36 @@ struct FmtBF16 {
 template <class F, int NT>
 static inline void dot_tile(typename F::Row row, const float* const* xs, int64_t K, float* res) {
   constexpr int64_t B = 2 * S::W;
-  S::vec acc0[NT], acc1[NT];
-  for (int t = 0; t < NT; ++t) acc0[t] = acc1[t] = S::zero();
+  // four independent FMA chains per token (two 2W-blocks per iteration): one chain per block half
+  // would be bound by the FMA latency rather than by memory
+  S::vec acc0[NT], acc1[NT], acc2[NT], acc3[NT];
+  for (int t = 0; t < NT; ++t) acc0[t] = acc1[t] = acc2[t] = acc3[t] = S::zero();
   int64_t k = 0;
-  for (; k + B <= K; k += B) {
-    S::vec a, b;
+  for (; k + 2 * B <= K; k += 2 * B) {
+    S::vec a, b, c, d;
     F::prefetch(row, k + FT_PREFETCH);
+    F::load2(row, k, a, b);
+    F::load2(row, k + B, c, d);
+    for (int t = 0; t < NT; ++t) {
+      acc0[t] = S::fma(a, S::load(xs[t] + k), acc0[t]);
+      acc1[t] = S::fma(b, S::load(xs[t] + k + S::W), acc1[t]);
+      acc2[t] = S::fma(c, S::load(xs[t] + k + B), acc2[t]);
+      acc3[t] = S::fma(d, S::load(xs[t] + k + B + S::W), acc3[t]);
+    }
+  }
+  if (k + B <= K) {
+    S::vec a, b;
     F::load2(row, k, a, b);
     for (int t = 0; t < NT; ++t) {
       acc0[t] = S::fma(a, S::load(xs[t] + k), acc0[t]);
       acc1[t] = S::fma(b, S::load(xs[t] + k + S::W), acc1[t]);
     }
+    k += B;
   }
   for (int t = 0; t < NT; ++t) {
     float s = 0.f;
     for (int64_t kk = k; kk < K; ++kk) s = S::sfma(F::at(row, kk), xs[t][kk], s);
-    res[t] = S::hsum(S::add(acc0[t], acc1[t])) + s;
+    res[t] = S::hsum(S::add(S::add(acc0[t], acc1[t]), S::add(acc2[t], acc3[t]))) + s;
   }
 }
 
@@ -85,21 +101,32 @@ template <int NT>
 static inline void dot_tile_dp(const uint16_t* row, const uint16_t* const* hi, const uint16_t* const* lo,
                                const float* const* xs, int64_t K, float* res) {
   constexpr int64_t B = 32;
-  __m512 acc0[NT], acc1[NT];
-  for (int t = 0; t < NT; ++t) acc0[t] = acc1[t] = _mm512_setzero_ps();
+  __m512 acc0[NT], acc1[NT], acc2[NT], acc3[NT];  // hi and lo chains for two blocks per iteration
+  for (int t = 0; t < NT; ++t) acc0[t] = acc1[t] = acc2[t] = acc3[t] = _mm512_setzero_ps();
   int64_t k = 0;
-  for (; k + B <= K; k += B) {
+  for (; k + 2 * B <= K; k += 2 * B) {
     if (FT_PREFETCH > 0) __builtin_prefetch(row + k + FT_PREFETCH);
-    const __m512bh w = (__m512bh)_mm512_loadu_si512(row + k);
+    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(row + k);
+    const __m512bh w1 = (__m512bh)_mm512_loadu_si512(row + k + B);
     for (int t = 0; t < NT; ++t) {
-      acc0[t] = _mm512_dpbf16_ps(acc0[t], w, (__m512bh)_mm512_loadu_si512(hi[t] + k));
-      acc1[t] = _mm512_dpbf16_ps(acc1[t], w, (__m512bh)_mm512_loadu_si512(lo[t] + k));
+      acc0[t] = _mm512_dpbf16_ps(acc0[t], w0, (__m512bh)_mm512_loadu_si512(hi[t] + k));
+      acc1[t] = _mm512_dpbf16_ps(acc1[t], w0, (__m512bh)_mm512_loadu_si512(lo[t] + k));
+      acc2[t] = _mm512_dpbf16_ps(acc2[t], w1, (__m512bh)_mm512_loadu_si512(hi[t] + k + B));
+      acc3[t] = _mm512_dpbf16_ps(acc3[t], w1, (__m512bh)_mm512_loadu_si512(lo[t] + k + B));
     }
+  }
+  if (k + B <= K) {
+    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(row + k);
+    for (int t = 0; t < NT; ++t) {
+      acc0[t] = _mm512_dpbf16_ps(acc0[t], w0, (__m512bh)_mm512_loadu_si512(hi[t] + k));
+      acc1[t] = _mm512_dpbf16_ps(acc1[t], w0, (__m512bh)_mm512_loadu_si512(lo[t] + k));
+    }
+    k += B;
   }
   for (int t = 0; t < NT; ++t) {
     float s = 0.f;
     for (int64_t kk = k; kk < K; ++kk) s = S::sfma(bf16_to_f32(row[kk]), xs[t][kk], s);
-    res[t] = S::hsum(_mm512_add_ps(acc0[t], acc1[t])) + s;
+    res[t] = S::hsum(_mm512_add_ps(_mm512_add_ps(acc0[t], acc1[t]), _mm512_add_ps(acc2[t], acc3[t]))) + s;
   }
 }
 #endif

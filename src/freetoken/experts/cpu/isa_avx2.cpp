@@ -4,7 +4,7 @@
 #include "kernel_api.h"
 
 #define FT_ISA_NS avx2
-#define FT_NT_MAX 4  // 4 tokens x 2 accumulators = 8 of the 16 ymm registers
+#define FT_NT_MAX 2  // 2 tokens x 4 accumulators = 8 of the 16 ymm registers
 
 namespace ft {
 namespace avx2 {

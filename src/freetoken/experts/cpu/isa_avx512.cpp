@@ -4,7 +4,7 @@
 #include "kernel_api.h"
 
 #define FT_ISA_NS avx512
-#define FT_NT_MAX 4  // 4 tokens x 2 accumulators = 8 of the 32 zmm registers
+#define FT_NT_MAX 4  // 4 tokens x 4 accumulators = 16 of the 32 zmm registers
 
 namespace ft {
 namespace avx512 {

@@ -4,8 +4,8 @@ Shapes: T tokens, D hidden, I intermediate, R routes, N pool rows (``eid = layer
 Inputs: x float32 [T, D]; routes as tok int32 [R], row int64 [R], weight float32 [R]; banks gate_up
 [N, 2I, D] and down [N, D, I], both bfloat16 or both float32; out float32 [T, D]. All contiguous CPU
 tensors. ctypes drops the GIL during every call, so ``submit`` returns at once and the workers run
-while the caller (the hybrid backend's GPU branch) goes on; ``wait`` blocks until they are done.
-One caller thread per kernel object.
+while the caller (the hybrid backend's GPU branch) goes on; ``wait`` blocks until they are done
+(taking work units itself meanwhile unless ``caller_helps=False``). One caller thread per object.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ import torch
 
 from freetoken.config import Env
 from freetoken.experts.cpu.reference import ACTIVATIONS, cpu_experts_reference
-from freetoken.hardware.cpus import default_kernel_threads, physical_core_cpus, physical_cores
+from freetoken.hardware.cpus import default_kernel_threads, physical_cores, worker_cpus
 
 __all__ = ["ISAS", "CpuExpertKernel", "cpu_experts_reference", "load_library"]
 
 ISAS = ("generic", "avx2", "avx512", "avx512bf16")  # index = the C enum value
 _FORMATS = {torch.float32: 0, torch.bfloat16: 1}
-# Machines with at least this many physical cores let workers poll briefly (for the next layer's
-# batch, at the phase barrier) before sleeping; smaller ones always sleep at once.
+# Machines with at least this many physical cores let waiting threads poll briefly (for the next
+# layer's batch, for the next step of a batch) before sleeping; smaller ones always sleep at once.
 SPIN_MIN_CORES = 8
 DEFAULT_SPIN_US = 50
 _ERRORS = {
@@ -181,8 +181,7 @@ class CpuExpertKernel:
         isa_id = self._lib.ft_best_isa(int(Env().force_avx2)) if isa == "auto" else ISAS.index(isa)
         if not self._lib.ft_isa_supported(isa_id):
             raise ValueError(f"ISA {isa!r} is not supported by this CPU or this build")
-        cores = physical_core_cpus()
-        cpus = (ctypes.c_int * n)(*cores[-n:]) if pin and n <= len(cores) else None
+        cpus = (ctypes.c_int * n)(*worker_cpus(n)) if pin and n <= physical_cores() else None
         if spin_us is None:
             spin_us = DEFAULT_SPIN_US if physical_cores() >= SPIN_MIN_CORES else 0
         self._pool = self._lib.ft_pool_create(n, cpus, isa_id, max(0, int(spin_us)))

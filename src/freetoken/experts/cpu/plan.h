@@ -3,7 +3,9 @@
 // batches), and within a chunk sorted by pool row. Plain C++17, no ISA flags.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <new>
 #include <vector>
 
 #include "kernel_api.h"
@@ -25,6 +27,32 @@ extern "C" struct FtMoeArgs {
 };
 
 namespace ft {
+
+// Scratch whose rows SIMD loads read whole cache lines of: 64-byte aligned. Contents are not kept
+// across resize (they are rewritten every batch).
+template <class T>
+class AlignedBuf {
+ public:
+  AlignedBuf() = default;
+  AlignedBuf(const AlignedBuf&) = delete;
+  AlignedBuf& operator=(const AlignedBuf&) = delete;
+  ~AlignedBuf() { release(); }
+  void resize(size_t n) {
+    if (n <= cap_) return;
+    release();
+    p_ = static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64)));
+    cap_ = n;
+  }
+  T* data() { return p_; }
+
+ private:
+  void release() {
+    if (p_) ::operator delete(p_, std::align_val_t(64));
+    p_ = nullptr, cap_ = 0;
+  }
+  T* p_ = nullptr;
+  size_t cap_ = 0;
+};
 
 // A token's output is the same bits whether or not the batch is chunked: its routes are summed in
 // (pool row, submission index) order either way.
@@ -52,8 +80,8 @@ class PlanBuilder {
   std::vector<int64_t> by_tok_, tok_begin_, order_;  // routes bucketed by token (stable)
   std::vector<Chunk> store_;
   std::vector<Plan> plans_;
-  std::vector<float> h_, y_;  // scratch shared by the chunks (run one after another)
-  std::vector<uint16_t> x_hi_, x_lo_, h_hi_, h_lo_;
+  AlignedBuf<float> h_, y_;  // scratch shared by the chunks (run one after another)
+  AlignedBuf<uint16_t> x_hi_, x_lo_, h_hi_, h_lo_;
   bool split_ = false;
 };
 
