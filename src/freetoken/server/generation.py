@@ -238,6 +238,12 @@ class Generation:
         assert finish is not None
         return Completion("".join(content), "".join(reasoning), [calls[i] for i in sorted(calls)], finish)
 
+    async def feed_all(self, prep: Prepared, builder: Any) -> None:
+        """Run a request to completion, feeding every event to a protocol builder (non-streaming answers)."""
+        async with aclosing(self.stream(prep, builder.id)) as events:
+            async for e in events:
+                builder.feed(e)
+
     async def first_event(self, events: AsyncGenerator[Event, None]) -> Event:
         """The first event (``Started`` once the engine produced output, or an early ``Finish``), so
         refusals (queue full, too long, engine dead) become HTTP errors before any header goes out."""

@@ -13,7 +13,6 @@ from freetoken.server.anthropic.builder import MessageBuilder
 from freetoken.server.anthropic.convert import to_internal
 from freetoken.server.anthropic.protocol import MessagesRequest
 from freetoken.server.errors import APIError
-from freetoken.server.generation import Generation, Prepared
 from freetoken.server.internal import Finish
 from freetoken.server.sse import sse, sse_response, unless_disconnected
 from freetoken.server.state import get_state, parse_body, read_json
@@ -27,18 +26,12 @@ async def create_message(request: Request) -> Response:
     prep = await gen.prepare_async(to_internal(body))
     builder = MessageBuilder(body.model, len(prep.prompt_ids))
     if not body.stream:
-        await unless_disconnected(request, _run(gen, prep, builder))
+        await unless_disconnected(request, gen.feed_all(prep, builder))
         return JSONResponse(builder.message())
     events = gen.stream(prep, builder.id)
     first = await unless_disconnected(request, gen.first_event(events))
     ping = sse({"type": "ping"}, event="ping")
     return sse_response(_frames(builder, first, events), state.config.keepalive_s, ping)
-
-
-async def _run(gen: Generation, prep: Prepared, builder: MessageBuilder) -> None:
-    async with aclosing(gen.stream(prep, builder.id)) as events:
-        async for e in events:
-            builder.feed(e)
 
 
 async def _frames(

@@ -10,7 +10,6 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from freetoken.server.errors import APIError
-from freetoken.server.generation import Generation, Prepared
 from freetoken.server.internal import Finish
 from freetoken.server.openai.protocol import ResponsesRequest
 from freetoken.server.openai.responses_input import to_internal
@@ -28,17 +27,11 @@ async def create_response(request: Request) -> Response:
     prep = await gen.prepare_async(req)
     builder = ResponseBuilder(req, body.model, body.tools)
     if not body.stream:
-        await unless_disconnected(request, _run(gen, prep, builder))
+        await unless_disconnected(request, gen.feed_all(prep, builder))
         return JSONResponse(builder.response())
     events = gen.stream(prep, builder.id)
     first = await unless_disconnected(request, gen.first_event(events))
     return sse_response(_frames(builder, first, events), state.config.keepalive_s)
-
-
-async def _run(gen: Generation, prep: Prepared, builder: ResponseBuilder) -> None:
-    async with aclosing(gen.stream(prep, builder.id)) as events:
-        async for e in events:
-            builder.feed(e)
 
 
 async def _frames(
