@@ -46,6 +46,7 @@ class MessageBuilder:
         self.stop_reason: str | None = None
         self.stop_sequence: str | None = None
         self.output_tokens = 0
+        self.cache_read = 0  # prompt tokens served from the prefix cache (Anthropic counts them apart)
 
     def message(self) -> dict[str, Any]:
         return {
@@ -57,10 +58,10 @@ class MessageBuilder:
             "stop_reason": self.stop_reason,
             "stop_sequence": self.stop_sequence,
             "usage": {
-                "input_tokens": self.input_tokens,
+                "input_tokens": self.input_tokens - self.cache_read,
                 "output_tokens": self.output_tokens,
                 "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 0,
+                "cache_read_input_tokens": self.cache_read,
             },
         }
 
@@ -97,15 +98,16 @@ class MessageBuilder:
             self.stop_sequence = e.stop_sequence
             self.output_tokens = e.completion_tokens
             self.input_tokens = e.prompt_tokens
+            self.cache_read = e.cached_tokens
             self.emit(
                 "message_delta",
                 {
                     "delta": {"stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence},
                     "usage": {
-                        "input_tokens": self.input_tokens,
+                        "input_tokens": self.input_tokens - self.cache_read,
                         "output_tokens": self.output_tokens,
                         "cache_creation_input_tokens": 0,
-                        "cache_read_input_tokens": 0,
+                        "cache_read_input_tokens": self.cache_read,
                     },
                 },
             )
