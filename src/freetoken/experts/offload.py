@@ -37,6 +37,9 @@ class OffloadBackend(SlotBackend):
         if topk_ids.numel() == 0:
             return torch.zeros_like(x)
         check_slots_cover_topk(self.cache.num_slots, topk_ids.shape[1])
+        streamed = self.streamed_forward(layer, x, topk_ids, topk_w)  # prefill: whole layers
+        if streamed is not None:
+            return streamed
         plan = self.cache.group_and_plan(layer, topk_ids, self._one, 1, self.protect, recent_last=True)
         groups = plan.groups
         out = self._gpu(x, groups, plan, topk_w)
