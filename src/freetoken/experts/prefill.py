@@ -170,10 +170,10 @@ class LayerStreamer:
         """Unregister the buffer's old layer, register ``layer`` and copy its non-resident experts in."""
         t, E, c = self.cache.tables, self.num_experts, self.cache
         if buf.placed:  # compute-stream order: after the old layer's kernels were enqueued
-            eids, slots = zip(*buf.placed)
-            self._set(t.slot_of, list(eids), -1)
-            self._set(t.eid_of, list(slots), -1)
-            self._set(t.stamp, list(slots), -1)
+            old_e, old_s = [p[0] for p in buf.placed], [p[1] for p in buf.placed]
+            self._set(t.slot_of, old_e, -1)
+            self._set(t.eid_of, old_s, -1)
+            self._set(t.stamp, old_s, -1)
         pairs = [(layer * E + e, buf.slots[e]) for e in range(E) if layer * E + e not in self._resident]
         buf.layer, buf.placed = layer, pairs
         self.layers_streamed += 1
