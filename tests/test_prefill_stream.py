@@ -15,11 +15,11 @@ from freetoken.experts.reference import moe_reference
 from freetoken.experts.registry import create_backend
 from freetoken.experts.slot_backend import SlotBackend
 
-from devices import DEVICES  # noqa: E402
-from test_backends import D, K_TOP, make_banks, random_routing  # noqa: E402
-
 CPU = torch.device("cpu")
 L, E = 4, 8  # 4 MoE layers x 8 experts, top-2: 16 slots (cache 0.5) hold exactly two whole layers
+
+from devices import DEVICES  # noqa: E402
+from test_backends import K_TOP, D, make_banks, random_routing  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -190,12 +190,14 @@ def test_streamer_rejects_unknown_mode() -> None:
 # -- engine level: tiny qwen3_moe with 4 MoE layers, expert_cache 0.5 = two whole layers ------------------
 def _save_tiny_moe(directory: Path, seed: int) -> Any:
     import transformers as tf
+
     from tiny_models import COMMON
 
-    cfg = tf.Qwen3MoeConfig(
-        **COMMON, num_hidden_layers=4, head_dim=16, num_experts=E, num_experts_per_tok=K_TOP,
+    shape: dict[str, Any] = dict(
+        num_hidden_layers=4, head_dim=16, num_experts=E, num_experts_per_tok=K_TOP,
         moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[],
     )  # fmt: skip
+    cfg = tf.Qwen3MoeConfig(**COMMON, **shape)
     torch.manual_seed(seed)
     model = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     g = torch.Generator().manual_seed(seed)
