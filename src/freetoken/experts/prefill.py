@@ -215,7 +215,12 @@ class LayerStreamer:
         return ev
 
     def _ids(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long).to(self.cache.device, non_blocking=True)
+        """Host ints -> a device index tensor. CUDA: through pinned memory, because a copy from pageable
+        memory waits for the stream to drain (it would stall the host until the previous layer is done)."""
+        ids = torch.tensor(values, dtype=torch.long)
+        if not self._cuda:
+            return ids
+        return ids.pin_memory().to(self.cache.device, non_blocking=True)
 
     def _set(self, table: torch.Tensor, index: list[int], value: int) -> None:
         table.index_fill_(0, self._ids(index), value)
