@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from freetoken.bench.presets import PRESETS, get_preset
+from freetoken.bench.presets import PRESETS, MoEShape, get_preset
 from freetoken.bench.synthetic import SyntheticRouter, random_banks, rms_norm
 from freetoken.config import EngineConfig
 from freetoken.experts.registry import create_backend
@@ -102,7 +102,7 @@ def run_prompt(
 
 
 def run_mode(
-    mode: str, banks: Any, args: argparse.Namespace, dev: torch.device, dtype: torch.dtype
+    mode: str, shape: MoEShape, banks: Any, args: argparse.Namespace, dev: torch.device, dtype: torch.dtype
 ) -> tuple[list[PrefillResult], float]:
     """Every prompt length under one mode, and B_P,layer (GB/s) measured on this backend's slots."""
     cfg = EngineConfig(moe_backend=args.backend, expert_cache=args.slots)
@@ -110,7 +110,7 @@ def run_mode(
     if not isinstance(backend, SlotBackend):
         raise SystemExit(f"backend {backend.name!r} ran instead of {args.backend!r} (the pool could not be pinned)")
     backend.streamer.mode = STREAMER_MODE[mode]
-    router = SyntheticRouter(get_preset(args.preset), args.layers, dev, dtype, seed=args.seed)
+    router = SyntheticRouter(shape, args.layers, dev, dtype, seed=args.seed)
     out: list[PrefillResult] = []
     try:
         bw = layer_copy_gbps(backend)
@@ -118,7 +118,10 @@ def run_mode(
         run_prompt(backend, router, args, min(args.chunk, min(args.token_list)), g)  # warm-up (kernels)
         eb = banks.expert_bytes
         for n in args.token_list:
-            times, s0, s1 = run_prompt(backend, router, args, n, g)
+            runs = sorted(
+                (run_prompt(backend, router, args, n, g) for _ in range(args.repeats)), key=lambda r: sum(r[0])
+            )
+            times, s0, s1 = runs[len(runs) // 2]  # the median repeat (each from a cold cache)
             d = {k: s1[k] - s0[k] for k in s1 if isinstance(s1[k], (int, float))}
             copied = d.get("prefill_experts_streamed", 0) + d.get("expert_fills", 0)
             out.append(
@@ -132,7 +135,7 @@ def run_mode(
                     pcie_gb_per_chunk=copied * eb / len(times) / 1e9,
                     layers_streamed=int(d.get("prefill_layers_streamed", 0)),
                     stats=s1,
-                )  # fmt: skip
+                )
             )
             print(f"#   {mode} {n} tokens: {out[-1].tok_s:.1f} tok/s", file=sys.stderr)
         backend.check_integrity()
@@ -153,6 +156,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--dtype", default=None, choices=sorted(_DTYPES), help="default: bfloat16 (cuda), float32 (cpu)")
+    p.add_argument("--repeats", type=int, default=1, help="runs per prompt length (each cold); the median is reported")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the results here")
     return p
@@ -179,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
     results: list[PrefillResult] = []
     bws: dict[str, float] = {}
     for mode in modes:
-        rs, bws[mode] = run_mode(mode, banks, args, dev, dtype)
+        rs, bws[mode] = run_mode(mode, shape, banks, args, dev, dtype)
         results += rs
     bw = max(bws.values())  # B_P,layer: the best of the per-mode measurements
     for r in results:

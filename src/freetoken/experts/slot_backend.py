@@ -81,15 +81,15 @@ class SlotBackend(ExpertBackend):
     def streamed_forward(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
     ) -> torch.Tensor | None:
-        """A prefill layer served from the streamer's whole-layer buffer (every route hits: no fills, no
-        CPU branch), or None when the streamer does not serve this step (the caller fills on demand)."""
+        """A prefill layer served from the streamer's whole-layer buffer (every route resident: no fills,
+        no CPU branch), or None when the streamer does not serve this step (the caller fills on demand).
+        Streamed layers count in ``prefill_*`` stats only, not as cache hits or misses."""
         if topk_ids.numel() == 0 or not self.streamer.before_layer(layer, topk_ids):
             return None
         c = self.cache
-        plan = c.group_and_plan(layer, topk_ids, self._one, 1)  # all hits: stamps only, q = 0
+        plan = c.group_and_plan(layer, topk_ids, self._one, 1)  # all resident: stamps only, q = 0
         E = self.pool.num_experts
         out = grouped_experts(x, plan.groups, plan.slot, topk_w, c.slot_gate_up, c.slot_down, E)
-        self._count(plan, True, None)
         self.streamer.after_layer(layer)
         return out.to(x.dtype)
 
