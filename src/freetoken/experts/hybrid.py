@@ -5,7 +5,8 @@ are the oldest slots, and slots used within the last step only after every older
 the cache cannot hold a step's working set, the fills stream through a few slots instead of evicting
 what the next step needs (blocking those slots outright would push the misses to the CPU beyond the
 balanced split; ``bench/cache_sim.py`` compares both). The share comes from ``SplitPolicy``
-(fill_fraction, machine profile, online refinement); prefill steps use share 1. Branch bandwidths are
+(fill_fraction, machine profile, online refinement); prefill steps stream whole layers when the cache
+can spare two (``experts/prefill.py``), else use share 1. Branch bandwidths are
 measured without host syncs: the CPU worker times itself; on CUDA the fills are bracketed by events whose
 times (and q, copied to pinned memory) are read at the next ``begin_step`` once done.
 """

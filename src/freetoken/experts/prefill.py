@@ -101,13 +101,12 @@ class LayerStreamer:
     def _start(self, num_routes: int) -> bool:
         """Take the buffers (LRU unlocked slots, one host sync), or decline (on-demand fills)."""
         t, S, E = self.cache.tables, self.cache.num_slots, self.num_experts
-        locked = t.locked[:S].tolist()
-        free = [s for s in range(S) if not locked[s]]
-        if not self.wants_stream(num_routes, len(free)):
+        locked, stamp, eid_of = torch.stack((t.locked[:S].long(), t.stamp[:S], t.eid_of[:S])).tolist()  # [3, S]
+        unlocked = [s for s in range(S) if not locked[s]]
+        if not self.wants_stream(num_routes, len(unlocked)):
             self.steps_ondemand += 1
             return False
-        stamp, eid_of = t.stamp[:S].tolist(), t.eid_of[:S].tolist()
-        take = sorted(sorted(free, key=lambda s: (stamp[s], s))[: self.num_buffers * E])  # ascending: runs
+        take = sorted(sorted(unlocked, key=lambda s: (stamp[s], s))[: self.num_buffers * E])  # ascending: runs
         gone = [eid_of[s] for s in take if eid_of[s] >= 0]
         if gone:
             self._set(t.slot_of, gone, -1)
