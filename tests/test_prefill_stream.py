@@ -151,6 +151,23 @@ def test_buffers_are_the_least_recently_used_slots() -> None:
     backend.check_integrity()
 
 
+@pytest.mark.parametrize("name", ["offload", "hybrid"])
+def test_free_room_keeps_every_layer_and_a_warm_pool_fills_on_demand(name: str) -> None:
+    backend, banks = make(name, 1.0)  # 32 slots: the whole pool, cold
+    g = torch.Generator().manual_seed(11)
+    assert step(backend, banks, 30, False, g) < 1e-5
+    s1 = stats(backend)
+    assert backend.streamer.num_buffers == 0 and s1["prefill_layers_streamed"] == L  # closed after layer L-1
+    assert s1["prefill_experts_streamed"] == L * E
+    assert backend.cache.size() == L * E  # L free layers of room: L buffers, every layer stays resident
+    backend.check_integrity()
+    assert step(backend, banks, 30, False, g) < 1e-5  # nothing absent: on-demand, and every route hits
+    s2 = stats(backend)
+    assert s2["prefill_steps_ondemand"] == 1 and s2["prefill_experts_streamed"] == L * E
+    assert s2["expert_fills"] == s1["expert_fills"] and s2["expert_misses"] == s1["expert_misses"]
+    backend.check_integrity()
+
+
 @pytest.mark.parametrize("mode", ["serial", "off"])
 def test_modes(mode: str) -> None:
     backend, banks = make("offload", 0.5)

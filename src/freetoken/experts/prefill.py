@@ -2,21 +2,22 @@
 
 A long prompt routes nearly every expert of every layer, so on-demand fills would copy a layer's
 experts in rounds while the GPU waits. Instead, at the first MoE layer of a prefill step the streamer
-takes ``B = min(2, L)`` whole-layer buffers (``B * E`` least-recently-used *unlocked* slots: a running
-decode's locked experts are never taken) out of the existing slot pool, so GPU memory is never
-oversubscribed. Layer l lives in buffer ``l % 2``: it is registered in ``slot_of`` (so the step's
-routes all hit and the normal plan + grouped GEMM run unchanged), while a dedicated copy stream loads
-layer l+1 into the other buffer. CUDA events order copy -> compute -> release:
+takes ``B >= min(2, L)`` whole-layer buffers (``B * E`` least-recently-used *unlocked* slots: a running
+decode's locked experts are never taken; free slots beyond two layers add buffers) out of the existing
+slot pool, so GPU memory is never oversubscribed. Layer l lives in buffer ``l % B``: it is registered in
+``slot_of`` (so the step's routes all hit and the normal plan + grouped GEMM run unchanged), while a
+dedicated copy stream loads layer l+1 into the next buffer. CUDA events order copy -> compute -> release:
 
-    copy stream:    [load l+1 | waits release(l-1)] ...
+    copy stream:    [waits release(l+1-B) | load l+1] ...
     compute stream: waits copy(l) -> layer l experts -> records release(l)
 
 Experts of a layer already resident outside the buffers are used where they are (not copied twice).
 When the step ends the last layers stay registered with fresh LRU stamps: they seed decode. On the CPU
 the same logic runs with plain synchronous copies (no streams, no events), which is what CI tests.
 
-Falls back to on-demand fills (the caller's normal path) when the pool cannot spare the buffers
-(``B * E`` > unlocked slots) or the step routes few experts (``T * k < E``).
+Falls back to on-demand fills (the caller's normal path) when the pool cannot spare two layers
+(``2 * E`` > unlocked slots), the step routes few experts (``T * k < E``), or fewer than ``E`` experts
+are absent from the cache (it holds nearly the whole pool: streaming would displace more than it brings).
 Modes: ``stream`` (overlap), ``serial`` (copy a layer, then compute it: no prefetch), ``off``.
 """
 
@@ -76,8 +77,14 @@ class LayerStreamer:
         return self.cache.pool.num_experts
 
     @property
-    def num_buffers(self) -> int:
+    def min_buffers(self) -> int:
+        """Double buffering needs two whole layers (one when the model has a single MoE layer)."""
         return min(2, self.num_layers)
+
+    @property
+    def num_buffers(self) -> int:
+        """Whole-layer buffers of the current stream (0 when none is active)."""
+        return len(self._bufs)
 
     @property
     def active(self) -> bool:
@@ -93,20 +100,26 @@ class LayerStreamer:
         self.finish()
         self._armed = not is_decode and self.mode != "off"
 
-    def wants_stream(self, num_routes: int, unlocked: int) -> bool:
-        """Whole layers pay off: the step routes at least E experts and the pool spares the buffers."""
+    def wants_stream(self, num_routes: int, unlocked: int, absent: int) -> bool:
+        """Whole layers pay off: the step routes at least E experts, the pool spares the buffers, and at
+        least a layer's worth of experts is absent (a warm cache that holds the pool fills on demand)."""
         E = self.num_experts
-        return num_routes >= E and self.num_buffers * E <= unlocked
+        return num_routes >= E and self.min_buffers * E <= unlocked and absent >= E
 
     def _start(self, num_routes: int) -> bool:
         """Take the buffers (LRU unlocked slots, one host sync), or decline (on-demand fills)."""
         t, S, E = self.cache.tables, self.cache.num_slots, self.num_experts
         locked, stamp, eid_of = torch.stack((t.locked[:S].long(), t.stamp[:S], t.eid_of[:S])).tolist()  # [3, S]
         unlocked = [s for s in range(S) if not locked[s]]
-        if not self.wants_stream(num_routes, len(unlocked)):
+        absent = self.cache.pool.num_rows - sum(1 for e in eid_of if e >= 0)
+        if not self.wants_stream(num_routes, len(unlocked), absent):
             self.steps_ondemand += 1
             return False
-        take = sorted(sorted(unlocked, key=lambda s: (stamp[s], s))[: self.num_buffers * E])  # ascending: runs
+        # Free slots beyond two layers become further buffers (a ring: layer l in buffer l % B), so a cache
+        # with room keeps more of the prompt's layers resident afterwards, at no eviction.
+        free = sum(1 for s in unlocked if eid_of[s] < 0)
+        nbuf = max(self.min_buffers, min(self.num_layers, free // E))
+        take = sorted(sorted(unlocked, key=lambda s: (stamp[s], s))[: nbuf * E])  # ascending: runs
         gone = [eid_of[s] for s in take if eid_of[s] >= 0]
         if gone:
             self._set(t.slot_of, gone, -1)
@@ -115,7 +128,7 @@ class LayerStreamer:
         taken = set(take)
         self._resident = {e: s for s, e in enumerate(eid_of) if e >= 0 and s not in taken}
         start = self._record()  # kernels of earlier steps that read the taken slots
-        self._bufs = [_Buffer(take[b * E : (b + 1) * E], released=start) for b in range(self.num_buffers)]
+        self._bufs = [_Buffer(take[b * E : (b + 1) * E], released=start) for b in range(nbuf)]
         self._active = True
         self.steps_streamed += 1
         return True
