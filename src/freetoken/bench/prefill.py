@@ -189,7 +189,9 @@ def run(args: argparse.Namespace) -> int:
     for r in results:
         r.bound_chunk_ms = banks.pool_bytes / (bw * 1e9) * 1e3  # every layer's experts over PCIe once
         r.of_bound = r.bound_chunk_ms / r.chunk_ms
-    print(f"# B_P,layer {bw:.2f} GB/s (one whole layer, pinned host -> device; per mode: {bws})")
+    how = "pinned host -> device" if dev.type == "cuda" else "host memcpy: no PCIe on the CPU"
+    per_mode = ", ".join(f"{m} {v:.1f}" for m, v in bws.items())
+    print(f"# B_P,layer {bw:.2f} GB/s (one whole layer, {how}; best of the modes: {per_mode})")
     print_table(results)
     if args.json:
         meta = {
