@@ -241,7 +241,7 @@ class LayerStreamer:
         """Stamp slots with the current tick (newer than every earlier plan's), on the device."""
         t = self.cache.tables
         idx = self._ids(slots)
-        t.stamp.index_copy_(0, idx, t.tick.expand(idx.numel()))
+        t.stamp.scatter_(0, idx, t.tick.expand(idx.numel()))  # like slot_plan._update_tables
 
     def stats(self) -> dict[str, int]:
         return {
