@@ -149,7 +149,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=12, help="MoE layers to build (the preset's shape per layer)")
     p.add_argument("--tokens", default="1024,4096,8192,16384", help="comma-separated prompt lengths")
     p.add_argument("--chunk", type=int, default=2048, help="prefill chunk (tokens per step)")
-    p.add_argument("--modes", default="stream,ondemand,serial", help="comma list of stream, ondemand, serial")
+    p.add_argument("--modes", "--mode", default="stream,ondemand,serial", help="comma list of stream, ondemand, serial")
     p.add_argument("--backend", default="offload", choices=["offload", "hybrid"], help="slot backend")
     p.add_argument(
         "--expert-cache", type=int, default=None, help="expert slots (default: two whole layers, 2E, the minimum)"
