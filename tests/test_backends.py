@@ -136,6 +136,7 @@ def test_hybrid_prefill_fills_every_miss_that_fits() -> None:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(12, D, generator=g)
     ids, w = random_routing(12, 16, g, torch.device("cpu"))
+    backend.streamer.mode = "off"  # on-demand prefill (whole-layer streaming: tests/test_prefill_stream.py)
     backend.begin_step(12, False)  # prefill: share 1
     out = backend.forward(0, x, ids, w)
     torch.testing.assert_close(out, moe_reference(x, ids, w, banks.gate_up, banks.down), rtol=1e-5, atol=1e-6)

@@ -5,7 +5,8 @@ are the oldest slots, and slots used within the last step only after every older
 the cache cannot hold a step's working set, the fills stream through a few slots instead of evicting
 what the next step needs (blocking those slots outright would push the misses to the CPU beyond the
 balanced split; ``bench/cache_sim.py`` compares both). The share comes from ``SplitPolicy``
-(fill_fraction, machine profile, online refinement); prefill steps use share 1. Branch bandwidths are
+(fill_fraction, machine profile, online refinement); prefill steps stream whole layers when the cache
+can spare two (``experts/prefill.py``), else use share 1. Branch bandwidths are
 measured without host syncs: the CPU worker times itself; on CUDA the fills are bracketed by events whose
 times (and q, copied to pinned memory) are read at the next ``begin_step`` once done.
 """
@@ -59,6 +60,9 @@ class HybridBackend(SlotBackend):
         self._copy_bytes, self._copy_s, self._cpu_bytes, self._cpu_s = 0, 0.0, 0, 0.0
 
     def forward(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
+        streamed = self.streamed_forward(layer, x, topk_ids, topk_w)  # prefill: whole layers
+        if streamed is not None:
+            return streamed
         return self.split_forward(layer, x, topk_ids, topk_w, 1, self.protect, recent_last=True)
 
     def begin_step(self, num_tokens: int, is_decode: bool) -> None:
@@ -67,6 +71,7 @@ class HybridBackend(SlotBackend):
         Prefill steps fill every miss that fits (share 1): many tokens per expert make the CPU branch
         compute-bound, while a copied expert serves them all on the GPU. A fixed fill_fraction holds always.
         """
+        super().begin_step(num_tokens, is_decode)
         self._decode = is_decode
         self._fold_copy_records()
         if self._copy_bytes or self._cpu_bytes:

@@ -3,7 +3,8 @@
 A round fills as many misses as the slots this round does not read allow; when a step's misses exceed
 them (a small cache, a long prefill chunk), further rounds serve the rest after the earlier rounds'
 kernels (same stream), so every slot becomes a victim candidate again. The round count is a host
-bound from shapes only: ceil(min(T*k, E) / S); rounds with nothing left do no work.
+bound from shapes only: ceil(min(T*k, E) / S); rounds with nothing left do no work. Prefill steps that
+route at least E experts stream whole layers instead when the cache can spare two (``experts/prefill.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class OffloadBackend(SlotBackend):
         if topk_ids.numel() == 0:
             return torch.zeros_like(x)
         check_slots_cover_topk(self.cache.num_slots, topk_ids.shape[1])
+        streamed = self.streamed_forward(layer, x, topk_ids, topk_w)  # prefill: whole layers
+        if streamed is not None:
+            return streamed
         plan = self.cache.group_and_plan(layer, topk_ids, self._one, 1, self.protect, recent_last=True)
         groups = plan.groups
         out = self._gpu(x, groups, plan, topk_w)

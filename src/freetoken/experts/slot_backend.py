@@ -18,6 +18,7 @@ from freetoken.experts.counters import DeviceCounters
 from freetoken.experts.cpu_runner import CpuExpertRunner
 from freetoken.experts.grouped_gemm import grouped_experts
 from freetoken.experts.pool import HostExpertPool
+from freetoken.experts.prefill import LayerStreamer
 from freetoken.experts.sizing import check_slots_cover_topk, resolve_slots
 from freetoken.experts.slot_cache import SlotCache
 from freetoken.experts.slot_plan import RouteGroups, StepPlan
@@ -62,6 +63,10 @@ class SlotBackend(ExpertBackend):
         self.share = torch.zeros((), dtype=torch.float32, device=device)  # device scalar read by plans
         self._one = torch.ones((), dtype=torch.float32, device=device)
         self._zero = torch.zeros((), dtype=torch.long, device=device)
+        self.streamer = LayerStreamer(self.cache, pool.num_layers)  # prefill: whole layers, double-buffered
+
+    def begin_step(self, num_tokens: int, is_decode: bool) -> None:
+        self.streamer.begin_step(num_tokens, is_decode)
 
     # -- shared step pieces ----------------------------------------------------------------------------
     def _copy(self, plan: StepPlan) -> None:
@@ -72,6 +77,21 @@ class SlotBackend(ExpertBackend):
         self._copy(plan)
         c = self.cache
         return grouped_experts(x, groups, plan.slot, topk_w, c.slot_gate_up, c.slot_down, self.pool.num_experts)
+
+    def streamed_forward(
+        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
+    ) -> torch.Tensor | None:
+        """A prefill layer served from the streamer's whole-layer buffer (every route resident: no fills,
+        no CPU branch), or None when the streamer does not serve this step (the caller fills on demand).
+        Streamed layers count in ``prefill_*`` stats only, not as cache hits or misses."""
+        if topk_ids.numel() == 0 or not self.streamer.before_layer(layer, topk_ids):
+            return None
+        c = self.cache
+        plan = c.group_and_plan(layer, topk_ids, self._one, 1)  # all resident: stamps only, q = 0
+        E = self.pool.num_experts
+        out = grouped_experts(x, plan.groups, plan.slot, topk_w, c.slot_gate_up, c.slot_down, E)
+        self.streamer.after_layer(layer)
+        return out.to(x.dtype)
 
     def _count(self, plan: StepPlan, first_round: bool, cpu_runs: torch.Tensor | None) -> None:
         cpu = self._zero if cpu_runs is None else cpu_runs
@@ -105,6 +125,7 @@ class SlotBackend(ExpertBackend):
 
     def resize_expert_cache(self, num_slots: int) -> None:
         """Elastic memory, at a safe point between steps: see ``SlotCache.resize``."""
+        self.streamer.finish()
         self.cache.resize(num_slots)
 
     # -- reporting -------------------------------------------------------------------------------------
@@ -122,6 +143,7 @@ class SlotBackend(ExpertBackend):
             "q_mean": c["fills"] / c["miss_layers"] if c["miss_layers"] else 0.0,
             "expert_slots": self.cache.num_slots,
             "layer_steps": c["layer_steps"],
+            **self.streamer.stats(),
         }
 
     def check_integrity(self) -> None:
