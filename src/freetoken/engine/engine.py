@@ -147,9 +147,10 @@ class LLMEngine:
         if emit:
             self._pending.append(self._output(req, [], req.detok.flush() if reason != "abort" else "", error))
 
-    def score(self, token_ids: list[int]) -> torch.Tensor:
-        """Logits [n, V] (float32, CPU) at every position of ``token_ids``, computed in one prefill with
-        temporary pages (for tests and perplexity; does not touch other requests)."""
+    def score(self, token_ids: list[int], chunk: int | None = None) -> torch.Tensor:
+        """Logits [n, V] (float32, CPU) at every position of ``token_ids``, computed by prefill in chunks of
+        ``chunk`` tokens (None: one shot), each attending to the K/V of the chunks before it, with temporary
+        pages (for tests and perplexity; does not touch other requests)."""
         n = len(token_ids)
         if not 0 < n < self.max_model_len:
             raise PromptTooLongError(n, self.max_model_len) if n else InputError("the prompt is empty")
@@ -157,12 +158,19 @@ class LLMEngine:
         if not self.pages.reserve(self.kv.pages_for(n)):
             raise InputError(f"{n} tokens do not fit the free KV pages now")
         pages = self.kv.allocate(self.kv.pages_for(n), rid)
+        step = chunk or n
         try:
             req = Request(rid, list(token_ids), SamplingParams(), n + 1, IncrementalDetokenizer(None, [], [], True))
             req.pages = pages
-            input_ids, batch, _ = self.runner.build_batch([(req, n)])
-            hidden = self.runner.model.forward(input_ids, batch, self.kv)
-            return self.runner.model.logits(hidden).cpu()
+            out = []
+            for start in range(0, n, step):
+                m = min(step, n - start)
+                req.num_computed_tokens = start
+                if self.runner.backend is not None:
+                    self.runner.backend.begin_step(m, False)
+                input_ids, batch, _ = self.runner.build_batch([(req, m)])
+                out.append(self.runner.model.logits(self.runner.model.forward(input_ids, batch, self.kv)).cpu())
+            return torch.cat(out)
         finally:
             self.kv.free(pages, rid)
 
