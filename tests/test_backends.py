@@ -434,3 +434,12 @@ def test_triton_kernels_compile_for_hopper() -> None:
         src = ASTSource(fn=fn, signature=signature, constexprs=consts)
         kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32))
         assert "cubin" in kernel.asm
+
+
+def test_cache_below_top_k_is_refused_when_the_engine_starts(tmp_path) -> None:
+    from freetoken import LLM
+    from tiny_models import save_checkpoint
+
+    save_checkpoint("qwen3_moe", tmp_path, seed=1)  # top-2
+    with pytest.raises(ValueError, match="fewer than the 2 experts"):
+        LLM(str(tmp_path), device="cpu", moe_backend="offload", expert_cache=1)

@@ -119,6 +119,7 @@ def load_model(
     banks = None
     if moe_ids:
         banks = ExpertBanks.empty(len(moe_ids), hf.num_experts, D, hf.moe_intermediate_size, dtype)
+        banks.top_k = hf.top_k
         for li, i in enumerate(moe_ids):
             _fill_experts(reader, family, hf, i, li, banks)
     backend = make_backend(banks) if banks is not None else None

@@ -27,6 +27,7 @@ class ExpertBanks:
     num_layers: int  # L (MoE layers only)
     num_experts: int  # E
     activation: str = "silu"
+    top_k: int = 0  # experts per token per layer (0: unknown); lets caches refuse a size below it up front
 
     @property
     def hidden_size(self) -> int:

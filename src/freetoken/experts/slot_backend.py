@@ -57,6 +57,8 @@ class SlotBackend(ExpertBackend):
         self.dtype = dtype
         if num_slots is None:
             num_slots = resolve_slots(config.expert_cache, pool.num_rows, pool.expert_bytes, device)
+        if pool.banks.top_k:  # refuse a cache too small for one token's experts now, not at the first step
+            check_slots_cover_topk(num_slots, pool.banks.top_k)
         self.cache = SlotCache(pool, num_slots, device)
         self.counters = DeviceCounters(device)
         self.cpu = CpuExpertRunner(pool, device, config.cpu_threads) if with_cpu else None
