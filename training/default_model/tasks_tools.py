@@ -29,6 +29,19 @@ Tool = dict[str, Any]
 CITY_POOL = REAL_CITIES + synthetic_cities(600, seed=1234)
 TRAIN_CITIES = [c for c in CITY_POOL if not is_heldout("city", c)]
 HELDOUT_CITIES = [c for c in CITY_POOL if is_heldout("city", c)]
+_HELDOUT_SET = set(HELDOUT_CITIES)
+# Share of training weather questions that name a city drawn fresh for that sample (never a pool name, never on
+# the held-out side): with a fixed pool the model memorises names instead of copying the one asked about. Added
+# after the committed checkpoint was trained (it copied unseen names right in 1 of 8 held-out weather prompts).
+FRESH_CITY_SHARE = 0.5
+
+
+def fresh_city(rng: random.Random) -> str:
+    """A made-up town name for one training sample; never a held-out key."""
+    while True:
+        name = synthetic_cities(1, seed=rng.getrandbits(32))[0]
+        if name not in _HELDOUT_SET and not is_heldout("city", name):
+            return name
 
 ASK = {
     "weather": ["What's the weather in {x}?", "weather {x}", "Is it raining in {x}?", "How warm is it in {x} today?",
@@ -104,7 +117,10 @@ def draw_argument(rng: random.Random, kind: str, heldout: bool) -> tuple[str, An
     payload: dict[str, Any]
     while True:
         if kind == "weather":
-            x = rng.choice(HELDOUT_CITIES if heldout else TRAIN_CITIES)
+            if heldout:
+                x = rng.choice(HELDOUT_CITIES)
+            else:
+                x = fresh_city(rng) if rng.random() < FRESH_CITY_SHARE else rng.choice(TRAIN_CITIES)
             temp = rng.randint(-10, 35)
             return x, {"city": x, "temperature": temp, "unit": "celsius", "condition": rng.choice(CONDITIONS)}
         if kind == "calculator":
