@@ -274,3 +274,15 @@ class _Shaper:
                 continue
             out.append(e)
         return out
+
+
+async def until_finish(first: Event, events: Events) -> AsyncGenerator[Event, None]:
+    """``first`` then the rest of ``events`` up to and including the ``Finish``; closes ``events`` when done.
+    Callers wrap it in ``aclosing`` so a client disconnect closes the engine stream (and aborts) at once."""
+    async with aclosing(events):
+        e = first
+        while True:
+            yield e
+            if isinstance(e, Finish):
+                return
+            e = await events.__anext__()

@@ -13,7 +13,7 @@ from freetoken.server.anthropic.builder import MessageBuilder
 from freetoken.server.anthropic.convert import to_internal
 from freetoken.server.anthropic.protocol import MessagesRequest
 from freetoken.server.errors import APIError
-from freetoken.server.internal import Finish
+from freetoken.server.generation import until_finish
 from freetoken.server.sse import sse, sse_response, unless_disconnected
 from freetoken.server.state import get_state, parse_body, read_json
 
@@ -39,14 +39,10 @@ async def _frames(
 ) -> AsyncGenerator[bytes, None]:
     builder.start()
     try:
-        async with aclosing(events):
-            e = first
-            while True:
+        async with aclosing(until_finish(first, events)) as stream:
+            async for e in stream:
                 builder.feed(e)
                 for kind, payload in builder.take():
                     yield sse(payload, event=kind)
-                if isinstance(e, Finish):
-                    break
-                e = await events.__anext__()
     except APIError as err:
         yield sse(err.body("anthropic"), event="error")

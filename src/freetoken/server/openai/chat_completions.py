@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 
 from freetoken.chat import events as ev
 from freetoken.server.errors import APIError
-from freetoken.server.generation import Generation, Prepared
+from freetoken.server.generation import Generation, Prepared, until_finish
 from freetoken.server.internal import ChatRequest, Completion, Finish, ToolChoice, ToolSpec
 from freetoken.server.openai.convert import text_of, tool_call_dict
 from freetoken.server.openai.protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice
@@ -161,9 +161,8 @@ async def _frames(
 
     yield chunk({"role": "assistant", "content": ""})
     try:
-        async with aclosing(events):
-            e = first
-            while True:
+        async with aclosing(until_finish(first, events)) as stream:
+            async for e in stream:
                 if isinstance(e, Finish):
                     yield chunk({}, _FINISH[e.reason])
                     if include_usage:
@@ -181,7 +180,6 @@ async def _frames(
                 delta = _delta(e)
                 if delta is not None:
                     yield chunk(delta)
-                e = await events.__anext__()
     except APIError as err:
         yield sse(err.body("openai"))
     yield sse("[DONE]")

@@ -10,7 +10,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from freetoken.server.errors import APIError
-from freetoken.server.internal import Finish
+from freetoken.server.generation import until_finish
 from freetoken.server.openai.protocol import ResponsesRequest
 from freetoken.server.openai.responses_input import to_internal
 from freetoken.server.openai.responses_output import ResponseBuilder
@@ -39,15 +39,11 @@ async def _frames(
 ) -> AsyncGenerator[bytes, None]:
     builder.start()
     try:
-        async with aclosing(events):
-            e = first
-            while True:
+        async with aclosing(until_finish(first, events)) as stream:
+            async for e in stream:
                 builder.feed(e)
                 for frame in builder.take():
                     yield sse(frame, event=frame["type"])
-                if isinstance(e, Finish):
-                    break
-                e = await events.__anext__()
     except APIError as err:
         builder.status = "failed"
         body = err.body("openai")["error"]
