@@ -15,6 +15,7 @@
 #include <new>
 #include <vector>
 
+#include "feeder.h"
 #include "kernel_api.h"
 #include "plan.h"
 #include "pool.h"
@@ -131,7 +132,11 @@ class ReadJob final : public Job {
 class Kernel {
  public:
   Kernel(int n, const int* cpus, int isa, int64_t spin_ns)
-      : isa_(isa), ops_(ops_for(isa)), moe_(ops_, plans_), pool_(n, cpus, spin_ns) {
+      : isa_(isa),
+        ops_(ops_for(isa)),
+        moe_(ops_, plans_),
+        pool_(n, cpus, spin_ns),
+        feeder_([this](const FtMoeArgs& a) { return run_now(a); }, spin_ns) {
     read_.stream_sum_ = ops_.stream_sum;
   }
 
@@ -140,7 +145,7 @@ class Kernel {
   bool busy() const { return pool_.busy(); }
 
   int submit_moe(const FtMoeArgs& a) {
-    if (busy()) return -1;
+    if (busy() || feeder_.pending()) return -1;
     pool_.quiesce();  // late workers of the previous batch may still read its plans
     if (const int rc = plans_.build(a, ops_.split_bf16)) return rc;
     pool_.start(&moe_, a.done_flag, a.done_value);
@@ -149,8 +154,11 @@ class Kernel {
 
   void wait(bool help) { pool_.wait(help); }
 
+  Feeder& feeder() { return feeder_; }
+
   // Sums `words` uint64 words with the workers only (same threads as the kernel); synchronous.
   uint64_t stream_read(const uint64_t* p, int64_t words) {
+    feeder_.drain();
     pool_.wait(true);
     pool_.quiesce();
     read_.reset(p, words, 4 * static_cast<int64_t>(threads()));
@@ -165,7 +173,17 @@ class Kernel {
   PlanBuilder plans_;  // the current batch (kept: repeated calls reuse its allocations)
   MoeJob moe_;
   ReadJob read_;
-  Pool pool_;  // last: its threads start after, and stop before, everything they read
+  Pool pool_;  // its threads start after, and stop before, everything they read
+  Feeder feeder_;  // last: its thread runs batches on pool_
+
+  // A queued batch, on the feeder thread: the whole batch, this thread helping.
+  int run_now(const FtMoeArgs& a) {
+    pool_.quiesce();
+    if (const int rc = plans_.build(a, ops_.split_bf16)) return rc;
+    pool_.start(&moe_, nullptr, 0);
+    pool_.wait(true);
+    return 0;
+  }
 };
 
 }  // namespace
@@ -208,6 +226,22 @@ int ft_moe_submit(void* k, const FtMoeArgs* args) {
     return -6;
   }
 }
+
+// Queues a batch that starts once its ready flag is reached (see feeder.h); returns at once.
+// 0 queued; -2 bad dimensions or null pointers. Direct submits return -1 while batches are queued.
+int ft_moe_enqueue(void* k, const FtQueuedArgs* args) {
+  try {
+    return static_cast<ft::Kernel*>(k)->feeder().push(*args);
+  } catch (const std::bad_alloc&) {
+    return -6;
+  }
+}
+
+// Blocks until every queued batch is done. ft_queue_pending: queued + running batches.
+void ft_queue_drain(void* k) { static_cast<ft::Kernel*>(k)->feeder().drain(); }
+int64_t ft_queue_pending(void* k) { return static_cast<ft::Kernel*>(k)->feeder().pending(); }
+// The first error a queued batch met since the last call (0: none; codes of ft_moe_submit).
+int ft_queue_error(void* k) { return static_cast<ft::Kernel*>(k)->feeder().take_error(); }
 
 // Blocks until the submitted batch is done; help != 0: the calling thread takes units too.
 void ft_wait(void* k, int help) { static_cast<ft::Kernel*>(k)->wait(help != 0); }

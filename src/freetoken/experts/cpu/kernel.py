@@ -60,6 +60,29 @@ class _MoeArgs(ctypes.Structure):  # mirrors FtMoeArgs in kernel.cpp
     ]
 
 
+class _QueuedArgs(ctypes.Structure):  # mirrors FtQueuedArgs in feeder.h
+    _fields_ = [
+        ("x", ctypes.c_void_p),
+        ("T", ctypes.c_int64),
+        ("D", ctypes.c_int64),
+        ("I", ctypes.c_int64),
+        ("codes", ctypes.c_void_p),
+        ("w", ctypes.c_void_p),
+        ("k", ctypes.c_int64),
+        ("gate_up", ctypes.c_void_p),
+        ("down", ctypes.c_void_p),
+        ("N", ctypes.c_int64),
+        ("fmt", ctypes.c_int32),
+        ("act", ctypes.c_int32),
+        ("out", ctypes.c_void_p),
+        ("ready_flag", ctypes.c_void_p),
+        ("ready_value", ctypes.c_uint32),
+        ("done_flag", ctypes.c_void_p),
+        ("done_value", ctypes.c_uint32),
+        ("stats", ctypes.c_void_p),
+    ]
+
+
 @functools.lru_cache(maxsize=1)
 def load_library() -> ctypes.CDLL | None:
     """The built kernel library, or None (warned once) when it cannot be built here."""
@@ -77,6 +100,10 @@ def load_library() -> ctypes.CDLL | None:
     lib.ft_pool_destroy.argtypes, lib.ft_pool_destroy.restype = [vp], None
     lib.ft_moe_submit.argtypes, lib.ft_moe_submit.restype = [vp, ctypes.POINTER(_MoeArgs)], i32
     lib.ft_wait.argtypes, lib.ft_wait.restype = [vp, i32], None
+    lib.ft_moe_enqueue.argtypes, lib.ft_moe_enqueue.restype = [vp, ctypes.POINTER(_QueuedArgs)], i32
+    lib.ft_queue_drain.argtypes, lib.ft_queue_drain.restype = [vp], None
+    lib.ft_queue_pending.argtypes, lib.ft_queue_pending.restype = [vp], i64
+    lib.ft_queue_error.argtypes, lib.ft_queue_error.restype = [vp], i32
     lib.ft_stream_read.argtypes, lib.ft_stream_read.restype = [vp, vp, i64], ctypes.c_uint64
     return lib
 
@@ -214,6 +241,8 @@ class CpuExpertKernel:
         """
         if self._inflight is not None:
             raise RuntimeError("the previous batch is still running: call wait() first")
+        if self.queued():
+            raise RuntimeError("queued batches are pending: call drain() first")
         check_args(x, tok, row, weight, gate_up, down, activation, out, bounds=self._pool is None)
         if done_flag is not None:
             _check_tensor("done_flag", done_flag, (torch.int32,), 1)
@@ -273,6 +302,69 @@ class CpuExpertKernel:
         out = self.submit(x, tok, row, weight, gate_up, down, activation, out)
         self.wait()
         return out
+
+    def enqueue(
+        self,
+        x: torch.Tensor,
+        codes: torch.Tensor,
+        weight: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        out: torch.Tensor,
+        ready: tuple[torch.Tensor, int],
+        done: tuple[torch.Tensor, int],
+        stats: torch.Tensor | None = None,
+        activation: str = "silu",
+    ) -> None:
+        """Queue a batch that starts once ``ready[0][0]`` reaches ``ready[1]`` (cyclic int32 compare);
+        returns at once. Routes come as codes: x [T, D] float32, codes int64 [T*k] (``c < 0``: pool row
+        ``-1 - c`` runs here, token ``i // k``), weight float32 [T*k], out float32 [T, D] (fully written).
+        When out (and ``stats`` int64 [4]: distinct rows, routes, ns, error) is written, ``done[0][0]``
+        is set to ``done[1]``, also when the batch failed (out is then zeros; ``queue_error()`` says
+        why). The caller keeps every tensor alive until then. Native backend only."""
+        if self._pool is None or self._lib is None:
+            raise RuntimeError("queued batches need the native kernel (this one is the torch fallback)")
+        if self._inflight is not None:
+            raise RuntimeError("a submitted batch is still running: call wait() first")
+        T = x.shape[0] if x.dim() == 2 else -1
+        k = codes.numel() // T if T > 0 else 1
+        check_args(x, torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.int64),
+                   torch.zeros(0), gate_up, down, activation, out)
+        _check_tensor("codes", codes, (torch.int64,), 1)
+        _check_tensor("weight", weight, (torch.float32,), 1)
+        if T > 0 and (codes.numel() != T * k or weight.numel() != codes.numel()):
+            raise ValueError(f"codes and weight must hold T*k entries for T={T}, got {codes.numel()}, "
+                             f"{weight.numel()}")
+        for name, (flag, _) in (("ready flag", ready), ("done flag", done)):
+            _check_tensor(name, flag, (torch.int32,), 1)
+        if stats is not None:
+            _check_tensor("stats", stats, (torch.int64,), 1)
+            if stats.numel() < 4:
+                raise ValueError("stats must hold 4 elements")
+        args = _QueuedArgs(
+            x.data_ptr(), T, x.shape[1], down.shape[2], codes.data_ptr(), weight.data_ptr(), max(k, 1),
+            gate_up.data_ptr(), down.data_ptr(), gate_up.shape[0],
+            _FORMATS[gate_up.dtype], ACTIVATIONS.index(activation), out.data_ptr(),
+            ready[0].data_ptr(), ready[1] & 0xFFFFFFFF, done[0].data_ptr(), done[1] & 0xFFFFFFFF,
+            None if stats is None else stats.data_ptr(),
+        )  # fmt: skip
+        rc = self._lib.ft_moe_enqueue(self._pool, ctypes.byref(args))
+        if rc != 0:
+            raise ValueError(_ERRORS.get(rc, f"kernel error {rc}"))
+
+    def queued(self) -> int:
+        """Queued batches not yet done (0 on the torch fallback)."""
+        return int(self._lib.ft_queue_pending(self._pool)) if self._pool and self._lib else 0
+
+    def drain(self) -> None:
+        """Block until every queued batch is done (their ready flags must come)."""
+        if self._pool is not None and self._lib is not None:
+            self._lib.ft_queue_drain(self._pool)
+
+    def queue_error(self) -> str | None:
+        """What the first failed queued batch since the last call met, or None."""
+        rc = int(self._lib.ft_queue_error(self._pool)) if self._pool and self._lib else 0
+        return None if rc == 0 else _ERRORS.get(rc, f"kernel error {rc}")
 
     def stream_read(self, buf: torch.Tensor) -> int:
         """Sum ``buf``'s bytes as uint64 words with the kernel's workers (a read-bandwidth probe)."""

@@ -1,0 +1,133 @@
+// See feeder.h.
+#include "feeder.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+namespace ft {
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+inline bool reached(const uint32_t* flag, uint32_t value) {
+  return static_cast<int32_t>(__atomic_load_n(flag, __ATOMIC_ACQUIRE) - value) >= 0;
+}
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+constexpr int64_t kMaxNapNs = 50'000;  // longest nap while a batch waits for its ready flag
+
+}  // namespace
+
+Feeder::Feeder(RunFn run, int64_t spin_ns) : run_(std::move(run)), spin_ns_(spin_ns), thread_([this] { loop(); }) {}
+
+Feeder::~Feeder() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_.store(true, std::memory_order_release);
+  }
+  cv_work_.notify_all();
+  thread_.join();
+}
+
+int Feeder::push(const FtQueuedArgs& a) {
+  if (a.T < 0 || a.k < 1 || a.D <= 0 || a.I <= 0 || !a.ready_flag || !a.done_flag) return -2;
+  if (a.T > 0 && (!a.x || !a.codes || !a.w || !a.out || !a.gate_up || !a.down)) return -2;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    queue_.push_back(a);
+    pending_.fetch_add(1, std::memory_order_acq_rel);
+  }
+  cv_work_.notify_one();
+  return 0;
+}
+
+void Feeder::drain() {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_idle_.wait(lk, [this] { return pending_.load(std::memory_order_acquire) == 0 || stop_.load(); });
+}
+
+bool Feeder::wait_ready(const FtQueuedArgs& a) {
+  const int64_t t0 = now_ns();
+  for (uint32_t i = 0; !reached(a.ready_flag, a.ready_value); ++i) {
+    if (stop_.load(std::memory_order_acquire)) return false;
+    if (now_ns() - t0 < spin_ns_) {
+      cpu_relax();
+      continue;
+    }
+    // nap: 2 us doubling to 50 us (the GPU writes the flag; nobody can notify this thread)
+    const int64_t nap = std::min<int64_t>(kMaxNapNs, int64_t{2000} << std::min<uint32_t>(i, 5));
+    std::this_thread::sleep_for(std::chrono::nanoseconds(nap));
+  }
+  return true;
+}
+
+void Feeder::run_one(const FtQueuedArgs& a) {
+  const int64_t t_ready = now_ns();
+  const int64_t n = a.T * a.k;
+  tok_.clear(), row_.clear(), w_.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t c = a.codes[i];
+    if (c >= 0) continue;
+    tok_.push_back(static_cast<int32_t>(i / a.k)), row_.push_back(-1 - c), w_.push_back(a.w[i]);
+  }
+  const FtMoeArgs m{a.x, a.T, a.D, a.I, tok_.data(), row_.data(), w_.data(), static_cast<int64_t>(row_.size()),
+                    a.gate_up, a.down, a.N, a.fmt, a.act, a.out, nullptr, 0};
+  int rc = run_(m);
+  if (rc != 0 && a.T > 0) std::memset(a.out, 0, sizeof(float) * a.T * a.D);  // never hand back garbage
+  if (rc != 0) {
+    int expected = 0;
+    error_.compare_exchange_strong(expected, rc);
+  }
+  if (a.stats) {
+    std::vector<int64_t> rows(row_);
+    std::sort(rows.begin(), rows.end());
+    a.stats[0] = std::unique(rows.begin(), rows.end()) - rows.begin();
+    a.stats[1] = static_cast<int64_t>(row_.size());
+    a.stats[2] = now_ns() - t_ready;
+    a.stats[3] = rc;
+  }
+  __atomic_store_n(a.done_flag, a.done_value, __ATOMIC_RELEASE);  // out and stats first
+}
+
+void Feeder::loop() {
+#ifdef __linux__
+  prctl(PR_SET_TIMERSLACK, 1000UL);  // naps of a few microseconds, not the default 50 us slack
+#endif
+  for (;;) {
+    FtQueuedArgs a;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_work_.wait(lk, [this] { return stop_.load(std::memory_order_acquire) || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      a = queue_.front();
+    }
+    if (!stop_.load(std::memory_order_acquire) && wait_ready(a)) {
+      run_one(a);
+    } else {  // stopping: release whoever waits on this batch (its out is not computed)
+      __atomic_store_n(a.done_flag, a.done_value, __ATOMIC_RELEASE);
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      queue_.pop_front();
+      pending_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+    cv_idle_.notify_all();
+  }
+}
+
+}  // namespace ft

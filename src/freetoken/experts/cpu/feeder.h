@@ -1,0 +1,75 @@
+// Stream-ordered CPU branch (DESIGN §7 step 3): batches queued ahead of time by the host, each started
+// by the CPU only once a flag in pinned host memory reaches its value (the GPU stream writes it after
+// copying the batch's inputs there), and announced done by a second flag the stream waits on. The host
+// thread that queues never blocks: it can queue every MoE layer of a step before the GPU finishes the
+// first. One feeder thread takes the batches in order and runs each on the worker pool, helping.
+// Plain C++17, no ISA flags, no CUDA headers (the flags are plain memory here).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "plan.h"
+
+extern "C" struct FtQueuedArgs {
+  const float* x;  // [T, D] fp32
+  int64_t T, D, I;
+  const int64_t* codes;  // [T * k] route codes: c < 0 runs here on pool row -1 - c, c >= 0 does not
+  const float* w;        // [T * k] gate weights
+  int64_t k;
+  const void* gate_up;  // [N, 2I, D]
+  const void* down;     // [N, D, I]
+  int64_t N;
+  int32_t fmt, act;
+  float* out;                  // [T, D] fp32, fully written (zeros for tokens without routes here)
+  const uint32_t* ready_flag;  // start once (int32)(*ready_flag - ready_value) >= 0
+  uint32_t ready_value;
+  uint32_t* done_flag;  // set to done_value (release) when out and stats are written, also on error
+  uint32_t done_value;
+  int64_t* stats;  // optional [4]: distinct pool rows, routes, ns from ready to done, error code (0 ok)
+};
+
+namespace ft {
+
+class Feeder {
+ public:
+  // run: computes one batch to completion (0 or an ft_moe_submit error code); spin_ns: how long the
+  // feeder polls a ready flag before it starts sleeping in short naps (0: naps at once).
+  using RunFn = std::function<int(const FtMoeArgs&)>;
+  Feeder(RunFn run, int64_t spin_ns);
+  ~Feeder();  // abandons queued batches, setting their done flags, so no stream waits forever
+
+  // 0 queued; -2 bad dimensions or null pointers (nothing queued).
+  int push(const FtQueuedArgs& a);
+  // Blocks until every queued batch is done (their ready flags must come).
+  void drain();
+  int64_t pending() const { return pending_.load(std::memory_order_acquire); }
+  // The first error a batch met (0: none), cleared by reading.
+  int take_error() { return error_.exchange(0); }
+
+ private:
+  void loop();
+  bool wait_ready(const FtQueuedArgs& a);  // false: stopping
+  void run_one(const FtQueuedArgs& a);
+
+  RunFn run_;
+  const int64_t spin_ns_;
+  std::mutex mu_;
+  std::condition_variable cv_work_, cv_idle_;
+  std::deque<FtQueuedArgs> queue_;
+  std::atomic<int64_t> pending_{0};  // queued + running
+  std::atomic<int> error_{0};
+  std::atomic<bool> stop_{false};
+  std::vector<int32_t> tok_;  // the batch's routes, decoded from its codes (feeder thread only)
+  std::vector<int64_t> row_;
+  std::vector<float> w_;
+  std::thread thread_;  // last: starts after, and stops before, everything it reads
+};
+
+}  // namespace ft

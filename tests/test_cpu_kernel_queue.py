@@ -1,0 +1,143 @@
+"""The CPU kernel's stream-ordered queue: batches wait for their ready flag, run in order, and set their
+done flag. Here the test thread writes the ready flags (on CUDA the stream does) and polls the done flag
+(on CUDA the stream waits on it)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from freetoken.experts.cpu import kernel as kmod
+from freetoken.experts.cpu.kernel import CpuExpertKernel, cpu_experts_reference
+
+
+def _native() -> CpuExpertKernel:
+    if kmod.load_library() is None:
+        pytest.skip("no C++ compiler: the native kernel cannot be built here")
+    return CpuExpertKernel(num_threads=2)
+
+
+def _case(T: int, k: int, D: int, inter: int, N: int, dtype: torch.dtype, seed: int):
+    """x [T, D], codes [T*k] (about half run here: c = -1 - row; others >= 0), weights, banks."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, D, generator=g)
+    gate_up = (torch.randn(N, 2 * inter, D, generator=g) / D**0.5).to(dtype)
+    down = (torch.randn(N, D, inter, generator=g) / inter**0.5).to(dtype)
+    rows = torch.randint(0, N, (T * k,), generator=g)
+    here = torch.rand(T * k, generator=g) < 0.5
+    codes = torch.where(here, -1 - rows, torch.randint(0, 50, (T * k,), generator=g))
+    w = torch.rand(T * k, generator=g)
+    return x, codes, w, gate_up, down
+
+
+def _reference(x, codes, w, gate_up, down, k: int) -> torch.Tensor:
+    here = codes < 0
+    tok = (torch.arange(codes.numel()) // k)[here].to(torch.int32)
+    return cpu_experts_reference(x, tok, (-1 - codes)[here], w[here], gate_up, down)
+
+
+def _wait_flag(flag: torch.Tensor, value: int, timeout: float = 10.0) -> None:
+    t0 = time.monotonic()
+    while int(flag[0]) != value:
+        assert time.monotonic() - t0 < timeout, f"done flag stuck at {int(flag[0])}, wanted {value}"
+        time.sleep(0.0005)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batches_wait_for_ready_then_run_in_order(dtype: torch.dtype) -> None:
+    kern = _native()
+    k = 4
+    cases = [_case(T, k, 96, 40, 6, dtype, seed=T) for T in (1, 3, 2)]
+    ready, done = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    outs = [torch.full((c[0].shape[0], 96), float("nan")) for c in cases]
+    stats = [torch.zeros(4, dtype=torch.int64) for _ in cases]
+    for i, (c, out, st) in enumerate(zip(cases, outs, stats)):
+        kern.enqueue(*c, out=out, ready=(ready, i + 1), done=(done, i + 1), stats=st)
+    assert kern.queued() == 3
+    time.sleep(0.05)
+    assert int(done[0]) == 0 and torch.isnan(outs[0]).all()  # nothing starts before its ready flag
+    with pytest.raises(RuntimeError, match="queued"):
+        kern.submit(cases[0][0], torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.int64),
+                    torch.zeros(0), cases[0][3], cases[0][4])  # direct batches wait for the queue
+    ready[0] = 1
+    _wait_flag(done, 1)
+    time.sleep(0.02)
+    assert int(done[0]) == 1 and torch.isnan(outs[1]).all()  # batch 2 still waits for its flag
+    ready[0] = 3  # one write releases both: the compare is "reached", not "equal"
+    _wait_flag(done, 3)
+    kern.drain()
+    assert kern.queued() == 0 and kern.queue_error() is None
+    tol = 2e-6 if dtype == torch.float32 else 5e-5
+    for c, out, st in zip(cases, outs, stats):
+        ref = _reference(*c, k=k)
+        torch.testing.assert_close(out, ref, rtol=0, atol=tol * max(1.0, float(ref.abs().max())))
+        here = c[1] < 0
+        assert int(st[0]) == int(torch.unique(c[1][here]).numel()) and int(st[1]) == int(here.sum())
+        assert int(st[2]) > 0 and int(st[3]) == 0
+
+
+def test_flags_wrap_around() -> None:
+    """Values are compared cyclically (int32 difference), so the sequence can wrap past 2**32."""
+    kern = _native()
+    c = _case(2, 2, 32, 16, 3, torch.float32, seed=5)
+    ready = torch.tensor([-2], dtype=torch.int32)  # 0xFFFFFFFE
+    done = torch.zeros(1, dtype=torch.int32)
+    out = torch.empty(2, 32)
+    kern.enqueue(*c, out=out, ready=(ready, 1), done=(done, 1))  # 1 is "after" 0xFFFFFFFE
+    time.sleep(0.02)
+    assert int(done[0]) == 0
+    ready[0] = 1
+    _wait_flag(done, 1)
+    ref = _reference(*c, k=2)
+    torch.testing.assert_close(out, ref, rtol=0, atol=2e-6 * max(1.0, float(ref.abs().max())))
+
+
+def test_bad_batch_still_sets_done_and_reports() -> None:
+    """A route to a row outside the pool: out is zeros, the done flag is set (a waiting stream would
+    otherwise hang), the error is reported once, and the next batch runs normally."""
+    kern = _native()
+    x, codes, w, gate_up, down = _case(2, 2, 32, 16, 3, torch.float32, seed=6)
+    bad = codes.clone()
+    bad[0] = -1 - 99  # row 99 of 3
+    ready, done = torch.ones(1, dtype=torch.int32) * 2, torch.zeros(1, dtype=torch.int32)
+    out_bad, out_ok = torch.full((2, 32), 5.0), torch.empty(2, 32)
+    kern.enqueue(x, bad, w, gate_up, down, out=out_bad, ready=(ready, 1), done=(done, 1))
+    kern.enqueue(x, codes, w, gate_up, down, out=out_ok, ready=(ready, 2), done=(done, 2))
+    kern.drain()
+    assert int(done[0]) == 2
+    assert torch.equal(out_bad, torch.zeros(2, 32))
+    err = kern.queue_error()
+    assert err is not None and "pool rows" in err
+    assert kern.queue_error() is None  # reported once
+    ref = _reference(x, codes, w, gate_up, down, k=2)
+    torch.testing.assert_close(out_ok, ref, rtol=0, atol=2e-6 * max(1.0, float(ref.abs().max())))
+
+
+def test_close_releases_waiting_batches() -> None:
+    """Closing with batches whose ready flag never came sets their done flags: nothing waits forever."""
+    kern = _native()
+    c = _case(1, 2, 32, 16, 3, torch.float32, seed=7)
+    ready, done = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    outs = [torch.empty(1, 32) for _ in range(2)]
+    for i, out in enumerate(outs):
+        kern.enqueue(*c, out=out, ready=(ready, i + 1), done=(done, i + 1))
+    kern.close()
+    assert int(done[0]) == 2
+
+
+def test_enqueue_checks_its_arguments() -> None:
+    kern = _native()
+    x, codes, w, gate_up, down = _case(2, 2, 32, 16, 3, torch.float32, seed=8)
+    flag = torch.zeros(1, dtype=torch.int32)
+    out = torch.empty(2, 32)
+    with pytest.raises(ValueError, match="codes"):
+        kern.enqueue(x, codes.to(torch.int32), w, gate_up, down, out=out, ready=(flag, 1), done=(flag, 1))
+    with pytest.raises(ValueError, match="T\\*k"):
+        kern.enqueue(x, codes[:3], w[:3], gate_up, down, out=out, ready=(flag, 1), done=(flag, 1))
+    with pytest.raises(ValueError, match="out"):
+        kern.enqueue(x, codes, w, gate_up, down, out=torch.empty(3, 32), ready=(flag, 1), done=(flag, 1))
+    with pytest.raises(ValueError, match="ready flag"):
+        kern.enqueue(x, codes, w, gate_up, down, out=out, ready=(flag.long(), 1), done=(flag, 1))
+    assert kern.queued() == 0
