@@ -23,6 +23,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -59,6 +60,7 @@ class PolicyResult:
     fills_per_layer_step: float
     bound_tok_s: float | None = None
     of_bound: float | None = None
+    runahead: float | None = None  # share of steps where the host queued the last layer before the GPU ended the first
     stats: dict[str, Any] = field(default_factory=dict)
 
 
@@ -113,12 +115,17 @@ def make_router(args: argparse.Namespace, shape: MoEShape, device: torch.device,
     return SyntheticRouter(shape, args.layers, device, dtype, seed=args.seed)
 
 
-def decode_step(backend: ExpertBackend, router: Router, layers: int, x: torch.Tensor) -> None:
+def decode_step(
+    backend: ExpertBackend, router: Router, layers: int, x: torch.Tensor,
+    after_layer: Callable[[int], None] | None = None,
+) -> None:  # fmt: skip
     """One decode step of the batch through every MoE layer; x [B, D] in the compute dtype."""
     backend.begin_step(x.shape[0], True)
     for layer in range(layers):
         ids, w = router.route(layer, x)
         x = rms_norm(x + backend.forward(layer, x, ids, w))
+        if after_layer is not None:
+            after_layer(layer)
     if isinstance(router, TraceRouter):
         router.advance()
 
@@ -161,11 +168,23 @@ def run_policy(
         sync()
         elapsed = time.perf_counter() - t0
         s1 = backend.stats()
+        ahead = None
+        if dev.type == "cuda" and args.runahead:
+            from freetoken.bench.runahead import profile_steps, runahead_share
+
+            def step(x: torch.Tensor, after: Callable[[int], None] | None) -> None:
+                decode_step(backend, router, L, x, after)
+
+            ahead = runahead_share(step, inputs)
+            if args.profile_dir:
+                profile_steps(step, inputs, Path(args.profile_dir) / f"{policy}-threads{_threads(args)}.json")
     finally:
         close: Callable[[], None] | None = getattr(backend, "close", None)
         if close is not None:
             close()
-    return summarize(policy, backend.name, s0, s1, elapsed, args.steps, B, banks.expert_bytes)
+    r = summarize(policy, backend.name, s0, s1, elapsed, args.steps, B, banks.expert_bytes)
+    r.runahead = ahead
+    return r
 
 
 def summarize(
@@ -212,6 +231,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--bw-cpu", type=float, default=None, help="B_H' GB/s for the bound (default: machine profile)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--runahead", action="store_true",
+                   help="CUDA: also measure how often the host queues the last MoE layer before the GPU ends the first")
+    p.add_argument("--profile-dir", default=None, help="with --runahead: write a profiler trace per policy here")
     return p
 
 
@@ -323,13 +345,14 @@ def print_acceptance(results: list[PolicyResult]) -> None:
 
 def print_table(results: list[PolicyResult], have_fused: bool) -> None:
     head = f"{'policy':<14}{'ran':<14}{'tok/s':>9}{'ms/step':>9}{'miss%':>7}{'mean q':>8}"
-    head += f"{'PCIe MB/tok':>12}{'CPU MB/tok':>11}{'bound tok/s':>12}{'of bound':>9}"
+    head += f"{'PCIe MB/tok':>12}{'CPU MB/tok':>11}{'bound tok/s':>12}{'of bound':>9}{'ahead':>7}"
     print(head)
     for r in results:
         bound = f"{r.bound_tok_s:12.1f}{r.of_bound:9.0%}" if r.bound_tok_s and r.of_bound else f"{'n/a':>12}{'':>9}"
         print(
             f"{r.policy:<14}{r.backend:<14}{r.tok_s:9.1f}{r.step_ms:9.2f}{r.miss_rate * 100:7.1f}{r.mean_q:8.2f}"
             f"{r.pcie_mb_per_token:12.1f}{r.cpu_mb_per_token:11.1f}{bound}"
+            + (f"{r.runahead:7.0%}" if r.runahead is not None else f"{'–':>7}")
         )
     if not have_fused:
         print("# bound without T_gpu (no fused run): bandwidth term only")

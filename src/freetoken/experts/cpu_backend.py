@@ -22,11 +22,14 @@ class CpuBackend(ExpertBackend):
         self.counters = DeviceCounters(device)
         self._zero = torch.zeros((), dtype=torch.long, device=device)
 
+    def begin_step(self, num_tokens: int, is_decode: bool) -> None:
+        self.runner.collect()  # reports a failed streamed batch of the last step
+
     def forward(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
         if topk_ids.numel() == 0:
             return torch.zeros_like(x)
         eids = topk_ids.reshape(-1) + layer * self.pool.num_experts  # [T*k] pool rows
-        handle = self.runner.submit(x, -1 - eids, topk_w)
+        handle = self.runner.submit(x, -1 - eids, topk_w, layer)
         groups = group_routes(eids, self.pool.num_rows)  # distinct experts, counted on the device
         n = groups.n_groups
         self.counters.add_step(self._zero, n, self._zero, n)

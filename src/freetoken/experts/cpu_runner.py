@@ -6,10 +6,10 @@ kernel (``freetoken.experts.cpu``: its own pinned workers, GIL released) does th
 device ``submit`` starts it directly; on CUDA a feeder thread waits for the inputs' copy and calls it.
 Pools in a dtype the kernel does not take run the torch reference in the feeder thread instead.
 
-On CUDA the inputs travel to pinned host buffers with one async copy; the worker waits on a CUDA event
-(in its own thread, never the engine's) and ``wait`` copies the partial back. ``wait`` blocks the host
-until the worker is done: this adapter is not capturable in a CUDA graph (the C++ kernel's stream-ordered
-flags are).
+On CUDA, decode-sized batches go through ``StreamedCpuBranch`` (``cpu_stream.py``): the stream itself
+starts the CPU work and waits for it, the host never blocks. Without stream memory operations, or for
+batches larger than its buffers, the inputs travel to pinned host buffers with one async copy, a worker
+thread waits on a CUDA event and ``wait`` blocks the host until the partial is back.
 """
 
 from __future__ import annotations
@@ -21,8 +21,12 @@ from dataclasses import dataclass
 import torch
 
 from freetoken.experts.cpu.kernel import CpuExpertKernel
+from freetoken.experts.cpu_stream import StreamedCpuBranch, StreamedHandle
 from freetoken.experts.pool import HostExpertPool
 from freetoken.experts.reference import expert_ffn
+from freetoken.experts.stream_ops import stream_ops
+
+STREAMED_MAX_TOKENS = 64  # per-layer pinned buffers of the streamed branch hold this many tokens
 
 
 @dataclass
@@ -37,6 +41,7 @@ class CpuHandle:
     device: torch.device
     future: Future[CpuResult] | None = None  # fed by the feeder thread (CUDA, torch fallback)
     direct: CpuResult | None = None  # submitted straight to the kernel (CPU device): wait() completes it
+    streamed: StreamedHandle | None = None  # ordered by the CUDA stream: wait() enqueues, never blocks
 
 
 def _submit_routes(
@@ -59,6 +64,8 @@ def _run_routes_kernel(
     kernel: CpuExpertKernel, pool: HostExpertPool, x: torch.Tensor, codes: torch.Tensor, w: torch.Tensor, k: int
 ) -> CpuResult:
     """Synchronous ``_submit_routes``: float32 [T, D] and the wall time."""
+    if kernel.queued():  # streamed batches of earlier layers go first (their flags are in the stream)
+        kernel.drain()
     res = _submit_routes(kernel, pool, x, codes, w, k)
     kernel.wait()
     res.seconds = time.perf_counter() - res.seconds
@@ -89,7 +96,9 @@ def _run_routes(pool: HostExpertPool, x: torch.Tensor, codes: torch.Tensor, w: t
 
 
 class CpuExpertRunner:
-    def __init__(self, pool: HostExpertPool, device: torch.device, threads: int | None = None) -> None:
+    def __init__(
+        self, pool: HostExpertPool, device: torch.device, threads: int | None = None, streamed: bool = True
+    ) -> None:
         self.pool = pool
         self.device = device
         self.threads = threads
@@ -97,6 +106,25 @@ class CpuExpertRunner:
         self.kernel: CpuExpertKernel | None = None
         if pool.gate_up.dtype in (torch.float32, torch.bfloat16):
             self.kernel = CpuExpertKernel(num_threads=threads)
+        self._want_streamed = streamed and device.type == "cuda" and self.kernel is not None
+        self._streamed: StreamedCpuBranch | None = None
+
+    def _streamed_for(self, tokens: int, top_k: int) -> StreamedCpuBranch | None:
+        """The stream-ordered branch when it can take this batch (built on first use)."""
+        if not self._want_streamed or self.kernel is None or self.kernel.backend != "native":
+            return None
+        if self._streamed is None:
+            ops = stream_ops()
+            if ops is None:
+                self._want_streamed = False
+                return None
+            self._streamed = StreamedCpuBranch(self.kernel, self.pool, ops, self.device, STREAMED_MAX_TOKENS, top_k)
+        return self._streamed if self._streamed.fits(tokens, top_k) else None
+
+    @property
+    def streamed(self) -> bool:
+        """Whether decode batches hand back through the stream (known after the first CUDA batch)."""
+        return self._streamed is not None
 
     def _run(self, x: torch.Tensor, codes: torch.Tensor, w: torch.Tensor, k: int) -> CpuResult:
         """In the feeder thread (on CUDA the only caller of the kernel object)."""
@@ -104,9 +132,12 @@ class CpuExpertRunner:
             return _run_routes_kernel(self.kernel, self.pool, x, codes, w, k)
         return _run_routes(self.pool, x, codes, w, k)
 
-    def submit(self, x: torch.Tensor, codes: torch.Tensor, topk_w: torch.Tensor) -> CpuHandle:
-        """x [T, D], codes [T*k] route codes, topk_w [T, k]; returns without waiting."""
+    def submit(self, x: torch.Tensor, codes: torch.Tensor, topk_w: torch.Tensor, layer: int = 0) -> CpuHandle:
+        """x [T, D], codes [T*k] route codes, topk_w [T, k] of MoE layer ``layer``; returns without waiting."""
         k = topk_w.shape[1]
+        branch = self._streamed_for(x.shape[0], k) if self.device.type == "cuda" else None
+        if branch is not None:
+            return CpuHandle(self.device, streamed=branch.submit(layer, x, codes, topk_w))
         w = topk_w.reshape(-1).float()
         if self.device.type == "cuda":
             xdt = torch.float32 if self.kernel is not None else self.pool.gate_up.dtype
@@ -129,8 +160,12 @@ class CpuExpertRunner:
         xc = x.to(self.pool.gate_up.dtype)
         return CpuHandle(self.device, future=self._exec.submit(self._run, xc, codes, w, k))
 
-    def wait(self, handle: CpuHandle) -> tuple[torch.Tensor, CpuResult]:
-        """The float32 partial [T, D] on the compute device, and the worker's measurements."""
+    def wait(self, handle: CpuHandle) -> tuple[torch.Tensor, CpuResult | None]:
+        """The float32 partial [T, D] on the compute device, and the worker's measurements (None for a
+        streamed batch: ``collect()`` returns those later)."""
+        if handle.streamed is not None:
+            assert self._streamed is not None
+            return self._streamed.wait(handle.streamed), None
         if handle.direct is not None:
             assert self.kernel is not None
             self.kernel.wait()
@@ -143,6 +178,11 @@ class CpuExpertRunner:
         if handle.device.type == "cuda":
             out = out.pin_memory().to(handle.device, non_blocking=True)
         return out, res
+
+    def collect(self) -> tuple[int, float]:
+        """(distinct experts, seconds) of streamed batches finished since the last call; call at a safe
+        point between steps."""
+        return self._streamed.collect() if self._streamed is not None else (0, 0.0)
 
     def close(self) -> None:
         self._exec.shutdown(wait=True)

@@ -69,6 +69,10 @@ class SlotBackend(ExpertBackend):
 
     def begin_step(self, num_tokens: int, is_decode: bool) -> None:
         self.streamer.begin_step(num_tokens, is_decode)
+        if self.cpu is not None:
+            experts, seconds = self.cpu.collect()  # the last step's streamed CPU batches
+            if experts:
+                self._after_cpu(experts, seconds)
 
     # -- shared step pieces ----------------------------------------------------------------------------
     def _copy(self, plan: StepPlan) -> None:
@@ -115,10 +119,11 @@ class SlotBackend(ExpertBackend):
             return torch.zeros_like(x)
         check_slots_cover_topk(self.cache.num_slots, topk_ids.shape[1])
         plan = self.cache.group_and_plan(layer, topk_ids, self.share, min_fill, protect, recent_last)
-        handle = self.cpu.submit(x, plan.route_code, topk_w)  # CPU branch first
+        handle = self.cpu.submit(x, plan.route_code, topk_w, layer)  # CPU branch first
         gpu = self._gpu(x, plan.groups, plan, topk_w)
         cpu, res = self.cpu.wait(handle)
-        self._after_cpu(res.experts, res.seconds)
+        if res is not None:  # streamed batches report at the next begin_step
+            self._after_cpu(res.experts, res.seconds)
         self._count(plan, True, plan.num_misses - plan.copy_count)
         return (gpu + cpu).to(x.dtype)
 

@@ -1,0 +1,107 @@
+"""The CPU expert branch ordered by the CUDA stream itself (DESIGN §7 step 3): the engine thread never
+waits for it.
+
+Per MoE layer: the stream copies the hidden states, route codes and gate weights into this layer's
+pinned buffers and then writes the step's sequence number into a pinned ``ready`` flag
+(``cuStreamWriteValue32``); the C++ kernel's feeder thread, which had the batch queued before the GPU
+got there, starts it when the flag is reached, writes the partial into the layer's pinned ``out`` buffer
+and sets the ``done`` flag; the stream waits for ``done`` (``cuStreamWaitValue32``) before one
+host→device copy brings the partial back. The host only enqueues: it can queue every MoE layer of a
+step while the GPU still works on the first.
+
+Buffer reuse is safe by stream order: a layer's next inputs are copied after the stream waited for its
+previous batch, and the CPU writes a layer's ``out`` only after the ready flag that follows the previous
+copy back. Branch timings come from the feeder's per-layer stats, read at the next step's safe point.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from freetoken.experts.cpu.kernel import CpuExpertKernel
+from freetoken.experts.pool import HostExpertPool
+from freetoken.experts.stream_ops import StreamOps
+
+
+@dataclass
+class StreamedHandle:
+    layer: int
+    seq: int
+    tokens: int
+
+
+def _reached(flag: int, value: int) -> bool:
+    """The feeder's cyclic compare: (int32)(flag - value) >= 0."""
+    d = (flag - value) & 0xFFFFFFFF
+    return d < 0x80000000
+
+
+class StreamedCpuBranch:
+    def __init__(
+        self,
+        kernel: CpuExpertKernel,
+        pool: HostExpertPool,
+        ops: StreamOps,
+        device: torch.device,
+        max_tokens: int,
+        top_k: int,
+    ) -> None:
+        L, D = pool.num_layers, pool.gate_up.shape[2]
+        self.kernel, self.pool, self.ops, self.device = kernel, pool, ops, device
+        self.max_tokens, self.top_k = max_tokens, top_k
+        f32, i64, i32 = torch.float32, torch.int64, torch.int32
+        self.x = torch.zeros((L, max_tokens, D), dtype=f32, pin_memory=True)
+        self.codes = torch.zeros((L, max_tokens * top_k), dtype=i64, pin_memory=True)
+        self.w = torch.zeros((L, max_tokens * top_k), dtype=f32, pin_memory=True)
+        self.out = torch.zeros((L, max_tokens, D), dtype=f32, pin_memory=True)
+        self.stats = torch.zeros((L, 4), dtype=i64)  # written by the feeder, read here
+        self.ready = torch.zeros(1, dtype=i32, pin_memory=True)
+        self.done = torch.zeros(1, dtype=i32, pin_memory=True)
+        self._ready_ptr, self._done_ptr = ops.device_ptr(self.ready), ops.device_ptr(self.done)
+        self.seq = 0
+        self._last = [0] * L  # sequence number of each layer's latest batch
+        self._read = [0] * L  # ... whose stats were collected
+
+    def fits(self, tokens: int, top_k: int) -> bool:
+        return 0 < tokens <= self.max_tokens and top_k == self.top_k
+
+    def submit(self, layer: int, x: torch.Tensor, codes: torch.Tensor, topk_w: torch.Tensor) -> StreamedHandle:
+        """Enqueue the layer's CPU branch (x [T, D], codes [T*k], topk_w [T, k] on the GPU); no host wait."""
+        T, k = topk_w.shape
+        self.seq = (self.seq + 1) & 0xFFFFFFFF or 1
+        seq = self.seq
+        xs, cs, ws, out = self.x[layer, :T], self.codes[layer, : T * k], self.w[layer, : T * k], self.out[layer, :T]
+        xs.copy_(x.float(), non_blocking=True)  # convert on the GPU, then device -> pinned host
+        cs.copy_(codes.reshape(-1), non_blocking=True)
+        ws.copy_(topk_w.reshape(-1).float(), non_blocking=True)
+        self.ops.write(self._ready_ptr, seq)  # after the copies, in stream order
+        try:
+            self.kernel.enqueue(xs, cs, ws, self.pool.gate_up, self.pool.down, out,
+                                ready=(self.ready, seq), done=(self.done, seq), stats=self.stats[layer])
+        except Exception:
+            self.kernel.drain()  # earlier batches finish (their flags are in the stream) ...
+            self.done[0] = seq  # ... then release the wait this layer's caller will enqueue
+            raise
+        self._last[layer] = seq
+        return StreamedHandle(layer, seq, T)
+
+    def wait(self, h: StreamedHandle) -> torch.Tensor:
+        """The stream waits for the batch, then copies its float32 partial [T, D] to the device."""
+        self.ops.wait(self._done_ptr, h.seq)
+        return self.out[h.layer, : h.tokens].to(self.device, non_blocking=True)
+
+    def collect(self) -> tuple[int, float]:
+        """(distinct experts, seconds) over finished batches not collected yet; raises when a batch failed."""
+        err = self.kernel.queue_error()
+        if err is not None:
+            raise RuntimeError(f"the CPU expert branch failed: {err}")
+        done = int(self.done[0])  # pinned host memory: no device sync
+        experts, seconds = 0, 0.0
+        for layer, seq in enumerate(self._last):
+            if seq and seq != self._read[layer] and _reached(done, seq):
+                st = self.stats[layer].tolist()
+                experts, seconds = experts + st[0], seconds + st[2] / 1e9
+                self._read[layer] = seq
+        return experts, seconds
