@@ -1,20 +1,33 @@
 #!/usr/bin/env bash
-# GPU box acceptance run for the expert hierarchy (one sitting, < 10 min). Needs the traces carried in
-# .carry/traces (copies of ../shared/traces). Writes logs and JSON under $OUT; prints a short table last.
+# GPU box acceptance run for the expert hierarchy. Needs the traces carried in .carry/traces (copies of
+# ../shared/traces). Writes logs, JSON and profiler traces under $OUT; prints a short table last.
+# Stages (default: all; each fits one device call with the others left out, see README.md):
+#   tests     GPU tests of every backend, the streamed CPU branch, the CPU kernel (~1.5 min)
+#   kernel    CPU expert kernel bench, AVX-512 and forced AVX2 (~1.5 min)
+#   decode6   ft bench decode, replayed trace, 6 CPU threads, 3 repeats, runahead + profiler trace (~4 min)
+#   decode16  the same with 16 CPU threads (~4 min)
+#   model     the model's own routing, 6 threads, 1 repeat (~1.5 min)
 set -uo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 TRACE=.carry/traces/locality-48x128x8.npy
-DEC="python3 -m freetoken.bench.decode --preset qwen3-30b-a3b --layers 12 --expert-cache 0.25 --cpu-threads 6,16"
-echo "== 1. GPU tests"; timeout 110 python3 -m pytest -q -p no:cacheprovider -m gpu -s tests/test_backends.py \
-  tests/test_cpu_kernel.py tests/test_hardware.py tests/test_reference_models.py > "$OUT/gpu_tests.log" 2>&1
-tail -3 "$OUT/gpu_tests.log"; grep -E "^bf16|FAILED" "$OUT/gpu_tests.log" | head -30
-echo "== 2. CPU expert kernel"; timeout 50 python3 bench/cpu_kernel.py --threads 6,16 --read-gib 4 \
+DEC="python3 -m freetoken.bench.decode --preset qwen3-30b-a3b --layers 12 --expert-cache 0.25"
+STAGES=${*:-tests kernel decode6 decode16 model}
+for stage in $STAGES; do case $stage in
+tests) echo "== GPU tests"; timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -s tests/test_backends.py \
+  tests/test_cpu_stream_gpu.py tests/test_cpu_kernel.py tests/test_cpu_kernel_queue.py tests/test_hardware.py \
+  tests/test_reference_models.py > "$OUT/gpu_tests.log" 2>&1
+  tail -3 "$OUT/gpu_tests.log"; grep -E "FAILED|Error" "$OUT/gpu_tests.log" | head -20 ;;
+kernel) echo "== CPU expert kernel"; timeout 50 python3 bench/cpu_kernel.py --threads 6,16 --read-gib 4 \
   > "$OUT/cpu_kernel.log" 2>&1; tail -12 "$OUT/cpu_kernel.log"
-FREETOKEN_FORCE_AVX2=1 timeout 25 python3 bench/cpu_kernel.py --threads 16 --read-gib 2 --isa avx2 \
-  > "$OUT/cpu_kernel_avx2.log" 2>&1; tail -6 "$OUT/cpu_kernel_avx2.log"
-echo "== 3. decode, replayed trace"; timeout 290 $DEC --repeats 3 --steps 256 --warmup-tokens 200 \
-  --routing-trace $TRACE --measure-bw --json "$OUT/decode_trace.json" > "$OUT/decode_trace.log" 2> "$OUT/decode_trace.err"
-echo "== 4. decode, the model's own routing"; timeout 100 $DEC --repeats 1 --steps 128 --warmup-tokens 200 \
-  --measure-bw --json "$OUT/decode_model.json" > "$OUT/decode_model.log" 2> "$OUT/decode_model.err"
-echo "== summary"; cat "$OUT/decode_trace.log"; echo; cat "$OUT/decode_model.log"; tail -3 "$OUT/decode_trace.err"
+  FREETOKEN_FORCE_AVX2=1 timeout 25 python3 bench/cpu_kernel.py --threads 16 --read-gib 2 --isa avx2 \
+  > "$OUT/cpu_kernel_avx2.log" 2>&1; tail -6 "$OUT/cpu_kernel_avx2.log" ;;
+decode6|decode16) t=${stage#decode}; echo "== decode, replayed trace, $t threads"
+  timeout 280 $DEC --cpu-threads "$t" --repeats 3 --steps 256 --warmup-tokens 200 --routing-trace $TRACE \
+  --measure-bw --runahead --profile-dir "$OUT/prof$t" --json "$OUT/decode_trace$t.json" \
+  > "$OUT/decode_trace$t.log" 2> "$OUT/decode_trace$t.err"; cat "$OUT/decode_trace$t.log"; tail -3 "$OUT/decode_trace$t.err" ;;
+model) echo "== decode, the model's own routing"; timeout 100 $DEC --cpu-threads 6 --repeats 1 --steps 128 \
+  --warmup-tokens 200 --measure-bw --json "$OUT/decode_model.json" > "$OUT/decode_model.log" 2> "$OUT/decode_model.err"
+  cat "$OUT/decode_model.log" ;;
+*) echo "unknown stage $stage"; exit 2 ;;
+esac; done

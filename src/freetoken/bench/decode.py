@@ -176,7 +176,7 @@ def run_policy(
                 decode_step(backend, router, L, x, after)
 
             ahead = runahead_share(step, inputs)
-            if args.profile_dir:
+            if args.profile_dir and policy == "hybrid":
                 profile_steps(step, inputs, Path(args.profile_dir) / f"{policy}-threads{_threads(args)}.json")
     finally:
         close: Callable[[], None] | None = getattr(backend, "close", None)
@@ -233,7 +233,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--runahead", action="store_true",
                    help="CUDA: also measure how often the host queues the last MoE layer before the GPU ends the first")
-    p.add_argument("--profile-dir", default=None, help="with --runahead: write a profiler trace per policy here")
+    p.add_argument("--profile-dir", default=None, help="with --runahead: write a profiler trace of hybrid here")
     return p
 
 
