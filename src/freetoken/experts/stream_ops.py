@@ -42,7 +42,8 @@ class StreamOps:
         if flag.device.type != "cpu" or not flag.is_pinned():
             raise StreamOpsError("stream flags must live in pinned host memory")
         out = ctypes.c_uint64(0)
-        _check(self._devptr(ctypes.byref(out), flag.data_ptr(), 0), "cuMemHostGetDevicePointer")
+        if self._devptr(ctypes.byref(out), flag.data_ptr(), 0) != 0:
+            return flag.data_ptr()  # unified addressing: pinned host memory has the same address on the GPU
         return int(out.value)
 
     def write(self, dptr: int, value: int, stream: torch.cuda.Stream | None = None) -> None:
