@@ -133,6 +133,7 @@ def test_heldout_tool_calls_name_and_arguments(api: str, answers, heldout) -> No
     acc = sum(hits) / len(hits)
     misses = [(c["messages"][-1]["content"], call) for c, call, ok in zip(convs, calls, hits) if not ok]
     print(f"\n[tools] {api}: name + arguments {sum(hits)}/{len(hits)} ({acc:.0%}), name {names}/{len(hits)}")
+    print(f"[tools] {api} misses: {misses}")
     assert acc >= 0.90, f"{api}: tool name + arguments right in {acc:.0%} (< 90%); misses {misses}"
 
 
