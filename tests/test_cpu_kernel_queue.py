@@ -141,3 +141,23 @@ def test_enqueue_checks_its_arguments() -> None:
     with pytest.raises(ValueError, match="ready flag"):
         kern.enqueue(x, codes, w, gate_up, down, out=out, ready=(flag.long(), 1), done=(flag, 1))
     assert kern.queued() == 0
+
+
+def test_prepared_batches_requeue_with_new_sizes_and_flags() -> None:
+    """The hot path: arguments checked once, then re-queued with another token count and flag values."""
+    kern = _native()
+    k = 2
+    x, codes, w, gate_up, down = _case(4, k, 48, 24, 5, torch.float32, seed=9)
+    ready, done = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    out = torch.empty(4, 48)
+    args = kern.enqueue(x, codes, w, gate_up, down, out=out, ready=(ready, 1), done=(done, 1))
+    ready[0] = 1
+    _wait_flag(done, 1)
+    ref4 = _reference(x, codes, w, gate_up, down, k=k)
+    torch.testing.assert_close(out, ref4, rtol=0, atol=2e-6 * max(1.0, float(ref4.abs().max())))
+    x[:2] = torch.randn(2, 48)  # new inputs in the same buffers, two tokens this time
+    kern.enqueue_prepared(args, 2, ready_value=2, done_value=2)
+    ready[0] = 2
+    _wait_flag(done, 2)
+    ref2 = _reference(x[:2], codes[: 2 * k], w[: 2 * k], gate_up, down, k=k)
+    torch.testing.assert_close(out[:2], ref2, rtol=0, atol=2e-6 * max(1.0, float(ref2.abs().max())))

@@ -1,10 +1,11 @@
 """Does the host run ahead of the GPU in decode? (issue "expert hierarchy": no host sync in the MoE layer)
 
-``runahead_share``: over a few decode steps, each started from an idle GPU, the share of steps in which
-the host had queued the last MoE layer before the GPU had finished the first (an event recorded after
-layer 0 is still pending when the last layer's ``forward`` returns). A backend whose MoE layer blocks
-the host (a ``.item()``, a host wait for the CPU branch) scores 0. ``profile_steps`` writes a
-``torch.profiler`` Chrome trace of a few steps to look at the same thing on a timeline.
+``runahead_share``: in steady state (steps back to back, no sync between them, as in the timed loop),
+the share of steps in which the host had queued the step's last MoE layer before the GPU had finished
+the step's first (an event recorded after layer 0 is still pending when the last layer's ``forward``
+returns). 100%: the host is ahead by more than a layer's worth of work, the GPU (or the CPU branch it
+waits on) sets the pace; 0%: the host sets the pace — it is slower than the device work, or it blocks.
+``profile_steps`` writes a ``torch.profiler`` Chrome trace of a few steps to see the same on a timeline.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import torch
 Step = Callable[[torch.Tensor, Callable[[int], None] | None], None]  # (x, after_layer) -> None
 
 
-def runahead_share(step: Step, inputs: Callable[[], torch.Tensor], steps: int = 10) -> float:
+def runahead_share(step: Step, inputs: Callable[[], torch.Tensor], steps: int = 20, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        step(inputs(), None)
     ahead = 0
     for _ in range(steps):
-        torch.cuda.synchronize()
         first = torch.cuda.Event()
 
         def mark(layer: int, ev: torch.cuda.Event = first) -> None:

@@ -27,6 +27,7 @@ from freetoken.experts.slot_plan import StepPlan
 from freetoken.experts.split import SplitPolicy, load_machine_profile
 
 _MAX_PENDING_RECORDS = 4096
+COPY_TIMING_EVERY = 4  # time one fill round in this many on CUDA (events cost host time every layer)
 RECENT_STEPS = 1  # 0: plain LRU victims
 
 
@@ -57,6 +58,7 @@ class HybridBackend(SlotBackend):
         self.protect = RECENT_STEPS * pool.num_layers
         self._decode = True
         self._records: list[_CopyRecord] = []
+        self._copy_calls = 0
         self._copy_bytes, self._copy_s, self._cpu_bytes, self._cpu_s = 0, 0.0, 0, 0.0
 
     def forward(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
@@ -89,7 +91,8 @@ class HybridBackend(SlotBackend):
             self._copy_s += time.perf_counter() - t0
             self._copy_bytes += int(plan.copy_count) * self.pool.expert_bytes  # a CPU tensor: no sync
             return
-        if len(self._records) >= _MAX_PENDING_RECORDS:
+        self._copy_calls += 1
+        if self._copy_calls % COPY_TIMING_EVERY or len(self._records) >= _MAX_PENDING_RECORDS:
             self.cache.copy(plan)
             return
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

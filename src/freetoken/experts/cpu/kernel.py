@@ -315,13 +315,14 @@ class CpuExpertKernel:
         done: tuple[torch.Tensor, int],
         stats: torch.Tensor | None = None,
         activation: str = "silu",
-    ) -> None:
+    ) -> _QueuedArgs:
         """Queue a batch that starts once ``ready[0][0]`` reaches ``ready[1]`` (cyclic int32 compare);
         returns at once. Routes come as codes: x [T, D] float32, codes int64 [T*k] (``c < 0``: pool row
         ``-1 - c`` runs here, token ``i // k``), weight float32 [T*k], out float32 [T, D] (fully written).
         When out (and ``stats`` int64 [4]: distinct rows, routes, ns, error) is written, ``done[0][0]``
         is set to ``done[1]``, also when the batch failed (out is then zeros; ``queue_error()`` says
-        why). The caller keeps every tensor alive until then. Native backend only."""
+        why). The caller keeps every tensor alive until then. Native backend only. Returns the checked
+        arguments, for ``enqueue_prepared``."""
         if self._pool is None or self._lib is None:
             raise RuntimeError("queued batches need the native kernel (this one is the torch fallback)")
         if self._inflight is not None:
@@ -348,6 +349,15 @@ class CpuExpertKernel:
             ready[0].data_ptr(), ready[1] & 0xFFFFFFFF, done[0].data_ptr(), done[1] & 0xFFFFFFFF,
             None if stats is None else stats.data_ptr(),
         )  # fmt: skip
+        self.enqueue_prepared(args, T, ready[1], done[1])
+        return args
+
+    def enqueue_prepared(self, args: _QueuedArgs, tokens: int, ready_value: int, done_value: int) -> None:
+        """Queue again a batch ``enqueue`` checked (same buffers, which must hold ``tokens`` rows): only
+        the token count and the flag values change. The decode hot path: no argument checks."""
+        if self._pool is None or self._lib is None:
+            raise RuntimeError("queued batches need the native kernel (this one is the torch fallback)")
+        args.T, args.ready_value, args.done_value = tokens, ready_value & 0xFFFFFFFF, done_value & 0xFFFFFFFF
         rc = self._lib.ft_moe_enqueue(self._pool, ctypes.byref(args))
         if rc != 0:
             raise ValueError(_ERRORS.get(rc, f"kernel error {rc}"))
