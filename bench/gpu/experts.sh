@@ -2,7 +2,8 @@
 # GPU box acceptance run for the expert hierarchy. Needs the traces carried in .carry/traces (copies of
 # ../shared/traces). Writes logs, JSON and profiler traces under $OUT; prints a short table last.
 # Stages (default: all; each fits one device call with the others left out, see README.md):
-#   tests     GPU tests of every backend, the streamed CPU branch, the CPU kernel (~1.5 min)
+#   tests     GPU tests of every backend, the streamed CPU branch, the CPU kernel, reference models (~3 min)
+#   quick     only the streamed CPU branch and backend GPU tests (~1.5 min)
 #   kernel    CPU expert kernel bench, AVX-512 and forced AVX2 (~1.5 min)
 #   decode6   ft bench decode, replayed trace, 6 CPU threads, 3 repeats, runahead + profiler trace (~4 min)
 #   decode16  the same with 16 CPU threads (~4 min)
@@ -14,16 +15,19 @@ TRACE=.carry/traces/locality-48x128x8.npy
 DEC="python3 -m freetoken.bench.decode --preset qwen3-30b-a3b --layers 12 --expert-cache 0.25"
 STAGES=${*:-tests kernel decode6 decode16 model}
 for stage in $STAGES; do case $stage in
-tests) echo "== GPU tests"; timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -s tests/test_backends.py \
-  tests/test_cpu_stream_gpu.py tests/test_cpu_kernel.py tests/test_cpu_kernel_queue.py tests/test_hardware.py \
+tests) echo "== GPU tests"; timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu -s tests/test_cpu_stream_gpu.py \
+  tests/test_backends.py tests/test_cpu_kernel.py tests/test_cpu_kernel_queue.py tests/test_hardware.py \
   tests/test_reference_models.py > "$OUT/gpu_tests.log" 2>&1
+  tail -3 "$OUT/gpu_tests.log"; grep -E "FAILED|Error" "$OUT/gpu_tests.log" | head -20 ;;
+quick) echo "== GPU tests (streamed CPU branch, backends)"; timeout 110 python3 -m pytest -q -p no:cacheprovider -m gpu \
+  tests/test_cpu_stream_gpu.py tests/test_backends.py > "$OUT/gpu_tests.log" 2>&1
   tail -3 "$OUT/gpu_tests.log"; grep -E "FAILED|Error" "$OUT/gpu_tests.log" | head -20 ;;
 kernel) echo "== CPU expert kernel"; timeout 50 python3 bench/cpu_kernel.py --threads 6,16 --read-gib 4 \
   > "$OUT/cpu_kernel.log" 2>&1; tail -12 "$OUT/cpu_kernel.log"
   FREETOKEN_FORCE_AVX2=1 timeout 25 python3 bench/cpu_kernel.py --threads 16 --read-gib 2 --isa avx2 \
   > "$OUT/cpu_kernel_avx2.log" 2>&1; tail -6 "$OUT/cpu_kernel_avx2.log" ;;
 decode6|decode16) t=${stage#decode}; echo "== decode, replayed trace, $t threads"
-  timeout 280 $DEC --cpu-threads "$t" --repeats 3 --steps 256 --warmup-tokens 200 --routing-trace $TRACE \
+  timeout "${DEC_TIMEOUT:-280}" $DEC --cpu-threads "$t" --repeats 3 --steps 256 --warmup-tokens 200 --routing-trace $TRACE \
   --measure-bw --runahead --profile-dir "$OUT/prof$t" --json "$OUT/decode_trace$t.json" \
   > "$OUT/decode_trace$t.log" 2> "$OUT/decode_trace$t.err"; cat "$OUT/decode_trace$t.log"; tail -3 "$OUT/decode_trace$t.err" ;;
 model) echo "== decode, the model's own routing"; timeout 100 $DEC --cpu-threads 6 --repeats 1 --steps 128 \
