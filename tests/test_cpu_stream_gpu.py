@@ -79,7 +79,7 @@ def test_host_queues_every_layer_while_the_gpu_is_stalled(name: str) -> None:
 
     t = threading.Thread(target=queue_all)
     t.start()
-    t.join(timeout=60)
+    t.join(timeout=20)
     blocked = t.is_alive()
     gate[0] = 1  # release the GPU (and a blocked host, if any)
     t.join()

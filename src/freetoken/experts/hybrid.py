@@ -35,7 +35,7 @@ RECENT_STEPS = 1  # 0: plain LRU victims
 class _CopyRecord:
     start: torch.cuda.Event
     end: torch.cuda.Event
-    q: torch.Tensor  # [1] pinned host copy of copy_count
+    q: torch.Tensor  # [1] view of the pinned ring: host copy of copy_count
 
 
 class HybridBackend(SlotBackend):
@@ -58,7 +58,11 @@ class HybridBackend(SlotBackend):
         self.protect = RECENT_STEPS * pool.num_layers
         self._decode = True
         self._records: list[_CopyRecord] = []
-        self._copy_calls = 0
+        self._copy_calls, self._timed = 0, 0
+        # Pinned landing places for the timed rounds' q, allocated once: a pinned allocation per layer
+        # (cudaHostAlloc) can wait for the device, which would stop the host from running ahead.
+        # Records fold in stream order and stay fewer than the ring, so a slot is free when reused.
+        self._q_ring = torch.zeros(_MAX_PENDING_RECORDS, dtype=torch.long, pin_memory=device.type == "cuda")
         self._copy_bytes, self._copy_s, self._cpu_bytes, self._cpu_s = 0, 0.0, 0, 0.0
 
     def forward(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
@@ -96,7 +100,8 @@ class HybridBackend(SlotBackend):
             self.cache.copy(plan)
             return
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        q = torch.empty(1, dtype=torch.long, pin_memory=True)
+        self._timed += 1
+        q = self._q_ring[self._timed % _MAX_PENDING_RECORDS :][:1]
         start.record()
         self.cache.copy(plan)
         q.copy_(plan.copy_count.reshape(1), non_blocking=True)  # before `end`: done when `end` is
