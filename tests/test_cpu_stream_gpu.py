@@ -68,9 +68,10 @@ def test_host_queues_every_layer_while_the_gpu_is_stalled(name: str) -> None:
     runner = backend.cpu if name == "hybrid" else backend.runner
     assert runner.streamed, "decode batches on CUDA should use the stream-ordered CPU branch"
 
+    inputs, outs = _inputs(3, seed=2), []  # on the GPU before the stall: a pageable copy would wait for it
+    torch.cuda.synchronize()
     gate = torch.zeros(1, dtype=torch.int32, pin_memory=True)
     ops.wait(ops.device_ptr(gate), 1)  # the GPU stalls here until the test writes 1
-    inputs, outs = _inputs(3, seed=2), []
     backend.begin_step(3, True)
 
     def queue_all() -> None:
