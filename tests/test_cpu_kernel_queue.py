@@ -161,3 +161,30 @@ def test_prepared_batches_requeue_with_new_sizes_and_flags() -> None:
     _wait_flag(done, 2)
     ref2 = _reference(x[:2], codes[: 2 * k], w[: 2 * k], gate_up, down, k=k)
     torch.testing.assert_close(out[:2], ref2, rtol=0, atol=2e-6 * max(1.0, float(ref2.abs().max())))
+
+
+def test_toggle_flags_for_replayed_graphs() -> None:
+    """Toggle mode: a batch starts when ready == 1 and re-arms it to 0; the waiter resets done. The same
+    flag pair serves every layer, as a CUDA graph replaying fixed values needs."""
+    kern = _native()
+    k = 2
+    x, codes, w, gate_up, down = _case(3, k, 40, 20, 4, torch.float32, seed=10)
+    seq_ready, seq_done = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    out = torch.empty(3, 40)
+    args = kern.enqueue(x, codes, w, gate_up, down, out=out, ready=(seq_ready, 1), done=(seq_done, 1))
+    seq_ready[0] = 1
+    _wait_flag(seq_done, 1)
+    ready, done = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    toggled = kern.toggle_flags(args, ready, done)
+    ref = _reference(x, codes, w, gate_up, down, k=k)
+    for _ in range(3):  # the "graph" replays: write ready = 1, wait done == 1, reset done = 0
+        out.fill_(float("nan"))
+        kern.enqueue_prepared(toggled, 3, 1, 1)
+        time.sleep(0.01)
+        assert int(done[0]) == 0  # not before its ready flag
+        ready[0] = 1
+        _wait_flag(done, 1)
+        assert int(ready[0]) == 0  # re-armed by the feeder
+        done[0] = 0
+        torch.testing.assert_close(out, ref, rtol=0, atol=2e-6 * max(1.0, float(ref.abs().max())))
+    assert int(seq_done[0]) == 1  # the sequence flags were not touched

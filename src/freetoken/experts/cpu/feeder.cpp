@@ -20,8 +20,9 @@ inline void cpu_relax() {
 #endif
 }
 
-inline bool reached(const uint32_t* flag, uint32_t value) {
-  return static_cast<int32_t>(__atomic_load_n(flag, __ATOMIC_ACQUIRE) - value) >= 0;
+inline bool reached(const FtQueuedArgs& a) {
+  const uint32_t v = __atomic_load_n(a.ready_flag, __ATOMIC_ACQUIRE);
+  return a.mode == 1 ? v == a.ready_value : static_cast<int32_t>(v - a.ready_value) >= 0;
 }
 
 int64_t now_ns() {
@@ -46,6 +47,7 @@ Feeder::~Feeder() {
 
 int Feeder::push(const FtQueuedArgs& a) {
   if (a.T < 0 || a.k < 1 || a.D <= 0 || a.I <= 0 || !a.ready_flag || !a.done_flag) return -2;
+  if (a.mode != 0 && a.mode != 1) return -2;
   if (a.T > 0 && (!a.x || !a.codes || !a.w || !a.out || !a.gate_up || !a.down)) return -2;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -63,7 +65,7 @@ void Feeder::drain() {
 
 bool Feeder::wait_ready(const FtQueuedArgs& a) {
   const int64_t t0 = now_ns();
-  for (uint32_t i = 0; !reached(a.ready_flag, a.ready_value); ++i) {
+  for (uint32_t i = 0; !reached(a); ++i) {
     if (stop_.load(std::memory_order_acquire)) return false;
     if (now_ns() - t0 < spin_ns_) {
       cpu_relax();
@@ -73,6 +75,7 @@ bool Feeder::wait_ready(const FtQueuedArgs& a) {
     const int64_t nap = std::min<int64_t>(kMaxNapNs, int64_t{2000} << std::min<uint32_t>(i, 5));
     std::this_thread::sleep_for(std::chrono::nanoseconds(nap));
   }
+  if (a.mode == 1) __atomic_store_n(a.ready_flag, 0u, __ATOMIC_RELAXED);  // re-arm
   return true;
 }
 

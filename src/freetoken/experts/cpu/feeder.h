@@ -28,11 +28,14 @@ extern "C" struct FtQueuedArgs {
   int64_t N;
   int32_t fmt, act;
   float* out;                  // [T, D] fp32, fully written (zeros for tokens without routes here)
-  const uint32_t* ready_flag;  // start once (int32)(*ready_flag - ready_value) >= 0
+  uint32_t* ready_flag;  // start once (int32)(*ready_flag - ready_value) >= 0 (mode 0)
   uint32_t ready_value;
   uint32_t* done_flag;  // set to done_value (release) when out and stats are written, also on error
   uint32_t done_value;
   int64_t* stats;  // optional [4]: distinct pool rows, routes, ns from ready to done, error code (0 ok)
+  // 0: sequence flags as above. 1: toggle flags, for replayed CUDA graphs whose written values are fixed:
+  // start once *ready_flag == ready_value, then reset *ready_flag to 0 (the waiting side resets done).
+  int32_t mode;
 };
 
 namespace ft {

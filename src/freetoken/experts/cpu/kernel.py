@@ -80,6 +80,7 @@ class _QueuedArgs(ctypes.Structure):  # mirrors FtQueuedArgs in feeder.h
         ("done_flag", ctypes.c_void_p),
         ("done_value", ctypes.c_uint32),
         ("stats", ctypes.c_void_p),
+        ("mode", ctypes.c_int32),
     ]
 
 
@@ -354,13 +355,25 @@ class CpuExpertKernel:
 
     def enqueue_prepared(self, args: _QueuedArgs, tokens: int, ready_value: int, done_value: int) -> None:
         """Queue again a batch ``enqueue`` checked (same buffers, which must hold ``tokens`` rows): only
-        the token count and the flag values change. The decode hot path: no argument checks."""
+        the token count and the flag values change. The decode hot path: no argument checks.
+        ``toggle_flags`` makes a copy for replayed CUDA graphs."""
         if self._pool is None or self._lib is None:
             raise RuntimeError("queued batches need the native kernel (this one is the torch fallback)")
         args.T, args.ready_value, args.done_value = tokens, ready_value & 0xFFFFFFFF, done_value & 0xFFFFFFFF
         rc = self._lib.ft_moe_enqueue(self._pool, ctypes.byref(args))
         if rc != 0:
             raise ValueError(_ERRORS.get(rc, f"kernel error {rc}"))
+
+    @staticmethod
+    def toggle_flags(args: _QueuedArgs, ready: torch.Tensor, done: torch.Tensor) -> _QueuedArgs:
+        """A copy of checked arguments on toggle flags (int32 CPU tensors, e.g. pinned): the batch starts
+        once ``ready[0] == ready_value`` and resets it to 0; the waiting side resets ``done`` itself. For
+        CUDA graphs, whose stream writes replay fixed values."""
+        for name, flag in (("ready flag", ready), ("done flag", done)):
+            _check_tensor(name, flag, (torch.int32,), 1)
+        copy = _QueuedArgs.from_buffer_copy(args)
+        copy.ready_flag, copy.done_flag, copy.mode = ready.data_ptr(), done.data_ptr(), 1
+        return copy
 
     def queued(self) -> int:
         """Queued batches not yet done (0 on the torch fallback)."""
