@@ -8,6 +8,8 @@
 #   decode6   ft bench decode, replayed trace, 6 CPU threads, 3 repeats, runahead + profiler trace (~4 min)
 #   decode16  the same with 16 CPU threads (~4 min)
 #   model     the model's own routing, 6 threads, 1 repeat (~1.5 min)
+#   graphs    offload / hybrid / static-* with MoE layers replayed as CUDA graphs (--cuda-graphs), GPU tests
+#             of the graphs, 6 threads, 3 repeats (~3 min)
 set -uo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -33,5 +35,10 @@ decode6|decode16) t=${stage#decode}; echo "== decode, replayed trace, $t threads
 model) echo "== decode, the model's own routing"; timeout 100 $DEC --cpu-threads 6 --repeats 1 --steps 128 \
   --warmup-tokens 200 --measure-bw --json "$OUT/decode_model.json" > "$OUT/decode_model.log" 2> "$OUT/decode_model.err"
   cat "$OUT/decode_model.log" ;;
+graphs) echo "== CUDA-graph MoE layers"; timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu \
+  tests/test_layer_graphs_gpu.py > "$OUT/graph_tests.log" 2>&1; tail -3 "$OUT/graph_tests.log"
+  timeout "${DEC_TIMEOUT:-280}" $DEC --cpu-threads 6 --repeats 3 --steps 256 --warmup-tokens 200 --routing-trace $TRACE \
+  --measure-bw --runahead --cuda-graphs --policies fused,offload,hybrid,static-layers --json "$OUT/decode_graphs.json" \
+  > "$OUT/decode_graphs.log" 2> "$OUT/decode_graphs.err"; cat "$OUT/decode_graphs.log"; tail -3 "$OUT/decode_graphs.err" ;;
 *) echo "unknown stage $stage"; exit 2 ;;
 esac; done

@@ -143,7 +143,7 @@ def run_policy(
 ) -> PolicyResult:
     cfg = EngineConfig(
         moe_backend=policy, expert_cache=args.expert_cache, fill_fraction=args.fill_fraction,
-        cpu_threads=_threads(args),
+        cpu_threads=_threads(args), moe_cuda_graphs=args.cuda_graphs,
     )  # fmt: skip
     backend = create_backend(cfg, banks, dev, dtype)
     router = make_router(args, shape, dev, dtype)
@@ -231,6 +231,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--bw-cpu", type=float, default=None, help="B_H' GB/s for the bound (default: machine profile)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--cuda-graphs", action="store_true", help="replay MoE decode layers as CUDA graphs (experimental)")
     p.add_argument("--runahead", action="store_true",
                    help="CUDA: also measure how often the host queues the last MoE layer before the GPU ends the first")
     p.add_argument("--profile-dir", default=None, help="with --runahead: write a profiler trace of hybrid here")

@@ -179,6 +179,14 @@ class CpuExpertRunner:
             out = out.pin_memory().to(handle.device, non_blocking=True)
         return out, res
 
+    def can_capture(self, tokens: int, top_k: int) -> bool:
+        """Whether this batch's CPU branch can live in a CUDA graph (the streamed branch takes it)."""
+        return self.device.type == "cuda" and self._streamed_for(tokens, top_k) is not None
+
+    def push_replay(self, layer: int, tokens: int) -> None:
+        assert self._streamed is not None
+        self._streamed.push_replay(layer, tokens)
+
     def collect(self) -> tuple[int, float]:
         """(distinct experts, seconds) of streamed batches finished since the last call; call at a safe
         point between steps."""

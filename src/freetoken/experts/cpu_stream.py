@@ -9,6 +9,10 @@ and sets the ``done`` flag; the stream waits for ``done`` (``cuStreamWaitValue32
 host→device copy brings the partial back. The host only enqueues: it can queue every MoE layer of a
 step while the GPU still works on the first.
 
+Inside a CUDA graph capture (``layer_graphs.py``) the stream operations use a second flag pair in toggle
+mode (the graph writes ready = 1, waits for done == 1, resets done = 0: replays repeat fixed values) and
+nothing is queued at capture; ``push_replay`` queues the layer's batch before each replay.
+
 Buffer reuse is safe by stream order: a layer's next inputs are copied after the stream waited for its
 previous batch, and the CPU writes a layer's ``out`` only after the ready flag that follows the previous
 copy back. Branch timings come from the feeder's per-layer stats, read at the next step's safe point.
@@ -61,6 +65,11 @@ class StreamedCpuBranch:
         self.ready = torch.zeros(1, dtype=i32, pin_memory=True)
         self.done = torch.zeros(1, dtype=i32, pin_memory=True)
         self._ready_ptr, self._done_ptr = ops.device_ptr(self.ready), ops.device_ptr(self.done)
+        self.ready_t = torch.zeros(1, dtype=i32, pin_memory=True)  # toggle pair for captured graphs
+        self.done_t = torch.zeros(1, dtype=i32, pin_memory=True)
+        self._ready_t_ptr, self._done_t_ptr = ops.device_ptr(self.ready_t), ops.device_ptr(self.done_t)
+        self._toggle_args: list[Any] = [None] * L
+        self._replayed: set[int] = set()  # layers queued by push_replay since the last collect
         self.seq = 0
         self._last = [0] * L  # sequence number of each layer's latest batch
         self._read = [0] * L  # ... whose stats were collected
@@ -72,12 +81,17 @@ class StreamedCpuBranch:
     def submit(self, layer: int, x: torch.Tensor, codes: torch.Tensor, topk_w: torch.Tensor) -> StreamedHandle:
         """Enqueue the layer's CPU branch (x [T, D], codes [T*k], topk_w [T, k] on the GPU); no host wait."""
         T, k = topk_w.shape
-        self.seq = (self.seq + 1) & 0xFFFFFFFF or 1
-        seq = self.seq
         xs, cs, ws, out = self.x[layer, :T], self.codes[layer, : T * k], self.w[layer, : T * k], self.out[layer, :T]
         xs.copy_(x.float(), non_blocking=True)  # convert on the GPU, then device -> pinned host
         cs.copy_(codes.reshape(-1), non_blocking=True)
         ws.copy_(topk_w.reshape(-1).float(), non_blocking=True)
+        if torch.cuda.is_current_stream_capturing():
+            if self._args[layer] is None:
+                raise RuntimeError("capture a layer's CPU branch only after one eager call")
+            self.ops.write(self._ready_t_ptr, 1)  # toggle: the batch is queued at each replay
+            return StreamedHandle(layer, 0, T)
+        self.seq = (self.seq + 1) & 0xFFFFFFFF or 1
+        seq = self.seq
         self.ops.write(self._ready_ptr, seq)  # after the copies, in stream order
         try:
             if self._args[layer] is None:  # checked once per layer (its buffers hold max_tokens rows)
@@ -95,8 +109,20 @@ class StreamedCpuBranch:
 
     def wait(self, h: StreamedHandle) -> torch.Tensor:
         """The stream waits for the batch, then copies its float32 partial [T, D] to the device."""
-        self.ops.wait(self._done_ptr, h.seq)
+        if h.seq == 0:  # captured: toggle flags
+            self.ops.wait(self._done_t_ptr, 1, equal=True)
+            self.ops.write(self._done_t_ptr, 0)
+        else:
+            self.ops.wait(self._done_ptr, h.seq)
         return self.out[h.layer, : h.tokens].to(self.device, non_blocking=True)
+
+    def push_replay(self, layer: int, tokens: int) -> None:
+        """Queue the batch a captured layer's graph is about to start (call right before its replay)."""
+        args = self._toggle_args[layer]
+        if args is None:
+            args = self._toggle_args[layer] = self.kernel.toggle_flags(self._args[layer], self.ready_t, self.done_t)
+        self.kernel.enqueue_prepared(args, tokens, 1, 1)
+        self._replayed.add(layer)
 
     def collect(self) -> tuple[int, float]:
         """(distinct experts, seconds) over finished batches not collected yet; raises when a batch failed."""
@@ -110,4 +136,9 @@ class StreamedCpuBranch:
                 st = self.stats[layer].tolist()
                 experts, seconds = experts + st[0], seconds + st[2] / 1e9
                 self._read[layer] = seq
+        if self._replayed and self.kernel.queued() == 0:  # replayed batches: all done, rows final
+            for layer in self._replayed:
+                st = self.stats[layer].tolist()
+                experts, seconds = experts + st[0], seconds + st[2] / 1e9
+            self._replayed.clear()
         return experts, seconds

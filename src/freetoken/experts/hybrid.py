@@ -96,7 +96,8 @@ class HybridBackend(SlotBackend):
             self._copy_bytes += int(plan.copy_count) * self.pool.expert_bytes  # a CPU tensor: no sync
             return
         self._copy_calls += 1
-        if self._copy_calls % COPY_TIMING_EVERY or len(self._records) >= _MAX_PENDING_RECORDS:
+        untimed = self._copy_calls % COPY_TIMING_EVERY or len(self._records) >= _MAX_PENDING_RECORDS
+        if untimed or torch.cuda.is_current_stream_capturing():  # graphs replay without host records
             self.cache.copy(plan)
             return
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

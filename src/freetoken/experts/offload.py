@@ -41,6 +41,9 @@ class OffloadBackend(SlotBackend):
         streamed = self.streamed_forward(layer, x, topk_ids, topk_w)  # prefill: whole layers
         if streamed is not None:
             return streamed
+        return self.graphed(layer, x, topk_ids, topk_w, self._fill_all)
+
+    def _fill_all(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
         plan = self.cache.group_and_plan(layer, topk_ids, self._one, 1, self.protect, recent_last=True)
         groups = plan.groups
         out = self._gpu(x, groups, plan, topk_w)

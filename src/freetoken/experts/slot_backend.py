@@ -15,8 +15,9 @@ import torch
 from freetoken.config import EngineConfig
 from freetoken.experts.base import ExpertBackend, ExpertBanks
 from freetoken.experts.counters import DeviceCounters
-from freetoken.experts.cpu_runner import CpuExpertRunner
+from freetoken.experts.cpu_runner import STREAMED_MAX_TOKENS, CpuExpertRunner
 from freetoken.experts.grouped_gemm import grouped_experts
+from freetoken.experts.layer_graphs import Body, LayerGraphs
 from freetoken.experts.pool import HostExpertPool
 from freetoken.experts.prefill import LayerStreamer
 from freetoken.experts.sizing import check_slots_cover_topk, resolve_slots
@@ -66,9 +67,14 @@ class SlotBackend(ExpertBackend):
         self._one = torch.ones((), dtype=torch.float32, device=device)
         self._zero = torch.zeros((), dtype=torch.long, device=device)
         self.streamer = LayerStreamer(self.cache, pool.num_layers)  # prefill: whole layers, double-buffered
+        cuda_graphs = config.moe_cuda_graphs and device.type == "cuda"
+        self.graphs = LayerGraphs(STREAMED_MAX_TOKENS) if cuda_graphs else None
+        self._decode = True
+        self._saved_layer_steps = 0
 
     def begin_step(self, num_tokens: int, is_decode: bool) -> None:
         self.streamer.begin_step(num_tokens, is_decode)
+        self._decode = is_decode
         if self.cpu is not None:
             experts, seconds = self.cpu.collect()  # the last step's streamed CPU batches
             if experts:
@@ -103,6 +109,28 @@ class SlotBackend(ExpertBackend):
         cpu = self._zero if cpu_runs is None else cpu_runs
         self.counters.add_step(plan.num_hits, plan.num_misses, plan.copy_count, cpu, first_round)
 
+    # -- CUDA graphs of decode layers (``layer_graphs.py``) ---------------------------------------------
+    def graphed(self, layer: int, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, body: Body) -> torch.Tensor:
+        """``body(layer, x, ids, w)``, replayed from a CUDA graph when enabled and this step can be."""
+        g, T = self.graphs, x.shape[0]
+        if g is None or not self._decode or not g.eligible(T):
+            return body(layer, x, ids, w)
+        if self.cpu is not None and not self.cpu.can_capture(T, ids.shape[1]):
+            return body(layer, x, ids, w)
+        return g.run(layer, x, ids, w, body, self)
+
+    def capture_begin(self) -> None:
+        self._saved_layer_steps = self.counters.layer_steps
+
+    def capture_end(self) -> None:
+        self.counters.layer_steps = self._saved_layer_steps  # the capture ran no step
+
+    def before_replay(self, layer: int, tokens: int) -> None:
+        """The host's share of a replayed layer: queue its CPU batch, count the layer step."""
+        if self.cpu is not None:
+            self.cpu.push_replay(layer, tokens)
+        self.counters.layer_steps += 1
+
     def split_forward(
         self,
         layer: int,
@@ -114,6 +142,22 @@ class SlotBackend(ExpertBackend):
         recent_last: bool = False,
     ) -> torch.Tensor:
         """Hits and q fills on the GPU, the other misses on the CPU, concurrently."""
+
+        def body(layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
+            return self._split_body(layer, x, topk_ids, topk_w, min_fill, protect, recent_last)
+
+        return self.graphed(layer, x, topk_ids, topk_w, body)
+
+    def _split_body(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_w: torch.Tensor,
+        min_fill: int,
+        protect: int,
+        recent_last: bool,
+    ) -> torch.Tensor:
         assert self.cpu is not None
         if topk_ids.numel() == 0:
             return torch.zeros_like(x)
@@ -133,6 +177,8 @@ class SlotBackend(ExpertBackend):
     def resize_expert_cache(self, num_slots: int) -> None:
         """Elastic memory, at a safe point between steps: see ``SlotCache.resize``."""
         self.streamer.finish()
+        if self.graphs is not None:
+            self.graphs.clear()
         self.cache.resize(num_slots)
 
     # -- reporting -------------------------------------------------------------------------------------
@@ -151,6 +197,7 @@ class SlotBackend(ExpertBackend):
             "expert_slots": self.cache.num_slots,
             "layer_steps": c["layer_steps"],
             **self.streamer.stats(),
+            **(self.graphs.stats() if self.graphs is not None else {}),
         }
 
     def check_integrity(self) -> None:

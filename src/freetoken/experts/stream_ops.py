@@ -19,6 +19,7 @@ import torch
 log = logging.getLogger(__name__)
 
 WAIT_GEQ = 0x0  # CU_STREAM_WAIT_VALUE_GEQ: (int32)(*addr - value) >= 0, cyclic
+WAIT_EQ = 0x1  # CU_STREAM_WAIT_VALUE_EQ: *addr == value
 WRITE_DEFAULT = 0x0  # CU_STREAM_WRITE_VALUE_DEFAULT: earlier writes of the stream are visible first
 
 
@@ -51,10 +52,12 @@ class StreamOps:
         s = stream or torch.cuda.current_stream()
         _check(self._write(s.cuda_stream, dptr, value & 0xFFFFFFFF, WRITE_DEFAULT), "cuStreamWriteValue32")
 
-    def wait(self, dptr: int, value: int, stream: torch.cuda.Stream | None = None) -> None:
-        """Enqueue a wait: the stream's later work starts once ``*dptr`` has reached ``value``."""
+    def wait(self, dptr: int, value: int, stream: torch.cuda.Stream | None = None, equal: bool = False) -> None:
+        """Enqueue a wait: the stream's later work starts once ``*dptr`` has reached ``value`` (cyclic
+        compare), or equals it with ``equal``."""
         s = stream or torch.cuda.current_stream()
-        _check(self._wait(s.cuda_stream, dptr, value & 0xFFFFFFFF, WAIT_GEQ), "cuStreamWaitValue32")
+        flags = WAIT_EQ if equal else WAIT_GEQ
+        _check(self._wait(s.cuda_stream, dptr, value & 0xFFFFFFFF, flags), "cuStreamWaitValue32")
 
 
 def _symbol(lib: ctypes.CDLL, name: str) -> Any:
