@@ -10,6 +10,7 @@
 #   model     the model's own routing, 6 threads, 1 repeat (~1.5 min)
 #   graphs    offload / hybrid / static-* with MoE layers replayed as CUDA graphs (--cuda-graphs), GPU tests
 #             of the graphs, 6 threads, 3 repeats (~3 min)
+#   profile   one profiler trace of hybrid decode steps (eager, then graphed) to $OUT/prof (~1 min)
 set -uo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -40,5 +41,8 @@ graphs) echo "== CUDA-graph MoE layers"; timeout 100 python3 -m pytest -q -p no:
   timeout "${DEC_TIMEOUT:-280}" $DEC --cpu-threads 6 --repeats 3 --steps 256 --warmup-tokens 200 --routing-trace $TRACE \
   --measure-bw --runahead --cuda-graphs --policies fused,offload,hybrid,static-layers --json "$OUT/decode_graphs.json" \
   > "$OUT/decode_graphs.log" 2> "$OUT/decode_graphs.err"; cat "$OUT/decode_graphs.log"; tail -3 "$OUT/decode_graphs.err" ;;
+profile) echo "== hybrid profiler traces"; for g in "" --cuda-graphs; do timeout 100 $DEC --cpu-threads 6 --repeats 1 \
+  --steps 64 --warmup-tokens 64 --routing-trace $TRACE --runahead --profile-dir "$OUT/prof${g:+-graphs}" $g \
+  --policies hybrid 2>/dev/null | tail -3; done ;;
 *) echo "unknown stage $stage"; exit 2 ;;
 esac; done
