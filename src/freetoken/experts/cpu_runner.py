@@ -187,12 +187,18 @@ class CpuExpertRunner:
         assert self._streamed is not None
         self._streamed.push_replay(layer, tokens)
 
+    def cancel_replay(self) -> None:
+        if self._streamed is not None:
+            self._streamed.cancel_replay()
+
     def collect(self) -> tuple[int, float]:
         """(distinct experts, seconds) of streamed batches finished since the last call; call at a safe
         point between steps."""
         return self._streamed.collect() if self._streamed is not None else (0, 0.0)
 
     def close(self) -> None:
+        if self._streamed is not None:
+            self._streamed.close()  # before the kernel goes: queued batches finish, nothing waits forever
         self._exec.shutdown(wait=True)
         if self.kernel is not None:
             self.kernel.close()

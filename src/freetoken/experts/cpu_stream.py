@@ -124,6 +124,18 @@ class StreamedCpuBranch:
         self.kernel.enqueue_prepared(args, tokens, 1, 1)
         self._replayed.add(layer)
 
+    def cancel_replay(self) -> None:
+        """A replay failed after ``push_replay``: release its queued batch and re-arm the toggle pair."""
+        self.ready_t[0] = 1  # the batch runs (on stale inputs; nobody reads its output)
+        self.kernel.drain()
+        self.ready_t[0], self.done_t[0] = 0, 0
+
+    def close(self) -> None:
+        """Let every queued batch finish (each one's ready flag is in the stream): call before the kernel
+        and the pool go away."""
+        torch.cuda.synchronize(self.device)
+        self.kernel.drain()
+
     def collect(self) -> tuple[int, float]:
         """(distinct experts, seconds) over finished batches not collected yet; raises when a batch failed."""
         err = self.kernel.queue_error()

@@ -5,11 +5,15 @@ Replaying a graph costs the host a few microseconds where the eager layer launch
 q* split's saving could not show). A key is captured on its second eager call (the first compiles the
 Triton kernels for its shape) and replayed after: the inputs are copied into static buffers, the
 backend's ``before_replay`` does the host's share (queue the CPU branch's batch, host counters), the
-graph replays, and its static output is returned — valid until the same layer's next call (the decoder
-adds it to the residual at once). The body must be capturable: the device-side plan (no host sync),
-fills and GEMMs, and the stream-ordered CPU branch on its toggle flags. A capture that fails turns
-graphs off for the backend with one warning; ``clear()`` drops them when the slot cache is resized.
-All graphs share one memory pool (replayed one at a time on one stream; their outputs stay alive).
+graph replays, and its static output is returned. All graphs share one memory pool (replayed one at a
+time on one stream), so an output is valid until the next replay of any of them: enough, as the decoder
+adds it to the residual at once, in stream order. The body must be capturable: the device-side plan (no
+host sync), fills and GEMMs, and the stream-ordered CPU branch on its toggle flags.
+
+A capture that fails turns graphs off for the backend with one warning (the caller's stream restored);
+a replay that fails lets the backend release the batch it queued (``replay_failed``) and re-raises.
+``clear()`` drops the graphs when the slot cache is resized. Each capture synchronises the device once
+(torch does): keys are few in decode (layers x batch sizes seen), and each is captured once.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ class GraphHost(Protocol):
     def capture_begin(self) -> None: ...
     def capture_end(self) -> None: ...
     def before_replay(self, layer: int, tokens: int) -> None: ...
+    def replay_failed(self) -> None: ...
 
 
 @dataclass
@@ -72,7 +77,12 @@ class LayerGraphs:
         entry.ids.copy_(ids)
         entry.w.copy_(w)
         host.before_replay(layer, x.shape[0])
-        entry.graph.replay()
+        try:
+            entry.graph.replay()
+        except Exception:
+            self.enabled = False
+            host.replay_failed()
+            raise
         self.replays += 1
         return entry.out
 
@@ -83,11 +93,14 @@ class LayerGraphs:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.current_stream()
         host.capture_begin()
         try:
-            with torch.cuda.graph(graph, pool=self._pool):
+            # thread_local: CUDA calls of other threads (the CPU branch's fallback worker) do not void it
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 out = body(key[0], sx, sids, sw)
         except Exception as exc:  # noqa: BLE001 - any capture failure: run eagerly from now on
+            torch.cuda.set_stream(stream)  # a failed capture can leave the capture stream current
             self.enabled = False
             log.warning("CUDA graph capture of MoE layer %d (%d tokens) failed, running eagerly: %s: %s",
                         key[0], key[1], type(exc).__name__, exc)

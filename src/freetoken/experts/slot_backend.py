@@ -131,6 +131,10 @@ class SlotBackend(ExpertBackend):
             self.cpu.push_replay(layer, tokens)
         self.counters.layer_steps += 1
 
+    def replay_failed(self) -> None:
+        if self.cpu is not None:
+            self.cpu.cancel_replay()
+
     def split_forward(
         self,
         layer: int,
@@ -205,6 +209,8 @@ class SlotBackend(ExpertBackend):
 
     def close(self) -> None:
         """Stop the CPU workers and release the pool's pinning (the backend is unusable after)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # graph fills may still read the pinned pool
         if self.cpu is not None:
             self.cpu.close()
         self.pool.close()

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <exception>
 
 #ifdef __linux__
 #include <sys/prctl.h>
@@ -65,22 +66,22 @@ void Feeder::drain() {
 
 bool Feeder::wait_ready(const FtQueuedArgs& a) {
   const int64_t t0 = now_ns();
-  for (uint32_t i = 0; !reached(a); ++i) {
+  uint32_t naps = 0;  // counted from the end of the spin: the first nap is the shortest
+  while (!reached(a)) {
     if (stop_.load(std::memory_order_acquire)) return false;
     if (now_ns() - t0 < spin_ns_) {
       cpu_relax();
       continue;
     }
     // nap: 2 us doubling to 50 us (the GPU writes the flag; nobody can notify this thread)
-    const int64_t nap = std::min<int64_t>(kMaxNapNs, int64_t{2000} << std::min<uint32_t>(i, 5));
+    const int64_t nap = std::min<int64_t>(kMaxNapNs, int64_t{2000} << std::min<uint32_t>(naps++, 5));
     std::this_thread::sleep_for(std::chrono::nanoseconds(nap));
   }
   if (a.mode == 1) __atomic_store_n(a.ready_flag, 0u, __ATOMIC_RELAXED);  // re-arm
   return true;
 }
 
-void Feeder::run_one(const FtQueuedArgs& a) {
-  const int64_t t_ready = now_ns();
+int Feeder::compute(const FtQueuedArgs& a) {
   const int64_t n = a.T * a.k;
   tok_.clear(), row_.clear(), w_.clear();
   for (int64_t i = 0; i < n; ++i) {
@@ -90,16 +91,26 @@ void Feeder::run_one(const FtQueuedArgs& a) {
   }
   const FtMoeArgs m{a.x, a.T, a.D, a.I, tok_.data(), row_.data(), w_.data(), static_cast<int64_t>(row_.size()),
                     a.gate_up, a.down, a.N, a.fmt, a.act, a.out, nullptr, 0};
-  int rc = run_(m);
+  return run_(m);
+}
+
+void Feeder::run_one(const FtQueuedArgs& a) {
+  const int64_t t_ready = now_ns();
+  int rc;
+  try {
+    rc = compute(a);
+  } catch (const std::exception&) {  // out of memory for the routes or plans: report, never hang the stream
+    rc = -6;
+  }
   if (rc != 0 && a.T > 0) std::memset(a.out, 0, sizeof(float) * a.T * a.D);  // never hand back garbage
   if (rc != 0) {
     int expected = 0;
     error_.compare_exchange_strong(expected, rc);
   }
   if (a.stats) {
-    std::vector<int64_t> rows(row_);
-    std::sort(rows.begin(), rows.end());
-    a.stats[0] = std::unique(rows.begin(), rows.end()) - rows.begin();
+    rows_.assign(row_.begin(), row_.end());
+    std::sort(rows_.begin(), rows_.end());
+    a.stats[0] = std::unique(rows_.begin(), rows_.end()) - rows_.begin();
     a.stats[1] = static_cast<int64_t>(row_.size());
     a.stats[2] = now_ns() - t_ready;
     a.stats[3] = rc;

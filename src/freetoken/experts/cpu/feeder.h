@@ -60,6 +60,7 @@ class Feeder {
   void loop();
   bool wait_ready(const FtQueuedArgs& a);  // false: stopping
   void run_one(const FtQueuedArgs& a);
+  int compute(const FtQueuedArgs& a);  // decode the codes, run the batch; 0 or an error code
 
   RunFn run_;
   const int64_t spin_ns_;
@@ -72,6 +73,7 @@ class Feeder {
   std::vector<int32_t> tok_;  // the batch's routes, decoded from its codes (feeder thread only)
   std::vector<int64_t> row_;
   std::vector<float> w_;
+  std::vector<int64_t> rows_;  // scratch: distinct rows for the stats
   std::thread thread_;  // last: starts after, and stops before, everything it reads
 };
 
