@@ -3,6 +3,8 @@ steps, for offload and hybrid (whose CPU branch runs inside the graph on toggle 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -10,10 +12,39 @@ from freetoken.config import EngineConfig
 from freetoken.experts.base import ExpertBanks
 from freetoken.experts.reference import moe_reference
 from freetoken.experts.registry import create_backend
+from freetoken.experts.stream_ops import stream_ops
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 D, I, E, L, K = 64, 32, 16, 3, 2
 COUNTERS = ("expert_hits", "expert_misses", "expert_fills", "expert_cpu_runs", "layer_steps")
+
+
+def test_flag_operations_capture_and_replay() -> None:
+    """The smallest form of what the graphed CPU branch relies on: stream writes and an equality wait on
+    pinned flags, captured once, replayed twice while the host plays the feeder."""
+    ops = stream_ops()
+    assert ops is not None
+    ready, done = (torch.zeros(1, dtype=torch.int32, pin_memory=True) for _ in range(2))
+    rp, dp = ops.device_ptr(ready), ops.device_ptr(done)
+    x = torch.zeros(4, device="cuda")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        x.add_(1)
+        ops.write(rp, 1)
+        ops.wait(dp, 1, equal=True)
+        ops.write(dp, 0)
+        x.mul_(2)
+    for _ in range(2):
+        graph.replay()
+        t0 = time.monotonic()
+        while int(ready[0]) != 1:
+            assert time.monotonic() - t0 < 10, "the replayed graph never wrote its ready flag"
+            time.sleep(0.001)
+        ready[0], done[0] = 0, 1
+        torch.cuda.synchronize()
+        assert int(done[0]) == 0
+    assert x.tolist() == [6.0] * 4  # ((0 + 1) * 2 + 1) * 2
 
 
 def _banks() -> ExpertBanks:
