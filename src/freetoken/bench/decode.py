@@ -61,6 +61,7 @@ class PolicyResult:
     bound_tok_s: float | None = None
     of_bound: float | None = None
     runahead: float | None = None  # share of steps where the host queued the last layer before the GPU ended the first
+    host_ms: float | None = None  # host time per step (queuing the work; ≈ ms/step when the host sets the pace)
     stats: dict[str, Any] = field(default_factory=dict)
 
 
@@ -162,9 +163,12 @@ def run_policy(
             decode_step(backend, router, L, inputs())
         sync()
         s0 = backend.stats()
-        t0 = time.perf_counter()
+        t0, host = time.perf_counter(), 0.0
         for _ in range(args.steps):
-            decode_step(backend, router, L, inputs())
+            x = inputs()
+            th = time.perf_counter()
+            decode_step(backend, router, L, x)
+            host += time.perf_counter() - th  # the host's own time: nothing waits for the device here
         sync()
         elapsed = time.perf_counter() - t0
         s1 = backend.stats()
@@ -184,6 +188,7 @@ def run_policy(
             close()
     r = summarize(policy, backend.name, s0, s1, elapsed, args.steps, B, banks.expert_bytes)
     r.runahead = ahead
+    r.host_ms = host / args.steps * 1e3
     return r
 
 
@@ -346,7 +351,7 @@ def print_acceptance(results: list[PolicyResult]) -> None:
 
 def print_table(results: list[PolicyResult], have_fused: bool) -> None:
     head = f"{'policy':<14}{'ran':<14}{'tok/s':>9}{'ms/step':>9}{'miss%':>7}{'mean q':>8}"
-    head += f"{'PCIe MB/tok':>12}{'CPU MB/tok':>11}{'bound tok/s':>12}{'of bound':>9}{'ahead':>7}"
+    head += f"{'PCIe MB/tok':>12}{'CPU MB/tok':>11}{'bound tok/s':>12}{'of bound':>9}{'ahead':>7}{'host ms':>8}"
     print(head)
     for r in results:
         bound = f"{r.bound_tok_s:12.1f}{r.of_bound:9.0%}" if r.bound_tok_s and r.of_bound else f"{'n/a':>12}{'':>9}"
@@ -354,6 +359,7 @@ def print_table(results: list[PolicyResult], have_fused: bool) -> None:
             f"{r.policy:<14}{r.backend:<14}{r.tok_s:9.1f}{r.step_ms:9.2f}{r.miss_rate * 100:7.1f}{r.mean_q:8.2f}"
             f"{r.pcie_mb_per_token:12.1f}{r.cpu_mb_per_token:11.1f}{bound}"
             + (f"{r.runahead:7.0%}" if r.runahead is not None else f"{'–':>7}")
+            + (f"{r.host_ms:8.2f}" if r.host_ms is not None else f"{'–':>8}")
         )
     if not have_fused:
         print("# bound without T_gpu (no fused run): bandwidth term only")
