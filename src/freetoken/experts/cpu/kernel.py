@@ -18,70 +18,17 @@ import weakref
 import torch
 
 from freetoken.config import Env
+from freetoken.experts.cpu.args import ERRORS, FORMATS, MoeArgs, QueuedArgs, check_args, check_tensor
 from freetoken.experts.cpu.reference import ACTIVATIONS, cpu_experts_reference
 from freetoken.hardware.cpus import default_kernel_threads, physical_cores, worker_cpus
 
 __all__ = ["ISAS", "CpuExpertKernel", "cpu_experts_reference", "load_library"]
 
 ISAS = ("generic", "avx2", "avx512", "avx512bf16")  # index = the C enum value
-_FORMATS = {torch.float32: 0, torch.bfloat16: 1}
 # Machines with at least this many physical cores let waiting threads poll briefly (for the next
 # layer's batch, for the next step of a batch) before sleeping; smaller ones always sleep at once.
 SPIN_MIN_CORES = 8
 DEFAULT_SPIN_US = 50
-_ERRORS = {
-    -1: "the previous batch is still running: call wait() first",
-    -2: "bad dimensions or null pointers",
-    -3: "tok entries must be token indices in [0, T)",
-    -4: "row entries must be pool rows in [0, N)",
-    -5: "unknown weight format or activation",
-    -6: "out of memory for the kernel's scratch buffers",
-}
-
-
-class _MoeArgs(ctypes.Structure):  # mirrors FtMoeArgs in kernel.cpp
-    _fields_ = [
-        ("x", ctypes.c_void_p),
-        ("T", ctypes.c_int64),
-        ("D", ctypes.c_int64),
-        ("I", ctypes.c_int64),
-        ("tok", ctypes.c_void_p),
-        ("row", ctypes.c_void_p),
-        ("w", ctypes.c_void_p),
-        ("R", ctypes.c_int64),
-        ("gate_up", ctypes.c_void_p),
-        ("down", ctypes.c_void_p),
-        ("N", ctypes.c_int64),
-        ("fmt", ctypes.c_int32),
-        ("act", ctypes.c_int32),
-        ("out", ctypes.c_void_p),
-        ("done_flag", ctypes.c_void_p),
-        ("done_value", ctypes.c_uint32),
-    ]
-
-
-class _QueuedArgs(ctypes.Structure):  # mirrors FtQueuedArgs in feeder.h
-    _fields_ = [
-        ("x", ctypes.c_void_p),
-        ("T", ctypes.c_int64),
-        ("D", ctypes.c_int64),
-        ("I", ctypes.c_int64),
-        ("codes", ctypes.c_void_p),
-        ("w", ctypes.c_void_p),
-        ("k", ctypes.c_int64),
-        ("gate_up", ctypes.c_void_p),
-        ("down", ctypes.c_void_p),
-        ("N", ctypes.c_int64),
-        ("fmt", ctypes.c_int32),
-        ("act", ctypes.c_int32),
-        ("out", ctypes.c_void_p),
-        ("ready_flag", ctypes.c_void_p),
-        ("ready_value", ctypes.c_uint32),
-        ("done_flag", ctypes.c_void_p),
-        ("done_value", ctypes.c_uint32),
-        ("stats", ctypes.c_void_p),
-        ("mode", ctypes.c_int32),
-    ]
 
 
 @functools.lru_cache(maxsize=1)
@@ -99,77 +46,14 @@ def load_library() -> ctypes.CDLL | None:
     lib.ft_best_isa.argtypes, lib.ft_best_isa.restype = [i32], i32
     lib.ft_pool_create.argtypes, lib.ft_pool_create.restype = [i32, vp, i32, i32], vp
     lib.ft_pool_destroy.argtypes, lib.ft_pool_destroy.restype = [vp], None
-    lib.ft_moe_submit.argtypes, lib.ft_moe_submit.restype = [vp, ctypes.POINTER(_MoeArgs)], i32
+    lib.ft_moe_submit.argtypes, lib.ft_moe_submit.restype = [vp, ctypes.POINTER(MoeArgs)], i32
     lib.ft_wait.argtypes, lib.ft_wait.restype = [vp, i32], None
-    lib.ft_moe_enqueue.argtypes, lib.ft_moe_enqueue.restype = [vp, ctypes.POINTER(_QueuedArgs)], i32
+    lib.ft_moe_enqueue.argtypes, lib.ft_moe_enqueue.restype = [vp, ctypes.POINTER(QueuedArgs)], i32
     lib.ft_queue_drain.argtypes, lib.ft_queue_drain.restype = [vp], None
     lib.ft_queue_pending.argtypes, lib.ft_queue_pending.restype = [vp], i64
     lib.ft_queue_error.argtypes, lib.ft_queue_error.restype = [vp], i32
     lib.ft_stream_read.argtypes, lib.ft_stream_read.restype = [vp, vp, i64], ctypes.c_uint64
     return lib
-
-
-def _check_tensor(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...], ndim: int) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
-        raise ValueError(f"{name} must be on the CPU, got {t.device}")
-    if t.dtype not in dtypes:
-        raise ValueError(f"{name} must have dtype {' or '.join(map(str, dtypes))}, got {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous")
-
-
-def check_args(
-    x: torch.Tensor,
-    tok: torch.Tensor,
-    row: torch.Tensor,
-    weight: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
-    activation: str,
-    out: torch.Tensor | None,
-    bounds: bool = True,
-) -> None:
-    """Raise ValueError unless the arguments match the kernel's contract (see the module docstring).
-
-    ``bounds=False`` skips the route index range checks (the C++ side checks them, cheaper).
-    """
-    _check_tensor("x", x, (torch.float32,), 2)
-    _check_tensor("tok", tok, (torch.int32,), 1)
-    _check_tensor("row", row, (torch.int64,), 1)
-    _check_tensor("weight", weight, (torch.float32,), 1)
-    _check_tensor("gate_up", gate_up, tuple(_FORMATS), 3)
-    _check_tensor("down", down, tuple(_FORMATS), 3)
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    T, D = x.shape
-    N, two_i, _ = gate_up.shape
-    if gate_up.dtype != down.dtype:
-        raise ValueError(f"gate_up and down must share a dtype, got {gate_up.dtype} and {down.dtype}")
-    if two_i % 2 or two_i == 0 or gate_up.shape[2] != D:
-        raise ValueError(f"gate_up must be [N, 2I, D={D}], got {tuple(gate_up.shape)}")
-    if tuple(down.shape) != (N, D, two_i // 2):
-        raise ValueError(f"down must be [N={N}, D={D}, I={two_i // 2}], got {tuple(down.shape)}")
-    R = row.shape[0]
-    if tok.shape[0] != R or weight.shape[0] != R:
-        raise ValueError(
-            f"tok, row and weight must have one entry per route, got {tok.shape[0]}, {R}, {weight.shape[0]}"
-        )
-    if bounds and R and (int(row.min()) < 0 or int(row.max()) >= N):
-        raise ValueError(
-            f"row entries must be pool rows in [0, {N}), got [{int(row.min())}, {int(row.max())}]"
-        )
-    if bounds and R and (int(tok.min()) < 0 or int(tok.max()) >= T):
-        raise ValueError(
-            f"tok entries must be token indices in [0, {T}), got [{int(tok.min())}, {int(tok.max())}]"
-        )
-    if out is not None:
-        _check_tensor("out", out, (torch.float32,), 2)
-        if tuple(out.shape) != (T, D):
-            raise ValueError(f"out must be [T={T}, D={D}], got {tuple(out.shape)}")
 
 
 class CpuExpertKernel:
@@ -246,7 +130,7 @@ class CpuExpertKernel:
             raise RuntimeError("queued batches are pending: call drain() first")
         check_args(x, tok, row, weight, gate_up, down, activation, out, bounds=self._pool is None)
         if done_flag is not None:
-            _check_tensor("done_flag", done_flag, (torch.int32,), 1)
+            check_tensor("done_flag", done_flag, (torch.int32,), 1)
             if done_flag.numel() < 1:
                 raise ValueError("done_flag must hold at least one element")
         T, D = x.shape
@@ -257,18 +141,18 @@ class CpuExpertKernel:
             if done_flag is not None:
                 done_flag[0] = done_value
             return out
-        args = _MoeArgs(
+        args = MoeArgs(
             x.data_ptr(), T, D, down.shape[2],
             tok.data_ptr(), row.data_ptr(), weight.data_ptr(), row.shape[0],
             gate_up.data_ptr(), down.data_ptr(), gate_up.shape[0],
-            _FORMATS[gate_up.dtype], ACTIVATIONS.index(activation), out.data_ptr(),
+            FORMATS[gate_up.dtype], ACTIVATIONS.index(activation), out.data_ptr(),
             None if done_flag is None else done_flag.data_ptr(), done_value & 0xFFFFFFFF,
         )  # fmt: skip
         rc = self._lib.ft_moe_submit(self._pool, ctypes.byref(args))
         if rc == -6:
-            raise MemoryError(_ERRORS[rc])
+            raise MemoryError(ERRORS[rc])
         if rc != 0:
-            raise ValueError(_ERRORS.get(rc, f"kernel error {rc}"))
+            raise ValueError(ERRORS.get(rc, f"kernel error {rc}"))
         # keep every buffer alive until the workers are done with it
         self._inflight = (
             x,
@@ -316,7 +200,7 @@ class CpuExpertKernel:
         done: tuple[torch.Tensor, int],
         stats: torch.Tensor | None = None,
         activation: str = "silu",
-    ) -> _QueuedArgs:
+    ) -> QueuedArgs:
         """Queue a batch that starts once ``ready[0][0]`` reaches ``ready[1]`` (cyclic int32 compare);
         returns at once. Routes come as codes: x [T, D] float32, codes int64 [T*k] (``c < 0``: pool row
         ``-1 - c`` runs here, token ``i // k``), weight float32 [T*k], out float32 [T, D] (fully written).
@@ -332,28 +216,28 @@ class CpuExpertKernel:
         k = codes.numel() // T if T > 0 else 1
         check_args(x, torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.int64),
                    torch.zeros(0), gate_up, down, activation, out)
-        _check_tensor("codes", codes, (torch.int64,), 1)
-        _check_tensor("weight", weight, (torch.float32,), 1)
+        check_tensor("codes", codes, (torch.int64,), 1)
+        check_tensor("weight", weight, (torch.float32,), 1)
         if T > 0 and (codes.numel() != T * k or weight.numel() != codes.numel()):
             raise ValueError(f"codes and weight must hold T*k entries for T={T}, got {codes.numel()}, "
                              f"{weight.numel()}")
         for name, (flag, _) in (("ready flag", ready), ("done flag", done)):
-            _check_tensor(name, flag, (torch.int32,), 1)
+            check_tensor(name, flag, (torch.int32,), 1)
         if stats is not None:
-            _check_tensor("stats", stats, (torch.int64,), 1)
+            check_tensor("stats", stats, (torch.int64,), 1)
             if stats.numel() < 4:
                 raise ValueError("stats must hold 4 elements")
-        args = _QueuedArgs(
+        args = QueuedArgs(
             x.data_ptr(), T, x.shape[1], down.shape[2], codes.data_ptr(), weight.data_ptr(), max(k, 1),
             gate_up.data_ptr(), down.data_ptr(), gate_up.shape[0],
-            _FORMATS[gate_up.dtype], ACTIVATIONS.index(activation), out.data_ptr(),
+            FORMATS[gate_up.dtype], ACTIVATIONS.index(activation), out.data_ptr(),
             ready[0].data_ptr(), ready[1] & 0xFFFFFFFF, done[0].data_ptr(), done[1] & 0xFFFFFFFF,
             None if stats is None else stats.data_ptr(),
         )  # fmt: skip
         self.enqueue_prepared(args, T, ready[1], done[1])
         return args
 
-    def enqueue_prepared(self, args: _QueuedArgs, tokens: int, ready_value: int, done_value: int) -> None:
+    def enqueue_prepared(self, args: QueuedArgs, tokens: int, ready_value: int, done_value: int) -> None:
         """Queue again a batch ``enqueue`` checked (same buffers, which must hold ``tokens`` rows): only
         the token count and the flag values change. The decode hot path: no argument checks.
         ``toggle_flags`` makes a copy for replayed CUDA graphs."""
@@ -362,16 +246,16 @@ class CpuExpertKernel:
         args.T, args.ready_value, args.done_value = tokens, ready_value & 0xFFFFFFFF, done_value & 0xFFFFFFFF
         rc = self._lib.ft_moe_enqueue(self._pool, ctypes.byref(args))
         if rc != 0:
-            raise ValueError(_ERRORS.get(rc, f"kernel error {rc}"))
+            raise ValueError(ERRORS.get(rc, f"kernel error {rc}"))
 
     @staticmethod
-    def toggle_flags(args: _QueuedArgs, ready: torch.Tensor, done: torch.Tensor) -> _QueuedArgs:
+    def toggle_flags(args: QueuedArgs, ready: torch.Tensor, done: torch.Tensor) -> QueuedArgs:
         """A copy of checked arguments on toggle flags (int32 CPU tensors, e.g. pinned): the batch starts
         once ``ready[0] == ready_value`` and resets it to 0; the waiting side resets ``done`` itself. For
         CUDA graphs, whose stream writes replay fixed values."""
         for name, flag in (("ready flag", ready), ("done flag", done)):
-            _check_tensor(name, flag, (torch.int32,), 1)
-        copy = _QueuedArgs.from_buffer_copy(args)
+            check_tensor(name, flag, (torch.int32,), 1)
+        copy = QueuedArgs.from_buffer_copy(args)
         copy.ready_flag, copy.done_flag, copy.mode = ready.data_ptr(), done.data_ptr(), 1
         return copy
 
@@ -387,7 +271,7 @@ class CpuExpertKernel:
     def queue_error(self) -> str | None:
         """What the first failed queued batch since the last call met, or None."""
         rc = int(self._lib.ft_queue_error(self._pool)) if self._pool and self._lib else 0
-        return None if rc == 0 else _ERRORS.get(rc, f"kernel error {rc}")
+        return None if rc == 0 else ERRORS.get(rc, f"kernel error {rc}")
 
     def stream_read(self, buf: torch.Tensor) -> int:
         """Sum ``buf``'s bytes as uint64 words with the kernel's workers (a read-bandwidth probe)."""

@@ -1,0 +1,129 @@
+"""Argument marshalling for the C++ expert kernel: the ctypes mirrors of its C structs, weight formats,
+error codes, and the checks ``CpuExpertKernel`` runs before handing raw pointers across (``kernel.py``
+has the shapes)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from freetoken.experts.cpu.reference import ACTIVATIONS
+
+FORMATS = {torch.float32: 0, torch.bfloat16: 1}
+ERRORS = {
+    -1: "the previous batch is still running: call wait() first",
+    -2: "bad dimensions or null pointers",
+    -3: "tok entries must be token indices in [0, T)",
+    -4: "row entries must be pool rows in [0, N)",
+    -5: "unknown weight format or activation",
+    -6: "out of memory for the kernel's scratch buffers",
+}
+
+
+class MoeArgs(ctypes.Structure):  # mirrors FtMoeArgs in kernel.cpp
+    _fields_ = [
+        ("x", ctypes.c_void_p),
+        ("T", ctypes.c_int64),
+        ("D", ctypes.c_int64),
+        ("I", ctypes.c_int64),
+        ("tok", ctypes.c_void_p),
+        ("row", ctypes.c_void_p),
+        ("w", ctypes.c_void_p),
+        ("R", ctypes.c_int64),
+        ("gate_up", ctypes.c_void_p),
+        ("down", ctypes.c_void_p),
+        ("N", ctypes.c_int64),
+        ("fmt", ctypes.c_int32),
+        ("act", ctypes.c_int32),
+        ("out", ctypes.c_void_p),
+        ("done_flag", ctypes.c_void_p),
+        ("done_value", ctypes.c_uint32),
+    ]
+
+
+class QueuedArgs(ctypes.Structure):  # mirrors FtQueuedArgs in feeder.h
+    _fields_ = [
+        ("x", ctypes.c_void_p),
+        ("T", ctypes.c_int64),
+        ("D", ctypes.c_int64),
+        ("I", ctypes.c_int64),
+        ("codes", ctypes.c_void_p),
+        ("w", ctypes.c_void_p),
+        ("k", ctypes.c_int64),
+        ("gate_up", ctypes.c_void_p),
+        ("down", ctypes.c_void_p),
+        ("N", ctypes.c_int64),
+        ("fmt", ctypes.c_int32),
+        ("act", ctypes.c_int32),
+        ("out", ctypes.c_void_p),
+        ("ready_flag", ctypes.c_void_p),
+        ("ready_value", ctypes.c_uint32),
+        ("done_flag", ctypes.c_void_p),
+        ("done_value", ctypes.c_uint32),
+        ("stats", ctypes.c_void_p),
+        ("mode", ctypes.c_int32),
+    ]
+
+
+def check_tensor(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...], ndim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} must be on the CPU, got {t.device}")
+    if t.dtype not in dtypes:
+        raise ValueError(f"{name} must have dtype {' or '.join(map(str, dtypes))}, got {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def check_args(
+    x: torch.Tensor,
+    tok: torch.Tensor,
+    row: torch.Tensor,
+    weight: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    activation: str,
+    out: torch.Tensor | None,
+    bounds: bool = True,
+) -> None:
+    """Raise ValueError unless the arguments match the kernel's contract (see the module docstring).
+
+    ``bounds=False`` skips the route index range checks (the C++ side checks them, cheaper).
+    """
+    check_tensor("x", x, (torch.float32,), 2)
+    check_tensor("tok", tok, (torch.int32,), 1)
+    check_tensor("row", row, (torch.int64,), 1)
+    check_tensor("weight", weight, (torch.float32,), 1)
+    check_tensor("gate_up", gate_up, tuple(FORMATS), 3)
+    check_tensor("down", down, tuple(FORMATS), 3)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    T, D = x.shape
+    N, two_i, _ = gate_up.shape
+    if gate_up.dtype != down.dtype:
+        raise ValueError(f"gate_up and down must share a dtype, got {gate_up.dtype} and {down.dtype}")
+    if two_i % 2 or two_i == 0 or gate_up.shape[2] != D:
+        raise ValueError(f"gate_up must be [N, 2I, D={D}], got {tuple(gate_up.shape)}")
+    if tuple(down.shape) != (N, D, two_i // 2):
+        raise ValueError(f"down must be [N={N}, D={D}, I={two_i // 2}], got {tuple(down.shape)}")
+    R = row.shape[0]
+    if tok.shape[0] != R or weight.shape[0] != R:
+        raise ValueError(
+            f"tok, row and weight must have one entry per route, got {tok.shape[0]}, {R}, {weight.shape[0]}"
+        )
+    if bounds and R and (int(row.min()) < 0 or int(row.max()) >= N):
+        raise ValueError(
+            f"row entries must be pool rows in [0, {N}), got [{int(row.min())}, {int(row.max())}]"
+        )
+    if bounds and R and (int(tok.min()) < 0 or int(tok.max()) >= T):
+        raise ValueError(
+            f"tok entries must be token indices in [0, {T}), got [{int(tok.min())}, {int(tok.max())}]"
+        )
+    if out is not None:
+        check_tensor("out", out, (torch.float32,), 2)
+        if tuple(out.shape) != (T, D):
+            raise ValueError(f"out must be [T={T}, D={D}], got {tuple(out.shape)}")
