@@ -175,7 +175,8 @@ def test_toggle_flags_for_replayed_graphs() -> None:
     seq_ready[0] = 1
     _wait_flag(seq_done, 1)
     ready, done = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
-    toggled = kern.toggle_flags(args, ready, done)
+    stats = torch.zeros(4, dtype=torch.int64)
+    toggled = kern.toggle_flags(args, ready, done, stats)
     ref = _reference(x, codes, w, gate_up, down, k=k)
     for _ in range(3):  # the "graph" replays: write ready = 1, wait done == 1, reset done = 0
         out.fill_(float("nan"))
@@ -188,3 +189,5 @@ def test_toggle_flags_for_replayed_graphs() -> None:
         done[0] = 0
         torch.testing.assert_close(out, ref, rtol=0, atol=2e-6 * max(1.0, float(ref.abs().max())))
     assert int(seq_done[0]) == 1  # the sequence flags were not touched
+    here = codes < 0
+    assert int(stats[1]) == int(here.sum()) and int(stats[2]) > 0  # the toggled batches' own stats row

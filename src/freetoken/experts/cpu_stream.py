@@ -62,6 +62,7 @@ class StreamedCpuBranch:
         self.w = torch.zeros((L, max_tokens * top_k), dtype=f32, pin_memory=True)
         self.out = torch.zeros((L, max_tokens, D), dtype=f32, pin_memory=True)
         self.stats = torch.zeros((L, 4), dtype=i64)  # written by the feeder, read here
+        self.stats_t = torch.zeros((L, 4), dtype=i64)  # the same for batches of replayed graphs
         self.ready = torch.zeros(1, dtype=i32, pin_memory=True)
         self.done = torch.zeros(1, dtype=i32, pin_memory=True)
         self._ready_ptr, self._done_ptr = ops.device_ptr(self.ready), ops.device_ptr(self.done)
@@ -120,7 +121,8 @@ class StreamedCpuBranch:
         """Queue the batch a captured layer's graph is about to start (call right before its replay)."""
         args = self._toggle_args[layer]
         if args is None:
-            args = self._toggle_args[layer] = self.kernel.toggle_flags(self._args[layer], self.ready_t, self.done_t)
+            args = self.kernel.toggle_flags(self._args[layer], self.ready_t, self.done_t, self.stats_t[layer])
+            self._toggle_args[layer] = args
         self.kernel.enqueue_prepared(args, tokens, 1, 1)
         self._replayed.add(layer)
 
@@ -150,7 +152,7 @@ class StreamedCpuBranch:
                 self._read[layer] = seq
         if self._replayed and self.kernel.queued() == 0:  # replayed batches: all done, rows final
             for layer in self._replayed:
-                st = self.stats[layer].tolist()
+                st = self.stats_t[layer].tolist()
                 experts, seconds = experts + st[0], seconds + st[2] / 1e9
             self._replayed.clear()
         return experts, seconds

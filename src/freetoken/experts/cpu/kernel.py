@@ -249,7 +249,9 @@ class CpuExpertKernel:
             raise ValueError(ERRORS.get(rc, f"kernel error {rc}"))
 
     @staticmethod
-    def toggle_flags(args: QueuedArgs, ready: torch.Tensor, done: torch.Tensor) -> QueuedArgs:
+    def toggle_flags(
+        args: QueuedArgs, ready: torch.Tensor, done: torch.Tensor, stats: torch.Tensor | None = None
+    ) -> QueuedArgs:
         """A copy of checked arguments on toggle flags (int32 CPU tensors, e.g. pinned): the batch starts
         once ``ready[0] == ready_value`` and resets it to 0; the waiting side resets ``done`` itself. For
         CUDA graphs, whose stream writes replay fixed values."""
@@ -257,6 +259,9 @@ class CpuExpertKernel:
             check_tensor(name, flag, (torch.int32,), 1)
         copy = QueuedArgs.from_buffer_copy(args)
         copy.ready_flag, copy.done_flag, copy.mode = ready.data_ptr(), done.data_ptr(), 1
+        if stats is not None:  # its own stats row: sequence batches of the same layer may be running
+            check_tensor("stats", stats, (torch.int64,), 1)
+            copy.stats = stats.data_ptr()
         return copy
 
     def queued(self) -> int:
