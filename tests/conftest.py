@@ -18,3 +18,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def one_intra_op_thread():
+    """Tiny ops: waking torch's intra-op threads on a loaded 2-core machine costs more than the ops.
+    Modules opt in with ``pytestmark = pytest.mark.usefixtures("one_intra_op_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

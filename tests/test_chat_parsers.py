@@ -6,25 +6,22 @@ non-streaming parse (`check`), then the parse itself is asserted.
 
 from __future__ import annotations
 
-import itertools
-import json
+import functools
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import parser_harness
 from freetoken.chat import (
     ContentDelta,
     ParsedMessage,
-    ToolCallArgsDelta,
-    ToolCallEnd,
-    ToolCallStart,
-    accumulate,
     detect_family,
     make_stream_parser,
     parse,
     prompt_opens_reasoning,
 )
+from parser_harness import calls, counter_ids
 
 TOOLS = [
     {
@@ -48,45 +45,8 @@ TOOLS = [
 ]
 
 
-def counter_ids():
-    n = itertools.count()
-    return lambda: f"call_{next(n):024x}"
-
-
-def run(pieces, family, tools=TOOLS, sir=False, reasoning=True):
-    p = make_stream_parser(family, tools, sir, reasoning, id_factory=counter_ids())
-    events = []
-    for piece in pieces:
-        events += p.feed(piece)
-    events += p.finish()
-    assert_well_formed(events)
-    return accumulate(events)
-
-
-def assert_well_formed(events):
-    open_index, next_index = None, 0
-    for ev in events:
-        if isinstance(ev, ToolCallStart):
-            assert open_index is None and ev.index == next_index
-            open_index, next_index = ev.index, next_index + 1
-        elif isinstance(ev, ToolCallArgsDelta):
-            assert ev.index == open_index
-        elif isinstance(ev, ToolCallEnd):
-            assert ev.index == open_index
-            open_index = None
-    assert open_index is None
-
-
-def check(text, family, tools=TOOLS, sir=False, reasoning=True) -> ParsedMessage:
-    whole = parse(text, family, tools, sir, reasoning, id_factory=counter_ids())
-    for i in range(len(text) + 1):
-        assert run([text[:i], text[i:]], family, tools, sir, reasoning) == whole, f"split at {i}"
-    assert run(list(text), family, tools, sir, reasoning) == whole, "char by char"
-    return whole
-
-
-def calls(msg: ParsedMessage):
-    return [(c.name, json.loads(c.arguments)) for c in msg.tool_calls]
+check = functools.partial(parser_harness.check, tools=TOOLS)
+run = functools.partial(parser_harness.run, tools=TOOLS)
 
 
 QWEN3 = (

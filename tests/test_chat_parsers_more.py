@@ -6,10 +6,11 @@ at a time must equal the non-streaming parse, which is then asserted.
 
 from __future__ import annotations
 
-import itertools
-import json
+import functools
 
-from freetoken.chat import ParsedMessage, ToolCallStart, accumulate, make_stream_parser, parse
+import parser_harness
+from freetoken.chat import ParsedMessage, parse
+from parser_harness import calls, counter_ids
 
 TOOLS = [
     {
@@ -29,32 +30,8 @@ TOOLS = [
 ]
 
 
-def counter_ids():
-    n = itertools.count()
-    return lambda: f"call_{next(n):024x}"
-
-
-def run(pieces, family, tools=TOOLS, sir=False, reasoning=True):
-    p = make_stream_parser(family, tools, sir, reasoning, id_factory=counter_ids())
-    events = []
-    for piece in pieces:
-        events += p.feed(piece)
-    events += p.finish()
-    starts = [e.index for e in events if isinstance(e, ToolCallStart)]
-    assert starts == list(range(len(starts)))
-    return accumulate(events)
-
-
-def check(text, family, tools=TOOLS, sir=False, reasoning=True) -> ParsedMessage:
-    whole = parse(text, family, tools, sir, reasoning, id_factory=counter_ids())
-    for i in range(len(text) + 1):
-        assert run([text[:i], text[i:]], family, tools, sir, reasoning) == whole, f"split at {i}"
-    assert run(list(text), family, tools, sir, reasoning) == whole, "char by char"
-    return whole
-
-
-def calls(msg: ParsedMessage):
-    return [(c.name, json.loads(c.arguments)) for c in msg.tool_calls]
+check = functools.partial(parser_harness.check, tools=TOOLS)
+run = functools.partial(parser_harness.run, tools=TOOLS)
 
 
 # ---- gpt-oss harmony ---------------------------------------------------------------------------

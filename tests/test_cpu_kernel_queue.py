@@ -38,6 +38,23 @@ def _reference(x, codes, w, gate_up, down, k: int) -> torch.Tensor:
     return cpu_experts_reference(x, tok, (-1 - codes)[here], w[here], gate_up, down)
 
 
+def _assert_close(out: torch.Tensor, ref: torch.Tensor, tol: float = 2e-6) -> None:
+    torch.testing.assert_close(out, ref, rtol=0, atol=tol * max(1.0, float(ref.abs().max())))
+
+
+def _run_first(kern: CpuExpertKernel, T: int, k: int, D: int, inter: int, N: int, seed: int):
+    """Queue one float32 batch on fresh sequence flags, release it, check it; returns its case, out, the
+    checked arguments (for re-queueing: they point at out and the flags, so keep those alive) and the flags."""
+    case = _case(T, k, D, inter, N, torch.float32, seed=seed)
+    ready, done = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    out = torch.empty(T, D)
+    args = kern.enqueue(*case, out=out, ready=(ready, 1), done=(done, 1))
+    ready[0] = 1
+    _wait_flag(done, 1)
+    _assert_close(out, _reference(*case, k=k))
+    return case, out, args, (ready, done)
+
+
 def _wait_flag(flag: torch.Tensor, value: int, timeout: float = 10.0) -> None:
     t0 = time.monotonic()
     while int(flag[0]) != value:
@@ -91,7 +108,7 @@ def test_flags_wrap_around() -> None:
     ready[0] = 1
     _wait_flag(done, 1)
     ref = _reference(*c, k=2)
-    torch.testing.assert_close(out, ref, rtol=0, atol=2e-6 * max(1.0, float(ref.abs().max())))
+    _assert_close(out, ref)
 
 
 def test_bad_batch_still_sets_done_and_reports() -> None:
@@ -112,7 +129,7 @@ def test_bad_batch_still_sets_done_and_reports() -> None:
     assert err is not None and "pool rows" in err
     assert kern.queue_error() is None  # reported once
     ref = _reference(x, codes, w, gate_up, down, k=2)
-    torch.testing.assert_close(out_ok, ref, rtol=0, atol=2e-6 * max(1.0, float(ref.abs().max())))
+    _assert_close(out_ok, ref)
 
 
 def test_close_releases_waiting_batches() -> None:
@@ -147,20 +164,13 @@ def test_prepared_batches_requeue_with_new_sizes_and_flags() -> None:
     """The hot path: arguments checked once, then re-queued with another token count and flag values."""
     kern = _native()
     k = 2
-    x, codes, w, gate_up, down = _case(4, k, 48, 24, 5, torch.float32, seed=9)
-    ready, done = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
-    out = torch.empty(4, 48)
-    args = kern.enqueue(x, codes, w, gate_up, down, out=out, ready=(ready, 1), done=(done, 1))
-    ready[0] = 1
-    _wait_flag(done, 1)
-    ref4 = _reference(x, codes, w, gate_up, down, k=k)
-    torch.testing.assert_close(out, ref4, rtol=0, atol=2e-6 * max(1.0, float(ref4.abs().max())))
+    (x, codes, w, gate_up, down), out, args, (ready, done) = _run_first(kern, 4, k, 48, 24, 5, seed=9)
     x[:2] = torch.randn(2, 48)  # new inputs in the same buffers, two tokens this time
     kern.enqueue_prepared(args, 2, ready_value=2, done_value=2)
     ready[0] = 2
     _wait_flag(done, 2)
     ref2 = _reference(x[:2], codes[: 2 * k], w[: 2 * k], gate_up, down, k=k)
-    torch.testing.assert_close(out[:2], ref2, rtol=0, atol=2e-6 * max(1.0, float(ref2.abs().max())))
+    _assert_close(out[:2], ref2)
 
 
 def test_toggle_flags_for_replayed_graphs() -> None:
@@ -168,12 +178,7 @@ def test_toggle_flags_for_replayed_graphs() -> None:
     flag pair serves every layer, as a CUDA graph replaying fixed values needs."""
     kern = _native()
     k = 2
-    x, codes, w, gate_up, down = _case(3, k, 40, 20, 4, torch.float32, seed=10)
-    seq_ready, seq_done = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
-    out = torch.empty(3, 40)
-    args = kern.enqueue(x, codes, w, gate_up, down, out=out, ready=(seq_ready, 1), done=(seq_done, 1))
-    seq_ready[0] = 1
-    _wait_flag(seq_done, 1)
+    (x, codes, w, gate_up, down), out, args, (_, seq_done) = _run_first(kern, 3, k, 40, 20, 4, seed=10)
     ready, done = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
     stats = torch.zeros(4, dtype=torch.int64)
     toggled = kern.toggle_flags(args, ready, done, stats)
@@ -187,7 +192,7 @@ def test_toggle_flags_for_replayed_graphs() -> None:
         _wait_flag(done, 1)
         assert int(ready[0]) == 0  # re-armed by the feeder
         done[0] = 0
-        torch.testing.assert_close(out, ref, rtol=0, atol=2e-6 * max(1.0, float(ref.abs().max())))
+        _assert_close(out, ref)
     assert int(seq_done[0]) == 1  # the sequence flags were not touched
     here = codes < 0
     assert int(stats[1]) == int(here.sum()) and int(stats[2]) > 0  # the toggled batches' own stats row

@@ -21,13 +21,7 @@ L, E = 4, 8  # 4 MoE layers x 8 experts, top-2: 16 slots (cache 0.5) hold exactl
 from devices import DEVICES  # noqa: E402
 from test_backends import K_TOP, D, make_banks, random_routing  # noqa: E402
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 def make(name: str, expert_cache: float | int, seed: int = 1, L: int = L, E: int = E) -> tuple[SlotBackend, Any]:

@@ -24,13 +24,7 @@ L, E, D, I = 2, 4, 4, 2  # N = 8 pool rows
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread():
-    """Tiny ops: waking torch's intra-op threads on a loaded 2-core machine costs more than the ops."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 def make_pool(num_layers: int = L, num_experts: int = E) -> HostExpertPool:

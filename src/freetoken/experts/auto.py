@@ -11,7 +11,7 @@ import torch
 
 from freetoken.experts.base import ExpertBanks
 from freetoken.experts.sizing import VRAM_SLOT_SHARE
-from freetoken.experts.split import cpu_pays_off, load_machine_profile
+from freetoken.experts.split import cpu_pays_off, load_machine_profile, saved_profile
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +45,11 @@ def choose_backend(
 
 def _hardware_recommendation(expert_bytes: int) -> tuple[str, str] | None:
     """What this machine's saved profile recommends for experts of this size (``hardware.profile``)."""
-    try:
-        from freetoken.hardware.profile import current_profile, recommend
-    except ImportError:
-        return None
-    try:
-        prof = current_profile()
-    except (OSError, ValueError, RuntimeError):
-        return None
+    prof = saved_profile()
     if prof is None:
         return None
+    from freetoken.hardware.profile import recommend
+
     line = recommend(prof, expert_bytes)
     choice = line.split(":", 1)[0].strip()
     if choice not in ("offload", "hybrid", "cpu"):

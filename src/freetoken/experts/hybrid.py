@@ -19,10 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from freetoken.config import EngineConfig
-from freetoken.experts.base import ExpertBanks
-from freetoken.experts.cpu_backend import CpuBackend
 from freetoken.experts.pool import HostExpertPool
-from freetoken.experts.slot_backend import SlotBackend, make_pool, needs_cpu_fallback
+from freetoken.experts.slot_backend import SlotBackend
 from freetoken.experts.slot_plan import StepPlan
 from freetoken.experts.split import SplitPolicy, load_machine_profile
 
@@ -131,10 +129,4 @@ class HybridBackend(SlotBackend):
         return s
 
 
-def create(
-    config: EngineConfig, banks: ExpertBanks, device: torch.device, dtype: torch.dtype
-) -> HybridBackend | CpuBackend:
-    pool = make_pool(banks, device, dtype)
-    if needs_cpu_fallback(pool, device, "hybrid"):
-        return CpuBackend(config, pool, device, dtype)
-    return HybridBackend(config, pool, device, dtype)
+create = HybridBackend.create  # the registry's factory

@@ -12,11 +12,9 @@ from __future__ import annotations
 import torch
 
 from freetoken.config import EngineConfig
-from freetoken.experts.base import ExpertBanks
-from freetoken.experts.cpu_backend import CpuBackend
 from freetoken.experts.pool import HostExpertPool
 from freetoken.experts.sizing import check_slots_cover_topk
-from freetoken.experts.slot_backend import SlotBackend, make_pool, needs_cpu_fallback
+from freetoken.experts.slot_backend import SlotBackend
 
 RECENT_STEPS = 1  # 0: plain LRU victims
 
@@ -58,10 +56,4 @@ class OffloadBackend(SlotBackend):
         return out.to(x.dtype)
 
 
-def create(
-    config: EngineConfig, banks: ExpertBanks, device: torch.device, dtype: torch.dtype
-) -> OffloadBackend | CpuBackend:
-    pool = make_pool(banks, device, dtype)
-    if needs_cpu_fallback(pool, device, "offload"):
-        return CpuBackend(config, pool, device, dtype)
-    return OffloadBackend(config, pool, device, dtype)
+create = OffloadBackend.create  # the registry's factory

@@ -15,6 +15,7 @@ import torch
 from freetoken.config import EngineConfig
 from freetoken.experts.base import ExpertBackend, ExpertBanks
 from freetoken.experts.counters import DeviceCounters
+from freetoken.experts.cpu_backend import CpuBackend
 from freetoken.experts.cpu_runner import STREAMED_MAX_TOKENS, CpuExpertRunner
 from freetoken.experts.grouped_gemm import grouped_experts
 from freetoken.experts.layer_graphs import Body, LayerGraphs
@@ -71,6 +72,16 @@ class SlotBackend(ExpertBackend):
         self.graphs = LayerGraphs(STREAMED_MAX_TOKENS) if cuda_graphs else None
         self._decode = True
         self._saved_layer_steps = 0
+
+    @classmethod
+    def create(
+        cls, config: EngineConfig, banks: ExpertBanks, device: torch.device, dtype: torch.dtype
+    ) -> ExpertBackend:
+        """The registry's factory: the pool (pinned for a GPU); on CUDA an unpinned pool falls back to ``cpu``."""
+        pool = make_pool(banks, device, dtype)
+        if needs_cpu_fallback(pool, device, cls.name):
+            return CpuBackend(config, pool, device, dtype)
+        return cls(config, pool, device, dtype)
 
     def begin_step(self, num_tokens: int, is_decode: bool) -> None:
         self.streamer.begin_step(num_tokens, is_decode)
@@ -148,32 +159,20 @@ class SlotBackend(ExpertBackend):
         """Hits and q fills on the GPU, the other misses on the CPU, concurrently."""
 
         def body(layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
-            return self._split_body(layer, x, topk_ids, topk_w, min_fill, protect, recent_last)
+            assert self.cpu is not None
+            if topk_ids.numel() == 0:
+                return torch.zeros_like(x)
+            check_slots_cover_topk(self.cache.num_slots, topk_ids.shape[1])
+            plan = self.cache.group_and_plan(layer, topk_ids, self.share, min_fill, protect, recent_last)
+            handle = self.cpu.submit(x, plan.route_code, topk_w, layer)  # CPU branch first
+            gpu = self._gpu(x, plan.groups, plan, topk_w)
+            cpu, res = self.cpu.wait(handle)
+            if res is not None:  # streamed batches report at the next begin_step
+                self._after_cpu(res.experts, res.seconds)
+            self._count(plan, True, plan.num_misses - plan.copy_count)
+            return (gpu + cpu).to(x.dtype)
 
         return self.graphed(layer, x, topk_ids, topk_w, body)
-
-    def _split_body(
-        self,
-        layer: int,
-        x: torch.Tensor,
-        topk_ids: torch.Tensor,
-        topk_w: torch.Tensor,
-        min_fill: int,
-        protect: int,
-        recent_last: bool,
-    ) -> torch.Tensor:
-        assert self.cpu is not None
-        if topk_ids.numel() == 0:
-            return torch.zeros_like(x)
-        check_slots_cover_topk(self.cache.num_slots, topk_ids.shape[1])
-        plan = self.cache.group_and_plan(layer, topk_ids, self.share, min_fill, protect, recent_last)
-        handle = self.cpu.submit(x, plan.route_code, topk_w, layer)  # CPU branch first
-        gpu = self._gpu(x, plan.groups, plan, topk_w)
-        cpu, res = self.cpu.wait(handle)
-        if res is not None:  # streamed batches report at the next begin_step
-            self._after_cpu(res.experts, res.seconds)
-        self._count(plan, True, plan.num_misses - plan.copy_count)
-        return (gpu + cpu).to(x.dtype)
 
     def _after_cpu(self, experts: int, seconds: float) -> None:  # noqa: B027 - optional hook
         """Hook: timing of the CPU branch."""

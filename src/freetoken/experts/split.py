@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 # Profile keys, GB/s, first present wins: the contended figures, then the solo ones. The first names
 # are those of ``freetoken.hardware.bandwidth.BandwidthResult``; the b_* aliases serve plain dicts.
@@ -80,14 +81,19 @@ class SplitPolicy:
         return self.share
 
 
-def load_machine_profile() -> dict[str, object] | None:
-    """This machine's bandwidth figures from its saved profile (``ft bench bw``), None when absent."""
+def saved_profile() -> Any | None:
+    """This machine's saved ``HardwareProfile`` (``ft bench bw``), None when absent or unreadable."""
     try:
         from freetoken.hardware.profile import current_profile
     except ImportError:
         return None
     try:
-        prof = current_profile()
+        return current_profile()
     except (OSError, ValueError, RuntimeError):
         return None
+
+
+def load_machine_profile() -> dict[str, object] | None:
+    """This machine's bandwidth figures from its saved profile, None when absent."""
+    prof = saved_profile()
     return None if prof is None else dict(prof.bandwidth.to_dict())

@@ -10,10 +10,8 @@ from __future__ import annotations
 import torch
 
 from freetoken.config import EngineConfig
-from freetoken.experts.base import ExpertBanks
-from freetoken.experts.cpu_backend import CpuBackend
 from freetoken.experts.pool import HostExpertPool
-from freetoken.experts.slot_backend import SlotBackend, make_pool, needs_cpu_fallback
+from freetoken.experts.slot_backend import SlotBackend
 
 PROFILE_TOKENS = 200
 
@@ -61,10 +59,4 @@ class StaticFreqBackend(SlotBackend):
         return self.split_forward(layer, x, topk_ids, topk_w, min_fill=0)  # share stays 0: no fills
 
 
-def create(
-    config: EngineConfig, banks: ExpertBanks, device: torch.device, dtype: torch.dtype
-) -> StaticFreqBackend | CpuBackend:
-    pool = make_pool(banks, device, dtype)
-    if needs_cpu_fallback(pool, device, "static-freq"):
-        return CpuBackend(config, pool, device, dtype)
-    return StaticFreqBackend(config, pool, device, dtype)
+create = StaticFreqBackend.create  # the registry's factory

@@ -9,10 +9,8 @@ from __future__ import annotations
 import torch
 
 from freetoken.config import EngineConfig
-from freetoken.experts.base import ExpertBanks
-from freetoken.experts.cpu_backend import CpuBackend
 from freetoken.experts.pool import HostExpertPool
-from freetoken.experts.slot_backend import SlotBackend, make_pool, needs_cpu_fallback
+from freetoken.experts.slot_backend import SlotBackend
 
 
 class StaticLayersBackend(SlotBackend):
@@ -32,10 +30,4 @@ class StaticLayersBackend(SlotBackend):
         return self.split_forward(layer, x, topk_ids, topk_w, min_fill=0)  # share stays 0: no fills
 
 
-def create(
-    config: EngineConfig, banks: ExpertBanks, device: torch.device, dtype: torch.dtype
-) -> StaticLayersBackend | CpuBackend:
-    pool = make_pool(banks, device, dtype)
-    if needs_cpu_fallback(pool, device, "static-layers"):
-        return CpuBackend(config, pool, device, dtype)
-    return StaticLayersBackend(config, pool, device, dtype)
+create = StaticLayersBackend.create  # the registry's factory

@@ -1,5 +1,6 @@
 // See feeder.h.
 #include "feeder.h"
+#include "relax.h"
 
 #include <algorithm>
 #include <chrono>
@@ -12,14 +13,6 @@
 
 namespace ft {
 namespace {
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 inline bool reached(const FtQueuedArgs& a) {
   const uint32_t v = __atomic_load_n(a.ready_flag, __ATOMIC_ACQUIRE);

@@ -1,5 +1,6 @@
 // See pool.h.
 #include "pool.h"
+#include "relax.h"
 
 #include <chrono>
 
@@ -9,14 +10,6 @@
 
 namespace ft {
 namespace {
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 // Polls `pred` for up to spin_ns (0: once); true when it became true meanwhile.
 template <class Pred>
