@@ -28,3 +28,11 @@ def one_intra_op_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory):
+    """The tiny tokenizer of the scripted-engine server tests (read-only: one per session)."""
+    from scripted_engine import build_tokenizer
+
+    return build_tokenizer(str(tmp_path_factory.mktemp("tok")))

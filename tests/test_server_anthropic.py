@@ -12,7 +12,7 @@ import pytest
 
 from freetoken.server.anthropic.convert import to_internal
 from freetoken.server.anthropic.protocol import MessagesRequest
-from scripted_engine import ScriptedEngine, build_tokenizer
+from scripted_engine import ScriptedEngine
 from server_harness import MODEL, Running, serve
 
 TOOLS: Any = [
@@ -27,11 +27,13 @@ SCRIPT = (
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 )
 
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return build_tokenizer(str(tmp_path_factory.mktemp("tok")))
-
+STREAM_BODY: dict[str, Any] = {
+    "model": MODEL,
+    "max_tokens": 300,
+    "stream": True,
+    "tools": TOOLS,
+    "messages": [{"role": "user", "content": "Weather?"}],
+}
 
 @pytest.fixture(scope="module")
 def scripted(tokenizer: Any) -> Iterator[Running]:
@@ -85,13 +87,7 @@ def test_thinking_text_tool_use_stream_equals_nonstream(scripted: Running) -> No
 
 
 def test_raw_event_sequence(scripted: Running) -> None:
-    body = {
-        "model": MODEL,
-        "max_tokens": 300,
-        "stream": True,
-        "tools": TOOLS,
-        "messages": [{"role": "user", "content": "Weather?"}],
-    }
+    body = dict(STREAM_BODY)
     counted = client(scripted).messages.count_tokens(model=MODEL, tools=TOOLS, messages=body["messages"])
     with httpx.stream("POST", scripted.url + "/v1/messages", json=body) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
@@ -229,13 +225,7 @@ def test_keepalive_pings_while_a_tool_call_is_written(tokenizer: Any) -> None:
 
     eng = ScriptedEngine(tokenizer, lambda ids: SCRIPT, step_s=0.03)
     with serve(eng, ServerConfig(served_model_names=(MODEL,), keepalive_s=0.1)) as srv:
-        body = {
-            "model": MODEL,
-            "max_tokens": 300,
-            "stream": True,
-            "tools": TOOLS,
-            "messages": [{"role": "user", "content": "Weather?"}],
-        }
+        body = dict(STREAM_BODY)
         with httpx.stream("POST", srv.url + "/v1/messages", json=body) as r:
             kinds = [ln[7:] for ln in r.iter_lines() if ln.startswith("event: ")]
         assert kinds[:2] == ["message_start", "ping"]

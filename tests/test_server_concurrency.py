@@ -39,6 +39,16 @@ def _msgs(p: str) -> Any:
     return [{"role": "user", "content": p}]
 
 
+def _assert_aborted(srv: Running, before: int) -> None:
+    """The request whose client went away stops running well before its 400 tokens; the engine is intact."""
+    deadline = time.time() + 30
+    while srv.state.metrics.requests_running and time.time() < deadline:
+        time.sleep(0.05)
+    assert srv.state.metrics.requests_running == 0
+    assert srv.state.metrics.generated_tokens_total - before < 400
+    srv.engine.check_integrity()
+
+
 def test_all_three_apis_stream_equals_nonstream(srv: Running) -> None:
     c, a = oai(srv), ant(srv)
     kw: dict[str, Any] = dict(model=MODEL, messages=_msgs(PROMPTS[0]), temperature=0)
@@ -142,12 +152,7 @@ def test_client_killed_mid_stream(srv: Running) -> None:
         for _ in range(3):
             next(lines)
     # The connection is gone: the request must be aborted, not run to 400 tokens.
-    deadline = time.time() + 30
-    while srv.state.metrics.requests_running and time.time() < deadline:
-        time.sleep(0.05)
-    assert srv.state.metrics.requests_running == 0
-    assert srv.state.metrics.generated_tokens_total - before < 400
-    srv.engine.check_integrity()
+    _assert_aborted(srv, before)
     m = oai(srv).chat.completions.create(model=MODEL, messages=_msgs("still there?"), max_tokens=2)
     assert m.choices[0].message.content is not None
 
@@ -173,12 +178,7 @@ def test_non_streaming_client_gone_aborts(srv: Running) -> None:
     body = {"model": MODEL, "max_tokens": 400, "ignore_eos": True, "messages": _msgs(PROMPTS[2])}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(5.0, read=0.2))
-    deadline = time.time() + 30
-    while srv.state.metrics.requests_running and time.time() < deadline:
-        time.sleep(0.05)
-    assert srv.state.metrics.requests_running == 0
-    assert srv.state.metrics.generated_tokens_total - before < 400
-    srv.engine.check_integrity()
+    _assert_aborted(srv, before)
 
 
 def test_engine_death_mid_stream_is_5xx_not_a_hang(tmp_path_factory: pytest.TempPathFactory) -> None:

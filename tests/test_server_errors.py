@@ -12,16 +12,11 @@ import openai
 import pytest
 
 from freetoken.server.settings import ServerConfig
-from scripted_engine import ScriptedEngine, build_tokenizer
+from scripted_engine import ScriptedEngine
 from server_harness import MODEL, Running, serve
 
 CHAT = "/v1/chat/completions"
 MSGS = "/v1/messages"
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return build_tokenizer(str(tmp_path_factory.mktemp("tok")))
 
 
 @pytest.fixture(scope="module")

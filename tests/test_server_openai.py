@@ -11,7 +11,7 @@ import pytest
 
 from freetoken.server.openai.protocol import ResponsesRequest
 from freetoken.server.openai.responses_input import to_internal
-from scripted_engine import ScriptedEngine, build_tokenizer
+from scripted_engine import ScriptedEngine
 from server_harness import MODEL, Running, serve
 
 TOOLS = [
@@ -30,11 +30,6 @@ THINK_AND_CALLS = (
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
 )
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return build_tokenizer(str(tmp_path_factory.mktemp("tok")))
 
 
 @pytest.fixture(scope="module")
