@@ -43,6 +43,6 @@ graphs) echo "== CUDA-graph MoE layers"; timeout 100 python3 -m pytest -q -p no:
   > "$OUT/decode_graphs.log" 2> "$OUT/decode_graphs.err"; cat "$OUT/decode_graphs.log"; tail -3 "$OUT/decode_graphs.err" ;;
 profile) echo "== hybrid profiler traces"; for g in "" --cuda-graphs; do timeout 100 $DEC --cpu-threads 6 --repeats 1 \
   --steps 64 --warmup-tokens 64 --routing-trace $TRACE --runahead --profile-dir "$OUT/prof${g:+-graphs}" $g \
-  --policies hybrid 2>/dev/null | tail -3; done ;;
+  --policies hybrid 2>/dev/null | tail -3; head -26 "$OUT"/prof${g:+-graphs}/*.txt; rm -f "$OUT"/prof${g:+-graphs}/*.json; done ;;
 *) echo "unknown stage $stage"; exit 2 ;;
 esac; done
