@@ -347,6 +347,10 @@ def print_acceptance(results: list[PolicyResult]) -> None:
     runs = ", ".join(f"{r.policy} {r.stats.get('tok_s_runs')}" for r in results)
     print("# acceptance: " + "; ".join(parts))
     print("# runs (tok/s): " + runs)
+    st = h.stats
+    if "share" in st:
+        print(f"# hybrid online: share {st['share']:.2f}, B_P' {st.get('b_copy_online', 0):.1f} GB/s, "
+              f"B_H' {st.get('b_cpu_online', 0):.1f} GB/s (smoothed branch measurements)")
 
 
 def print_table(results: list[PolicyResult], have_fused: bool) -> None:

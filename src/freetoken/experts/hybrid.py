@@ -126,6 +126,8 @@ class HybridBackend(SlotBackend):
     def stats(self) -> dict[str, int | float]:
         s = super().stats()
         s["share"] = self.policy.share
+        s["b_copy_online"] = self.policy.b_copy or 0.0  # GB/s, smoothed branch measurements
+        s["b_cpu_online"] = self.policy.b_cpu or 0.0
         return s
 
 

@@ -28,7 +28,8 @@ constexpr int64_t kMaxNapNs = 50'000;  // longest nap while a batch waits for it
 
 }  // namespace
 
-Feeder::Feeder(RunFn run, int64_t spin_ns) : run_(std::move(run)), spin_ns_(spin_ns), thread_([this] { loop(); }) {}
+Feeder::Feeder(RunFn run, int64_t spin_ns, std::atomic<int64_t>* hot)
+    : run_(std::move(run)), spin_ns_(spin_ns), hot_(hot), thread_([this] { loop(); }) {}
 
 Feeder::~Feeder() {
   {
@@ -47,6 +48,7 @@ int Feeder::push(const FtQueuedArgs& a) {
     std::lock_guard<std::mutex> lk(mu_);
     queue_.push_back(a);
     pending_.fetch_add(1, std::memory_order_acq_rel);
+    if (hot_) hot_->fetch_add(1, std::memory_order_relaxed);
   }
   cv_work_.notify_one();
   return 0;
@@ -58,12 +60,16 @@ void Feeder::drain() {
 }
 
 bool Feeder::wait_ready(const FtQueuedArgs& a) {
+  // A queued batch's flag comes within a layer's time in decode: poll up to kHotSpinNs (when spinning
+  // is allowed at all), yielding now and then, before napping.
+  const int64_t spin = spin_ns_ > 0 ? std::max(spin_ns_, kHotSpinNs) : 0;
   const int64_t t0 = now_ns();
-  uint32_t naps = 0;  // counted from the end of the spin: the first nap is the shortest
+  uint32_t naps = 0, spins = 0;  // naps counted from the end of the spin: the first nap is the shortest
   while (!reached(a)) {
     if (stop_.load(std::memory_order_acquire)) return false;
-    if (now_ns() - t0 < spin_ns_) {
-      cpu_relax();
+    ++spins;
+    if (spin > 0 && ((spins & 63) != 0 || now_ns() - t0 < spin)) {
+      spin_step(spins);
       continue;
     }
     // nap: 2 us doubling to 50 us (the GPU writes the flag; nobody can notify this thread)
@@ -132,6 +138,7 @@ void Feeder::loop() {
       std::lock_guard<std::mutex> lk(mu_);
       queue_.pop_front();
       pending_.fetch_sub(1, std::memory_order_acq_rel);
+      if (hot_) hot_->fetch_sub(1, std::memory_order_relaxed);
     }
     cv_idle_.notify_all();
   }

@@ -43,9 +43,10 @@ namespace ft {
 class Feeder {
  public:
   // run: computes one batch to completion (0 or an ft_moe_submit error code); spin_ns: how long the
-  // feeder polls a ready flag before it starts sleeping in short naps (0: naps at once).
+  // feeder polls a ready flag before it starts sleeping in short naps (0: naps at once); hot: counts
+  // the batches queued and running here too (the worker pool spins longer while it is > 0).
   using RunFn = std::function<int(const FtMoeArgs&)>;
-  Feeder(RunFn run, int64_t spin_ns);
+  Feeder(RunFn run, int64_t spin_ns, std::atomic<int64_t>* hot = nullptr);
   ~Feeder();  // abandons queued batches, setting their done flags, so no stream waits forever
 
   // 0 queued; -2 bad dimensions or null pointers (nothing queued).
@@ -68,6 +69,7 @@ class Feeder {
   std::condition_variable cv_work_, cv_idle_;
   std::deque<FtQueuedArgs> queue_;
   std::atomic<int64_t> pending_{0};  // queued + running
+  std::atomic<int64_t>* hot_;  // mirrors pending_ (optional)
   std::atomic<int> error_{0};
   std::atomic<bool> stop_{false};
   std::vector<int32_t> tok_;  // the batch's routes, decoded from its codes (feeder thread only)

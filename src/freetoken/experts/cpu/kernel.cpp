@@ -19,6 +19,7 @@
 #include "kernel_api.h"
 #include "plan.h"
 #include "pool.h"
+#include "relax.h"
 
 namespace ft {
 namespace {
@@ -135,8 +136,8 @@ class Kernel {
       : isa_(isa),
         ops_(ops_for(isa)),
         moe_(ops_, plans_),
-        pool_(n, cpus, spin_ns),
-        feeder_([this](const FtMoeArgs& a) { return run_now(a); }, spin_ns) {
+        pool_(n, cpus, spin_ns, kHotSpinNs),
+        feeder_([this](const FtMoeArgs& a) { return run_now(a); }, spin_ns, &pool_.hot()) {
     read_.stream_sum_ = ops_.stream_sum;
   }
 

@@ -2,6 +2,7 @@
 #include "pool.h"
 #include "relax.h"
 
+#include <algorithm>
 #include <chrono>
 
 #ifdef __linux__
@@ -9,30 +10,32 @@
 #endif
 
 namespace ft {
-namespace {
 
-// Polls `pred` for up to spin_ns (0: once); true when it became true meanwhile.
+// Polls `pred` for up to spin_ns_, or hot_spin_ns_ while hot (spin_ns_ 0: once); true when it became
+// true meanwhile.
 template <class Pred>
-bool spin_until(Pred pred, int64_t spin_ns) {
-  if (spin_ns <= 0) return pred();
+bool Pool::spin_until(Pred pred) {
+  if (spin_ns_ <= 0) return pred();
   const auto t0 = std::chrono::steady_clock::now();
   for (uint32_t i = 1;; ++i) {
     if (pred()) return true;
-    cpu_relax();
-    if ((i & 63) == 0 && std::chrono::steady_clock::now() - t0 > std::chrono::nanoseconds(spin_ns)) return pred();
+    spin_step(i);
+    if ((i & 63) == 0) {
+      const int64_t limit = hot_.load(std::memory_order_relaxed) > 0 ? hot_spin_ns_ : spin_ns_;
+      if (std::chrono::steady_clock::now() - t0 > std::chrono::nanoseconds(limit)) return pred();
+    }
   }
 }
 
-}  // namespace
-
 template <class Pred>
 void Pool::sleep_until(std::condition_variable& cv, Pred pred) {
-  if (spin_until(pred, spin_ns_)) return;
+  if (spin_until(pred)) return;
   std::unique_lock<std::mutex> lk(mu_);
   cv.wait(lk, pred);  // whoever makes pred true changes state, then notifies under/after mu_
 }
 
-Pool::Pool(int n, const int* cpus, int64_t spin_ns) : spin_ns_(spin_ns) {
+Pool::Pool(int n, const int* cpus, int64_t spin_ns, int64_t hot_spin_ns)
+    : spin_ns_(spin_ns), hot_spin_ns_(spin_ns > 0 ? std::max(spin_ns, hot_spin_ns) : 0) {
   for (int k = 0; k < n; ++k) threads_.emplace_back([this, cpu = cpus ? cpus[k] : -1] { worker(cpu); });
 }
 

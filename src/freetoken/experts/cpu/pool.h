@@ -2,7 +2,9 @@
 // sequence of steps, a step a number of independent units. Units are handed out one at a time;
 // whoever finishes a step's last unit opens the next step, so no participant is ever waited for
 // (a descheduled or late worker holds nothing up) and the thread that waits for a job may take
-// units itself. Idle threads sleep on a condition variable, after an optional short spin.
+// units itself. Idle threads sleep on a condition variable, after an optional short spin; while the
+// pool is "hot" (hot() > 0: the feeder holds queued batches, the next one comes within a layer's time)
+// they poll for up to hot_spin_ns instead, so a decode layer's batch starts without a wake-up.
 // Plain C++17, no ISA flags.
 #pragma once
 
@@ -29,7 +31,7 @@ class Pool {
  public:
   // n workers; cpus: null or n CPU ids (worker k pinned to cpus[k]); spin_ns: how long a waiting
   // thread polls before it sleeps (0: sleeps at once; never spin on machines with few cores).
-  Pool(int n, const int* cpus, int64_t spin_ns);
+  Pool(int n, const int* cpus, int64_t spin_ns, int64_t hot_spin_ns = 0);
   ~Pool();
 
   int threads() const { return static_cast<int>(threads_.size()); }
@@ -41,6 +43,8 @@ class Pool {
   void start(Job* job, uint32_t* done_flag, uint32_t done_value);
   // Blocks until the job is done; with help, this thread takes units too meanwhile.
   void wait(bool help);
+  // Batches known to be coming (the feeder counts its queue here); > 0 lengthens the idle spin.
+  std::atomic<int64_t>& hot() { return hot_; }
 
  private:
   struct Step {
@@ -53,8 +57,12 @@ class Pool {
   void finish();
   template <class Pred>
   void sleep_until(std::condition_variable& cv, Pred pred);
+  template <class Pred>
+  bool spin_until(Pred pred);
 
   const int64_t spin_ns_;
+  const int64_t hot_spin_ns_;  // spin while hot (never below spin_ns_; 0 when spin_ns_ is 0)
+  std::atomic<int64_t> hot_{0};
   std::vector<std::thread> threads_;
   std::mutex mu_;  // guards sleeping (the state itself is atomics)
   std::condition_variable cv_work_, cv_done_, cv_idle_;

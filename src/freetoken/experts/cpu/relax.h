@@ -1,6 +1,9 @@
 // A polite busy-wait hint for spinning threads (pause on x86, yield on Arm). Plain C++17.
 #pragma once
 
+#include <cstdint>
+#include <thread>
+
 namespace ft {
 
 inline void cpu_relax() {
@@ -9,6 +12,20 @@ inline void cpu_relax() {
 #elif defined(__aarch64__)
   asm volatile("yield");
 #endif
+}
+
+// How long threads poll while batches are known to be coming (a queued decode layer's batch starts
+// within a layer's time; longer waits mean the GPU is busy with something else: sleep then).
+constexpr int64_t kHotSpinNs = 2'000'000;
+
+// One iteration of a long poll: a pause, and every 64th time a yield, so a runnable thread that shares
+// this core (the engine thread, when workers take every core) runs at once instead of after a time slice.
+inline void spin_step(uint32_t i) {
+  if ((i & 63) == 0) {
+    std::this_thread::yield();
+  } else {
+    cpu_relax();
+  }
 }
 
 }  // namespace ft
