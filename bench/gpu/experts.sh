@@ -3,9 +3,11 @@
 # ../shared/traces). Writes logs, JSON and profiler traces under $OUT; prints a short table last.
 # Stages (default: all; each fits one device call with the others left out, see README.md):
 #   tests     GPU tests of every backend, the streamed CPU branch, the CPU kernel, reference models (~3 min)
+#   queue     CPU kernel queue tests (spinning feeder and workers: only machines with >= 8 cores spin)
 #   quick     only the streamed CPU branch and backend GPU tests (~1.5 min)
 #   kernel    CPU expert kernel bench, AVX-512 and forced AVX2 (~1.5 min)
-#   decode6   ft bench decode, replayed trace, 6 CPU threads, 3 repeats, runahead + profiler trace (~4 min)
+#   decode6   ft bench decode, replayed trace, 6 CPU threads, 3 repeats, runahead (~4 min; GRAPHS=1: MoE layers
+#             as CUDA graphs, PROF=1: a profiler trace of hybrid too)
 #   decode16  the same with 16 CPU threads (~4 min)
 #   model     the model's own routing, 6 threads, 1 repeat (~1.5 min)
 #   graphs    offload / hybrid / static-* with MoE layers replayed as CUDA graphs (--cuda-graphs), GPU tests
@@ -22,6 +24,8 @@ tests) echo "== GPU tests"; timeout 240 python3 -m pytest -q -p no:cacheprovider
   tests/test_backends.py tests/test_cpu_kernel.py tests/test_cpu_kernel_queue.py tests/test_hardware.py \
   tests/test_reference_models.py > "$OUT/gpu_tests.log" 2>&1
   tail -3 "$OUT/gpu_tests.log"; grep -E "FAILED|Error" "$OUT/gpu_tests.log" | head -20 ;;
+queue) echo "== CPU kernel queue tests"; timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_cpu_kernel_queue.py \
+  > "$OUT/queue_tests.log" 2>&1; tail -2 "$OUT/queue_tests.log" ;;
 quick) echo "== GPU tests (streamed CPU branch, backends)"; timeout 110 python3 -m pytest -q -p no:cacheprovider -m gpu \
   tests/test_cpu_stream_gpu.py tests/test_backends.py > "$OUT/gpu_tests.log" 2>&1
   tail -3 "$OUT/gpu_tests.log"; grep -E "FAILED|Error" "$OUT/gpu_tests.log" | head -20 ;;
@@ -31,7 +35,7 @@ kernel) echo "== CPU expert kernel"; timeout 50 python3 bench/cpu_kernel.py --th
   > "$OUT/cpu_kernel_avx2.log" 2>&1; tail -6 "$OUT/cpu_kernel_avx2.log" ;;
 decode6|decode16) t=${stage#decode}; echo "== decode, replayed trace, $t threads"
   timeout "${DEC_TIMEOUT:-280}" $DEC --cpu-threads "$t" --repeats 3 --steps 256 --warmup-tokens 200 --routing-trace $TRACE \
-  --measure-bw --runahead --profile-dir "$OUT/prof$t" --json "$OUT/decode_trace$t.json" \
+  --measure-bw --runahead ${GRAPHS:+--cuda-graphs} ${PROF:+--profile-dir "$OUT/prof$t"} --json "$OUT/decode_trace$t.json" \
   > "$OUT/decode_trace$t.log" 2> "$OUT/decode_trace$t.err"; cat "$OUT/decode_trace$t.log"; tail -3 "$OUT/decode_trace$t.err" ;;
 model) echo "== decode, the model's own routing"; timeout 100 $DEC --cpu-threads 6 --repeats 1 --steps 128 \
   --warmup-tokens 200 --measure-bw --json "$OUT/decode_model.json" > "$OUT/decode_model.log" 2> "$OUT/decode_model.err"
