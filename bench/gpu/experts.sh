@@ -22,7 +22,7 @@ STAGES=${*:-tests kernel decode6 decode16 model}
 for stage in $STAGES; do case $stage in
 tests) echo "== GPU tests"; timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu -s tests/test_cpu_stream_gpu.py \
   tests/test_backends.py tests/test_cpu_kernel.py tests/test_cpu_kernel_queue.py tests/test_hardware.py \
-  tests/test_reference_models.py > "$OUT/gpu_tests.log" 2>&1
+  tests/test_reference_models.py tests/test_layer_graphs_gpu.py > "$OUT/gpu_tests.log" 2>&1
   tail -3 "$OUT/gpu_tests.log"; grep -E "FAILED|Error" "$OUT/gpu_tests.log" | head -20 ;;
 queue) echo "== CPU kernel queue tests"; timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_cpu_kernel_queue.py \
   > "$OUT/queue_tests.log" 2>&1; tail -2 "$OUT/queue_tests.log" ;;
@@ -45,8 +45,9 @@ graphs) echo "== CUDA-graph MoE layers"; timeout 100 python3 -m pytest -q -p no:
   timeout "${DEC_TIMEOUT:-280}" $DEC --cpu-threads 6 --repeats 3 --steps 256 --warmup-tokens 200 --routing-trace $TRACE \
   --measure-bw --runahead --cuda-graphs --policies fused,offload,hybrid,static-layers --json "$OUT/decode_graphs.json" \
   > "$OUT/decode_graphs.log" 2> "$OUT/decode_graphs.err"; cat "$OUT/decode_graphs.log"; tail -3 "$OUT/decode_graphs.err" ;;
-profile) echo "== hybrid profiler traces"; for g in "" --cuda-graphs; do timeout 100 $DEC --cpu-threads 6 --repeats 1 \
-  --steps 64 --warmup-tokens 64 --routing-trace $TRACE --runahead --profile-dir "$OUT/prof${g:+-graphs}" $g \
-  --policies hybrid 2>/dev/null | tail -3; head -26 "$OUT"/prof${g:+-graphs}/*.txt; rm -f "$OUT"/prof${g:+-graphs}/*.json; done ;;
+profile) echo "== hybrid profiler traces"; for g in ${PROFILE_MODES:-eager graphs}; do f=; [ $g = graphs ] && f=--cuda-graphs
+  timeout 100 $DEC --cpu-threads "${THREADS:-6}" --repeats 1 --steps 64 --warmup-tokens 64 --routing-trace $TRACE --runahead \
+  --profile-dir "$OUT/prof-$g" $f --policies hybrid 2>/dev/null | tail -3; cut -c1-90 "$OUT"/prof-$g/*.txt | head -60
+  rm -f "$OUT"/prof-$g/*.json; done ;;
 *) echo "unknown stage $stage"; exit 2 ;;
 esac; done

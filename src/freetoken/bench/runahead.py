@@ -48,4 +48,8 @@ def profile_steps(step: Step, inputs: Callable[[], torch.Tensor], path: Path, st
     prof.export_chrome_trace(str(path))
     ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:25]
     lines = [f"{e.self_cpu_time_total / 1e3 / steps:9.3f} ms {e.count // steps:6d}/step  {e.key[:60]}" for e in ops]
+    dev = sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)[:20]
+    lines += ["device self time by op"] + [
+        f"{e.self_device_time_total / 1e3 / steps:9.3f} ms {e.count // steps:6d}/step  {e.key[:60]}" for e in dev
+    ]
     path.with_suffix(".txt").write_text("host self time by op\n" + "\n".join(lines) + "\n")
