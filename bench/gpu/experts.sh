@@ -9,7 +9,7 @@
 #   decode6   ft bench decode, replayed trace, 6 CPU threads, 3 repeats, runahead (~4 min; GRAPHS=1: MoE layers
 #             as CUDA graphs, PROF=1: a profiler trace of hybrid too)
 #   decode16  the same with 16 CPU threads (~4 min)
-#   model     the model's own routing, 6 threads, 1 repeat (~1.5 min)
+#   model     the model's own routing, THREADS (6) threads, REPEATS (3) repeats (~3 min)
 #   graphs    offload / hybrid / static-* with MoE layers replayed as CUDA graphs (--cuda-graphs), GPU tests
 #             of the graphs, 6 threads, 3 repeats (~3 min)
 #   profile   one profiler trace of hybrid decode steps (eager, then graphed) to $OUT/prof (~1 min)
@@ -37,8 +37,8 @@ decode6|decode16) t=${stage#decode}; echo "== decode, replayed trace, $t threads
   timeout "${DEC_TIMEOUT:-280}" $DEC --cpu-threads "$t" --repeats 3 --steps 256 --warmup-tokens 200 --routing-trace $TRACE \
   --measure-bw --runahead ${GRAPHS:+--cuda-graphs} ${PROF:+--profile-dir "$OUT/prof$t"} --json "$OUT/decode_trace$t.json" \
   > "$OUT/decode_trace$t.log" 2> "$OUT/decode_trace$t.err"; cat "$OUT/decode_trace$t.log"; tail -3 "$OUT/decode_trace$t.err" ;;
-model) echo "== decode, the model's own routing"; timeout 100 $DEC --cpu-threads 6 --repeats 1 --steps 128 \
-  --warmup-tokens 200 --measure-bw --json "$OUT/decode_model.json" > "$OUT/decode_model.log" 2> "$OUT/decode_model.err"
+model) echo "== decode, the model's own routing"; timeout "${DEC_TIMEOUT:-280}" $DEC --cpu-threads "${THREADS:-6}" \
+  --repeats "${REPEATS:-3}" --steps 256 --warmup-tokens 200 --measure-bw ${GRAPHS:+--cuda-graphs} --json "$OUT/decode_model.json" > "$OUT/decode_model.log" 2> "$OUT/decode_model.err"
   cat "$OUT/decode_model.log" ;;
 graphs) echo "== CUDA-graph MoE layers"; timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu \
   tests/test_layer_graphs_gpu.py > "$OUT/graph_tests.log" 2>&1; tail -3 "$OUT/graph_tests.log"
