@@ -6,11 +6,11 @@
 #   queue     CPU kernel queue tests (spinning feeder and workers: only machines with >= 8 cores spin)
 #   quick     only the streamed CPU branch and backend GPU tests (~1.5 min)
 #   kernel    CPU expert kernel bench, AVX-512 and forced AVX2 (~1.5 min)
-#   decode6   ft bench decode, replayed trace, 6 CPU threads, 3 repeats, runahead (~4 min; GRAPHS=1: MoE layers
-#             as CUDA graphs, PROF=1: a profiler trace of hybrid too)
+#   decode6   ft bench decode, replayed trace, 6 CPU threads, 3 repeats, runahead (~4 min; EAGER=1: MoE layers
+#             without CUDA graphs, PROF=1: a profiler trace of hybrid too)
 #   decode16  the same with 16 CPU threads (~4 min)
 #   model     the model's own routing, THREADS (6) threads, REPEATS (3) repeats (~3 min)
-#   graphs    offload / hybrid / static-* with MoE layers replayed as CUDA graphs (--cuda-graphs), GPU tests
+#   graphs    offload / hybrid / static-* with MoE layers replayed as CUDA graphs (the default), GPU tests
 #             of the graphs, 6 threads, 3 repeats (~3 min)
 #   profile   one profiler trace of hybrid decode steps (eager, then graphed) to $OUT/prof (~1 min)
 set -uo pipefail
@@ -35,17 +35,17 @@ kernel) echo "== CPU expert kernel"; timeout 50 python3 bench/cpu_kernel.py --th
   > "$OUT/cpu_kernel_avx2.log" 2>&1; tail -6 "$OUT/cpu_kernel_avx2.log" ;;
 decode6|decode16) t=${stage#decode}; echo "== decode, replayed trace, $t threads"
   timeout "${DEC_TIMEOUT:-280}" $DEC --cpu-threads "$t" --repeats 3 --steps 256 --warmup-tokens 200 --routing-trace $TRACE \
-  --measure-bw --runahead ${GRAPHS:+--cuda-graphs} ${PROF:+--profile-dir "$OUT/prof$t"} --json "$OUT/decode_trace$t.json" \
+  --measure-bw --runahead ${EAGER:+--no-cuda-graphs} ${PROF:+--profile-dir "$OUT/prof$t"} --json "$OUT/decode_trace$t.json" \
   > "$OUT/decode_trace$t.log" 2> "$OUT/decode_trace$t.err"; cat "$OUT/decode_trace$t.log"; tail -3 "$OUT/decode_trace$t.err" ;;
 model) echo "== decode, the model's own routing"; timeout "${DEC_TIMEOUT:-280}" $DEC --cpu-threads "${THREADS:-6}" \
-  --repeats "${REPEATS:-3}" --steps 256 --warmup-tokens 200 --measure-bw ${GRAPHS:+--cuda-graphs} --json "$OUT/decode_model.json" > "$OUT/decode_model.log" 2> "$OUT/decode_model.err"
+  --repeats "${REPEATS:-3}" --steps 256 --warmup-tokens 200 --measure-bw ${EAGER:+--no-cuda-graphs} --json "$OUT/decode_model.json" > "$OUT/decode_model.log" 2> "$OUT/decode_model.err"
   cat "$OUT/decode_model.log" ;;
 graphs) echo "== CUDA-graph MoE layers"; timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu \
   tests/test_layer_graphs_gpu.py > "$OUT/graph_tests.log" 2>&1; tail -3 "$OUT/graph_tests.log"
   timeout "${DEC_TIMEOUT:-280}" $DEC --cpu-threads 6 --repeats 3 --steps 256 --warmup-tokens 200 --routing-trace $TRACE \
   --measure-bw --runahead --cuda-graphs --policies fused,offload,hybrid,static-layers --json "$OUT/decode_graphs.json" \
   > "$OUT/decode_graphs.log" 2> "$OUT/decode_graphs.err"; cat "$OUT/decode_graphs.log"; tail -3 "$OUT/decode_graphs.err" ;;
-profile) echo "== hybrid profiler traces"; for g in ${PROFILE_MODES:-eager graphs}; do f=; [ $g = graphs ] && f=--cuda-graphs
+profile) echo "== hybrid profiler traces"; for g in ${PROFILE_MODES:-eager graphs}; do f=--cuda-graphs; [ $g = eager ] && f=--no-cuda-graphs
   timeout 100 $DEC --cpu-threads "${THREADS:-6}" --repeats 1 --steps 64 --warmup-tokens 64 --routing-trace $TRACE --runahead \
   --profile-dir "$OUT/prof-$g" $f --policies hybrid 2>/dev/null | tail -3; cut -c1-90 "$OUT"/prof-$g/*.txt | head -60
   rm -f "$OUT"/prof-$g/*.json; done ;;

@@ -236,7 +236,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--bw-cpu", type=float, default=None, help="B_H' GB/s for the bound (default: machine profile)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the results here")
-    p.add_argument("--cuda-graphs", action="store_true", help="replay MoE decode layers as CUDA graphs (experimental)")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="replay MoE decode layers as CUDA graphs (the engine's default; --no-cuda-graphs: eager)")
     p.add_argument("--runahead", action="store_true",
                    help="CUDA: also measure how often the host queues the last MoE layer before the GPU ends the first")
     p.add_argument("--profile-dir", default=None, help="with --runahead: write a profiler trace of hybrid here")

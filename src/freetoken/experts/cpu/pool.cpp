@@ -19,10 +19,15 @@ bool Pool::spin_until(Pred pred) {
   const auto t0 = std::chrono::steady_clock::now();
   for (uint32_t i = 1;; ++i) {
     if (pred()) return true;
-    spin_step(i);
+    cpu_relax();
     if ((i & 63) == 0) {
-      const int64_t limit = hot_.load(std::memory_order_relaxed) > 0 ? hot_spin_ns_ : spin_ns_;
-      if (std::chrono::steady_clock::now() - t0 > std::chrono::nanoseconds(limit)) return pred();
+      const auto waited = std::chrono::steady_clock::now() - t0;
+      if (waited > std::chrono::nanoseconds(spin_ns_)) {  // past the plain spin: on only while hot, yielding
+        if (hot_.load(std::memory_order_relaxed) <= 0 || waited > std::chrono::nanoseconds(hot_spin_ns_)) {
+          return pred();
+        }
+        std::this_thread::yield();
+      }
     }
   }
 }
