@@ -104,9 +104,10 @@ class KernelLoad:
 
 
 class CopyLoad:
-    """Host -> device copies of `chunk` bytes, `batch` copies per stream synchronisation (pinned
-    source, own CUDA stream). On a "cpu" device the copies are memcpy into a separate CPU pool, as the
-    CPU slot cache does (DESIGN §8)."""
+    """Host -> device copies of `chunk` bytes in batches of `batch` (pinned source, own CUDA stream), two
+    batches in flight: the issuing thread may be late by a batch's duration (a busy machine, CPU
+    workers on every core) without the link going idle, as in the engine, whose host runs ahead. On a
+    "cpu" device the copies are memcpy into a separate CPU pool, as the CPU slot cache does (DESIGN §8)."""
 
     def __init__(self, src: torch.Tensor, device: torch.device, chunk: int, batch: int) -> None:
         self.src, self.chunk, self.batch = src, chunk, batch
@@ -114,20 +115,26 @@ class CopyLoad:
         self.dst = torch.empty(self.slots * chunk, dtype=torch.uint8, device=device)
         self.offsets = list(range(0, src.numel() - chunk + 1, chunk))
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._prev: torch.cuda.Event | None = None  # the batch in flight before the last one
         # CPU: one single-threaded memcpy per copy (numpy), like one copy thread; torch's parallel
         # copy would compete with the kernel's workers for the same cores
         self._np = None if self.stream is not None else (src.numpy(), self.dst.numpy())
 
     def run_for(self, seconds: float, start: threading.Barrier | None = None) -> float:
         self._batch(0)  # warm-up
+        self._settle()
         if start is not None:
             start.wait()
         copies, t0 = 0, time.perf_counter()
-        while True:
+        while time.perf_counter() - t0 < seconds:
             copies += self._batch(copies)
-            elapsed = time.perf_counter() - t0
-            if elapsed >= seconds:
-                return copies * self.chunk / elapsed / _GB
+        self._settle()  # every counted copy is done
+        return copies * self.chunk / (time.perf_counter() - t0) / _GB
+
+    def _settle(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
+            self._prev = None
 
     def _batch(self, first: int) -> int:
         if self._np is not None:
@@ -143,7 +150,11 @@ class CopyLoad:
                 off = self.offsets[(first + j) % len(self.offsets)]
                 slot = (j % self.slots) * self.chunk
                 self.dst[slot : slot + self.chunk].copy_(self.src[off : off + self.chunk], non_blocking=True)
-        self.stream.synchronize()
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        if self._prev is not None:
+            self._prev.synchronize()  # the batch before this one: this one keeps the link busy meanwhile
+        self._prev = done
         return self.batch
 
 
