@@ -3,6 +3,11 @@
 Runs the real device plan (``experts/slot_plan.py``) on the slot tables alone, no expert weights, so it
 takes seconds on any CPU and compares cache sizes, batch sizes, fill shares and the hybrid's admission
 control on identical routing. ``python -m freetoken.bench.cache_sim --trace FILE``.
+
+With ``--bw-copy``/``--bw-cpu`` (GB/s, concurrent) and ``--expert-mb`` it also models the time the misses
+take per token: ``whole`` = sum over layer steps of max(q*S/B_P', (m-q)*S/B_H') (whole experts per
+branch, as the engine splits; share 1 is offload), ``split`` = sum of m*S/(B_P'+B_H') (the floor of
+BENCH.md, reachable only if one expert could be shared by both branches).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ class SimResult:
     fills: int
     cpu_runs: int
     tokens: int
+    whole_s: float = 0.0  # modelled seconds of the misses, whole experts per branch
+    split_s: float = 0.0  # ... with the misses split exactly in the bandwidth ratio
 
 
 def simulate(
@@ -39,6 +46,7 @@ def simulate(
     steps: int,
     warmup: int,
     recent_last: bool = False,
+    bw: tuple[float, float, float] | None = None,  # (B_P' GB/s, B_H' GB/s, expert GB)
 ) -> SimResult:
     """trace [tokens, layers, k] expert ids; request b replays from offset b * tokens // batch."""
     n, L, _ = trace.shape
@@ -53,14 +61,20 @@ def simulate(
     offsets = [b * (n // batch) for b in range(batch)]
     share_t = torch.tensor(share)
     h = m = f = 0
+    whole = split = 0.0
     for step in range(warmup + steps):
         rows = [(o + step) % n for o in offsets]
         for layer in range(L):
             g = group_routes(ids_all[rows, layer].reshape(-1) + layer * E, N)
             p = plan_fills(t, g, g.valid, share_t, 1, protect_steps * L, recent_last)
             if step >= warmup:
-                h, m, f = h + int(p.num_hits), m + int(p.num_misses), f + int(p.copy_count)
-    return SimResult(cache, batch, share, protect_steps, h / max(h + m, 1), m, f, m - f, steps * batch)
+                lm, lq = int(p.num_misses), int(p.copy_count)
+                h, m, f = h + int(p.num_hits), m + lm, f + lq
+                if bw is not None:
+                    b_p, b_h, gb = bw
+                    whole += max(lq * gb / b_p, (lm - lq) * gb / b_h)
+                    split += lm * gb / (b_p + b_h)
+    return SimResult(cache, batch, share, protect_steps, h / max(h + m, 1), m, f, m - f, steps * batch, whole, split)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -75,6 +89,10 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         choices=("block", "last"),
         help="recent slots: victims last, newest first (what offload and hybrid do) or never victims",
     )
+    p.add_argument("--layers", type=int, default=None, help="the trace's first N layers (default: all)")
+    p.add_argument("--bw-copy", type=float, default=None, help="B_P' GB/s: model the misses' time per token")
+    p.add_argument("--bw-cpu", type=float, default=None, help="B_H' GB/s (with --bw-copy)")
+    p.add_argument("--expert-mb", type=float, default=9.44, help="one expert's MB (default: Qwen3-30B-A3B bf16)")
     p.add_argument("--steps", type=int, default=200, help="measured decode steps")
     p.add_argument("--warmup", type=int, default=50, help="unmeasured steps first")
     return p
@@ -82,20 +100,25 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     trace = np.load(args.trace)
+    if args.layers:
+        trace = trace[:, : args.layers]
+    bw = (args.bw_copy, args.bw_cpu, args.expert_mb / 1e3) if args.bw_copy and args.bw_cpu else None
     print(f"# {args.trace}: {trace.shape[0]} tokens x {trace.shape[1]} layers x top-{trace.shape[2]}")
     print(
         f"{'cache':>6}{'batch':>6}{'share':>6}{'protect':>8}{'hit':>7}{'misses/tok':>11}{'fills/tok':>10}{'cpu/tok':>8}"
+        + (f"{'whole ms/tok':>13}{'split ms/tok':>13}" if bw else "")
     )
     torch.set_num_threads(1)
     for c in (float(v) for v in args.cache.split(",")):
         for b in (int(v) for v in args.batch.split(",")):
             for s in (float(v) for v in args.share.split(",")):
                 for pr in (int(v) for v in args.protect.split(",")):
-                    r = simulate(trace, c, b, s, pr, args.steps, args.warmup, args.recent == "last")
+                    r = simulate(trace, c, b, s, pr, args.steps, args.warmup, args.recent == "last", bw)
                     tok = r.tokens
+                    model = f"{r.whole_s / tok * 1e3:13.2f}{r.split_s / tok * 1e3:13.2f}" if bw else ""
                     print(
                         f"{c:6.2f}{b:6d}{s:6.2f}{pr:8d}{r.hit_rate:7.3f}{r.misses / tok:11.1f}"
-                        f"{r.fills / tok:10.1f}{r.cpu_runs / tok:8.1f}",
+                        f"{r.fills / tok:10.1f}{r.cpu_runs / tok:8.1f}{model}",
                         flush=True,
                     )
     return 0
