@@ -7,7 +7,8 @@
 #   quick     only the streamed CPU branch and backend GPU tests (~1.5 min)
 #   kernel    CPU expert kernel bench, AVX-512 and forced AVX2 (~1.5 min)
 #   decode6   ft bench decode, replayed trace, 6 CPU threads, 3 repeats, runahead (~4 min; EAGER=1: MoE layers
-#             without CUDA graphs, PROF=1: a profiler trace of hybrid too)
+#             without CUDA graphs, SHARE=1: hybrid shares one expert per layer between both branches,
+#             PROF=1: a profiler trace of hybrid too)
 #   decode16  the same with 16 CPU threads (~4 min)
 #   model     the model's own routing, THREADS (6) threads, REPEATS (3) repeats (~3 min)
 #   graphs    offload / hybrid / static-* with MoE layers replayed as CUDA graphs (the default), GPU tests
@@ -22,7 +23,7 @@ STAGES=${*:-tests kernel decode6 decode16 model}
 for stage in $STAGES; do case $stage in
 tests) echo "== GPU tests"; timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu -s tests/test_cpu_stream_gpu.py \
   tests/test_backends.py tests/test_cpu_kernel.py tests/test_cpu_kernel_queue.py tests/test_hardware.py \
-  tests/test_reference_models.py tests/test_layer_graphs_gpu.py > "$OUT/gpu_tests.log" 2>&1
+  tests/test_reference_models.py tests/test_layer_graphs_gpu.py tests/test_share_split.py > "$OUT/gpu_tests.log" 2>&1
   tail -3 "$OUT/gpu_tests.log"; grep -E "FAILED|Error" "$OUT/gpu_tests.log" | head -20 ;;
 queue) echo "== CPU kernel queue tests"; timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_cpu_kernel_queue.py \
   > "$OUT/queue_tests.log" 2>&1; tail -2 "$OUT/queue_tests.log" ;;
@@ -35,7 +36,8 @@ kernel) echo "== CPU expert kernel"; timeout 50 python3 bench/cpu_kernel.py --th
   > "$OUT/cpu_kernel_avx2.log" 2>&1; tail -6 "$OUT/cpu_kernel_avx2.log" ;;
 decode6|decode16) t=${stage#decode}; echo "== decode, replayed trace, $t threads"
   timeout "${DEC_TIMEOUT:-280}" $DEC --cpu-threads "$t" --repeats 3 --steps 256 --warmup-tokens 200 --routing-trace $TRACE \
-  --measure-bw --runahead ${EAGER:+--no-cuda-graphs} ${PROF:+--profile-dir "$OUT/prof$t"} --json "$OUT/decode_trace$t.json" \
+  --measure-bw --runahead ${EAGER:+--no-cuda-graphs} ${SHARE:+--share-expert} ${PROF:+--profile-dir "$OUT/prof$t"} \
+  --json "$OUT/decode_trace$t.json" \
   > "$OUT/decode_trace$t.log" 2> "$OUT/decode_trace$t.err"; cat "$OUT/decode_trace$t.log"; tail -3 "$OUT/decode_trace$t.err" ;;
 model) echo "== decode, the model's own routing"; timeout "${DEC_TIMEOUT:-280}" $DEC --cpu-threads "${THREADS:-6}" \
   --repeats "${REPEATS:-3}" --steps 256 --warmup-tokens 200 --measure-bw ${EAGER:+--no-cuda-graphs} --json "$OUT/decode_model.json" > "$OUT/decode_model.log" 2> "$OUT/decode_model.err"

@@ -37,6 +37,7 @@ from freetoken.experts.registry import create_backend
 from freetoken.experts.split import load_machine_profile, profile_bandwidth
 
 DEFAULT_POLICIES = "fused,offload,hybrid,cpu,static-layers,static-freq"
+SHARED_POLICY = "hybrid-share"  # hybrid with one expert per layer shared by both branches (side by side)
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -142,9 +143,11 @@ def _threads(args: argparse.Namespace) -> int | None:
 def run_policy(
     policy: str, banks: ExpertBanks, shape: MoEShape, args: argparse.Namespace, dev: torch.device, dtype: torch.dtype
 ) -> PolicyResult:
+    share = policy == SHARED_POLICY or (policy == "hybrid" and args.share_expert)
     cfg = EngineConfig(
-        moe_backend=policy, expert_cache=args.expert_cache, fill_fraction=args.fill_fraction,
-        cpu_threads=_threads(args), moe_cuda_graphs=args.cuda_graphs,
+        moe_backend="hybrid" if policy == SHARED_POLICY else policy, expert_cache=args.expert_cache,
+        fill_fraction=args.fill_fraction, cpu_threads=_threads(args), moe_cuda_graphs=args.cuda_graphs,
+        hybrid_share_expert=share,
     )  # fmt: skip
     backend = create_backend(cfg, banks, dev, dtype)
     router = make_router(args, shape, dev, dtype)
@@ -236,6 +239,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--bw-cpu", type=float, default=None, help="B_H' GB/s for the bound (default: machine profile)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--share-expert", action="store_true",
+                   help="hybrid: share one miss per layer between both branches (EngineConfig.hybrid_share_expert); "
+                        f"the policy {SHARED_POLICY!r} runs that beside plain hybrid")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="replay MoE decode layers as CUDA graphs (the engine's default; --no-cuda-graphs: eager)")
     p.add_argument("--runahead", action="store_true",
@@ -331,27 +337,30 @@ def median_result(rs: list[PolicyResult]) -> PolicyResult:
     return mid
 
 
-def print_acceptance(results: list[PolicyResult]) -> None:
-    by = {r.policy: r for r in results}
-    h = by.get("hybrid")
-    if h is None:
-        return
-    parts = []
-    for other in ("static-layers", "static-freq", "offload", "cpu"):
-        if other in by:
-            parts.append(f"hybrid/{other} {h.tok_s / by[other].tok_s:.2f}x")
+def _ratios(name: str, h: PolicyResult, by: dict[str, PolicyResult]) -> list[str]:
+    others = ("static-layers", "static-freq", "offload", "cpu")
+    parts = [f"{name}/{o} {h.tok_s / by[o].tok_s:.2f}x" for o in others if o in by]
     best = max((by[p].tok_s for p in ("offload", "cpu") if p in by), default=None)
     if best:
-        parts.append(f"hybrid/max(offload,cpu) {h.tok_s / best:.2f}x")
+        parts.append(f"{name}/max(offload,cpu) {h.tok_s / best:.2f}x")
     if h.of_bound:
-        parts.append(f"hybrid of bound {h.of_bound:.0%}")
+        parts.append(f"{name} of bound {h.of_bound:.0%}")
+    return parts
+
+
+def print_acceptance(results: list[PolicyResult]) -> None:
+    by = {r.policy: r for r in results}
+    names = [n for n in ("hybrid", SHARED_POLICY) if n in by]
+    if not names:
+        return
     runs = ", ".join(f"{r.policy} {r.stats.get('tok_s_runs')}" for r in results)
-    print("# acceptance: " + "; ".join(parts))
+    print("# acceptance: " + "; ".join(p for n in names for p in _ratios(n, by[n], by)))
     print("# runs (tok/s): " + runs)
-    st = h.stats
-    if "share" in st:
-        print(f"# hybrid online: share {st['share']:.2f}, B_P' {st.get('b_copy_online', 0):.1f} GB/s, "
-              f"B_H' {st.get('b_cpu_online', 0):.1f} GB/s (smoothed branch measurements)")
+    for n in names:
+        st = by[n].stats
+        if "share" in st:
+            print(f"# {n} online: share {st['share']:.2f}, B_P' {st.get('b_copy_online', 0):.1f} GB/s, "
+                  f"B_H' {st.get('b_cpu_online', 0):.1f} GB/s (smoothed branch measurements)")
 
 
 def print_table(results: list[PolicyResult], have_fused: bool) -> None:

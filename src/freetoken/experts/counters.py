@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 # Device-accumulated, in this order: distinct hits, distinct misses, fills, distinct CPU runs,
-# layer-steps with a miss.
-DEVICE_NAMES = ("hits", "misses", "fills", "cpu_runs", "miss_layers")
+# layer-steps with a miss, shared experts (``share_split``), their intermediate rows computed on the GPU.
+DEVICE_NAMES = ("hits", "misses", "fills", "cpu_runs", "miss_layers", "shared", "shared_rows")
 
 
 class DeviceCounters:
@@ -27,10 +27,14 @@ class DeviceCounters:
         """One layer round's counts; a layer's later rounds (offload) add fills only."""
         if first_round:
             self.layer_steps += 1
-            self._v += torch.stack((hits, misses, fills, cpu_runs, (misses > 0).long()))
+            self._v[:5] += torch.stack((hits, misses, fills, cpu_runs, (misses > 0).long()))
         else:
             self._v[2:3] += fills
         self._q_last.copy_(fills)
+
+    def add_shared(self, rows: torch.Tensor) -> None:
+        """A layer step's shared expert: ``rows`` [] int64 intermediate rows on the GPU (0: none)."""
+        self._v[5:] += torch.stack(((rows > 0).long(), rows))
 
     def read(self) -> dict[str, int]:
         vals = self._v.tolist()

@@ -32,8 +32,25 @@ STREAMED_MAX_TOKENS = 64  # per-layer pinned buffers of the streamed branch hold
 @dataclass
 class CpuResult:
     out: torch.Tensor  # [T, D] float32 on the host
-    experts: int  # distinct experts run
+    experts: float  # distinct experts run, a shared expert counting its share of rows
     seconds: float  # wall time of the compute
+
+
+def _routes_here(codes: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The routes this branch runs (codes < 0: ``-1 - (row + N * i_begin)``, ``share_split``): their route
+    indices, pool rows and first intermediate row."""
+    mine = codes < 0
+    v = (-1 - codes)[mine]
+    return torch.arange(codes.numel())[mine], v % num_rows, torch.div(v, num_rows, rounding_mode="floor")
+
+
+def _expert_equivalents(rows: torch.Tensor, i_begin: torch.Tensor, inter: int) -> float:
+    """Distinct rows, each weighted by the share of its intermediate rows run here."""
+    if rows.numel() == 0:
+        return 0.0
+    uniq, first = torch.unique(rows, return_inverse=True)
+    ib = torch.zeros(uniq.numel(), dtype=torch.long).scatter_(0, first, i_begin)
+    return float((inter - ib).sum()) / inter
 
 
 @dataclass
@@ -52,12 +69,14 @@ def _submit_routes(
     The result's ``out`` is valid after ``kernel.wait()``; ``seconds`` holds the start time until then.
     """
     t0 = time.perf_counter()
-    mine = codes < 0
-    routes = torch.arange(codes.numel())[mine]
-    rows = (-1 - codes)[mine].contiguous()
+    routes, rows, ib = _routes_here(codes, pool.num_rows)
     tok = torch.div(routes, k, rounding_mode="floor").to(torch.int32)
-    out = kernel.submit(x.float().contiguous(), tok, rows, w[mine].contiguous(), pool.gate_up, pool.down)
-    return CpuResult(out, int(torch.unique(rows).numel()), t0)
+    i_begin = ib.to(torch.int32) if bool((ib > 0).any()) else None  # a shared expert's CPU rows
+    out = kernel.submit(
+        x.float().contiguous(), tok, rows.contiguous(), w[routes].contiguous(), pool.gate_up, pool.down,
+        i_begin=i_begin,
+    )  # fmt: skip
+    return CpuResult(out, _expert_equivalents(rows, ib, pool.inter), t0)
 
 
 def _run_routes_kernel(
@@ -77,22 +96,22 @@ def _run_routes(pool: HostExpertPool, x: torch.Tensor, codes: torch.Tensor, w: t
     t0 = time.perf_counter()
     T = x.shape[0]
     out = torch.zeros((T, x.shape[1]), dtype=torch.float32)
-    mine = codes < 0
-    rows = (-1 - codes)[mine]
-    routes = torch.arange(codes.numel())[mine]
+    routes, rows, ib_all = _routes_here(codes, pool.num_rows)
     if rows.numel() == 0:
-        return CpuResult(out, 0, time.perf_counter() - t0)
+        return CpuResult(out, 0.0, time.perf_counter() - t0)
     order = torch.argsort(rows, stable=True)
-    rows, routes = rows[order], routes[order]
+    rows, routes, ib_all = rows[order], routes[order], ib_all[order]
     uniq, counts = torch.unique_consecutive(rows, return_counts=True)
-    start = 0
+    start, inter = 0, pool.inter
     for e, c in zip(uniq.tolist(), counts.tolist()):
-        sel = routes[start : start + c]
+        sel, ib = routes[start : start + c], int(ib_all[start])  # one cut per expert in a batch
         start += c
         tok = torch.div(sel, k, rounding_mode="floor")
-        y = expert_ffn(x[tok], pool.gate_up[e], pool.down[e]).float()
+        gu = pool.gate_up[e]
+        gu = torch.cat((gu[ib:inter], gu[inter + ib :])) if ib else gu  # rows [ib, I) of gate and of up
+        y = expert_ffn(x[tok], gu, pool.down[e][:, ib:]).float()
         out.index_add_(0, tok, y * w[sel, None])
-    return CpuResult(out, int(uniq.numel()), time.perf_counter() - t0)
+    return CpuResult(out, _expert_equivalents(rows, ib_all, inter), time.perf_counter() - t0)
 
 
 class CpuExpertRunner:
@@ -191,10 +210,10 @@ class CpuExpertRunner:
         if self._streamed is not None:
             self._streamed.cancel_replay()
 
-    def collect(self) -> tuple[int, float]:
-        """(distinct experts, seconds) of streamed batches finished since the last call; call at a safe
+    def collect(self) -> tuple[float, float]:
+        """(expert equivalents, seconds) of streamed batches finished since the last call; call at a safe
         point between steps."""
-        return self._streamed.collect() if self._streamed is not None else (0, 0.0)
+        return self._streamed.collect() if self._streamed is not None else (0.0, 0.0)
 
     def close(self) -> None:
         if self._streamed is not None:

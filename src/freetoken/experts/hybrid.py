@@ -52,6 +52,7 @@ class HybridBackend(SlotBackend):
         self.policy = SplitPolicy.create(config.fill_fraction, prof)
         self.share.fill_(self.policy.share)
         self._published = self.policy.share
+        self.share_expert = config.hybrid_share_expert
         # Slots used within the last step (one plan per MoE layer) are victims last, newest first.
         self.protect = RECENT_STEPS * pool.num_layers
         self._decode = True
@@ -117,10 +118,10 @@ class HybridBackend(SlotBackend):
             self._copy_bytes += int(r.q[0]) * self.pool.expert_bytes
         self._records = keep
 
-    def _after_cpu(self, experts: int, seconds: float) -> None:
+    def _after_cpu(self, experts: float, seconds: float) -> None:
         if not self._decode:  # prefill CPU work is compute-bound: not the bandwidth the split needs
             return
-        self._cpu_bytes += experts * self.pool.expert_bytes
+        self._cpu_bytes += round(experts * self.pool.expert_bytes)
         self._cpu_s += seconds
 
     def stats(self) -> dict[str, int | float]:

@@ -139,6 +139,11 @@ class HostExpertPool:
         return int(self.gate_up.shape[0])
 
     @property
+    def inter(self) -> int:
+        """I, an expert's intermediate size."""
+        return int(self.down.shape[2])
+
+    @property
     def expert_bytes(self) -> int:
         return (self.gate_up[0].numel() + self.down[0].numel()) * self.gate_up.element_size()
 

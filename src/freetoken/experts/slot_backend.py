@@ -21,6 +21,7 @@ from freetoken.experts.grouped_gemm import grouped_experts
 from freetoken.experts.layer_graphs import Body, LayerGraphs
 from freetoken.experts.pool import HostExpertPool
 from freetoken.experts.prefill import LayerStreamer
+from freetoken.experts.share_split import SharedExpert, share_one_expert
 from freetoken.experts.sizing import check_slots_cover_topk, resolve_slots
 from freetoken.experts.slot_cache import SlotCache
 from freetoken.experts.slot_plan import RouteGroups, StepPlan
@@ -72,6 +73,7 @@ class SlotBackend(ExpertBackend):
         self.graphs = LayerGraphs(STREAMED_MAX_TOKENS) if cuda_graphs else None
         self._decode = True
         self._saved_layer_steps = 0
+        self.share_expert = False  # split_forward shares one miss per layer between both branches
 
     @classmethod
     def create(
@@ -96,9 +98,18 @@ class SlotBackend(ExpertBackend):
         """The round's batched fill (subclasses may time it)."""
         self.cache.copy(plan)
 
-    def _gpu(self, x: torch.Tensor, groups: RouteGroups, plan: StepPlan, topk_w: torch.Tensor) -> torch.Tensor:
+    def _gpu(
+        self,
+        x: torch.Tensor,
+        groups: RouteGroups,
+        plan: StepPlan,
+        topk_w: torch.Tensor,
+        shared: SharedExpert | None = None,
+    ) -> torch.Tensor:
         self._copy(plan)
         c = self.cache
+        if shared is not None:  # the shared expert's GPU rows into the scratch slot, after the fills
+            c.copy_partial(shared.eid, shared.rows)
         return grouped_experts(x, groups, plan.slot, topk_w, c.slot_gate_up, c.slot_down, self.pool.num_experts)
 
     def streamed_forward(
@@ -163,18 +174,24 @@ class SlotBackend(ExpertBackend):
             if topk_ids.numel() == 0:
                 return torch.zeros_like(x)
             check_slots_cover_topk(self.cache.num_slots, topk_ids.shape[1])
-            plan = self.cache.group_and_plan(layer, topk_ids, self.share, min_fill, protect, recent_last)
+            c, sh = self.cache, self.share_expert
+            plan = c.group_and_plan(layer, topk_ids, self.share, min_fill, protect, recent_last, floor=sh)
+            shared = None
+            if sh:
+                shared = share_one_expert(plan, self.share, self.pool.inter, self.pool.num_rows, c.num_slots)
             handle = self.cpu.submit(x, plan.route_code, topk_w, layer)  # CPU branch first
-            gpu = self._gpu(x, plan.groups, plan, topk_w)
+            gpu = self._gpu(x, plan.groups, plan, topk_w, shared)
             cpu, res = self.cpu.wait(handle)
             if res is not None:  # streamed batches report at the next begin_step
                 self._after_cpu(res.experts, res.seconds)
             self._count(plan, True, plan.num_misses - plan.copy_count)
+            if shared is not None:
+                self.counters.add_shared(shared.rows)
             return (gpu + cpu).to(x.dtype)
 
         return self.graphed(layer, x, topk_ids, topk_w, body)
 
-    def _after_cpu(self, experts: int, seconds: float) -> None:  # noqa: B027 - optional hook
+    def _after_cpu(self, experts: float, seconds: float) -> None:  # noqa: B027 - optional hook
         """Hook: timing of the CPU branch."""
 
     def resize_expert_cache(self, num_slots: int) -> None:
@@ -188,13 +205,15 @@ class SlotBackend(ExpertBackend):
     def stats(self) -> dict[str, int | float]:
         c = self.counters.read()
         eb = self.pool.expert_bytes
+        shared_bytes = c["shared_rows"] * eb // self.pool.inter  # the shared experts' GPU parts
         return {
             "expert_hits": c["hits"],
             "expert_misses": c["misses"],
             "expert_fills": c["fills"],
-            "expert_cpu_runs": c["cpu_runs"],
-            "pcie_bytes": c["fills"] * eb,
-            "cpu_bytes": c["cpu_runs"] * eb,
+            "expert_cpu_runs": c["cpu_runs"],  # the shared experts count here too (the CPU has their rest)
+            "expert_shared": c["shared"],
+            "pcie_bytes": c["fills"] * eb + shared_bytes,
+            "cpu_bytes": c["cpu_runs"] * eb - shared_bytes,
             "q_last": c["q_last"],
             "q_mean": c["fills"] / c["miss_layers"] if c["miss_layers"] else 0.0,
             "expert_slots": self.cache.num_slots,

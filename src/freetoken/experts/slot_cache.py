@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from freetoken.experts.pool import HostExpertPool
-from freetoken.experts.slot_copy import batched_fill, triton_available
+from freetoken.experts.slot_copy import batched_fill, partial_fill, triton_available
 from freetoken.experts.slot_plan import RouteGroups, SlotTables, StepPlan, group_routes, plan_fills
 
 
@@ -84,17 +84,20 @@ class SlotCache:
         min_fill: int,
         protect: int = 0,
         recent_last: bool = False,
+        floor: bool = False,
     ) -> StepPlan:
         """``group`` + ``plan`` of every group (a step's first round). Decode-sized steps on CUDA take the
-        fused Triton plan (one launch instead of ~100 small ops), with identical results."""
+        fused Triton plan (one launch instead of ~100 small ops), with identical results. ``floor``: q =
+        floor(m*share) (``share_split``)."""
         if self.device.type == "cuda" and triton_available():
             from freetoken.experts.triton_plan import MAX_ROUTES, plan_step_triton
 
             if topk_ids.numel() <= MAX_ROUTES:
                 off = layer * self.pool.num_experts
-                return plan_step_triton(self.tables, topk_ids, off, share, min_fill, protect, recent_last)
+                return plan_step_triton(self.tables, topk_ids, off, share, min_fill, protect, recent_last, floor)
         groups = self.group(layer, topk_ids)
-        return self.plan(groups, groups.valid, share, min_fill, protect, recent_last)
+        E = self.pool.num_experts
+        return plan_fills(self.tables, groups, groups.valid, share, min_fill, protect, recent_last, E, floor)
 
     def copy(self, plan: StepPlan) -> None:
         """One batched copy of this round's fills (all banks) from the pool into their slots."""
@@ -107,6 +110,12 @@ class SlotCache:
             plan.copy_dst,
             plan.copy_count,
         )
+
+    def copy_partial(self, eid: torch.Tensor, rows: torch.Tensor) -> None:
+        """The scratch slot S gets expert ``eid``'s first ``rows`` intermediate rows, zeros elsewhere
+        (``share_split``: the GPU's part of a shared expert); device scalars, no sync."""
+        S = self.num_slots
+        partial_fill(self._src_gate_up, self._src_down, self.slot_gate_up[S], self.slot_down[S], eid, rows)
 
     # -- host-side API (may synchronise) -------------------------------------------------------------
     def _as_ids(self, eids: torch.Tensor | list[int]) -> torch.Tensor:

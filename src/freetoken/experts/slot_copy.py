@@ -39,6 +39,55 @@ def batched_fill_torch(
     dst_down.index_copy_(0, copy_dst, src_down.index_select(0, src_idx).to(dst_down.device))
 
 
+def partial_fill_torch(
+    src_gate_up: torch.Tensor,  # [N, 2I, D] pool (or its mapped device view)
+    src_down: torch.Tensor,  # [N, D, I]
+    dst_gate_up: torch.Tensor,  # [2I, D] one slot
+    dst_down: torch.Tensor,  # [D, I]
+    eid: torch.Tensor,  # [] int64 pool row (N: none; the slot is zeroed)
+    rows: torch.Tensor,  # [] int64 intermediate rows to copy: [0, rows) of gate, of up, of down's columns
+) -> None:
+    """Reference: the slot gets the expert's first ``rows`` intermediate rows, zeros elsewhere. Reads the
+    whole expert (device-side eid and rows, no sync); the Triton kernel reads only the kept part."""
+    n_rows, inter = src_gate_up.shape[0], src_down.shape[2]
+    idx = eid.clamp(max=n_rows - 1).reshape(1).to(src_gate_up.device)
+    keep_i = (torch.arange(inter, device=dst_down.device) < rows.to(dst_down.device)) & (eid < n_rows).to(
+        dst_down.device
+    )
+    gu = src_gate_up.index_select(0, idx)[0].to(dst_gate_up.device)
+    dn = src_down.index_select(0, idx)[0].to(dst_down.device)
+    dst_gate_up.copy_(torch.where(keep_i.repeat(2)[:, None], gu, torch.zeros_like(gu)))
+    dst_down.copy_(torch.where(keep_i[None, :], dn, torch.zeros_like(dn)))
+
+
+def partial_fill(
+    src_gate_up: torch.Tensor,
+    src_down: torch.Tensor,
+    dst_gate_up: torch.Tensor,
+    dst_down: torch.Tensor,
+    eid: torch.Tensor,
+    rows: torch.Tensor,
+) -> None:
+    """``partial_fill_torch``'s contract; CUDA with Triton reads only the kept rows over PCIe; the CPU
+    device copies the kept slices (reading eid and rows costs nothing there)."""
+    if dst_gate_up.device.type == "cuda" and triton_available():
+        from freetoken.experts.triton_copy import partial_rows_triton
+
+        partial_rows_triton(src_gate_up, src_down, dst_gate_up, dst_down, eid, rows)
+        return
+    if dst_gate_up.device.type == "cpu":
+        e, c = int(eid), int(rows)
+        inter = src_down.shape[2]
+        dst_gate_up.zero_()
+        dst_down.zero_()
+        if e < src_gate_up.shape[0] and c > 0:
+            dst_gate_up[:c] = src_gate_up[e, :c]
+            dst_gate_up[inter : inter + c] = src_gate_up[e, inter : inter + c]
+            dst_down[:, :c] = src_down[e, :, :c]
+        return
+    partial_fill_torch(src_gate_up, src_down, dst_gate_up, dst_down, eid, rows)
+
+
 def batched_fill(
     src_gate_up: torch.Tensor,
     src_down: torch.Tensor,

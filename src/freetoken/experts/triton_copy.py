@@ -48,6 +48,49 @@ def _gather_rows_kernel(
             tl.store(dst_dn + dst * DN + o2, w, mask=in_dn)
 
 
+@triton.jit
+def _partial_rows_kernel(
+    src_gu, src_dn, dst_gu, dst_dn, eid_ptr, rows_ptr, n_rows,
+    INTER: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr,
+):  # fmt: skip
+    """Program c: chunk c of the slot (gate_up then down, as one row): the expert's intermediate rows
+    [0, rows) are copied, the rest written as zeros; masked loads read nothing over PCIe."""
+    c = tl.program_id(0)
+    eid = tl.load(eid_ptr).to(tl.int64)
+    rows = tl.where(eid < n_rows, tl.load(rows_ptr), 0)
+    eid = tl.minimum(eid, n_rows - 1)
+    GU = 2 * INTER * D
+    DN = D * INTER
+    base = c.to(tl.int64) * (BLOCK * ITERS)
+    for it in range(ITERS):
+        offs = base + it * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+        in_gu = offs < GU
+        keep_gu = in_gu & (((offs // D) % INTER) < rows)  # gate rows [0, rows), up rows [I, I + rows)
+        v = tl.load(src_gu + eid * GU + offs, mask=keep_gu, other=0.0)
+        tl.store(dst_gu + offs, v, mask=in_gu)
+        o2 = offs - GU
+        in_dn = (offs >= GU) & (o2 < DN)
+        keep_dn = in_dn & ((o2 % INTER) < rows)  # down columns [0, rows)
+        w = tl.load(src_dn + eid * DN + o2, mask=keep_dn, other=0.0)
+        tl.store(dst_dn + o2, w, mask=in_dn)
+
+
+def partial_rows_triton(
+    src_gate_up: torch.Tensor,  # [N, 2I, D] mapped pool view
+    src_down: torch.Tensor,  # [N, D, I]
+    dst_gate_up: torch.Tensor,  # [2I, D] one slot (contiguous)
+    dst_down: torch.Tensor,  # [D, I]
+    eid: torch.Tensor,  # [] int64 (N: none)
+    rows: torch.Tensor,  # [] int64
+) -> None:
+    inter, d = src_down.shape[2], src_down.shape[1]
+    chunks = triton.cdiv(dst_gate_up.numel() + dst_down.numel(), _BLOCK * _ITERS)
+    _partial_rows_kernel[(chunks,)](
+        src_gate_up, src_down, dst_gate_up, dst_down, eid, rows, src_gate_up.shape[0],
+        INTER=inter, D=d, BLOCK=_BLOCK, ITERS=_ITERS,
+    )  # fmt: skip
+
+
 def gather_rows_triton(
     src_gate_up: torch.Tensor,  # [N, 2I, D] mapped pool view (or any device tensor)
     src_down: torch.Tensor,  # [N, D, I]

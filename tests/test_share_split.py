@@ -1,0 +1,151 @@
+"""One expert per layer step shared by the GPU and CPU branches (``experts/share_split.py``): the plan's
+floor rounding, the choice and cut, the partial slot copy, and the backend's exact output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from freetoken.config import EngineConfig
+from freetoken.experts.base import ExpertBanks
+from freetoken.experts.pool import HostExpertPool
+from freetoken.experts.reference import expert_ffn
+from freetoken.experts.registry import create_backend
+from freetoken.experts.share_split import share_granule, share_one_expert
+from freetoken.experts.slot_cache import SlotCache
+from freetoken.experts.slot_copy import partial_fill, partial_fill_torch
+from freetoken.experts.slot_plan import fill_quota
+from test_backends import HAS_CUDA, make_banks, run_steps
+
+CPU = torch.device("cpu")
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
+
+
+def test_floor_quota() -> None:
+    m, avail = torch.tensor(3), torch.tensor(10)
+    assert int(fill_quota(m, torch.tensor(0.6), avail, 1)) == 2  # round(1.8)
+    assert int(fill_quota(m, torch.tensor(0.6), avail, 1, floor=True)) == 1  # floor(1.8)
+    assert int(fill_quota(torch.tensor(1), torch.tensor(0.3), avail, 1, floor=True)) == 1  # at least one
+    assert int(fill_quota(torch.tensor(0), torch.tensor(0.9), avail, 1, floor=True)) == 0
+
+
+def test_granule() -> None:
+    assert share_granule(768) == 64 and share_granule(512) == 64
+    assert share_granule(32) == 8 and share_granule(3) == 1 and share_granule(100) == 25
+
+
+def _cache(L: int = 1, E: int = 8, inter: int = 32, slots: int = 6) -> SlotCache:
+    banks = make_banks(L, E, seed=3)
+    assert banks.down.shape[2] == inter
+    return SlotCache(HostExpertPool(banks, pin=False), slots, CPU)
+
+
+def test_choice_cut_and_codes() -> None:
+    cache = _cache()
+    N, S, inter = cache.pool.num_rows, cache.num_slots, cache.pool.inter
+    ids = torch.tensor([[5, 1, 3, 6]])  # four misses in an empty cache, one token
+    share = torch.tensor(0.6)  # m * share = 2.4: two whole fills, 0.4 of the next miss on the GPU
+    plan = cache.group_and_plan(0, ids, share, 1, floor=True)
+    assert int(plan.copy_count) == 2 and plan.copy_src[:2].tolist() == [1, 3]  # the fill order: lower eid
+    sh = share_one_expert(plan, share, inter, N, S)
+    step = share_granule(inter)
+    assert int(sh.eid) == 5 and int(sh.rows) == round(0.4 * inter / step) * step  # next in the fill order
+    g = int(sh.group)
+    assert int(plan.groups.eid[g]) == 5 and int(plan.slot[g]) == S  # the GPU reads the scratch slot
+    codes = plan.route_code.tolist()
+    assert codes[0] == -1 - (5 + N * int(sh.rows))  # eid 5 carries its cut to the CPU
+    assert codes[3] == -1 - 6  # eid 6 stays whole on the CPU
+    assert codes[1] >= 0 and codes[2] >= 0  # filled
+    assert int(cache.tables.slot_of[5]) == -1  # the shared expert is not cached
+
+
+def test_no_share_when_everything_fits_or_nothing_misses() -> None:
+    cache = _cache()
+    N, S, inter = cache.pool.num_rows, cache.num_slots, cache.pool.inter
+    plan = cache.group_and_plan(0, torch.tensor([[2, 4]]), torch.tensor(1.0), 1, floor=True)
+    sh = share_one_expert(plan, torch.tensor(1.0), inter, N, S)
+    assert int(sh.rows) == 0 and int(sh.eid) == N and (plan.route_code >= 0).all()
+    plan = cache.group_and_plan(0, torch.tensor([[2, 4]]), torch.tensor(0.3), 1, floor=True)  # all hits now
+    sh = share_one_expert(plan, torch.tensor(0.3), inter, N, S)
+    assert int(sh.rows) == 0 and (plan.route_code >= 0).all()
+
+
+def test_full_cut_is_a_gpu_only_route() -> None:
+    cache = _cache()
+    N, S, inter = cache.pool.num_rows, cache.num_slots, cache.pool.inter
+    share = torch.tensor(0.99)  # m = 2: x = 1.98, q = 1, fraction 0.98 -> all I rows on the GPU
+    plan = cache.group_and_plan(0, torch.tensor([[0, 7]]), share, 1, floor=True)
+    sh = share_one_expert(plan, share, inter, N, S)
+    assert int(sh.rows) == inter
+    assert (plan.route_code >= 0).all() and S in plan.route_code.tolist()
+
+
+@pytest.mark.parametrize("rows", [0, 8, 31, 32])
+def test_partial_fill_matches_reference_and_sums_exactly(rows: int) -> None:
+    banks = make_banks(1, 4, seed=5)
+    gu, dn = banks.gate_up, banks.down
+    inter = dn.shape[2]
+    dst = (torch.full_like(gu[0], 7.0), torch.full_like(dn[0], 7.0))  # stale content must go
+    ref = (torch.empty_like(gu[0]), torch.empty_like(dn[0]))
+    partial_fill(gu, dn, *dst, torch.tensor(2), torch.tensor(rows))
+    partial_fill_torch(gu, dn, *ref, torch.tensor(2), torch.tensor(rows))
+    assert torch.equal(dst[0], ref[0]) and torch.equal(dst[1], ref[1])
+    # GPU part (zero rows beyond the cut) + CPU part (rows [cut, I)) = the whole expert
+    x = torch.randn(3, gu.shape[2])
+    rest_gu = torch.cat((gu[2, rows:inter], gu[2, inter + rows :]))
+    cpu = expert_ffn(x, rest_gu, dn[2][:, rows:]) if rows < inter else torch.zeros(3, gu.shape[2])
+    torch.testing.assert_close(expert_ffn(x, *dst) + cpu, expert_ffn(x, gu[2], dn[2]), rtol=1e-5, atol=1e-5)
+
+
+def test_partial_fill_without_expert_zeroes_the_slot() -> None:
+    banks = make_banks(1, 4, seed=6)
+    dst = (torch.ones_like(banks.gate_up[0]), torch.ones_like(banks.down[0]))
+    partial_fill(banks.gate_up, banks.down, *dst, torch.tensor(4), torch.tensor(16))  # eid N: none
+    assert dst[0].abs().sum() == 0 and dst[1].abs().sum() == 0
+
+
+def _shared_backend(banks: ExpertBanks, cache: float, device: torch.device) -> object:
+    cfg = EngineConfig(moe_backend="hybrid", expert_cache=cache, fill_fraction=0.5, hybrid_share_expert=True)
+    return create_backend(cfg, banks, device, torch.float32)
+
+
+@pytest.mark.parametrize("expert_cache", [0.2, 0.5])
+def test_hybrid_with_shared_expert_equals_reference(expert_cache: float) -> None:
+    L, E = (3, 12) if expert_cache == 0.2 else (2, 16)
+    banks = make_banks(L, E, seed=1)
+    backend = _shared_backend(banks, expert_cache, CPU)
+    assert run_steps(backend, banks, steps=20, seed=2, device=CPU) < 1e-5  # type: ignore[arg-type]
+    s = backend.stats()  # type: ignore[attr-defined]
+    assert s["expert_shared"] > 0 and s["expert_fills"] > 0 and s["expert_cpu_runs"] > 0
+    assert s["expert_fills"] + s["expert_cpu_runs"] == s["expert_misses"]
+    eb = banks.expert_bytes
+    assert s["expert_fills"] * eb < s["pcie_bytes"] < (s["expert_fills"] + s["expert_shared"]) * eb
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("expert_cache", [0.2, 0.5])
+def test_hybrid_with_shared_expert_equals_reference_cuda(expert_cache: float) -> None:
+    banks = make_banks(3, 12, seed=1)
+    dev = torch.device("cuda")
+    backend = _shared_backend(banks, expert_cache, dev)
+    assert run_steps(backend, banks, steps=20, seed=2, device=dev) < 1e-5  # type: ignore[arg-type]
+    assert backend.stats()["expert_shared"] > 0  # type: ignore[attr-defined]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("rows", [0, 8, 32])
+def test_partial_fill_triton_equals_torch_cuda(rows: int) -> None:
+    """The Triton partial copy reads the pinned pool through its mapped view, like the fills."""
+    banks = make_banks(1, 4, seed=7)
+    pool = HostExpertPool(banks, pin=True)
+    src = pool.device_views(torch.device("cuda"))
+    dst = (torch.full_like(banks.gate_up[0], 7.0, device="cuda"), torch.full_like(banks.down[0], 7.0, device="cuda"))
+    ref = (torch.empty_like(dst[0]), torch.empty_like(dst[1]))
+    eid, r = torch.tensor(3, device="cuda"), torch.tensor(rows, device="cuda")
+    partial_fill(*src, *dst, eid, r)
+    partial_fill_torch(*src, *ref, eid, r)
+    torch.cuda.synchronize()
+    assert torch.equal(dst[0], ref[0]) and torch.equal(dst[1], ref[1])
+    pool.close()
