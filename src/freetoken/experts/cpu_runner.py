@@ -191,9 +191,9 @@ class CpuExpertRunner:
         if self._streamed is not None:
             self._streamed.cancel_replay()
 
-    def collect(self) -> tuple[int, float]:
-        """(distinct experts, seconds) of streamed batches finished since the last call; call at a safe
-        point between steps."""
+    def collect(self) -> tuple[float, float]:
+        """(expert equivalents, seconds) of streamed batches finished since the last call (a split expert
+        counts its CPU share of intermediate rows); call at a safe point between steps."""
         return self._streamed.collect() if self._streamed is not None else (0, 0.0)
 
     def close(self) -> None:

@@ -117,10 +117,10 @@ class HybridBackend(SlotBackend):
             self._copy_bytes += int(r.q[0]) * self.pool.expert_bytes
         self._records = keep
 
-    def _after_cpu(self, experts: int, seconds: float) -> None:
+    def _after_cpu(self, experts: float, seconds: float) -> None:
         if not self._decode:  # prefill CPU work is compute-bound: not the bandwidth the split needs
             return
-        self._cpu_bytes += experts * self.pool.expert_bytes
+        self._cpu_bytes += round(experts * self.pool.expert_bytes)  # experts: equivalents (split shares)
         self._cpu_s += seconds
 
     def stats(self) -> dict[str, int | float]:

@@ -174,7 +174,7 @@ class SlotBackend(ExpertBackend):
 
         return self.graphed(layer, x, topk_ids, topk_w, body)
 
-    def _after_cpu(self, experts: int, seconds: float) -> None:  # noqa: B027 - optional hook
+    def _after_cpu(self, experts: float, seconds: float) -> None:  # noqa: B027 - optional hook
         """Hook: timing of the CPU branch."""
 
     def resize_expert_cache(self, num_slots: int) -> None:
