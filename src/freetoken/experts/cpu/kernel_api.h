@@ -32,8 +32,8 @@ struct Plan {
   const int64_t* group_row;     // [G]
   const int32_t* group_ibegin;  // [G] the group computes intermediate rows [group_ibegin[g], I) only
   const int64_t* group_start;   // [G + 1]
-  const int32_t* s_tok;        // [R] token of each sorted route
-  const float* s_w;            // [R] gate weight of each sorted route
+  const int32_t* s_tok;         // [R] token of each sorted route
+  const float* s_w;             // [R] gate weight of each sorted route
   // Token t0 + j's routes, as sorted positions in ascending order: tok_route[tok_start[j] .. tok_start[j+1]).
   const int64_t* tok_start;  // [t1 - t0 + 1]
   const int64_t* tok_route;  // [R]
