@@ -14,19 +14,10 @@ from freetoken.experts.registry import create_backend
 from freetoken.experts.share_split import share_granule, share_one_expert
 from freetoken.experts.slot_cache import SlotCache
 from freetoken.experts.slot_copy import partial_fill, partial_fill_torch
-from freetoken.experts.slot_plan import fill_quota
-from test_backends import HAS_CUDA, make_banks, run_steps
+from test_backends import ENGINE_STEPS, HAS_CUDA, make_banks, run_steps, tiny_moe  # noqa: F401 - fixture
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
-
-
-def test_floor_quota() -> None:
-    m, avail = torch.tensor(3), torch.tensor(10)
-    assert int(fill_quota(m, torch.tensor(0.6), avail, 1)) == 2  # round(1.8)
-    assert int(fill_quota(m, torch.tensor(0.6), avail, 1, floor=True)) == 1  # floor(1.8)
-    assert int(fill_quota(torch.tensor(1), torch.tensor(0.3), avail, 1, floor=True)) == 1  # at least one
-    assert int(fill_quota(torch.tensor(0), torch.tensor(0.9), avail, 1, floor=True)) == 0
 
 
 def test_granule() -> None:
@@ -45,7 +36,7 @@ def test_choice_cut_and_codes() -> None:
     N, S, inter = cache.pool.num_rows, cache.num_slots, cache.pool.inter
     ids = torch.tensor([[5, 1, 3, 6]])  # four misses in an empty cache, one token
     share = torch.tensor(0.6)  # m * share = 2.4: two whole fills, 0.4 of the next miss on the GPU
-    plan = cache.group_and_plan(0, ids, share, 1, floor=True)
+    plan = cache.group_and_plan(0, ids, share, 1)
     assert int(plan.copy_count) == 2 and plan.copy_src[:2].tolist() == [1, 3]  # the fill order: lower eid
     sh = share_one_expert(plan, share, inter, N, S)
     step = share_granule(inter)
@@ -59,25 +50,43 @@ def test_choice_cut_and_codes() -> None:
     assert int(cache.tables.slot_of[5]) == -1  # the shared expert is not cached
 
 
-def test_no_share_when_everything_fits_or_nothing_misses() -> None:
+@pytest.mark.parametrize(
+    ("ids", "share", "q"),
+    [
+        ([2, 4], 1.0, 2),  # every miss filled: nothing left to share
+        ([3, 5, 6], 0.9, 3),  # round(2.7) = 3: nothing left to share
+        ([0, 1, 7], 0.6, 2),  # round(1.8) = 2 > 1.8: the GPU has its share already, the CPU keeps eid 7 whole
+    ],
+)
+def test_no_share_unless_the_gpu_is_short(ids: list[int], share: float, q: int) -> None:
     cache = _cache()
     N, S, inter = cache.pool.num_rows, cache.num_slots, cache.pool.inter
-    plan = cache.group_and_plan(0, torch.tensor([[2, 4]]), torch.tensor(1.0), 1, floor=True)
-    sh = share_one_expert(plan, torch.tensor(1.0), inter, N, S)
-    assert int(sh.rows) == 0 and int(sh.eid) == N and (plan.route_code >= 0).all()
-    plan = cache.group_and_plan(0, torch.tensor([[2, 4]]), torch.tensor(0.3), 1, floor=True)  # all hits now
+    plan = cache.group_and_plan(0, torch.tensor([ids]), torch.tensor(share), 1)
+    assert int(plan.copy_count) == q
+    before = plan.route_code.clone()
+    sh = share_one_expert(plan, torch.tensor(share), inter, N, S)
+    assert int(sh.rows) == 0 and torch.equal(plan.route_code, before) and S not in plan.slot.tolist()
+
+
+def test_no_share_on_hits() -> None:
+    cache = _cache()
+    N, S, inter = cache.pool.num_rows, cache.num_slots, cache.pool.inter
+    cache.group_and_plan(0, torch.tensor([[2, 4]]), torch.tensor(1.0), 1)
+    plan = cache.group_and_plan(0, torch.tensor([[2, 4]]), torch.tensor(0.3), 1)  # all hits now
     sh = share_one_expert(plan, torch.tensor(0.3), inter, N, S)
-    assert int(sh.rows) == 0 and (plan.route_code >= 0).all()
+    assert int(plan.num_misses) == 0 and int(sh.rows) == 0 and (plan.route_code >= 0).all()
 
 
 def test_full_cut_is_a_gpu_only_route() -> None:
-    cache = _cache()
+    cache = _cache(slots=2)
     N, S, inter = cache.pool.num_rows, cache.num_slots, cache.pool.inter
-    share = torch.tensor(0.99)  # m = 2: x = 1.98, q = 1, fraction 0.98 -> all I rows on the GPU
-    plan = cache.group_and_plan(0, torch.tensor([[0, 7]]), share, 1, floor=True)
+    share = torch.tensor(1.0)  # m = 4 but only 2 slots: q = 2 < x = 4, the fraction clamps to a whole expert
+    plan = cache.group_and_plan(0, torch.tensor([[0, 7, 3, 5]]), share, 1)
+    assert int(plan.copy_count) == 2
     sh = share_one_expert(plan, share, inter, N, S)
     assert int(sh.rows) == inter
-    assert (plan.route_code >= 0).all() and S in plan.route_code.tolist()
+    assert plan.route_code.tolist() == [plan.route_code[0].item(), -1 - 7, plan.route_code[2].item(), S]
+    assert int(sh.eid) == 5 and plan.route_code[0] >= 0 and plan.route_code[2] >= 0  # fills: 0, 3; shared: 5
 
 
 @pytest.mark.parametrize("rows", [0, 8, 31, 32])
@@ -149,3 +158,17 @@ def test_partial_fill_triton_equals_torch_cuda(rows: int) -> None:
     torch.cuda.synchronize()
     assert torch.equal(dst[0], ref[0]) and torch.equal(dst[1], ref[1])
     pool.close()
+
+
+@pytest.mark.parametrize("expert_cache", [0.2, 0.5])
+def test_engine_greedy_tokens_match_with_shared_expert(tiny_moe: tuple, expert_cache: float) -> None:  # noqa: F811
+    from freetoken import LLM, SamplingParams
+
+    path, prompts, refs = tiny_moe
+    llm = LLM(path, device="cpu", dtype="float32", moe_backend="hybrid", expert_cache=expert_cache,
+              fill_fraction=0.5, hybrid_share_expert=True)  # fmt: skip
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=ENGINE_STEPS, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [r.tokens for r in refs]
+    llm.check_integrity()
+    s = llm.stats()
+    assert s["expert_shared"] > 0 and s["expert_fills"] > 0 and s["expert_cpu_runs"] > 0

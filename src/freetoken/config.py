@@ -46,9 +46,9 @@ class EngineConfig:
     """Replay each MoE layer's decode step as a CUDA graph (slot backends on CUDA; False: eager). Without
     graphs the host's ~1 ms of launches per hybrid layer, not the device, sets the decode pace."""
     hybrid_share_expert: bool = False
-    """hybrid: fill floor(m*share) whole misses and share the next one between both branches by rows of its
-    intermediate dimension, so both finish together (``experts/share_split.py``). Exact; not measured on a
-    GPU yet, so off by default."""
+    """hybrid: when the q whole fills leave the GPU short of m*share, share the next miss between both branches
+    by rows of its intermediate dimension (``experts/share_split.py``). Exact; not measured on a GPU yet, so
+    off by default."""
     seed: int = 0
     """Seed for requests that set none."""
 

@@ -6,8 +6,9 @@ control on identical routing. ``python -m freetoken.bench.cache_sim --trace FILE
 
 With ``--bw-copy``/``--bw-cpu`` (GB/s, concurrent) and ``--expert-mb`` it also models the time the misses
 take per token: ``whole`` = sum over layer steps of max(q*S/B_P', (m-q)*S/B_H') (whole experts per
-branch, as the engine splits; share 1 is offload), ``split`` = sum of m*S/(B_P'+B_H') (the floor of
-BENCH.md, reachable only if one expert could be shared by both branches).
+branch, as the engine splits; share 1 is offload; with ``--share-expert I`` one expert per layer step is
+shared by rows, as ``EngineConfig.hybrid_share_expert`` does), ``split`` = sum of m*S/(B_P'+B_H') (the
+floor of BENCH.md: every layer's misses split exactly).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from freetoken.experts.share_split import share_one_expert
 from freetoken.experts.slot_plan import SlotTables, group_routes, plan_fills
 
 
@@ -47,6 +49,7 @@ def simulate(
     warmup: int,
     recent_last: bool = False,
     bw: tuple[float, float, float] | None = None,  # (B_P' GB/s, B_H' GB/s, expert GB)
+    share_inter: int = 0,  # > 0: share one expert per layer step (``share_split``) with this I
 ) -> SimResult:
     """trace [tokens, layers, k] expert ids; request b replays from offset b * tokens // batch."""
     n, L, _ = trace.shape
@@ -67,12 +70,15 @@ def simulate(
         for layer in range(L):
             g = group_routes(ids_all[rows, layer].reshape(-1) + layer * E, N)
             p = plan_fills(t, g, g.valid, share_t, 1, protect_steps * L, recent_last)
+            gpu = float(p.copy_count)  # experts' worth on the GPU side (fills + a shared expert's rows)
+            if share_inter:
+                gpu += int(share_one_expert(p, share_t, share_inter, N, S).rows) / share_inter
             if step >= warmup:
                 lm, lq = int(p.num_misses), int(p.copy_count)
                 h, m, f = h + int(p.num_hits), m + lm, f + lq
                 if bw is not None:
                     b_p, b_h, gb = bw
-                    whole += max(lq * gb / b_p, (lm - lq) * gb / b_h)
+                    whole += max(gpu * gb / b_p, (lm - gpu) * gb / b_h)
                     split += lm * gb / (b_p + b_h)
     return SimResult(cache, batch, share, protect_steps, h / max(h + m, 1), m, f, m - f, steps * batch, whole, split)
 
@@ -93,6 +99,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--bw-copy", type=float, default=None, help="B_P' GB/s: model the misses' time per token")
     p.add_argument("--bw-cpu", type=float, default=None, help="B_H' GB/s (with --bw-copy)")
     p.add_argument("--expert-mb", type=float, default=9.44, help="one expert's MB (default: Qwen3-30B-A3B bf16)")
+    p.add_argument("--share-expert", type=int, default=0, metavar="I",
+                   help="share one expert per layer step between both branches (share_split), intermediate size I")
     p.add_argument("--steps", type=int, default=200, help="measured decode steps")
     p.add_argument("--warmup", type=int, default=50, help="unmeasured steps first")
     return p
@@ -113,7 +121,9 @@ def run(args: argparse.Namespace) -> int:
         for b in (int(v) for v in args.batch.split(",")):
             for s in (float(v) for v in args.share.split(",")):
                 for pr in (int(v) for v in args.protect.split(",")):
-                    r = simulate(trace, c, b, s, pr, args.steps, args.warmup, args.recent == "last", bw)
+                    r = simulate(
+                        trace, c, b, s, pr, args.steps, args.warmup, args.recent == "last", bw, args.share_expert
+                    )
                     tok = r.tokens
                     model = f"{r.whole_s / tok * 1e3:13.2f}{r.split_s / tok * 1e3:13.2f}" if bw else ""
                     print(

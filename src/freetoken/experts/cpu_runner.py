@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from freetoken.experts.cpu.codes import decode_codes
 from freetoken.experts.cpu.kernel import CpuExpertKernel
 from freetoken.experts.cpu_stream import StreamedCpuBranch, StreamedHandle
 from freetoken.experts.pool import HostExpertPool
@@ -37,11 +38,10 @@ class CpuResult:
 
 
 def _routes_here(codes: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The routes this branch runs (codes < 0: ``-1 - (row + N * i_begin)``, ``share_split``): their route
-    indices, pool rows and first intermediate row."""
-    mine = codes < 0
-    v = (-1 - codes)[mine]
-    return torch.arange(codes.numel())[mine], v % num_rows, torch.div(v, num_rows, rounding_mode="floor")
+    """The routes this branch runs (``cpu/codes.py``; a shared expert carries its first row): their route
+    indices, pool rows and first intermediate row (int64)."""
+    mine, rows, ib = decode_codes(codes, num_rows)
+    return torch.arange(codes.numel())[mine], rows, ib.long()
 
 
 def _expert_equivalents(rows: torch.Tensor, i_begin: torch.Tensor, inter: int) -> float:

@@ -61,8 +61,9 @@ class StreamedCpuBranch:
         self.codes = torch.zeros((L, max_tokens * top_k), dtype=i64, pin_memory=True)
         self.w = torch.zeros((L, max_tokens * top_k), dtype=f32, pin_memory=True)
         self.out = torch.zeros((L, max_tokens, D), dtype=f32, pin_memory=True)
-        self.stats = torch.zeros((L, 4), dtype=i64)  # written by the feeder, read here
-        self.stats_t = torch.zeros((L, 4), dtype=i64)  # the same for batches of replayed graphs
+        # per layer: distinct rows, routes, ns, error, intermediate rows of work (see FtQueuedArgs::stats)
+        self.stats = torch.zeros((L, 5), dtype=i64)  # written by the feeder, read here
+        self.stats_t = torch.zeros((L, 5), dtype=i64)  # the same for batches of replayed graphs
         self.ready = torch.zeros(1, dtype=i32, pin_memory=True)
         self.done = torch.zeros(1, dtype=i32, pin_memory=True)
         self._ready_ptr, self._done_ptr = ops.device_ptr(self.ready), ops.device_ptr(self.done)
@@ -138,21 +139,23 @@ class StreamedCpuBranch:
         torch.cuda.synchronize(self.device)
         self.kernel.drain()
 
-    def collect(self) -> tuple[int, float]:
-        """(distinct experts, seconds) over finished batches not collected yet; raises when a batch failed."""
+    def collect(self) -> tuple[float, float]:
+        """(expert equivalents, seconds) over finished batches not collected yet: an expert whose CPU share
+        is intermediate rows [c, I) counts (I - c) / I. Raises when a batch failed."""
         err = self.kernel.queue_error()
         if err is not None:
             raise RuntimeError(f"the CPU expert branch failed: {err}")
         done = int(self.done[0])  # pinned host memory: no device sync
-        experts, seconds = 0, 0.0
+        inter = self.pool.down.shape[2]
+        rows, seconds = 0, 0.0  # intermediate rows of work
         for layer, seq in enumerate(self._last):
             if seq and seq != self._read[layer] and _reached(done, seq):
                 st = self.stats[layer].tolist()
-                experts, seconds = experts + st[0], seconds + st[2] / 1e9
+                rows, seconds = rows + st[4], seconds + st[2] / 1e9
                 self._read[layer] = seq
         if self._replayed and self.kernel.queued() == 0:  # replayed batches: all done, rows final
             for layer in self._replayed:
                 st = self.stats_t[layer].tolist()
-                experts, seconds = experts + st[0], seconds + st[2] / 1e9
+                rows, seconds = rows + st[4], seconds + st[2] / 1e9
             self._replayed.clear()
-        return experts, seconds
+        return rows / inter, seconds

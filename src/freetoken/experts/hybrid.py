@@ -121,7 +121,7 @@ class HybridBackend(SlotBackend):
     def _after_cpu(self, experts: float, seconds: float) -> None:
         if not self._decode:  # prefill CPU work is compute-bound: not the bandwidth the split needs
             return
-        self._cpu_bytes += round(experts * self.pool.expert_bytes)
+        self._cpu_bytes += round(experts * self.pool.expert_bytes)  # experts: equivalents (split shares)
         self._cpu_s += seconds
 
     def stats(self) -> dict[str, int | float]:

@@ -2,10 +2,12 @@
 
 With whole experts per branch, a layer's m misses split as q fills and m - q CPU runs, and the branches
 finish together only when m * share happens to be an integer: with m ~ 3 at batch 1 they rarely do
-(``bench/cache_sim.py`` models the cost; docs/benchmarks.md). Here the plan fills ``q = floor(m * share)``
-whole experts (still at least one when m > 0) and the best-ranked miss left to the CPU is shared by rows of
-its intermediate dimension: the GPU computes rows [0, c) from the scratch slot (copied there, everything else
-zeroed), the CPU computes rows [c, I) from the pool, ``c ~ (m * share - q) * I`` in steps of a granule. The
+(``bench/cache_sim.py`` models the cost; docs/benchmarks.md). The plan still fills ``q = round(m * share)``
+whole experts (they are cached: a lower q would raise the miss rate, which costs more than the imbalance on
+the locality traces); when that leaves the GPU short (``m * share > q``), the best-ranked miss left to the CPU
+is shared by rows of its intermediate dimension: the GPU computes rows [0, c) from the scratch slot (copied
+there, everything else zeroed), the CPU rows [c, I) from the pool, ``c ~ (m * share - q) * I`` in steps of a
+granule. The
 gated activation is elementwise per intermediate row and zero rows contribute zero, so the partial sums add
 up to the exact expert output (float32 summation order aside). The shared expert is not cached: like a CPU
 run it leaves the slot tables alone.
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from freetoken.experts.cpu.codes import encode_code
 from freetoken.experts.slot_plan import StepPlan
 
 GRANULE = 64  # intermediate rows per step of c (cache-line and vector aligned for bf16 and fp32)
@@ -44,8 +47,8 @@ class SharedExpert:
 def share_one_expert(plan: StepPlan, share: torch.Tensor, inter: int, num_rows: int, scratch: int) -> SharedExpert:
     """Choose the shared expert and its cut, and rewrite ``plan.slot`` / ``plan.route_code`` in place.
 
-    ``plan`` comes from a plan with floor rounding (q <= m * share). The candidate is the miss the fill
-    order would have taken next: most routes first, then the lower eid (``slot_plan``'s order)."""
+    The candidate is the miss the fill order would have taken next: most routes first, then the lower eid
+    (``slot_plan``'s order). No share (rows 0) when no miss is left or q >= m * share."""
     g = plan.groups
     N = num_rows
     cand = plan.miss & ~plan.fill  # misses left to the CPU
@@ -64,7 +67,7 @@ def share_one_expert(plan: StepPlan, share: torch.Tensor, inter: int, num_rows: 
     plan.slot.scatter_(0, best.reshape(1), torch.where(on, torch.full_like(cur, scratch), cur).reshape(1))
     # CPU side: its routes carry the cut (or become GPU-only routes when c = I)
     mine = (g.route_group == best) & on
-    code = torch.where(rows >= inter, torch.full_like(g.eids, scratch), -1 - (g.eids + N * rows))
+    code = torch.where(rows >= inter, torch.full_like(g.eids, scratch), encode_code(g.eids, rows, N))
     plan.route_code = torch.where(mine, code, plan.route_code)
     return SharedExpert(best, eid, rows)
 

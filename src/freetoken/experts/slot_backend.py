@@ -174,10 +174,10 @@ class SlotBackend(ExpertBackend):
             if topk_ids.numel() == 0:
                 return torch.zeros_like(x)
             check_slots_cover_topk(self.cache.num_slots, topk_ids.shape[1])
-            c, sh = self.cache, self.share_expert
-            plan = c.group_and_plan(layer, topk_ids, self.share, min_fill, protect, recent_last, floor=sh)
+            c = self.cache
+            plan = c.group_and_plan(layer, topk_ids, self.share, min_fill, protect, recent_last)
             shared = None
-            if sh:
+            if self.share_expert:
                 shared = share_one_expert(plan, self.share, self.pool.inter, self.pool.num_rows, c.num_slots)
             handle = self.cpu.submit(x, plan.route_code, topk_w, layer)  # CPU branch first
             gpu = self._gpu(x, plan.groups, plan, topk_w, shared)

@@ -84,20 +84,17 @@ class SlotCache:
         min_fill: int,
         protect: int = 0,
         recent_last: bool = False,
-        floor: bool = False,
     ) -> StepPlan:
         """``group`` + ``plan`` of every group (a step's first round). Decode-sized steps on CUDA take the
-        fused Triton plan (one launch instead of ~100 small ops), with identical results. ``floor``: q =
-        floor(m*share) (``share_split``)."""
+        fused Triton plan (one launch instead of ~100 small ops), with identical results."""
         if self.device.type == "cuda" and triton_available():
             from freetoken.experts.triton_plan import MAX_ROUTES, plan_step_triton
 
             if topk_ids.numel() <= MAX_ROUTES:
                 off = layer * self.pool.num_experts
-                return plan_step_triton(self.tables, topk_ids, off, share, min_fill, protect, recent_last, floor)
+                return plan_step_triton(self.tables, topk_ids, off, share, min_fill, protect, recent_last)
         groups = self.group(layer, topk_ids)
-        E = self.pool.num_experts
-        return plan_fills(self.tables, groups, groups.valid, share, min_fill, protect, recent_last, E, floor)
+        return self.plan(groups, groups.valid, share, min_fill, protect, recent_last)
 
     def copy(self, plan: StepPlan) -> None:
         """One batched copy of this round's fills (all banks) from the pool into their slots."""

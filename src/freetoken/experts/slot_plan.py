@@ -88,13 +88,9 @@ class StepPlan:
     num_misses: torch.Tensor  # [] m
 
 
-def fill_quota(
-    m: torch.Tensor, share: torch.Tensor, available: torch.Tensor, min_fill: int, floor: bool = False
-) -> torch.Tensor:
-    """q = clamp(round(m*share), min_fill if m > 0 else 0, m), then at most ``available``. All [] int64.
-    ``floor``: floor(m*share) instead of the rounding (``share_split`` serves the fraction)."""
-    x = m.to(torch.float32) * share.to(torch.float32)
-    q = (torch.floor(x) if floor else torch.round(x)).to(torch.long)
+def fill_quota(m: torch.Tensor, share: torch.Tensor, available: torch.Tensor, min_fill: int) -> torch.Tensor:
+    """q = clamp(round(m*share), min_fill if m > 0 else 0, m), then at most ``available``. All [] int64."""
+    q = torch.round(m.to(torch.float32) * share.to(torch.float32)).to(torch.long)
     lo = torch.clamp(m, max=min_fill)  # min_fill when m >= min_fill, m when smaller, 0 when m == 0
     q = torch.maximum(torch.minimum(q, m), lo)
     return torch.minimum(q, available)
@@ -109,7 +105,6 @@ def plan_fills(
     protect: int = 0,  # > 0: slots used in the last `protect` plans are "recent"
     recent_last: bool = False,  # recent slots: False = never victims, True = victims last, newest first
     max_distinct: int | None = None,  # bound on distinct eids (a layer's E): shortens the copy lists
-    floor: bool = False,  # q = floor(m*share) (a shared expert takes the fraction), not round
 ) -> StepPlan:
     """Classify pending groups, choose q fills and their victims, update the tables, build the copies.
 
@@ -138,7 +133,7 @@ def plan_fills(
     if not recent_last:
         blocked = blocked | recent
     available = S - blocked.sum()
-    q = fill_quota(m, share, available, min_fill, floor)
+    q = fill_quota(m, share, available, min_fill)
     # Fill the misses the most routes want first (ties: the lower eid), one descending sort.
     key = torch.where(miss, groups.count * (N + 1) + (N - groups.eid), torch.full_like(groups.count, -1))
     ranked = torch.sort(key, descending=True, stable=True).indices  # [K] groups by fill priority

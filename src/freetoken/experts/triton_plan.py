@@ -31,7 +31,6 @@ def _plan_kernel(
     slot_of, eid_of, stamp, locked, tick_ptr, share_ptr,
     i64_out, b_out,
     MIN_FILL: tl.constexpr, RECENT_LAST: tl.constexpr, KB: tl.constexpr, BS: tl.constexpr,
-    FLOOR: tl.constexpr,
 ):  # fmt: skip
     r = tl.arange(0, KB)
     rv = r < K
@@ -84,10 +83,7 @@ def _plan_kernel(
     f = tl.floor(x)
     fi = f.to(tl.int64)
     d = x - f
-    if FLOOR:  # share_split serves the fraction
-        q = fi
-    else:
-        q = fi + ((d > 0.5) | ((d == 0.5) & (fi % 2 == 1))).to(tl.int64)  # round half to even
+    q = fi + ((d > 0.5) | ((d == 0.5) & (fi % 2 == 1))).to(tl.int64)  # round half to even
     q = tl.maximum(tl.minimum(q, m), tl.minimum(m, MIN_FILL))
     q = tl.minimum(q, available)
     # -- which misses: most routes first, then the lower eid (stable descending order) ---------------
@@ -169,7 +165,6 @@ def plan_step_triton(
     min_fill: int,
     protect: int = 0,
     recent_last: bool = False,
-    floor: bool = False,
 ) -> StepPlan:
     """``group_routes`` + ``plan_fills(pending=valid, ...)`` in one launch, for T*k <= MAX_ROUTES."""
     ids = topk_ids.reshape(-1)
@@ -186,7 +181,7 @@ def plan_step_triton(
         ids, K, layer_offset, N, S, KV, protect,
         tables.slot_of, tables.eid_of, tables.stamp, tables.locked.view(torch.uint8), tables.tick,
         share.to(torch.float32), i64, b.view(torch.uint8),
-        MIN_FILL=min_fill, RECENT_LAST=recent_last, KB=KB, BS=_BS, FLOOR=floor,
+        MIN_FILL=min_fill, RECENT_LAST=recent_last, KB=KB, BS=_BS,
     )  # fmt: skip
     order, rgroup, start, count, geid, slot, code = i64[: 7 * K].view(7, K)
     tail = i64[7 * K + 2 * KV :]

@@ -7,7 +7,8 @@
 // S provides: vec, W (fp32 lanes), zero(), load(const float*), fma(a, b, c) = a * b + c, add,
 // hsum(vec) (fixed order), sfma(float, float, float) for scalar tails, and
 // load_bf16x2(const uint16_t*, vec&, vec&) (2W bf16 -> two fp32 vectors).
-// A weight format F provides: Row (a row handle), row(bank, index, K), load2(row, k, a, b) (2W
+// A weight format F provides: Row (a row handle), row(bank, index, K, k0) (row `index` of a bank of
+// rows of K weights, starting at column k0), load2(row, k, a, b) (2W
 // weights starting at k as two fp32 vectors), at(row, k) (one weight) and prefetch(row, k).
 // fp8 / mxfp4 / nvfp4 plug in here as new formats: their Row also carries the block scales, and
 // load2 dequantises one 16/32-weight block to fp32; the phases stay as they are.
@@ -25,13 +26,14 @@ namespace FT_ISA_NS {
 #endif
 
 static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline float fmin_(float a, float b) { return a < b ? a : b; }
 static inline float fmax_(float a, float b) { return a > b ? a : b; }
 
 struct FmtF32 {
   using Row = const float*;
-  static inline Row row(const void* bank, int64_t index, int64_t K) {
-    return static_cast<const float*>(bank) + index * K;
+  static inline Row row(const void* bank, int64_t index, int64_t K, int64_t k0 = 0) {
+    return static_cast<const float*>(bank) + index * K + k0;
   }
   static inline void load2(Row r, int64_t k, S::vec& a, S::vec& b) {
     a = S::load(r + k);
@@ -45,8 +47,8 @@ struct FmtF32 {
 
 struct FmtBF16 {
   using Row = const uint16_t*;
-  static inline Row row(const void* bank, int64_t index, int64_t K) {
-    return static_cast<const uint16_t*>(bank) + index * K;
+  static inline Row row(const void* bank, int64_t index, int64_t K, int64_t k0 = 0) {
+    return static_cast<const uint16_t*>(bank) + index * K + k0;
   }
   static inline void load2(Row r, int64_t k, S::vec& a, S::vec& b) { S::load_bf16x2(r + k, a, b); }
   static inline float at(Row r, int64_t k) { return bf16_to_f32(r[k]); }
@@ -174,24 +176,28 @@ static inline void dot_row(typename F::Row row, const Operands& o, int64_t K, fl
   }
 }
 
-// Operands of sorted routes [s, s + nt): their tokens' x rows (phase 1) or their h rows (phase 2).
+// Operands of sorted routes [s, s + nt): their tokens' x rows (phase 1) or their h rows from column
+// h0 on (phase 2).
 template <bool DP>
-static inline Operands operands(const Plan& p, int64_t s, int nt, bool x_side) {
+static inline Operands operands(const Plan& p, int64_t s, int nt, bool x_side, int64_t h0 = 0) {
   Operands o;
   o.nt = nt;
   for (int t = 0; t < nt; ++t) {
-    const int64_t off = x_side ? static_cast<int64_t>(p.s_tok[s + t]) * p.D : (s + t) * p.I;
+    const int64_t off = x_side ? static_cast<int64_t>(p.s_tok[s + t]) * p.D : (s + t) * p.I + h0;
     o.f[t] = (x_side ? p.x : p.h) + off;
     if (DP) o.hi[t] = (x_side ? p.x_hi : p.h_hi) + off, o.lo[t] = (x_side ? p.x_lo : p.h_lo) + off;
   }
   return o;
 }
 
-// Phase-1 unit: h[s, i] for the group's routes s and h indices i of one block.
+// Phase-1 unit: h[s, i] for the group's routes s and h indices i of one block, from the group's
+// i_begin on: rows below it are another device's share, neither read nor written (phase 2 skips them).
 template <class F, bool DP>
 static void phase1(const Plan& p, int64_t u) {
   const int64_t D = p.D, I = p.I, nb = (I + p.hblock - 1) / p.hblock;
-  const int64_t g = u / nb, i0 = (u % nb) * p.hblock, n = imin(I, i0 + p.hblock) - i0;
+  const int64_t g = u / nb, b0 = (u % nb) * p.hblock;
+  const int64_t i0 = imax(b0, p.group_ibegin[g]), n = imin(I, b0 + p.hblock) - i0;
+  if (n <= 0) return;  // the whole block lies below i_begin
   const int64_t base = p.group_row[g] * 2 * I;  // first gate row of this expert
   const int64_t s1 = p.group_start[g + 1];
   float gate[kMaxHBlock * FT_NT_MAX], up[kMaxHBlock * FT_NT_MAX];
@@ -214,19 +220,21 @@ static void phase1(const Plan& p, int64_t u) {
   }
 }
 
-// Phase-2 unit: y[s, d] = down[d] . h[s] for the group's routes s and one block of rows d.
+// Phase-2 unit: y[s, d] = down[d, h0:I] . h[s, h0:I] for the group's routes s and one block of rows d,
+// h0 = the group's i_begin (h0 == I: y = 0, nothing read).
 template <class F, bool DP>
 static void phase2(const Plan& p, int64_t u) {
   const int64_t D = p.D, I = p.I, nb = (D + p.dblock - 1) / p.dblock;
   const int64_t g = u / nb, d0 = (u % nb) * p.dblock, d1 = imin(D, d0 + p.dblock);
   const int64_t base = p.group_row[g] * D;  // first down row of this expert
+  const int64_t h0 = p.group_ibegin[g];
   const int64_t s1 = p.group_start[g + 1];
   for (int64_t s = p.group_start[g]; s < s1; s += FT_NT_MAX) {
     const int nt = static_cast<int>(imin(FT_NT_MAX, s1 - s));
-    const Operands o = operands<DP>(p, s, nt, false);
+    const Operands o = operands<DP>(p, s, nt, false, h0);
     for (int64_t d = d0; d < d1; ++d) {
       float res[FT_NT_MAX];
-      dot_row<F, DP>(F::row(p.down, base + d, I), o, I, res);
+      dot_row<F, DP>(F::row(p.down, base + d, I, h0), o, I - h0, res);
       for (int t = 0; t < nt; ++t) p.y[(s + t) * D + d] = res[t];
     }
   }

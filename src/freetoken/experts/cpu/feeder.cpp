@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstring>
 #include <exception>
 
@@ -82,15 +83,36 @@ bool Feeder::wait_ready(const FtQueuedArgs& a) {
 
 int Feeder::compute(const FtQueuedArgs& a) {
   const int64_t n = a.T * a.k;
-  tok_.clear(), row_.clear(), w_.clear();
+  tok_.clear(), row_.clear(), ib_.clear(), w_.clear();
   for (int64_t i = 0; i < n; ++i) {
     const int64_t c = a.codes[i];
     if (c >= 0) continue;
-    tok_.push_back(static_cast<int32_t>(i / a.k)), row_.push_back(-1 - c), w_.push_back(a.w[i]);
+    const int64_t v = -1 - c;  // row + N * i_begin (N <= 0: no row is valid; the plan reports it)
+    const int64_t row = a.N > 0 ? v % a.N : v, ib = a.N > 0 ? v / a.N : 0;
+    tok_.push_back(static_cast<int32_t>(i / a.k)), row_.push_back(row), w_.push_back(a.w[i]);
+    ib_.push_back(static_cast<int32_t>(std::min<int64_t>(ib, INT32_MAX)));  // > I: the plan's error -2
   }
   const FtMoeArgs m{a.x, a.T, a.D, a.I, tok_.data(), row_.data(), w_.data(), static_cast<int64_t>(row_.size()),
-                    a.gate_up, a.down, a.N, a.fmt, a.act, a.out, nullptr, 0};
+                    a.gate_up, a.down, a.N, a.fmt, a.act, a.out, nullptr, 0, ib_.data()};
   return run_(m);
+}
+
+void Feeder::write_stats(const FtQueuedArgs& a, int64_t ns, int rc) {
+  rows_.clear();
+  const size_t n = std::min(row_.size(), ib_.size());  // equal unless decoding ran out of memory
+  for (size_t s = 0; s < n; ++s) rows_.emplace_back(row_[s], ib_[s]);
+  std::sort(rows_.begin(), rows_.end());
+  int64_t distinct = 0, work = 0;
+  for (size_t j = 0; j < rows_.size(); ++j) {
+    if (j > 0 && rows_[j].first == rows_[j - 1].first) continue;  // a row's first (lowest) i_begin counts
+    ++distinct;
+    work += std::max<int64_t>(0, a.I - rows_[j].second);
+  }
+  a.stats[0] = distinct;
+  a.stats[1] = static_cast<int64_t>(row_.size());
+  a.stats[2] = ns;
+  a.stats[3] = rc;
+  a.stats[4] = work;
 }
 
 void Feeder::run_one(const FtQueuedArgs& a) {
@@ -106,14 +128,7 @@ void Feeder::run_one(const FtQueuedArgs& a) {
     int expected = 0;
     error_.compare_exchange_strong(expected, rc);
   }
-  if (a.stats) {
-    rows_.assign(row_.begin(), row_.end());
-    std::sort(rows_.begin(), rows_.end());
-    a.stats[0] = std::unique(rows_.begin(), rows_.end()) - rows_.begin();
-    a.stats[1] = static_cast<int64_t>(row_.size());
-    a.stats[2] = now_ns() - t_ready;
-    a.stats[3] = rc;
-  }
+  if (a.stats) write_stats(a, now_ns() - t_ready, rc);
   __atomic_store_n(a.done_flag, a.done_value, __ATOMIC_RELEASE);  // out and stats first
 }
 

@@ -13,6 +13,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "plan.h"
@@ -20,7 +21,9 @@
 extern "C" struct FtQueuedArgs {
   const float* x;  // [T, D] fp32
   int64_t T, D, I;
-  const int64_t* codes;  // [T * k] route codes: c < 0 runs here on pool row -1 - c, c >= 0 does not
+  // [T * k] route codes: c >= 0 does not run here; c < 0 runs here: with v = -1 - c, on pool row v % N,
+  // intermediate rows [v / N, I) (FtMoeArgs::i_begin; v < N: the whole expert, the old encoding)
+  const int64_t* codes;
   const float* w;        // [T * k] gate weights
   int64_t k;
   const void* gate_up;  // [N, 2I, D]
@@ -32,7 +35,9 @@ extern "C" struct FtQueuedArgs {
   uint32_t ready_value;
   uint32_t* done_flag;  // set to done_value (release) when out and stats are written, also on error
   uint32_t done_value;
-  int64_t* stats;  // optional [4]: distinct pool rows, routes, ns from ready to done, error code (0 ok)
+  // optional [5]: distinct pool rows, routes, ns from ready to done, error code (0 ok), and the work in
+  // intermediate rows: the sum over distinct pool rows of (I - i_begin) (/ I: expert equivalents)
+  int64_t* stats;
   // 0: sequence flags as above. 1: toggle flags, for replayed CUDA graphs whose written values are fixed:
   // start once *ready_flag == ready_value, then reset *ready_flag to 0 (the waiting side resets done).
   int32_t mode;
@@ -62,6 +67,7 @@ class Feeder {
   bool wait_ready(const FtQueuedArgs& a);  // false: stopping
   void run_one(const FtQueuedArgs& a);
   int compute(const FtQueuedArgs& a);  // decode the codes, run the batch; 0 or an error code
+  void write_stats(const FtQueuedArgs& a, int64_t ns, int rc);  // a.stats[0..4] of the batch just run
 
   RunFn run_;
   const int64_t spin_ns_;
@@ -74,8 +80,9 @@ class Feeder {
   std::atomic<bool> stop_{false};
   std::vector<int32_t> tok_;  // the batch's routes, decoded from its codes (feeder thread only)
   std::vector<int64_t> row_;
+  std::vector<int32_t> ib_;  // i_begin of each route
   std::vector<float> w_;
-  std::vector<int64_t> rows_;  // scratch: distinct rows for the stats
+  std::vector<std::pair<int64_t, int32_t>> rows_;  // scratch: distinct (row, i_begin) for the stats
   std::thread thread_;  // last: starts after, and stops before, everything it reads
 };
 

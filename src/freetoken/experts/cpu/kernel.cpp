@@ -218,8 +218,9 @@ int ft_pool_threads(void* k) { return static_cast<ft::Kernel*>(k)->threads(); }
 int ft_pool_isa(void* k) { return static_cast<ft::Kernel*>(k)->isa(); }
 int ft_pool_busy(void* k) { return static_cast<ft::Kernel*>(k)->busy() ? 1 : 0; }
 
-// 0: started; -1 busy (wait first); -2 bad dims/pointers; -3 token out of range; -4 row out of range;
-// -5 unknown format or activation; -6 out of memory for the plan's scratch.
+// 0: started; -1 busy (wait first); -2 bad dims/pointers, or an i_begin outside [0, I] or differing
+// between routes of one pool row; -3 token out of range; -4 row out of range; -5 unknown format or
+// activation; -6 out of memory for the plan's scratch.
 int ft_moe_submit(void* k, const FtMoeArgs* args) {
   try {
     return static_cast<ft::Kernel*>(k)->submit_moe(*args);

@@ -1,11 +1,13 @@
 """``CpuExpertKernel``: a checked Python wrapper over the C++ expert kernel (ctypes, raw pointers).
 
 Shapes: T tokens, D hidden, I intermediate, R routes, N pool rows (``eid = layer * E + expert``).
-Inputs: x float32 [T, D]; routes as tok int32 [R], row int64 [R], weight float32 [R]; banks gate_up
-[N, 2I, D] and down [N, D, I], both bfloat16 or both float32; out float32 [T, D]. All contiguous CPU
-tensors. ctypes drops the GIL during every call, so ``submit`` returns at once and the workers run
-while the caller (the hybrid backend's GPU branch) goes on; ``wait`` blocks until they are done
-(taking work units itself meanwhile unless ``caller_helps=False``). One caller thread per object.
+Inputs: x float32 [T, D]; routes as tok int32 [R], row int64 [R], weight float32 [R], optionally
+i_begin int32 [R] (route s computes intermediate rows [i_begin[s], I) of its expert only: the CPU share
+of an expert split with the GPU; the same for all routes of a row); banks gate_up [N, 2I, D] and down
+[N, D, I], both bfloat16 or both float32; out float32 [T, D]. All contiguous CPU tensors. ctypes
+drops the GIL during every call, so ``submit`` returns at once and the workers run while the caller
+(the hybrid backend's GPU branch) goes on; ``wait`` blocks until they are done (taking work units
+itself meanwhile unless ``caller_helps=False``). One caller thread per object.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ import weakref
 import torch
 
 from freetoken.config import Env
-from freetoken.experts.cpu.args import ERRORS, FORMATS, MoeArgs, QueuedArgs, check_args, check_tensor
+from freetoken.experts.cpu.args import ERRORS, FORMATS, MoeArgs, QueuedArgs, check_args, check_i_begin, check_tensor
+from freetoken.experts.cpu.codes import decode_codes, encode_code
 from freetoken.experts.cpu.reference import ACTIVATIONS, cpu_experts_reference
 from freetoken.hardware.cpus import default_kernel_threads, physical_cores, worker_cpus
 
-__all__ = ["ISAS", "CpuExpertKernel", "cpu_experts_reference", "load_library"]
+__all__ = ["ISAS", "CpuExpertKernel", "cpu_experts_reference", "decode_codes", "encode_code", "load_library"]
 
 ISAS = ("generic", "avx2", "avx512", "avx512bf16")  # index = the C enum value
 # Machines with at least this many physical cores let waiting threads poll briefly (for the next
@@ -118,11 +121,14 @@ class CpuExpertKernel:
         out: torch.Tensor | None = None,
         done_flag: torch.Tensor | None = None,
         done_value: int = 1,
+        i_begin: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Start a batch and return ``out`` at once; its content is valid after ``wait()``.
 
         ``done_flag`` (int32 CPU tensor, e.g. pinned and mapped for the GPU): its first element is set
         to ``done_value`` (release order) once ``out`` is complete, before ``wait()`` returns.
+        ``i_begin`` (int32 [R], values in [0, I], one value per pool row): each route computes only
+        intermediate rows [i_begin, I) of its expert, reading only those weights; None: whole experts.
         """
         if self._inflight is not None:
             raise RuntimeError("the previous batch is still running: call wait() first")
@@ -133,11 +139,13 @@ class CpuExpertKernel:
             check_tensor("done_flag", done_flag, (torch.int32,), 1)
             if done_flag.numel() < 1:
                 raise ValueError("done_flag must hold at least one element")
+        if i_begin is not None:
+            check_i_begin(i_begin, row, down.shape[2], per_row=self._pool is None)
         T, D = x.shape
         if out is None:
             out = torch.empty((T, D), dtype=torch.float32)
         if self._pool is None or self._lib is None:
-            cpu_experts_reference(x, tok, row, weight, gate_up, down, activation, out=out)
+            cpu_experts_reference(x, tok, row, weight, gate_up, down, activation, out=out, i_begin=i_begin)
             if done_flag is not None:
                 done_flag[0] = done_value
             return out
@@ -147,6 +155,7 @@ class CpuExpertKernel:
             gate_up.data_ptr(), down.data_ptr(), gate_up.shape[0],
             FORMATS[gate_up.dtype], ACTIVATIONS.index(activation), out.data_ptr(),
             None if done_flag is None else done_flag.data_ptr(), done_value & 0xFFFFFFFF,
+            None if i_begin is None else i_begin.data_ptr(),
         )  # fmt: skip
         rc = self._lib.ft_moe_submit(self._pool, ctypes.byref(args))
         if rc == -6:
@@ -163,6 +172,7 @@ class CpuExpertKernel:
             down,
             out,
             *(() if done_flag is None else (done_flag,)),
+            *(() if i_begin is None else (i_begin,)),
         )
         return out
 
@@ -182,9 +192,10 @@ class CpuExpertKernel:
         down: torch.Tensor,
         activation: str = "silu",
         out: torch.Tensor | None = None,
+        i_begin: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Synchronous ``submit`` + ``wait``; returns out float32 [T, D]."""
-        out = self.submit(x, tok, row, weight, gate_up, down, activation, out)
+        out = self.submit(x, tok, row, weight, gate_up, down, activation, out, i_begin=i_begin)
         self.wait()
         return out
 
@@ -202,12 +213,13 @@ class CpuExpertKernel:
         activation: str = "silu",
     ) -> QueuedArgs:
         """Queue a batch that starts once ``ready[0][0]`` reaches ``ready[1]`` (cyclic int32 compare);
-        returns at once. Routes come as codes: x [T, D] float32, codes int64 [T*k] (``c < 0``: pool row
-        ``-1 - c`` runs here, token ``i // k``), weight float32 [T*k], out float32 [T, D] (fully written).
-        When out (and ``stats`` int64 [4]: distinct rows, routes, ns, error) is written, ``done[0][0]``
-        is set to ``done[1]``, also when the batch failed (out is then zeros; ``queue_error()`` says
-        why). The caller keeps every tensor alive until then. Native backend only. Returns the checked
-        arguments, for ``enqueue_prepared``."""
+        returns at once. Routes come as codes: x [T, D] float32, codes int64 [T*k] (``c < 0``: token
+        ``i // k`` runs here, on the pool row and from the intermediate row ``decode_codes`` gives: see
+        ``codes.py``), weight float32 [T*k], out float32 [T, D] (fully written). When out (and ``stats``
+        int64 [5]: distinct rows, routes, ns, error, intermediate rows of work = sum over distinct rows of
+        I - i_begin) is written, ``done[0][0]`` is set to ``done[1]``, also when the batch failed (out is
+        then zeros; ``queue_error()`` says why). The caller keeps every tensor alive until then. Native
+        backend only. Returns the checked arguments, for ``enqueue_prepared``."""
         if self._pool is None or self._lib is None:
             raise RuntimeError("queued batches need the native kernel (this one is the torch fallback)")
         if self._inflight is not None:
@@ -225,8 +237,8 @@ class CpuExpertKernel:
             check_tensor(name, flag, (torch.int32,), 1)
         if stats is not None:
             check_tensor("stats", stats, (torch.int64,), 1)
-            if stats.numel() < 4:
-                raise ValueError("stats must hold 4 elements")
+            if stats.numel() < 5:
+                raise ValueError("stats must hold 5 elements")
         args = QueuedArgs(
             x.data_ptr(), T, x.shape[1], down.shape[2], codes.data_ptr(), weight.data_ptr(), max(k, 1),
             gate_up.data_ptr(), down.data_ptr(), gate_up.shape[0],

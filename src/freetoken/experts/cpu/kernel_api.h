@@ -29,10 +29,11 @@ struct Plan {
   float* out;  // [T, D] fp32, written (not accumulated) in phase 3
   // Routes sorted by pool row (stable): group g covers sorted positions [group_start[g], group_start[g+1]).
   int64_t R, G;
-  const int64_t* group_row;    // [G]
-  const int64_t* group_start;  // [G + 1]
-  const int32_t* s_tok;        // [R] token of each sorted route
-  const float* s_w;            // [R] gate weight of each sorted route
+  const int64_t* group_row;     // [G]
+  const int32_t* group_ibegin;  // [G] the group computes intermediate rows [group_ibegin[g], I) only
+  const int64_t* group_start;   // [G + 1]
+  const int32_t* s_tok;         // [R] token of each sorted route
+  const float* s_w;             // [R] gate weight of each sorted route
   // Token t0 + j's routes, as sorted positions in ascending order: tok_route[tok_start[j] .. tok_start[j+1]).
   const int64_t* tok_start;  // [t1 - t0 + 1]
   const int64_t* tok_route;  // [R]
@@ -54,7 +55,8 @@ struct Plan {
 
 // Phase 1: h = act(gate . x, up . x): a unit streams its gate rows, then its up rows (long
 //          sequential runs: the hardware prefetcher loses track of interleaved distant rows).
-// Phase 2: y = down . h: a unit streams a block of one expert's down rows.
+//          Only h indices >= group_ibegin are computed (and only those weight rows read).
+// Phase 2: y = down . h: a unit streams a block of one expert's down rows, columns >= group_ibegin.
 // Phase 3: out[t] = sum of w_s * y_s over t's routes in sorted order (a fixed order per element).
 struct IsaOps {
   void (*phase1)(const Plan&, int64_t unit);
