@@ -9,12 +9,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from flags import wait_flag
 from freetoken.experts.cpu import build
 from freetoken.experts.cpu import kernel as kmod
 from freetoken.experts.cpu.kernel import ISAS, CpuExpertKernel, cpu_experts_reference, decode_codes, encode_code
@@ -196,13 +196,6 @@ def test_codes_round_trip() -> None:
         decode_codes(codes, 0)
 
 
-def _wait_flag(flag: torch.Tensor, value: int, timeout: float = 10.0) -> None:
-    t0 = time.monotonic()
-    while int(flag[0]) != value:
-        assert time.monotonic() - t0 < timeout, f"done flag stuck at {int(flag[0])}, wanted {value}"
-        time.sleep(0.0005)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_queued_codes_carry_i_begin_and_stats_count_the_work(dtype: torch.dtype) -> None:
     """Encoded codes through the feeder: same output as a direct submit with i_begin, and stats[4] = the
@@ -219,7 +212,7 @@ def test_queued_codes_carry_i_begin_and_stats_count_the_work(dtype: torch.dtype)
     out, stats = torch.full((T, D), float("nan")), torch.zeros(5, dtype=torch.int64)
     kern.enqueue(x, codes, w, gate_up, down, out=out, ready=(ready, 1), done=(done, 1), stats=stats)
     ready[0] = 1
-    _wait_flag(done, 1)
+    wait_flag(done, 1)
     assert kern.queue_error() is None and int(stats[3]) == 0
     mine, r, ib = decode_codes(codes, N)
     tok = (torch.arange(T * k) // k)[mine].to(torch.int32)

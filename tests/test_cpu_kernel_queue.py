@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from flags import wait_flag
 from freetoken.experts.cpu import kernel as kmod
 from freetoken.experts.cpu.kernel import CpuExpertKernel, cpu_experts_reference
 
@@ -50,16 +51,9 @@ def _run_first(kern: CpuExpertKernel, T: int, k: int, D: int, inter: int, N: int
     out = torch.empty(T, D)
     args = kern.enqueue(*case, out=out, ready=(ready, 1), done=(done, 1))
     ready[0] = 1
-    _wait_flag(done, 1)
+    wait_flag(done, 1)
     _assert_close(out, _reference(*case, k=k))
     return case, out, args, (ready, done)
-
-
-def _wait_flag(flag: torch.Tensor, value: int, timeout: float = 10.0) -> None:
-    t0 = time.monotonic()
-    while int(flag[0]) != value:
-        assert time.monotonic() - t0 < timeout, f"done flag stuck at {int(flag[0])}, wanted {value}"
-        time.sleep(0.0005)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -79,11 +73,11 @@ def test_batches_wait_for_ready_then_run_in_order(dtype: torch.dtype) -> None:
         kern.submit(cases[0][0], torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.int64),
                     torch.zeros(0), cases[0][3], cases[0][4])  # direct batches wait for the queue
     ready[0] = 1
-    _wait_flag(done, 1)
+    wait_flag(done, 1)
     time.sleep(0.02)
     assert int(done[0]) == 1 and torch.isnan(outs[1]).all()  # batch 2 still waits for its flag
     ready[0] = 3  # one write releases both: the compare is "reached", not "equal"
-    _wait_flag(done, 3)
+    wait_flag(done, 3)
     kern.drain()
     assert kern.queued() == 0 and kern.queue_error() is None
     tol = 2e-6 if dtype == torch.float32 else 5e-5
@@ -107,7 +101,7 @@ def test_flags_wrap_around() -> None:
     time.sleep(0.02)
     assert int(done[0]) == 0
     ready[0] = 1
-    _wait_flag(done, 1)
+    wait_flag(done, 1)
     ref = _reference(*c, k=2)
     _assert_close(out, ref)
 
@@ -169,7 +163,7 @@ def test_prepared_batches_requeue_with_new_sizes_and_flags() -> None:
     x[:2] = torch.randn(2, 48)  # new inputs in the same buffers, two tokens this time
     kern.enqueue_prepared(args, 2, ready_value=2, done_value=2)
     ready[0] = 2
-    _wait_flag(done, 2)
+    wait_flag(done, 2)
     ref2 = _reference(x[:2], codes[: 2 * k], w[: 2 * k], gate_up, down, k=k)
     _assert_close(out[:2], ref2)
 
@@ -190,7 +184,7 @@ def test_toggle_flags_for_replayed_graphs() -> None:
         time.sleep(0.01)
         assert int(done[0]) == 0  # not before its ready flag
         ready[0] = 1
-        _wait_flag(done, 1)
+        wait_flag(done, 1)
         assert int(ready[0]) == 0  # re-armed by the feeder
         done[0] = 0
         _assert_close(out, ref)
