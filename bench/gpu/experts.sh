@@ -8,6 +8,7 @@
 #   kernel    CPU expert kernel bench, AVX-512 and forced AVX2 (~1.5 min)
 #   decode6   ft bench decode, replayed trace, 6 CPU threads, 3 repeats, runahead (~4 min; EAGER=1: MoE layers
 #             without CUDA graphs, SHARE=1: hybrid shares one expert per layer between both branches,
+#             POLICIES=a,b,...: the policies (e.g. add hybrid-share: hybrid with a shared expert, side by side),
 #             PROF=1: a profiler trace of hybrid too)
 #   decode16  the same with 16 CPU threads (~4 min)
 #   model     the model's own routing, THREADS (6) threads, REPEATS (3) repeats (~3 min)
@@ -37,6 +38,7 @@ kernel) echo "== CPU expert kernel"; timeout 50 python3 bench/cpu_kernel.py --th
 decode6|decode16) t=${stage#decode}; echo "== decode, replayed trace, $t threads"
   timeout "${DEC_TIMEOUT:-280}" $DEC --cpu-threads "$t" --repeats 3 --steps 256 --warmup-tokens 200 --routing-trace $TRACE \
   --measure-bw --runahead ${EAGER:+--no-cuda-graphs} ${SHARE:+--share-expert} ${PROF:+--profile-dir "$OUT/prof$t"} \
+  ${POLICIES:+--policies $POLICIES} \
   --json "$OUT/decode_trace$t.json" \
   > "$OUT/decode_trace$t.log" 2> "$OUT/decode_trace$t.err"; cat "$OUT/decode_trace$t.log"; tail -3 "$OUT/decode_trace$t.err" ;;
 model) echo "== decode, the model's own routing"; timeout "${DEC_TIMEOUT:-280}" $DEC --cpu-threads "${THREADS:-6}" \
