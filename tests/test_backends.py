@@ -423,6 +423,12 @@ def test_triton_kernels_compile_for_hopper() -> None:
              "copy_dst": i64, "count_ptr": i64},  # fmt: skip
             {"GU": 2 * 768 * 2048, "DN": 768 * 2048, "BLOCK": 4096, "ITERS": 8},
         ),
+        (
+            triton_copy._partial_rows_kernel,
+            {"src_gu": "*bf16", "src_dn": "*bf16", "dst_gu": "*bf16", "dst_dn": "*bf16", "eid_ptr": i64,
+             "rows_ptr": i64, "n_rows": "i32"},  # fmt: skip
+            {"INTER": 768, "D": 2048, "BLOCK": 4096, "ITERS": 8},
+        ),
     ]
     for fn, sig, consts in cases:
         signature: dict[str, str] = {**sig, **{k: "constexpr" for k in consts}}

@@ -3,6 +3,9 @@ floor rounding, the choice and cut, the partial slot copy, and the backend's exa
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import pytest
 import torch
 
@@ -172,3 +175,22 @@ def test_engine_greedy_tokens_match_with_shared_expert(tiny_moe: tuple, expert_c
     llm.check_integrity()
     s = llm.stats()
     assert s["expert_shared"] > 0 and s["expert_fills"] > 0 and s["expert_cpu_runs"] > 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_partial_fill_triton_in_interpreter(dtype: torch.dtype) -> None:
+    """The Triton partial copy on the CPU through Triton's interpreter (TRITON_INTERPRET=1)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("set TRITON_INTERPRET=1 to run the Triton kernels on the CPU")
+    from freetoken.experts.triton_copy import partial_rows_triton
+
+    g = torch.Generator().manual_seed(0)
+    N, inter, d = 5, 96, 64
+    gu, dn = torch.randn(N, 2 * inter, d, generator=g).to(dtype), torch.randn(N, d, inter, generator=g).to(dtype)
+    for eid, rows in ((3, 0), (3, 32), (1, 95), (0, 96), (N, 40)):  # eid N: no expert, zeros
+        dst = (torch.full_like(gu[0], 7.0), torch.full_like(dn[0], 7.0))
+        ref = (torch.empty_like(gu[0]), torch.empty_like(dn[0]))
+        partial_rows_triton(gu, dn, *dst, torch.tensor(eid), torch.tensor(rows))
+        partial_fill_torch(gu, dn, *ref, torch.tensor(eid), torch.tensor(rows))
+        assert torch.equal(dst[0], ref[0]) and torch.equal(dst[1], ref[1]), (eid, rows)
