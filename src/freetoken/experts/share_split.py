@@ -70,8 +70,3 @@ def share_one_expert(plan: StepPlan, share: torch.Tensor, inter: int, num_rows: 
     code = torch.where(rows >= inter, torch.full_like(g.eids, scratch), encode_code(g.eids, rows, N))
     plan.route_code = torch.where(mine, code, plan.route_code)
     return SharedExpert(best, eid, rows)
-
-
-def shared_cpu_fraction(rows: torch.Tensor, inter: int) -> torch.Tensor:
-    """[] float32: the share of the shared expert the GPU computes (rows / I), for byte counters."""
-    return rows.to(torch.float32) / float(inter)
