@@ -371,6 +371,12 @@ def test_bench_decode_plumbing_and_bound(tmp_path) -> None:
     dev = torch.device("cpu")
     r = {p: run_policy(p, banks, shape, args, dev, torch.float32) for p in ("offload", "hybrid", "cpu")}
     assert r["cpu"].miss_rate == 1.0 and r["cpu"].pcie_mb_per_token == 0
+    shared = run_policy("hybrid+share", banks, shape, argparse.Namespace(**{**vars(args), "fill_fraction": 0.7}), dev,
+                        torch.float32)  # fmt: skip
+    assert shared.backend == "hybrid" and shared.stats["expert_shared"] > 0  # m = 2, q = round(1.4) = 1: shares
+    assert "expert_shared" not in r["hybrid"].stats or r["hybrid"].stats["expert_shared"] == 0
+    with pytest.raises(SystemExit, match="unknown policy option"):
+        run_policy("hybrid+fast", banks, shape, args, dev, torch.float32)
     assert r["offload"].cpu_mb_per_token == 0 and r["offload"].fills_per_layer_step > 0
     bw = Bandwidths(copy=50.0, cpu=20.0, copy_c=40.0, cpu_c=20.0, source="test")
     gb = banks.expert_bytes / 1e9
@@ -428,6 +434,12 @@ def test_triton_kernels_compile_for_hopper() -> None:
             {"src_gu": "*bf16", "src_dn": "*bf16", "dst_gu": "*bf16", "dst_dn": "*bf16", "eid_ptr": i64,
              "rows_ptr": i64, "n_rows": "i32"},  # fmt: skip
             {"INTER": 768, "D": 2048, "BLOCK": 4096, "ITERS": 8},
+        ),
+        (
+            triton_copy._stage_kernel,
+            {"x": "*bf16", "codes": i64, "w": "*fp32", "x_dst": "*fp32", "codes_dst": i64, "w_dst": "*fp32",
+             "NX": "i32", "NK": "i32"},  # fmt: skip
+            {"BLOCK": 1024},
         ),
     ]
     for fn, sig, consts in cases:

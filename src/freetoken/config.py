@@ -45,6 +45,10 @@ class EngineConfig:
     moe_cuda_graphs: bool = True
     """Replay each MoE layer's decode step as a CUDA graph (slot backends on CUDA; False: eager). Without
     graphs the host's ~1 ms of launches per hybrid layer, not the device, sets the decode pace."""
+    cpu_branch_zero_copy: bool = False
+    """CUDA decode: the stream-ordered CPU branch hands its inputs and partial over through pinned host memory
+    the GPU reads and writes directly (one staging kernel, the final add reads the partial), instead of
+    three copies out and one back. Not measured on a GPU yet, so off by default."""
     hybrid_share_expert: bool = False
     """hybrid: when the q whole fills leave the GPU short of m*share, share the next miss between both branches
     by rows of its intermediate dimension (``experts/share_split.py``). Exact; not measured on a GPU yet, so

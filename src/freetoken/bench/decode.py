@@ -37,8 +37,8 @@ from freetoken.experts.registry import create_backend
 from freetoken.experts.split import load_machine_profile, profile_bandwidth
 
 DEFAULT_POLICIES = "fused,offload,hybrid,cpu,static-layers,static-freq"
-SHARED_POLICY = "hybrid-share"  # hybrid with one expert per layer shared by both branches (side by side)
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+# Policy variants, side by side: "<backend>+<option>+...", e.g. "hybrid+share", "hybrid+share+zc".
+POLICY_OPTIONS = {"share": "EngineConfig.hybrid_share_expert", "zc": "EngineConfig.cpu_branch_zero_copy"}
 
 
 class Router(Protocol):
@@ -140,16 +140,26 @@ def _threads(args: argparse.Namespace) -> int | None:
     return t
 
 
+def policy_config(policy: str, args: argparse.Namespace) -> EngineConfig:
+    """The engine config of a policy name (``POLICY_OPTIONS``); the command's switches apply to every policy."""
+    base, *opts = policy.split("+")
+    unknown = [o for o in opts if o not in POLICY_OPTIONS]
+    if unknown:
+        raise SystemExit(f"unknown policy option(s) {unknown} in {policy!r}; known: {sorted(POLICY_OPTIONS)}")
+    return EngineConfig(
+        moe_backend=base, expert_cache=args.expert_cache, fill_fraction=args.fill_fraction,
+        cpu_threads=_threads(args), moe_cuda_graphs=args.cuda_graphs,
+        hybrid_share_expert="share" in opts or args.share_expert, cpu_branch_zero_copy="zc" in opts or args.zero_copy,
+    )  # fmt: skip
+
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
 def run_policy(
     policy: str, banks: ExpertBanks, shape: MoEShape, args: argparse.Namespace, dev: torch.device, dtype: torch.dtype
 ) -> PolicyResult:
-    share = policy == SHARED_POLICY or (policy == "hybrid" and args.share_expert)
-    cfg = EngineConfig(
-        moe_backend="hybrid" if policy == SHARED_POLICY else policy, expert_cache=args.expert_cache,
-        fill_fraction=args.fill_fraction, cpu_threads=_threads(args), moe_cuda_graphs=args.cuda_graphs,
-        hybrid_share_expert=share,
-    )  # fmt: skip
-    backend = create_backend(cfg, banks, dev, dtype)
+    backend = create_backend(policy_config(policy, args), banks, dev, dtype)
     router = make_router(args, shape, dev, dtype)
     g = torch.Generator(device=dev).manual_seed(args.seed)
     B, L = args.batch, args.layers
@@ -239,13 +249,28 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--bw-cpu", type=float, default=None, help="B_H' GB/s for the bound (default: machine profile)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the results here")
-    p.add_argument("--share-expert", action="store_true",
-                   help="hybrid: share one miss per layer between both branches (EngineConfig.hybrid_share_expert); "
-                        f"the policy {SHARED_POLICY!r} runs that beside plain hybrid")
-    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
-                   help="replay MoE decode layers as CUDA graphs (the engine's default; --no-cuda-graphs: eager)")
-    p.add_argument("--runahead", action="store_true",
-                   help="CUDA: also measure how often the host queues the last MoE layer before the GPU ends the first")
+    p.add_argument(
+        "--share-expert",
+        action="store_true",
+        help="hybrid: share one miss per layer between both branches (EngineConfig.hybrid_share_expert); "
+        "the policy 'hybrid+share' runs that beside plain hybrid",
+    )
+    p.add_argument(
+        "--zero-copy",
+        action="store_true",
+        help="CPU branch hand-off through mapped host memory (EngineConfig.cpu_branch_zero_copy; policy option '+zc')",
+    )
+    p.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="replay MoE decode layers as CUDA graphs (the engine's default; --no-cuda-graphs: eager)",
+    )
+    p.add_argument(
+        "--runahead",
+        action="store_true",
+        help="CUDA: also measure how often the host queues the last MoE layer before the GPU ends the first",
+    )
     p.add_argument("--profile-dir", default=None, help="with --runahead: write a profiler trace of hybrid here")
     return p
 
@@ -350,7 +375,7 @@ def _ratios(name: str, h: PolicyResult, by: dict[str, PolicyResult]) -> list[str
 
 def print_acceptance(results: list[PolicyResult]) -> None:
     by = {r.policy: r for r in results}
-    names = [n for n in ("hybrid", SHARED_POLICY) if n in by]
+    names = [n for n in by if n.split("+")[0] == "hybrid"]
     if not names:
         return
     runs = ", ".join(f"{r.policy} {r.stats.get('tok_s_runs')}" for r in results)
@@ -359,8 +384,10 @@ def print_acceptance(results: list[PolicyResult]) -> None:
     for n in names:
         st = by[n].stats
         if "share" in st:
-            print(f"# {n} online: share {st['share']:.2f}, B_P' {st.get('b_copy_online', 0):.1f} GB/s, "
-                  f"B_H' {st.get('b_cpu_online', 0):.1f} GB/s (smoothed branch measurements)")
+            print(
+                f"# {n} online: share {st['share']:.2f}, B_P' {st.get('b_copy_online', 0):.1f} GB/s, "
+                f"B_H' {st.get('b_cpu_online', 0):.1f} GB/s (smoothed branch measurements)"
+            )
 
 
 def print_table(results: list[PolicyResult], have_fused: bool) -> None:

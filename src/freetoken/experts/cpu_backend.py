@@ -18,7 +18,7 @@ class CpuBackend(ExpertBackend):
     def __init__(self, config: EngineConfig, pool: HostExpertPool, device: torch.device, dtype: torch.dtype) -> None:
         self.pool = pool
         self.device = device
-        self.runner = CpuExpertRunner(pool, device, config.cpu_threads)
+        self.runner = CpuExpertRunner(pool, device, config.cpu_threads, zero_copy=config.cpu_branch_zero_copy)
         self.counters = DeviceCounters(device)
         self._zero = torch.zeros((), dtype=torch.long, device=device)
 

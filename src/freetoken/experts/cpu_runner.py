@@ -116,7 +116,12 @@ def _run_routes(pool: HostExpertPool, x: torch.Tensor, codes: torch.Tensor, w: t
 
 class CpuExpertRunner:
     def __init__(
-        self, pool: HostExpertPool, device: torch.device, threads: int | None = None, streamed: bool = True
+        self,
+        pool: HostExpertPool,
+        device: torch.device,
+        threads: int | None = None,
+        streamed: bool = True,
+        zero_copy: bool = False,  # the streamed branch's hand-off through mapped host memory
     ) -> None:
         self.pool = pool
         self.device = device
@@ -127,6 +132,7 @@ class CpuExpertRunner:
             self.kernel = CpuExpertKernel(num_threads=threads)
         self._want_streamed = streamed and device.type == "cuda" and self.kernel is not None
         self._streamed: StreamedCpuBranch | None = None
+        self._zero_copy = zero_copy
 
     def _streamed_for(self, tokens: int, top_k: int) -> StreamedCpuBranch | None:
         """The stream-ordered branch when it can take this batch (built on first use)."""
@@ -137,7 +143,9 @@ class CpuExpertRunner:
             if ops is None:
                 self._want_streamed = False
                 return None
-            self._streamed = StreamedCpuBranch(self.kernel, self.pool, ops, self.device, STREAMED_MAX_TOKENS, top_k)
+            self._streamed = StreamedCpuBranch(
+                self.kernel, self.pool, ops, self.device, STREAMED_MAX_TOKENS, top_k, self._zero_copy
+            )
         return self._streamed if self._streamed.fits(tokens, top_k) else None
 
     @property

@@ -16,6 +16,12 @@ nothing is queued at capture; ``push_replay`` queues the layer's batch before ea
 Buffer reuse is safe by stream order: a layer's next inputs are copied after the stream waited for its
 previous batch, and the CPU writes a layer's ``out`` only after the ready flag that follows the previous
 copy back. Branch timings come from the feeder's per-layer stats, read at the next step's safe point.
+
+``zero_copy`` (``EngineConfig.cpu_branch_zero_copy``): the GPU writes the inputs straight into the pinned
+buffers through their mapped device views (one staging kernel instead of three copies) and the caller's add
+reads the partial from its pinned buffer (no copy back): no copy-engine operation in the layer. Kernel
+writes to mapped host memory are complete when the kernel is, so the ready flag written after it in stream
+order still follows them; the CPU's writes are seen by device reads after the done flag (coherent PCIe).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from typing import Any
 import torch
 
 from freetoken.experts.cpu.kernel import CpuExpertKernel
-from freetoken.experts.pool import HostExpertPool
+from freetoken.experts.pool import HostExpertPool, mapped_device_view
 from freetoken.experts.stream_ops import StreamOps
 
 
@@ -52,6 +58,7 @@ class StreamedCpuBranch:
         device: torch.device,
         max_tokens: int,
         top_k: int,
+        zero_copy: bool = False,
     ) -> None:
         L, D = pool.num_layers, pool.gate_up.shape[2]
         self.kernel, self.pool, self.ops, self.device = kernel, pool, ops, device
@@ -61,6 +68,9 @@ class StreamedCpuBranch:
         self.codes = torch.zeros((L, max_tokens * top_k), dtype=i64, pin_memory=True)
         self.w = torch.zeros((L, max_tokens * top_k), dtype=f32, pin_memory=True)
         self.out = torch.zeros((L, max_tokens, D), dtype=f32, pin_memory=True)
+        # zero copy: the same buffers as CUDA tensors (UVA), written and read by kernels over PCIe
+        self.mapped = tuple(mapped_device_view(b, device) for b in (self.x, self.codes, self.w, self.out))
+        self.zero_copy = zero_copy
         # per layer: distinct rows, routes, ns, error, intermediate rows of work (see FtQueuedArgs::stats)
         self.stats = torch.zeros((L, 5), dtype=i64)  # written by the feeder, read here
         self.stats_t = torch.zeros((L, 5), dtype=i64)  # the same for batches of replayed graphs
@@ -84,9 +94,16 @@ class StreamedCpuBranch:
         """Enqueue the layer's CPU branch (x [T, D], codes [T*k], topk_w [T, k] on the GPU); no host wait."""
         T, k = topk_w.shape
         xs, cs, ws, out = self.x[layer, :T], self.codes[layer, : T * k], self.w[layer, : T * k], self.out[layer, :T]
-        xs.copy_(x.float(), non_blocking=True)  # convert on the GPU, then device -> pinned host
-        cs.copy_(codes.reshape(-1), non_blocking=True)
-        ws.copy_(topk_w.reshape(-1).float(), non_blocking=True)
+        if self.zero_copy:  # one kernel writes all three through the mapped views
+            from freetoken.experts.triton_copy import stage_inputs_triton
+
+            xm, cm, wm, _ = self.mapped
+            stage_inputs_triton(x.contiguous(), codes.reshape(-1).contiguous(), topk_w.reshape(-1).contiguous(),
+                                xm[layer, :T], cm[layer, : T * k], wm[layer, : T * k])  # fmt: skip
+        else:
+            xs.copy_(x.float(), non_blocking=True)  # convert on the GPU, then device -> pinned host
+            cs.copy_(codes.reshape(-1), non_blocking=True)
+            ws.copy_(topk_w.reshape(-1).float(), non_blocking=True)
         if torch.cuda.is_current_stream_capturing():
             if self._args[layer] is None:
                 raise RuntimeError("capture a layer's CPU branch only after one eager call")
@@ -116,6 +133,8 @@ class StreamedCpuBranch:
             self.ops.write(self._done_t_ptr, 0)
         else:
             self.ops.wait(self._done_ptr, h.seq)
+        if self.zero_copy:  # the caller's add reads it from the pinned buffer, in stream order
+            return self.mapped[3][h.layer, : h.tokens]
         return self.out[h.layer, : h.tokens].to(self.device, non_blocking=True)
 
     def push_replay(self, layer: int, tokens: int) -> None:

@@ -64,7 +64,8 @@ class SlotBackend(ExpertBackend):
             check_slots_cover_topk(num_slots, pool.banks.top_k)
         self.cache = SlotCache(pool, num_slots, device)
         self.counters = DeviceCounters(device)
-        self.cpu = CpuExpertRunner(pool, device, config.cpu_threads) if with_cpu else None
+        zc = config.cpu_branch_zero_copy
+        self.cpu = CpuExpertRunner(pool, device, config.cpu_threads, zero_copy=zc) if with_cpu else None
         self.share = torch.zeros((), dtype=torch.float32, device=device)  # device scalar read by plans
         self._one = torch.ones((), dtype=torch.float32, device=device)
         self._zero = torch.zeros((), dtype=torch.long, device=device)
