@@ -1,9 +1,20 @@
-"""Devices tests are parametrised over: the CPU always, CUDA (marked ``gpu``) where present."""
+"""Devices tests are parametrised over: the CPU always, CUDA (marked ``gpu``) where present; and Triton's
+interpreter (kernels on the CPU), where asked for."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import pytest
 import torch
+
+# Triton kernels run on the CPU through Triton's interpreter: only with triton installed and
+# TRITON_INTERPRET=1 set before the kernels' modules are imported (the decorator reads it).
+TRITON_INTERPRETER = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs triton and TRITON_INTERPRET=1 (the Triton kernels on the CPU)",
+)
 
 DEVICES = [
     "cpu",

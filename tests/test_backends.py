@@ -22,7 +22,7 @@ D, I, K_TOP = 64, 32, 2
 SLOT_BACKENDS = ["offload", "cpu", "hybrid", "static-layers", "static-freq"]
 HAS_CUDA = torch.cuda.is_available()
 
-from devices import DEVICES  # noqa: E402
+from devices import DEVICES, TRITON_INTERPRETER  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
@@ -221,12 +221,10 @@ def test_grouped_experts_torch_paths(T: int) -> None:
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+@TRITON_INTERPRETER
 @pytest.mark.parametrize("T", [1, 5, 40, 600])
 def test_triton_kernels_in_interpreter(T: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The Triton kernels run on the CPU through Triton's interpreter (TRITON_INTERPRET=1)."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("set TRITON_INTERPRET=1 to run the Triton kernels on the CPU")
     from freetoken.experts.triton_copy import gather_rows_triton
     from freetoken.experts.triton_gemm import grouped_experts_triton
 

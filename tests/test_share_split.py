@@ -3,12 +3,10 @@ floor rounding, the choice and cut, the partial slot copy, and the backend's exa
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 import torch
 
+from devices import TRITON_INTERPRETER
 from freetoken.config import EngineConfig
 from freetoken.experts.base import ExpertBanks
 from freetoken.experts.pool import HostExpertPool
@@ -177,12 +175,10 @@ def test_engine_greedy_tokens_match_with_shared_expert(tiny_moe: tuple, expert_c
     assert s["expert_shared"] > 0 and s["expert_fills"] > 0 and s["expert_cpu_runs"] > 0
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+@TRITON_INTERPRETER
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_partial_fill_triton_in_interpreter(dtype: torch.dtype) -> None:
     """The Triton partial copy on the CPU through Triton's interpreter (TRITON_INTERPRET=1)."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("set TRITON_INTERPRET=1 to run the Triton kernels on the CPU")
     from freetoken.experts.triton_copy import partial_rows_triton
 
     g = torch.Generator().manual_seed(0)

@@ -6,8 +6,6 @@ expert it holds.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from collections import Counter
 
 import pytest
@@ -15,6 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from devices import TRITON_INTERPRETER
 from freetoken.experts.base import ExpertBanks
 from freetoken.experts.pool import HostExpertPool, check_pool_fits
 from freetoken.experts.slot_cache import SlotCache
@@ -246,12 +245,10 @@ def _tables(num_rows: int, num_slots: int) -> SlotTables:
     )
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+@TRITON_INTERPRETER
 @pytest.mark.parametrize("num_slots", [2, 5, 37, 700])
 def test_fused_triton_plan_equals_torch_plan(num_slots: int) -> None:
     """The one-launch Triton plan gives bit-identical tables and outputs (run in Triton's interpreter)."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("set TRITON_INTERPRET=1 to run the Triton kernels on the CPU")
     from freetoken.experts.triton_plan import plan_step_triton
 
     layers, experts, k = 3, 16, 2

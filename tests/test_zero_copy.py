@@ -3,23 +3,19 @@ kernel writes the inputs into mapped pinned memory, the final add reads the part
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 import torch
 
+from devices import TRITON_INTERPRETER
 from freetoken.config import EngineConfig
 from freetoken.experts.registry import create_backend
 from test_backends import HAS_CUDA, make_banks, run_steps
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+@TRITON_INTERPRETER
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_stage_kernel_in_interpreter(dtype: torch.dtype) -> None:
     """The staging kernel on the CPU through Triton's interpreter (TRITON_INTERPRET=1)."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("set TRITON_INTERPRET=1 to run the Triton kernels on the CPU")
     from freetoken.experts.triton_copy import stage_inputs_triton
 
     g = torch.Generator().manual_seed(1)
