@@ -262,3 +262,18 @@ def test_build_drops_an_isa_the_compiler_cannot_build(monkeypatch: pytest.Monkey
     lib = ctypes.CDLL(str(build.library_path(cache_dir=str(tmp_path))))
     assert lib.ft_isa_supported(ISAS.index("avx512bf16")) == 0
     assert lib.ft_isa_supported(ISAS.index("generic")) == 1
+
+
+def test_experiment_flags_reach_the_compiler_and_the_build_key(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """FREETOKEN_CPU_KERNEL_CFLAGS (e.g. the software-prefetch knob) builds its own library, which loads."""
+    cxx = build.find_compiler()
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    plain = build.build_key(cxx)
+    monkeypatch.setenv("FREETOKEN_CPU_KERNEL_CFLAGS", "-DFT_PREFETCH=512")
+    assert build.build_key(cxx) != plain
+    lib = ctypes.CDLL(str(build.library_path(cache_dir=str(tmp_path))))
+    assert lib.ft_isa_supported(ISAS.index("generic")) == 1
+    monkeypatch.setenv("FREETOKEN_CPU_KERNEL_CFLAGS", "-DFT_NO_SUCH_FLAG -fno-such-option")
+    with pytest.raises(build.BuildError):
+        build.library_path(cache_dir=str(tmp_path / "bad"))

@@ -95,6 +95,11 @@ class Env:
     """Force the AVX2 path of the CPU expert kernel (FREETOKEN_FORCE_AVX2=1)."""
     debug: bool = field(default_factory=lambda: os.environ.get("FREETOKEN_DEBUG", "") == "1")
     """Check cache invariants after every step (FREETOKEN_DEBUG=1)."""
+    cpu_kernel_cflags: tuple[str, ...] = field(
+        default_factory=lambda: tuple(os.environ.get("FREETOKEN_CPU_KERNEL_CFLAGS", "").split())
+    )
+    """Extra compiler flags for the CPU expert kernel, for experiments (e.g. FREETOKEN_CPU_KERNEL_CFLAGS=
+    "-DFT_PREFETCH=512": software prefetch distance in weights); part of the build key."""
 
 
 def env() -> Env:

@@ -60,12 +60,17 @@ def build_key(cxx: str) -> str:
         h.update((SRC_DIR / name).read_bytes())
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
     h.update(version.encode())
-    h.update(f"{platform.machine()}|{platform.system()}|{BASE_FLAGS}|{ISA_SOURCES}".encode())
+    h.update(f"{platform.machine()}|{platform.system()}|{_base_flags()}|{ISA_SOURCES}".encode())
     return h.hexdigest()[:16]
 
 
+def _base_flags() -> tuple[str, ...]:
+    """BASE_FLAGS and the experiment flags of FREETOKEN_CPU_KERNEL_CFLAGS."""
+    return (*BASE_FLAGS, *Env().cpu_kernel_cflags)
+
+
 def _compile(cxx: str, src: str, flags: tuple[str, ...], obj: Path) -> tuple[bool, str]:
-    cmd = [cxx, *BASE_FLAGS, *flags, "-c", str(SRC_DIR / src), "-o", str(obj)]
+    cmd = [cxx, *_base_flags(), *flags, "-c", str(SRC_DIR / src), "-o", str(obj)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     return proc.returncode == 0, proc.stderr[-2000:]
 
