@@ -355,7 +355,8 @@ def test_bench_decode_plumbing_and_bound(tmp_path) -> None:
 
     import numpy as np
 
-    from freetoken.bench.decode import Bandwidths, add_arguments, layer_bound_s, run_policy
+    from freetoken.bench.decode import add_arguments, run_policy
+    from freetoken.bench.decode_report import Bandwidths, layer_bound_s
     from freetoken.bench.presets import MoEShape
     from freetoken.bench.synthetic import random_banks
 
@@ -372,6 +373,8 @@ def test_bench_decode_plumbing_and_bound(tmp_path) -> None:
     shared = run_policy("hybrid+share", banks, shape, argparse.Namespace(**{**vars(args), "fill_fraction": 0.7}), dev,
                         torch.float32)  # fmt: skip
     assert shared.backend == "hybrid" and shared.stats["expert_shared"] > 0  # m = 2, q = round(1.4) = 1: shares
+    full = shared.fills_per_layer_step * args.layers * banks.expert_bytes / args.batch / 1e6  # whole fills only
+    assert shared.pcie_mb_per_token > full  # the shared experts' GPU rows count as PCIe bytes
     assert "expert_shared" not in r["hybrid"].stats or r["hybrid"].stats["expert_shared"] == 0
     with pytest.raises(SystemExit, match="unknown policy option"):
         run_policy("hybrid+fast", banks, shape, args, dev, torch.float32)

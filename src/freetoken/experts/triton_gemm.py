@@ -138,38 +138,8 @@ def grouped_experts_triton(
     wts = topk_w.reshape(-1).float().contiguous()
     ng = groups.n_groups.reshape(1)
     prec = "ieee" if x.dtype == torch.float32 else "tf32"  # fp32: exact products, no TF32 rounding
-    _gate_up_kernel[(G, triton.cdiv(I, _BN))](
-        x,
-        slot_gate_up,
-        h,
-        groups.order,
-        groups.start,
-        groups.count,
-        slot,
-        ng,
-        D=D,
-        I=I,
-        TOPK=k,
-        BM=bm,
-        BN=_BN,
-        BK=_BK,
-        PREC=prec,
-    )
-    _down_kernel[(G, triton.cdiv(D, _BN))](
-        h,
-        slot_down,
-        y,
-        wts,
-        groups.order,
-        groups.start,
-        groups.count,
-        slot,
-        ng,
-        D=D,
-        I=I,
-        BM=bm,
-        BN=_BN,
-        BK=_BK,
-        PREC=prec,
-    )
+    routes = (groups.order, groups.start, groups.count, slot, ng)  # both kernels walk the same groups
+    tiles = {"D": D, "I": I, "BM": bm, "BN": _BN, "BK": _BK, "PREC": prec}
+    _gate_up_kernel[(G, triton.cdiv(I, _BN))](x, slot_gate_up, h, *routes, TOPK=k, **tiles)
+    _down_kernel[(G, triton.cdiv(D, _BN))](h, slot_down, y, wts, *routes, **tiles)
     return y.view(T, k, D).sum(dim=1)

@@ -5,6 +5,7 @@ has the shapes)."""
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 
 import torch
 
@@ -21,49 +22,39 @@ ERRORS = {
 }
 
 
+_P, _I64, _I32, _U32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_uint32
+# The field runs both C structs share, in their order: the activations and shapes; the banks and output.
+_SHAPES: list[Any] = [("x", _P), ("T", _I64), ("D", _I64), ("I", _I64)]
+_BANKS: list[Any] = [("gate_up", _P), ("down", _P), ("N", _I64), ("fmt", _I32), ("act", _I32), ("out", _P)]
+
+
 class MoeArgs(ctypes.Structure):  # mirrors FtMoeArgs in plan.h
     _fields_ = [
-        ("x", ctypes.c_void_p),
-        ("T", ctypes.c_int64),
-        ("D", ctypes.c_int64),
-        ("I", ctypes.c_int64),
-        ("tok", ctypes.c_void_p),
-        ("row", ctypes.c_void_p),
-        ("w", ctypes.c_void_p),
-        ("R", ctypes.c_int64),
-        ("gate_up", ctypes.c_void_p),
-        ("down", ctypes.c_void_p),
-        ("N", ctypes.c_int64),
-        ("fmt", ctypes.c_int32),
-        ("act", ctypes.c_int32),
-        ("out", ctypes.c_void_p),
-        ("done_flag", ctypes.c_void_p),
-        ("done_value", ctypes.c_uint32),
-        ("i_begin", ctypes.c_void_p),  # int32 [R] or None (all 0)
+        *_SHAPES,
+        ("tok", _P),
+        ("row", _P),
+        ("w", _P),
+        ("R", _I64),
+        *_BANKS,
+        ("done_flag", _P),
+        ("done_value", _U32),
+        ("i_begin", _P),  # int32 [R] or None (all 0)
     ]
 
 
 class QueuedArgs(ctypes.Structure):  # mirrors FtQueuedArgs in feeder.h
     _fields_ = [
-        ("x", ctypes.c_void_p),
-        ("T", ctypes.c_int64),
-        ("D", ctypes.c_int64),
-        ("I", ctypes.c_int64),
-        ("codes", ctypes.c_void_p),
-        ("w", ctypes.c_void_p),
-        ("k", ctypes.c_int64),
-        ("gate_up", ctypes.c_void_p),
-        ("down", ctypes.c_void_p),
-        ("N", ctypes.c_int64),
-        ("fmt", ctypes.c_int32),
-        ("act", ctypes.c_int32),
-        ("out", ctypes.c_void_p),
-        ("ready_flag", ctypes.c_void_p),
-        ("ready_value", ctypes.c_uint32),
-        ("done_flag", ctypes.c_void_p),
-        ("done_value", ctypes.c_uint32),
-        ("stats", ctypes.c_void_p),
-        ("mode", ctypes.c_int32),
+        *_SHAPES,
+        ("codes", _P),
+        ("w", _P),
+        ("k", _I64),
+        *_BANKS,
+        ("ready_flag", _P),
+        ("ready_value", _U32),
+        ("done_flag", _P),
+        ("done_value", _U32),
+        ("stats", _P),
+        ("mode", _I32),
     ]
 
 
