@@ -9,7 +9,8 @@
 // load_bf16x2(const uint16_t*, vec&, vec&) (2W bf16 -> two fp32 vectors).
 // A weight format F provides: Row (a row handle), row(bank, index, K, k0) (row `index` of a bank of
 // rows of K weights, starting at column k0), load2(row, k, a, b) (2W
-// weights starting at k as two fp32 vectors), at(row, k) (one weight) and prefetch(row, k).
+// weights starting at k as two fp32 vectors), at(row, k) (one weight) and prefetch(row, k, n) (the
+// lines of n weights from k, FT_PREFETCH ahead).
 // fp8 / mxfp4 / nvfp4 plug in here as new formats: their Row also carries the block scales, and
 // load2 dequantises one 16/32-weight block to fp32; the phases stay as they are.
 #pragma once
@@ -24,6 +25,16 @@ namespace FT_ISA_NS {
 // hardware prefetcher alone streams faster; kept as a knob for other CPUs (-DFT_PREFETCH=N).
 #define FT_PREFETCH 0
 #endif
+
+// Prefetches every cache line of `bytes` bytes at p + FT_PREFETCH elements (one call per loop
+// iteration covers what the iteration consumes, so no line is left to the hardware alone).
+template <class T>
+static inline void prefetch_run(const T* p, int64_t bytes) {
+  if (FT_PREFETCH > 0) {
+    const char* c = reinterpret_cast<const char*>(p + FT_PREFETCH);
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b);
+  }
+}
 
 static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -40,9 +51,7 @@ struct FmtF32 {
     b = S::load(r + k + S::W);
   }
   static inline float at(Row r, int64_t k) { return r[k]; }
-  static inline void prefetch(Row r, int64_t k) {
-    if (FT_PREFETCH > 0) __builtin_prefetch(r + k);
-  }
+  static inline void prefetch(Row r, int64_t k, int64_t n) { prefetch_run(r + k, n * int64_t(sizeof(*r))); }
 };
 
 struct FmtBF16 {
@@ -52,9 +61,7 @@ struct FmtBF16 {
   }
   static inline void load2(Row r, int64_t k, S::vec& a, S::vec& b) { S::load_bf16x2(r + k, a, b); }
   static inline float at(Row r, int64_t k) { return bf16_to_f32(r[k]); }
-  static inline void prefetch(Row r, int64_t k) {
-    if (FT_PREFETCH > 0) __builtin_prefetch(r + k);
-  }
+  static inline void prefetch(Row r, int64_t k, int64_t n) { prefetch_run(r + k, n * int64_t(sizeof(*r))); }
 };
 
 // res[t] = dot(row[0:K], xs[t][0:K]) for t < NT. Every token owns two accumulators and one scalar
@@ -70,7 +77,7 @@ static inline void dot_tile(typename F::Row row, const float* const* xs, int64_t
   int64_t k = 0;
   for (; k + 2 * B <= K; k += 2 * B) {
     S::vec a, b, c, d;
-    F::prefetch(row, k + FT_PREFETCH);
+    F::prefetch(row, k, 2 * B);
     F::load2(row, k, a, b);
     F::load2(row, k + B, c, d);
     for (int t = 0; t < NT; ++t) {
@@ -107,7 +114,7 @@ static inline void dot_tile_dp(const uint16_t* row, const uint16_t* const* hi, c
   for (int t = 0; t < NT; ++t) acc0[t] = acc1[t] = acc2[t] = acc3[t] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 2 * B <= K; k += 2 * B) {
-    if (FT_PREFETCH > 0) __builtin_prefetch(row + k + FT_PREFETCH);
+    prefetch_run(row + k, 2 * B * 2);
     const __m512bh w0 = (__m512bh)_mm512_loadu_si512(row + k);
     const __m512bh w1 = (__m512bh)_mm512_loadu_si512(row + k + B);
     for (int t = 0; t < NT; ++t) {
