@@ -67,8 +67,9 @@ def _steps(sizes: list[int], seed: int) -> list[list[tuple[torch.Tensor, torch.T
 
 
 def _run(name: str, graphs: bool, steps, banks: ExpertBanks):
+    name, _, option = name.partition("+")
     cfg = EngineConfig(moe_backend=name, expert_cache=0.25, moe_cuda_graphs=graphs,
-                       fill_fraction=0.5 if name == "hybrid" else None)
+                       fill_fraction=0.5 if name == "hybrid" else None, hybrid_share_expert=option == "share")
     backend = create_backend(cfg, banks, torch.device("cuda"), torch.float32)
     outs = []
     for step in steps:
@@ -82,13 +83,13 @@ def _run(name: str, graphs: bool, steps, banks: ExpertBanks):
     return outs, stats
 
 
-@pytest.mark.parametrize("name", ["offload", "hybrid"])
+@pytest.mark.parametrize("name", ["offload", "hybrid", "hybrid+share"])
 def test_graphed_decode_equals_eager(name: str) -> None:
     banks = _banks()
     steps = _steps([1, 1, 2, 1, 2, 1, 1, 3, 1, 2], seed=4)  # sizes repeat: captured, then replayed
     eager, s_eager = _run(name, False, steps, banks)
     graphed, s_graph = _run(name, True, steps, banks)
-    assert s_graph["moe_graph_replays"] > 0 and s_graph["moe_graphs"] > 0
+    assert s_graph["moe_graph_replays"] > 0 and s_graph["moe_graphs"] > 0 and s_graph["moe_graph_failures"] == 0
     gu, dn = banks.gate_up.cuda(), banks.down.cuda()
     for step, out_e, out_g in zip(steps, eager, graphed):
         for layer, ((x, ids, w), e, g) in enumerate(zip(step, out_e, out_g)):
@@ -97,8 +98,10 @@ def test_graphed_decode_equals_eager(name: str) -> None:
             torch.testing.assert_close(g.float(), ref, rtol=1e-5, atol=1e-5)
     for key in COUNTERS:
         assert s_graph[key] == s_eager[key], key
-    if name == "hybrid":
+    if name.startswith("hybrid"):
         assert s_graph["expert_cpu_runs"] > 0 and s_graph["expert_fills"] > 0
+    if name == "hybrid+share":
+        assert s_graph["expert_shared"] > 0
 
 
 def test_resize_drops_graphs_and_stays_exact() -> None:

@@ -53,6 +53,7 @@ class LayerGraphs:
         self.enabled = True
         self.captures = 0
         self.replays = 0
+        self.failures = 0  # captures that failed (the layers then run eagerly)
         self._entries: dict[tuple[int, int], _Entry] = {}
         self._seen: dict[tuple[int, int], int] = {}
         self._pool: Any = None  # torch.cuda.graph_pool_handle()
@@ -102,6 +103,7 @@ class LayerGraphs:
         except Exception as exc:  # noqa: BLE001 - any capture failure: run eagerly from now on
             torch.cuda.set_stream(stream)  # a failed capture can leave the capture stream current
             self.enabled = False
+            self.failures += 1
             log.warning("CUDA graph capture of MoE layer %d (%d tokens) failed, running eagerly: %s: %s",
                         key[0], key[1], type(exc).__name__, exc)
             return None
@@ -119,4 +121,5 @@ class LayerGraphs:
         self._seen.clear()
 
     def stats(self) -> dict[str, int]:
-        return {"moe_graphs": len(self._entries), "moe_graph_replays": self.replays}
+        return {"moe_graphs": len(self._entries), "moe_graph_replays": self.replays,
+                "moe_graph_failures": self.failures}

@@ -53,18 +53,19 @@ def share_one_expert(plan: StepPlan, share: torch.Tensor, inter: int, num_rows: 
     N = num_rows
     cand = plan.miss & ~plan.fill  # misses left to the CPU
     key = torch.where(cand, g.count * (N + 1) + (N - g.eid), torch.full_like(g.count, -1))
-    best = torch.argmax(key)  # [] the first maximum
-    has = key[best] >= 0
+    best1 = torch.argmax(key).reshape(1)  # [1] the first maximum (index_select, not t[0-dim]: that syncs)
+    best = best1[0]
+    has = key.index_select(0, best1)[0] >= 0
     x = plan.num_misses.to(torch.float32) * share.to(torch.float32)
     frac = (x - plan.copy_count.to(torch.float32)).clamp(0.0, 1.0)
     step = share_granule(inter)
     rows = (torch.round(frac * (inter / step)).to(torch.long) * step).clamp(max=inter)
     rows = torch.where(has, rows, torch.zeros_like(rows))
-    eid = torch.where(has, g.eid[best], torch.full_like(rows, N))
+    eid = torch.where(has, g.eid.index_select(0, best1)[0], torch.full_like(rows, N))
     on = rows > 0
     # GPU side: the group reads the scratch slot
-    cur = plan.slot[best]
-    plan.slot.scatter_(0, best.reshape(1), torch.where(on, torch.full_like(cur, scratch), cur).reshape(1))
+    cur = plan.slot.index_select(0, best1)
+    plan.slot.scatter_(0, best1, torch.where(on, torch.full_like(cur, scratch), cur))
     # CPU side: its routes carry the cut (or become GPU-only routes when c = I)
     mine = (g.route_group == best) & on
     code = torch.where(rows >= inter, torch.full_like(g.eids, scratch), encode_code(g.eids, rows, N))
