@@ -94,36 +94,41 @@ class StreamRead:
 def bench_threads(args: argparse.Namespace, n: int, banks: tuple[torch.Tensor, torch.Tensor],
                   buf: torch.Tensor) -> list[str]:  # fmt: skip
     gate_up, down = banks
-    kern = CpuExpertKernel(num_threads=n, isa=args.isa, caller_helps=False)  # exactly n threads, like torch
+    # exactly n threads, like torch; one kernel per prefetch distance, called in turn in one loop
+    kerns = [CpuExpertKernel(num_threads=n, isa=args.isa, caller_helps=False, prefetch=pf) for pf in args.prefetch]
     helped = CpuExpertKernel(num_threads=n, isa=args.isa, caller_helps=True)  # n workers + the waiting caller
     torch.set_num_threads(n)
     expert_bytes = (gate_up[0].numel() + down[0].numel()) * gate_up.element_size()
-    stream = StreamRead(kern, buf)
+    stream = StreamRead(kerns[0], buf)
     for _ in range(buf.numel() // stream.chunk // 2):  # warm-up: touch the whole buffer once
         stream.gbps()
+
+    def gbps(walk: Routes, x: torch.Tensor, fn: Callable[..., object]) -> float:
+        tok, row, w = walk.next(x.shape[0])
+        nbytes = torch.unique(row).numel() * expert_bytes
+        return nbytes / timed(functools.partial(fn, x, tok, row, w, gate_up, down)) / 1e9
+
     lines = []
     for batch in (1, 4):
-        walk = Routes(gate_up.shape[0], args.top_k, seed=batch)  # kernel and torch share one walk
+        walk = Routes(gate_up.shape[0], args.top_k, seed=batch)  # kernels and torch share one walk
         x = torch.randn(batch, gate_up.shape[2])
-        ours, plus, base, reads = [], [], [], []
+        ours: list[list[float]] = [[] for _ in kerns]
+        plus, base, reads = [], [], []
         for _ in range(args.iters):
-            tok, row, w = walk.next(batch)
-            nbytes = torch.unique(row).numel() * expert_bytes
-            ours.append(nbytes / timed(functools.partial(kern.run, x, tok, row, w, gate_up, down)) / 1e9)
-            tok, row, w = walk.next(batch)
-            nbytes = torch.unique(row).numel() * expert_bytes
-            plus.append(nbytes / timed(functools.partial(helped.run, x, tok, row, w, gate_up, down)) / 1e9)
-            tok, row, w = walk.next(batch)
-            nbytes = torch.unique(row).numel() * expert_bytes
-            base.append(nbytes / timed(functools.partial(torch_experts, x, tok, row, w, gate_up, down)) / 1e9)
+            for k, kern in enumerate(kerns):
+                ours[k].append(gbps(walk, x, kern.run))
+            plus.append(gbps(walk, x, helped.run))
+            base.append(gbps(walk, x, torch_experts))
             time.sleep(OMP_SETTLE_S)
             reads.append(stream.gbps())
-        k, b, r = statistics.median(ours), statistics.median(base), statistics.median(reads)
-        ratios = [f"{k / b:.2f}x", f"{r:.1f}", f"{k / r:.0%}", f"{statistics.median(plus):.1f}"]
-        cells = [str(n), kern.isa, str(batch), f"{k:.1f}", f"{b:.1f}", *ratios]
-        lines.append("| " + " | ".join(cells) + " |")
-    kern.close()
-    helped.close()
+        b, r = statistics.median(base), statistics.median(reads)
+        for kern, vals in zip(kerns, ours):
+            k = statistics.median(vals)
+            ratios = [f"{k / b:.2f}x", f"{r:.1f}", f"{k / r:.0%}", f"{statistics.median(plus):.1f}"]
+            cells = [str(n), kern.isa, str(kern.prefetch), str(batch), f"{k:.1f}", f"{b:.1f}", *ratios]
+            lines.append("| " + " | ".join(cells) + " |")
+    for kern in (*kerns, helped):
+        kern.close()
     return lines
 
 
@@ -137,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--inter", type=int, default=768)
     p.add_argument("--top-k", type=int, default=8)
+    p.add_argument("--prefetch", type=_prefetch_list, default=[None],
+                   help="software prefetch distances in bytes to compare, e.g. default,0,2048 (default: the "
+                        "CPU's default; FREETOKEN_CPU_PREFETCH sets it)")  # fmt: skip
     p.add_argument("--rows-only", action="store_true", help=argparse.SUPPRESS)  # child process mode
     args = p.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")] if args.threads else sorted({1, physical_cores()})
@@ -149,9 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         mb = expert_bytes / 1e6
         print(f"# expert {D}x{inter} bf16 {mb:.1f} MB; pool {num_experts} experts, {pool_gib:.2f} GiB")
         print(f"# top-{args.top_k}, read buffer {args.read_gib} GiB, {args.iters} iters (median)")
-        print("| threads | isa | batch | kernel GB/s | torch F.linear GB/s | kernel/torch | stream read GB/s "
-              "| kernel/stream | kernel + waiting caller GB/s |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|---|---|", flush=True)
+        print("| threads | isa | prefetch B | batch | kernel GB/s | torch F.linear GB/s | kernel/torch "
+              "| stream read GB/s | kernel/stream | kernel + waiting caller GB/s |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
     if len(threads) > 1:
         # one process per thread count: torch's OpenMP team and our pools from one configuration
         # must not linger into the next
@@ -166,6 +174,17 @@ def main(argv: list[str] | None = None) -> int:
     for line in bench_threads(args, threads[0], (gate_up, down), buf):
         print(line, flush=True)
     return 0
+
+
+def _prefetch_list(text: str) -> list[int | None]:
+    """``default,0,2048`` -> [None, 0, 2048] (None: the CPU's default distance)."""
+    out: list[int | None] = []
+    for item in text.split(","):
+        item = item.strip()
+        if item != "default" and not item.isdigit():
+            raise argparse.ArgumentTypeError(f"prefetch distances are 'default' or bytes >= 0, got {item!r}")
+        out.append(None if item == "default" else int(item))
+    return out
 
 
 def strip_threads(argv: list[str] | None) -> list[str]:

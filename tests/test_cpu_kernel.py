@@ -82,6 +82,26 @@ def test_thread_count_does_not_change_bits(dtype: torch.dtype) -> None:
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefetch_distance_does_not_change_bits(isa: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Software prefetch only moves loads earlier: the same bits at every distance, including distances past
+    the end of the banks (prefetches never fault); FREETOKEN_CPU_PREFETCH sets the default."""
+    _lib_or_skip()
+    if not _supported(isa):
+        pytest.skip(f"{isa} not supported on this CPU/build")
+    case = make_case(5, 300, 96, 4, 13, dtype, seed=11)
+    outs = [CpuExpertKernel(num_threads=2, isa=isa, prefetch=pf).run(*case) for pf in (0, 64, 2048, 1 << 20)]
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    monkeypatch.setenv("FREETOKEN_CPU_PREFETCH", "4096")
+    assert CpuExpertKernel(num_threads=1, isa=isa).prefetch == 4096
+    monkeypatch.setenv("FREETOKEN_CPU_PREFETCH", "lots")
+    with pytest.raises(ValueError, match="FREETOKEN_CPU_PREFETCH"):
+        CpuExpertKernel(num_threads=1, isa=isa)
+    with pytest.raises(ValueError, match="prefetch"):
+        CpuExpertKernel(num_threads=1, isa=isa, prefetch=-1)
+
+
 @pytest.mark.parametrize("spin_us", [0, 20])
 def test_many_small_batches_back_to_back(spin_us: int) -> None:
     """Hundreds of quick jobs through the start/barrier/done handshakes (sleeping or spinning)."""
@@ -265,12 +285,12 @@ def test_build_drops_an_isa_the_compiler_cannot_build(monkeypatch: pytest.Monkey
 
 
 def test_experiment_flags_reach_the_compiler_and_the_build_key(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    """FREETOKEN_CPU_KERNEL_CFLAGS (e.g. the software-prefetch knob) builds its own library, which loads."""
+    """FREETOKEN_CPU_KERNEL_CFLAGS builds its own library, which loads."""
     cxx = build.find_compiler()
     if cxx is None:
         pytest.skip("no C++ compiler")
     plain = build.build_key(cxx)
-    monkeypatch.setenv("FREETOKEN_CPU_KERNEL_CFLAGS", "-DFT_PREFETCH=512")
+    monkeypatch.setenv("FREETOKEN_CPU_KERNEL_CFLAGS", "-DFT_EXPERIMENT=1")
     assert build.build_key(cxx) != plain
     lib = ctypes.CDLL(str(build.library_path(cache_dir=str(tmp_path))))
     assert lib.ft_isa_supported(ISAS.index("generic")) == 1

@@ -41,7 +41,8 @@ class EngineConfig:
     max_model_len: int | None = None
     """Context length limit. None: the checkpoint's max_position_embeddings."""
     cpu_threads: int | None = None
-    """Threads for the CPU expert kernel. None: physical cores - 1."""
+    """Threads computing CPU experts: the kernel's workers plus the thread that runs each batch and takes
+    work units too (so ``cpu_threads - 1`` workers, at least 1). None: physical cores - 1."""
     moe_cuda_graphs: bool = True
     """Replay each MoE layer's decode step as a CUDA graph (slot backends on CUDA; False: eager). Without
     graphs the host's ~1 ms of launches per hybrid layer, not the device, sets the decode pace."""
@@ -99,7 +100,19 @@ class Env:
         default_factory=lambda: tuple(os.environ.get("FREETOKEN_CPU_KERNEL_CFLAGS", "").split())
     )
     """Extra compiler flags for the CPU expert kernel, for experiments (e.g. FREETOKEN_CPU_KERNEL_CFLAGS=
-    "-DFT_PREFETCH=512": software prefetch distance in weights); part of the build key."""
+    "-O2"); part of the build key."""
+    cpu_prefetch: int | None = field(default_factory=lambda: _env_bytes("FREETOKEN_CPU_PREFETCH"))
+    """Software prefetch distance of the CPU expert kernel in bytes ahead of its weight streams, 0: off
+    (FREETOKEN_CPU_PREFETCH; unset: the CPU's default, 2048 on Intel, 0 elsewhere)."""
+
+
+def _env_bytes(name: str) -> int | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit():
+        raise ValueError(f"{name} must be a whole number of bytes >= 0, got {raw!r}")
+    return int(raw)
 
 
 def env() -> Env:

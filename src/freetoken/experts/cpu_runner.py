@@ -26,6 +26,7 @@ from freetoken.experts.cpu_stream import StreamedCpuBranch, StreamedHandle
 from freetoken.experts.pool import HostExpertPool
 from freetoken.experts.reference import expert_ffn
 from freetoken.experts.stream_ops import stream_ops
+from freetoken.hardware.cpus import default_kernel_threads
 
 STREAMED_MAX_TOKENS = 64  # per-layer pinned buffers of the streamed branch hold this many tokens
 
@@ -129,7 +130,10 @@ class CpuExpertRunner:
         self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ft-cpu-experts")
         self.kernel: CpuExpertKernel | None = None
         if pool.gate_up.dtype in (torch.float32, torch.bfloat16):
-            self.kernel = CpuExpertKernel(num_threads=threads)
+            # `threads` computing threads in all: the workers and the thread that runs each batch (the
+            # feeder, or the caller of wait()), which takes units too
+            n = default_kernel_threads() if threads is None else threads
+            self.kernel = CpuExpertKernel(num_threads=max(1, n - 1), caller_helps=True)
         self._want_streamed = streamed and device.type == "cuda" and self.kernel is not None
         self._streamed: StreamedCpuBranch | None = None
         self._zero_copy = zero_copy

@@ -9,8 +9,8 @@
 // load_bf16x2(const uint16_t*, vec&, vec&) (2W bf16 -> two fp32 vectors).
 // A weight format F provides: Row (a row handle), row(bank, index, K, k0) (row `index` of a bank of
 // rows of K weights, starting at column k0), load2(row, k, a, b) (2W
-// weights starting at k as two fp32 vectors), at(row, k) (one weight) and prefetch(row, k, n) (the
-// lines of n weights from k, FT_PREFETCH ahead).
+// weights starting at k as two fp32 vectors), at(row, k) (one weight) and prefetch(row, k, n, ahead)
+// (the lines of n weights from k, `ahead` bytes further on).
 // fp8 / mxfp4 / nvfp4 plug in here as new formats: their Row also carries the block scales, and
 // load2 dequantises one 16/32-weight block to fp32; the phases stay as they are.
 #pragma once
@@ -20,18 +20,13 @@
 namespace ft {
 namespace FT_ISA_NS {
 
-#ifndef FT_PREFETCH
-// Software prefetch distance in weights (0: off). Off by default: with long sequential runs the
-// hardware prefetcher alone streams faster; kept as a knob for other CPUs (-DFT_PREFETCH=N).
-#define FT_PREFETCH 0
-#endif
-
-// Prefetches every cache line of `bytes` bytes at p + FT_PREFETCH elements (one call per loop
-// iteration covers what the iteration consumes, so no line is left to the hardware alone).
-template <class T>
-static inline void prefetch_run(const T* p, int64_t bytes) {
-  if (FT_PREFETCH > 0) {
-    const char* c = reinterpret_cast<const char*>(p + FT_PREFETCH);
+// Prefetches every cache line of `bytes` bytes at p + ahead bytes (ahead 0: nothing). One call per
+// loop iteration covers what the iteration consumes, so the whole stream is requested `ahead` early:
+// on Intel server cores the out-of-order window alone does not keep enough lines in flight with
+// this loop's work per line (Plan::prefetch).
+static inline void prefetch_run(const void* p, int64_t bytes, int64_t ahead) {
+  if (ahead > 0) {
+    const char* c = static_cast<const char*>(p) + ahead;
     for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b);
   }
 }
@@ -51,7 +46,9 @@ struct FmtF32 {
     b = S::load(r + k + S::W);
   }
   static inline float at(Row r, int64_t k) { return r[k]; }
-  static inline void prefetch(Row r, int64_t k, int64_t n) { prefetch_run(r + k, n * int64_t(sizeof(*r))); }
+  static inline void prefetch(Row r, int64_t k, int64_t n, int64_t ahead) {
+    prefetch_run(r + k, n * int64_t(sizeof(*r)), ahead);
+  }
 };
 
 struct FmtBF16 {
@@ -61,14 +58,16 @@ struct FmtBF16 {
   }
   static inline void load2(Row r, int64_t k, S::vec& a, S::vec& b) { S::load_bf16x2(r + k, a, b); }
   static inline float at(Row r, int64_t k) { return bf16_to_f32(r[k]); }
-  static inline void prefetch(Row r, int64_t k, int64_t n) { prefetch_run(r + k, n * int64_t(sizeof(*r))); }
+  static inline void prefetch(Row r, int64_t k, int64_t n, int64_t ahead) {
+    prefetch_run(r + k, n * int64_t(sizeof(*r)), ahead);
+  }
 };
 
 // res[t] = dot(row[0:K], xs[t][0:K]) for t < NT. Every token owns two accumulators and one scalar
 // tail, reduced in a fixed order, so a value never depends on the tile (NT) it was computed in:
 // results do not depend on the thread count or on how routes were tiled.
 template <class F, int NT>
-static inline void dot_tile(typename F::Row row, const float* const* xs, int64_t K, float* res) {
+static inline void dot_tile(typename F::Row row, const float* const* xs, int64_t K, float* res, int64_t pf) {
   constexpr int64_t B = 2 * S::W;
   // four independent FMA chains per token (two 2W-blocks per iteration): one chain per block half
   // would be bound by the FMA latency rather than by memory
@@ -77,7 +76,7 @@ static inline void dot_tile(typename F::Row row, const float* const* xs, int64_t
   int64_t k = 0;
   for (; k + 2 * B <= K; k += 2 * B) {
     S::vec a, b, c, d;
-    F::prefetch(row, k, 2 * B);
+    F::prefetch(row, k, 2 * B, pf);
     F::load2(row, k, a, b);
     F::load2(row, k + B, c, d);
     for (int t = 0; t < NT; ++t) {
@@ -108,13 +107,13 @@ static inline void dot_tile(typename F::Row row, const float* const* xs, int64_t
 // (x ~= hi + lo keeps ~16 mantissa bits, close to the fp32 path). Same accumulator discipline.
 template <int NT>
 static inline void dot_tile_dp(const uint16_t* row, const uint16_t* const* hi, const uint16_t* const* lo,
-                               const float* const* xs, int64_t K, float* res) {
+                               const float* const* xs, int64_t K, float* res, int64_t pf) {
   constexpr int64_t B = 32;
   __m512 acc0[NT], acc1[NT], acc2[NT], acc3[NT];  // hi and lo chains for two blocks per iteration
   for (int t = 0; t < NT; ++t) acc0[t] = acc1[t] = acc2[t] = acc3[t] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 2 * B <= K; k += 2 * B) {
-    prefetch_run(row + k, 2 * B * 2);
+    prefetch_run(row + k, 2 * B * 2, pf);
     const __m512bh w0 = (__m512bh)_mm512_loadu_si512(row + k);
     const __m512bh w1 = (__m512bh)_mm512_loadu_si512(row + k + B);
     for (int t = 0; t < NT; ++t) {
@@ -159,27 +158,27 @@ struct Operands {
 
 // res[t] = row . ops.f[t] for t < ops.nt, dispatching the runtime nt to a template instance.
 template <class F, bool DP>
-static inline void dot_row(typename F::Row row, const Operands& o, int64_t K, float* res) {
+static inline void dot_row(typename F::Row row, const Operands& o, int64_t K, float* res, int64_t pf) {
 #ifdef FT_DOT_BF16
   if (DP) {
     const uint16_t* r = reinterpret_cast<const uint16_t*>(row);
     switch (o.nt) {
-      case 1: return dot_tile_dp<1>(r, o.hi, o.lo, o.f, K, res);
-      case 2: return dot_tile_dp<2>(r, o.hi, o.lo, o.f, K, res);
-      case 3: return dot_tile_dp<3>(r, o.hi, o.lo, o.f, K, res);
-      default: return dot_tile_dp<4>(r, o.hi, o.lo, o.f, K, res);
+      case 1: return dot_tile_dp<1>(r, o.hi, o.lo, o.f, K, res, pf);
+      case 2: return dot_tile_dp<2>(r, o.hi, o.lo, o.f, K, res, pf);
+      case 3: return dot_tile_dp<3>(r, o.hi, o.lo, o.f, K, res, pf);
+      default: return dot_tile_dp<4>(r, o.hi, o.lo, o.f, K, res, pf);
     }
   }
 #endif
   switch (o.nt) {
 #if FT_NT_MAX >= 4
-    case 4: return dot_tile<F, 4>(row, o.f, K, res);
-    case 3: return dot_tile<F, 3>(row, o.f, K, res);
+    case 4: return dot_tile<F, 4>(row, o.f, K, res, pf);
+    case 3: return dot_tile<F, 3>(row, o.f, K, res, pf);
 #endif
 #if FT_NT_MAX >= 2
-    case 2: return dot_tile<F, 2>(row, o.f, K, res);
+    case 2: return dot_tile<F, 2>(row, o.f, K, res, pf);
 #endif
-    default: return dot_tile<F, 1>(row, o.f, K, res);
+    default: return dot_tile<F, 1>(row, o.f, K, res, pf);
   }
 }
 
@@ -211,8 +210,8 @@ static void phase1(const Plan& p, int64_t u) {
   for (int64_t s = p.group_start[g]; s < s1; s += FT_NT_MAX) {
     const int nt = static_cast<int>(imin(FT_NT_MAX, s1 - s));
     const Operands o = operands<DP>(p, s, nt, true);
-    for (int64_t i = 0; i < n; ++i) dot_row<F, DP>(F::row(p.gate_up, base + i0 + i, D), o, D, gate + i * nt);
-    for (int64_t i = 0; i < n; ++i) dot_row<F, DP>(F::row(p.gate_up, base + I + i0 + i, D), o, D, up + i * nt);
+    for (int64_t i = 0; i < n; ++i) dot_row<F, DP>(F::row(p.gate_up, base + i0 + i, D), o, D, gate + i * nt, p.prefetch);
+    for (int64_t i = 0; i < n; ++i) dot_row<F, DP>(F::row(p.gate_up, base + I + i0 + i, D), o, D, up + i * nt, p.prefetch);
     for (int t = 0; t < nt; ++t) {
       float* h = p.h + (s + t) * I + i0;
       for (int64_t i = 0; i < n; ++i) h[i] = activate(p.act, gate[i * nt + t], up[i * nt + t]);
@@ -241,7 +240,7 @@ static void phase2(const Plan& p, int64_t u) {
     const Operands o = operands<DP>(p, s, nt, false, h0);
     for (int64_t d = d0; d < d1; ++d) {
       float res[FT_NT_MAX];
-      dot_row<F, DP>(F::row(p.down, base + d, I, h0), o, I - h0, res);
+      dot_row<F, DP>(F::row(p.down, base + d, I, h0), o, I - h0, res, p.prefetch);
       for (int t = 0; t < nt; ++t) p.y[(s + t) * D + d] = res[t];
     }
   }

@@ -49,6 +49,8 @@ def load_library() -> ctypes.CDLL | None:
     lib.ft_best_isa.argtypes, lib.ft_best_isa.restype = [i32], i32
     lib.ft_pool_create.argtypes, lib.ft_pool_create.restype = [i32, vp, i32, i32], vp
     lib.ft_pool_destroy.argtypes, lib.ft_pool_destroy.restype = [vp], None
+    lib.ft_pool_set_prefetch.argtypes, lib.ft_pool_set_prefetch.restype = [vp, i64], None
+    lib.ft_default_prefetch.argtypes, lib.ft_default_prefetch.restype = [], i64
     lib.ft_moe_submit.argtypes, lib.ft_moe_submit.restype = [vp, ctypes.POINTER(MoeArgs)], i32
     lib.ft_wait.argtypes, lib.ft_wait.restype = [vp, i32], None
     lib.ft_moe_enqueue.argtypes, lib.ft_moe_enqueue.restype = [vp, ctypes.POINTER(QueuedArgs)], i32
@@ -68,8 +70,10 @@ class CpuExpertKernel:
     with at least ``SPIN_MIN_CORES`` physical cores, else 0: never spin on few cores).
     ``caller_helps``: the thread blocked in ``wait()``/``run()`` computes units too (it would only
     sleep otherwise; on a busy machine it may do the whole batch before a worker is scheduled).
-    Results do not depend on the thread count. Without a compiler it falls back to the torch
-    reference (``backend == "torch"``), synchronously.
+    ``prefetch``: software prefetch distance in bytes ahead of the weight streams, 0: off (None:
+    FREETOKEN_CPU_PREFETCH, else the CPU's default: 2048 on Intel, 0 elsewhere). Results do not depend on
+    the thread count or the prefetch. Without a compiler it falls back to the torch reference
+    (``backend == "torch"``), synchronously.
     """
 
     def __init__(
@@ -79,6 +83,7 @@ class CpuExpertKernel:
         pin: bool = True,
         spin_us: int | None = None,
         caller_helps: bool = True,
+        prefetch: int | None = None,
     ) -> None:
         n = default_kernel_threads() if num_threads is None else int(num_threads)
         if n < 1:
@@ -91,6 +96,9 @@ class CpuExpertKernel:
         self._pool: int | None = None
         self._inflight: tuple[torch.Tensor, ...] | None = None
         self.isa = "torch"
+        self.prefetch = 0
+        if prefetch is not None and prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0 bytes, got {prefetch}")
         if self._lib is None:
             return
         isa_id = self._lib.ft_best_isa(int(Env().force_avx2)) if isa == "auto" else ISAS.index(isa)
@@ -103,6 +111,10 @@ class CpuExpertKernel:
         if not self._pool:
             raise RuntimeError("could not create the CPU expert worker pool")
         self.isa = ISAS[isa_id]
+        if prefetch is None:
+            prefetch = Env().cpu_prefetch
+        self.prefetch = int(self._lib.ft_default_prefetch()) if prefetch is None else int(prefetch)
+        self._lib.ft_pool_set_prefetch(self._pool, self.prefetch)
         self._finalizer = weakref.finalize(self, self._lib.ft_pool_destroy, self._pool)
 
     @property

@@ -51,6 +51,9 @@ struct Plan {
   int64_t units2;  // G * ceil(D / dblock)
   int64_t oblock;  // phase 3: output columns per unit; unit = (token, column block)
   int64_t units3;  // (t1 - t0) * ceil(D / oblock)
+  // Software prefetch distance in bytes ahead of the weight stream (0: hardware prefetch only); a
+  // per-kernel setting (ft_pool_set_prefetch), copied into every plan.
+  int64_t prefetch;
 };
 
 // Phase 1: h = act(gate . x, up . x): a unit streams its gate rows, then its up rows (long

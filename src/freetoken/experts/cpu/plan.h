@@ -72,6 +72,7 @@ class PlanBuilder {
   bool split() const { return split_; }
   uint16_t* x_hi() { return x_hi_.data(); }
   uint16_t* x_lo() { return x_lo_.data(); }
+  void set_prefetch(int64_t bytes) { prefetch_ = bytes; }  // Plan::prefetch of the next builds
 
  private:
   struct Chunk {  // storage behind one Plan
@@ -89,6 +90,7 @@ class PlanBuilder {
   AlignedBuf<float> h_, y_;  // scratch shared by the chunks (run one after another)
   AlignedBuf<uint16_t> x_hi_, x_lo_, h_hi_, h_lo_;
   bool split_ = false;
+  int64_t prefetch_ = 0;
 };
 
 }  // namespace ft
