@@ -94,8 +94,9 @@ class StreamRead:
 def bench_threads(args: argparse.Namespace, n: int, banks: tuple[torch.Tensor, torch.Tensor],
                   buf: torch.Tensor) -> list[str]:  # fmt: skip
     gate_up, down = banks
-    # exactly n threads, like torch; one kernel per prefetch distance, called in turn in one loop
-    kerns = [CpuExpertKernel(num_threads=n, isa=args.isa, caller_helps=False, prefetch=pf) for pf in args.prefetch]
+    # exactly n threads, like torch; one kernel per (prefetch distance, row blocking), called in turn in one loop
+    kerns = [CpuExpertKernel(num_threads=n, isa=args.isa, caller_helps=False, prefetch=pf, rows=r)
+             for pf in args.prefetch for r in args.rows]  # fmt: skip
     helped = CpuExpertKernel(num_threads=n, isa=args.isa, caller_helps=True)  # n workers + the waiting caller
     torch.set_num_threads(n)
     expert_bytes = (gate_up[0].numel() + down[0].numel()) * gate_up.element_size()
@@ -125,7 +126,7 @@ def bench_threads(args: argparse.Namespace, n: int, banks: tuple[torch.Tensor, t
         for kern, vals in zip(kerns, ours):
             k = statistics.median(vals)
             ratios = [f"{k / b:.2f}x", f"{r:.1f}", f"{k / r:.0%}", f"{statistics.median(plus):.1f}"]
-            cells = [str(n), kern.isa, str(kern.prefetch), str(batch), f"{k:.1f}", f"{b:.1f}", *ratios]
+            cells = [str(n), kern.isa, str(kern.prefetch), str(kern.rows), str(batch), f"{k:.1f}", f"{b:.1f}", *ratios]
             lines.append("| " + " | ".join(cells) + " |")
     for kern in (*kerns, helped):
         kern.close()
@@ -143,8 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inter", type=int, default=768)
     p.add_argument("--top-k", type=int, default=8)
     p.add_argument("--prefetch", type=_prefetch_list, default=[None],
-                   help="software prefetch distances in bytes to compare, e.g. default,0,2048 (default: the "
-                        "CPU's default; FREETOKEN_CPU_PREFETCH sets it)")  # fmt: skip
+                   help="software prefetch distances in bytes to compare, e.g. 0,2048 ('default': "
+                        "FREETOKEN_CPU_PREFETCH, else 0)")  # fmt: skip
+    p.add_argument("--rows", type=lambda t: [int(v) for v in t.split(",")], default=[None],
+                   help="batch-1 row blockings to compare, e.g. 1,2,4 (default: FREETOKEN_CPU_ROWS, else 1)")
     p.add_argument("--rows-only", action="store_true", help=argparse.SUPPRESS)  # child process mode
     args = p.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")] if args.threads else sorted({1, physical_cores()})
@@ -157,9 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         mb = expert_bytes / 1e6
         print(f"# expert {D}x{inter} bf16 {mb:.1f} MB; pool {num_experts} experts, {pool_gib:.2f} GiB")
         print(f"# top-{args.top_k}, read buffer {args.read_gib} GiB, {args.iters} iters (median)")
-        print("| threads | isa | prefetch B | batch | kernel GB/s | torch F.linear GB/s | kernel/torch "
+        print("| threads | isa | prefetch B | rows | batch | kernel GB/s | torch F.linear GB/s | kernel/torch "
               "| stream read GB/s | kernel/stream | kernel + waiting caller GB/s |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
+        print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     if len(threads) > 1:
         # one process per thread count: torch's OpenMP team and our pools from one configuration
         # must not linger into the next
@@ -177,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _prefetch_list(text: str) -> list[int | None]:
-    """``default,0,2048`` -> [None, 0, 2048] (None: the CPU's default distance)."""
+    """``default,0,2048`` -> [None, 0, 2048] (None: the kernel's default distance)."""
     out: list[int | None] = []
     for item in text.split(","):
         item = item.strip()

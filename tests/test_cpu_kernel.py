@@ -84,22 +84,43 @@ def test_thread_count_does_not_change_bits(dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_prefetch_distance_does_not_change_bits(isa: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Software prefetch only moves loads earlier: the same bits at every distance, including distances past
-    the end of the banks (prefetches never fault); FREETOKEN_CPU_PREFETCH sets the default."""
+def test_prefetch_and_row_blocking_do_not_change_bits(isa: str, dtype: torch.dtype) -> None:
+    """Software prefetch only moves loads earlier, and batch-1 row blocking keeps each row's own accumulators:
+    the same bits at every setting (prefetches past the end of the banks never fault). Odd sizes: blocks of
+    4 and 2 rows and single rows, vector tails and scalar tails all run."""
     _lib_or_skip()
     if not _supported(isa):
         pytest.skip(f"{isa} not supported on this CPU/build")
-    case = make_case(5, 300, 96, 4, 13, dtype, seed=11)
-    outs = [CpuExpertKernel(num_threads=2, isa=isa, prefetch=pf).run(*case) for pf in (0, 64, 2048, 1 << 20)]
-    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    for T in (1, 3):  # batch 1 (row blocking) and a multi-token tile
+        case = make_case(T, 300, 93, 4, 2 * T + 3, dtype, seed=11)
+        ref = cpu_experts_reference(*case)
+        outs = [
+            CpuExpertKernel(num_threads=2, isa=isa, prefetch=pf, rows=r).run(*case)
+            for pf, r in ((0, 1), (64, 1), (2048, 2), (1 << 20, 4), (0, 4))
+        ]
+        assert all(torch.equal(outs[0], o) for o in outs[1:])
+        torch.testing.assert_close(outs[0], ref, rtol=0, atol=_tol(ref, dtype))
+
+
+def test_prefetch_and_rows_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    _lib_or_skip()
     monkeypatch.setenv("FREETOKEN_CPU_PREFETCH", "4096")
-    assert CpuExpertKernel(num_threads=1, isa=isa).prefetch == 4096
+    monkeypatch.setenv("FREETOKEN_CPU_ROWS", "4")
+    k = CpuExpertKernel(num_threads=1)
+    assert (k.prefetch, k.rows) == (4096, 4)
+    assert CpuExpertKernel(num_threads=1, prefetch=0, rows=2).rows == 2  # arguments win over the environment
+    monkeypatch.setenv("FREETOKEN_CPU_ROWS", "3")
+    with pytest.raises(ValueError, match="FREETOKEN_CPU_ROWS"):
+        CpuExpertKernel(num_threads=1)
     monkeypatch.setenv("FREETOKEN_CPU_PREFETCH", "lots")
     with pytest.raises(ValueError, match="FREETOKEN_CPU_PREFETCH"):
-        CpuExpertKernel(num_threads=1, isa=isa)
+        CpuExpertKernel(num_threads=1)
+    monkeypatch.delenv("FREETOKEN_CPU_PREFETCH")
+    monkeypatch.delenv("FREETOKEN_CPU_ROWS")
     with pytest.raises(ValueError, match="prefetch"):
-        CpuExpertKernel(num_threads=1, isa=isa, prefetch=-1)
+        CpuExpertKernel(num_threads=1, prefetch=-1)
+    with pytest.raises(ValueError, match="rows"):
+        CpuExpertKernel(num_threads=1, rows=8)
 
 
 @pytest.mark.parametrize("spin_us", [0, 20])

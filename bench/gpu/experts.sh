@@ -32,9 +32,9 @@ queue) echo "== CPU kernel queue tests"; timeout 60 python3 -m pytest -q -p no:c
 quick) echo "== GPU tests (streamed CPU branch, backends)"; timeout 110 python3 -m pytest -q -p no:cacheprovider -m gpu \
   tests/test_cpu_stream_gpu.py tests/test_backends.py > "$OUT/gpu_tests.log" 2>&1
   tail -3 "$OUT/gpu_tests.log"; grep -E "FAILED|Error" "$OUT/gpu_tests.log" | head -20 ;;
-kernel) echo "== CPU expert kernel"; timeout 90 python3 bench/cpu_kernel.py --threads ${KTHREADS:-6,16} --read-gib 4 --prefetch ${PREFETCH:-0,default} \
-  > "$OUT/cpu_kernel.log" 2>&1; tail -12 "$OUT/cpu_kernel.log"
-  FREETOKEN_FORCE_AVX2=1 timeout 40 python3 bench/cpu_kernel.py --threads 16 --read-gib 2 --isa avx2 --prefetch ${PREFETCH:-0,2048} \
+kernel) echo "== CPU expert kernel"; timeout 90 python3 bench/cpu_kernel.py --threads ${KTHREADS:-6,16} --read-gib 4 --prefetch ${PREFETCH:-0} --rows ${ROWS:-1,2,4} \
+  > "$OUT/cpu_kernel.log" 2>&1; tail -14 "$OUT/cpu_kernel.log"
+  FREETOKEN_FORCE_AVX2=1 timeout 40 python3 bench/cpu_kernel.py --threads 16 --read-gib 2 --isa avx2 --prefetch ${PREFETCH:-0} --rows ${ROWS_AVX2:-1,2} \
   > "$OUT/cpu_kernel_avx2.log" 2>&1; tail -6 "$OUT/cpu_kernel_avx2.log" ;;
 decode6|decode16) t=${stage#decode}; echo "== decode, replayed trace, $t threads"
   timeout "${DEC_TIMEOUT:-280}" $DEC --cpu-threads "$t" --repeats 3 --steps 256 --warmup-tokens 200 --routing-trace $TRACE \

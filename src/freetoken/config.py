@@ -101,17 +101,20 @@ class Env:
     )
     """Extra compiler flags for the CPU expert kernel, for experiments (e.g. FREETOKEN_CPU_KERNEL_CFLAGS=
     "-O2"); part of the build key."""
-    cpu_prefetch: int | None = field(default_factory=lambda: _env_bytes("FREETOKEN_CPU_PREFETCH"))
+    cpu_prefetch: int | None = field(default_factory=lambda: _env_count("FREETOKEN_CPU_PREFETCH"))
     """Software prefetch distance of the CPU expert kernel in bytes ahead of its weight streams, 0: off
-    (FREETOKEN_CPU_PREFETCH; unset: the CPU's default, 2048 on Intel, 0 elsewhere)."""
+    (FREETOKEN_CPU_PREFETCH; unset: 0)."""
+    cpu_rows: int | None = field(default_factory=lambda: _env_count("FREETOKEN_CPU_ROWS"))
+    """Weight rows each CPU expert kernel thread streams at once at batch 1: 1, 2 or 4 (FREETOKEN_CPU_ROWS;
+    unset: 1)."""
 
 
-def _env_bytes(name: str) -> int | None:
+def _env_count(name: str) -> int | None:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return None
     if not raw.isdigit():
-        raise ValueError(f"{name} must be a whole number of bytes >= 0, got {raw!r}")
+        raise ValueError(f"{name} must be a whole number >= 0, got {raw!r}")
     return int(raw)
 
 

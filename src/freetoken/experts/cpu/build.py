@@ -22,7 +22,7 @@ from pathlib import Path
 from freetoken.config import Env
 
 SRC_DIR = Path(__file__).resolve().parent
-HEADERS = ("kernel_api.h", "plan.h", "pool.h", "feeder.h", "relax.h", "dot_impl.h", "isa_avx512_s.h")
+HEADERS = ("kernel_api.h", "plan.h", "pool.h", "feeder.h", "relax.h", "dot_impl.h", "dot_rows.h", "isa_avx512_s.h")
 CORE_SOURCES = ("kernel.cpp", "plan.cpp", "pool.cpp", "feeder.cpp", "isa_generic.cpp")
 DISPATCH_SOURCE = "kernel.cpp"  # compiled last, with the FT_HAVE_<ISA> macros of the paths that built
 _AVX2 = ("-mavx2", "-mfma")

@@ -182,6 +182,8 @@ static inline void dot_row(typename F::Row row, const Operands& o, int64_t K, fl
   }
 }
 
+#include "dot_rows.h"
+
 // Operands of sorted routes [s, s + nt): their tokens' x rows (phase 1) or their h rows from column
 // h0 on (phase 2).
 template <bool DP>
@@ -210,8 +212,13 @@ static void phase1(const Plan& p, int64_t u) {
   for (int64_t s = p.group_start[g]; s < s1; s += FT_NT_MAX) {
     const int nt = static_cast<int>(imin(FT_NT_MAX, s1 - s));
     const Operands o = operands<DP>(p, s, nt, true);
-    for (int64_t i = 0; i < n; ++i) dot_row<F, DP>(F::row(p.gate_up, base + i0 + i, D), o, D, gate + i * nt, p.prefetch);
-    for (int64_t i = 0; i < n; ++i) dot_row<F, DP>(F::row(p.gate_up, base + I + i0 + i, D), o, D, up + i * nt, p.prefetch);
+    if (nt == 1) {  // batch 1: Plan::rows weight streams at a time
+      dot_row_run<F, DP>(p.gate_up, base + i0, n, D, 0, o, gate, p.rows, p.prefetch);
+      dot_row_run<F, DP>(p.gate_up, base + I + i0, n, D, 0, o, up, p.rows, p.prefetch);
+    } else {
+      for (int64_t i = 0; i < n; ++i) dot_row<F, DP>(F::row(p.gate_up, base + i0 + i, D), o, D, gate + i * nt, p.prefetch);
+      for (int64_t i = 0; i < n; ++i) dot_row<F, DP>(F::row(p.gate_up, base + I + i0 + i, D), o, D, up + i * nt, p.prefetch);
+    }
     for (int t = 0; t < nt; ++t) {
       float* h = p.h + (s + t) * I + i0;
       for (int64_t i = 0; i < n; ++i) h[i] = activate(p.act, gate[i * nt + t], up[i * nt + t]);
@@ -238,6 +245,10 @@ static void phase2(const Plan& p, int64_t u) {
   for (int64_t s = p.group_start[g]; s < s1; s += FT_NT_MAX) {
     const int nt = static_cast<int>(imin(FT_NT_MAX, s1 - s));
     const Operands o = operands<DP>(p, s, nt, false, h0);
+    if (nt == 1) {
+      dot_row_run<F, DP>(p.down, base + d0, d1 - d0, I, h0, o, p.y + s * D + d0, p.rows, p.prefetch);
+      continue;
+    }
     for (int64_t d = d0; d < d1; ++d) {
       float res[FT_NT_MAX];
       dot_row<F, DP>(F::row(p.down, base + d, I, h0), o, I - h0, res, p.prefetch);

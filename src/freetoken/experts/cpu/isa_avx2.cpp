@@ -4,6 +4,7 @@
 #include "kernel_api.h"
 
 #define FT_ISA_NS avx2
+#define FT_ROWS_MAX 2  // batch-1 rows at once (dot_rows.h)
 #define FT_NT_MAX 2  // 2 tokens x 4 accumulators = 8 of the 16 ymm registers
 
 namespace ft {

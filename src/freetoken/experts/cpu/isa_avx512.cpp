@@ -4,6 +4,7 @@
 #include "kernel_api.h"
 
 #define FT_ISA_NS avx512
+#define FT_ROWS_MAX 4  // batch-1 rows at once (dot_rows.h)
 #define FT_NT_MAX 4  // 4 tokens x 4 accumulators = 16 of the 32 zmm registers
 
 namespace ft {

@@ -5,6 +5,7 @@
 #include "kernel_api.h"
 
 #define FT_ISA_NS avx512bf16
+#define FT_ROWS_MAX 4  // batch-1 rows at once (dot_rows.h)
 #define FT_NT_MAX 4
 #define FT_DOT_BF16 1
 

@@ -3,6 +3,7 @@
 #include "kernel_api.h"
 
 #define FT_ISA_NS generic
+#define FT_ROWS_MAX 4  // batch-1 rows at once (dot_rows.h)
 #define FT_NT_MAX 1
 
 namespace ft {

@@ -145,6 +145,8 @@ class Kernel {
   int isa() const { return isa_; }
   // Bytes of software prefetch ahead of the weight streams for the batches built from now on.
   void set_prefetch(int64_t bytes) { plans_.set_prefetch(bytes); }
+  // Batch-1 weight rows streamed at once per thread (1, 2, 4) for the batches built from now on.
+  void set_rows(int64_t rows) { plans_.set_rows(rows); }
   bool busy() const { return pool_.busy(); }
 
   int submit_moe(const FtMoeArgs& a) {
@@ -220,16 +222,14 @@ void ft_pool_destroy(void* k) { delete static_cast<ft::Kernel*>(k); }
 // Software prefetch distance (bytes ahead, 0: off) for the pool's next batches; set while idle.
 void ft_pool_set_prefetch(void* k, int64_t bytes) { static_cast<ft::Kernel*>(k)->set_prefetch(bytes < 0 ? 0 : bytes); }
 
-// This CPU's default prefetch distance: 2 KiB ahead on Intel cores (the bf16 kernel streams ~1.2-1.4x
-// faster with it on a Xeon, bench/cpu_kernel.py), off elsewhere (slower on a Zen 4 EPYC).
-int64_t ft_default_prefetch() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  return __builtin_cpu_is("intel") ? 2048 : 0;
-#else
+// Batch-1 row blocking (1, 2 or 4 weight rows streamed at once per thread; the ISA may cap it); set
+// while idle. -1: not one of those.
+int ft_pool_set_rows(void* k, int64_t rows) {
+  if (rows != 1 && rows != 2 && rows != 4) return -1;
+  static_cast<ft::Kernel*>(k)->set_rows(rows);
   return 0;
-#endif
 }
+
 int ft_pool_threads(void* k) { return static_cast<ft::Kernel*>(k)->threads(); }
 int ft_pool_isa(void* k) { return static_cast<ft::Kernel*>(k)->isa(); }
 int ft_pool_busy(void* k) { return static_cast<ft::Kernel*>(k)->busy() ? 1 : 0; }

@@ -50,7 +50,7 @@ def load_library() -> ctypes.CDLL | None:
     lib.ft_pool_create.argtypes, lib.ft_pool_create.restype = [i32, vp, i32, i32], vp
     lib.ft_pool_destroy.argtypes, lib.ft_pool_destroy.restype = [vp], None
     lib.ft_pool_set_prefetch.argtypes, lib.ft_pool_set_prefetch.restype = [vp, i64], None
-    lib.ft_default_prefetch.argtypes, lib.ft_default_prefetch.restype = [], i64
+    lib.ft_pool_set_rows.argtypes, lib.ft_pool_set_rows.restype = [vp, i64], i32
     lib.ft_moe_submit.argtypes, lib.ft_moe_submit.restype = [vp, ctypes.POINTER(MoeArgs)], i32
     lib.ft_wait.argtypes, lib.ft_wait.restype = [vp, i32], None
     lib.ft_moe_enqueue.argtypes, lib.ft_moe_enqueue.restype = [vp, ctypes.POINTER(QueuedArgs)], i32
@@ -59,6 +59,9 @@ def load_library() -> ctypes.CDLL | None:
     lib.ft_queue_error.argtypes, lib.ft_queue_error.restype = [vp], i32
     lib.ft_stream_read.argtypes, lib.ft_stream_read.restype = [vp, vp, i64], ctypes.c_uint64
     return lib
+
+
+ROW_BLOCKS = (1, 2, 4)  # batch-1 weight rows streamed at once per thread (CpuExpertKernel rows)
 
 
 class CpuExpertKernel:
@@ -71,8 +74,9 @@ class CpuExpertKernel:
     ``caller_helps``: the thread blocked in ``wait()``/``run()`` computes units too (it would only
     sleep otherwise; on a busy machine it may do the whole batch before a worker is scheduled).
     ``prefetch``: software prefetch distance in bytes ahead of the weight streams, 0: off (None:
-    FREETOKEN_CPU_PREFETCH, else the CPU's default: 2048 on Intel, 0 elsewhere). Results do not depend on
-    the thread count or the prefetch. Without a compiler it falls back to the torch reference
+    FREETOKEN_CPU_PREFETCH, else 0). ``rows``: at batch 1, weight rows each thread streams at once (1, 2
+    or 4; the AVX2 path caps it at 2; None: FREETOKEN_CPU_ROWS, else 1). Results do not depend on the
+    thread count, the prefetch or the rows. Without a compiler it falls back to the torch reference
     (``backend == "torch"``), synchronously.
     """
 
@@ -84,6 +88,7 @@ class CpuExpertKernel:
         spin_us: int | None = None,
         caller_helps: bool = True,
         prefetch: int | None = None,
+        rows: int | None = None,
     ) -> None:
         n = default_kernel_threads() if num_threads is None else int(num_threads)
         if n < 1:
@@ -96,9 +101,11 @@ class CpuExpertKernel:
         self._pool: int | None = None
         self._inflight: tuple[torch.Tensor, ...] | None = None
         self.isa = "torch"
-        self.prefetch = 0
+        self.prefetch, self.rows = 0, 1
         if prefetch is not None and prefetch < 0:
             raise ValueError(f"prefetch must be >= 0 bytes, got {prefetch}")
+        if rows is not None and rows not in ROW_BLOCKS:
+            raise ValueError(f"rows must be one of {ROW_BLOCKS}, got {rows}")
         if self._lib is None:
             return
         isa_id = self._lib.ft_best_isa(int(Env().force_avx2)) if isa == "auto" else ISAS.index(isa)
@@ -111,10 +118,13 @@ class CpuExpertKernel:
         if not self._pool:
             raise RuntimeError("could not create the CPU expert worker pool")
         self.isa = ISAS[isa_id]
-        if prefetch is None:
-            prefetch = Env().cpu_prefetch
-        self.prefetch = int(self._lib.ft_default_prefetch()) if prefetch is None else int(prefetch)
+        e = Env()
+        self.prefetch = (e.cpu_prefetch or 0) if prefetch is None else int(prefetch)
+        self.rows = (1 if e.cpu_rows is None else e.cpu_rows) if rows is None else int(rows)
+        if self.rows not in ROW_BLOCKS:
+            raise ValueError(f"FREETOKEN_CPU_ROWS must be one of {ROW_BLOCKS}, got {self.rows}")
         self._lib.ft_pool_set_prefetch(self._pool, self.prefetch)
+        self._lib.ft_pool_set_rows(self._pool, self.rows)
         self._finalizer = weakref.finalize(self, self._lib.ft_pool_destroy, self._pool)
 
     @property

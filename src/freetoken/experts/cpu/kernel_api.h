@@ -54,6 +54,9 @@ struct Plan {
   // Software prefetch distance in bytes ahead of the weight stream (0: hardware prefetch only); a
   // per-kernel setting (ft_pool_set_prefetch), copied into every plan.
   int64_t prefetch;
+  // Batch-1 row blocking: weight rows streamed at once per thread (1, 2 or 4; capped per ISA), a
+  // per-kernel setting (ft_pool_set_rows), copied into every plan.
+  int64_t rows;
 };
 
 // Phase 1: h = act(gate . x, up . x): a unit streams its gate rows, then its up rows (long

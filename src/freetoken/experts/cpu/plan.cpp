@@ -71,7 +71,7 @@ int PlanBuilder::build(const FtMoeArgs& a, bool split_bf16) {
   y_.resize(max_routes * a.D);
   if (split_) x_hi_.resize(T * a.D), x_lo_.resize(T * a.D), h_hi_.resize(max_routes * a.I), h_lo_.resize(max_routes * a.I);
   for (Plan& p : plans_) {  // scratch pointers last: the vectors above may have moved
-    p.h = h_.data(), p.y = y_.data(), p.prefetch = prefetch_;
+    p.h = h_.data(), p.y = y_.data(), p.prefetch = prefetch_, p.rows = rows_;
     if (split_) p.x_hi = x_hi_.data(), p.x_lo = x_lo_.data(), p.h_hi = h_hi_.data(), p.h_lo = h_lo_.data();
   }
   return 0;

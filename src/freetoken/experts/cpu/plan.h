@@ -73,6 +73,7 @@ class PlanBuilder {
   uint16_t* x_hi() { return x_hi_.data(); }
   uint16_t* x_lo() { return x_lo_.data(); }
   void set_prefetch(int64_t bytes) { prefetch_ = bytes; }  // Plan::prefetch of the next builds
+  void set_rows(int64_t rows) { rows_ = rows; }  // Plan::rows of the next builds
 
  private:
   struct Chunk {  // storage behind one Plan
@@ -91,6 +92,7 @@ class PlanBuilder {
   AlignedBuf<uint16_t> x_hi_, x_lo_, h_hi_, h_lo_;
   bool split_ = false;
   int64_t prefetch_ = 0;
+  int64_t rows_ = 1;
 };
 
 }  // namespace ft
