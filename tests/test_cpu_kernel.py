@@ -121,6 +121,10 @@ def test_prefetch_and_rows_settings(monkeypatch: pytest.MonkeyPatch) -> None:
         CpuExpertKernel(num_threads=1, prefetch=-1)
     with pytest.raises(ValueError, match="rows"):
         CpuExpertKernel(num_threads=1, rows=8)
+    monkeypatch.setattr(kmod, "cpu_vendor", lambda: "GenuineIntel")
+    assert (kmod.default_rows("avx512bf16"), kmod.default_rows("avx2")) == (4, 1)
+    monkeypatch.setattr(kmod, "cpu_vendor", lambda: "AuthenticAMD")
+    assert kmod.default_rows("avx512bf16") == 1
 
 
 @pytest.mark.parametrize("spin_us", [0, 20])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -52,3 +53,16 @@ def worker_cpus(n: int) -> list[int]:
     Intel parts)."""
     cores = physical_core_cpus()
     return cores[1 : n + 1] if n < len(cores) else cores[:n]
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_vendor() -> str:
+    """The x86 vendor string ("GenuineIntel", "AuthenticAMD", ...) from /proc/cpuinfo; "" when unknown."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return ""
