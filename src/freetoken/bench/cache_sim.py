@@ -9,6 +9,11 @@ take per token: ``whole`` = sum over layer steps of max(q*S/B_P', (m-q)*S/B_H') 
 branch, as the engine splits; share 1 is offload; with ``--share-expert I`` one expert per layer step is
 shared by rows, as ``EngineConfig.hybrid_share_expert`` does), ``split`` = sum of m*S/(B_P'+B_H') (the
 floor of BENCH.md: every layer's misses split exactly).
+
+Two hybrid policies the engine does not have, to see what they would buy before building them:
+``--admission recent`` fills the misses most recently routed before first (the engine: the lower eid), and
+``--background B`` also copies up to B of a layer step's CPU-run experts into the cache off the critical
+path; their copy time beyond the layer's idle PCIe time (``--gap-ms``, the non-MoE part) is added.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import numpy as np
 import torch
 
 from freetoken.experts.share_split import share_one_expert
-from freetoken.experts.slot_plan import SlotTables, group_routes, plan_fills
+from freetoken.experts.slot_plan import PRIORITY_CAP, SlotTables, fill_quota, group_routes, plan_fills
 
 
 @dataclass
@@ -37,6 +42,7 @@ class SimResult:
     tokens: int
     whole_s: float = 0.0  # modelled seconds of the misses, whole experts per branch
     split_s: float = 0.0  # ... with the misses split exactly in the bandwidth ratio
+    background: int = 0  # CPU-run experts also copied into the cache off the critical path
 
 
 def simulate(
@@ -50,6 +56,9 @@ def simulate(
     recent_last: bool = False,
     bw: tuple[float, float, float] | None = None,  # (B_P' GB/s, B_H' GB/s, expert GB)
     share_inter: int = 0,  # > 0: share one expert per layer step (``share_split``) with this I
+    admission: str = "eid",  # fill order among misses: "eid" (the engine's) or "recent" (last routed first)
+    background: int = 0,  # per layer step, CPU-run experts also filled off the critical path
+    gap_s: float = 0.0,  # idle PCIe time per layer step that background fills use for free
 ) -> SimResult:
     """trace [tokens, layers, k] expert ids; request b replays from offset b * tokens // batch."""
     n, L, _ = trace.shape
@@ -63,24 +72,40 @@ def simulate(
     ids_all = torch.from_numpy(trace.astype(np.int64))
     offsets = [b * (n // batch) for b in range(batch)]
     share_t = torch.tensor(share)
-    h = m = f = 0
+    if admission not in ("eid", "recent"):
+        raise ValueError(f"admission must be 'eid' or 'recent', got {admission!r}")
+    if background and share_inter:
+        raise ValueError("background fills and a shared expert are separate experiments")
+    last = torch.zeros(N + 1, dtype=torch.long)  # 1 + the last step each eid was routed (0: never)
+    h = m = f = bg = 0
     whole = split = 0.0
     for step in range(warmup + steps):
         rows = [(o + step) % n for o in offsets]
         for layer in range(L):
             g = group_routes(ids_all[rows, layer].reshape(-1) + layer * E, N)
-            p = plan_fills(t, g, g.valid, share_t, 1, protect_steps * L, recent_last)
-            gpu = float(p.copy_count)  # experts' worth on the GPU side (fills + a shared expert's rows)
+            e = g.eid.clamp(max=N)
+            pr = last[e].clamp(max=PRIORITY_CAP - 1) if admission == "recent" else None
+            q_s, b = share_t, 0
+            if background:  # the critical q as the engine picks it, plus b more fills for the cache only
+                lm_ = (g.valid & (t.slot_of[e] < 0)).sum()
+                q = int(fill_quota(lm_, share_t, torch.tensor(S), 1))
+                b = min(int(lm_) - q, background)
+                q_s = torch.tensor((q + b) / int(lm_) if int(lm_) else share)
+            p = plan_fills(t, g, g.valid, q_s, 1, protect_steps * L, recent_last, priority=pr)
+            last[e[g.valid]] = step + 1
+            gpu = float(p.copy_count) - b  # experts' worth on the GPU side (fills + a shared expert's rows)
             if share_inter:
                 gpu += int(share_one_expert(p, share_t, share_inter, N, S).rows) / share_inter
             if step >= warmup:
-                lm, lq = int(p.num_misses), int(p.copy_count)
-                h, m, f = h + int(p.num_hits), m + lm, f + lq
+                lm, lq = int(p.num_misses), int(p.copy_count) - b
+                h, m, f, bg = h + int(p.num_hits), m + lm, f + lq, bg + b
                 if bw is not None:
                     b_p, b_h, gb = bw
-                    whole += max(gpu * gb / b_p, (lm - gpu) * gb / b_h)
+                    whole += max(gpu * gb / b_p, (lm - gpu) * gb / b_h) + max(0.0, b * gb / b_p - gap_s)
                     split += lm * gb / (b_p + b_h)
-    return SimResult(cache, batch, share, protect_steps, h / max(h + m, 1), m, f, m - f, steps * batch, whole, split)
+    r = SimResult(cache, batch, share, protect_steps, h / max(h + m, 1), m, f, m - f, steps * batch, whole, split)
+    r.background = bg
+    return r
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -101,6 +126,11 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--expert-mb", type=float, default=9.44, help="one expert's MB (default: Qwen3-30B-A3B bf16)")
     p.add_argument("--share-expert", type=int, default=0, metavar="I",
                    help="share one expert per layer step between both branches (share_split), intermediate size I")
+    p.add_argument("--admission", default="eid", choices=("eid", "recent"),
+                   help="fill order among a step's misses: the lower eid (the engine) or the last routed first")
+    p.add_argument("--background", type=int, default=0, metavar="B",
+                   help="also fill up to B CPU-run experts per layer step into the cache, off the critical path")
+    p.add_argument("--gap-ms", type=float, default=0.0, help="idle PCIe ms per layer step that background fills use")
     p.add_argument("--steps", type=int, default=200, help="measured decode steps")
     p.add_argument("--warmup", type=int, default=50, help="unmeasured steps first")
     return p
@@ -122,8 +152,9 @@ def run(args: argparse.Namespace) -> int:
             for s in (float(v) for v in args.share.split(",")):
                 for pr in (int(v) for v in args.protect.split(",")):
                     r = simulate(
-                        trace, c, b, s, pr, args.steps, args.warmup, args.recent == "last", bw, args.share_expert
-                    )
+                        trace, c, b, s, pr, args.steps, args.warmup, args.recent == "last", bw, args.share_expert,
+                        args.admission, args.background, args.gap_ms / 1e3,
+                    )  # fmt: skip
                     tok = r.tokens
                     model = f"{r.whole_s / tok * 1e3:13.2f}{r.split_s / tok * 1e3:13.2f}" if bw else ""
                     print(

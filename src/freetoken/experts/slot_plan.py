@@ -96,6 +96,9 @@ def fill_quota(m: torch.Tensor, share: torch.Tensor, available: torch.Tensor, mi
     return torch.minimum(q, available)
 
 
+PRIORITY_CAP = 1 << 20  # plan_fills' priority values stay below this (the sort key fits int64)
+
+
 def plan_fills(
     tables: SlotTables,
     groups: RouteGroups,
@@ -105,6 +108,7 @@ def plan_fills(
     protect: int = 0,  # > 0: slots used in the last `protect` plans are "recent"
     recent_last: bool = False,  # recent slots: False = never victims, True = victims last, newest first
     max_distinct: int | None = None,  # bound on distinct eids (a layer's E): shortens the copy lists
+    priority: torch.Tensor | None = None,  # [K] int64 in [0, PRIORITY_CAP): fill order after the route count
 ) -> StepPlan:
     """Classify pending groups, choose q fills and their victims, update the tables, build the copies.
 
@@ -134,8 +138,10 @@ def plan_fills(
         blocked = blocked | recent
     available = S - blocked.sum()
     q = fill_quota(m, share, available, min_fill)
-    # Fill the misses the most routes want first (ties: the lower eid), one descending sort.
-    key = torch.where(miss, groups.count * (N + 1) + (N - groups.eid), torch.full_like(groups.count, -1))
+    # Fill the misses the most routes want first (then the higher priority, if any; ties: the lower eid), one
+    # descending sort. The engine passes no priority (bench/cache_sim.py tries some).
+    rank_key = groups.count if priority is None else groups.count * PRIORITY_CAP + priority
+    key = torch.where(miss, rank_key * (N + 1) + (N - groups.eid), torch.full_like(groups.count, -1))
     ranked = torch.sort(key, descending=True, stable=True).indices  # [K] groups by fill priority
     pos = torch.arange(K, device=dev)
     rank = torch.empty_like(ranked).scatter_(0, ranked, pos)
