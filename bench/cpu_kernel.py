@@ -7,7 +7,10 @@ calls alternate in one loop (same noise), and so do streaming reads of 256 MiB s
 --read-gib of distinct data (the faster of a parallel uint64 sum on the kernel's own threads and
 torch's int64 sum on as many); medians over --iters of each.
 
-    PYTHONPATH=src python bench/cpu_kernel.py [--threads 1,2] [--read-gib 4] [--pool-gib 1.25]
+    PYTHONPATH=src python bench/cpu_kernel.py [--threads 1,2] [--read-gib 4] [--pool-gib 1.25] [--seq 12]
+
+--seq N times N calls back to back, as a decode step calls the kernel once per MoE layer: a single call
+pays the workers' wake-up and its phases' ramp once for only top-k experts.
 
 Each thread count runs in its own process. torch's OpenMP threads spin for a while after each call
 and slow down whatever runs next on their cores (here: the kernel); OMP_WAIT_POLICY=PASSIVE shows
@@ -17,7 +20,6 @@ the kernel without that (and torch without its spinning).
 from __future__ import annotations
 
 import argparse
-import functools
 import statistics
 import subprocess
 import sys
@@ -29,6 +31,7 @@ import torch.nn.functional as F
 
 from freetoken.experts.cpu.kernel import CpuExpertKernel
 from freetoken.hardware.cpus import physical_cores
+from freetoken.hardware.huge_pages import advise_huge_pages
 
 
 def torch_experts(x: torch.Tensor, tok: torch.Tensor, row: torch.Tensor, w: torch.Tensor,
@@ -91,12 +94,29 @@ class StreamRead:
         return self.chunk / min(ours, theirs) / 1e9
 
 
-def bench_threads(args: argparse.Namespace, n: int, banks: tuple[torch.Tensor, torch.Tensor],
-                  buf: torch.Tensor) -> list[str]:  # fmt: skip
-    gate_up, down = banks
-    # exactly n threads, like torch; one kernel per (prefetch distance, row blocking), called in turn in one loop
+Banks = tuple[torch.Tensor, torch.Tensor]
+
+
+def make_banks(num_experts: int, D: int, inter: int, huge: bool) -> Banks:
+    """Random bf16 banks; ``huge``: advised onto huge pages before their first write (as the engine's pool)."""
+    gen = torch.Generator().manual_seed(0)
+    gate_up = torch.empty(num_experts, 2 * inter, D, dtype=torch.bfloat16)
+    down = torch.empty(num_experts, D, inter, dtype=torch.bfloat16)
+    for t, k in ((gate_up, D), (down, inter)):
+        if huge:
+            advise_huge_pages(t)
+        for e in range(num_experts):
+            t[e] = torch.randn(t.shape[1:], generator=gen).div_(k**0.5)
+    return gate_up, down
+
+
+def bench_threads(args: argparse.Namespace, n: int, banks: dict[str, Banks], buf: torch.Tensor) -> list[str]:
+    gate_up, down = next(iter(banks.values()))  # torch's baseline and the shapes
+    # exactly n threads, like torch; one kernel per (prefetch distance, row blocking), each called on every
+    # page setting's banks, in turn in one loop
     kerns = [CpuExpertKernel(num_threads=n, isa=args.isa, caller_helps=False, prefetch=pf, rows=r)
              for pf in args.prefetch for r in args.rows]  # fmt: skip
+    variants = [(kern, pages, b) for kern in kerns for pages, b in banks.items()]
     helped = CpuExpertKernel(num_threads=n, isa=args.isa, caller_helps=True)  # n workers + the waiting caller
     torch.set_num_threads(n)
     expert_bytes = (gate_up[0].numel() + down[0].numel()) * gate_up.element_size()
@@ -104,29 +124,36 @@ def bench_threads(args: argparse.Namespace, n: int, banks: tuple[torch.Tensor, t
     for _ in range(buf.numel() // stream.chunk // 2):  # warm-up: touch the whole buffer once
         stream.gbps()
 
-    def gbps(walk: Routes, x: torch.Tensor, fn: Callable[..., object]) -> float:
-        tok, row, w = walk.next(x.shape[0])
-        nbytes = torch.unique(row).numel() * expert_bytes
-        return nbytes / timed(functools.partial(fn, x, tok, row, w, gate_up, down)) / 1e9
+    def gbps(walk: Routes, x: torch.Tensor, fn: Callable[..., object], b: Banks = (gate_up, down)) -> float:
+        """--seq calls back to back (a decode step's layers: the pool stays hot between them)."""
+        calls = [walk.next(x.shape[0]) for _ in range(args.seq)]
+        nbytes = sum(torch.unique(row).numel() for _, row, _ in calls) * expert_bytes
+
+        def run() -> None:
+            for tok, row, w in calls:
+                fn(x, tok, row, w, *b)
+
+        return nbytes / timed(run) / 1e9
 
     lines = []
     for batch in (1, 4):
         walk = Routes(gate_up.shape[0], args.top_k, seed=batch)  # kernels and torch share one walk
         x = torch.randn(batch, gate_up.shape[2])
-        ours: list[list[float]] = [[] for _ in kerns]
+        ours: list[list[float]] = [[] for _ in variants]
         plus, base, reads = [], [], []
         for _ in range(args.iters):
-            for k, kern in enumerate(kerns):
-                ours[k].append(gbps(walk, x, kern.run))
+            for k, (kern, _, kb) in enumerate(variants):
+                ours[k].append(gbps(walk, x, kern.run, kb))
             plus.append(gbps(walk, x, helped.run))
             base.append(gbps(walk, x, torch_experts))
             time.sleep(OMP_SETTLE_S)
             reads.append(stream.gbps())
         b, r = statistics.median(base), statistics.median(reads)
-        for kern, vals in zip(kerns, ours):
-            k = statistics.median(vals)
-            ratios = [f"{k / b:.2f}x", f"{r:.1f}", f"{k / r:.0%}", f"{statistics.median(plus):.1f}"]
-            cells = [str(n), kern.isa, str(kern.prefetch), str(kern.rows), str(batch), f"{k:.1f}", f"{b:.1f}", *ratios]
+        for (kern, pages, _), vals in zip(variants, ours):
+            g = statistics.median(vals)
+            ratios = [f"{g / b:.2f}x", f"{r:.1f}", f"{g / r:.0%}", f"{statistics.median(plus):.1f}"]
+            cells = [str(n), kern.isa, str(kern.prefetch), str(kern.rows), pages, str(batch), f"{g:.1f}", f"{b:.1f}"]
+            cells += ratios
             lines.append("| " + " | ".join(cells) + " |")
     for kern in (*kerns, helped):
         kern.close()
@@ -143,11 +170,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--inter", type=int, default=768)
     p.add_argument("--top-k", type=int, default=8)
+    p.add_argument("--seq", type=int, default=1,
+                   help="calls timed back to back per measurement (e.g. 12: a decode step's MoE layers)")  # fmt: skip
     p.add_argument("--prefetch", type=_prefetch_list, default=[None],
                    help="software prefetch distances in bytes to compare, e.g. 0,2048 ('default': "
                         "FREETOKEN_CPU_PREFETCH, else 0)")  # fmt: skip
-    p.add_argument("--rows", type=lambda t: [int(v) for v in t.split(",")], default=[None],
-                   help="batch-1 row blockings to compare, e.g. 1,2,4 (default: FREETOKEN_CPU_ROWS, else 1)")
+    p.add_argument(
+        "--rows",
+        type=lambda t: [int(v) for v in t.split(",")],
+        default=[None],
+        help="batch-1 row blockings to compare, e.g. 1,2,4 (default: FREETOKEN_CPU_ROWS, else 1)",
+    )
+    p.add_argument("--huge-pages", type=_pages_list, default=["4K"],
+                   help="pool page settings to compare: off, on or off,on (on: madvise'd huge pages, as the engine "
+                        "allocates its pool; the streaming read's buffer too)")  # fmt: skip
     p.add_argument("--rows-only", action="store_true", help=argparse.SUPPRESS)  # child process mode
     args = p.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")] if args.threads else sorted({1, physical_cores()})
@@ -160,9 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         mb = expert_bytes / 1e6
         print(f"# expert {D}x{inter} bf16 {mb:.1f} MB; pool {num_experts} experts, {pool_gib:.2f} GiB")
         print(f"# top-{args.top_k}, read buffer {args.read_gib} GiB, {args.iters} iters (median)")
-        print("| threads | isa | prefetch B | rows | batch | kernel GB/s | torch F.linear GB/s | kernel/torch "
+        print("| threads | isa | prefetch B | rows | pages | batch | kernel GB/s | torch F.linear GB/s | kernel/torch "
               "| stream read GB/s | kernel/stream | kernel + waiting caller GB/s |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     if len(threads) > 1:
         # one process per thread count: torch's OpenMP team and our pools from one configuration
         # must not linger into the next
@@ -170,13 +206,22 @@ def main(argv: list[str] | None = None) -> int:
             cmd = [sys.executable, __file__, *strip_threads(argv), "--threads", str(n), "--rows-only"]
             subprocess.run(cmd, check=True)
         return 0
-    gen = torch.Generator().manual_seed(0)
-    gate_up = torch.randn(num_experts, 2 * inter, D, generator=gen).div_(D**0.5).bfloat16()
-    down = torch.randn(num_experts, D, inter, generator=gen).div_(inter**0.5).bfloat16()
-    buf = torch.ones(int(args.read_gib * 2**30), dtype=torch.uint8)
-    for line in bench_threads(args, threads[0], (gate_up, down), buf):
+    banks = {pages: make_banks(num_experts, D, inter, pages == "2M") for pages in args.huge_pages}
+    buf = torch.empty(int(args.read_gib * 2**30), dtype=torch.uint8)
+    if "2M" in args.huge_pages:  # the streaming read on the faster pages too
+        advise_huge_pages(buf)
+    buf.fill_(1)
+    for line in bench_threads(args, threads[0], banks, buf):
         print(line, flush=True)
     return 0
+
+
+def _pages_list(text: str) -> list[str]:
+    names = {"off": "4K", "on": "2M"}
+    items = [v.strip() for v in text.split(",")]
+    if not items or any(v not in names for v in items):
+        raise argparse.ArgumentTypeError(f"--huge-pages takes off, on or off,on, got {text!r}")
+    return [names[v] for v in items]
 
 
 def _prefetch_list(text: str) -> list[int | None]:

@@ -5,7 +5,8 @@
 #   tests     GPU tests of every backend, the streamed CPU branch, the CPU kernel, reference models (~3 min)
 #   queue     CPU kernel queue tests (spinning feeder and workers: only machines with >= 8 cores spin)
 #   quick     only the streamed CPU branch and backend GPU tests (~1.5 min)
-#   kernel    CPU expert kernel bench, AVX-512 and forced AVX2 (~1.5 min)
+#   kernel    CPU expert kernel bench, AVX-512 and forced AVX2 (~3 min): SEQ (12) calls back to back per
+#             measurement, pool on 4 KiB and huge pages (HUGE=off,on), ROWS (1,4); AVX2= skips the AVX2 run
 #   decode6   ft bench decode, replayed trace, 6 CPU threads, 3 repeats, runahead (~4 min; EAGER=1: MoE layers
 #             without CUDA graphs, SHARE=1: hybrid shares one expert per layer between both branches,
 #             POLICIES=a,b,...: the policies; variants side by side as backend+option: hybrid+share (a shared
@@ -32,10 +33,12 @@ queue) echo "== CPU kernel queue tests"; timeout 60 python3 -m pytest -q -p no:c
 quick) echo "== GPU tests (streamed CPU branch, backends)"; timeout 110 python3 -m pytest -q -p no:cacheprovider -m gpu \
   tests/test_cpu_stream_gpu.py tests/test_backends.py > "$OUT/gpu_tests.log" 2>&1
   tail -3 "$OUT/gpu_tests.log"; grep -E "FAILED|Error" "$OUT/gpu_tests.log" | head -20 ;;
-kernel) echo "== CPU expert kernel"; timeout 90 python3 bench/cpu_kernel.py --threads ${KTHREADS:-6,16} --read-gib 4 --prefetch ${PREFETCH:-0} --rows ${ROWS:-1,2,4} \
-  > "$OUT/cpu_kernel.log" 2>&1; tail -14 "$OUT/cpu_kernel.log"
-  FREETOKEN_FORCE_AVX2=1 timeout 40 python3 bench/cpu_kernel.py --threads 16 --read-gib 2 --isa avx2 --prefetch ${PREFETCH:-0} --rows ${ROWS_AVX2:-1,2} \
-  > "$OUT/cpu_kernel_avx2.log" 2>&1; tail -6 "$OUT/cpu_kernel_avx2.log" ;;
+kernel) echo "== CPU expert kernel"; timeout 240 python3 bench/cpu_kernel.py --threads ${KTHREADS:-6,16} --read-gib 4 --pool-gib 2 \
+  --iters ${KITERS:-10} --seq ${SEQ:-12} --huge-pages ${HUGE:-off,on} --prefetch ${PREFETCH:-0} --rows ${ROWS:-1,4} \
+  > "$OUT/cpu_kernel.log" 2>&1; tail -18 "$OUT/cpu_kernel.log"
+  [ -n "${AVX2:-1}" ] && FREETOKEN_FORCE_AVX2=1 timeout 90 python3 bench/cpu_kernel.py --threads 16 --read-gib 2 --pool-gib 2 \
+  --iters ${KITERS:-10} --seq ${SEQ:-12} --huge-pages on --isa avx2 --prefetch ${PREFETCH:-0} --rows ${ROWS_AVX2:-1,2} \
+  > "$OUT/cpu_kernel_avx2.log" 2>&1 && tail -4 "$OUT/cpu_kernel_avx2.log" ;;
 decode6|decode16) t=${stage#decode}; echo "== decode, replayed trace, $t threads"
   timeout "${DEC_TIMEOUT:-280}" $DEC --cpu-threads "$t" --repeats 3 --steps 256 --warmup-tokens 200 --routing-trace $TRACE \
   --measure-bw --runahead ${EAGER:+--no-cuda-graphs} ${SHARE:+--share-expert} ${PROF:+--profile-dir "$OUT/prof$t"} \

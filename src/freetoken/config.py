@@ -104,6 +104,9 @@ class Env:
     cpu_prefetch: int | None = field(default_factory=lambda: _env_count("FREETOKEN_CPU_PREFETCH"))
     """Software prefetch distance of the CPU expert kernel in bytes ahead of its weight streams, 0: off
     (FREETOKEN_CPU_PREFETCH; unset: 0)."""
+    huge_pages: bool = field(default_factory=lambda: os.environ.get("FREETOKEN_HUGE_PAGES", "1") != "0")
+    """Back the host expert pool with transparent huge pages (madvise before it is filled;
+    FREETOKEN_HUGE_PAGES=0: ordinary pages). ``hardware/huge_pages.py`` says why."""
     cpu_rows: int | None = field(default_factory=lambda: _env_count("FREETOKEN_CPU_ROWS"))
     """Weight rows each CPU expert kernel thread streams at once at batch 1: 1, 2 or 4 (FREETOKEN_CPU_ROWS;
     unset: 1)."""
