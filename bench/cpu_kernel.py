@@ -64,9 +64,11 @@ class Routes:
         return tok, rows.contiguous(), torch.rand(batch * self.k, generator=self.gen)
 
 
-# After a torch call its OpenMP threads spin a while on the same cores; let them go to sleep before
-# the next measurement, so no configuration is timed against another's spinning threads.
-OMP_SETTLE_S = 0.002
+# After a torch call its OpenMP threads spin a while on the same cores (libgomp: GOMP_SPINCOUNT pauses,
+# ~10-20 ms; Intel's runtime: KMP_BLOCKTIME, 200 ms); let them go to sleep before the next measurement, so
+# no configuration is timed against another's spinning threads (with 2 ms, the first kernel measured after
+# a torch call at 16 threads on the 16-core GPU box read 25% less than the same kernel measured next).
+OMP_SETTLE_S = 0.25
 
 
 def timed(fn: Callable[[], object]) -> float:

@@ -36,7 +36,7 @@ quick) echo "== GPU tests (streamed CPU branch, backends)"; timeout 110 python3 
 kernel) echo "== CPU expert kernel"; timeout 240 python3 bench/cpu_kernel.py --threads ${KTHREADS:-6,16} --read-gib 4 --pool-gib 2 \
   --iters ${KITERS:-10} --seq ${SEQ:-12} --huge-pages ${HUGE:-off,on} --prefetch ${PREFETCH:-0} --rows ${ROWS:-1,4} \
   > "$OUT/cpu_kernel.log" 2>&1; tail -18 "$OUT/cpu_kernel.log"
-  [ -n "${AVX2:-1}" ] && FREETOKEN_FORCE_AVX2=1 timeout 90 python3 bench/cpu_kernel.py --threads 16 --read-gib 2 --pool-gib 2 \
+  [ -n "${AVX2-1}" ] && FREETOKEN_FORCE_AVX2=1 timeout 90 python3 bench/cpu_kernel.py --threads 16 --read-gib 2 --pool-gib 2 \
   --iters ${KITERS:-10} --seq ${SEQ:-12} --huge-pages on --isa avx2 --prefetch ${PREFETCH:-0} --rows ${ROWS_AVX2:-1,2} \
   > "$OUT/cpu_kernel_avx2.log" 2>&1 && tail -4 "$OUT/cpu_kernel_avx2.log" ;;
 decode6|decode16) t=${stage#decode}; echo "== decode, replayed trace, $t threads"
