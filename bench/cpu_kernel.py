@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -118,7 +118,11 @@ def bench_threads(args: argparse.Namespace, n: int, banks: dict[str, Banks], buf
     # page setting's banks, in turn in one loop
     kerns = [CpuExpertKernel(num_threads=n, isa=args.isa, caller_helps=False, prefetch=pf, rows=r)
              for pf in args.prefetch for r in args.rows]  # fmt: skip
-    variants = [(kern, pages, b) for kern in kerns for pages, b in banks.items()]
+    variants = [(kern, pages, b, "call") for kern in kerns for pages, b in banks.items()]
+    if args.queued:  # the engine's arrangement for cpu_threads = n: n - 1 workers + the helping feeder
+        queues = [CpuExpertKernel(num_threads=max(1, n - 1), isa=args.isa, prefetch=pf, rows=r)
+                  for pf in args.prefetch for r in args.rows]  # fmt: skip
+        variants += [(kern, pages, b, "queue") for kern in queues for pages, b in banks.items()]
     helped = CpuExpertKernel(num_threads=n, isa=args.isa, caller_helps=True)  # n workers + the waiting caller
     torch.set_num_threads(n)
     expert_bytes = (gate_up[0].numel() + down[0].numel()) * gate_up.element_size()
@@ -126,10 +130,14 @@ def bench_threads(args: argparse.Namespace, n: int, banks: dict[str, Banks], buf
     for _ in range(buf.numel() // stream.chunk // 2):  # warm-up: touch the whole buffer once
         stream.gbps()
 
-    def gbps(walk: Routes, x: torch.Tensor, fn: Callable[..., object], b: Banks = (gate_up, down)) -> float:
-        """--seq calls back to back (a decode step's layers: the pool stays hot between them)."""
+    def gbps(walk: Routes, x: torch.Tensor, fn: Callable[..., object], b: Banks = (gate_up, down),
+             queue: CpuExpertKernel | None = None) -> float:  # fmt: skip
+        """--seq calls back to back (a decode step's layers: the pool stays hot between them); with
+        ``queue``, all queued at once and run by its feeder, as the engine's decode layers are."""
         calls = [walk.next(x.shape[0]) for _ in range(args.seq)]
         nbytes = sum(torch.unique(row).numel() for _, row, _ in calls) * expert_bytes
+        if queue is not None:
+            return nbytes / timed(queued_run(queue, x, calls, b)) / 1e9
 
         def run() -> None:
             for tok, row, w in calls:
@@ -144,21 +152,23 @@ def bench_threads(args: argparse.Namespace, n: int, banks: dict[str, Banks], buf
         ours: list[list[float]] = [[] for _ in variants]
         plus, base, reads = [], [], []
         for _ in range(args.iters):
-            for k, (kern, _, kb) in enumerate(variants):
-                ours[k].append(gbps(walk, x, kern.run, kb))
+            for k, (kern, _, kb, mode) in enumerate(variants):
+                ours[k].append(gbps(walk, x, kern.run, kb, kern if mode == "queue" else None))
             plus.append(gbps(walk, x, helped.run))
             base.append(gbps(walk, x, torch_experts))
             time.sleep(OMP_SETTLE_S)
             reads.append(stream.gbps())
         b, r = statistics.median(base), statistics.median(reads)
-        for (kern, pages, _), vals in zip(variants, ours):
+        for (kern, pages, _, mode), vals in zip(variants, ours):
             g = statistics.median(vals)
             ratios = [f"{g / b:.2f}x", f"{r:.1f}", f"{g / r:.0%}", f"{statistics.median(plus):.1f}"]
-            cells = [str(n), kern.isa, str(kern.prefetch), str(kern.rows), pages, str(batch), f"{g:.1f}", f"{b:.1f}"]
+            cells = [str(n), kern.isa, str(kern.prefetch), str(kern.rows), pages, mode, str(batch), f"{g:.1f}"]
+            cells.append(f"{b:.1f}")
             cells += ratios
             lines.append("| " + " | ".join(cells) + " |")
-    for kern in (*kerns, helped):
+    for kern in {id(v[0]): v[0] for v in variants}.values():
         kern.close()
+    helped.close()
     return lines
 
 
@@ -186,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--huge-pages", type=_pages_list, default=["4K"],
                    help="pool page settings to compare: off, on or off,on (on: madvise'd huge pages, as the engine "
                         "allocates its pool; the streaming read's buffer too)")  # fmt: skip
+    p.add_argument("--queued", action="store_true",
+                   help="also time each kernel as decode drives it: --seq batches queued at once, run by the "
+                        "kernel's feeder (n - 1 workers + the feeder: the engine's cpu_threads = n)")  # fmt: skip
     p.add_argument("--rows-only", action="store_true", help=argparse.SUPPRESS)  # child process mode
     args = p.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")] if args.threads else sorted({1, physical_cores()})
@@ -198,9 +211,9 @@ def main(argv: list[str] | None = None) -> int:
         mb = expert_bytes / 1e6
         print(f"# expert {D}x{inter} bf16 {mb:.1f} MB; pool {num_experts} experts, {pool_gib:.2f} GiB")
         print(f"# top-{args.top_k}, read buffer {args.read_gib} GiB, {args.iters} iters (median)")
-        print("| threads | isa | prefetch B | rows | pages | batch | kernel GB/s | torch F.linear GB/s | kernel/torch "
-              "| stream read GB/s | kernel/stream | kernel + waiting caller GB/s |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+        print("| threads | isa | prefetch B | rows | pages | calls | batch | kernel GB/s | torch F.linear GB/s "
+              "| kernel/torch | stream read GB/s | kernel/stream | kernel + waiting caller GB/s |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     if len(threads) > 1:
         # one process per thread count: torch's OpenMP team and our pools from one configuration
         # must not linger into the next
@@ -216,6 +229,22 @@ def main(argv: list[str] | None = None) -> int:
     for line in bench_threads(args, threads[0], banks, buf):
         print(line, flush=True)
     return 0
+
+
+def queued_run(kern: CpuExpertKernel, x: torch.Tensor, calls: Sequence[tuple[torch.Tensor, ...]],
+               b: Banks) -> Callable[[], None]:  # fmt: skip
+    """Every call queued with its ready flag already reached (decode's stream-ordered branch, minus the GPU):
+    the feeder starts each batch as soon as the previous one is done; returns when all are."""
+    ready = torch.ones(1, dtype=torch.int32)
+    done = torch.zeros(len(calls), dtype=torch.int32)
+    prepared = [((-1 - row).to(torch.int64), w.float(), torch.empty(x.shape)) for _, row, w in calls]
+
+    def run() -> None:
+        for i, (codes, w, out) in enumerate(prepared):
+            kern.enqueue(x, codes, w, b[0], b[1], out, ready=(ready, 1), done=(done[i : i + 1], 1))
+        kern.drain()
+
+    return run
 
 
 def _pages_list(text: str) -> list[str]:

@@ -6,7 +6,8 @@
 #   queue     CPU kernel queue tests (spinning feeder and workers: only machines with >= 8 cores spin)
 #   quick     only the streamed CPU branch and backend GPU tests (~1.5 min)
 #   kernel    CPU expert kernel bench, AVX-512 and forced AVX2 (~3 min): SEQ (12) calls back to back per
-#             measurement, pool on 4 KiB and huge pages (HUGE=off,on), ROWS (1,4); AVX2= skips the AVX2 run
+#             measurement, pool on 4 KiB and huge pages (HUGE=off,on), ROWS (1,4); QUEUED=1: also queued
+#             back to back as decode runs them (n-1 workers + the feeder); AVX2= skips the AVX2 run
 #   decode6   ft bench decode, replayed trace, 6 CPU threads, 3 repeats, runahead (~4 min; EAGER=1: MoE layers
 #             without CUDA graphs, SHARE=1: hybrid shares one expert per layer between both branches,
 #             POLICIES=a,b,...: the policies; variants side by side as backend+option: hybrid+share (a shared
@@ -34,7 +35,7 @@ quick) echo "== GPU tests (streamed CPU branch, backends)"; timeout 110 python3 
   tests/test_cpu_stream_gpu.py tests/test_backends.py > "$OUT/gpu_tests.log" 2>&1
   tail -3 "$OUT/gpu_tests.log"; grep -E "FAILED|Error" "$OUT/gpu_tests.log" | head -20 ;;
 kernel) echo "== CPU expert kernel"; timeout 240 python3 bench/cpu_kernel.py --threads ${KTHREADS:-6,16} --read-gib 4 --pool-gib 2 \
-  --iters ${KITERS:-10} --seq ${SEQ:-12} --huge-pages ${HUGE:-off,on} --prefetch ${PREFETCH:-0} --rows ${ROWS:-1,4} \
+  --iters ${KITERS:-10} --seq ${SEQ:-12} --huge-pages ${HUGE:-off,on} ${QUEUED:+--queued} --prefetch ${PREFETCH:-0} --rows ${ROWS:-1,4} \
   > "$OUT/cpu_kernel.log" 2>&1; tail -18 "$OUT/cpu_kernel.log"
   [ -n "${AVX2-1}" ] && FREETOKEN_FORCE_AVX2=1 timeout 90 python3 bench/cpu_kernel.py --threads 16 --read-gib 2 --pool-gib 2 \
   --iters ${KITERS:-10} --seq ${SEQ:-12} --huge-pages on --isa avx2 --prefetch ${PREFETCH:-0} --rows ${ROWS_AVX2:-1,2} \
