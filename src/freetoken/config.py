@@ -52,8 +52,9 @@ class EngineConfig:
     three copies out and one back. Measured on an H200 box: no gain (166.8 vs 168.7 tok/s), so off by default."""
     hybrid_share_expert: bool = False
     """hybrid: when the q whole fills leave the GPU short of m*share, share the next miss between both branches
-    by rows of its intermediate dimension (``experts/share_split.py``). Exact; measured on an H200 box 7% slower
-    than whole experts (its CPU rows of ``down`` are strided), so off by default."""
+    by rows of its intermediate dimension (``experts/share_split.py``). Exact; measured on an H200 box 7% and 13%
+    slower than whole experts (its CPU rows of ``down`` are strided, its partial fill is a second launch), so off
+    by default."""
     seed: int = 0
     """Seed for requests that set none."""
 
