@@ -46,9 +46,6 @@ class EngineConfig:
     moe_cuda_graphs: bool = True
     """Replay each MoE layer's decode step as a CUDA graph (slot backends on CUDA; False: eager). Without
     graphs the host's ~1 ms of launches per hybrid layer, not the device, sets the decode pace."""
-    moe_overlap_hits: bool = True
-    """CUDA slot backends: compute the resident (hit) experts on a side stream while the round's fills arrive,
-    and only the filled ones after the fill (False: every expert after the fill, one launch)."""
     cpu_branch_zero_copy: bool = False
     """CUDA decode: the stream-ordered CPU branch hands its inputs and partial over through pinned host memory
     the GPU reads and writes directly (one staging kernel, the final add reads the partial), instead of

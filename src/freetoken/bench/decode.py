@@ -47,11 +47,7 @@ from freetoken.experts.registry import create_backend
 
 DEFAULT_POLICIES = "fused,offload,hybrid,cpu,static-layers,static-freq"
 # Policy variants, side by side: "<backend>+<option>+...", e.g. "hybrid+share", "hybrid+share+zc".
-POLICY_OPTIONS = {
-    "share": "EngineConfig.hybrid_share_expert",
-    "zc": "EngineConfig.cpu_branch_zero_copy",
-    "serial": "EngineConfig.moe_overlap_hits=False",
-}
+POLICY_OPTIONS = {"share": "EngineConfig.hybrid_share_expert", "zc": "EngineConfig.cpu_branch_zero_copy"}
 
 
 class Router(Protocol):
@@ -97,7 +93,6 @@ def policy_config(policy: str, args: argparse.Namespace) -> EngineConfig:
         moe_backend=base, expert_cache=args.expert_cache, fill_fraction=args.fill_fraction,
         cpu_threads=_threads(args), moe_cuda_graphs=args.cuda_graphs,
         hybrid_share_expert="share" in opts or args.share_expert, cpu_branch_zero_copy="zc" in opts or args.zero_copy,
-        moe_overlap_hits="serial" not in opts,
     )  # fmt: skip
 
 

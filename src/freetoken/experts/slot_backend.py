@@ -75,10 +75,6 @@ class SlotBackend(ExpertBackend):
         self._decode = True
         self._saved_layer_steps = 0
         self.share_expert = False  # split_forward shares one miss per layer between both branches
-        # CUDA: the hits' experts run on this side stream while the fills arrive (``_gpu``)
-        overlap = config.moe_overlap_hits and device.type == "cuda"
-        self._side = torch.cuda.Stream(device) if overlap else None
-        self._no_slot = torch.full((), -1, dtype=torch.long, device=device)
 
     @classmethod
     def create(
@@ -111,26 +107,11 @@ class SlotBackend(ExpertBackend):
         topk_w: torch.Tensor,
         shared: SharedExpert | None = None,
     ) -> torch.Tensor:
-        c, E = self.cache, self.pool.num_experts
-        y_hits, side = None, self._side
-        slot = plan.slot
-        if side is not None:
-            # The hits' slots are not this round's victims, so their experts run on the side stream while the
-            # fills land in other slots; the filled (and shared) experts follow the fill on this stream.
-            main = torch.cuda.current_stream(x.device)
-            hit_slot = torch.where(plan.hit, slot, self._no_slot)
-            slot = torch.where(plan.hit, self._no_slot, slot)
-            side.wait_stream(main)
-            with torch.cuda.stream(side):
-                y_hits = grouped_experts(x, groups, hit_slot, topk_w, c.slot_gate_up, c.slot_down, E)
         self._copy(plan)
+        c = self.cache
         if shared is not None:  # the shared expert's GPU rows into the scratch slot, after the fills
             c.copy_partial(shared.eid, shared.rows)
-        y = grouped_experts(x, groups, slot, topk_w, c.slot_gate_up, c.slot_down, E)
-        if y_hits is None or side is None:
-            return y
-        torch.cuda.current_stream(x.device).wait_stream(side)  # joins before anything reuses the inputs
-        return y + y_hits
+        return grouped_experts(x, groups, plan.slot, topk_w, c.slot_gate_up, c.slot_down, self.pool.num_experts)
 
     def streamed_forward(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
