@@ -143,21 +143,37 @@ def test_hybrid_with_shared_expert_equals_reference_cuda(expert_cache: float) ->
     assert backend.stats()["expert_shared"] > 0  # type: ignore[attr-defined]
 
 
+def _fill_with_partial(src: tuple, slots: tuple, eid: int, rows: int, dev: torch.device) -> tuple:
+    """The Triton fill of pool rows 0 and 2 into slots 1 and 0 plus expert ``eid``'s first ``rows`` rows into
+    the scratch slot, and the reference (whole copies, then ``partial_fill_torch``) on copies of the slots."""
+    from freetoken.experts.triton_copy import gather_rows_triton
+
+    ref = tuple(t.clone() for t in slots)
+    copy_src, copy_dst = torch.tensor([0, 2, 0], device=dev), torch.tensor([1, 0, 2], device=dev)
+    count, e, r = torch.tensor(2, device=dev), torch.tensor(eid, device=dev), torch.tensor(rows, device=dev)
+    gather_rows_triton(*src, *slots, copy_src, copy_dst, count, partial=(e, r))
+    for i in range(2):
+        ref[0][int(copy_dst[i])] = src[0][int(copy_src[i])].to(dev)
+        ref[1][int(copy_dst[i])] = src[1][int(copy_src[i])].to(dev)
+    if rows > 0:  # rows 0: the scratch slot is not read and stays as it was
+        partial_fill_torch(*src, ref[0][-1], ref[1][-1], e, r)
+    return ref
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("rows", [0, 8, 32])
-def test_partial_fill_triton_equals_torch_cuda(rows: int) -> None:
-    """The Triton partial copy reads the pinned pool through its mapped view, like the fills."""
+def test_fill_with_partial_triton_equals_torch_cuda(rows: int) -> None:
+    """The fills and a shared expert's GPU rows in one Triton launch, read from the pinned pool's mapped view
+    (``batched_fill``'s path on CUDA)."""
     banks = make_banks(1, 4, seed=7)
     pool = HostExpertPool(banks, pin=True)
-    src = pool.device_views(torch.device("cuda"))
-    dst = (torch.full_like(banks.gate_up[0], 7.0, device="cuda"), torch.full_like(banks.down[0], 7.0, device="cuda"))
-    ref = (torch.empty_like(dst[0]), torch.empty_like(dst[1]))
-    eid, r = torch.tensor(3, device="cuda"), torch.tensor(rows, device="cuda")
-    partial_fill(*src, *dst, eid, r)
-    partial_fill_torch(*src, *ref, eid, r)
+    dev = torch.device("cuda")
+    src = pool.device_views(dev)
+    slots = tuple(torch.full((4, *b.shape[1:]), 7.0, device=dev) for b in (banks.gate_up, banks.down))
+    ref = _fill_with_partial(src, slots, 3, rows, dev)
     torch.cuda.synchronize()
-    assert torch.equal(dst[0], ref[0]) and torch.equal(dst[1], ref[1])
+    assert torch.equal(slots[0], ref[0]) and torch.equal(slots[1], ref[1])
     pool.close()
 
 
@@ -177,16 +193,12 @@ def test_engine_greedy_tokens_match_with_shared_expert(tiny_moe: tuple, expert_c
 
 @TRITON_INTERPRETER
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_partial_fill_triton_in_interpreter(dtype: torch.dtype) -> None:
-    """The Triton partial copy on the CPU through Triton's interpreter (TRITON_INTERPRET=1)."""
-    from freetoken.experts.triton_copy import partial_rows_triton
-
+def test_fill_with_partial_triton_in_interpreter(dtype: torch.dtype) -> None:
+    """The fill kernel with a partial row on the CPU through Triton's interpreter (TRITON_INTERPRET=1)."""
     g = torch.Generator().manual_seed(0)
     N, inter, d = 5, 96, 64
     gu, dn = torch.randn(N, 2 * inter, d, generator=g).to(dtype), torch.randn(N, d, inter, generator=g).to(dtype)
-    for eid, rows in ((3, 0), (3, 32), (1, 95), (0, 96), (N, 40)):  # eid N: no expert, zeros
-        dst = (torch.full_like(gu[0], 7.0), torch.full_like(dn[0], 7.0))
-        ref = (torch.empty_like(gu[0]), torch.empty_like(dn[0]))
-        partial_rows_triton(gu, dn, *dst, torch.tensor(eid), torch.tensor(rows))
-        partial_fill_torch(gu, dn, *ref, torch.tensor(eid), torch.tensor(rows))
-        assert torch.equal(dst[0], ref[0]) and torch.equal(dst[1], ref[1]), (eid, rows)
+    for eid, rows in ((3, 0), (3, 32), (1, 95), (0, 96)):
+        slots = (torch.full((4, 2 * inter, d), 7.0, dtype=dtype), torch.full((4, d, inter), 7.0, dtype=dtype))
+        ref = _fill_with_partial((gu, dn), slots, eid, rows, CPU)
+        assert torch.equal(slots[0], ref[0]) and torch.equal(slots[1], ref[1]), (eid, rows)

@@ -136,7 +136,7 @@ def run_policy(
                 decode_step(backend, router, L, x, after)
 
             ahead = runahead_share(step, inputs)
-            if args.profile_dir and policy == "hybrid":
+            if args.profile_dir:
                 profile_steps(step, inputs, Path(args.profile_dir) / f"{policy}-threads{_threads(args)}.json")
     finally:
         close: Callable[[], None] | None = getattr(backend, "close", None)
@@ -189,7 +189,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         action="store_true",
         help="CUDA: also measure how often the host queues the last MoE layer before the GPU ends the first",
     )
-    p.add_argument("--profile-dir", default=None, help="with --runahead: write a profiler trace of hybrid here")
+    p.add_argument("--profile-dir", default=None, help="with --runahead: write a profiler trace of each policy here")
     return p
 
 

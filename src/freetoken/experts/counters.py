@@ -6,14 +6,16 @@ from __future__ import annotations
 import torch
 
 # Device-accumulated, in this order: distinct hits, distinct misses, fills, distinct CPU runs,
-# layer-steps with a miss, shared experts (``share_split``), their intermediate rows computed on the GPU.
+# layer-steps with a miss, shared experts (``share_split``), their intermediate rows computed on the GPU;
+# then the last round's fills (set, not added). The fused plan (``triton_plan``) updates the same vector.
 DEVICE_NAMES = ("hits", "misses", "fills", "cpu_runs", "miss_layers", "shared", "shared_rows")
 
 
 class DeviceCounters:
     def __init__(self, device: torch.device) -> None:
-        self._v = torch.zeros(len(DEVICE_NAMES), dtype=torch.long, device=device)
-        self._q_last = torch.zeros((), dtype=torch.long, device=device)
+        self.vector = torch.zeros(len(DEVICE_NAMES) + 1, dtype=torch.long, device=device)
+        self._v = self.vector[: len(DEVICE_NAMES)]
+        self._q_last = self.vector[len(DEVICE_NAMES)]
         self.layer_steps = 0
 
     def add_step(

@@ -33,7 +33,7 @@ RECENT_STEPS = 1  # 0: plain LRU victims
 class _CopyRecord:
     start: torch.cuda.Event
     end: torch.cuda.Event
-    q: torch.Tensor  # [1] view of the pinned ring: host copy of copy_count
+    q: torch.Tensor  # [1] view of the pinned ring: host copy of the intermediate rows copied (q * I + shared)
 
 
 class HybridBackend(SlotBackend):
@@ -88,11 +88,13 @@ class HybridBackend(SlotBackend):
             self._published = share
 
     def _copy(self, plan: StepPlan) -> None:
+        inter = self.pool.inter
         if self.device.type != "cuda":
             t0 = time.perf_counter()
             self.cache.copy(plan)
             self._copy_s += time.perf_counter() - t0
-            self._copy_bytes += int(plan.copy_count) * self.pool.expert_bytes  # a CPU tensor: no sync
+            rows = int(plan.copy_count) * inter + (0 if plan.shared is None else int(plan.shared.rows))  # no sync
+            self._copy_bytes += rows * self.pool.expert_bytes // inter
             return
         self._copy_calls += 1
         untimed = self._copy_calls % COPY_TIMING_EVERY or len(self._records) >= _MAX_PENDING_RECORDS
@@ -102,9 +104,12 @@ class HybridBackend(SlotBackend):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         self._timed += 1
         q = self._q_ring[self._timed % _MAX_PENDING_RECORDS :][:1]
+        copied = plan.copy_count * inter  # intermediate rows copied: whole experts and a shared one's GPU part
+        if plan.shared is not None:
+            copied = copied + plan.shared.rows
         start.record()
         self.cache.copy(plan)
-        q.copy_(plan.copy_count.reshape(1), non_blocking=True)  # before `end`: done when `end` is
+        q.copy_(copied.reshape(1), non_blocking=True)  # before `end`: done when `end` is
         end.record()
         self._records.append(_CopyRecord(start, end, q))
 
@@ -115,7 +120,7 @@ class HybridBackend(SlotBackend):
                 keep.append(r)
                 continue
             self._copy_s += r.start.elapsed_time(r.end) / 1e3
-            self._copy_bytes += int(r.q[0]) * self.pool.expert_bytes
+            self._copy_bytes += int(r.q[0]) * self.pool.expert_bytes // self.pool.inter
         self._records = keep
 
     def _after_cpu(self, experts: float, seconds: float) -> None:

@@ -14,17 +14,19 @@ run it leaves the slot tables alone.
 
 The CPU learns its rows from the route code: ``-1 - (eid + N * c)`` (``c = 0``: the whole expert), decoded
 by the kernel's feeder (``experts/cpu``). ``c = I`` makes it a GPU-only route (code = the scratch slot).
-Everything is device ops on fixed shapes: no host sync, capturable in a CUDA graph.
+Everything is device ops on fixed shapes: no host sync, capturable in a CUDA graph. On CUDA the fused
+plan (``triton_plan``, ``SHARE_STEP``) does the same inside its one launch, and the batched fill copies
+the GPU part into the scratch slot in the same launch as the whole experts (``triton_copy``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from freetoken.experts.cpu.codes import encode_code
-from freetoken.experts.slot_plan import StepPlan
+from freetoken.experts.slot_plan import SharedExpert, StepPlan
+
+__all__ = ["GRANULE", "SharedExpert", "share_granule", "share_one_expert"]
 
 GRANULE = 64  # intermediate rows per step of c (cache-line and vector aligned for bf16 and fp32)
 
@@ -35,13 +37,6 @@ def share_granule(inter: int) -> int:
     if inter % GRANULE == 0 and inter >= 4 * GRANULE:
         return GRANULE
     return max(1, inter // 4)
-
-
-@dataclass
-class SharedExpert:
-    group: torch.Tensor  # [] int64 group index of the shared expert (meaningful when rows > 0)
-    eid: torch.Tensor  # [] int64 its pool row (N when there is none)
-    rows: torch.Tensor  # [] int64 intermediate rows on the GPU: 0 none/CPU only, I GPU only
 
 
 def share_one_expert(plan: StepPlan, share: torch.Tensor, inter: int, num_rows: int, scratch: int) -> SharedExpert:
@@ -70,4 +65,5 @@ def share_one_expert(plan: StepPlan, share: torch.Tensor, inter: int, num_rows: 
     mine = (g.route_group == best) & on
     code = torch.where(rows >= inter, torch.full_like(g.eids, scratch), encode_code(g.eids, rows, N))
     plan.route_code = torch.where(mine, code, plan.route_code)
-    return SharedExpert(best, eid, rows)
+    plan.shared = SharedExpert(best, eid, rows)
+    return plan.shared

@@ -21,7 +21,6 @@ from freetoken.experts.grouped_gemm import grouped_experts
 from freetoken.experts.layer_graphs import Body, LayerGraphs
 from freetoken.experts.pool import HostExpertPool
 from freetoken.experts.prefill import LayerStreamer
-from freetoken.experts.share_split import SharedExpert, share_one_expert
 from freetoken.experts.sizing import check_slots_cover_topk, resolve_slots
 from freetoken.experts.slot_cache import SlotCache
 from freetoken.experts.slot_plan import RouteGroups, StepPlan
@@ -99,18 +98,9 @@ class SlotBackend(ExpertBackend):
         """The round's batched fill (subclasses may time it)."""
         self.cache.copy(plan)
 
-    def _gpu(
-        self,
-        x: torch.Tensor,
-        groups: RouteGroups,
-        plan: StepPlan,
-        topk_w: torch.Tensor,
-        shared: SharedExpert | None = None,
-    ) -> torch.Tensor:
-        self._copy(plan)
+    def _gpu(self, x: torch.Tensor, groups: RouteGroups, plan: StepPlan, topk_w: torch.Tensor) -> torch.Tensor:
+        self._copy(plan)  # with a shared expert's GPU rows, into the scratch slot
         c = self.cache
-        if shared is not None:  # the shared expert's GPU rows into the scratch slot, after the fills
-            c.copy_partial(shared.eid, shared.rows)
         return grouped_experts(x, groups, plan.slot, topk_w, c.slot_gate_up, c.slot_down, self.pool.num_experts)
 
     def streamed_forward(
@@ -128,9 +118,15 @@ class SlotBackend(ExpertBackend):
         self.streamer.after_layer(layer)
         return out.to(x.dtype)
 
-    def _count(self, plan: StepPlan, first_round: bool, cpu_runs: torch.Tensor | None) -> None:
-        cpu = self._zero if cpu_runs is None else cpu_runs
+    def _count(self, plan: StepPlan, first_round: bool, cpu_runs: bool) -> None:
+        """The round's counts (``cpu_runs``: its unfilled misses ran on the CPU)."""
+        if plan.counted:  # the fused plan added its device counts itself
+            self.counters.layer_steps += 1
+            return
+        cpu = plan.num_misses - plan.copy_count if cpu_runs else self._zero
         self.counters.add_step(plan.num_hits, plan.num_misses, plan.copy_count, cpu, first_round)
+        if plan.shared is not None:
+            self.counters.add_shared(plan.shared.rows)
 
     # -- CUDA graphs of decode layers (``layer_graphs.py``) ---------------------------------------------
     def graphed(self, layer: int, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, body: Body) -> torch.Tensor:
@@ -176,18 +172,16 @@ class SlotBackend(ExpertBackend):
                 return torch.zeros_like(x)
             check_slots_cover_topk(self.cache.num_slots, topk_ids.shape[1])
             c = self.cache
-            plan = c.group_and_plan(layer, topk_ids, self.share, min_fill, protect, recent_last)
-            shared = None
-            if self.share_expert:
-                shared = share_one_expert(plan, self.share, self.pool.inter, self.pool.num_rows, c.num_slots)
+            vec = self.counters.vector  # the fused plan counts the step itself (CPU runs: the unfilled misses)
+            plan = c.group_and_plan(
+                layer, topk_ids, self.share, min_fill, protect, recent_last, self.share_expert, vec, True
+            )
             handle = self.cpu.submit(x, plan.route_code, topk_w, layer)  # CPU branch first
-            gpu = self._gpu(x, plan.groups, plan, topk_w, shared)
+            gpu = self._gpu(x, plan.groups, plan, topk_w)
             cpu, res = self.cpu.wait(handle)
             if res is not None:  # streamed batches report at the next begin_step
                 self._after_cpu(res.experts, res.seconds)
-            self._count(plan, True, plan.num_misses - plan.copy_count)
-            if shared is not None:
-                self.counters.add_shared(shared.rows)
+            self._count(plan, True, True)
             return (gpu + cpu).to(x.dtype)
 
         return self.graphed(layer, x, topk_ids, topk_w, body)

@@ -68,13 +68,8 @@ def partial_fill(
     eid: torch.Tensor,
     rows: torch.Tensor,
 ) -> None:
-    """``partial_fill_torch``'s contract; CUDA with Triton reads only the kept rows over PCIe; the CPU
-    device copies the kept slices (reading eid and rows costs nothing there)."""
-    if dst_gate_up.device.type == "cuda" and triton_available():
-        from freetoken.experts.triton_copy import partial_rows_triton
-
-        partial_rows_triton(src_gate_up, src_down, dst_gate_up, dst_down, eid, rows)
-        return
+    """``partial_fill_torch``'s contract; the CPU device copies the kept slices (reading eid and rows costs
+    nothing there). CUDA with Triton copies it inside ``batched_fill``'s one launch instead."""
     if dst_gate_up.device.type == "cpu":
         e, c = int(eid), int(rows)
         inter = src_down.shape[2]
@@ -96,13 +91,19 @@ def batched_fill(
     copy_src: torch.Tensor,
     copy_dst: torch.Tensor,
     count: torch.Tensor,  # [] int64 valid entries
+    partial: tuple[torch.Tensor, torch.Tensor] | None = None,  # ([] eid, [] rows): ``partial_fill`` of slot S
 ) -> None:
+    """The round's fills, then (with ``partial``) a shared expert's GPU rows into the scratch slot; on CUDA
+    with Triton both in one launch."""
     if dst_gate_up.device.type == "cuda" and triton_available():
         from freetoken.experts.triton_copy import gather_rows_triton
 
-        gather_rows_triton(src_gate_up, src_down, dst_gate_up, dst_down, copy_src, copy_dst, count)
+        gather_rows_triton(src_gate_up, src_down, dst_gate_up, dst_down, copy_src, copy_dst, count, partial=partial)
         return
     if dst_gate_up.device.type == "cpu":  # reading the count costs nothing here: skip the padded entries
         n = int(count)
         copy_src, copy_dst = copy_src[:n], copy_dst[:n]
     batched_fill_torch(src_gate_up, src_down, dst_gate_up, dst_down, copy_src, copy_dst)
+    if partial is not None:  # after the fills: their padded entries may rewrite the scratch slot
+        S = dst_gate_up.shape[0] - 1
+        partial_fill(src_gate_up, src_down, dst_gate_up[S], dst_down[S], *partial)

@@ -72,6 +72,15 @@ class SlotTables:
 
 
 @dataclass
+class SharedExpert:
+    """The miss one layer step shares between both branches by intermediate rows (``share_split``)."""
+
+    group: torch.Tensor  # [] int64 group index of the shared expert (meaningful when rows > 0)
+    eid: torch.Tensor  # [] int64 its pool row (N when there is none)
+    rows: torch.Tensor  # [] int64 intermediate rows on the GPU: 0 none/CPU only, I GPU only
+
+
+@dataclass
 class StepPlan:
     """What one round of one layer does. Group tensors are [K], copy tensors [Kv], Kv = min(K, S[, E])."""
 
@@ -86,6 +95,8 @@ class StepPlan:
     copy_count: torch.Tensor  # [] q: valid copy entries (a prefix)
     num_hits: torch.Tensor  # [] distinct hits
     num_misses: torch.Tensor  # [] m
+    shared: SharedExpert | None = None  # a miss shared by rows (the scratch slot gets its GPU part)
+    counted: bool = False  # the plan added its step to the device counters itself (the fused plan)
 
 
 def fill_quota(m: torch.Tensor, share: torch.Tensor, available: torch.Tensor, min_fill: int) -> torch.Tensor:

@@ -10,6 +10,8 @@ is fixed per step size and nothing is read back by the host:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -18,6 +20,29 @@ from freetoken.experts.slot_plan import RouteGroups
 
 _BM, _BN, _BK = 16, 64, 64
 _BM_BIG, _BIG_STEP = 64, 1024  # token tile for steps of more than _BIG_STEP routes
+
+
+@dataclass(frozen=True)
+class GemmTiles:
+    """Weight-row tile (BN) and reduction tile (BK) of each kernel, and warps per program."""
+
+    gu_bn: int = _BN
+    gu_bk: int = _BK
+    dn_bn: int = _BN
+    dn_bk: int = _BK
+    gu_warps: int = 4
+    dn_warps: int = 4
+
+
+DEFAULT_TILES = GemmTiles()
+# One token's experts: narrower gate_up tiles with a longer reduction step keep more programs streaming
+# (``bench/gpu/gemm_tiles.py`` on the H200 box: 34.5 -> 31.3 us per call at T = 1; no gain from T = 4 on).
+ONE_TOKEN_TILES = GemmTiles(gu_bn=32, gu_bk=128)
+
+
+def decode_tiles(routes: int) -> GemmTiles:
+    """The tiles for a step of ``routes`` routes (top-k of one token, or more)."""
+    return ONE_TOKEN_TILES if routes <= 8 else DEFAULT_TILES
 
 
 @triton.jit
@@ -125,6 +150,7 @@ def grouped_experts_triton(
     slot_gate_up: torch.Tensor,  # [S+1, 2I, D]
     slot_down: torch.Tensor,  # [S+1, D, I]
     max_groups: int | None = None,  # distinct experts a step can route to (a layer's E): bounds the grid
+    tiles: GemmTiles | None = None,  # None: decode_tiles(K) (``bench/gpu/gemm_tiles.py`` compares settings)
 ) -> torch.Tensor:  # [T, D] float32
     T, k = topk_w.shape
     K = T * k
@@ -139,7 +165,9 @@ def grouped_experts_triton(
     ng = groups.n_groups.reshape(1)
     prec = "ieee" if x.dtype == torch.float32 else "tf32"  # fp32: exact products, no TF32 rounding
     routes = (groups.order, groups.start, groups.count, slot, ng)  # both kernels walk the same groups
-    tiles = {"D": D, "I": I, "BM": bm, "BN": _BN, "BK": _BK, "PREC": prec}
-    _gate_up_kernel[(G, triton.cdiv(I, _BN))](x, slot_gate_up, h, *routes, TOPK=k, **tiles)
-    _down_kernel[(G, triton.cdiv(D, _BN))](h, slot_down, y, wts, *routes, **tiles)
+    t = tiles or decode_tiles(K)
+    gu = {"D": D, "I": I, "BM": bm, "BN": t.gu_bn, "BK": t.gu_bk, "PREC": prec, "num_warps": t.gu_warps}
+    dn = {"D": D, "I": I, "BM": bm, "BN": t.dn_bn, "BK": t.dn_bk, "PREC": prec, "num_warps": t.dn_warps}
+    _gate_up_kernel[(G, triton.cdiv(I, t.gu_bn))](x, slot_gate_up, h, *routes, TOPK=k, **gu)
+    _down_kernel[(G, triton.cdiv(D, t.dn_bn))](h, slot_down, y, wts, *routes, **dn)
     return y.view(T, k, D).sum(dim=1)
