@@ -378,6 +378,11 @@ def test_bench_decode_plumbing_and_bound(tmp_path) -> None:
     assert "expert_shared" not in r["hybrid"].stats or r["hybrid"].stats["expert_shared"] == 0
     with pytest.raises(SystemExit, match="unknown policy option"):
         run_policy("hybrid+fast", banks, shape, args, dev, torch.float32)
+    from freetoken.bench.decode import policy_config
+
+    assert policy_config("hybrid", args).cpu_branch_zero_copy  # the default
+    copy = policy_config("hybrid+share+copy", args)
+    assert not copy.cpu_branch_zero_copy and copy.hybrid_share_expert and copy.moe_backend == "hybrid"
     assert r["offload"].cpu_mb_per_token == 0 and r["offload"].fills_per_layer_step > 0
     bw = Bandwidths(copy=50.0, cpu=20.0, copy_c=40.0, cpu_c=20.0, source="test")
     gb = banks.expert_bytes / 1e9

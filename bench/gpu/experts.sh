@@ -11,7 +11,7 @@
 #   decode6   ft bench decode, replayed trace, 6 CPU threads, 3 repeats, runahead (~4 min; EAGER=1: MoE layers
 #             without CUDA graphs, SHARE=1: hybrid shares one expert per layer between both branches,
 #             POLICIES=a,b,...: the policies; variants side by side as backend+option: hybrid+share (a shared
-#             expert per layer), hybrid+zc (zero-copy CPU hand-off), hybrid+share+zc,
+#             expert per layer), hybrid+copy (the CPU hand-off by copies, not zero-copy), hybrid+share+copy,
 #             PROF=1: a profiler trace of hybrid too)
 #   decode16  the same with 16 CPU threads (~4 min)
 #   model     the model's own routing, THREADS (6) threads, REPEATS (3) repeats (~3 min)

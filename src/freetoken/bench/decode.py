@@ -47,7 +47,11 @@ from freetoken.experts.registry import create_backend
 
 DEFAULT_POLICIES = "fused,offload,hybrid,cpu,static-layers,static-freq"
 # Policy variants, side by side: "<backend>+<option>+...", e.g. "hybrid+share", "hybrid+share+zc".
-POLICY_OPTIONS = {"share": "EngineConfig.hybrid_share_expert", "zc": "EngineConfig.cpu_branch_zero_copy"}
+POLICY_OPTIONS = {
+    "share": "EngineConfig.hybrid_share_expert",
+    "zc": "EngineConfig.cpu_branch_zero_copy (the default)",
+    "copy": "EngineConfig.cpu_branch_zero_copy=False",
+}
 
 
 class Router(Protocol):
@@ -92,7 +96,8 @@ def policy_config(policy: str, args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         moe_backend=base, expert_cache=args.expert_cache, fill_fraction=args.fill_fraction,
         cpu_threads=_threads(args), moe_cuda_graphs=args.cuda_graphs,
-        hybrid_share_expert="share" in opts or args.share_expert, cpu_branch_zero_copy="zc" in opts or args.zero_copy,
+        hybrid_share_expert="share" in opts or args.share_expert,
+        cpu_branch_zero_copy="copy" not in opts and args.zero_copy,
     )  # fmt: skip
 
 
@@ -175,8 +180,10 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--zero-copy",
-        action="store_true",
-        help="CPU branch hand-off through mapped host memory (EngineConfig.cpu_branch_zero_copy; policy option '+zc')",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="CPU branch hand-off through mapped host memory (EngineConfig.cpu_branch_zero_copy, the default; "
+        "--no-zero-copy or the policy option '+copy': copies)",
     )
     p.add_argument(
         "--cuda-graphs",
