@@ -34,7 +34,8 @@ class CpuBackend(ExpertBackend):
         n = groups.n_groups
         self.counters.add_step(self._zero, n, self._zero, n)
         out, _ = self.runner.wait(handle)
-        return out.to(x.dtype)
+        # copy=True: with the zero-copy hand-off ``out`` is the layer's pinned buffer, rewritten by its next batch
+        return out.to(x.dtype, copy=True)
 
     def stats(self) -> dict[str, int | float]:
         c = self.counters.read()

@@ -33,7 +33,7 @@ RECENT_STEPS = 1  # 0: plain LRU victims
 class _CopyRecord:
     start: torch.cuda.Event
     end: torch.cuda.Event
-    q: torch.Tensor  # [1] view of the pinned ring: host copy of the intermediate rows copied (q * I + shared)
+    q: torch.Tensor  # [2] view of the pinned ring: host copies of copy_count and of a shared expert's GPU rows
 
 
 class HybridBackend(SlotBackend):
@@ -61,7 +61,7 @@ class HybridBackend(SlotBackend):
         # Pinned landing places for the timed rounds' q, allocated once: a pinned allocation per layer
         # (cudaHostAlloc) can wait for the device, which would stop the host from running ahead.
         # Records fold in stream order and stay fewer than the ring, so a slot is free when reused.
-        self._q_ring = torch.zeros(_MAX_PENDING_RECORDS, dtype=torch.long, pin_memory=device.type == "cuda")
+        self._q_ring = torch.zeros((_MAX_PENDING_RECORDS, 2), dtype=torch.long, pin_memory=device.type == "cuda")
         self._copy_bytes, self._copy_s, self._cpu_bytes, self._cpu_s = 0, 0.0, 0, 0.0
 
     def forward(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
@@ -103,13 +103,14 @@ class HybridBackend(SlotBackend):
             return
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         self._timed += 1
-        q = self._q_ring[self._timed % _MAX_PENDING_RECORDS :][:1]
-        copied = plan.copy_count * inter  # intermediate rows copied: whole experts and a shared one's GPU part
-        if plan.shared is not None:
-            copied = copied + plan.shared.rows
+        q = self._q_ring[self._timed % _MAX_PENDING_RECORDS]
+        q[1] = 0  # the host's own write: the ring slot's last record was folded (its copies are done)
         start.record()
         self.cache.copy(plan)
-        q.copy_(copied.reshape(1), non_blocking=True)  # before `end`: done when `end` is
+        # plain copies only, no arithmetic: a kernel's first launch may load its module, which waits for the GPU
+        q[0].copy_(plan.copy_count, non_blocking=True)  # before `end`: done when `end` is
+        if plan.shared is not None:
+            q[1].copy_(plan.shared.rows, non_blocking=True)
         end.record()
         self._records.append(_CopyRecord(start, end, q))
 
@@ -120,7 +121,8 @@ class HybridBackend(SlotBackend):
                 keep.append(r)
                 continue
             self._copy_s += r.start.elapsed_time(r.end) / 1e3
-            self._copy_bytes += int(r.q[0]) * self.pool.expert_bytes // self.pool.inter
+            rows = int(r.q[0]) * self.pool.inter + int(r.q[1])  # intermediate rows copied
+            self._copy_bytes += rows * self.pool.expert_bytes // self.pool.inter
         self._records = keep
 
     def _after_cpu(self, experts: float, seconds: float) -> None:
