@@ -1,5 +1,5 @@
 """CUDA-graph replay of MoE decode layers (``moe_cuda_graphs``): the same outputs and counters as eager
-steps, for offload and hybrid (whose CPU branch runs inside the graph on toggle flags)."""
+steps, for fused, offload and hybrid (whose CPU branch runs inside the graph on toggle flags)."""
 
 from __future__ import annotations
 
@@ -79,11 +79,11 @@ def _run(name: str, graphs: bool, steps, banks: ExpertBanks):
     backend.begin_step(1, True)
     stats = backend.stats()
     backend.check_integrity()
-    backend.close()
+    getattr(backend, "close", lambda: None)()  # fused has nothing to release
     return outs, stats
 
 
-@pytest.mark.parametrize("name", ["offload", "hybrid", "hybrid+share"])
+@pytest.mark.parametrize("name", ["fused", "offload", "hybrid", "hybrid+share"])
 def test_graphed_decode_equals_eager(name: str) -> None:
     banks = _banks()
     steps = _steps([1, 1, 2, 1, 2, 1, 1, 3, 1, 2], seed=4)  # sizes repeat: captured, then replayed
@@ -97,7 +97,7 @@ def test_graphed_decode_equals_eager(name: str) -> None:
             ref = moe_reference(x, ids + layer * E, w, gu, dn)
             torch.testing.assert_close(g.float(), ref, rtol=1e-5, atol=1e-5)
     for key in COUNTERS:
-        assert s_graph[key] == s_eager[key], key
+        assert s_graph.get(key) == s_eager.get(key), key  # fused keeps no expert counters
     if name.startswith("hybrid"):
         assert s_graph["expert_cpu_runs"] > 0 and s_graph["expert_fills"] > 0
     if name == "hybrid+share":
