@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import os
 
 import pytest
 import torch
@@ -347,109 +345,6 @@ def test_pool_pins_in_place_and_gpu_reads_it() -> None:
     assert torch.equal(dn.index_select(0, idx).cpu(), banks.down[[3, 0, 15]])
     second.close()
     assert not banks.gate_up.is_pinned()
-
-
-# -- the decode benchmark on a tiny shape (its figures are meaningless on the CPU; its plumbing is not) -----
-def test_bench_decode_plumbing_and_bound(tmp_path) -> None:
-    import argparse
-
-    import numpy as np
-
-    from freetoken.bench.decode import add_arguments, run_policy
-    from freetoken.bench.decode_report import Bandwidths, layer_bound_s
-    from freetoken.bench.presets import MoEShape
-    from freetoken.bench.synthetic import random_banks
-
-    shape = MoEShape("tiny", hidden=64, inter=32, experts=16, top_k=2, layers=2)
-    trace = np.sort(np.random.default_rng(0).integers(0, 16, (50, 2, 2)), axis=-1).astype(np.uint8)
-    np.save(tmp_path / "t.npy", trace)
-    args = add_arguments(argparse.ArgumentParser()).parse_args(
-        ["--layers", "2", "--steps", "6", "--warmup-tokens", "4", "--routing-trace", str(tmp_path / "t.npy")]
-    )
-    banks = random_banks(shape, 2, torch.float32)
-    dev = torch.device("cpu")
-    r = {p: run_policy(p, banks, shape, args, dev, torch.float32) for p in ("offload", "hybrid", "cpu")}
-    assert r["cpu"].miss_rate == 1.0 and r["cpu"].pcie_mb_per_token == 0
-    shared = run_policy("hybrid+share", banks, shape, argparse.Namespace(**{**vars(args), "fill_fraction": 0.7}), dev,
-                        torch.float32)  # fmt: skip
-    assert shared.backend == "hybrid" and shared.stats["expert_shared"] > 0  # m = 2, q = round(1.4) = 1: shares
-    full = shared.fills_per_layer_step * args.layers * banks.expert_bytes / args.batch / 1e6  # whole fills only
-    assert shared.pcie_mb_per_token > full  # the shared experts' GPU rows count as PCIe bytes
-    assert "expert_shared" not in r["hybrid"].stats or r["hybrid"].stats["expert_shared"] == 0
-    with pytest.raises(SystemExit, match="unknown policy option"):
-        run_policy("hybrid+fast", banks, shape, args, dev, torch.float32)
-    from freetoken.bench.decode import policy_config
-
-    assert policy_config("hybrid", args).cpu_branch_zero_copy  # the default
-    copy = policy_config("hybrid+share+copy", args)
-    assert not copy.cpu_branch_zero_copy and copy.hybrid_share_expert and copy.moe_backend == "hybrid"
-    assert r["offload"].cpu_mb_per_token == 0 and r["offload"].fills_per_layer_step > 0
-    bw = Bandwidths(copy=50.0, cpu=20.0, copy_c=40.0, cpu_c=20.0, source="test")
-    gb = banks.expert_bytes / 1e9
-    off = r["offload"]
-    assert layer_bound_s(off, banks.expert_bytes, bw, 0.0) == pytest.approx(off.misses_per_layer_step * gb / 50.0)
-    hyb = r["hybrid"]
-    assert layer_bound_s(hyb, banks.expert_bytes, bw, 0.0) == pytest.approx(hyb.misses_per_layer_step * gb / 60.0)
-    assert layer_bound_s(hyb, banks.expert_bytes, bw, 1.0) == 1.0  # the GPU term dominates
-
-
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
-def test_triton_kernels_compile_for_hopper() -> None:
-    """Every Triton kernel compiles to a cubin for sm_90 (no GPU needed: Triton ships ptxas)."""
-    try:
-        import triton
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-    except ImportError as exc:  # another Triton layout
-        pytest.skip(f"no ahead-of-time compile API: {exc}")
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("the interpreter replaces compilation")
-    from freetoken.experts import triton_copy, triton_gemm, triton_plan
-
-    i64 = "*i64"
-    plan_sig = dict.fromkeys(["ids_ptr", "slot_of", "eid_of", "stamp", "tick_ptr", "i64_out", "counters"], i64)
-    plan_sig |= dict.fromkeys(["K", "layer_off", "N", "S", "KV", "protect"], "i32")
-    plan_sig |= {"locked": "*u8", "share_ptr": "*fp32", "b_out": "*u8"}
-    groups = dict.fromkeys(["order", "gstart", "gcount", "gslot", "ngroups_ptr"], i64)
-    cases: list[tuple[object, dict[str, str], dict[str, object]]] = [
-        (triton_plan._plan_kernel, plan_sig, {"MIN_FILL": 1, "RECENT_LAST": True, "KB": 32, "BS": 512,
-                                              "INTER": 768, "SHARE_STEP": 64, "COUNT": 2}),  # fmt: skip
-        (triton_plan._plan_kernel, plan_sig, {"MIN_FILL": 0, "RECENT_LAST": False, "KB": 64, "BS": 512,
-                                              "INTER": 0, "SHARE_STEP": 0, "COUNT": 0}),  # fmt: skip
-        (
-            triton_gemm._gate_up_kernel,
-            {"x": "*bf16", "gu": "*bf16", "h": "*fp32", **groups},
-            {"D": 2048, "I": 768, "TOPK": 8, "BM": 16, "BN": 64, "BK": 64, "PREC": "tf32"},
-        ),
-        (
-            triton_gemm._gate_up_kernel,
-            {"x": "*bf16", "gu": "*bf16", "h": "*fp32", **groups},
-            {"D": 2880, "I": 2880, "TOPK": 4, "BM": 64, "BN": 64, "BK": 64, "PREC": "tf32"},
-        ),
-        (
-            triton_gemm._down_kernel,
-            {"h": "*fp32", "dn": "*fp32", "y": "*fp32", "wts": "*fp32", **groups},
-            {"D": 64, "I": 32, "BM": 16, "BN": 64, "BK": 64, "PREC": "ieee"},
-        ),
-        (
-            triton_copy._gather_rows_kernel,
-            {"src_gu": "*bf16", "src_dn": "*bf16", "dst_gu": "*bf16", "dst_dn": "*bf16", "copy_src": i64,
-             "copy_dst": i64, "count_ptr": i64, "part_eid": i64, "part_rows": i64, "n_rows": "i32",
-             "scratch": "i32", "KVN": "i32"},  # fmt: skip
-            {"GU": 2 * 768 * 2048, "DN": 768 * 2048, "BLOCK": 4096, "ITERS": 8, "INTER": 768, "D": 2048},
-        ),
-        (
-            triton_copy._stage_kernel,
-            {"x": "*bf16", "codes": i64, "w": "*fp32", "x_dst": "*fp32", "codes_dst": i64, "w_dst": "*fp32",
-             "NX": "i32", "NK": "i32"},  # fmt: skip
-            {"BLOCK": 1024},
-        ),
-    ]
-    for fn, sig, consts in cases:
-        signature: dict[str, str] = {**sig, **{k: "constexpr" for k in consts}}
-        src = ASTSource(fn=fn, signature=signature, constexprs=consts)
-        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32))
-        assert "cubin" in kernel.asm
 
 
 def test_cache_below_top_k_is_refused_when_the_engine_starts(tmp_path) -> None:

@@ -1,0 +1,49 @@
+"""``ft bench decode`` on a tiny shape: its figures are meaningless on the CPU, its plumbing is not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def test_bench_decode_plumbing_and_bound(tmp_path) -> None:
+    import argparse
+
+    import numpy as np
+
+    from freetoken.bench.decode import add_arguments, run_policy
+    from freetoken.bench.decode_report import Bandwidths, layer_bound_s
+    from freetoken.bench.presets import MoEShape
+    from freetoken.bench.synthetic import random_banks
+
+    shape = MoEShape("tiny", hidden=64, inter=32, experts=16, top_k=2, layers=2)
+    trace = np.sort(np.random.default_rng(0).integers(0, 16, (50, 2, 2)), axis=-1).astype(np.uint8)
+    np.save(tmp_path / "t.npy", trace)
+    args = add_arguments(argparse.ArgumentParser()).parse_args(
+        ["--layers", "2", "--steps", "6", "--warmup-tokens", "4", "--routing-trace", str(tmp_path / "t.npy")]
+    )
+    banks = random_banks(shape, 2, torch.float32)
+    dev = torch.device("cpu")
+    r = {p: run_policy(p, banks, shape, args, dev, torch.float32) for p in ("offload", "hybrid", "cpu")}
+    assert r["cpu"].miss_rate == 1.0 and r["cpu"].pcie_mb_per_token == 0
+    shared = run_policy("hybrid+share", banks, shape, argparse.Namespace(**{**vars(args), "fill_fraction": 0.7}), dev,
+                        torch.float32)  # fmt: skip
+    assert shared.backend == "hybrid" and shared.stats["expert_shared"] > 0  # m = 2, q = round(1.4) = 1: shares
+    full = shared.fills_per_layer_step * args.layers * banks.expert_bytes / args.batch / 1e6  # whole fills only
+    assert shared.pcie_mb_per_token > full  # the shared experts' GPU rows count as PCIe bytes
+    assert "expert_shared" not in r["hybrid"].stats or r["hybrid"].stats["expert_shared"] == 0
+    with pytest.raises(SystemExit, match="unknown policy option"):
+        run_policy("hybrid+fast", banks, shape, args, dev, torch.float32)
+    from freetoken.bench.decode import policy_config
+
+    assert policy_config("hybrid", args).cpu_branch_zero_copy  # the default
+    copy = policy_config("hybrid+share+copy", args)
+    assert not copy.cpu_branch_zero_copy and copy.hybrid_share_expert and copy.moe_backend == "hybrid"
+    assert r["offload"].cpu_mb_per_token == 0 and r["offload"].fills_per_layer_step > 0
+    bw = Bandwidths(copy=50.0, cpu=20.0, copy_c=40.0, cpu_c=20.0, source="test")
+    gb = banks.expert_bytes / 1e9
+    off = r["offload"]
+    assert layer_bound_s(off, banks.expert_bytes, bw, 0.0) == pytest.approx(off.misses_per_layer_step * gb / 50.0)
+    hyb = r["hybrid"]
+    assert layer_bound_s(hyb, banks.expert_bytes, bw, 0.0) == pytest.approx(hyb.misses_per_layer_step * gb / 60.0)
+    assert layer_bound_s(hyb, banks.expert_bytes, bw, 1.0) == 1.0  # the GPU term dominates
