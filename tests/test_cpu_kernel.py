@@ -102,6 +102,25 @@ def test_prefetch_and_row_blocking_do_not_change_bits(isa: str, dtype: torch.dty
         torch.testing.assert_close(outs[0], ref, rtol=0, atol=_tol(ref, dtype))
 
 
+def test_spin_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Idle workers poll FREETOKEN_CPU_SPIN_US µs (the argument wins); unset: only on >= 8 physical cores."""
+    _lib_or_skip()
+    monkeypatch.setenv("FREETOKEN_CPU_SPIN_US", "30")
+    k = CpuExpertKernel(num_threads=1)
+    x = torch.randn(1, 16)
+    gu, dn = torch.randn(2, 8, 16), torch.randn(2, 16, 4)
+    out = k.run(x, torch.zeros(1, dtype=torch.int32), torch.tensor([1]), torch.ones(1), gu, dn)
+    torch.testing.assert_close(out, cpu_experts_reference(x, torch.zeros(1, dtype=torch.int32), torch.tensor([1]),
+                                                          torch.ones(1), gu, dn))  # fmt: skip
+    assert k.spin_us == 30 and CpuExpertKernel(num_threads=1, spin_us=0).spin_us == 0
+    monkeypatch.delenv("FREETOKEN_CPU_SPIN_US")
+    want = kmod.DEFAULT_SPIN_US if kmod.physical_cores() >= kmod.SPIN_MIN_CORES else 0
+    assert CpuExpertKernel(num_threads=1).spin_us == want
+    monkeypatch.setenv("FREETOKEN_CPU_SPIN_US", "-5")
+    with pytest.raises(ValueError, match="FREETOKEN_CPU_SPIN_US"):
+        CpuExpertKernel(num_threads=1)
+
+
 def test_prefetch_and_rows_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     _lib_or_skip()
     monkeypatch.setenv("FREETOKEN_CPU_PREFETCH", "4096")

@@ -18,6 +18,9 @@
 #   graphs    offload / hybrid / static-* with MoE layers replayed as CUDA graphs (the default), GPU tests
 #             of the graphs, 6 threads, 3 repeats (~3 min)
 #   profile   one profiler trace of hybrid decode steps (eager, then graphed) to $OUT/prof (~1 min)
+#   cores6    a 6-core machine: the process on CPUs 0-5 (taskset), default CPU threads (5), so the kernel's
+#             workers do not spin (< 8 cores) unless FREETOKEN_CPU_SPIN_US says so; spin off / 50 us in
+#             alternating processes, 3 each, offload / hybrid / static-layers (~3 min)
 set -uo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -58,5 +61,10 @@ profile) echo "== hybrid profiler traces"; for g in ${PROFILE_MODES:-eager graph
   timeout 100 $DEC --cpu-threads "${THREADS:-6}" --repeats 1 --steps 64 --warmup-tokens 64 --routing-trace $TRACE --runahead \
   --profile-dir "$OUT/prof-$g" $f --policies hybrid 2>/dev/null | tail -3; cut -c1-90 "$OUT"/prof-$g/*.txt | head -60
   rm -f "$OUT"/prof-$g/*.json; done ;;
+cores6) echo "== a 6-core machine (taskset -c 0-5), spin off / on, alternating processes"
+  for r in 1 2 3; do for spin in "" 50; do FREETOKEN_CPU_SPIN_US=$spin timeout 120 taskset -c 0-5 $DEC --repeats 1 \
+    --steps 256 --warmup-tokens 200 --routing-trace $TRACE --policies ${POLICIES:-offload,hybrid,static-layers} \
+    --json "$OUT/cores6_spin${spin:-0}_$r.json" > "$OUT/cores6_spin${spin:-0}_$r.log" 2>&1
+    echo "spin ${spin:-0} run $r: $(grep -E '^# runs' "$OUT/cores6_spin${spin:-0}_$r.log")"; done; done ;;
 *) echo "unknown stage $stage"; exit 2 ;;
 esac; done

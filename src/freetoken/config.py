@@ -112,6 +112,9 @@ class Env:
     cpu_rows: int | None = field(default_factory=lambda: _env_count("FREETOKEN_CPU_ROWS"))
     """Weight rows each CPU expert kernel thread streams at once at batch 1: 1, 2 or 4 (FREETOKEN_CPU_ROWS;
     unset: 1)."""
+    cpu_spin_us: int | None = field(default_factory=lambda: _env_count("FREETOKEN_CPU_SPIN_US"))
+    """How long idle CPU expert workers poll before they sleep, in µs (FREETOKEN_CPU_SPIN_US; unset: 50 on
+    machines with at least 8 physical cores this process may use, else 0)."""
 
 
 def _env_count(name: str) -> int | None:

@@ -75,8 +75,9 @@ class CpuExpertKernel:
 
     ``num_threads``: workers (None: physical cores - 1, min 1). ``isa``: "auto" (best supported; AVX2
     when FREETOKEN_FORCE_AVX2=1) or one of ``ISAS``. ``pin``: pin worker k to its own physical core.
-    ``spin_us``: how long idle workers poll before sleeping (None: ``DEFAULT_SPIN_US`` on machines
-    with at least ``SPIN_MIN_CORES`` physical cores, else 0: never spin on few cores).
+    ``spin_us``: how long idle workers poll before sleeping (None: ``FREETOKEN_CPU_SPIN_US``, else
+    ``DEFAULT_SPIN_US`` on machines with at least ``SPIN_MIN_CORES`` physical cores, else 0: never spin on few
+    cores).
     ``caller_helps``: the thread blocked in ``wait()``/``run()`` computes units too (it would only
     sleep otherwise; on a busy machine it may do the whole batch before a worker is scheduled).
     ``prefetch``: software prefetch distance in bytes ahead of the weight streams, 0: off (None:
@@ -107,7 +108,7 @@ class CpuExpertKernel:
         self._pool: int | None = None
         self._inflight: tuple[torch.Tensor, ...] | None = None
         self.isa = "torch"
-        self.prefetch, self.rows = 0, 1
+        self.prefetch, self.rows, self.spin_us = 0, 1, 0
         if prefetch is not None and prefetch < 0:
             raise ValueError(f"prefetch must be >= 0 bytes, got {prefetch}")
         if rows is not None and rows not in ROW_BLOCKS:
@@ -119,8 +120,11 @@ class CpuExpertKernel:
             raise ValueError(f"ISA {isa!r} is not supported by this CPU or this build")
         cpus = (ctypes.c_int * n)(*worker_cpus(n)) if pin and n <= physical_cores() else None
         if spin_us is None:
+            spin_us = Env().cpu_spin_us
+        if spin_us is None:
             spin_us = DEFAULT_SPIN_US if physical_cores() >= SPIN_MIN_CORES else 0
-        self._pool = self._lib.ft_pool_create(n, cpus, isa_id, max(0, int(spin_us)))
+        self.spin_us = max(0, int(spin_us))
+        self._pool = self._lib.ft_pool_create(n, cpus, isa_id, self.spin_us)
         if not self._pool:
             raise RuntimeError("could not create the CPU expert worker pool")
         self.isa = ISAS[isa_id]
