@@ -354,3 +354,26 @@ def test_cache_below_top_k_is_refused_when_the_engine_starts(tmp_path) -> None:
     save_checkpoint("qwen3_moe", tmp_path, seed=1)  # top-2
     with pytest.raises(ValueError, match="fewer than the 2 experts"):
         LLM(str(tmp_path), device="cpu", moe_backend="offload", expert_cache=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_on_cpu_runs_the_cpu_kernel_in_place(dtype: torch.dtype) -> None:
+    """On a CPU device fused runs decode-sized steps on the C++ kernel over the banks (no weight gather) and
+    many-token steps on torch's per-expert matmuls; both match the reference."""
+    from freetoken.experts.cpu.kernel import load_library
+    from freetoken.experts.fused import FusedBackend
+
+    banks = make_banks(2, 8, seed=3)
+    backend = FusedBackend(banks, torch.device("cpu"), dtype)
+    assert (backend.kernel is not None) == (load_library() is not None)
+    g = torch.Generator().manual_seed(4)
+    for T in (1, 3, 40):  # 40 tokens x top-2 > 4 routes per expert of 8: torch
+        x = torch.randn(T, D, generator=g).to(dtype)
+        ids = torch.rand(T, 8, generator=g).argsort(dim=1)[:, :K_TOP]
+        w = torch.softmax(torch.randn(T, K_TOP, generator=g), dim=-1)
+        ref = moe_reference(x.float(), ids + 8, w, banks.gate_up.float(), banks.down.float())
+        tol = 1e-5 if dtype == torch.float32 else 3e-2
+        torch.testing.assert_close(backend.forward(1, x, ids, w).float(), ref.float(), rtol=tol, atol=tol)
+    backend.close()
+    gptoss = ExpertBanks(banks.gate_up, banks.down, 2, 8, activation="gptoss")
+    assert FusedBackend(gptoss, torch.device("cpu"), dtype).kernel is None  # its torch paths are SiLU only

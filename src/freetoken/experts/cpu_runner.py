@@ -115,6 +115,16 @@ def _run_routes(pool: HostExpertPool, x: torch.Tensor, codes: torch.Tensor, w: t
     return CpuResult(out, _expert_equivalents(rows, ib_all, inter), time.perf_counter() - t0)
 
 
+def make_kernel(dtype: torch.dtype, threads: int | None) -> CpuExpertKernel | None:
+    """The C++ expert kernel for banks of ``dtype`` (None for a dtype it does not take) with ``threads``
+    computing threads in all: the workers and the thread that runs each batch (the feeder, or the caller of
+    ``wait()``), which takes units too. None: ``default_kernel_threads()``."""
+    if dtype not in (torch.float32, torch.bfloat16):
+        return None
+    n = default_kernel_threads() if threads is None else threads
+    return CpuExpertKernel(num_threads=max(1, n - 1), caller_helps=True)
+
+
 class CpuExpertRunner:
     def __init__(
         self,
@@ -128,12 +138,7 @@ class CpuExpertRunner:
         self.device = device
         self.threads = threads
         self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ft-cpu-experts")
-        self.kernel: CpuExpertKernel | None = None
-        if pool.gate_up.dtype in (torch.float32, torch.bfloat16):
-            # `threads` computing threads in all: the workers and the thread that runs each batch (the
-            # feeder, or the caller of wait()), which takes units too
-            n = default_kernel_threads() if threads is None else threads
-            self.kernel = CpuExpertKernel(num_threads=max(1, n - 1), caller_helps=True)
+        self.kernel = make_kernel(pool.gate_up.dtype, threads)
         self._want_streamed = streamed and device.type == "cuda" and self.kernel is not None
         self._streamed: StreamedCpuBranch | None = None
         self._zero_copy = zero_copy
