@@ -18,6 +18,8 @@
 #   graphs    offload / hybrid / static-* with MoE layers replayed as CUDA graphs (the default), GPU tests
 #             of the graphs, 6 threads, 3 repeats (~3 min)
 #   profile   one profiler trace of hybrid decode steps (eager, then graphed) to $OUT/prof (~1 min)
+#   layers    where each policy's layer time goes: profiler traces of POLICIES (hybrid,hybrid+share), THREADS (6)
+#             threads, graphed, and bench/gpu/timeline.py --layers of each (~2 min)
 #   cores6    a 6-core machine: the process on CPUs 0-5 (taskset), default CPU threads (5), so the kernel's
 #             workers do not spin (< 8 cores) unless FREETOKEN_CPU_SPIN_US says so; spin off / 50 us in
 #             alternating processes, 3 each, offload / hybrid / static-layers (~3 min)
@@ -61,6 +63,11 @@ profile) echo "== hybrid profiler traces"; for g in ${PROFILE_MODES:-eager graph
   timeout 100 $DEC --cpu-threads "${THREADS:-6}" --repeats 1 --steps 64 --warmup-tokens 64 --routing-trace $TRACE --runahead \
   --profile-dir "$OUT/prof-$g" $f --policies hybrid 2>/dev/null | tail -3; cut -c1-90 "$OUT"/prof-$g/*.txt | head -60
   rm -f "$OUT"/prof-$g/*.json; done ;;
+layers) echo "== per-layer device time, ${POLICIES:-hybrid,hybrid+share}, ${THREADS:-6} threads"
+  timeout 200 $DEC --cpu-threads "${THREADS:-6}" --repeats 1 --steps 128 --warmup-tokens 200 --routing-trace $TRACE --runahead \
+    --profile-dir "$OUT/prof-layers" --policies ${POLICIES:-hybrid,hybrid+share} > "$OUT/layers.log" 2>&1; tail -8 "$OUT/layers.log"
+  for f in "$OUT"/prof-layers/*.json; do echo "-- $(basename "$f")"; python3 bench/gpu/timeline.py "$f" --layers
+    python3 bench/gpu/timeline.py "$f" --count 40 > "${f%.json}.timeline.txt"; gzip -f "$f"; done ;;
 cores6) echo "== a 6-core machine (taskset -c 0-5), spin off / on, alternating processes"
   for r in 1 2 3; do for spin in "" 50; do FREETOKEN_CPU_SPIN_US=$spin timeout 120 taskset -c 0-5 $DEC --repeats 1 \
     --steps 256 --warmup-tokens 200 --routing-trace $TRACE --policies ${POLICIES:-offload,hybrid,static-layers} \
