@@ -191,3 +191,42 @@ def test_toggle_flags_for_replayed_graphs() -> None:
     assert int(seq_done[0]) == 1  # the sequence flags were not touched
     here = codes < 0
     assert int(stats[1]) == int(here.sum()) and int(stats[2]) > 0  # the toggled batches' own stats row
+
+
+def test_batch_trace_records_each_batch_in_order() -> None:
+    from freetoken.experts.cpu.batch_trace import FIELDS, format_rows, summarize
+
+    kern = _native()
+    k, D, inter, N = 4, 96, 64, 6
+    kern.trace(2)  # the last two batches are kept
+    cases = [_case(T, k, D, inter, N, torch.float32, seed=10 + T) for T in (1, 2, 3)]
+    ready, done = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    outs = [torch.empty(c[0].shape[0], D) for c in cases]
+    for i, (c, out) in enumerate(zip(cases, outs)):
+        kern.enqueue(*c, out=out, ready=(ready, i + 1), done=(done, i + 1))
+    time.sleep(0.01)  # the first batch waits this long for its flag: its idle time
+    ready[0] = 3
+    wait_flag(done, 3)
+    kern.drain()
+    t = kern.take_trace()
+    assert t.shape == (2, len(FIELDS))  # the ring kept the last two
+    assert kern.take_trace().shape[0] == 0  # taken: forgotten
+    f = {name: t[:, i] for i, name in enumerate(FIELDS)}
+    assert bool((f["wait"] <= f["ready"]).all() and (f["ready"] <= f["step1"]).all())
+    assert bool((f["step1"] <= f["step2"]).all() and (f["step2"] <= f["step3"]).all())
+    assert bool((f["step3"] <= f["finish"]).all() and (f["finish"] <= f["done"]).all())
+    assert bool(f["done"][0] <= f["wait"][1])  # in order
+    for row, c in zip(t, cases[1:]):
+        distinct = torch.unique((-1 - c[1])[c[1] < 0]).numel()
+        assert int(row[FIELDS.index("distinct")]) == distinct
+        assert int(row[FIELDS.index("work")]) == distinct * inter
+    rows = summarize(t, inter, 3 * D * inter * 4)
+    assert sum(r.batches for r in rows) == 2 and all(r.us["busy"] > 0 for r in rows)
+    assert len(format_rows(rows)) == len(rows) + 1
+    kern.trace(0)
+    c = cases[0]
+    kern.enqueue(*c, out=outs[0], ready=(ready, 4), done=(done, 4))
+    ready[0] = 4
+    wait_flag(done, 4)
+    kern.drain()
+    assert kern.take_trace().shape[0] == 0  # off: nothing recorded

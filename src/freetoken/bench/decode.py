@@ -123,6 +123,10 @@ def run_policy(
         for _ in range(math.ceil(args.warmup_tokens / B)):
             decode_step(backend, router, L, inputs())
         sync()
+        runner = getattr(backend, "cpu", None) or getattr(backend, "runner", None)  # slot backends / cpu
+        kern = getattr(runner, "kernel", None) if args.cpu_trace else None
+        if kern is not None:
+            kern.trace(1 << 16)
         s0 = backend.stats()
         t0, host = time.perf_counter(), 0.0
         for _ in range(args.steps):
@@ -133,6 +137,8 @@ def run_policy(
         sync()
         elapsed = time.perf_counter() - t0
         s1 = backend.stats()
+        if kern is not None:
+            print_batch_trace(policy, kern, banks)
         ahead = None
         if dev.type == "cuda" and args.runahead:
             from freetoken.bench.runahead import profile_steps, runahead_share
@@ -151,6 +157,18 @@ def run_policy(
     r.runahead = ahead
     r.host_ms = host / args.steps * 1e3
     return r
+
+
+def print_batch_trace(policy: str, kern: object, banks: ExpertBanks) -> None:
+    """The measured steps' CPU batches: where their time went (``experts/cpu/batch_trace.py``)."""
+    from freetoken.experts.cpu.batch_trace import format_rows, summarize
+
+    trace = kern.take_trace()  # type: ignore[attr-defined]
+    kern.trace(0)  # type: ignore[attr-defined]
+    inter = banks.down.shape[2]
+    print(f"# {policy}: CPU batches of the measured steps, median µs per part by batch size (expert equivalents)")
+    for line in format_rows(summarize(trace, inter, banks.expert_bytes)):
+        print("#   " + line)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -196,6 +214,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         action="store_true",
         help="CUDA: also measure how often the host queues the last MoE layer before the GPU ends the first",
     )
+    p.add_argument("--cpu-trace", action="store_true",
+                   help="trace the CPU branch's batches in the measured steps: idle, start, phases, GB/s by size")
     p.add_argument("--profile-dir", default=None, help="with --runahead: write a profiler trace of each policy here")
     return p
 

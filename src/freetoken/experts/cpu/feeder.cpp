@@ -29,8 +29,39 @@ constexpr int64_t kMaxNapNs = 50'000;  // longest nap while a batch waits for it
 
 }  // namespace
 
-Feeder::Feeder(RunFn run, int64_t spin_ns, std::atomic<int64_t>* hot)
-    : run_(std::move(run)), spin_ns_(spin_ns), hot_(hot), thread_([this] { loop(); }) {}
+Feeder::Feeder(RunFn run, int64_t spin_ns, std::atomic<int64_t>* hot, const Pool* pool)
+    : run_(std::move(run)), spin_ns_(spin_ns), hot_(hot), pool_(pool), thread_([this] { loop(); }) {}
+
+void Feeder::trace(int64_t cap) {
+  std::lock_guard<std::mutex> lk(trace_mu_);
+  trace_cap_ = std::max<int64_t>(0, cap), trace_head_ = 0, trace_count_ = 0;
+  trace_.assign(trace_cap_ * kTraceFields, 0);
+}
+
+int64_t Feeder::take_trace(int64_t* out, int64_t max) {
+  std::lock_guard<std::mutex> lk(trace_mu_);
+  const int64_t n = std::min(max, trace_count_);
+  const int64_t first = (trace_head_ - trace_count_ + trace_cap_) % std::max<int64_t>(trace_cap_, 1);
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t* r = trace_.data() + ((first + j) % trace_cap_) * kTraceFields;
+    std::copy(r, r + kTraceFields, out + j * kTraceFields);
+  }
+  trace_count_ -= n;
+  return n;
+}
+
+void Feeder::record(int64_t t_wait, int64_t t_ready, int64_t t_done) {
+  std::lock_guard<std::mutex> lk(trace_mu_);
+  if (trace_cap_ == 0) return;
+  int64_t* r = trace_.data() + trace_head_ * kTraceFields;
+  r[0] = t_wait, r[1] = t_ready;
+  for (int s = 0; s < Pool::kTracedSteps; ++s) r[2 + s] = pool_ ? pool_->step_open_ns()[s] : 0;
+  r[2 + Pool::kTracedSteps] = pool_ ? pool_->finish_ns() : 0;
+  r[3 + Pool::kTracedSteps] = t_done, r[4 + Pool::kTracedSteps] = work_;
+  r[kTraceFields - 1] = distinct_;
+  trace_head_ = (trace_head_ + 1) % trace_cap_;
+  trace_count_ = std::min(trace_count_ + 1, trace_cap_);
+}
 
 Feeder::~Feeder() {
   {
@@ -108,6 +139,8 @@ void Feeder::write_stats(const FtQueuedArgs& a, int64_t ns, int rc) {
     ++distinct;
     work += std::max<int64_t>(0, a.I - rows_[j].second);
   }
+  work_ = work, distinct_ = distinct;
+  if (!a.stats) return;
   a.stats[0] = distinct;
   a.stats[1] = static_cast<int64_t>(row_.size());
   a.stats[2] = ns;
@@ -115,7 +148,7 @@ void Feeder::write_stats(const FtQueuedArgs& a, int64_t ns, int rc) {
   a.stats[4] = work;
 }
 
-void Feeder::run_one(const FtQueuedArgs& a) {
+void Feeder::run_one(const FtQueuedArgs& a, int64_t t_wait) {
   const int64_t t_ready = now_ns();
   int rc;
   try {
@@ -128,8 +161,9 @@ void Feeder::run_one(const FtQueuedArgs& a) {
     int expected = 0;
     error_.compare_exchange_strong(expected, rc);
   }
-  if (a.stats) write_stats(a, now_ns() - t_ready, rc);
+  write_stats(a, now_ns() - t_ready, rc);
   __atomic_store_n(a.done_flag, a.done_value, __ATOMIC_RELEASE);  // out and stats first
+  record(t_wait, t_ready, now_ns());
 }
 
 void Feeder::loop() {
@@ -144,8 +178,9 @@ void Feeder::loop() {
       if (queue_.empty()) return;  // stopping, nothing left
       a = queue_.front();
     }
+    const int64_t t_wait = now_ns();
     if (!stop_.load(std::memory_order_acquire) && wait_ready(a)) {
-      run_one(a);
+      run_one(a, t_wait);
     } else {  // stopping: release whoever waits on this batch (its out is not computed)
       __atomic_store_n(a.done_flag, a.done_value, __ATOMIC_RELEASE);
     }

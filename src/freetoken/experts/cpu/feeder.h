@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "plan.h"
+#include "pool.h"
 
 extern "C" struct FtQueuedArgs {
   const float* x;  // [T, D] fp32
@@ -51,7 +52,8 @@ class Feeder {
   // feeder polls a ready flag before it starts sleeping in short naps (0: naps at once); hot: counts
   // the batches queued and running here too (the worker pool spins longer while it is > 0).
   using RunFn = std::function<int(const FtMoeArgs&)>;
-  Feeder(RunFn run, int64_t spin_ns, std::atomic<int64_t>* hot = nullptr);
+  // pool (optional): the pool run uses, whose step times the batch trace records.
+  Feeder(RunFn run, int64_t spin_ns, std::atomic<int64_t>* hot = nullptr, const Pool* pool = nullptr);
   ~Feeder();  // abandons queued batches, setting their done flags, so no stream waits forever
 
   // 0 queued; -2 bad dimensions or null pointers (nothing queued).
@@ -61,13 +63,23 @@ class Feeder {
   int64_t pending() const { return pending_.load(std::memory_order_acquire); }
   // The first error a batch met (0: none), cleared by reading.
   int take_error() { return error_.exchange(0); }
+  // Batch trace (diagnostics): with cap > 0 every batch run from now on appends kTraceFields values,
+  // the last cap batches kept: steady-clock ns when the feeder began waiting for the ready flag, saw it,
+  // the pool's step opening times (Pool::kTracedSteps, 0: step without units) and finish, done; then
+  // the work in intermediate rows and the distinct pool rows. cap 0 turns it off.
+  static constexpr int kTraceFields = 6 + Pool::kTracedSteps;
+  void trace(int64_t cap);
+  // Copies up to max batches, oldest first, into out [max, kTraceFields] and forgets them; the count.
+  int64_t take_trace(int64_t* out, int64_t max);
 
  private:
   void loop();
   bool wait_ready(const FtQueuedArgs& a);  // false: stopping
-  void run_one(const FtQueuedArgs& a);
+  void run_one(const FtQueuedArgs& a, int64_t t_wait);  // t_wait: when the feeder began waiting for it
   int compute(const FtQueuedArgs& a);  // decode the codes, run the batch; 0 or an error code
   void write_stats(const FtQueuedArgs& a, int64_t ns, int rc);  // a.stats[0..4] of the batch just run
+  void record(int64_t t_wait, int64_t t_ready, int64_t t_done);  // one batch of the trace
+
 
   RunFn run_;
   const int64_t spin_ns_;
@@ -83,6 +95,11 @@ class Feeder {
   std::vector<int32_t> ib_;  // i_begin of each route
   std::vector<float> w_;
   std::vector<std::pair<int64_t, int32_t>> rows_;  // scratch: distinct (row, i_begin) for the stats
+  int64_t work_ = 0, distinct_ = 0;  // the last batch's (write_stats)
+  const Pool* pool_;
+  std::mutex trace_mu_;
+  std::vector<int64_t> trace_;  // ring of trace_cap_ records
+  int64_t trace_cap_ = 0, trace_head_ = 0, trace_count_ = 0;
   std::thread thread_;  // last: starts after, and stops before, everything it reads
 };
 

@@ -137,7 +137,7 @@ class Kernel {
         ops_(ops_for(isa)),
         moe_(ops_, plans_),
         pool_(n, cpus, spin_ns, kHotSpinNs),
-        feeder_([this](const FtMoeArgs& a) { return run_now(a); }, spin_ns, &pool_.hot()) {
+        feeder_([this](const FtMoeArgs& a) { return run_now(a); }, spin_ns, &pool_.hot(), &pool_) {
     read_.stream_sum_ = ops_.stream_sum;
   }
 
@@ -260,6 +260,14 @@ void ft_queue_drain(void* k) { static_cast<ft::Kernel*>(k)->feeder().drain(); }
 int64_t ft_queue_pending(void* k) { return static_cast<ft::Kernel*>(k)->feeder().pending(); }
 // The first error a queued batch met since the last call (0: none; codes of ft_moe_submit).
 int ft_queue_error(void* k) { return static_cast<ft::Kernel*>(k)->feeder().take_error(); }
+
+// Batch trace of the queued batches (Feeder::trace): cap records kept (0: off); take copies up to max
+// records of ft_queue_trace_fields() int64 each into out, oldest first, and returns how many.
+int ft_queue_trace_fields() { return ft::Feeder::kTraceFields; }
+void ft_queue_trace(void* k, int64_t cap) { static_cast<ft::Kernel*>(k)->feeder().trace(cap); }
+int64_t ft_queue_take_trace(void* k, int64_t* out, int64_t max) {
+  return static_cast<ft::Kernel*>(k)->feeder().take_trace(out, max);
+}
 
 // Blocks until the submitted batch is done; help != 0: the calling thread takes units too.
 void ft_wait(void* k, int help) { static_cast<ft::Kernel*>(k)->wait(help != 0); }

@@ -57,6 +57,9 @@ def load_library() -> ctypes.CDLL | None:
     lib.ft_queue_drain.argtypes, lib.ft_queue_drain.restype = [vp], None
     lib.ft_queue_pending.argtypes, lib.ft_queue_pending.restype = [vp], i64
     lib.ft_queue_error.argtypes, lib.ft_queue_error.restype = [vp], i32
+    lib.ft_queue_trace_fields.argtypes, lib.ft_queue_trace_fields.restype = [], i32
+    lib.ft_queue_trace.argtypes, lib.ft_queue_trace.restype = [vp, i64], None
+    lib.ft_queue_take_trace.argtypes, lib.ft_queue_take_trace.restype = [vp, vp, i64], i64
     lib.ft_stream_read.argtypes, lib.ft_stream_read.restype = [vp, vp, i64], ctypes.c_uint64
     return lib
 
@@ -321,6 +324,19 @@ class CpuExpertKernel:
         """What the first failed queued batch since the last call met, or None."""
         rc = int(self._lib.ft_queue_error(self._pool)) if self._pool and self._lib else 0
         return None if rc == 0 else ERRORS.get(rc, f"kernel error {rc}")
+
+    def trace(self, cap: int) -> None:
+        """Record the next queued batches' timeline (``batch_trace.py``), the last ``cap`` kept; 0: off."""
+        if self._pool is not None and self._lib is not None:
+            self._lib.ft_queue_trace(self._pool, max(0, int(cap)))
+
+    def take_trace(self, max_batches: int = 1 << 16) -> torch.Tensor:
+        """The recorded batches since the last call, oldest first: int64 [n, fields] (``batch_trace.py``)."""
+        if self._pool is None or self._lib is None:
+            return torch.zeros((0, 0), dtype=torch.int64)
+        out = torch.zeros((max_batches, int(self._lib.ft_queue_trace_fields())), dtype=torch.int64)
+        n = int(self._lib.ft_queue_take_trace(self._pool, out.data_ptr(), max_batches))
+        return out[:n]
 
     def stream_read(self, buf: torch.Tensor) -> int:
         """Sum ``buf``'s bytes as uint64 words with the kernel's workers (a read-bandwidth probe)."""

@@ -11,6 +11,11 @@
 
 namespace ft {
 
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 // Polls `pred` for up to spin_ns_, or hot_spin_ns_ while hot (spin_ns_ 0: once); true when it became
 // true meanwhile.
 template <class Pred>
@@ -70,6 +75,8 @@ void Pool::start(Job* job, uint32_t* done_flag, uint32_t done_value) {
   job_ = job, nsteps_ = n, done_flag_ = done_flag, done_value_ = done_value;
   int64_t s0 = 0;
   while (s0 < n && step_state_[s0].units == 0) ++s0;
+  for (int64_t& t : step_open_ns_) t = 0;
+  if (s0 < kTracedSteps) step_open_ns_[s0] = steady_ns();
   if (s0 == n) return finish();  // nothing to compute (e.g. no tokens)
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -106,6 +113,7 @@ void Pool::advance(int64_t s) {
   int64_t next = s + 1;
   while (next < nsteps_ && step_state_[next].units == 0) ++next;
   if (next == nsteps_) return finish();
+  if (next < kTracedSteps) step_open_ns_[next] = steady_ns();
   {
     std::lock_guard<std::mutex> lk(mu_);
     step_.store(next, std::memory_order_release);
@@ -114,6 +122,7 @@ void Pool::advance(int64_t s) {
 }
 
 void Pool::finish() {
+  finish_ns_ = steady_ns();
   if (done_flag_) __atomic_store_n(done_flag_, done_value_, __ATOMIC_RELEASE);  // results first
   {
     std::lock_guard<std::mutex> lk(mu_);

@@ -45,6 +45,11 @@ class Pool {
   void wait(bool help);
   // Batches known to be coming (the feeder counts its queue here); > 0 lengthens the idle spin.
   std::atomic<int64_t>& hot() { return hot_; }
+  // Steady-clock ns at which the last job's steps [0, kTracedSteps) opened (0: no units) and it finished;
+  // read after wait() (for the feeder's batch trace).
+  static constexpr int kTracedSteps = 4;
+  const int64_t* step_open_ns() const { return step_open_ns_; }
+  int64_t finish_ns() const { return finish_ns_; }
 
  private:
   struct Step {
@@ -77,6 +82,10 @@ class Pool {
   int64_t step_cap_ = 0;
   uint32_t* done_flag_ = nullptr;
   uint32_t done_value_ = 0;
+  int64_t step_open_ns_[kTracedSteps] = {};
+  int64_t finish_ns_ = 0;
 };
+
+int64_t steady_ns();  // steady-clock nanoseconds (pool.cpp)
 
 }  // namespace ft
