@@ -5,8 +5,8 @@ overhead, not their work, dominates a decode step. This kernel does the same in 
 ``MAX_ROUTES`` routes (decode batches) and produces bit-identical tables and outputs:
 - grouping by pairwise comparisons over the K routes (no sort needed at this size);
 - q from the same float32 product and round-half-to-even as ``torch.round``;
-- victims by repeated minimum over the slot keys (``stamp * (S+1) + slot``), skipping hit slots, so
-  ``q + h`` passes over the S stamps at most.
+- victims by repeated minimum over the slot keys (``stamp * (S+1) + slot``) of the slots no hit uses:
+  ``q`` passes over the S stamps.
 Reads of the tables happen before a barrier, writes after it.
 """
 
@@ -98,7 +98,7 @@ def _plan_kernel(
     vict = tl.full((KB,), 0, tl.int64) + s64
     prev = tl.sum(tl.zeros((KB,), tl.int64), axis=0) - sp1 - 1
     j = tl.sum(tl.zeros((KB,), tl.int64), axis=0)
-    for _it in range(0, q + h):
+    for _it in range(0, q):  # one pass per victim: hit slots are never candidates
         best = tl.sum(tl.zeros((BS,), tl.int64), axis=0) + _MAXKEY
         for s0 in range(0, S, BS):
             sl = s0 + tl.arange(0, BS)
@@ -107,17 +107,17 @@ def _plan_kernel(
             lk = tl.load(locked + sl, mask=sm, other=1)
             recent = (st > recent_after) & (st >= 0)
             ks = st * sp1 + sl
+            used = tl.sum((sl.to(tl.int64)[:, None] == hslots[None, :]).to(tl.int32), axis=1) > 0
             if RECENT_LAST:  # recent slots after every older one, newest first
                 ks = tl.where(recent, _RECENT_BASE + (_STAMP_CAP - st) * sp1 + sl, ks)
-                ok = sm & (lk == 0) & (ks > prev)
+                ok = sm & (lk == 0) & ~used & (ks > prev)
             else:
-                ok = sm & (lk == 0) & ~recent & (ks > prev)
+                ok = sm & (lk == 0) & ~recent & ~used & (ks > prev)
             best = tl.minimum(best, tl.min(tl.where(ok, ks, _MAXKEY), axis=0))
         prev = best
         # keys are >= -(S+1) (free slots: stamp -1): shift before the remainder; recent keys: unbias
         cand = tl.where(best >= _RECENT_BASE, (best - _RECENT_BASE) % sp1, (best + sp1) % sp1)
-        is_hit = tl.sum((hslots == cand).to(tl.int32), axis=0) > 0
-        take = (~is_hit) & (j < q) & (best < _MAXKEY)
+        take = best < _MAXKEY
         vict = tl.where((r == j) & take, cand, vict)
         j = j + take.to(tl.int64)
     gv = tl.sum(tl.where(rank[:, None] == r[None, :], vict[None, :], 0), axis=1)  # victim of group g
