@@ -20,6 +20,8 @@
 #   profile   one profiler trace of hybrid decode steps (eager, then graphed) to $OUT/prof (~1 min)
 #   layers    where each policy's layer time goes: profiler traces of POLICIES (hybrid,hybrid+share), THREADS (6)
 #             threads, graphed, and bench/gpu/timeline.py --layers of each (~2 min)
+#   threads16 hybrid at 14 / 15 / 16 CPU threads on the 16-core box, CPU batches traced (--cpu-trace), 3 repeats: does
+#             the engine thread beside 16 computing threads stall the CPU branch? (~5 min)
 #   cores6    a 6-core machine: the process on CPUs 0-5 (taskset), default CPU threads (5), so the kernel's
 #             workers do not spin (< 8 cores) unless FREETOKEN_CPU_SPIN_US says so; spin off / 50 us in
 #             alternating processes, 3 each, offload / hybrid / static-layers (~3 min)
@@ -68,6 +70,10 @@ layers) echo "== per-layer device time, ${POLICIES:-hybrid,hybrid+share}, ${THRE
     --profile-dir "$OUT/prof-layers" --policies ${POLICIES:-hybrid,hybrid+share} > "$OUT/layers.log" 2>&1; tail -8 "$OUT/layers.log"
   for f in "$OUT"/prof-layers/*.json; do echo "-- $(basename "$f")"; python3 bench/gpu/timeline.py "$f" --layers
     python3 bench/gpu/timeline.py "$f" --count 40 > "${f%.json}.timeline.txt"; gzip -f "$f"; done ;;
+threads16) echo "== hybrid at 14,15,16 CPU threads, CPU batches traced"
+  timeout "${DEC_TIMEOUT:-290}" $DEC --cpu-threads 14,15,16 --repeats 3 --steps 256 --warmup-tokens 200 --routing-trace $TRACE \
+  --measure-bw --runahead --cpu-trace --policies ${POLICIES:-offload,hybrid} --json "$OUT/threads16.json" > "$OUT/threads16.log" 2>&1
+  grep -E "^(offload|hybrid|## CPU)|acceptance|online" "$OUT/threads16.log" ;;
 cores6) echo "== a 6-core machine (taskset -c 0-5), spin off / on, alternating processes"
   for r in 1 2 3; do for spin in "" 50; do FREETOKEN_CPU_SPIN_US=$spin timeout 120 taskset -c 0-5 $DEC --repeats 1 \
     --steps 256 --warmup-tokens 200 --routing-trace $TRACE --policies ${POLICIES:-offload,hybrid,static-layers} \
