@@ -34,7 +34,7 @@ STAGES=${*:-tests kernel decode6 decode16 model}
 for stage in $STAGES; do case $stage in
 tests) echo "== GPU tests"; timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu -s tests/test_cpu_stream_gpu.py \
   tests/test_backends.py tests/test_cpu_kernel.py tests/test_cpu_kernel_queue.py tests/test_hardware.py \
-  tests/test_reference_models.py tests/test_layer_graphs_gpu.py tests/test_share_split.py tests/test_zero_copy.py > "$OUT/gpu_tests.log" 2>&1
+  tests/test_reference_models.py tests/test_layer_graphs_gpu.py tests/test_share_split.py tests/test_zero_copy.py tests/test_copier.py > "$OUT/gpu_tests.log" 2>&1
   tail -3 "$OUT/gpu_tests.log"; grep -E "FAILED|Error" "$OUT/gpu_tests.log" | head -20 ;;
 queue) echo "== CPU kernel queue tests"; timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_cpu_kernel_queue.py \
   > "$OUT/queue_tests.log" 2>&1; tail -2 "$OUT/queue_tests.log" ;;

@@ -51,6 +51,7 @@ POLICY_OPTIONS = {
     "share": "EngineConfig.hybrid_share_expert",
     "zc": "EngineConfig.cpu_branch_zero_copy (the default)",
     "copy": "EngineConfig.cpu_branch_zero_copy=False",
+    "ce": "EngineConfig.fill_copy_engine (slot fills by the copy engine, experimental)",
 }
 
 
@@ -97,7 +98,7 @@ def policy_config(policy: str, args: argparse.Namespace) -> EngineConfig:
         moe_backend=base, expert_cache=args.expert_cache, fill_fraction=args.fill_fraction,
         cpu_threads=_threads(args), moe_cuda_graphs=args.cuda_graphs,
         hybrid_share_expert="share" in opts or args.share_expert,
-        cpu_branch_zero_copy="copy" not in opts and args.zero_copy,
+        cpu_branch_zero_copy="copy" not in opts and args.zero_copy, fill_copy_engine="ce" in opts,
     )  # fmt: skip
 
 

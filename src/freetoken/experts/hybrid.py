@@ -87,11 +87,11 @@ class HybridBackend(SlotBackend):
             self.share.fill_(share)
             self._published = share
 
-    def _copy(self, plan: StepPlan) -> None:
+    def _copy(self, layer: int, plan: StepPlan) -> None:
         inter = self.pool.inter
         if self.device.type != "cuda":
             t0 = time.perf_counter()
-            self.cache.copy(plan)
+            self._fill(layer, plan)
             self._copy_s += time.perf_counter() - t0
             rows = int(plan.copy_count) * inter + (0 if plan.shared is None else int(plan.shared.rows))  # no sync
             self._copy_bytes += rows * self.pool.expert_bytes // inter
@@ -99,14 +99,14 @@ class HybridBackend(SlotBackend):
         self._copy_calls += 1
         untimed = self._copy_calls % COPY_TIMING_EVERY or len(self._records) >= _MAX_PENDING_RECORDS
         if untimed or torch.cuda.is_current_stream_capturing():  # graphs replay without host records
-            self.cache.copy(plan)
+            self._fill(layer, plan)
             return
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         self._timed += 1
         q = self._q_ring[self._timed % _MAX_PENDING_RECORDS]
         q[1] = 0  # the host's own write: the ring slot's last record was folded (its copies are done)
         start.record()
-        self.cache.copy(plan)
+        self._fill(layer, plan)
         # plain copies only, no arithmetic: a kernel's first launch may load its module, which waits for the GPU
         q[0].copy_(plan.copy_count, non_blocking=True)  # before `end`: done when `end` is
         if plan.shared is not None:
