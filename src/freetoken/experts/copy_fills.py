@@ -52,7 +52,8 @@ class CopyEngineFills:
         self.seq = 0
         self._jobs: dict[tuple[int, int], CopyJob] = {}  # (layer, kv) -> checked job arguments
         self._toggle: dict[tuple[int, int], CopyJob] = {}
-        self.captured: dict[int, list[int]] = {}  # layer -> the kv of each fill round its graph holds
+        # (layer, routes T*k) -> the kv of each fill round the graph of that key holds
+        self.captured: dict[tuple[int, int], list[int]] = {}
         self.jobs = 0
 
     def _list(self, layer: int, kv: int) -> torch.Tensor:
@@ -68,7 +69,7 @@ class CopyEngineFills:
         stage_fill_list_triton(plan.copy_count, plan.copy_src, plan.copy_dst, self.mapped[layer, : 1 + 2 * kv])
         ops, p = self.ops, self._ptr
         if torch.cuda.is_current_stream_capturing():
-            self.captured.setdefault(layer, []).append(kv)
+            self.captured.setdefault((layer, plan.route_code.numel()), []).append(kv)
             ops.write(p["ready_t"], 1)
             ops.wait(p["done_t"], 1, equal=True)
             ops.write(p["done_t"], 0)
@@ -83,9 +84,9 @@ class CopyEngineFills:
         self.jobs += 1
         ops.wait(p["done"], self.seq)
 
-    def push_replay(self, layer: int) -> None:
-        """Queue the fill rounds a captured layer's graph is about to run (call right before its replay)."""
-        for kv in self.captured.get(layer, ()):
+    def push_replay(self, layer: int, routes: int) -> None:
+        """Queue the fill rounds the captured graph of (layer, routes) is about to run (right before its replay)."""
+        for kv in self.captured.get((layer, routes), ()):
             job = self._toggle.get((layer, kv))
             if job is None:
                 job = HostCopier.job(self.ready_t, 1, self._list(layer, kv), self.done_t, 1,

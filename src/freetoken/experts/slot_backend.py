@@ -80,6 +80,7 @@ class SlotBackend(ExpertBackend):
         self.share_expert = False  # split_forward shares one miss per layer between both branches
         self.fills: CopyEngineFills | None = None  # copy-engine fills (``fill_copy_engine``), built on first use
         self._want_engine_fills = config.fill_copy_engine and device.type == "cuda"
+        self._routes = 0  # routes of the layer step being replayed (graphed)
 
     @classmethod
     def create(
@@ -165,6 +166,7 @@ class SlotBackend(ExpertBackend):
             return body(layer, x, ids, w)
         if self.cpu is not None and not self.cpu.can_capture(T, ids.shape[1]):
             return body(layer, x, ids, w)
+        self._routes = ids.numel()  # for before_replay: the fill rounds of this key's graph
         return g.run(layer, x, ids, w, body, self)
 
     def capture_begin(self) -> None:
@@ -178,7 +180,7 @@ class SlotBackend(ExpertBackend):
         if self.cpu is not None:
             self.cpu.push_replay(layer, tokens)
         if self.fills is not None:
-            self.fills.push_replay(layer)
+            self.fills.push_replay(layer, self._routes)
         self.counters.layer_steps += 1
 
     def replay_failed(self) -> None:
@@ -227,7 +229,7 @@ class SlotBackend(ExpertBackend):
         self.streamer.finish()
         if self.graphs is not None:
             self.graphs.clear()
-        if self.fills is not None:  # its copies target the old slot banks
+        if self.fills is not None:  # its copies target the old slot banks (and its captures are gone)
             self.fills.close()
             self.fills, self._want_engine_fills = None, True
         self.cache.resize(num_slots)
