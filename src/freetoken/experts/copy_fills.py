@@ -18,6 +18,7 @@ writes after its copies. A list buffer is rewritten only after the stream waited
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -59,8 +60,9 @@ class CopyEngineFills:
     def _list(self, layer: int, kv: int) -> torch.Tensor:
         return self.lists[layer, : 1 + 2 * kv]
 
-    def copy(self, layer: int, plan: StepPlan) -> None:
-        """The round's fills, ordered on the current stream (see the module docstring)."""
+    def copy(self, layer: int, plan: StepPlan) -> Callable[[], None]:
+        """Start the round's fills from the current stream (see the module docstring); returns the stream's
+        wait for them, to enqueue before anything reads the filled slots (work between runs beside the copies)."""
         from freetoken.experts.triton_copy import stage_fill_list_triton
 
         kv = plan.copy_src.numel()
@@ -71,18 +73,22 @@ class CopyEngineFills:
         if torch.cuda.is_current_stream_capturing():
             self.captured.setdefault((layer, plan.route_code.numel()), []).append(kv)
             ops.write(p["ready_t"], 1)
-            ops.wait(p["done_t"], 1, equal=True)
-            ops.write(p["done_t"], 0)
-            return
+
+            def wait_toggle() -> None:
+                ops.wait(p["done_t"], 1, equal=True)
+                ops.write(p["done_t"], 0)
+
+            return wait_toggle
         self.seq = (self.seq + 1) & 0xFFFFFFFF or 1
         job = self._jobs.get((layer, kv))
         if job is None:
             job = HostCopier.job(self.ready, 0, self._list(layer, kv), self.done, 0, done_dev=p["done"])
             self._jobs[(layer, kv)] = job
-        ops.write(p["ready"], self.seq)
-        self.copier.push(job, self.seq, self.seq)
+        seq = self.seq
+        ops.write(p["ready"], seq)
+        self.copier.push(job, seq, seq)
         self.jobs += 1
-        ops.wait(p["done"], self.seq)
+        return lambda: ops.wait(p["done"], seq)
 
     def push_replay(self, layer: int, routes: int) -> None:
         """Queue the fill rounds the captured graph of (layer, routes) is about to run (right before its replay)."""

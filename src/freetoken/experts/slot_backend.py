@@ -9,6 +9,7 @@ Subclasses choose the share of misses to fill and the residency policy.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -101,14 +102,16 @@ class SlotBackend(ExpertBackend):
                 self._after_cpu(experts, seconds)
 
     # -- shared step pieces ----------------------------------------------------------------------------
-    def _fill(self, layer: int, plan: StepPlan) -> None:
-        """The round's fills: by the copy engine when enabled (not a shared expert's rows), else one gather."""
+    def _fill(self, layer: int, plan: StepPlan) -> Callable[[], None] | None:
+        """The round's fills: by the copy engine when enabled (not a shared expert's rows), else one gather.
+        Copy-engine fills return the stream's wait for them, for the caller to enqueue after the work that
+        may run beside the copies (the hits' GEMM); None: the fills are already ordered before what follows."""
         if self._want_engine_fills and self.fills is None:
             self.fills = self._make_engine_fills()
         if self.fills is not None and plan.shared is None and plan.copy_src.numel() <= self.fills.max_kv:
-            self.fills.copy(layer, plan)
-        else:
-            self.cache.copy(plan)
+            return self.fills.copy(layer, plan)
+        self.cache.copy(plan)
+        return None
 
     def _make_engine_fills(self) -> CopyEngineFills | None:
         from freetoken.experts.copy_fills import CopyEngineFills
@@ -122,16 +125,24 @@ class SlotBackend(ExpertBackend):
         c = self.cache
         return CopyEngineFills(self.pool, [c.slot_gate_up, c.slot_down], self.device, ops, max_kv=64)
 
-    def _copy(self, layer: int, plan: StepPlan) -> None:
-        """The round's batched fill (subclasses may time it)."""
-        self._fill(layer, plan)
+    def _copy(self, layer: int, plan: StepPlan) -> Callable[[], None] | None:
+        """The round's batched fill (subclasses may time it); see ``_fill``."""
+        return self._fill(layer, plan)
 
     def _gpu(
         self, layer: int, x: torch.Tensor, groups: RouteGroups, plan: StepPlan, topk_w: torch.Tensor
     ) -> torch.Tensor:
-        self._copy(layer, plan)  # with a shared expert's GPU rows, into the scratch slot
-        c = self.cache
-        return grouped_experts(x, groups, plan.slot, topk_w, c.slot_gate_up, c.slot_down, self.pool.num_experts)
+        finish = self._copy(layer, plan)  # with a shared expert's GPU rows, into the scratch slot
+        c, E = self.cache, self.pool.num_experts
+        if finish is None:
+            return grouped_experts(x, groups, plan.slot, topk_w, c.slot_gate_up, c.slot_down, E)
+        # copy-engine fills: the hits' experts run while the copies arrive, the filled ones after
+        none = torch.full_like(plan.slot, -1)
+        hits = torch.where(plan.fill, none, plan.slot)
+        out = grouped_experts(x, groups, hits, topk_w, c.slot_gate_up, c.slot_down, E)
+        finish()
+        fills = torch.where(plan.fill, plan.slot, none)
+        return out + grouped_experts(x, groups, fills, topk_w, c.slot_gate_up, c.slot_down, E)
 
     def streamed_forward(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
