@@ -5,7 +5,8 @@ Per round of fills, on the compute stream: one kernel writes the plan's fill lis
 slots]`` into this layer's pinned list buffer (through its mapped view), then the stream writes a ready
 flag; the C++ copy thread (``experts/cpu/copier``), which had the job queued before the GPU got there,
 reads the list and issues ``cuMemcpyHtoDAsync`` per bank and fill on its own copy stream, then a stream
-write of the done flag; the compute stream waits for it before the GEMM. The host never waits.
+write of the done flag; the compute stream waits for it before the filled experts' GEMM (the hits' GEMM
+runs beside the copies: ``SlotBackend._gpu``). The host never waits.
 Replayed CUDA graphs use a toggle flag pair (as ``cpu_stream.py``): the graph writes ready = 1, waits
 for done == 1 and resets it; ``push_replay`` queues a layer's jobs before each replay, as many as its
 capture recorded.
