@@ -20,6 +20,8 @@
 #   profile   one profiler trace of hybrid decode steps (eager, then graphed) to $OUT/prof (~1 min)
 #   layers    where each policy's layer time goes: profiler traces of POLICIES (hybrid,hybrid+share), THREADS (6)
 #             threads, graphed, and bench/gpu/timeline.py --layers of each (~2 min)
+#   ce        copy-engine fills (branch copy-engine-fills): their GPU tests, then offload / hybrid with and without
+#             them side by side (decode6's command, 3 repeats) and a per-layer timeline of hybrid+ce (~7 min)
 #   threads16 hybrid at 14 / 15 / 16 CPU threads on the 16-core box, CPU batches traced (--cpu-trace), 3 repeats: does
 #             the engine thread beside 16 computing threads stall the CPU branch? (~5 min)
 #   cores6    a 6-core machine: the process on CPUs 0-5 (taskset), default CPU threads (5), so the kernel's
@@ -70,6 +72,11 @@ layers) echo "== per-layer device time, ${POLICIES:-hybrid,hybrid+share}, ${THRE
     --profile-dir "$OUT/prof-layers" --policies ${POLICIES:-hybrid,hybrid+share} > "$OUT/layers.log" 2>&1; tail -8 "$OUT/layers.log"
   for f in "$OUT"/prof-layers/*.json; do echo "-- $(basename "$f")"; python3 bench/gpu/timeline.py "$f" --layers
     python3 bench/gpu/timeline.py "$f" --count 40 > "${f%.json}.timeline.txt"; gzip -f "$f"; done ;;
+ce) echo "== copy-engine fills: GPU tests"; timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_copier.py \
+  "tests/test_layer_graphs_gpu.py::test_graphed_decode_equals_eager" > "$OUT/ce_tests.log" 2>&1; tail -2 "$OUT/ce_tests.log"
+  grep -E "FAILED|Error" "$OUT/ce_tests.log" | head -10
+  POLICIES=${POLICIES:-offload,offload+ce,hybrid,hybrid+ce} DEC_TIMEOUT=${DEC_TIMEOUT:-280} bash "$0" decode6
+  POLICIES=hybrid,hybrid+ce bash "$0" layers ;;
 threads16) echo "== hybrid at 14,15,16 CPU threads, CPU batches traced"
   timeout "${DEC_TIMEOUT:-290}" $DEC --cpu-threads 14,15,16 --repeats 3 --steps 256 --warmup-tokens 200 --routing-trace $TRACE \
   --measure-bw --runahead --cpu-trace --policies ${POLICIES:-offload,hybrid} --json "$OUT/threads16.json" > "$OUT/threads16.log" 2>&1
