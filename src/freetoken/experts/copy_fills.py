@@ -19,6 +19,7 @@ writes after its copies. A list buffer is rewritten only after the stream waited
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,8 @@ from freetoken.experts.cpu.copier import CopyJob, HostCopier, cuda_entry_points
 from freetoken.experts.pool import HostExpertPool, mapped_device_view
 from freetoken.experts.slot_plan import StepPlan
 from freetoken.experts.stream_ops import StreamOps
+
+MAX_STEPS_AHEAD = 2  # steps the host may queue ahead of the GPU (bound_runahead)
 
 
 class CopyEngineFills:
@@ -57,6 +60,18 @@ class CopyEngineFills:
         # (layer, routes T*k) -> the kv of each fill round the graph of that key holds
         self.captured: dict[tuple[int, int], list[int]] = {}
         self.jobs = 0
+        self._steps: deque[torch.cuda.Event] = deque()  # end-of-step marks (bound_runahead)
+
+    def bound_runahead(self, steps: int = MAX_STEPS_AHEAD) -> None:
+        """At a step boundary: sleep until the step ``steps`` back is done. A host that runs further ahead
+        fills the driver's launch queue and then blocks inside a launch, holding the driver lock the copy
+        thread needs for its copies, which the queued work waits for: a deadlock (seen on the GPU box in
+        graphed decode). An engine that waits for each step's token never gets there; a benchmark can."""
+        ev = torch.cuda.Event(blocking=True)  # sleeps, leaving the cores to the CPU branch
+        ev.record()
+        self._steps.append(ev)
+        while len(self._steps) > steps:
+            self._steps.popleft().synchronize()
 
     def _list(self, layer: int, kv: int) -> torch.Tensor:
         return self.lists[layer, : 1 + 2 * kv]

@@ -96,6 +96,8 @@ class SlotBackend(ExpertBackend):
     def begin_step(self, num_tokens: int, is_decode: bool) -> None:
         self.streamer.begin_step(num_tokens, is_decode)
         self._decode = is_decode
+        if self.fills is not None:
+            self.fills.bound_runahead()
         if self.cpu is not None:
             experts, seconds = self.cpu.collect()  # the last step's streamed CPU batches
             if experts:
