@@ -20,7 +20,9 @@
 #   profile   one profiler trace of hybrid decode steps (eager, then graphed) to $OUT/prof (~1 min)
 #   layers    where each policy's layer time goes: profiler traces of POLICIES (hybrid,hybrid+share), THREADS (6)
 #             threads, graphed, and bench/gpu/timeline.py --layers of each (~2 min)
-#   threads16 hybrid at 14 / 15 / 16 CPU threads on the 16-core box, CPU batches traced (--cpu-trace), 3 repeats: does
+#   ce        copy-engine fills (branch copy-engine-fills): their GPU tests, then offload / hybrid with and without
+#             them side by side (decode6's command, 3 repeats) (~6 min; POLICIES=hybrid,hybrid+ce ... layers: timelines)
+#   threads16 hybrid at THREADS16 (14,15,16) CPU threads on the 16-core box, CPU batches traced (--cpu-trace), 3 repeats: does
 #             the engine thread beside 16 computing threads stall the CPU branch? (~5 min)
 #   cores6    a 6-core machine: the process on CPUs 0-5 (taskset), default CPU threads (5), so the kernel's
 #             workers do not spin (< 8 cores) unless FREETOKEN_CPU_SPIN_US says so; spin off / 50 us in
@@ -34,7 +36,7 @@ STAGES=${*:-tests kernel decode6 decode16 model}
 for stage in $STAGES; do case $stage in
 tests) echo "== GPU tests"; timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu -s tests/test_cpu_stream_gpu.py \
   tests/test_backends.py tests/test_cpu_kernel.py tests/test_cpu_kernel_queue.py tests/test_hardware.py \
-  tests/test_reference_models.py tests/test_layer_graphs_gpu.py tests/test_share_split.py tests/test_zero_copy.py > "$OUT/gpu_tests.log" 2>&1
+  tests/test_reference_models.py tests/test_layer_graphs_gpu.py tests/test_share_split.py tests/test_zero_copy.py tests/test_copier.py > "$OUT/gpu_tests.log" 2>&1
   tail -3 "$OUT/gpu_tests.log"; grep -E "FAILED|Error" "$OUT/gpu_tests.log" | head -20 ;;
 queue) echo "== CPU kernel queue tests"; timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_cpu_kernel_queue.py \
   > "$OUT/queue_tests.log" 2>&1; tail -2 "$OUT/queue_tests.log" ;;
@@ -70,8 +72,12 @@ layers) echo "== per-layer device time, ${POLICIES:-hybrid,hybrid+share}, ${THRE
     --profile-dir "$OUT/prof-layers" --policies ${POLICIES:-hybrid,hybrid+share} > "$OUT/layers.log" 2>&1; tail -8 "$OUT/layers.log"
   for f in "$OUT"/prof-layers/*.json; do echo "-- $(basename "$f")"; python3 bench/gpu/timeline.py "$f" --layers
     python3 bench/gpu/timeline.py "$f" --count 40 > "${f%.json}.timeline.txt"; gzip -f "$f"; done ;;
+ce) echo "== copy-engine fills: GPU tests"; timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_copier.py \
+  "tests/test_layer_graphs_gpu.py::test_graphed_decode_equals_eager" > "$OUT/ce_tests.log" 2>&1; tail -2 "$OUT/ce_tests.log"
+  grep -E "FAILED|Error" "$OUT/ce_tests.log" | head -10
+  POLICIES=${POLICIES:-offload,offload+ce,hybrid,hybrid+ce} DEC_TIMEOUT=${DEC_TIMEOUT:-280} bash "$0" decode6 ;;
 threads16) echo "== hybrid at 14,15,16 CPU threads, CPU batches traced"
-  timeout "${DEC_TIMEOUT:-290}" $DEC --cpu-threads 14,15,16 --repeats 3 --steps 256 --warmup-tokens 200 --routing-trace $TRACE \
+  timeout "${DEC_TIMEOUT:-290}" $DEC --cpu-threads ${THREADS16:-14,15,16} --repeats 3 --steps 256 --warmup-tokens 200 --routing-trace $TRACE \
   --measure-bw --runahead --cpu-trace --policies ${POLICIES:-offload,hybrid} --json "$OUT/threads16.json" > "$OUT/threads16.log" 2>&1
   grep -E "^(offload|hybrid|## CPU)|acceptance|online" "$OUT/threads16.log" ;;
 cores6) echo "== a 6-core machine (taskset -c 0-5), spin off / on, alternating processes"

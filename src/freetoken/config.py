@@ -56,6 +56,9 @@ class EngineConfig:
     by rows of its intermediate dimension (``experts/share_split.py``). Exact. On the H200 box it cost 7-13%
     while it took ~25 small ops and a second copy launch per layer; now inside the fused plan and the fill's
     one launch it is neutral (158.5 vs 157.3 and 159.2 vs 160.3 tok/s, 6 threads): off by default."""
+    fill_copy_engine: bool = False
+    """Experimental (CUDA): slot fills by the copy engine (``experts/copy_fills.py``: a host thread issues
+    ``cuMemcpyHtoDAsync`` from each layer's fill list) instead of the gather kernel's SM loads over PCIe."""
     seed: int = 0
     """Seed for requests that set none."""
 

@@ -21,6 +21,7 @@ import math
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -51,6 +52,8 @@ POLICY_OPTIONS = {
     "share": "EngineConfig.hybrid_share_expert",
     "zc": "EngineConfig.cpu_branch_zero_copy (the default)",
     "copy": "EngineConfig.cpu_branch_zero_copy=False",
+    "ce": "EngineConfig.fill_copy_engine (slot fills by the copy engine, experimental)",
+    "lag": "the host sleeps until the step before the last is done (--host-lag 1 for this policy)",
 }
 
 
@@ -97,7 +100,7 @@ def policy_config(policy: str, args: argparse.Namespace) -> EngineConfig:
         moe_backend=base, expert_cache=args.expert_cache, fill_fraction=args.fill_fraction,
         cpu_threads=_threads(args), moe_cuda_graphs=args.cuda_graphs,
         hybrid_share_expert="share" in opts or args.share_expert,
-        cpu_branch_zero_copy="copy" not in opts and args.zero_copy,
+        cpu_branch_zero_copy="copy" not in opts and args.zero_copy, fill_copy_engine="ce" in opts,
     )  # fmt: skip
 
 
@@ -128,12 +131,19 @@ def run_policy(
         if kern is not None:
             kern.trace(1 << 16)
         s0 = backend.stats()
+        lag = max(args.host_lag, int("lag" in policy.split("+")[1:]))
+        marks: deque[torch.cuda.Event] = deque()
         t0, host = time.perf_counter(), 0.0
         for _ in range(args.steps):
             x = inputs()
             th = time.perf_counter()
             decode_step(backend, router, L, x)
             host += time.perf_counter() - th  # the host's own time: nothing waits for the device here
+            if lag and dev.type == "cuda":  # as an engine that waits for each step's token, sleeping
+                marks.append(torch.cuda.Event(blocking=True))
+                marks[-1].record()
+                if len(marks) > lag:
+                    marks.popleft().synchronize()
         sync()
         elapsed = time.perf_counter() - t0
         s1 = backend.stats()
@@ -217,6 +227,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--cpu-trace", action="store_true",
                    help="trace the CPU branch's batches in the measured steps: idle, start, phases, GB/s by size")
     p.add_argument("--profile-dir", default=None, help="with --runahead: write a profiler trace of each policy here")
+    p.add_argument("--host-lag", type=int, default=0,
+                   help="CUDA: the host sleeps (blocking event) until step i-N is done before queuing step i+1; "
+                   "0: it runs ahead until the driver's queue blocks it (the policy option '+lag': 1)")
     return p
 
 

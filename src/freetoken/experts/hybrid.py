@@ -14,6 +14,7 @@ times (and q, copied to pinned memory) are read at the next ``begin_step`` once 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -87,32 +88,40 @@ class HybridBackend(SlotBackend):
             self.share.fill_(share)
             self._published = share
 
-    def _copy(self, plan: StepPlan) -> None:
+    def _copy(self, layer: int, plan: StepPlan) -> Callable[[], None] | None:
         inter = self.pool.inter
         if self.device.type != "cuda":
             t0 = time.perf_counter()
-            self.cache.copy(plan)
+            self._fill(layer, plan)  # ordered on the CPU device: no deferred wait
             self._copy_s += time.perf_counter() - t0
             rows = int(plan.copy_count) * inter + (0 if plan.shared is None else int(plan.shared.rows))  # no sync
             self._copy_bytes += rows * self.pool.expert_bytes // inter
-            return
+            return None
         self._copy_calls += 1
         untimed = self._copy_calls % COPY_TIMING_EVERY or len(self._records) >= _MAX_PENDING_RECORDS
         if untimed or torch.cuda.is_current_stream_capturing():  # graphs replay without host records
-            self.cache.copy(plan)
-            return
+            return self._fill(layer, plan)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         self._timed += 1
         q = self._q_ring[self._timed % _MAX_PENDING_RECORDS]
         q[1] = 0  # the host's own write: the ring slot's last record was folded (its copies are done)
         start.record()
-        self.cache.copy(plan)
-        # plain copies only, no arithmetic: a kernel's first launch may load its module, which waits for the GPU
-        q[0].copy_(plan.copy_count, non_blocking=True)  # before `end`: done when `end` is
-        if plan.shared is not None:
-            q[1].copy_(plan.shared.rows, non_blocking=True)
-        end.record()
-        self._records.append(_CopyRecord(start, end, q))
+        wait = self._fill(layer, plan)
+
+        def done() -> None:  # after the fills (and with copy-engine fills, after the stream's wait for them)
+            if wait is not None:
+                wait()
+            # plain copies only, no arithmetic: a kernel's first launch may load its module, which waits for the GPU
+            q[0].copy_(plan.copy_count, non_blocking=True)  # before `end`: done when `end` is
+            if plan.shared is not None:
+                q[1].copy_(plan.shared.rows, non_blocking=True)
+            end.record()
+            self._records.append(_CopyRecord(start, end, q))
+
+        if wait is None:
+            done()
+            return None
+        return done
 
     def _fold_copy_records(self) -> None:
         keep: list[_CopyRecord] = []

@@ -9,6 +9,8 @@ Subclasses choose the share of misses to fill and the residency policy.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,6 +26,9 @@ from freetoken.experts.prefill import LayerStreamer
 from freetoken.experts.sizing import check_slots_cover_topk, resolve_slots
 from freetoken.experts.slot_cache import SlotCache
 from freetoken.experts.slot_plan import RouteGroups, StepPlan
+
+if TYPE_CHECKING:
+    from freetoken.experts.copy_fills import CopyEngineFills
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +79,9 @@ class SlotBackend(ExpertBackend):
         self._decode = True
         self._saved_layer_steps = 0
         self.share_expert = False  # split_forward shares one miss per layer between both branches
+        self.fills: CopyEngineFills | None = None  # copy-engine fills (``fill_copy_engine``), built on first use
+        self._want_engine_fills = config.fill_copy_engine and device.type == "cuda"
+        self._routes = 0  # routes of the layer step being replayed (graphed)
 
     @classmethod
     def create(
@@ -88,20 +96,55 @@ class SlotBackend(ExpertBackend):
     def begin_step(self, num_tokens: int, is_decode: bool) -> None:
         self.streamer.begin_step(num_tokens, is_decode)
         self._decode = is_decode
+        if self.fills is not None:
+            self.fills.bound_runahead()
         if self.cpu is not None:
             experts, seconds = self.cpu.collect()  # the last step's streamed CPU batches
             if experts:
                 self._after_cpu(experts, seconds)
 
     # -- shared step pieces ----------------------------------------------------------------------------
-    def _copy(self, plan: StepPlan) -> None:
-        """The round's batched fill (subclasses may time it)."""
+    def _fill(self, layer: int, plan: StepPlan) -> Callable[[], None] | None:
+        """The round's fills: by the copy engine when enabled (not a shared expert's rows), else one gather.
+        Copy-engine fills return the stream's wait for them, for the caller to enqueue after the work that
+        may run beside the copies (the hits' GEMM); None: the fills are already ordered before what follows."""
+        if self._want_engine_fills and self.fills is None:
+            self.fills = self._make_engine_fills()
+        if self.fills is not None and plan.shared is None and plan.copy_src.numel() <= self.fills.max_kv:
+            return self.fills.copy(layer, plan)
         self.cache.copy(plan)
+        return None
 
-    def _gpu(self, x: torch.Tensor, groups: RouteGroups, plan: StepPlan, topk_w: torch.Tensor) -> torch.Tensor:
-        self._copy(plan)  # with a shared expert's GPU rows, into the scratch slot
+    def _make_engine_fills(self) -> CopyEngineFills | None:
+        from freetoken.experts.copy_fills import CopyEngineFills
+        from freetoken.experts.stream_ops import stream_ops
+
+        self._want_engine_fills = False
+        ops = stream_ops()
+        if ops is None:
+            log.warning("fill_copy_engine needs CUDA stream memory operations: filling by the gather kernel")
+            return None
         c = self.cache
-        return grouped_experts(x, groups, plan.slot, topk_w, c.slot_gate_up, c.slot_down, self.pool.num_experts)
+        return CopyEngineFills(self.pool, [c.slot_gate_up, c.slot_down], self.device, ops, max_kv=64)
+
+    def _copy(self, layer: int, plan: StepPlan) -> Callable[[], None] | None:
+        """The round's batched fill (subclasses may time it); see ``_fill``."""
+        return self._fill(layer, plan)
+
+    def _gpu(
+        self, layer: int, x: torch.Tensor, groups: RouteGroups, plan: StepPlan, topk_w: torch.Tensor
+    ) -> torch.Tensor:
+        finish = self._copy(layer, plan)  # with a shared expert's GPU rows, into the scratch slot
+        c, E = self.cache, self.pool.num_experts
+        if finish is None:
+            return grouped_experts(x, groups, plan.slot, topk_w, c.slot_gate_up, c.slot_down, E)
+        # copy-engine fills: the hits' experts run while the copies arrive, the filled ones after
+        none = torch.full_like(plan.slot, -1)
+        hits = torch.where(plan.fill, none, plan.slot)
+        out = grouped_experts(x, groups, hits, topk_w, c.slot_gate_up, c.slot_down, E)
+        finish()
+        fills = torch.where(plan.fill, plan.slot, none)
+        return out + grouped_experts(x, groups, fills, topk_w, c.slot_gate_up, c.slot_down, E)
 
     def streamed_forward(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
@@ -136,6 +179,7 @@ class SlotBackend(ExpertBackend):
             return body(layer, x, ids, w)
         if self.cpu is not None and not self.cpu.can_capture(T, ids.shape[1]):
             return body(layer, x, ids, w)
+        self._routes = ids.numel()  # for before_replay: the fill rounds of this key's graph
         return g.run(layer, x, ids, w, body, self)
 
     def capture_begin(self) -> None:
@@ -148,11 +192,15 @@ class SlotBackend(ExpertBackend):
         """The host's share of a replayed layer: queue its CPU batch, count the layer step."""
         if self.cpu is not None:
             self.cpu.push_replay(layer, tokens)
+        if self.fills is not None:
+            self.fills.push_replay(layer, self._routes)
         self.counters.layer_steps += 1
 
     def replay_failed(self) -> None:
         if self.cpu is not None:
             self.cpu.cancel_replay()
+        if self.fills is not None:
+            self.fills.cancel_replay()
 
     def split_forward(
         self,
@@ -177,7 +225,7 @@ class SlotBackend(ExpertBackend):
                 layer, topk_ids, self.share, min_fill, protect, recent_last, self.share_expert, vec, True
             )
             handle = self.cpu.submit(x, plan.route_code, topk_w, layer)  # CPU branch first
-            gpu = self._gpu(x, plan.groups, plan, topk_w)
+            gpu = self._gpu(layer, x, plan.groups, plan, topk_w)
             cpu, res = self.cpu.wait(handle)
             if res is not None:  # streamed batches report at the next begin_step
                 self._after_cpu(res.experts, res.seconds)
@@ -194,6 +242,9 @@ class SlotBackend(ExpertBackend):
         self.streamer.finish()
         if self.graphs is not None:
             self.graphs.clear()
+        if self.fills is not None:  # its copies target the old slot banks (and its captures are gone)
+            self.fills.close()
+            self.fills, self._want_engine_fills = None, True
         self.cache.resize(num_slots)
 
     # -- reporting -------------------------------------------------------------------------------------
@@ -215,6 +266,7 @@ class SlotBackend(ExpertBackend):
             "layer_steps": c["layer_steps"],
             **self.streamer.stats(),
             **(self.graphs.stats() if self.graphs is not None else {}),
+            **(self.fills.stats() if self.fills is not None else {}),
         }
 
     def check_integrity(self) -> None:
@@ -226,4 +278,6 @@ class SlotBackend(ExpertBackend):
             torch.cuda.synchronize(self.device)  # graph fills may still read the pinned pool
         if self.cpu is not None:
             self.cpu.close()
+        if self.fills is not None:
+            self.fills.close()
         self.pool.close()

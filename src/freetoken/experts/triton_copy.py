@@ -114,3 +114,20 @@ def stage_inputs_triton(
     nx, nk = x.numel(), codes.numel()
     block = 1024
     _stage_kernel[(triton.cdiv(max(nx, nk), block),)](x, codes, w, x_dst, codes_dst, w_dst, nx, nk, BLOCK=block)
+
+
+@triton.jit
+def _stage_list_kernel(count, src, dst, out, KV, BLOCK: tl.constexpr):
+    """out = [count, src[KV], dst[KV]] (int64), e.g. into a mapped host buffer."""
+    i = tl.arange(0, BLOCK)
+    m = i < KV
+    tl.store(out + 1 + i, tl.load(src + i, mask=m), mask=m)
+    tl.store(out + 1 + KV + i, tl.load(dst + i, mask=m), mask=m)
+    tl.store(out, tl.load(count))
+
+
+def stage_fill_list_triton(count: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, out: torch.Tensor) -> None:
+    """One launch writing a round's fill list ``[count, src[kv], dst[kv]]`` into ``out`` [1 + 2 kv] int64 (the
+    copy-engine fills' hand-off through mapped host memory)."""
+    kv = src.numel()
+    _stage_list_kernel[(1,)](count, src, dst, out, kv, BLOCK=max(16, triton.next_power_of_2(max(kv, 1))))
