@@ -75,3 +75,32 @@ def test_recent_admission_fills_the_last_routed_miss_first() -> None:
     assert recent.copy_src[: int(recent.copy_count)].tolist() == [5]
     with pytest.raises(ValueError, match="admission"):
         simulate(np.zeros((4, 1, 2), dtype=np.uint8), 0.5, 1, 0.5, 0, 2, 1, admission="lfu")
+
+
+def test_tail_deferred_balances_an_overloaded_gpu_side() -> None:
+    """Copies twice as fast as the CPU (share 2/3): when the whole fills overload the GPU side, the last fill keeps
+    only m * share experts' worth critical; its tail drains in the layer's PCIe slack or stays as backlog, first
+    in line before the next layer's fills."""
+    from freetoken.bench.cache_sim import tail_deferred
+
+    bw = (50.0, 25.0, 0.01)  # B_P', B_H', GB per expert: share 2/3
+    t, backlog = tail_deferred(2.0, 3, True, 0.0, bw, 0.0)  # 2 of 3 experts on the GPU: already balanced
+    assert t == pytest.approx(2 * 0.01 / 50.0) and backlog == 0.0
+    t, backlog = tail_deferred(2.0, 2, True, 0.0, bw, 0.0)  # both misses filled: the CPU would idle
+    crit = 2 * 50.0 / 75.0  # m * share: experts' worth on the critical path
+    assert t == pytest.approx(max(crit * 0.01 / 50.0, (2 - crit) * 0.01 / 25.0))
+    assert backlog == pytest.approx((2 - crit) * 0.01)  # the tail had no slack: all of it is backlog
+    t2, left = tail_deferred(1.0, 2, True, backlog, bw, 0.0)  # the backlog goes first: the fill ends later
+    assert t2 > 0.01 / 50.0 and left == 0.0
+    drained, _ = tail_deferred(1.0, 2, True, backlog, bw, 1.0)  # a long serial gap drains it for free
+    assert drained == pytest.approx(max(0.01 / 50.0, 0.01 / 25.0))
+    whole, none = tail_deferred(2.0, 2, False, 0.0, bw, 0.0)  # no whole fill to split: as plain hybrid
+    assert whole == pytest.approx(2 * 0.01 / 50.0) and none == 0.0
+
+
+def test_split_fills_keep_the_cache_and_cut_the_modelled_time(trace: np.ndarray) -> None:
+    bw = (50.0, 25.0, 0.01)
+    plain = simulate(trace, 0.25, 1, 0.6, 1, 100, 20, True, bw)
+    split = simulate(trace, 0.25, 1, 0.6, 1, 100, 20, True, bw, split_fill=True, gap_s=1e-4)
+    assert (split.misses, split.fills, split.cpu_runs) == (plain.misses, plain.fills, plain.cpu_runs)
+    assert plain.split_s <= split.whole_s < plain.whole_s

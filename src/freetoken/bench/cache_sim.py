@@ -11,9 +11,13 @@ shared by rows, as ``EngineConfig.hybrid_share_expert`` does), ``split`` = sum o
 floor of BENCH.md: every layer's misses split exactly).
 
 Two hybrid policies the engine does not have, to see what they would buy before building them:
-``--admission recent`` fills the misses most recently routed before first (the engine: the lower eid), and
+``--admission recent`` fills the misses most recently routed before first (the engine: the lower eid),
 ``--background B`` also copies up to B of a layer step's CPU-run experts into the cache off the critical
-path; their copy time beyond the layer's idle PCIe time (``--gap-ms``, the non-MoE part) is added.
+path; their copy time beyond the layer's idle PCIe time (``--gap-ms``, the non-MoE part) is added; and
+``--split-fill`` defers the tail rows of one fill when the whole fills overload the GPU side: the CPU computes
+those rows for this token, the copy of the tail follows off the critical path (a PCIe backlog drained in the
+gaps and in the layer's PCIe slack, first in line before the next layer's fills), so the cache holds the same
+experts as plain hybrid.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ def simulate(
     admission: str = "eid",  # fill order among misses: "eid" (the engine's) or "recent" (last routed first)
     background: int = 0,  # per layer step, CPU-run experts also filled off the critical path
     gap_s: float = 0.0,  # idle PCIe time per layer step that background fills use for free
+    split_fill: bool = False,  # defer one fill's tail rows when the GPU side is overloaded (tail_deferred)
 ) -> SimResult:
     """trace [tokens, layers, k] expert ids; request b replays from offset b * tokens // batch."""
     n, L, _ = trace.shape
@@ -76,9 +81,11 @@ def simulate(
         raise ValueError(f"admission must be 'eid' or 'recent', got {admission!r}")
     if background and share_inter:
         raise ValueError("background fills and a shared expert are separate experiments")
+    if background and split_fill:
+        raise ValueError("background fills and split fills are separate experiments")
     last = torch.zeros(N + 1, dtype=torch.long)  # 1 + the last step each eid was routed (0: never)
     h = m = f = bg = 0
-    whole = split = 0.0
+    whole = split = backlog = 0.0
     for step in range(warmup + steps):
         rows = [(o + step) % n for o in offsets]
         for layer in range(L):
@@ -99,13 +106,38 @@ def simulate(
             if step >= warmup:
                 lm, lq = int(p.num_misses), int(p.copy_count) - b
                 h, m, f, bg = h + int(p.num_hits), m + lm, f + lq, bg + b
-                if bw is not None:
+                if bw is not None and split_fill:
+                    layer_s, backlog = tail_deferred(gpu, lm, lq >= 1, backlog, bw, gap_s)
+                    whole += layer_s
+                elif bw is not None:
                     b_p, b_h, gb = bw
                     whole += max(gpu * gb / b_p, (lm - gpu) * gb / b_h) + max(0.0, b * gb / b_p - gap_s)
-                    split += lm * gb / (b_p + b_h)
+                if bw is not None:
+                    split += lm * bw[2] / (bw[0] + bw[1])
     r = SimResult(cache, batch, share, protect_steps, h / max(h + m, 1), m, f, m - f, steps * batch, whole, split)
     r.background = bg
     return r
+
+
+def tail_deferred(
+    gpu: float, m: int, can_split: bool, backlog: float, bw: tuple[float, float, float], gap_s: float,
+    granule: float = 1 / 12,
+) -> tuple[float, float]:  # fmt: skip
+    """One layer step with ``--split-fill``: (its miss time in s, the PCIe backlog in GB after it).
+
+    ``gpu`` experts' worth go to the GPU side, ``m`` misses in all. The backlog (earlier deferred tails) drains
+    in the serial gap first, the rest goes before this layer's fills. When the fills would finish after the CPU,
+    the last fill keeps only its first rows critical (at least a granule, at most all), chosen so both branches
+    would finish together without a backlog (``m * share``, as the device plan can); the CPU computes its other
+    rows, whose copy joins the backlog and drains in the layer's PCIe slack."""
+    b_p, b_h, gb = bw
+    backlog = max(0.0, backlog - gap_s * b_p)
+    crit = gpu
+    if can_split and gpu > 0:  # the device plan knows m and the share, not the backlog
+        crit = min(gpu, max(gpu - 1 + granule, m * b_p / (b_p + b_h)))
+    t_p = (backlog + crit * gb) / b_p
+    t = max(t_p, (m - crit) * gb / b_h)
+    return t, max(0.0, (gpu - crit) * gb - (t - t_p) * b_p)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -131,6 +163,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--background", type=int, default=0, metavar="B",
                    help="also fill up to B CPU-run experts per layer step into the cache, off the critical path")
     p.add_argument("--gap-ms", type=float, default=0.0, help="idle PCIe ms per layer step that background fills use")
+    p.add_argument("--split-fill", action="store_true",
+                   help="fills overload the GPU: one fill's tail rows run on the CPU (this token), copied later")
     p.add_argument("--steps", type=int, default=200, help="measured decode steps")
     p.add_argument("--warmup", type=int, default=50, help="unmeasured steps first")
     return p
@@ -153,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
                 for pr in (int(v) for v in args.protect.split(",")):
                     r = simulate(
                         trace, c, b, s, pr, args.steps, args.warmup, args.recent == "last", bw, args.share_expert,
-                        args.admission, args.background, args.gap_ms / 1e3,
+                        args.admission, args.background, args.gap_ms / 1e3, args.split_fill,
                     )  # fmt: skip
                     tok = r.tokens
                     model = f"{r.whole_s / tok * 1e3:13.2f}{r.split_s / tok * 1e3:13.2f}" if bw else ""
