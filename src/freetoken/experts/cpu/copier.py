@@ -98,6 +98,7 @@ class HostCopier:
             raise RuntimeError("could not start the copy thread")
         self._finalizer = weakref.finalize(self, lib.ft_copier_destroy, self._h)
         self._keep: list[torch.Tensor] = []
+        self._held: list[object] = []  # the queued jobs' tensors, until the queue drains
 
     def configure(
         self,
@@ -142,20 +143,26 @@ class HostCopier:
                 raise ValueError(f"{name} must be a contiguous host {dt} tensor")
         if fill_list.numel() < 1 or fill_list.numel() % 2 != 1:
             raise ValueError("the fill list holds 1 + 2 * kv int64 values")
-        return CopyJob(ready.data_ptr(), ready_value & 0xFFFFFFFF, int(toggle), fill_list.data_ptr(),
-                       (fill_list.numel() - 1) // 2, done_dev, done.data_ptr(), done_value & 0xFFFFFFFF)  # fmt: skip
+        job = CopyJob(ready.data_ptr(), ready_value & 0xFFFFFFFF, int(toggle), fill_list.data_ptr(),
+                      (fill_list.numel() - 1) // 2, done_dev, done.data_ptr(), done_value & 0xFFFFFFFF)  # fmt: skip
+        job.tensors = (ready, fill_list, done)  # the job holds raw pointers: keep what they point to alive
+        return job
 
     def push(self, job: CopyJob, ready_value: int | None = None, done_value: int | None = None) -> None:
         if ready_value is not None:
             job.ready_value = ready_value & 0xFFFFFFFF
         if done_value is not None:
             job.done_value = done_value & 0xFFFFFFFF
+        if len(self._held) > 256 and self.pending() == 0:  # nothing queued reads the older ones
+            self._held.clear()
+        self._held.append(getattr(job, "tensors", None))  # the queue copies the pointers, not the tensors
         rc = self._lib.ft_copier_push(self._h, ctypes.byref(job))
         if rc != 0:
             raise ValueError(f"copier rejected the job ({rc})")
 
     def drain(self) -> None:
         self._lib.ft_copier_drain(self._h)
+        self._held.clear()
 
     def pending(self) -> int:
         return int(self._lib.ft_copier_pending(self._h))
