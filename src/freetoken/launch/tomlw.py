@@ -26,7 +26,7 @@ else:  # Python 3.10: the same parser as a package (pyproject pins it for 3.10 o
 loads = tomllib.loads
 TOMLDecodeError = tomllib.TOMLDecodeError
 
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")  # fullmatch: "$" would accept a trailing newline
 # A table header line: [a.b] or [[a.b]] (keys possibly quoted), with an optional comment.
 _HEADER = re.compile(r"^\s*\[(\[)?\s*(?P<path>[^\[\]]+?)\s*\](\])?\s*(#.*)?$")
 
@@ -48,7 +48,7 @@ def _string(s: str) -> str:
 
 
 def _key(k: str) -> str:
-    return k if _BARE_KEY.match(k) else _string(k)
+    return k if _BARE_KEY.fullmatch(k) else _string(k)
 
 
 def _value(v: Any) -> str:
