@@ -1,6 +1,6 @@
 // See copier.h.
 #include "copier.h"
-#include "relax.h"
+#include "flag_wait.h"
 
 #include <algorithm>
 #include <chrono>
@@ -14,16 +14,6 @@ namespace {
 using CtxSetCurrent = int (*)(void*);
 using MemcpyHtoD = int (*)(uint64_t, const void*, size_t, void*);
 using WriteValue32 = int (*)(void*, uint64_t, uint32_t, unsigned);
-
-inline bool reached(const FtCopyJob& j) {
-  const uint32_t v = __atomic_load_n(j.ready_flag, __ATOMIC_ACQUIRE);
-  return j.mode == 1 ? v == j.ready_value : static_cast<int32_t>(v - j.ready_value) >= 0;
-}
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 }  // namespace
 
@@ -62,20 +52,7 @@ void Copier::drain() {
 }
 
 bool Copier::wait_ready(const FtCopyJob& j) {
-  const int64_t t0 = now_ns();
-  uint32_t spins = 0, naps = 0;
-  while (!reached(j)) {
-    if (stop_.load(std::memory_order_acquire)) return false;
-    ++spins;
-    if (spin_ns_ > 0 && ((spins & 63) != 0 || now_ns() - t0 < std::max(spin_ns_, kHotSpinNs))) {
-      spin_step(spins);
-      continue;
-    }
-    const int64_t nap = std::min<int64_t>(50'000, int64_t{2000} << std::min<uint32_t>(naps++, 5));
-    std::this_thread::sleep_for(std::chrono::nanoseconds(nap));
-  }
-  if (j.mode == 1) __atomic_store_n(j.ready_flag, 0u, __ATOMIC_RELAXED);  // re-arm
-  return true;
+  return wait_flag(j.ready_flag, j.ready_value, j.mode, spin_ns_, stop_);
 }
 
 int Copier::run(const FtCopyJob& j) {

@@ -1,6 +1,6 @@
 // See feeder.h.
 #include "feeder.h"
-#include "relax.h"
+#include "flag_wait.h"
 
 #include <algorithm>
 #include <chrono>
@@ -13,21 +13,6 @@
 #endif
 
 namespace ft {
-namespace {
-
-inline bool reached(const FtQueuedArgs& a) {
-  const uint32_t v = __atomic_load_n(a.ready_flag, __ATOMIC_ACQUIRE);
-  return a.mode == 1 ? v == a.ready_value : static_cast<int32_t>(v - a.ready_value) >= 0;
-}
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-constexpr int64_t kMaxNapNs = 50'000;  // longest nap while a batch waits for its ready flag
-
-}  // namespace
 
 Feeder::Feeder(RunFn run, int64_t spin_ns, std::atomic<int64_t>* hot, const Pool* pool)
     : run_(std::move(run)), spin_ns_(spin_ns), hot_(hot), pool_(pool), thread_([this] { loop(); }) {}
@@ -92,24 +77,7 @@ void Feeder::drain() {
 }
 
 bool Feeder::wait_ready(const FtQueuedArgs& a) {
-  // A queued batch's flag comes within a layer's time in decode: poll up to kHotSpinNs (when spinning
-  // is allowed at all), yielding now and then, before napping.
-  const int64_t spin = spin_ns_ > 0 ? std::max(spin_ns_, kHotSpinNs) : 0;
-  const int64_t t0 = now_ns();
-  uint32_t naps = 0, spins = 0;  // naps counted from the end of the spin: the first nap is the shortest
-  while (!reached(a)) {
-    if (stop_.load(std::memory_order_acquire)) return false;
-    ++spins;
-    if (spin > 0 && ((spins & 63) != 0 || now_ns() - t0 < spin)) {
-      spin_step(spins);
-      continue;
-    }
-    // nap: 2 us doubling to 50 us (the GPU writes the flag; nobody can notify this thread)
-    const int64_t nap = std::min<int64_t>(kMaxNapNs, int64_t{2000} << std::min<uint32_t>(naps++, 5));
-    std::this_thread::sleep_for(std::chrono::nanoseconds(nap));
-  }
-  if (a.mode == 1) __atomic_store_n(a.ready_flag, 0u, __ATOMIC_RELAXED);  // re-arm
-  return true;
+  return wait_flag(a.ready_flag, a.ready_value, a.mode, spin_ns_, stop_);
 }
 
 int Feeder::compute(const FtQueuedArgs& a) {
@@ -149,7 +117,7 @@ void Feeder::write_stats(const FtQueuedArgs& a, int64_t ns, int rc) {
 }
 
 void Feeder::run_one(const FtQueuedArgs& a, int64_t t_wait) {
-  const int64_t t_ready = now_ns();
+  const int64_t t_ready = steady_now_ns();
   int rc;
   try {
     rc = compute(a);
@@ -161,9 +129,9 @@ void Feeder::run_one(const FtQueuedArgs& a, int64_t t_wait) {
     int expected = 0;
     error_.compare_exchange_strong(expected, rc);
   }
-  write_stats(a, now_ns() - t_ready, rc);
+  write_stats(a, steady_now_ns() - t_ready, rc);
   __atomic_store_n(a.done_flag, a.done_value, __ATOMIC_RELEASE);  // out and stats first
-  record(t_wait, t_ready, now_ns());
+  record(t_wait, t_ready, steady_now_ns());
 }
 
 void Feeder::loop() {
@@ -178,7 +146,7 @@ void Feeder::loop() {
       if (queue_.empty()) return;  // stopping, nothing left
       a = queue_.front();
     }
-    const int64_t t_wait = now_ns();
+    const int64_t t_wait = steady_now_ns();
     if (!stop_.load(std::memory_order_acquire) && wait_ready(a)) {
       run_one(a, t_wait);
     } else {  // stopping: release whoever waits on this batch (its out is not computed)
