@@ -39,6 +39,10 @@ def test_bench_decode_plumbing_and_bound(tmp_path) -> None:
     assert policy_config("hybrid", args).cpu_branch_zero_copy  # the default
     copy = policy_config("hybrid+share+copy", args)
     assert not copy.cpu_branch_zero_copy and copy.hybrid_share_expert and copy.moe_backend == "hybrid"
+    assert policy_config("hybrid+ff40", args).fill_fraction == 0.4
+    assert policy_config("hybrid", args).fill_fraction is None
+    with pytest.raises(SystemExit, match="unknown policy option"):
+        policy_config("hybrid+ff140", args)
     assert r["offload"].cpu_mb_per_token == 0 and r["offload"].fills_per_layer_step > 0
     bw = Bandwidths(copy=50.0, cpu=20.0, copy_c=40.0, cpu_c=20.0, source="test")
     gb = banks.expert_bytes / 1e9

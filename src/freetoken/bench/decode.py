@@ -54,7 +54,15 @@ POLICY_OPTIONS = {
     "copy": "EngineConfig.cpu_branch_zero_copy=False",
     "ce": "EngineConfig.fill_copy_engine (slot fills by the copy engine, experimental)",
     "lag": "the host sleeps until the step before the last is done (--host-lag 1 for this policy)",
+    "ffNN": "EngineConfig.fill_fraction = NN/100 (a fixed share of misses filled: hybrid+ff40 beside hybrid)",
 }
+
+
+def _fill_fraction(opt: str) -> float | None:
+    """``ffNN`` -> NN / 100 (0..100), else None."""
+    if len(opt) > 2 and opt.startswith("ff") and opt[2:].isdigit() and int(opt[2:]) <= 100:
+        return int(opt[2:]) / 100
+    return None
 
 
 class Router(Protocol):
@@ -93,11 +101,13 @@ def _threads(args: argparse.Namespace) -> int | None:
 def policy_config(policy: str, args: argparse.Namespace) -> EngineConfig:
     """The engine config of a policy name (``POLICY_OPTIONS``); the command's switches apply to every policy."""
     base, *opts = policy.split("+")
-    unknown = [o for o in opts if o not in POLICY_OPTIONS]
+    unknown = [o for o in opts if o not in POLICY_OPTIONS and _fill_fraction(o) is None]
+    fractions = [f for f in map(_fill_fraction, opts) if f is not None]
     if unknown:
         raise SystemExit(f"unknown policy option(s) {unknown} in {policy!r}; known: {sorted(POLICY_OPTIONS)}")
     return EngineConfig(
-        moe_backend=base, expert_cache=args.expert_cache, fill_fraction=args.fill_fraction,
+        moe_backend=base, expert_cache=args.expert_cache,
+        fill_fraction=fractions[-1] if fractions else args.fill_fraction,
         cpu_threads=_threads(args), moe_cuda_graphs=args.cuda_graphs,
         hybrid_share_expert="share" in opts or args.share_expert,
         cpu_branch_zero_copy="copy" not in opts and args.zero_copy, fill_copy_engine="ce" in opts,
