@@ -7,6 +7,7 @@ expert it holds.
 from __future__ import annotations
 
 from collections import Counter
+from fractions import Fraction
 
 import pytest
 import torch
@@ -160,10 +161,24 @@ def test_padded_copies_only_touch_the_scratch_slot() -> None:
 @pytest.mark.parametrize("min_fill", [0, 1])
 def test_fill_quota(m: int, share: float, available: int, min_fill: int) -> None:
     q = fill_quota(torch.tensor(m), torch.tensor(share), torch.tensor(available), min_fill)
-    want = min(round(m * share), m)
+    want = balanced_fills(m, share)
     if m > 0:
         want = max(want, min_fill)
     assert int(q) == min(want, available)
+
+
+def balanced_fills(m: int, share: float) -> int:
+    """Of 0..m fills, the one whose later branch ends first (fill i costs 1/share, a CPU run 1/(1-share);
+    ties: fewer fills), by exhaustive search in exact arithmetic."""
+    s = Fraction(share).limit_denominator(1000)
+    return min(range(m + 1), key=lambda q: (max(q * (1 - s), (m - q) * s), q))
+
+
+def test_fill_quota_is_not_round_half() -> None:
+    # s = 0.38, m = 4: round(1.52) = 2 fills (GPU 2/0.38 = 5.3, CPU 2/0.62 = 3.2); 1 fill ends at 4.8
+    assert int(fill_quota(torch.tensor(4), torch.tensor(0.38), torch.tensor(8), 1)) == 1
+    assert int(fill_quota(torch.tensor(4), torch.tensor(0.45), torch.tensor(8), 1)) == 2  # GPU 4.4, CPU 3.6: 2
+    assert int(fill_quota(torch.tensor(3), torch.tensor(0.5), torch.tensor(8), 1)) == 1  # a tie: fewer fills
 
 
 def test_refuses_pool_larger_than_ram() -> None:
@@ -188,8 +203,7 @@ class LruModel:
         hits = [e for e in counts if e in slot_of]
         misses = [e for e in counts if e not in slot_of]
         m = len(misses)
-        q = min(round(m * share), m)
-        q = max(q, min(min_fill, m))
+        q = max(balanced_fills(m, share), min(min_fill, m))
         q = min(q, self.S - len(hits))
         fills = sorted(misses, key=lambda e: (-counts[e], e))[:q]
         hit_slots = {slot_of[e] for e in hits}

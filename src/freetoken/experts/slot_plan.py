@@ -100,8 +100,15 @@ class StepPlan:
 
 
 def fill_quota(m: torch.Tensor, share: torch.Tensor, available: torch.Tensor, min_fill: int) -> torch.Tensor:
-    """q = clamp(round(m*share), min_fill if m > 0 else 0, m), then at most ``available``. All [] int64."""
-    q = torch.round(m.to(torch.float32) * share.to(torch.float32)).to(torch.long)
+    """q = clamp(ceil((m+1)*share) - 1, min_fill if m > 0 else 0, m), then at most ``available``. All [] int64.
+
+    ``ceil((m+1)s) - 1`` is the whole number of fills that makes the later branch finish first: with the GPU
+    at ``B_P'`` per expert and the CPU at ``B_H'``, ``s = B_P'/(B_P'+B_H')``, ``x = m*s`` balances them exactly;
+    of ``floor(x)`` and ``ceil(x)`` it takes the one with the smaller ``max(q/B_P', (m-q)/B_H')``, i.e. ceil when
+    ``x``'s fraction exceeds ``1 - s`` (ties: floor). ``round(x)`` rounds at 0.5 whatever the rates: with
+    ``s = 0.38`` and ``m = 4`` it fills 2 (the GPU's branch 2 experts long, the CPU's 2/0.62*0.38 = 1.2) where
+    1 fill (CPU 3*0.38/0.62 = 1.8) ends sooner. Equal to ``round`` at ``s = 0.5`` except at exact ties."""
+    q = ((m + 1).to(torch.float32) * share.to(torch.float32)).ceil().to(torch.long) - 1
     lo = torch.clamp(m, max=min_fill)  # min_fill when m >= min_fill, m when smaller, 0 when m == 0
     q = torch.maximum(torch.minimum(q, m), lo)
     return torch.minimum(q, available)

@@ -4,7 +4,7 @@ The torch version (``group_routes`` + ``plan_fills``) is ~100 small ops per laye
 overhead, not their work, dominates a decode step. This kernel does the same in one program for up to
 ``MAX_ROUTES`` routes (decode batches) and produces bit-identical tables and outputs:
 - grouping by pairwise comparisons over the K routes (no sort needed at this size);
-- q from the same float32 product and round-half-to-even as ``torch.round``;
+- q from the same float32 product and ceil as ``slot_plan.fill_quota``;
 - victims by repeated minimum over the slot keys (``stamp * (S+1) + slot``) of the slots no hit uses:
   ``q`` passes over the S stamps.
 Reads of the tables happen before a barrier, writes after it.
@@ -80,11 +80,8 @@ def _plan_kernel(
             blk = blk | ((st > recent_after) & (st >= 0))
         n_blocked += tl.sum((blk & sm).to(tl.int64), axis=0)
     available = s64 - n_blocked - h + hit_blocked
-    x = m.to(tl.float32) * tl.load(share_ptr)
-    f = tl.floor(x)
-    fi = f.to(tl.int64)
-    d = x - f
-    q = fi + ((d > 0.5) | ((d == 0.5) & (fi % 2 == 1))).to(tl.int64)  # round half to even
+    x = m.to(tl.float32) * tl.load(share_ptr)  # the balanced share in experts (a shared expert's cut)
+    q = tl.ceil((m + 1).to(tl.float32) * tl.load(share_ptr)).to(tl.int64) - 1  # ``slot_plan.fill_quota``
     q = tl.maximum(tl.minimum(q, m), tl.minimum(m, MIN_FILL))
     q = tl.minimum(q, available)
     # -- which misses: most routes first, then the lower eid (stable descending order) ---------------
