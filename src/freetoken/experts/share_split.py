@@ -2,7 +2,7 @@
 
 With whole experts per branch, a layer's m misses split as q fills and m - q CPU runs, and the branches
 finish together only when m * share happens to be an integer: with m ~ 3 at batch 1 they rarely do
-(``bench/cache_sim.py`` models the cost; docs/benchmarks.md). The plan still fills ``q = round(m * share)``
+(``bench/cache_sim.py`` models the cost; docs/benchmarks.md). The plan still fills ``q`` (``slot_plan.fill_quota``)
 whole experts (they are cached: a lower q would raise the miss rate, which costs more than the imbalance on
 the locality traces); when that leaves the GPU short (``m * share > q``), the best-ranked miss left to the CPU
 is shared by rows of its intermediate dimension: the GPU computes rows [0, c) from the scratch slot (copied

@@ -7,7 +7,8 @@ All figures are GB/s (1e9 bytes per second) of expert weight bytes moved:
 - ``fill`` (``B_P,fill``): pinned host -> device copies of one expert each, a layer's misses per batch.
 - ``layer`` (``B_P,layer``): one whole layer of experts per copy (what prefill streams).
 - ``fill_concurrent`` / ``cpu_kernel_concurrent`` (``B_P'``, ``B_H'``): both running at once in this
-  process; they share host memory, and the split ``q* = m B_P' / (B_P' + B_H')`` uses these.
+  process; they share host memory, and the split ``q* ~ m B_P' / (B_P' + B_H')`` uses these
+  (``slot_plan.fill_quota``: the whole number of fills whose later branch ends first).
 Copy figures are None when the device is CUDA but CUDA is absent; device "cpu" measures memcpy
 into a CPU slot pool (the CPU stand-in for fills).
 """
