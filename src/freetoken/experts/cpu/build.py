@@ -23,8 +23,8 @@ from freetoken.config import Env
 
 SRC_DIR = Path(__file__).resolve().parent
 HEADERS = (
-    "kernel_api.h", "plan.h", "pool.h", "feeder.h", "copier.h", "relax.h", "flag_wait.h", "dot_impl.h", "dot_rows.h",
-    "isa_avx512_s.h",
+    "kernel_api.h", "plan.h", "pool.h", "feeder.h", "copier.h", "job_queue.h", "relax.h", "flag_wait.h", "dot_impl.h",
+    "dot_rows.h", "isa_avx512_s.h",
 )  # fmt: skip
 CORE_SOURCES = ("kernel.cpp", "plan.cpp", "pool.cpp", "feeder.cpp", "copier.cpp", "isa_generic.cpp")
 DISPATCH_SOURCE = "kernel.cpp"  # compiled last, with the FT_HAVE_<ISA> macros of the paths that built

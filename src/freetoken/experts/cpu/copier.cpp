@@ -20,39 +20,26 @@ using WriteValue32 = int (*)(void*, uint64_t, uint32_t, unsigned);
 Copier::Copier(int64_t spin_ns) : spin_ns_(spin_ns), thread_([this] { loop(); }) {}
 
 Copier::~Copier() {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    stop_.store(true, std::memory_order_release);
-  }
-  cv_work_.notify_all();
+  jobs_.stop();
   thread_.join();
 }
 
 void Copier::configure(const FtCopyConfig& c) {
-  drain();
-  std::lock_guard<std::mutex> lk(mu_);
+  drain();  // the thread is idle; the next push (under the queue's lock) publishes the new config to it
   cfg_ = c;
   ctx_set_ = false;
 }
 
 int Copier::push(const FtCopyJob& j) {
   if (!j.ready_flag || !j.list || !j.done_host || j.kv < 0 || (j.mode != 0 && j.mode != 1)) return -2;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    queue_.push_back(j);
-    pending_.fetch_add(1, std::memory_order_acq_rel);
-  }
-  cv_work_.notify_one();
+  jobs_.push(j);
   return 0;
 }
 
-void Copier::drain() {
-  std::unique_lock<std::mutex> lk(mu_);
-  cv_idle_.wait(lk, [this] { return pending_.load(std::memory_order_acquire) == 0 || stop_.load(); });
-}
+void Copier::drain() { jobs_.drain(); }
 
 bool Copier::wait_ready(const FtCopyJob& j) {
-  return wait_flag(j.ready_flag, j.ready_value, j.mode, spin_ns_, stop_);
+  return wait_flag(j.ready_flag, j.ready_value, j.mode, spin_ns_, jobs_.stop_flag());
 }
 
 int Copier::run(const FtCopyJob& j) {
@@ -87,14 +74,9 @@ int Copier::run(const FtCopyJob& j) {
 void Copier::loop() {
   for (;;) {
     FtCopyJob j;
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_work_.wait(lk, [this] { return stop_.load(std::memory_order_acquire) || !queue_.empty(); });
-      if (queue_.empty()) return;
-      j = queue_.front();
-    }
+    if (!jobs_.next(j)) return;
     int rc = 0;
-    if (!stop_.load(std::memory_order_acquire) && wait_ready(j)) rc = run(j);
+    if (!jobs_.stopping() && wait_ready(j)) rc = run(j);
     else rc = -7;  // stopping: released below, nothing copied
     if (rc != 0) {
       if (rc != -7) {
@@ -103,12 +85,7 @@ void Copier::loop() {
       }
       __atomic_store_n(j.done_host, j.done_value, __ATOMIC_RELEASE);  // never leave a stream waiting
     }
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      queue_.pop_front();
-      pending_.fetch_sub(1, std::memory_order_acq_rel);
-    }
-    cv_idle_.notify_all();
+    jobs_.done();
   }
 }
 

@@ -8,11 +8,10 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <mutex>
 #include <thread>
+
+#include "job_queue.h"
 
 extern "C" struct FtCopyConfig {
   void* ctx_set_current;  // CUresult (*)(CUcontext), or null
@@ -48,7 +47,7 @@ class Copier {
   void configure(const FtCopyConfig& c);
   int push(const FtCopyJob& j);  // 0 queued; -2 bad job
   void drain();
-  int64_t pending() const { return pending_.load(std::memory_order_acquire); }
+  int64_t pending() const { return jobs_.pending(); }
   int take_error() { return error_.exchange(0); }
   int64_t copies() const { return copies_.load(std::memory_order_relaxed); }  // host->device copies issued
 
@@ -60,12 +59,9 @@ class Copier {
   const int64_t spin_ns_;
   FtCopyConfig cfg_{};
   bool ctx_set_ = false;
-  std::mutex mu_;
-  std::condition_variable cv_work_, cv_idle_;
-  std::deque<FtCopyJob> queue_;
-  std::atomic<int64_t> pending_{0}, copies_{0};
+  JobQueue<FtCopyJob> jobs_;
+  std::atomic<int64_t> copies_{0};
   std::atomic<int> error_{0};
-  std::atomic<bool> stop_{false};
   std::thread thread_;  // last
 };
 

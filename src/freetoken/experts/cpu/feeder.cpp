@@ -15,7 +15,7 @@
 namespace ft {
 
 Feeder::Feeder(RunFn run, int64_t spin_ns, std::atomic<int64_t>* hot, const Pool* pool)
-    : run_(std::move(run)), spin_ns_(spin_ns), hot_(hot), pool_(pool), thread_([this] { loop(); }) {}
+    : run_(std::move(run)), spin_ns_(spin_ns), batches_(hot), pool_(pool), thread_([this] { loop(); }) {}
 
 void Feeder::trace(int64_t cap) {
   std::lock_guard<std::mutex> lk(trace_mu_);
@@ -49,11 +49,7 @@ void Feeder::record(int64_t t_wait, int64_t t_ready, int64_t t_done) {
 }
 
 Feeder::~Feeder() {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    stop_.store(true, std::memory_order_release);
-  }
-  cv_work_.notify_all();
+  batches_.stop();
   thread_.join();
 }
 
@@ -61,23 +57,14 @@ int Feeder::push(const FtQueuedArgs& a) {
   if (a.T < 0 || a.k < 1 || a.D <= 0 || a.I <= 0 || !a.ready_flag || !a.done_flag) return -2;
   if (a.mode != 0 && a.mode != 1) return -2;
   if (a.T > 0 && (!a.x || !a.codes || !a.w || !a.out || !a.gate_up || !a.down)) return -2;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    queue_.push_back(a);
-    pending_.fetch_add(1, std::memory_order_acq_rel);
-    if (hot_) hot_->fetch_add(1, std::memory_order_relaxed);
-  }
-  cv_work_.notify_one();
+  batches_.push(a);
   return 0;
 }
 
-void Feeder::drain() {
-  std::unique_lock<std::mutex> lk(mu_);
-  cv_idle_.wait(lk, [this] { return pending_.load(std::memory_order_acquire) == 0 || stop_.load(); });
-}
+void Feeder::drain() { batches_.drain(); }
 
 bool Feeder::wait_ready(const FtQueuedArgs& a) {
-  return wait_flag(a.ready_flag, a.ready_value, a.mode, spin_ns_, stop_);
+  return wait_flag(a.ready_flag, a.ready_value, a.mode, spin_ns_, batches_.stop_flag());
 }
 
 int Feeder::compute(const FtQueuedArgs& a) {
@@ -140,25 +127,14 @@ void Feeder::loop() {
 #endif
   for (;;) {
     FtQueuedArgs a;
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_work_.wait(lk, [this] { return stop_.load(std::memory_order_acquire) || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, nothing left
-      a = queue_.front();
-    }
+    if (!batches_.next(a)) return;  // stopping, nothing left
     const int64_t t_wait = steady_now_ns();
-    if (!stop_.load(std::memory_order_acquire) && wait_ready(a)) {
+    if (!batches_.stopping() && wait_ready(a)) {
       run_one(a, t_wait);
     } else {  // stopping: release whoever waits on this batch (its out is not computed)
       __atomic_store_n(a.done_flag, a.done_value, __ATOMIC_RELEASE);
     }
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      queue_.pop_front();
-      pending_.fetch_sub(1, std::memory_order_acq_rel);
-      if (hot_) hot_->fetch_sub(1, std::memory_order_relaxed);
-    }
-    cv_idle_.notify_all();
+    batches_.done();
   }
 }
 

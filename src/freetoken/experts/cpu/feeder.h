@@ -7,15 +7,14 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "job_queue.h"
 #include "plan.h"
 #include "pool.h"
 
@@ -60,7 +59,7 @@ class Feeder {
   int push(const FtQueuedArgs& a);
   // Blocks until every queued batch is done (their ready flags must come).
   void drain();
-  int64_t pending() const { return pending_.load(std::memory_order_acquire); }
+  int64_t pending() const { return batches_.pending(); }
   // The first error a batch met (0: none), cleared by reading.
   int take_error() { return error_.exchange(0); }
   // Batch trace (diagnostics): with cap > 0 every batch run from now on appends kTraceFields values,
@@ -83,13 +82,8 @@ class Feeder {
 
   RunFn run_;
   const int64_t spin_ns_;
-  std::mutex mu_;
-  std::condition_variable cv_work_, cv_idle_;
-  std::deque<FtQueuedArgs> queue_;
-  std::atomic<int64_t> pending_{0};  // queued + running
-  std::atomic<int64_t>* hot_;  // mirrors pending_ (optional)
+  JobQueue<FtQueuedArgs> batches_;  // queued + running; hot mirrors its count
   std::atomic<int> error_{0};
-  std::atomic<bool> stop_{false};
   std::vector<int32_t> tok_;  // the batch's routes, decoded from its codes (feeder thread only)
   std::vector<int64_t> row_;
   std::vector<int32_t> ib_;  // i_begin of each route
