@@ -1,6 +1,5 @@
 // See copier.h.
 #include "copier.h"
-#include "flag_wait.h"
 
 #include <algorithm>
 #include <chrono>
@@ -38,10 +37,6 @@ int Copier::push(const FtCopyJob& j) {
 
 void Copier::drain() { jobs_.drain(); }
 
-bool Copier::wait_ready(const FtCopyJob& j) {
-  return wait_flag(j.ready_flag, j.ready_value, j.mode, spin_ns_, jobs_.stop_flag());
-}
-
 int Copier::run(const FtCopyJob& j) {
   const FtCopyConfig& c = cfg_;
   if (c.ctx_set_current && !ctx_set_) {
@@ -76,7 +71,7 @@ void Copier::loop() {
     FtCopyJob j;
     if (!jobs_.next(j)) return;
     int rc = 0;
-    if (!jobs_.stopping() && wait_ready(j)) rc = run(j);
+    if (!jobs_.stopping() && jobs_.wait_ready(j.ready_flag, j.ready_value, j.mode, spin_ns_)) rc = run(j);
     else rc = -7;  // stopping: released below, nothing copied
     if (rc != 0) {
       if (rc != -7) {

@@ -53,7 +53,6 @@ class Copier {
 
  private:
   void loop();
-  bool wait_ready(const FtCopyJob& j);
   int run(const FtCopyJob& j);  // 0, or a CUresult / -4 (entry out of range)
 
   const int64_t spin_ns_;

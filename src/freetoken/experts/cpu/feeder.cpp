@@ -1,6 +1,5 @@
 // See feeder.h.
 #include "feeder.h"
-#include "flag_wait.h"
 
 #include <algorithm>
 #include <chrono>
@@ -62,10 +61,6 @@ int Feeder::push(const FtQueuedArgs& a) {
 }
 
 void Feeder::drain() { batches_.drain(); }
-
-bool Feeder::wait_ready(const FtQueuedArgs& a) {
-  return wait_flag(a.ready_flag, a.ready_value, a.mode, spin_ns_, batches_.stop_flag());
-}
 
 int Feeder::compute(const FtQueuedArgs& a) {
   const int64_t n = a.T * a.k;
@@ -129,7 +124,7 @@ void Feeder::loop() {
     FtQueuedArgs a;
     if (!batches_.next(a)) return;  // stopping, nothing left
     const int64_t t_wait = steady_now_ns();
-    if (!batches_.stopping() && wait_ready(a)) {
+    if (!batches_.stopping() && batches_.wait_ready(a.ready_flag, a.ready_value, a.mode, spin_ns_)) {
       run_one(a, t_wait);
     } else {  // stopping: release whoever waits on this batch (its out is not computed)
       __atomic_store_n(a.done_flag, a.done_value, __ATOMIC_RELEASE);

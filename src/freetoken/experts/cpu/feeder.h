@@ -73,7 +73,6 @@ class Feeder {
 
  private:
   void loop();
-  bool wait_ready(const FtQueuedArgs& a);  // false: stopping
   void run_one(const FtQueuedArgs& a, int64_t t_wait);  // t_wait: when the feeder began waiting for it
   int compute(const FtQueuedArgs& a);  // decode the codes, run the batch; 0 or an error code
   void write_stats(const FtQueuedArgs& a, int64_t ns, int rc);  // a.stats[0..4] of the batch just run

@@ -12,6 +12,8 @@
 #include <deque>
 #include <mutex>
 
+#include "flag_wait.h"
+
 namespace ft {
 
 template <class Job>
@@ -62,7 +64,10 @@ class JobQueue {
   }
 
   bool stopping() const { return stop_.load(std::memory_order_acquire); }
-  const std::atomic<bool>& stop_flag() const { return stop_; }  // for wait_flag
+  // The server's wait for a job's ready flag (flag_wait.h); false: the queue stopped meanwhile.
+  bool wait_ready(uint32_t* flag, uint32_t value, int32_t mode, int64_t spin_ns) const {
+    return wait_flag(flag, value, mode, spin_ns, stop_);
+  }
   int64_t pending() const { return pending_.load(std::memory_order_acquire); }  // queued + running
 
  private:
