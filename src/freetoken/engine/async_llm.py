@@ -13,13 +13,15 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from freetoken.config import EngineConfig
+from freetoken.engine.commands import Abort, Add, Check, Command, FailAll, Wake
 from freetoken.engine.engine import LLMEngine
-from freetoken.engine.errors import EngineDeadError
+from freetoken.engine.errors import EngineDeadError, RequestFailedError
 from freetoken.engine.outputs import RequestOutput
 from freetoken.engine.sampling_params import SamplingParams
 
@@ -33,7 +35,7 @@ class AsyncLLM:
         self.state = "loading"  # loading | ready | dead | stopped
         self.error: str | None = None
         self.engine: LLMEngine | None = None
-        self._cmds: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._cmds: queue.Queue[Command] = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
         self._ready = threading.Event()
         self._stop = False
@@ -95,7 +97,7 @@ class AsyncLLM:
         q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         added: cf.Future[None] = cf.Future()
         self._streams[rid] = (loop, q)
-        self._cmds.put(("add", rid, list(prompt_token_ids), params, added))
+        self._cmds.put(Add(rid, list(prompt_token_ids), params, added))
         finished = False
         try:
             await asyncio.wrap_future(added)  # InputError / QueueFullError surface here, before any output
@@ -110,25 +112,34 @@ class AsyncLLM:
         finally:
             self._streams.pop(rid, None)
             if not finished and self.state == "ready":
-                self._cmds.put(("abort", rid))
+                self._cmds.put(Abort(rid))
 
     def stats(self) -> dict[str, Any]:
-        return {**self._stats, "state": self.state}
+        """The engine's counters as of its last safe point (refreshed after every step and command,
+        and every half second while idle), with the uptime as of now."""
+        stats = {**self._stats, "state": self.state}
+        if self.engine is not None:
+            stats["uptime_s"] = time.monotonic() - self.engine.started_at
+        return stats
 
     def check_integrity(self) -> None:
         done: cf.Future[None] = cf.Future()
-        self._cmds.put(("check", done))
+        self._cmds.put(Check(done))
         done.result(timeout=30)
 
     async def check_integrity_async(self) -> None:
         done: cf.Future[None] = cf.Future()
-        self._cmds.put(("check", done))
+        self._cmds.put(Check(done))
         await asyncio.wrap_future(done)
+
+    def fail_all(self, error: str) -> None:
+        """Finish every request now with ``error`` (each stream ends with it); new requests still run."""
+        self._cmds.put(FailAll(error))
 
     async def shutdown(self, drain: bool = True) -> None:
         self._drain = drain
         self._stop = True
-        self._cmds.put(("wake",))
+        self._cmds.put(Wake())
         await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 60)
 
     # ---- the engine thread ----------------------------------------------------------------------
@@ -168,27 +179,45 @@ class AsyncLLM:
             except queue.Empty:
                 pass
             if eng.has_unfinished():
-                outputs = eng.step()
+                try:
+                    outputs = eng.step()
+                except Exception as exc:  # not one request's fault: fail them all, keep serving if sound
+                    outputs = self._recover(eng, exc)
                 self._stats = eng.stats()  # before dispatch: a finished stream sees its pages freed
                 self._dispatch(outputs)
+            else:
+                self._stats = eng.stats()  # after aborts, and while idle
 
-    def _handle(self, eng: LLMEngine, cmd: tuple[Any, ...]) -> None:
-        kind = cmd[0]
-        if kind == "add":
-            _, rid, ids, params, fut = cmd
+    def _recover(self, eng: LLMEngine, exc: Exception) -> list[RequestOutput]:
+        """A step failed outside any one request: every request fails with the error (outputs the step
+        had made are lost with it, so each stream hears of the failure instead); the engine serves on
+        only if its caches are still sound, else the thread dies and /health says why."""
+        log.exception("engine step failed; failing its %d requests", len(eng.requests))
+        error = f"the engine step failed: {type(exc).__name__}: {exc}"
+        eng.fail_all(error)
+        eng.take_pending()
+        self._fail_all(RequestFailedError(error))
+        eng.check_integrity()
+        return []
+
+    def _handle(self, eng: LLMEngine, cmd: Command) -> None:
+        if isinstance(cmd, Add):
             try:
-                eng.add_request(rid, ids, params)
-                fut.set_result(None)
+                eng.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params)
+                cmd.accepted.set_result(None)
             except Exception as e:
-                fut.set_exception(e)
-        elif kind == "abort":
-            eng.abort(cmd[1])
-        elif kind == "check":
+                cmd.accepted.set_exception(e)
+        elif isinstance(cmd, Abort):
+            eng.abort(cmd.request_id)
+        elif isinstance(cmd, FailAll):
+            eng.fail_all(cmd.error)
+            self._dispatch(eng.take_pending())
+        elif isinstance(cmd, Check):
             try:
                 eng.check_integrity()
-                cmd[1].set_result(None)
+                cmd.done.set_result(None)
             except BaseException as e:
-                cmd[1].set_exception(e)
+                cmd.done.set_exception(e)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:

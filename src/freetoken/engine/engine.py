@@ -46,7 +46,7 @@ class LLMEngine:
         self._seeds = random.Random(config.seed)
         self._counters = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0, "requests_finished": 0}
         self._pending: list[RequestOutput] = []
-        self._started = time.monotonic()
+        self.started_at = time.monotonic()
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -91,24 +91,72 @@ class LLMEngine:
 
     # ---- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """One scheduled step. A failure while computing or sampling one request finishes that request
+        with an error (finish_reason "error"); the others carry on. Only a failure outside any one
+        request (the scheduler, the caches) propagates."""
         outputs, self._pending = self._pending, []
         batch = self.scheduler.schedule()
         for req in batch.never_fit:
             self._finish(req, "error", error="the request does not fit the KV pool even alone")
-            outputs.append(self._pending.pop())
-        if not batch.items:
-            return outputs
-        logits = self.runner.run(batch.items)
-        self._counters["steps"] += 1
-        for req, n in batch.items:
-            was_prefill = req.num_computed_tokens < req.num_prompt_tokens
-            req.num_computed_tokens += n
-            self._counters["prefill_tokens" if was_prefill else "decode_tokens"] += n
-            if req in logits:
-                outputs.append(self._append_token(req, sample(logits[req], req.params, req.generator)))
+        if batch.items:
+            items, logits = self._forward(batch.items)
+            self._counters["steps"] += 1
+            for req, n in items:
+                was_prefill = req.num_computed_tokens < req.num_prompt_tokens
+                req.num_computed_tokens += n
+                self._counters["prefill_tokens" if was_prefill else "decode_tokens"] += n
+                if req in logits:
+                    try:
+                        outputs.append(self._append_token(req, sample(logits[req], req.params, req.generator)))
+                    except Exception as exc:
+                        self._fail(req, "sampling failed", exc)
+        outputs += self._pending
+        self._pending = []
         if _debug():
             self.check_integrity()
         return outputs
+
+    def _forward(
+        self, items: list[tuple[Request, int]]
+    ) -> tuple[list[tuple[Request, int]], dict[Request, torch.Tensor]]:
+        """Runs the batch; if it fails, runs each request alone so that only the requests that fail
+        alone are finished with an error. Returns the items computed and their logits."""
+        try:
+            return items, self.runner.run(items)
+        except Exception as exc:
+            if len(items) == 1:
+                self._fail(items[0][0], "the model step failed", exc)
+                return [], {}
+            log.warning(
+                "a batched model step failed (%s: %s); running its %d requests one by one",
+                type(exc).__name__,
+                exc,
+                len(items),
+            )
+        done: list[tuple[Request, int]] = []
+        logits: dict[Request, torch.Tensor] = {}
+        for item in items:
+            try:
+                logits.update(self.runner.run([item]))
+                done.append(item)
+            except Exception as exc:
+                self._fail(item[0], "the model step failed", exc)
+        return done, logits
+
+    def _fail(self, req: Request, what: str, exc: BaseException) -> None:
+        log.error("request %s: %s: %s: %s", req.request_id, what, type(exc).__name__, exc)
+        self._finish(req, "error", error=f"{what}: {type(exc).__name__}: {exc}")
+
+    def fail_all(self, error: str) -> None:
+        """Finishes every request with ``error`` (server shutdown, or recovery after a failed step);
+        their last outputs wait in ``take_pending()``."""
+        for req in list(self.requests.values()):
+            self._finish(req, "error", error=error)
+
+    def take_pending(self) -> list[RequestOutput]:
+        """Outputs of requests finished between steps (aborts emit none)."""
+        out, self._pending = self._pending, []
+        return out
 
     def _append_token(self, req: Request, token: int) -> RequestOutput:
         req.token_ids.append(token)
@@ -145,7 +193,9 @@ class LLMEngine:
         self.requests.pop(req.request_id, None)
         self._counters["requests_finished"] += 1
         if emit:
-            self._pending.append(self._output(req, [], req.detok.flush() if reason != "abort" else "", error))
+            # an aborted or failed request says nothing more (a failed detokenizer may fail again)
+            text = req.detok.flush() if reason not in ("abort", "error") else ""
+            self._pending.append(self._output(req, [], text, error))
 
     def score(self, token_ids: list[int], chunk: int | None = None) -> torch.Tensor:
         """Logits [n, V] (float32, CPU) at every position of ``token_ids``, computed by prefill in chunks of
@@ -193,7 +243,7 @@ class LLMEngine:
             "kv_pages_total": self.kv.num_pages,
             "kv_pages_used": self.pages.num_pinned,  # not reclaimable now: unlocked tree pages do not count
             "moe_backend": backend.name if backend is not None else "none",
-            "uptime_s": time.monotonic() - self._started,
+            "uptime_s": time.monotonic() - self.started_at,
         }
 
     def check_integrity(self) -> None:

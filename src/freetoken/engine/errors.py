@@ -27,3 +27,7 @@ class QueueFullError(FreeTokenError):
 
 class EngineDeadError(FreeTokenError):
     """The engine thread died; the server answers 5xx."""
+
+
+class RequestFailedError(FreeTokenError):
+    """The engine could not finish this request (a failed step); the engine itself serves on."""

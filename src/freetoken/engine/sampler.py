@@ -8,10 +8,12 @@ from freetoken.engine.sampling_params import SamplingParams
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """logits [V] float32 -> one token id."""
+    """logits [V] float32 -> one token id. Raises ValueError on logits that hold NaN (a broken model
+    step): the engine fails that request alone."""
     if params.greedy:
         return int(torch.argmax(logits).item())
-    x = logits / params.temperature
+    # Shifted so the best logit is 0: the division cannot overflow to inf - inf = NaN.
+    x = (logits - logits.max()) / params.temperature
     if params.top_k > 0 and params.top_k < x.shape[-1]:
         kth = torch.topk(x, params.top_k).values[-1]
         x = x.masked_fill(x < kth, float("-inf"))
@@ -23,6 +25,8 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         sorted_x = sorted_x.masked_fill(drop, float("-inf"))
         x = torch.full_like(x, float("-inf")).scatter(0, order, sorted_x)
     probs = torch.softmax(x, dim=-1)
+    if not bool(torch.isfinite(probs).all()):
+        raise ValueError("the model produced non-finite logits")
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
 

@@ -1,8 +1,15 @@
-"""Per-request sampling settings."""
+"""Per-request sampling settings, checked when made: a request the sampler could not honour never
+reaches the engine thread."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+MIN_TEMPERATURE = 1e-5
+"""Temperatures below this sample greedily: dividing float32 logits by them overflows."""
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+"""The seeds a torch generator takes (64 bits, signed or not)."""
 
 
 @dataclass
@@ -10,7 +17,7 @@ class SamplingParams:
     max_tokens: int = 16
     """Tokens to generate at most (clamped to the context left)."""
     temperature: float = 1.0
-    """0 means greedy."""
+    """0 (or anything below 1e-5) means greedy."""
     top_p: float = 1.0
     top_k: int = 0
     """0 or -1: no top-k cut."""
@@ -19,6 +26,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     """Extra token ids that end generation (the model's EOS ids are always included unless ignore_eos)."""
     seed: int | None = None
+    """Seed of this request's generator, in [-2**63, 2**64): the same seed gives the same tokens."""
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     """Drop special tokens from the returned text."""
@@ -28,16 +36,18 @@ class SamplingParams:
             self.stop = [self.stop]
         if self.stop is None:
             self.stop = []
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < -1:
-            raise ValueError(f"top_k must be -1, 0 or positive, got {self.top_k}")
-        if any(not s for s in self.stop):
-            raise ValueError("stop strings must be non-empty")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not _is_real(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not _is_real(self.top_p) or not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise ValueError(f"top_k must be -1, 0 or positive, got {self.top_k!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX):
+            raise ValueError(f"seed must be an integer in [-2**63, 2**64), got {self.seed!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty strings")
 
     @property
     def stop_strings(self) -> list[str]:
@@ -45,4 +55,12 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < MIN_TEMPERATURE
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)

@@ -1,0 +1,44 @@
+"""What the frontend asks of the engine thread. Commands queue up and run between steps (a safe point);
+a command with a future answers through it."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from dataclasses import dataclass
+
+from freetoken.engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class Add:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    accepted: cf.Future[None]
+    """Resolved once the engine queued the request, or failed with why it refused it."""
+
+
+@dataclass(frozen=True)
+class Abort:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class FailAll:
+    """Finish every request with this error (the server's shutdown timeout ran out)."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class Check:
+    done: cf.Future[None]
+    """Resolved after the caches' integrity checks passed, or failed with the violation."""
+
+
+@dataclass(frozen=True)
+class Wake:
+    """Nothing to do: makes an idle engine thread look at its stop flag."""
+
+
+Command = Add | Abort | FailAll | Check | Wake
