@@ -181,7 +181,11 @@ def test_non_streaming_client_gone_aborts(srv: Running) -> None:
     _assert_aborted(srv, before)
 
 
-def test_engine_death_mid_stream_is_5xx_not_a_hang(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_failed_step_mid_stream_is_an_error_event_and_the_engine_serves_on(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A step that fails outside any one request ends the stream with an error event; the engine lives
+    on while its caches are sound, and dies (5xx, /health says why) only when they are not."""
     model = tiny_checkpoint(str(tmp_path_factory.mktemp("tiny_dies")))
     with serve(real_engine(model, max_model_len=256)) as s:
         inner = s.engine.engine
@@ -199,8 +203,20 @@ def test_engine_death_mid_stream_is_5xx_not_a_hang(tmp_path_factory: pytest.Temp
             lines = [ln for ln in r.iter_lines() if ln]
         assert "injected device fault" in lines[-2] and lines[-1] == "data: [DONE]"
         assert '"error"' in lines[-2]
+        assert httpx.get(s.url + "/health").status_code == 200
+        ok = httpx.post(s.url + "/v1/messages", json={**body, "stream": False, "max_tokens": 3}, timeout=30)
+        assert ok.status_code == 200 and ok.json()["usage"]["output_tokens"] == 3
+
+        def broken_caches() -> None:
+            raise AssertionError("KV pages leaked")
+
+        calls[0] = 0
+        inner.check_integrity = broken_caches
+        with httpx.stream("POST", s.url + "/v1/chat/completions", json=body, timeout=30) as r:
+            lines = [ln for ln in r.iter_lines() if ln]
+        assert "injected device fault" in lines[-2] and lines[-1] == "data: [DONE]"
         health = httpx.get(s.url + "/health")
-        assert health.status_code == 503 and "injected device fault" in health.json()["error"]
+        assert health.status_code == 503 and "KV pages leaked" in health.json()["error"]
         r2 = httpx.post(s.url + "/v1/messages", json={**body, "stream": False}, timeout=30)
         assert r2.status_code == 500 and r2.json()["error"]["type"] == "api_error"
 

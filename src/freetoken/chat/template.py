@@ -20,6 +20,7 @@ from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from freetoken.chat.align import pieces_from
+from freetoken.chat.markup import check_no_markup, control_strings
 from freetoken.chat.sentinels import Sentinels, mark_json
 from freetoken.chat.tokenize import encode, encode_pieces, special_token_strings, template_token_kwargs
 
@@ -233,8 +234,10 @@ def render_and_tokenize(
     `add_generation_prompt` defaults to True unless `continue_final_message` (see render_pieces).
     `tokenizer`: a `tokenizers.Tokenizer` or an HF tokenizer (whose bos/eos strings are passed to
     the template unless given). Raises TemplateRenderError rather than let text that spells a
-    special token through when it cannot be separated from the template text.
+    special token through when it cannot be separated from the template text, and MarkupError when a
+    name, key or id (rendered as template syntax) spells a control token (markup.py).
     """
+    check_no_markup(messages, tools, kwargs, control_strings(tokenizer))
     kw = {**template_token_kwargs(tokenizer), **kwargs}
     gen = not continue_final_message if add_generation_prompt is None else add_generation_prompt
     pieces = render_pieces(template, messages, tools, gen, continue_final_message, **kw)

@@ -8,7 +8,7 @@ import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
-from freetoken.cli.common import add_engine_args, engine_config
+from freetoken.cli.common import add_engine_args, engine_config, run_guarded
 from freetoken.config import EngineConfig, field_docs
 from freetoken.server.settings import ServerConfig
 
@@ -28,6 +28,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", nargs="+", default=None, help=s["served_model_names"])
     p.add_argument("--tool-parser", default=None, help=s["tool_parser"])
     p.add_argument("--reasoning-parser", default=None, help=s["reasoning_parser"])
+    p.add_argument("--max-body-bytes", type=int, default=ServerConfig.max_body_bytes, help=s["max_body_bytes"])
+    p.add_argument(
+        "--shutdown-timeout", type=float, default=ServerConfig.shutdown_timeout_s, help=s["shutdown_timeout_s"]
+    )
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
     return p
 
@@ -41,6 +45,8 @@ def configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
         served_model_names=tuple(args.served_model_name or ()),
         tool_parser=args.tool_parser,
         reasoning_parser=args.reasoning_parser,
+        max_body_bytes=args.max_body_bytes,
+        shutdown_timeout_s=args.shutdown_timeout,
     )
     return engine, server
 
@@ -63,25 +69,16 @@ def announce(state: ServerState) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
+    return run_guarded("serve", lambda: _serve(args))
 
+
+def _serve(args: argparse.Namespace) -> int:
     from freetoken.engine.async_llm import AsyncLLM
+    from freetoken.server import runner
     from freetoken.server.app import build_app
 
     engine_cfg, server_cfg = configs(args)
     app = build_app(lambda: AsyncLLM.start(engine_cfg), server_cfg, on_ready=announce)
     print(f"FreeToken: loading {engine_cfg.model or 'the default model'} …", file=sys.stderr, flush=True)
-    # On Ctrl-C uvicorn stops accepting, lets running requests finish for up to 15 s, then cancels
-    # them (which aborts their engine requests); the lifespan then shuts the engine down.
-    config = uvicorn.Config(
-        app,
-        host=server_cfg.host,
-        port=server_cfg.port,
-        log_level=args.log_level,
-        timeout_graceful_shutdown=15,
-    )
-    try:
-        uvicorn.Server(config).run()
-    except KeyboardInterrupt:  # uvicorn re-raises the signal after its graceful shutdown
-        pass
+    runner.run(app, app.state.freetoken, log_level=args.log_level)
     return 0

@@ -21,7 +21,7 @@ from typing import Any
 from freetoken.config import EngineConfig
 from freetoken.engine.commands import Abort, Add, Check, Command, FailAll, Wake
 from freetoken.engine.engine import LLMEngine
-from freetoken.engine.errors import EngineDeadError, RequestFailedError
+from freetoken.engine.errors import EngineDeadError, RequestFailedError, ShuttingDownError
 from freetoken.engine.outputs import RequestOutput
 from freetoken.engine.sampling_params import SamplingParams
 
@@ -132,8 +132,8 @@ class AsyncLLM:
         self._cmds.put(Check(done))
         await asyncio.wrap_future(done)
 
-    def fail_all(self, error: str) -> None:
-        """Finish every request now with ``error`` (each stream ends with it); new requests still run."""
+    def fail_all(self, error: Exception) -> None:
+        """Finish every request now; each stream raises ``error``. New requests still run."""
         self._cmds.put(FailAll(error))
 
     async def shutdown(self, drain: bool = True) -> None:
@@ -168,7 +168,7 @@ class AsyncLLM:
                     eng.abort(rid)
                 self._dispatch(eng.step() if eng.has_unfinished() else [])
                 self.state = "stopped"
-                self._fail_all(EngineDeadError("the server is shutting down"))
+                self._fail_all(ShuttingDownError("the server is shutting down"))
                 return
             block = not eng.has_unfinished() and not self._stop
             try:
@@ -210,8 +210,9 @@ class AsyncLLM:
         elif isinstance(cmd, Abort):
             eng.abort(cmd.request_id)
         elif isinstance(cmd, FailAll):
-            eng.fail_all(cmd.error)
-            self._dispatch(eng.take_pending())
+            eng.fail_all(str(cmd.error))
+            eng.take_pending()  # the streams raise the error instead
+            self._fail_all(cmd.error)
         elif isinstance(cmd, Check):
             try:
                 eng.check_integrity()

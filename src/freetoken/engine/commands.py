@@ -25,9 +25,9 @@ class Abort:
 
 @dataclass(frozen=True)
 class FailAll:
-    """Finish every request with this error (the server's shutdown timeout ran out)."""
+    """Finish every request; each stream raises this error (the server's shutdown timeout ran out)."""
 
-    error: str
+    error: Exception
 
 
 @dataclass(frozen=True)

@@ -31,3 +31,7 @@ class EngineDeadError(FreeTokenError):
 
 class RequestFailedError(FreeTokenError):
     """The engine could not finish this request (a failed step); the engine itself serves on."""
+
+
+class ShuttingDownError(FreeTokenError):
+    """The server is shutting down: this request was refused, or cut at the shutdown timeout."""

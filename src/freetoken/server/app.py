@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from freetoken.server.errors import APIError, flavor_for_path
+from freetoken.server.guard import Guard
 from freetoken.server.settings import ServerConfig
 from freetoken.server.sse import ClientGone
 from freetoken.server.state import ServerState, get_state
@@ -22,14 +23,18 @@ if TYPE_CHECKING:
     from freetoken.engine.async_llm import AsyncLLM
 
 
-def check_api_key(request: Request) -> None:
-    """Accept ``Authorization: Bearer KEY`` (OpenAI) or ``x-api-key: KEY`` (Anthropic)."""
+def has_api_key(request: Request) -> bool:
+    """``Authorization: Bearer KEY`` (OpenAI) or ``x-api-key: KEY`` (Anthropic) matches, or no key is set."""
     key = get_state(request).config.api_key
-    if not key:
-        return
+    if key is None:
+        return True
     auth = request.headers.get("authorization", "")
     given = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
-    if not given or not hmac.compare_digest(given.encode(), key.encode()):
+    return bool(given) and hmac.compare_digest(given.encode(), key.encode())
+
+
+def check_api_key(request: Request) -> None:
+    if not has_api_key(request):
         raise APIError("authentication", "invalid or missing API key (send Authorization: Bearer KEY or x-api-key)")
 
 
@@ -66,6 +71,7 @@ def build_app(
     app.include_router(anthropic_router(), dependencies=auth)
     _add_control_routes(app, state)
     _add_error_handlers(app, state)
+    app.add_middleware(Guard, state=state)
     return app
 
 
@@ -79,15 +85,21 @@ async def _announce(state: ServerState, on_ready: Callable[[ServerState], None])
 
 def _add_control_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health")
-    async def health() -> JSONResponse:
+    async def health(request: Request) -> JSONResponse:
+        """The liveness probe, open without the API key; with a key set, only the key's holders learn
+        more than the status."""
         eng = state.engine
+        detail = has_api_key(request)
+        if state.draining:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
         if eng.state == "ready":
-            return JSONResponse({"status": "ok", "model": state.model_names[0]})
+            return JSONResponse({"status": "ok", "model": state.model_names[0]} if detail else {"status": "ok"})
         if eng.state == "loading":
             return JSONResponse({"status": "loading"}, status_code=503)
-        return JSONResponse({"status": "unhealthy", "error": eng.error}, status_code=503)
+        body = {"status": "unhealthy", "error": eng.error} if detail else {"status": "unhealthy"}
+        return JSONResponse(body, status_code=503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=[Depends(check_api_key)])
     async def metrics() -> PlainTextResponse:
         stats = state.engine.stats() if state.engine.state == "ready" else {}
         return PlainTextResponse(
@@ -134,6 +146,5 @@ def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
     async def client_gone(request: Request, exc: ClientGone) -> Response:
         return Response(status_code=499)
 
-    @app.exception_handler(Exception)
-    async def internal(request: Request, exc: Exception) -> JSONResponse:
-        return render(request, APIError("server_error", f"internal error: {type(exc).__name__}: {exc}"))
+    # Any other exception: guard.py answers it (a handler for Exception here would run in Starlette's
+    # outermost layer, which re-raises, and the server would drop the keep-alive connection).

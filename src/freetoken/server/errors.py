@@ -14,6 +14,7 @@ Kind = Literal[
     "authentication",
     "not_found",
     "context_length",
+    "too_large",
     "overloaded",
     "server_error",
     "unavailable",
@@ -23,6 +24,7 @@ Kind = Literal[
 _SHAPES: dict[str, tuple[int, str, int, str]] = {
     "invalid_request": (400, "invalid_request_error", 400, "invalid_request_error"),
     "context_length": (400, "invalid_request_error", 400, "invalid_request_error"),
+    "too_large": (413, "invalid_request_error", 413, "request_too_large"),
     "authentication": (401, "authentication_error", 401, "authentication_error"),
     "not_found": (404, "not_found_error", 404, "not_found_error"),
     "overloaded": (429, "rate_limit_error", 529, "overloaded_error"),
@@ -68,7 +70,14 @@ def flavor_for_path(path: str) -> Flavor:
 
 def from_engine_error(exc: BaseException) -> APIError:
     """Map an engine exception to the error a client should see."""
-    from freetoken.engine.errors import EngineDeadError, InputError, PromptTooLongError, QueueFullError
+    from freetoken.engine.errors import (
+        EngineDeadError,
+        InputError,
+        PromptTooLongError,
+        QueueFullError,
+        RequestFailedError,
+        ShuttingDownError,
+    )
 
     if isinstance(exc, APIError):
         return exc
@@ -78,17 +87,27 @@ def from_engine_error(exc: BaseException) -> APIError:
         return APIError.invalid(str(exc))
     if isinstance(exc, QueueFullError):
         return APIError("overloaded", "the server is overloaded: too many queued requests; retry later")
+    if isinstance(exc, ShuttingDownError):
+        return APIError("unavailable", str(exc))
+    if isinstance(exc, RequestFailedError):
+        return APIError("server_error", str(exc))
     if isinstance(exc, EngineDeadError):
         return APIError("server_error", f"the engine has stopped: {exc}")
     return APIError("server_error", f"internal error: {type(exc).__name__}: {exc}")
 
 
-def context_overflow(prompt_tokens: int, maximum: int) -> APIError:
+def too_large(limit: int) -> APIError:
+    return APIError("too_large", f"request body is larger than {limit} bytes (ft serve --max-body-bytes)")
+
+
+def context_overflow(prompt_tokens: int, maximum: int, counted: bool = True) -> APIError:
+    """``counted=False``: ``prompt_tokens`` is a lower bound from the prompt's length (not tokenised)."""
     # Wording clients match on: Anthropic's "prompt is too long: N tokens > M maximum" and
     # OpenAI's "maximum context length" phrase (with code context_length_exceeded).
+    how = "" if counted else " (at least: the prompt is too long to be worth tokenising)"
     return APIError(
         "context_length",
-        f"prompt is too long: {prompt_tokens} tokens > {maximum} maximum. This model's maximum context "
+        f"prompt is too long: {prompt_tokens} tokens > {maximum} maximum{how}. This model's maximum context "
         f"length is {maximum + 1} tokens and at least one token must be left for the reply.",
         param="messages",
     )

@@ -9,7 +9,6 @@ iterator, which aborts the request and frees its KV pages.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator
@@ -19,8 +18,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 from freetoken.chat import events as ev
 from freetoken.chat import make_stream_parser, prompt_opens_reasoning
+from freetoken.chat.markup import MarkupError
 from freetoken.chat.template import render_and_tokenize
-from freetoken.chat.tokenize import encode
+from freetoken.chat.tokenize import chars_per_token_bound, encode
 from freetoken.engine.sampling_params import SamplingParams
 from freetoken.server.errors import APIError, context_overflow, from_engine_error
 from freetoken.server.forced_tools import forced_prefix
@@ -64,6 +64,7 @@ class Generation:
         self.metrics = metrics
         self.family = family  # None: plain text output (no tool or reasoning markup known)
         self.tool_parser, self.reasoning_parser = tool_parser, reasoning_parser
+        self._chars_per_token: int | None = None  # 0: no bound known for this tokenizer
 
     # ---- prompt -------------------------------------------------------------------------
     def render(self, req: ChatRequest) -> list[int]:
@@ -78,11 +79,14 @@ class Generation:
             return render_and_tokenize(tok, template, merge_leading_system(req.messages), tools, **kwargs)
         except APIError:
             raise
+        except MarkupError as exc:
+            raise APIError.invalid(str(exc)) from exc
         except Exception as exc:  # a template that refuses the conversation is the caller's problem
             raise APIError.invalid(f"could not apply the chat template: {exc}") from exc
 
     def prepare(self, req: ChatRequest) -> Prepared:
         req.validate()
+        self._refuse_far_too_long(req)
         prompt_ids = self.render(req)
         starts_in_reasoning = self._starts_in_reasoning(prompt_ids)
         prefill = forced_prefix(req.tool_choice, self.family, self.tool_parser, starts_in_reasoning)
@@ -108,10 +112,18 @@ class Generation:
             raise APIError.invalid(str(exc)) from exc
         return Prepared(req, prompt_ids, params, starts_in_reasoning, prefill)
 
-    async def prepare_async(self, req: ChatRequest) -> Prepared:
-        """``prepare`` off the event loop: rendering and tokenising a long agent context takes
-        long enough to stall every other stream."""
-        return await asyncio.to_thread(self.prepare, req)
+    def _refuse_far_too_long(self, req: ChatRequest) -> None:
+        """A prompt with more characters than the context could hold tokens is refused before it is
+        rendered and tokenised (a 16 MB body would otherwise cost seconds of a core)."""
+        if self._chars_per_token is None:
+            tok = self.engine.tokenizer
+            self._chars_per_token = (chars_per_token_bound(tok) if tok is not None else None) or 0
+        if not self._chars_per_token:
+            return
+        at_least = req.text_chars() // self._chars_per_token
+        limit = self.engine.max_model_len
+        if at_least >= limit:
+            raise context_overflow(at_least, limit - 1, counted=False)
 
     @staticmethod
     def _prompt_tools(req: ChatRequest) -> list[Any]:

@@ -9,9 +9,11 @@ everything that touches the model (template, limits, parsing) lives in generatio
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from freetoken.engine.sampling_params import SEED_MAX, SEED_MIN
 from freetoken.server.errors import APIError
 
 ToolChoiceMode = Literal["auto", "none", "required", "named"]
@@ -58,16 +60,36 @@ class ChatRequest:
     reasoning: bool | None = None  # None: the template's default (enable_thinking unset)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
+    def text_chars(self) -> int:
+        """Characters of every string in the messages and tools (what the prompt holds at least)."""
+        total = 0
+        stack: list[Any] = [self.messages, [t.template_dict() for t in self.tools]]
+        while stack:
+            v = stack.pop()
+            if isinstance(v, str):
+                total += len(v)
+            elif isinstance(v, dict):
+                stack.extend(v.values())
+            elif isinstance(v, list):
+                stack.extend(v)
+        return total
+
     def validate(self) -> None:
         """Checks every protocol shares (each protocol already checked its own shapes)."""
         if not self.messages:
             raise APIError.invalid("messages must contain at least one message", param="messages")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise APIError.invalid(f"max_tokens must be at least 1, got {self.max_tokens}", param="max_tokens")
-        if self.temperature < 0 or self.temperature > 2:
-            raise APIError.invalid("temperature must be between 0 and 2", param="temperature")
-        if not (0.0 < self.top_p <= 1.0):
+        if not (math.isfinite(self.temperature) and 0 <= self.temperature <= 2):
+            raise APIError.invalid(
+                "temperature must be between 0 and 2 (below 1e-5 it samples greedily)", param="temperature"
+            )
+        if not (math.isfinite(self.top_p) and 0.0 < self.top_p <= 1.0):
             raise APIError.invalid("top_p must be in (0, 1]", param="top_p")
+        if self.top_k < -1:
+            raise APIError.invalid("top_k must be -1, 0 (no cut) or positive", param="top_k")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise APIError.invalid("seed must fit in 64 bits: an integer in [-2**63, 2**64)", param="seed")
         if any(not s for s in self.stop):
             raise APIError.invalid("stop sequences must be non-empty strings", param="stop")
         names = {t.name for t in self.tools}

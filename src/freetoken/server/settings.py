@@ -12,7 +12,8 @@ class ServerConfig:
     port: int = 1919
     """Port to listen on."""
     api_key: str | None = None
-    """If set, requests to /v1/* must carry it (Authorization: Bearer KEY or x-api-key: KEY)."""
+    """If set, every route but the liveness probe /health must carry it (Authorization: Bearer KEY or
+    x-api-key: KEY); /health then says no more than ok / loading / unhealthy."""
     served_model_names: tuple[str, ...] = ()
     """Names clients may use in "model" (the first is reported). Empty: the checkpoint's name."""
     tool_parser: str | None = None
@@ -21,3 +22,17 @@ class ServerConfig:
     """Seconds of silence after which a stream sends a keep-alive (Anthropic ping, SSE comment)."""
     reasoning_parser: str | None = None
     """Reasoning parser family, or "none" to return reasoning as plain content. None: from the checkpoint."""
+    max_body_bytes: int = 16 * 1024 * 1024
+    """Largest request body accepted (413 past it). The default holds a 1M-token context of text."""
+    shutdown_timeout_s: float = 15.0
+    """On SIGTERM or Ctrl-C: seconds running requests may take to finish before each ends with an error."""
+
+    def __post_init__(self) -> None:
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("the API key is empty: give a non-empty key, or none to serve without one")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
+        if self.shutdown_timeout_s < 0:
+            raise ValueError(f"shutdown_timeout_s must be >= 0, got {self.shutdown_timeout_s}")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")

@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
-import json
+import asyncio
 import os
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, TypeVar
 
 from fastapi import Request
-from pydantic import BaseModel, ValidationError
 
 from freetoken.server.errors import APIError
 from freetoken.server.metrics import ServerMetrics
 from freetoken.server.settings import ServerConfig
 
+T = TypeVar("T")
+
+HEAVY_BYTES = 1 << 20
+"""Bodies past this are parsed and rendered on the one thread for heavy requests (see ServerState)."""
+
 if TYPE_CHECKING:
     from freetoken.engine.async_llm import AsyncLLM
     from freetoken.server.generation import Generation
-
-M = TypeVar("M", bound=BaseModel)
 
 
 class ServerState:
@@ -25,6 +29,11 @@ class ServerState:
         self.engine = engine
         self.config = config
         self.metrics = ServerMetrics()
+        self.draining = False  # shutting down: new /v1 requests get 503 (guard.py)
+        # Rendering and tokenising run off the event loop: small requests on their own threads, bodies
+        # past body.HEAVY_BYTES one at a time on another, so a huge one never holds up the rest.
+        self.executor = ThreadPoolExecutor(4, thread_name_prefix="ft-prepare")
+        self.heavy_executor = ThreadPoolExecutor(1, thread_name_prefix="ft-prepare-heavy")
         self._generation: Generation | None = None
 
     @property
@@ -45,6 +54,22 @@ class ServerState:
                 param="model",
                 code="model_not_found",
             )
+
+    async def drain(self, timeout_s: float) -> None:
+        """Shutdown: new /v1 requests get 503 from now; requests still running after ``timeout_s`` end
+        with a 503 error in their API's shape (streams with their error event)."""
+        from freetoken.engine.errors import ShuttingDownError
+
+        self.draining = True
+        await asyncio.sleep(timeout_s)
+        if self.engine is not None and hasattr(self.engine, "fail_all"):
+            self.engine.fail_all(ShuttingDownError(f"the server is shutting down (after {timeout_s:g} s)"))
+
+    async def off_loop(self, request: Request, work: Callable[[], T]) -> T:
+        """``work()`` on a preparation thread: the heavy one if the request's body was past HEAVY_BYTES."""
+        heavy = int(getattr(request.state, "body_bytes", 0)) > HEAVY_BYTES
+        pool = self.heavy_executor if heavy else self.executor
+        return await asyncio.get_running_loop().run_in_executor(pool, work)
 
     def generation(self) -> Generation:
         """The serving core, once the engine is ready (503 while loading, 500 if it died)."""
@@ -71,24 +96,3 @@ class ServerState:
 def get_state(request: Request) -> ServerState:
     state: ServerState = request.app.state.freetoken
     return state
-
-
-async def read_json(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise APIError.invalid(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise APIError.invalid("request body must be a JSON object")
-    return body
-
-
-def parse_body(model: type[M], body: dict[str, Any]) -> M:
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        more = f" (and {exc.error_count() - 1} more errors)" if exc.error_count() > 1 else ""
-        raise APIError.invalid(f"{loc}: {first['msg']}{more}", param=loc or None) from exc

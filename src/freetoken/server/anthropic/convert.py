@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from freetoken.server.anthropic.protocol import ContentBlock, Message, MessagesRequest, _Conversation
+from freetoken.server.anthropic.protocol import ContentBlock, Message, MessagesRequest, Part, _Conversation
 from freetoken.server.errors import APIError
 from freetoken.server.internal import ChatRequest, ToolChoice, ToolSpec
 from freetoken.server.openai.convert import MEDIA_PARTS, media_placeholder, tool_call_dict
@@ -105,18 +105,18 @@ def _user(m: Message, i: int) -> list[dict[str, Any]]:
     return tools
 
 
-def _result_text(content: str | list[dict[str, Any]] | None, where: str) -> str:
+def _result_text(content: str | list[Part] | None, where: str) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     out = []
     for k, part in enumerate(content):
-        if part.get("type") == "text":
-            out.append(str(part.get("text", "")))
-        elif part.get("type") in MEDIA_PARTS:
-            out.append(media_placeholder(str(part["type"])))
+        if part.type == "text":
+            out.append(part.text or "")
+        elif part.type in MEDIA_PARTS:
+            out.append(media_placeholder(part.type))
         else:
             raise APIError.invalid(
-                f"{where}.content[{k}]: tool result part {part.get('type')!r} is not supported",
+                f"{where}.content[{k}]: tool result part {part.type!r} is not supported",
                 param=f"{where}.content.{k}",
             )
     return "\n".join(out)

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from freetoken.server.anthropic.convert import to_internal
 from freetoken.server.anthropic.protocol import CountTokensRequest
-from freetoken.server.state import get_state, parse_body, read_json
+from freetoken.server.body import parse_request
+from freetoken.server.state import get_state
 
 
 async def count_tokens(request: Request) -> JSONResponse:
     state = get_state(request)
-    body = parse_body(CountTokensRequest, await read_json(request))
+    body = await parse_request(request, CountTokensRequest)
     state.check_model(body.model)
-    req = to_internal(body)
-    req.validate()
-    ids = await asyncio.to_thread(state.generation().render, req)  # long prompts: keep the loop free
-    return JSONResponse({"input_tokens": len(ids)})
+    gen = state.generation()
+
+    def count() -> int:
+        req = to_internal(body)
+        req.validate()
+        return len(gen.render(req))
+
+    return JSONResponse({"input_tokens": await state.off_loop(request, count)})

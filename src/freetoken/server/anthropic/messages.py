@@ -12,18 +12,19 @@ from fastapi.responses import JSONResponse, Response
 from freetoken.server.anthropic.builder import MessageBuilder
 from freetoken.server.anthropic.convert import to_internal
 from freetoken.server.anthropic.protocol import MessagesRequest
+from freetoken.server.body import parse_request
 from freetoken.server.errors import APIError
 from freetoken.server.generation import until_finish
 from freetoken.server.sse import sse, sse_response, unless_disconnected
-from freetoken.server.state import get_state, parse_body, read_json
+from freetoken.server.state import get_state
 
 
 async def create_message(request: Request) -> Response:
     state = get_state(request)
-    body = parse_body(MessagesRequest, await read_json(request))
+    body = await parse_request(request, MessagesRequest)
     state.check_model(body.model)
     gen = state.generation()
-    prep = await gen.prepare_async(to_internal(body))
+    prep = await state.off_loop(request, lambda: gen.prepare(to_internal(body)))
     builder = MessageBuilder(body.model, len(prep.prompt_ids))
     if not body.stream:
         await unless_disconnected(request, gen.feed_all(prep, builder))

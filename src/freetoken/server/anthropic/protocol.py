@@ -8,7 +8,14 @@ from pydantic import BaseModel, ConfigDict
 
 
 class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+
+class Part(_Open):
+    """A part of a tool result's content (text, image, ...)."""
+
+    type: str
+    text: str | None = None
 
 
 class ContentBlock(_Open):
@@ -20,7 +27,7 @@ class ContentBlock(_Open):
     input: Any = None
     # tool_result
     tool_use_id: str | None = None
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[Part] | None = None
     is_error: bool | None = None
     # thinking / redacted_thinking
     thinking: str | None = None

@@ -12,13 +12,14 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from freetoken.chat import events as ev
+from freetoken.server.body import parse_request
 from freetoken.server.errors import APIError
 from freetoken.server.generation import Generation, Prepared, until_finish
 from freetoken.server.internal import ChatRequest, Completion, Finish, ToolChoice, ToolSpec
 from freetoken.server.openai.convert import text_of, tool_call_dict
 from freetoken.server.openai.protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice
 from freetoken.server.sse import sse, sse_response, unless_disconnected
-from freetoken.server.state import get_state, parse_body, read_json
+from freetoken.server.state import get_state
 
 _FINISH = {
     "stop": "stop",
@@ -91,10 +92,10 @@ def _message(m: ChatMessage, i: int) -> dict[str, Any]:
 
 async def create_chat_completion(request: Request) -> Response:
     state = get_state(request)
-    body = parse_body(ChatCompletionRequest, await read_json(request))
+    body = await parse_request(request, ChatCompletionRequest)
     state.check_model(body.model)
     gen = state.generation()
-    prep = await gen.prepare_async(to_internal(body))
+    prep = await state.off_loop(request, lambda: gen.prepare(to_internal(body)))
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     if not body.stream:
         done = await unless_disconnected(request, gen.complete(prep, rid))

@@ -8,7 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # NaN and infinities are no sampling parameter (JSON has no such numbers; Python's parser takes them)
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
 # ---- /v1/chat/completions ---------------------------------------------------------------
@@ -89,11 +90,48 @@ class ReasoningConfig(_Open):
     summary: str | None = None
 
 
+class ResponsesPart(_Open):
+    """A content part of an input item (input_text, output_text, summary_text, refusal, input_image, ...)."""
+
+    type: str
+    text: str | None = None
+    refusal: str | None = None
+
+
+class ResponsesItem(_Open):
+    """One input item. One open shape for every item type: the fields each type reads are typed, so a
+    field of the wrong type is a 400 naming it (responses_input.py checks what each type requires)."""
+
+    type: str | None = None
+    role: str | None = None
+    content: str | list[ResponsesPart] | None = None  # message, reasoning
+    summary: list[ResponsesPart] | None = None  # reasoning
+    call_id: str | None = None  # function_call(_output), custom_tool_call(_output)
+    name: str | None = None
+    arguments: str | dict[str, Any] | None = None  # function_call
+    input: str | None = None  # custom_tool_call
+    output: str | list[ResponsesPart] | None = None  # function_call_output, custom_tool_call_output
+
+
+class CustomToolFormat(_Open):
+    type: str
+    syntax: str | None = None
+    definition: str | None = None
+
+
+class ResponsesTool(_Open):
+    type: str
+    name: str | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # function
+    format: CustomToolFormat | None = None  # custom
+
+
 class ResponsesRequest(_Open):
     model: str
-    input: str | list[dict[str, Any]] = Field(default_factory=list)
+    input: str | list[ResponsesItem] = Field(default_factory=list)
     instructions: str | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ResponsesTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     stream: bool = False

@@ -9,23 +9,24 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from freetoken.server.body import parse_request
 from freetoken.server.errors import APIError
 from freetoken.server.generation import until_finish
 from freetoken.server.openai.protocol import ResponsesRequest
 from freetoken.server.openai.responses_input import to_internal
 from freetoken.server.openai.responses_output import ResponseBuilder
 from freetoken.server.sse import sse, sse_response, unless_disconnected
-from freetoken.server.state import get_state, parse_body, read_json
+from freetoken.server.state import get_state
 
 
 async def create_response(request: Request) -> Response:
     state = get_state(request)
-    body = parse_body(ResponsesRequest, await read_json(request))
+    body = await parse_request(request, ResponsesRequest)
     state.check_model(body.model)
     gen = state.generation()
-    req = to_internal(body)
-    prep = await gen.prepare_async(req)
-    builder = ResponseBuilder(req, body.model, body.tools)
+    req = await state.off_loop(request, lambda: to_internal(body))
+    prep = await state.off_loop(request, lambda: gen.prepare(req))
+    builder = ResponseBuilder(req, body.model, [t.model_dump(exclude_none=True) for t in body.tools or []])
     if not body.stream:
         await unless_disconnected(request, gen.feed_all(prep, builder))
         return JSONResponse(builder.response())

@@ -11,7 +11,7 @@ from typing import Any
 from freetoken.server.errors import APIError
 from freetoken.server.internal import ChatRequest, ToolChoice, ToolSpec
 from freetoken.server.openai.convert import text_of, tool_call_dict
-from freetoken.server.openai.protocol import ResponsesRequest
+from freetoken.server.openai.protocol import ResponsesItem, ResponsesRequest, ResponsesTool
 
 CUSTOM_INPUT_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -30,7 +30,10 @@ def to_internal(body: ResponsesRequest) -> ChatRequest:
     messages: list[dict[str, Any]] = []
     if body.instructions:
         messages.append({"role": "system", "content": body.instructions})
-    items = [{"type": "message", "role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
+    if isinstance(body.input, str):
+        items = [ResponsesItem(type="message", role="user", content=body.input)]
+    else:
+        items = body.input
     _Items(messages).add_all(items)
     tools = [t for t in (_tool(d, i) for i, d in enumerate(body.tools or [])) if t is not None]
     reasoning = None
@@ -50,24 +53,18 @@ def to_internal(body: ResponsesRequest) -> ChatRequest:
     )
 
 
-def _tool(d: dict[str, Any], i: int) -> ToolSpec | None:
-    kind = d.get("type")
-    if kind == "function":
-        name = d.get("name")
-        if not isinstance(name, str) or not name:
-            raise APIError.invalid(f"tools[{i}]: a function tool needs a name", param=f"tools.{i}.name")
-        params = d.get("parameters") or {"type": "object", "properties": {}}
-        return ToolSpec(name, d.get("description") or "", params)
-    if kind == "custom":
-        name = d.get("name")
-        if not isinstance(name, str) or not name:
-            raise APIError.invalid(f"tools[{i}]: a custom tool needs a name", param=f"tools.{i}.name")
-        desc = d.get("description") or ""
-        fmt = d.get("format") or {}
-        if fmt.get("type") == "grammar" and fmt.get("definition"):
-            desc += f"\n\nThe input must follow this {fmt.get('syntax', '')} grammar:\n{fmt['definition']}"
-        return ToolSpec(name, desc.strip(), CUSTOM_INPUT_SCHEMA, custom=True)
-    return None  # hosted tools (web_search, file_search, …) are not available on this server
+def _tool(d: ResponsesTool, i: int) -> ToolSpec | None:
+    if d.type not in ("function", "custom"):
+        return None  # hosted tools (web_search, file_search, …) are not available on this server
+    if not d.name:
+        raise APIError.invalid(f"tools[{i}]: a {d.type} tool needs a name", param=f"tools.{i}.name")
+    if d.type == "function":
+        return ToolSpec(d.name, d.description or "", d.parameters or {"type": "object", "properties": {}})
+    desc = d.description or ""
+    fmt = d.format
+    if fmt is not None and fmt.type == "grammar" and fmt.definition:
+        desc += f"\n\nThe input must follow this {fmt.syntax or ''} grammar:\n{fmt.definition}"
+    return ToolSpec(d.name, desc.strip(), CUSTOM_INPUT_SCHEMA, custom=True)
 
 
 def _tool_choice(choice: str | dict[str, Any] | None) -> ToolChoice:
@@ -89,18 +86,16 @@ class _Items:
         self.messages = messages
         self.reasoning: list[str] = []  # reasoning items waiting for their assistant turn
 
-    def add_all(self, items: list[dict[str, Any]]) -> None:
+    def add_all(self, items: list[ResponsesItem]) -> None:
         for i, item in enumerate(items):
-            if not isinstance(item, dict):
-                raise APIError.invalid(f"input[{i}] must be an object", param=f"input.{i}")
             self.add(item, i)
 
-    def add(self, item: dict[str, Any], i: int) -> None:
-        kind = item.get("type") or ("message" if "role" in item else None)
+    def add(self, item: ResponsesItem, i: int) -> None:
+        kind = item.type or ("message" if item.role is not None else None)
         where = f"input.{i}"
         if kind == "message":
-            role = item.get("role")
-            text = text_of(item.get("content"), f"{where}.content")
+            role = item.role
+            text = text_of(item.content, f"{where}.content")
             if role in ("system", "developer"):
                 self.messages.append({"role": "system", "content": text})
             elif role == "user":
@@ -110,27 +105,23 @@ class _Items:
             else:
                 raise APIError.invalid(f"input[{i}]: unknown role {role!r}", param=f"{where}.role")
         elif kind == "reasoning":
-            parts = item.get("content") or item.get("summary") or []
-            text = text_of(parts, f"{where}.content")
+            text = text_of(item.content or item.summary or [], f"{where}.content")
             if text:  # encrypted-only reasoning carries nothing this model can read
                 self.reasoning.append(text)
         elif kind in ("function_call", "custom_tool_call"):
-            call_id, name = item.get("call_id"), item.get("name")
-            if not isinstance(call_id, str) or not isinstance(name, str):
+            call_id, name = item.call_id, item.name
+            if call_id is None or name is None:
                 raise APIError.invalid(f"input[{i}]: {kind} needs call_id and name", param=where)
             if kind == "function_call":
-                args: Any = item.get("arguments", "")
+                args: str | dict[str, Any] = item.arguments if item.arguments is not None else ""
             else:
-                args = json.dumps({"input": item.get("input", "")}, ensure_ascii=False)
+                args = json.dumps({"input": item.input or ""}, ensure_ascii=False)
             self._assistant(new=False).setdefault("tool_calls", []).append(tool_call_dict(call_id, name, args))
         elif kind in ("function_call_output", "custom_tool_call_output"):
-            call_id = item.get("call_id")
-            if not isinstance(call_id, str):
+            if item.call_id is None:
                 raise APIError.invalid(f"input[{i}]: {kind} needs call_id", param=where)
-            output = item.get("output", "")
-            self.messages.append(
-                {"role": "tool", "tool_call_id": call_id, "content": text_of(output, f"{where}.output")}
-            )
+            output = text_of(item.output if item.output is not None else "", f"{where}.output")
+            self.messages.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
         elif kind == "item_reference":
             raise APIError.invalid(
                 f"input[{i}]: item_reference needs stored responses, which this server "
