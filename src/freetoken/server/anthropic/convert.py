@@ -55,6 +55,7 @@ def to_internal(body: _Conversation) -> ChatRequest:
         req.temperature = 1.0 if body.temperature is None else body.temperature
         req.top_p = 1.0 if body.top_p is None else body.top_p
         req.top_k = body.top_k or 0
+        req.ignore_eos = body.ignore_eos
     return req
 
 

@@ -74,6 +74,7 @@ class MessagesRequest(_Conversation):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    ignore_eos: bool = False  # extension (vLLM's name): keep going past end-of-sequence
 
 
 class CountTokensRequest(_Conversation):

@@ -145,3 +145,4 @@ class ResponsesRequest(_Open):
     store: bool | None = None
     metadata: dict[str, Any] | None = None
     text: dict[str, Any] | None = None
+    ignore_eos: bool = False  # extension (vLLM's name): keep going past end-of-sequence

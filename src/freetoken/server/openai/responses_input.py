@@ -49,6 +49,7 @@ def to_internal(body: ResponsesRequest) -> ChatRequest:
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         seed=body.seed,
+        ignore_eos=body.ignore_eos,
         reasoning=reasoning,
     )
 
