@@ -153,3 +153,26 @@ def test_engine_thread_lives_through_a_failed_step(ckpt: Any, monkeypatch: pytes
         await llm.shutdown()
 
     asyncio.run(main())
+
+
+def test_a_request_given_up_before_the_engine_saw_it_is_dropped(ckpt: Any) -> None:
+    """Found by the soak: a client that gives up at once cancels its Add command's future; answering
+    a cancelled future raised InvalidStateError and ended the engine thread."""
+    import concurrent.futures as cf
+
+    from freetoken.engine.commands import Add
+
+    async def main() -> None:
+        llm = AsyncLLM.start(EngineConfig(model=str(ckpt), device="cpu", dtype="float32"))
+        await llm.wait_ready()
+        gone: cf.Future[None] = cf.Future()
+        gone.cancel()
+        llm._cmds.put(Add("gone", PROMPTS[0], PARAMS, gone))
+        out: list[int] = []
+        async for o in llm.generate(PROMPTS[1], PARAMS):
+            out += o.new_token_ids
+        assert len(out) == PARAMS.max_tokens and llm.state == "ready"
+        assert llm.stats()["running"] == 0 and llm.stats()["waiting"] == 0
+        await llm.shutdown()
+
+    asyncio.run(main())

@@ -201,12 +201,23 @@ class AsyncLLM:
         return []
 
     def _handle(self, eng: LLMEngine, cmd: Command) -> None:
+        """One command. Nothing a command does may end the engine thread: a failure is logged and
+        reported to the command's future where it has one."""
+        try:
+            self._run_command(eng, cmd)
+        except Exception:
+            log.exception("engine command %s failed", type(cmd).__name__)
+
+    def _run_command(self, eng: LLMEngine, cmd: Command) -> None:
         if isinstance(cmd, Add):
+            if not cmd.accepted.set_running_or_notify_cancel():
+                return  # the client gave up before the engine saw its request
             try:
                 eng.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params)
-                cmd.accepted.set_result(None)
             except Exception as e:
                 cmd.accepted.set_exception(e)
+            else:
+                cmd.accepted.set_result(None)
         elif isinstance(cmd, Abort):
             eng.abort(cmd.request_id)
         elif isinstance(cmd, FailAll):
@@ -214,11 +225,14 @@ class AsyncLLM:
             eng.take_pending()  # the streams raise the error instead
             self._fail_all(cmd.error)
         elif isinstance(cmd, Check):
+            if not cmd.done.set_running_or_notify_cancel():
+                return
             try:
                 eng.check_integrity()
-                cmd.done.set_result(None)
             except BaseException as e:
                 cmd.done.set_exception(e)
+            else:
+                cmd.done.set_result(None)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:

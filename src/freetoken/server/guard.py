@@ -1,7 +1,8 @@
 """The outermost layer of the app, in plain ASGI: whatever goes wrong inside, the client gets one
 JSON error in its API's shape and the connection stays usable.
 
-- a declared ``Content-Length`` past the body limit: 413 before any byte of the body is read;
+- a declared ``Content-Length`` past the body limit: 413, with the body read and dropped unparsed
+  first (a client still uploading when the server closes never sees the answer);
 - while the server drains for shutdown: 503 for new requests;
 - any exception that escapes a route before the response started: a 500 in the route's API shape,
   sent here so nothing reaches the server's own handler (which closes the keep-alive connection);
@@ -39,7 +40,8 @@ class Guard:
         limit = self.state.config.max_body_bytes
         declared = _content_length(scope)
         if declared is not None and declared > limit:
-            await self._reply(send, path, too_large(limit), close=True)
+            whole = await discard_body(receive)
+            await self._reply(send, path, too_large(limit), close=not whole)
             return
         if self.state.draining and path.startswith("/v1/"):
             await self._reply(send, path, APIError("unavailable", "the server is shutting down"), close=True)
@@ -71,6 +73,23 @@ class Guard:
             headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": err.status(flavor), "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+DISCARD_CAP = 1 << 30
+"""Bytes of an oversize body read and dropped before the connection is closed instead."""
+
+
+async def discard_body(receive: Receive, cap: int = DISCARD_CAP) -> bool:
+    """Reads the rest of the request body without keeping it; False if it ran past ``cap``."""
+    seen = 0
+    while seen <= cap:
+        message = await receive()
+        if message["type"] != "http.request":
+            return False  # the client went away
+        seen += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return True
+    return False
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -11,13 +11,11 @@ from typing import TYPE_CHECKING, TypeVar
 from fastapi import Request
 
 from freetoken.server.errors import APIError
+from freetoken.server.heavy import HEAVY_BYTES, HeavyGate
 from freetoken.server.metrics import ServerMetrics
 from freetoken.server.settings import ServerConfig
 
 T = TypeVar("T")
-
-HEAVY_BYTES = 1 << 20
-"""Bodies past this are parsed and rendered on the one thread for heavy requests (see ServerState)."""
 
 if TYPE_CHECKING:
     from freetoken.engine.async_llm import AsyncLLM
@@ -34,6 +32,7 @@ class ServerState:
         # past body.HEAVY_BYTES one at a time on another, so a huge one never holds up the rest.
         self.executor = ThreadPoolExecutor(4, thread_name_prefix="ft-prepare")
         self.heavy_executor = ThreadPoolExecutor(1, thread_name_prefix="ft-prepare-heavy")
+        self._heavy_gate: HeavyGate | None = None  # made on the server's event loop (asyncio.Lock)
         self._generation: Generation | None = None
 
     @property
@@ -65,11 +64,19 @@ class ServerState:
         if self.engine is not None and hasattr(self.engine, "fail_all"):
             self.engine.fail_all(ShuttingDownError(f"the server is shutting down (after {timeout_s:g} s)"))
 
+    @property
+    def heavy_gate(self) -> HeavyGate:
+        if self._heavy_gate is None:
+            self._heavy_gate = HeavyGate()
+        return self._heavy_gate
+
     async def off_loop(self, request: Request, work: Callable[[], T]) -> T:
-        """``work()`` on a preparation thread: the heavy one if the request's body was past HEAVY_BYTES."""
-        heavy = int(getattr(request.state, "body_bytes", 0)) > HEAVY_BYTES
-        pool = self.heavy_executor if heavy else self.executor
-        return await asyncio.get_running_loop().run_in_executor(pool, work)
+        """``work()`` on a preparation thread; for a request whose body was heavy, on the heavy thread
+        and through the heavy gate (heavy.py)."""
+        loop = asyncio.get_running_loop()
+        if int(getattr(request.state, "body_bytes", 0)) <= HEAVY_BYTES:
+            return await loop.run_in_executor(self.executor, work)
+        return await self.heavy_gate.run(loop.run_in_executor(self.heavy_executor, work))
 
     def generation(self) -> Generation:
         """The serving core, once the engine is ready (503 while loading, 500 if it died)."""
