@@ -27,10 +27,8 @@ def test_triton_kernels_compile_for_hopper() -> None:
     plan_sig |= {"locked": "*u8", "share_ptr": "*fp32", "b_out": "*u8"}
     groups = dict.fromkeys(["order", "gstart", "gcount", "gslot", "ngroups_ptr"], i64)
     cases: list[tuple[object, dict[str, str], dict[str, object]]] = [
-        (triton_plan._plan_kernel, plan_sig, {"MIN_FILL": 1, "RECENT_LAST": True, "KB": 32, "BS": 512,
-                                              "INTER": 768, "SHARE_STEP": 64, "COUNT": 2}),  # fmt: skip
-        (triton_plan._plan_kernel, plan_sig, {"MIN_FILL": 0, "RECENT_LAST": False, "KB": 64, "BS": 512,
-                                              "INTER": 0, "SHARE_STEP": 0, "COUNT": 0}),  # fmt: skip
+        (triton_plan._plan_kernel, plan_sig, {"MIN_FILL": 1, "RECENT_LAST": True, "KB": 32, "BS": 512, "COUNT": 2}),
+        (triton_plan._plan_kernel, plan_sig, {"MIN_FILL": 0, "RECENT_LAST": False, "KB": 64, "BS": 512, "COUNT": 0}),
         (
             triton_gemm._gate_up_kernel,
             {"x": "*bf16", "gu": "*bf16", "h": "*fp32", **groups},
@@ -49,9 +47,8 @@ def test_triton_kernels_compile_for_hopper() -> None:
         (
             triton_copy._gather_rows_kernel,
             {"src_gu": "*bf16", "src_dn": "*bf16", "dst_gu": "*bf16", "dst_dn": "*bf16", "copy_src": i64,
-             "copy_dst": i64, "count_ptr": i64, "part_eid": i64, "part_rows": i64, "n_rows": "i32",
-             "scratch": "i32", "KVN": "i32"},  # fmt: skip
-            {"GU": 2 * 768 * 2048, "DN": 768 * 2048, "BLOCK": 4096, "ITERS": 8, "INTER": 768, "D": 2048},
+             "copy_dst": i64, "count_ptr": i64},  # fmt: skip
+            {"GU": 2 * 768 * 2048, "DN": 768 * 2048, "BLOCK": 4096, "ITERS": 8},
         ),
         (
             triton_copy._stage_kernel,

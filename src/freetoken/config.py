@@ -46,21 +46,6 @@ class EngineConfig:
     moe_cuda_graphs: bool = True
     """Replay each MoE layer's decode step as a CUDA graph (slot backends on CUDA; False: eager). Without
     graphs the host's ~1 ms of launches per hybrid layer, not the device, sets the decode pace."""
-    cpu_branch_zero_copy: bool = True
-    """CUDA decode: the stream-ordered CPU branch hands its inputs and partial over through pinned host memory
-    the GPU reads and writes directly (one staging kernel, the final add reads the partial), instead of
-    three copies out and one back (False). Measured on the H200 box (6 threads, replayed trace, medians of 3):
-    hybrid 169.9 against 157.3 tok/s with the copies, once the plan had absorbed the per-layer counters."""
-    hybrid_share_expert: bool = False
-    """hybrid: when the q whole fills leave the GPU short of m*share, share the next miss between both branches
-    by rows of its intermediate dimension (``experts/share_split.py``). Exact. On the H200 box it cost 7-13%
-    while it took ~25 small ops and a second copy launch per layer; now inside the fused plan and the fill's
-    one launch it is neutral (158.5 vs 157.3 and 159.2 vs 160.3 tok/s, 6 threads): off by default."""
-    fill_copy_engine: bool = False
-    """Experimental (CUDA): slot fills by the copy engine (``experts/copy_fills.py``: a host thread issues
-    ``cuMemcpyHtoDAsync`` from each layer's fill list) instead of the gather kernel's SM loads over PCIe.
-    Measured on the GPU box (8th session, 6 threads): offload +4-5%, hybrid unchanged (-2%), so off by
-    default; while on, the host queues at most 2 steps ahead of the GPU."""
     seed: int = 0
     """Seed for requests that set none."""
 

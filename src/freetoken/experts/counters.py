@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 # Device-accumulated, in this order: distinct hits, distinct misses, fills, distinct CPU runs,
-# layer-steps with a miss, shared experts (``share_split``), their intermediate rows computed on the GPU;
-# then the last round's fills (set, not added). The fused plan (``triton_plan``) updates the same vector.
-DEVICE_NAMES = ("hits", "misses", "fills", "cpu_runs", "miss_layers", "shared", "shared_rows")
+# layer-steps with a miss; then the last round's fills (set, not added). The fused plan (``triton_plan``)
+# updates the same vector.
+DEVICE_NAMES = ("hits", "misses", "fills", "cpu_runs", "miss_layers")
 
 
 class DeviceCounters:
@@ -33,10 +33,6 @@ class DeviceCounters:
         else:
             self._v[2:3] += fills
         self._q_last.copy_(fills)
-
-    def add_shared(self, rows: torch.Tensor) -> None:
-        """A layer step's shared expert: ``rows`` [] int64 intermediate rows on the GPU (0: none)."""
-        self._v[5:] += torch.stack(((rows > 0).long(), rows))
 
     def read(self) -> dict[str, int]:
         vals = self._v.tolist()

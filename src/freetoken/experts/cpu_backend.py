@@ -18,7 +18,7 @@ class CpuBackend(ExpertBackend):
     def __init__(self, config: EngineConfig, pool: HostExpertPool, device: torch.device, dtype: torch.dtype) -> None:
         self.pool = pool
         self.device = device
-        self.runner = CpuExpertRunner(pool, device, config.cpu_threads, zero_copy=config.cpu_branch_zero_copy)
+        self.runner = CpuExpertRunner(pool, device, config.cpu_threads)
         self.counters = DeviceCounters(device)
         self._zero = torch.zeros((), dtype=torch.long, device=device)
 
@@ -34,7 +34,7 @@ class CpuBackend(ExpertBackend):
         n = groups.n_groups
         self.counters.add_step(self._zero, n, self._zero, n)
         out, _ = self.runner.wait(handle)
-        # copy=True: with the zero-copy hand-off ``out`` is the layer's pinned buffer, rewritten by its next batch
+        # copy=True: a streamed batch's ``out`` is the layer's pinned buffer, rewritten by its next batch
         return out.to(x.dtype, copy=True)
 
     def stats(self) -> dict[str, int | float]:

@@ -7,9 +7,10 @@ device ``submit`` starts it directly; on CUDA a feeder thread waits for the inpu
 Pools in a dtype the kernel does not take run the torch reference in the feeder thread instead.
 
 On CUDA, decode-sized batches go through ``StreamedCpuBranch`` (``cpu_stream.py``): the stream itself
-starts the CPU work and waits for it, the host never blocks. Without stream memory operations, or for
-batches larger than its buffers, the inputs travel to pinned host buffers with one async copy, a worker
-thread waits on a CUDA event and ``wait`` blocks the host until the partial is back.
+starts the CPU work and waits for it, the host never blocks. Without stream memory operations or Triton
+(its staging kernel), or for batches larger than its buffers, the inputs travel to pinned host buffers
+with one async copy, a worker thread waits on a CUDA event and ``wait`` blocks the host until the partial
+is back.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
-from freetoken.experts.cpu.codes import decode_codes
 from freetoken.experts.cpu.kernel import CpuExpertKernel
 from freetoken.experts.cpu_stream import StreamedCpuBranch, StreamedHandle
 from freetoken.experts.pool import HostExpertPool
 from freetoken.experts.reference import expert_ffn
+from freetoken.experts.slot_copy import triton_available
 from freetoken.experts.stream_ops import stream_ops
 from freetoken.hardware.cpus import default_kernel_threads
 
@@ -34,24 +35,15 @@ STREAMED_MAX_TOKENS = 64  # per-layer pinned buffers of the streamed branch hold
 @dataclass
 class CpuResult:
     out: torch.Tensor  # [T, D] float32 on the host
-    experts: float  # distinct experts run, a shared expert counting its share of rows
+    experts: int  # distinct experts run
     seconds: float  # wall time of the compute
 
 
-def _routes_here(codes: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The routes this branch runs (``cpu/codes.py``; a shared expert carries its first row): their route
-    indices, pool rows and first intermediate row (int64)."""
-    mine, rows, ib = decode_codes(codes, num_rows)
-    return torch.arange(codes.numel())[mine], rows, ib.long()
-
-
-def _expert_equivalents(rows: torch.Tensor, i_begin: torch.Tensor, inter: int) -> float:
-    """Distinct rows, each weighted by the share of its intermediate rows run here."""
-    if rows.numel() == 0:
-        return 0.0
-    uniq, first = torch.unique(rows, return_inverse=True)
-    ib = torch.zeros(uniq.numel(), dtype=torch.long).scatter_(0, first, i_begin)
-    return float((inter - ib).sum()) / inter
+def _routes_here(codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The routes this branch runs (code ``-1 - row``; codes >= 0 run elsewhere): their route indices and
+    pool rows (int64)."""
+    mine = codes < 0
+    return torch.arange(codes.numel())[mine], -1 - codes[mine]
 
 
 @dataclass
@@ -70,14 +62,10 @@ def _submit_routes(
     The result's ``out`` is valid after ``kernel.wait()``; ``seconds`` holds the start time until then.
     """
     t0 = time.perf_counter()
-    routes, rows, ib = _routes_here(codes, pool.num_rows)
+    routes, rows = _routes_here(codes)
     tok = torch.div(routes, k, rounding_mode="floor").to(torch.int32)
-    i_begin = ib.to(torch.int32) if bool((ib > 0).any()) else None  # a shared expert's CPU rows
-    out = kernel.submit(
-        x.float().contiguous(), tok, rows.contiguous(), w[routes].contiguous(), pool.gate_up, pool.down,
-        i_begin=i_begin,
-    )  # fmt: skip
-    return CpuResult(out, _expert_equivalents(rows, ib, pool.inter), t0)
+    out = kernel.submit(x.float().contiguous(), tok, rows.contiguous(), w[routes].contiguous(), pool.gate_up, pool.down)
+    return CpuResult(out, int(rows.unique().numel()), t0)
 
 
 def _run_routes_kernel(
@@ -97,22 +85,18 @@ def _run_routes(pool: HostExpertPool, x: torch.Tensor, codes: torch.Tensor, w: t
     t0 = time.perf_counter()
     T = x.shape[0]
     out = torch.zeros((T, x.shape[1]), dtype=torch.float32)
-    routes, rows, ib_all = _routes_here(codes, pool.num_rows)
-    if rows.numel() == 0:
-        return CpuResult(out, 0.0, time.perf_counter() - t0)
+    routes, rows = _routes_here(codes)
     order = torch.argsort(rows, stable=True)
-    rows, routes, ib_all = rows[order], routes[order], ib_all[order]
+    rows, routes = rows[order], routes[order]
     uniq, counts = torch.unique_consecutive(rows, return_counts=True)
-    start, inter = 0, pool.inter
+    start = 0
     for e, c in zip(uniq.tolist(), counts.tolist()):
-        sel, ib = routes[start : start + c], int(ib_all[start])  # one cut per expert in a batch
+        sel = routes[start : start + c]
         start += c
         tok = torch.div(sel, k, rounding_mode="floor")
-        gu = pool.gate_up[e]
-        gu = torch.cat((gu[ib:inter], gu[inter + ib :])) if ib else gu  # rows [ib, I) of gate and of up
-        y = expert_ffn(x[tok], gu, pool.down[e][:, ib:]).float()
+        y = expert_ffn(x[tok], pool.gate_up[e], pool.down[e]).float()
         out.index_add_(0, tok, y * w[sel, None])
-    return CpuResult(out, _expert_equivalents(rows, ib_all, inter), time.perf_counter() - t0)
+    return CpuResult(out, int(uniq.numel()), time.perf_counter() - t0)
 
 
 def make_kernel(dtype: torch.dtype, threads: int | None) -> CpuExpertKernel | None:
@@ -132,16 +116,14 @@ class CpuExpertRunner:
         device: torch.device,
         threads: int | None = None,
         streamed: bool = True,
-        zero_copy: bool = False,  # the streamed branch's hand-off through mapped host memory
     ) -> None:
         self.pool = pool
         self.device = device
         self.threads = threads
         self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ft-cpu-experts")
         self.kernel = make_kernel(pool.gate_up.dtype, threads)
-        self._want_streamed = streamed and device.type == "cuda" and self.kernel is not None
+        self._want_streamed = streamed and device.type == "cuda" and self.kernel is not None and triton_available()
         self._streamed: StreamedCpuBranch | None = None
-        self._zero_copy = zero_copy
 
     def _streamed_for(self, tokens: int, top_k: int) -> StreamedCpuBranch | None:
         """The stream-ordered branch when it can take this batch (built on first use)."""
@@ -152,9 +134,7 @@ class CpuExpertRunner:
             if ops is None:
                 self._want_streamed = False
                 return None
-            self._streamed = StreamedCpuBranch(
-                self.kernel, self.pool, ops, self.device, STREAMED_MAX_TOKENS, top_k, self._zero_copy
-            )
+            self._streamed = StreamedCpuBranch(self.kernel, self.pool, ops, self.device, STREAMED_MAX_TOKENS, top_k)
         return self._streamed if self._streamed.fits(tokens, top_k) else None
 
     @property
@@ -227,10 +207,10 @@ class CpuExpertRunner:
         if self._streamed is not None:
             self._streamed.cancel_replay()
 
-    def collect(self) -> tuple[float, float]:
-        """(expert equivalents, seconds) of streamed batches finished since the last call; call at a safe
-        point between steps."""
-        return self._streamed.collect() if self._streamed is not None else (0.0, 0.0)
+    def collect(self) -> tuple[int, float]:
+        """(experts, seconds) of streamed batches finished since the last call; call at a safe point
+        between steps."""
+        return self._streamed.collect() if self._streamed is not None else (0, 0.0)
 
     def close(self) -> None:
         if self._streamed is not None:

@@ -1,27 +1,24 @@
 """The CPU expert branch ordered by the CUDA stream itself (DESIGN §7 step 3): the engine thread never
 waits for it.
 
-Per MoE layer: the stream copies the hidden states, route codes and gate weights into this layer's
-pinned buffers and then writes the step's sequence number into a pinned ``ready`` flag
-(``cuStreamWriteValue32``); the C++ kernel's feeder thread, which had the batch queued before the GPU
-got there, starts it when the flag is reached, writes the partial into the layer's pinned ``out`` buffer
-and sets the ``done`` flag; the stream waits for ``done`` (``cuStreamWaitValue32``) before one
-host→device copy brings the partial back. The host only enqueues: it can queue every MoE layer of a
-step while the GPU still works on the first.
+Per MoE layer: one staging kernel writes the hidden states, route codes and gate weights into this
+layer's pinned buffers through their mapped device views (no copy-engine operation), then the stream
+writes the step's sequence number into a pinned ``ready`` flag (``cuStreamWriteValue32``); the C++
+kernel's feeder thread, which had the batch queued before the GPU got there, starts it when the flag is
+reached, writes the partial into the layer's pinned ``out`` buffer and sets the ``done`` flag; the stream
+waits for ``done`` (``cuStreamWaitValue32``) and the caller's add reads the partial from its pinned buffer
+(zero-copy). The host only enqueues: it can queue every MoE layer of a step while the GPU still works on
+the first. Kernel writes to mapped host memory are complete when the kernel is, so the ready flag written
+after it in stream order still follows them; the CPU's writes are seen by device reads after the done
+flag (coherent PCIe).
 
 Inside a CUDA graph capture (``layer_graphs.py``) the stream operations use a second flag pair in toggle
 mode (the graph writes ready = 1, waits for done == 1, resets done = 0: replays repeat fixed values) and
 nothing is queued at capture; ``push_replay`` queues the layer's batch before each replay.
 
-Buffer reuse is safe by stream order: a layer's next inputs are copied after the stream waited for its
+Buffer reuse is safe by stream order: a layer's next inputs are staged after the stream waited for its
 previous batch, and the CPU writes a layer's ``out`` only after the ready flag that follows the previous
-copy back. Branch timings come from the feeder's per-layer stats, read at the next step's safe point.
-
-``zero_copy`` (``EngineConfig.cpu_branch_zero_copy``): the GPU writes the inputs straight into the pinned
-buffers through their mapped device views (one staging kernel instead of three copies) and the caller's add
-reads the partial from its pinned buffer (no copy back): no copy-engine operation in the layer. Kernel
-writes to mapped host memory are complete when the kernel is, so the ready flag written after it in stream
-order still follows them; the CPU's writes are seen by device reads after the done flag (coherent PCIe).
+add. Branch timings come from the feeder's per-layer stats, read at the next step's safe point.
 """
 
 from __future__ import annotations
@@ -58,7 +55,6 @@ class StreamedCpuBranch:
         device: torch.device,
         max_tokens: int,
         top_k: int,
-        zero_copy: bool = False,
     ) -> None:
         L, D = pool.num_layers, pool.gate_up.shape[2]
         self.kernel, self.pool, self.ops, self.device = kernel, pool, ops, device
@@ -68,12 +64,11 @@ class StreamedCpuBranch:
         self.codes = torch.zeros((L, max_tokens * top_k), dtype=i64, pin_memory=True)
         self.w = torch.zeros((L, max_tokens * top_k), dtype=f32, pin_memory=True)
         self.out = torch.zeros((L, max_tokens, D), dtype=f32, pin_memory=True)
-        # zero copy: the same buffers as CUDA tensors (UVA), written and read by kernels over PCIe
+        # the same buffers as CUDA tensors (UVA), written and read by kernels over PCIe
         self.mapped = tuple(mapped_device_view(b, device) for b in (self.x, self.codes, self.w, self.out))
-        self.zero_copy = zero_copy
-        # per layer: distinct rows, routes, ns, error, intermediate rows of work (see FtQueuedArgs::stats)
-        self.stats = torch.zeros((L, 5), dtype=i64)  # written by the feeder, read here
-        self.stats_t = torch.zeros((L, 5), dtype=i64)  # the same for batches of replayed graphs
+        # per layer: distinct rows, routes, ns, error (see FtQueuedArgs::stats)
+        self.stats = torch.zeros((L, 4), dtype=i64)  # written by the feeder, read here
+        self.stats_t = torch.zeros((L, 4), dtype=i64)  # the same for batches of replayed graphs
         self.ready = torch.zeros(1, dtype=i32, pin_memory=True)
         self.done = torch.zeros(1, dtype=i32, pin_memory=True)
         self._ready_ptr, self._done_ptr = ops.device_ptr(self.ready), ops.device_ptr(self.done)
@@ -94,16 +89,11 @@ class StreamedCpuBranch:
         """Enqueue the layer's CPU branch (x [T, D], codes [T*k], topk_w [T, k] on the GPU); no host wait."""
         T, k = topk_w.shape
         xs, cs, ws, out = self.x[layer, :T], self.codes[layer, : T * k], self.w[layer, : T * k], self.out[layer, :T]
-        if self.zero_copy:  # one kernel writes all three through the mapped views
-            from freetoken.experts.triton_copy import stage_inputs_triton
+        from freetoken.experts.triton_copy import stage_inputs_triton  # CUDA only: Triton is there
 
-            xm, cm, wm, _ = self.mapped
-            stage_inputs_triton(x.contiguous(), codes.reshape(-1).contiguous(), topk_w.reshape(-1).contiguous(),
-                                xm[layer, :T], cm[layer, : T * k], wm[layer, : T * k])  # fmt: skip
-        else:
-            xs.copy_(x.float(), non_blocking=True)  # convert on the GPU, then device -> pinned host
-            cs.copy_(codes.reshape(-1), non_blocking=True)
-            ws.copy_(topk_w.reshape(-1).float(), non_blocking=True)
+        xm, cm, wm, _ = self.mapped  # one kernel writes all three through the mapped views
+        stage_inputs_triton(x.contiguous(), codes.reshape(-1).contiguous(), topk_w.reshape(-1).contiguous(),
+                            xm[layer, :T], cm[layer, : T * k], wm[layer, : T * k])  # fmt: skip
         if torch.cuda.is_current_stream_capturing():
             if self._args[layer] is None:
                 raise RuntimeError("capture a layer's CPU branch only after one eager call")
@@ -127,15 +117,14 @@ class StreamedCpuBranch:
         return StreamedHandle(layer, seq, T)
 
     def wait(self, h: StreamedHandle) -> torch.Tensor:
-        """The stream waits for the batch, then copies its float32 partial [T, D] to the device."""
+        """The stream waits for the batch; its float32 partial [T, D] as a mapped view of the pinned buffer
+        (valid in stream order until the layer's next batch)."""
         if h.seq == 0:  # captured: toggle flags
             self.ops.wait(self._done_t_ptr, 1, equal=True)
             self.ops.write(self._done_t_ptr, 0)
         else:
             self.ops.wait(self._done_ptr, h.seq)
-        if self.zero_copy:  # the caller's add reads it from the pinned buffer, in stream order
-            return self.mapped[3][h.layer, : h.tokens]
-        return self.out[h.layer, : h.tokens].to(self.device, non_blocking=True)
+        return self.mapped[3][h.layer, : h.tokens]
 
     def push_replay(self, layer: int, tokens: int) -> None:
         """Queue the batch a captured layer's graph is about to start (call right before its replay)."""
@@ -158,23 +147,21 @@ class StreamedCpuBranch:
         torch.cuda.synchronize(self.device)
         self.kernel.drain()
 
-    def collect(self) -> tuple[float, float]:
-        """(expert equivalents, seconds) over finished batches not collected yet: an expert whose CPU share
-        is intermediate rows [c, I) counts (I - c) / I. Raises when a batch failed."""
+    def collect(self) -> tuple[int, float]:
+        """(distinct experts, seconds) over finished batches not collected yet. Raises when a batch failed."""
         err = self.kernel.queue_error()
         if err is not None:
             raise RuntimeError(f"the CPU expert branch failed: {err}")
         done = int(self.done[0])  # pinned host memory: no device sync
-        inter = self.pool.down.shape[2]
-        rows, seconds = 0, 0.0  # intermediate rows of work
+        experts, seconds = 0, 0.0
         for layer, seq in enumerate(self._last):
             if seq and seq != self._read[layer] and _reached(done, seq):
                 st = self.stats[layer].tolist()
-                rows, seconds = rows + st[4], seconds + st[2] / 1e9
+                experts, seconds = experts + st[0], seconds + st[2] / 1e9
                 self._read[layer] = seq
-        if self._replayed and self.kernel.queued() == 0:  # replayed batches: all done, rows final
+        if self._replayed and self.kernel.queued() == 0:  # replayed batches: all done, stats final
             for layer in self._replayed:
                 st = self.stats_t[layer].tolist()
-                rows, seconds = rows + st[4], seconds + st[2] / 1e9
+                experts, seconds = experts + st[0], seconds + st[2] / 1e9
             self._replayed.clear()
-        return rows / inter, seconds
+        return experts, seconds

@@ -15,7 +15,6 @@ times (and q, copied to pinned memory) are read at the next ``begin_step`` once 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -35,7 +34,7 @@ RECENT_STEPS = 1  # 0: plain LRU victims
 class _CopyRecord:
     start: torch.cuda.Event
     end: torch.cuda.Event
-    q: torch.Tensor  # [2] view of the pinned ring: host copies of copy_count and of a shared expert's GPU rows
+    q: torch.Tensor  # [] view of the pinned ring: the host copy of copy_count
 
 
 class HybridBackend(SlotBackend):
@@ -54,7 +53,6 @@ class HybridBackend(SlotBackend):
         self.policy = SplitPolicy.create(config.fill_fraction, prof)
         self.share.fill_(self.policy.share)
         self._published = self.policy.share
-        self.share_expert = config.hybrid_share_expert
         # Slots used within the last step (one plan per MoE layer) are victims last, newest first.
         self.protect = RECENT_STEPS * pool.num_layers
         self._decode = True
@@ -63,7 +61,7 @@ class HybridBackend(SlotBackend):
         # Pinned landing places for the timed rounds' q, allocated once: a pinned allocation per layer
         # (cudaHostAlloc) can wait for the device, which would stop the host from running ahead.
         # Records fold in stream order and stay fewer than the ring, so a slot is free when reused.
-        self._q_ring = torch.zeros((_MAX_PENDING_RECORDS, 2), dtype=torch.long, pin_memory=device.type == "cuda")
+        self._q_ring = torch.zeros(_MAX_PENDING_RECORDS, dtype=torch.long, pin_memory=device.type == "cuda")
         self._copy_bytes, self._copy_s, self._cpu_bytes, self._cpu_s = 0, 0.0, 0, 0.0
 
     def forward(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
@@ -89,40 +87,27 @@ class HybridBackend(SlotBackend):
             self.share.fill_(share)
             self._published = share
 
-    def _copy(self, layer: int, plan: StepPlan) -> Callable[[], None] | None:
-        inter = self.pool.inter
+    def _copy(self, plan: StepPlan) -> None:
         if self.device.type != "cuda":
             t0 = time.perf_counter()
-            self._fill(layer, plan)  # ordered on the CPU device: no deferred wait
+            self.cache.copy(plan)
             self._copy_s += time.perf_counter() - t0
-            rows = int(plan.copy_count) * inter + (0 if plan.shared is None else int(plan.shared.rows))  # no sync
-            self._copy_bytes += rows * self.pool.expert_bytes // inter
-            return None
+            self._copy_bytes += int(plan.copy_count) * self.pool.expert_bytes  # no sync on the CPU device
+            return
         self._copy_calls += 1
         untimed = self._copy_calls % COPY_TIMING_EVERY or len(self._records) >= _MAX_PENDING_RECORDS
         if untimed or torch.cuda.is_current_stream_capturing():  # graphs replay without host records
-            return self._fill(layer, plan)
+            self.cache.copy(plan)
+            return
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         self._timed += 1
         q = self._q_ring[self._timed % _MAX_PENDING_RECORDS]
-        q[1] = 0  # the host's own write: the ring slot's last record was folded (its copies are done)
         start.record()
-        wait = self._fill(layer, plan)
-
-        def done() -> None:  # after the fills (and with copy-engine fills, after the stream's wait for them)
-            if wait is not None:
-                wait()
-            # plain copies only, no arithmetic: a kernel's first launch may load its module, which waits for the GPU
-            q[0].copy_(plan.copy_count, non_blocking=True)  # before `end`: done when `end` is
-            if plan.shared is not None:
-                q[1].copy_(plan.shared.rows, non_blocking=True)
-            end.record()
-            self._records.append(_CopyRecord(start, end, q))
-
-        if wait is None:
-            done()
-            return None
-        return done
+        self.cache.copy(plan)
+        # a plain copy, no arithmetic: a kernel's first launch may load its module, which waits for the GPU
+        q.copy_(plan.copy_count, non_blocking=True)  # before `end`: done when `end` is
+        end.record()
+        self._records.append(_CopyRecord(start, end, q))
 
     def _fold_copy_records(self) -> None:
         keep: list[_CopyRecord] = []
@@ -131,14 +116,13 @@ class HybridBackend(SlotBackend):
                 keep.append(r)
                 continue
             self._copy_s += r.start.elapsed_time(r.end) / 1e3
-            rows = int(r.q[0]) * self.pool.inter + int(r.q[1])  # intermediate rows copied
-            self._copy_bytes += rows * self.pool.expert_bytes // self.pool.inter
+            self._copy_bytes += int(r.q) * self.pool.expert_bytes
         self._records = keep
 
-    def _after_cpu(self, experts: float, seconds: float) -> None:
+    def _after_cpu(self, experts: int, seconds: float) -> None:
         if not self._decode:  # prefill CPU work is compute-bound: not the bandwidth the split needs
             return
-        self._cpu_bytes += round(experts * self.pool.expert_bytes)  # experts: equivalents (split shares)
+        self._cpu_bytes += experts * self.pool.expert_bytes
         self._cpu_s += seconds
 
     def stats(self) -> dict[str, int | float]:

@@ -45,13 +45,13 @@ class OffloadBackend(SlotBackend):
         vec = self.counters.vector
         plan = self.cache.group_and_plan(layer, topk_ids, self._one, 1, self.protect, True, counters=vec)
         groups = plan.groups
-        out = self._gpu(layer, x, groups, plan, topk_w)
+        out = self._gpu(x, groups, plan, topk_w)
         self._count(plan, True, False)
         rounds = self.rounds(topk_ids.numel())
         pending = groups.valid & (plan.slot < 0) if rounds > 1 else groups.valid
         for _ in range(1, rounds):
             plan = self.cache.plan(groups, pending, self._one, 1, self.protect, recent_last=True)
-            out = out + self._gpu(layer, x, groups, plan, topk_w)
+            out = out + self._gpu(x, groups, plan, topk_w)
             self._count(plan, False, False)
             pending = pending & (plan.slot < 0)
         return out.to(x.dtype)

@@ -9,8 +9,6 @@ Subclasses choose the share of misses to fill and the residency policy.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,9 +24,6 @@ from freetoken.experts.prefill import LayerStreamer
 from freetoken.experts.sizing import check_slots_cover_topk, resolve_slots
 from freetoken.experts.slot_cache import SlotCache
 from freetoken.experts.slot_plan import RouteGroups, StepPlan
-
-if TYPE_CHECKING:
-    from freetoken.experts.copy_fills import CopyEngineFills
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +63,7 @@ class SlotBackend(ExpertBackend):
             check_slots_cover_topk(num_slots, pool.banks.top_k)
         self.cache = SlotCache(pool, num_slots, device)
         self.counters = DeviceCounters(device)
-        zc = config.cpu_branch_zero_copy
-        self.cpu = CpuExpertRunner(pool, device, config.cpu_threads, zero_copy=zc) if with_cpu else None
+        self.cpu = CpuExpertRunner(pool, device, config.cpu_threads) if with_cpu else None
         self.share = torch.zeros((), dtype=torch.float32, device=device)  # device scalar read by plans
         self._one = torch.ones((), dtype=torch.float32, device=device)
         self._zero = torch.zeros((), dtype=torch.long, device=device)
@@ -78,10 +72,6 @@ class SlotBackend(ExpertBackend):
         self.graphs = LayerGraphs(STREAMED_MAX_TOKENS) if cuda_graphs else None
         self._decode = True
         self._saved_layer_steps = 0
-        self.share_expert = False  # split_forward shares one miss per layer between both branches
-        self.fills: CopyEngineFills | None = None  # copy-engine fills (``fill_copy_engine``), built on first use
-        self._want_engine_fills = config.fill_copy_engine and device.type == "cuda"
-        self._routes = 0  # routes of the layer step being replayed (graphed)
 
     @classmethod
     def create(
@@ -96,55 +86,21 @@ class SlotBackend(ExpertBackend):
     def begin_step(self, num_tokens: int, is_decode: bool) -> None:
         self.streamer.begin_step(num_tokens, is_decode)
         self._decode = is_decode
-        if self.fills is not None:
-            self.fills.bound_runahead()
         if self.cpu is not None:
             experts, seconds = self.cpu.collect()  # the last step's streamed CPU batches
             if experts:
                 self._after_cpu(experts, seconds)
 
     # -- shared step pieces ----------------------------------------------------------------------------
-    def _fill(self, layer: int, plan: StepPlan) -> Callable[[], None] | None:
-        """The round's fills: by the copy engine when enabled (not a shared expert's rows), else one gather.
-        Copy-engine fills return the stream's wait for them, for the caller to enqueue after the work that
-        may run beside the copies (the hits' GEMM); None: the fills are already ordered before what follows."""
-        if self._want_engine_fills and self.fills is None:
-            self.fills = self._make_engine_fills()
-        if self.fills is not None and plan.shared is None and plan.copy_src.numel() <= self.fills.max_kv:
-            return self.fills.copy(layer, plan)
+    def _copy(self, plan: StepPlan) -> None:
+        """The round's batched fill (subclasses may time it)."""
         self.cache.copy(plan)
-        return None
 
-    def _make_engine_fills(self) -> CopyEngineFills | None:
-        from freetoken.experts.copy_fills import CopyEngineFills
-        from freetoken.experts.stream_ops import stream_ops
-
-        self._want_engine_fills = False
-        ops = stream_ops()
-        if ops is None:
-            log.warning("fill_copy_engine needs CUDA stream memory operations: filling by the gather kernel")
-            return None
+    def _gpu(self, x: torch.Tensor, groups: RouteGroups, plan: StepPlan, topk_w: torch.Tensor) -> torch.Tensor:
+        """The round's fills, then the grouped GEMM over the slots serving it (float32 [T, D])."""
+        self._copy(plan)
         c = self.cache
-        return CopyEngineFills(self.pool, [c.slot_gate_up, c.slot_down], self.device, ops, max_kv=64)
-
-    def _copy(self, layer: int, plan: StepPlan) -> Callable[[], None] | None:
-        """The round's batched fill (subclasses may time it); see ``_fill``."""
-        return self._fill(layer, plan)
-
-    def _gpu(
-        self, layer: int, x: torch.Tensor, groups: RouteGroups, plan: StepPlan, topk_w: torch.Tensor
-    ) -> torch.Tensor:
-        finish = self._copy(layer, plan)  # with a shared expert's GPU rows, into the scratch slot
-        c, E = self.cache, self.pool.num_experts
-        if finish is None:
-            return grouped_experts(x, groups, plan.slot, topk_w, c.slot_gate_up, c.slot_down, E)
-        # copy-engine fills: the hits' experts run while the copies arrive, the filled ones after
-        none = torch.full_like(plan.slot, -1)
-        hits = torch.where(plan.fill, none, plan.slot)
-        out = grouped_experts(x, groups, hits, topk_w, c.slot_gate_up, c.slot_down, E)
-        finish()
-        fills = torch.where(plan.fill, plan.slot, none)
-        return out + grouped_experts(x, groups, fills, topk_w, c.slot_gate_up, c.slot_down, E)
+        return grouped_experts(x, groups, plan.slot, topk_w, c.slot_gate_up, c.slot_down, self.pool.num_experts)
 
     def streamed_forward(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
@@ -168,8 +124,6 @@ class SlotBackend(ExpertBackend):
             return
         cpu = plan.num_misses - plan.copy_count if cpu_runs else self._zero
         self.counters.add_step(plan.num_hits, plan.num_misses, plan.copy_count, cpu, first_round)
-        if plan.shared is not None:
-            self.counters.add_shared(plan.shared.rows)
 
     # -- CUDA graphs of decode layers (``layer_graphs.py``) ---------------------------------------------
     def graphed(self, layer: int, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, body: Body) -> torch.Tensor:
@@ -179,7 +133,6 @@ class SlotBackend(ExpertBackend):
             return body(layer, x, ids, w)
         if self.cpu is not None and not self.cpu.can_capture(T, ids.shape[1]):
             return body(layer, x, ids, w)
-        self._routes = ids.numel()  # for before_replay: the fill rounds of this key's graph
         return g.run(layer, x, ids, w, body, self)
 
     def capture_begin(self) -> None:
@@ -192,15 +145,11 @@ class SlotBackend(ExpertBackend):
         """The host's share of a replayed layer: queue its CPU batch, count the layer step."""
         if self.cpu is not None:
             self.cpu.push_replay(layer, tokens)
-        if self.fills is not None:
-            self.fills.push_replay(layer, self._routes)
         self.counters.layer_steps += 1
 
     def replay_failed(self) -> None:
         if self.cpu is not None:
             self.cpu.cancel_replay()
-        if self.fills is not None:
-            self.fills.cancel_replay()
 
     def split_forward(
         self,
@@ -221,11 +170,9 @@ class SlotBackend(ExpertBackend):
             check_slots_cover_topk(self.cache.num_slots, topk_ids.shape[1])
             c = self.cache
             vec = self.counters.vector  # the fused plan counts the step itself (CPU runs: the unfilled misses)
-            plan = c.group_and_plan(
-                layer, topk_ids, self.share, min_fill, protect, recent_last, self.share_expert, vec, True
-            )
+            plan = c.group_and_plan(layer, topk_ids, self.share, min_fill, protect, recent_last, vec, True)
             handle = self.cpu.submit(x, plan.route_code, topk_w, layer)  # CPU branch first
-            gpu = self._gpu(layer, x, plan.groups, plan, topk_w)
+            gpu = self._gpu(x, plan.groups, plan, topk_w)
             cpu, res = self.cpu.wait(handle)
             if res is not None:  # streamed batches report at the next begin_step
                 self._after_cpu(res.experts, res.seconds)
@@ -234,7 +181,7 @@ class SlotBackend(ExpertBackend):
 
         return self.graphed(layer, x, topk_ids, topk_w, body)
 
-    def _after_cpu(self, experts: float, seconds: float) -> None:  # noqa: B027 - optional hook
+    def _after_cpu(self, experts: int, seconds: float) -> None:  # noqa: B027 - optional hook
         """Hook: timing of the CPU branch."""
 
     def resize_expert_cache(self, num_slots: int) -> None:
@@ -242,31 +189,25 @@ class SlotBackend(ExpertBackend):
         self.streamer.finish()
         if self.graphs is not None:
             self.graphs.clear()
-        if self.fills is not None:  # its copies target the old slot banks (and its captures are gone)
-            self.fills.close()
-            self.fills, self._want_engine_fills = None, True
         self.cache.resize(num_slots)
 
     # -- reporting -------------------------------------------------------------------------------------
     def stats(self) -> dict[str, int | float]:
         c = self.counters.read()
         eb = self.pool.expert_bytes
-        shared_bytes = c["shared_rows"] * eb // self.pool.inter  # the shared experts' GPU parts
         return {
             "expert_hits": c["hits"],
             "expert_misses": c["misses"],
             "expert_fills": c["fills"],
-            "expert_cpu_runs": c["cpu_runs"],  # the shared experts count here too (the CPU has their rest)
-            "expert_shared": c["shared"],
-            "pcie_bytes": c["fills"] * eb + shared_bytes,
-            "cpu_bytes": c["cpu_runs"] * eb - shared_bytes,
+            "expert_cpu_runs": c["cpu_runs"],
+            "pcie_bytes": c["fills"] * eb,
+            "cpu_bytes": c["cpu_runs"] * eb,
             "q_last": c["q_last"],
             "q_mean": c["fills"] / c["miss_layers"] if c["miss_layers"] else 0.0,
             "expert_slots": self.cache.num_slots,
             "layer_steps": c["layer_steps"],
             **self.streamer.stats(),
             **(self.graphs.stats() if self.graphs is not None else {}),
-            **(self.fills.stats() if self.fills is not None else {}),
         }
 
     def check_integrity(self) -> None:
@@ -278,6 +219,4 @@ class SlotBackend(ExpertBackend):
             torch.cuda.synchronize(self.device)  # graph fills may still read the pinned pool
         if self.cpu is not None:
             self.cpu.close()
-        if self.fills is not None:
-            self.fills.close()
         self.pool.close()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import torch
 
 from freetoken.experts.pool import HostExpertPool
-from freetoken.experts.share_split import share_granule, share_one_expert
 from freetoken.experts.slot_copy import batched_fill, triton_available
 from freetoken.experts.slot_plan import RouteGroups, SlotTables, StepPlan, group_routes, plan_fills
 
@@ -85,45 +84,28 @@ class SlotCache:
         min_fill: int,
         protect: int = 0,
         recent_last: bool = False,
-        share_expert: bool = False,
         counters: torch.Tensor | None = None,
         count_cpu: bool = False,
     ) -> StepPlan:
-        """``group`` + ``plan`` of every group (a step's first round), and with ``share_expert`` the miss
-        both branches share (``share_split``; ``plan.shared``). Decode-sized steps on CUDA take the fused
-        Triton plan (one launch instead of ~100 small ops), with identical results; it also adds the step
-        to ``counters`` (``DeviceCounters.vector``; ``count_cpu``: the unfilled misses are CPU runs) and
+        """``group`` + ``plan`` of every group (a step's first round). Decode-sized steps on CUDA take the
+        fused Triton plan (one launch instead of ~100 small ops), with identical results; it also adds the
+        step to ``counters`` (``DeviceCounters.vector``; ``count_cpu``: the unfilled misses are CPU runs) and
         says so in ``plan.counted``."""
-        inter, S, N = self.pool.inter, self.num_slots, self.pool.num_rows
         if self.device.type == "cuda" and triton_available():
             from freetoken.experts.triton_plan import MAX_ROUTES, plan_step_triton
 
             if topk_ids.numel() <= MAX_ROUTES:
                 off = layer * self.pool.num_experts
-                step = share_granule(inter) if share_expert else 0
-                return plan_step_triton(
-                    self.tables, topk_ids, off, share, min_fill, protect, recent_last, step, inter, counters, count_cpu
-                )
+                return plan_step_triton(self.tables, topk_ids, off, share, min_fill, protect, recent_last, counters,
+                                        count_cpu)  # fmt: skip
         groups = self.group(layer, topk_ids)
-        plan = self.plan(groups, groups.valid, share, min_fill, protect, recent_last)
-        if share_expert:
-            share_one_expert(plan, share, inter, N, S)
-        return plan
+        return self.plan(groups, groups.valid, share, min_fill, protect, recent_last)
 
     def copy(self, plan: StepPlan) -> None:
-        """One batched copy of this round's fills (all banks) from the pool into their slots, and of a shared
-        expert's GPU rows into the scratch slot S (the rest of it zeroed)."""
-        sh = plan.shared
-        batched_fill(
-            self._src_gate_up,
-            self._src_down,
-            self.slot_gate_up,
-            self.slot_down,
-            plan.copy_src,
-            plan.copy_dst,
-            plan.copy_count,
-            None if sh is None else (sh.eid, sh.rows),
-        )
+        """One batched copy of this round's fills (all banks) from the pool into their slots."""
+        c = plan
+        batched_fill(self._src_gate_up, self._src_down, self.slot_gate_up, self.slot_down, c.copy_src, c.copy_dst,
+                     c.copy_count)  # fmt: skip
 
     # -- host-side API (may synchronise) -------------------------------------------------------------
     def _as_ids(self, eids: torch.Tensor | list[int]) -> torch.Tensor:

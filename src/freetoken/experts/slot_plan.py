@@ -72,15 +72,6 @@ class SlotTables:
 
 
 @dataclass
-class SharedExpert:
-    """The miss one layer step shares between both branches by intermediate rows (``share_split``)."""
-
-    group: torch.Tensor  # [] int64 group index of the shared expert (meaningful when rows > 0)
-    eid: torch.Tensor  # [] int64 its pool row (N when there is none)
-    rows: torch.Tensor  # [] int64 intermediate rows on the GPU: 0 none/CPU only, I GPU only
-
-
-@dataclass
 class StepPlan:
     """What one round of one layer does. Group tensors are [K], copy tensors [Kv], Kv = min(K, S[, E])."""
 
@@ -95,7 +86,6 @@ class StepPlan:
     copy_count: torch.Tensor  # [] q: valid copy entries (a prefix)
     num_hits: torch.Tensor  # [] distinct hits
     num_misses: torch.Tensor  # [] m
-    shared: SharedExpert | None = None  # a miss shared by rows (the scratch slot gets its GPU part)
     counted: bool = False  # the plan added its step to the device counters itself (the fused plan)
 
 
@@ -114,9 +104,6 @@ def fill_quota(m: torch.Tensor, share: torch.Tensor, available: torch.Tensor, mi
     return torch.minimum(q, available)
 
 
-PRIORITY_CAP = 1 << 20  # plan_fills' priority values stay below this (the sort key fits int64)
-
-
 def plan_fills(
     tables: SlotTables,
     groups: RouteGroups,
@@ -126,7 +113,6 @@ def plan_fills(
     protect: int = 0,  # > 0: slots used in the last `protect` plans are "recent"
     recent_last: bool = False,  # recent slots: False = never victims, True = victims last, newest first
     max_distinct: int | None = None,  # bound on distinct eids (a layer's E): shortens the copy lists
-    priority: torch.Tensor | None = None,  # [K] int64 in [0, PRIORITY_CAP): fill order after the route count
 ) -> StepPlan:
     """Classify pending groups, choose q fills and their victims, update the tables, build the copies.
 
@@ -156,10 +142,8 @@ def plan_fills(
         blocked = blocked | recent
     available = S - blocked.sum()
     q = fill_quota(m, share, available, min_fill)
-    # Fill the misses the most routes want first (then the higher priority, if any; ties: the lower eid), one
-    # descending sort. The engine passes no priority (bench/cache_sim.py tries some).
-    rank_key = groups.count if priority is None else groups.count * PRIORITY_CAP + priority
-    key = torch.where(miss, rank_key * (N + 1) + (N - groups.eid), torch.full_like(groups.count, -1))
+    # Fill the misses the most routes want first (ties: the lower eid), one descending sort.
+    key = torch.where(miss, groups.count * (N + 1) + (N - groups.eid), torch.full_like(groups.count, -1))
     ranked = torch.sort(key, descending=True, stable=True).indices  # [K] groups by fill priority
     pos = torch.arange(K, device=dev)
     rank = torch.empty_like(ranked).scatter_(0, ranked, pos)

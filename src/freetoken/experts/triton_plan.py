@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from freetoken.experts.slot_plan import RouteGroups, SharedExpert, SlotTables, StepPlan
+from freetoken.experts.slot_plan import RouteGroups, SlotTables, StepPlan
 
 MAX_ROUTES = 64
 _BS = 512  # slots per pass of the victim search
@@ -30,8 +30,7 @@ def _plan_kernel(
     ids_ptr, K, layer_off, N, S, KV, protect,
     slot_of, eid_of, stamp, locked, tick_ptr, share_ptr,
     i64_out, b_out, counters,
-    MIN_FILL: tl.constexpr, RECENT_LAST: tl.constexpr, KB: tl.constexpr, BS: tl.constexpr,
-    INTER: tl.constexpr, SHARE_STEP: tl.constexpr, COUNT: tl.constexpr,
+    MIN_FILL: tl.constexpr, RECENT_LAST: tl.constexpr, KB: tl.constexpr, BS: tl.constexpr, COUNT: tl.constexpr,
 ):  # fmt: skip
     r = tl.arange(0, KB)
     rv = r < K
@@ -80,7 +79,6 @@ def _plan_kernel(
             blk = blk | ((st > recent_after) & (st >= 0))
         n_blocked += tl.sum((blk & sm).to(tl.int64), axis=0)
     available = s64 - n_blocked - h + hit_blocked
-    x = m.to(tl.float32) * tl.load(share_ptr)  # the balanced share in experts (a shared expert's cut)
     q = tl.ceil((m + 1).to(tl.float32) * tl.load(share_ptr)).to(tl.int64) - 1  # ``slot_plan.fill_quota``
     q = tl.maximum(tl.minimum(q, m), tl.minimum(m, MIN_FILL))
     q = tl.minimum(q, available)
@@ -125,27 +123,6 @@ def _plan_kernel(
     tick = tick0 + 1
     rslot = tl.sum(tl.where(g_of[:, None] == r[None, :], new_slot[None, :], 0), axis=1)
     code = tl.where(rslot >= 0, rslot, -1 - e)
-    # -- a shared expert (``share_split``): the next miss in fill order, by intermediate rows -----------
-    s_eid = n64
-    s_rows = q * 0
-    s_group = q * 0
-    if SHARE_STEP > 0:
-        nxt = miss & (rank == q)  # none when every miss is filled
-        has = tl.sum(nxt.to(tl.int32), axis=0) > 0
-        frac = tl.minimum(tl.maximum(x - q.to(tl.float32), 0.0), 1.0)
-        y = frac * (INTER / SHARE_STEP)
-        fy = tl.floor(y)
-        fyi = fy.to(tl.int64)
-        dy = y - fy
-        ry = fyi + ((dy > 0.5) | ((dy == 0.5) & (fyi % 2 == 1))).to(tl.int64)  # round half to even
-        s_rows = tl.where(has, tl.minimum(ry * SHARE_STEP, INTER), 0)
-        on = s_rows > 0
-        s_group = tl.sum(tl.where(nxt, r, 0), axis=0)
-        s_eid = tl.where(has, tl.sum(tl.where(nxt, geid, 0), axis=0), n64)
-        new_slot = tl.where((r == s_group) & on, s64, new_slot)  # the group reads the scratch slot
-        mine = (g_of == s_group) & on
-        s_code = tl.where(s_rows >= INTER, s64, -1 - (s_rows * n64 + e))
-        code = tl.where(mine, s_code, code)
     tl.debug_barrier()  # every table read above happens before any write below
     tl.store(slot_of + old, tl.full((KB,), -1, tl.int64), mask=take_j & (old >= 0))
     tl.store(slot_of + geid, gv, mask=fill)
@@ -170,19 +147,14 @@ def _plan_kernel(
     tl.store(tail + 1, q)
     tl.store(tail + 2, h)
     tl.store(tail + 3, m)
-    tl.store(tail + 4, s_eid)
-    tl.store(tail + 5, s_rows)
-    tl.store(tail + 6, s_group.to(tl.int64))
-    if COUNT > 0:  # ``counters.DeviceCounters``: hits, misses, fills, CPU runs, miss layers, shared, rows, q_last
+    if COUNT > 0:  # ``counters.DeviceCounters``: hits, misses, fills, CPU runs, miss layers, q_last
         cpu = (m - q) if COUNT == 2 else q * 0
         tl.store(counters + 0, tl.load(counters + 0) + h)
         tl.store(counters + 1, tl.load(counters + 1) + m)
         tl.store(counters + 2, tl.load(counters + 2) + q)
         tl.store(counters + 3, tl.load(counters + 3) + cpu)
         tl.store(counters + 4, tl.load(counters + 4) + (m > 0).to(tl.int64))
-        tl.store(counters + 5, tl.load(counters + 5) + (s_rows > 0).to(tl.int64))
-        tl.store(counters + 6, tl.load(counters + 6) + s_rows)
-        tl.store(counters + 7, q)
+        tl.store(counters + 5, q)
     tl.store(b_out + r, hit.to(tl.int8), mask=rv)
     tl.store(b_out + K + r, fill.to(tl.int8), mask=rv)
     tl.store(b_out + 2 * K + r, miss.to(tl.int8), mask=rv)
@@ -197,13 +169,10 @@ def plan_step_triton(
     min_fill: int,
     protect: int = 0,
     recent_last: bool = False,
-    share_step: int = 0,  # > 0: also share one miss by intermediate rows, in steps of this many rows
-    inter: int = 0,  # the experts' intermediate size (with share_step)
-    counters: torch.Tensor | None = None,  # [8] int64 ``DeviceCounters.vector``: the step counted here
+    counters: torch.Tensor | None = None,  # [6] int64 ``DeviceCounters.vector``: the step counted here
     count_cpu: bool = False,  # with counters: the misses not filled count as CPU runs (hybrid)
 ) -> StepPlan:
-    """``group_routes`` + ``plan_fills(pending=valid, ...)`` (+ ``share_one_expert`` with ``share_step``)
-    in one launch, for T*k <= MAX_ROUTES."""
+    """``group_routes`` + ``plan_fills(pending=valid, ...)`` in one launch, for T*k <= MAX_ROUTES."""
     ids = topk_ids.reshape(-1)
     K = ids.numel()
     if not 0 < K <= MAX_ROUTES:
@@ -211,17 +180,14 @@ def plan_step_triton(
     S, N = tables.num_slots, tables.num_rows
     KV = min(K, S)
     dev = ids.device
-    if share_step and not 0 < share_step <= inter:
-        raise ValueError(f"share_step must be in [1, inter={inter}], got {share_step}")
-    i64 = torch.empty(7 * K + 2 * KV + 7, dtype=torch.long, device=dev)
+    i64 = torch.empty(7 * K + 2 * KV + 4, dtype=torch.long, device=dev)
     b = torch.empty(4 * K, dtype=torch.bool, device=dev)
     KB = max(16, triton.next_power_of_2(K))
     _plan_kernel[(1,)](
         ids, K, layer_offset, N, S, KV, protect,
         tables.slot_of, tables.eid_of, tables.stamp, tables.locked.view(torch.uint8), tables.tick,
         share.to(torch.float32), i64, b.view(torch.uint8), i64 if counters is None else counters,
-        MIN_FILL=min_fill, RECENT_LAST=recent_last, KB=KB, BS=_BS, INTER=inter, SHARE_STEP=share_step,
-        COUNT=0 if counters is None else 1 + count_cpu,
+        MIN_FILL=min_fill, RECENT_LAST=recent_last, KB=KB, BS=_BS, COUNT=0 if counters is None else 1 + count_cpu,
     )  # fmt: skip
     order, rgroup, start, count, geid, slot, code = i64[: 7 * K].view(7, K)
     tail = i64[7 * K + 2 * KV :]
@@ -230,6 +196,4 @@ def plan_step_triton(
     csrc, cdst = i64[7 * K : 7 * K + 2 * KV].view(2, KV)
     plan = StepPlan(groups, slot, hit, fill, miss, code, csrc, cdst, tail[1], tail[2], tail[3])
     plan.counted = counters is not None
-    if share_step:
-        plan.shared = SharedExpert(tail[6], tail[4], tail[5])
     return plan

@@ -1,5 +1,5 @@
 // Waiting for a ready flag the GPU stream writes into pinned host memory (nobody can notify the waiting
-// thread): the feeder's queued CPU batches and the copier's fill jobs. Plain C++17.
+// thread): the feeder's queued CPU batches. Plain C++17.
 #pragma once
 
 #include <algorithm>

@@ -143,8 +143,6 @@ class Kernel {
 
   int threads() const { return pool_.threads(); }
   int isa() const { return isa_; }
-  // Bytes of software prefetch ahead of the weight streams for the batches built from now on.
-  void set_prefetch(int64_t bytes) { plans_.set_prefetch(bytes); }
   // Batch-1 weight rows streamed at once per thread (1, 2, 4) for the batches built from now on.
   void set_rows(int64_t rows) { plans_.set_rows(rows); }
   bool busy() const { return pool_.busy(); }
@@ -198,10 +196,9 @@ extern "C" {
 
 int ft_isa_supported(int isa) { return ft::isa_supported(isa) ? 1 : 0; }
 
-// Best ISA this CPU and this build support; force_avx2 caps it at AVX2 (FREETOKEN_FORCE_AVX2).
-int ft_best_isa(int force_avx2) {
-  const int top = force_avx2 ? ft::ISA_AVX2 : ft::ISA_COUNT - 1;
-  for (int isa = top; isa > ft::ISA_GENERIC; --isa)
+// Best ISA this CPU and this build support.
+int ft_best_isa() {
+  for (int isa = ft::ISA_COUNT - 1; isa > ft::ISA_GENERIC; --isa)
     if (ft::isa_supported(isa)) return isa;
   return ft::ISA_GENERIC;
 }
@@ -219,9 +216,6 @@ void* ft_pool_create(int n, const int* cpus, int isa, int spin_us) {
 
 void ft_pool_destroy(void* k) { delete static_cast<ft::Kernel*>(k); }
 
-// Software prefetch distance (bytes ahead, 0: off) for the pool's next batches; set while idle.
-void ft_pool_set_prefetch(void* k, int64_t bytes) { static_cast<ft::Kernel*>(k)->set_prefetch(bytes < 0 ? 0 : bytes); }
-
 // Batch-1 row blocking (1, 2 or 4 weight rows streamed at once per thread; the ISA may cap it); set
 // while idle. -1: not one of those.
 int ft_pool_set_rows(void* k, int64_t rows) {
@@ -234,9 +228,8 @@ int ft_pool_threads(void* k) { return static_cast<ft::Kernel*>(k)->threads(); }
 int ft_pool_isa(void* k) { return static_cast<ft::Kernel*>(k)->isa(); }
 int ft_pool_busy(void* k) { return static_cast<ft::Kernel*>(k)->busy() ? 1 : 0; }
 
-// 0: started; -1 busy (wait first); -2 bad dims/pointers, or an i_begin outside [0, I] or differing
-// between routes of one pool row; -3 token out of range; -4 row out of range; -5 unknown format or
-// activation; -6 out of memory for the plan's scratch.
+// 0: started; -1 busy (wait first); -2 bad dims/pointers; -3 token out of range; -4 row out of range;
+// -5 unknown format or activation; -6 out of memory for the plan's scratch.
 int ft_moe_submit(void* k, const FtMoeArgs* args) {
   try {
     return static_cast<ft::Kernel*>(k)->submit_moe(*args);

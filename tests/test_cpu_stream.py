@@ -1,5 +1,5 @@
-"""The stream-ordered CPU branch's zero-copy hand-off (``EngineConfig.cpu_branch_zero_copy``): one staging
-kernel writes the inputs into mapped pinned memory, the final add reads the partial from it."""
+"""The stream-ordered CPU branch's hand-off (``experts/cpu/streamed.py``): one staging kernel writes the inputs
+into mapped pinned memory, the final add reads the partial from it (zero-copy)."""
 
 from __future__ import annotations
 
@@ -32,12 +32,12 @@ def test_stage_kernel_in_interpreter(dtype: torch.dtype) -> None:
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("graphs", [False, True])
 @pytest.mark.parametrize("name", ["hybrid", "cpu", "static-layers"])
-def test_zero_copy_backends_equal_reference_cuda(name: str, graphs: bool) -> None:
+def test_streamed_backends_equal_reference_cuda(name: str, graphs: bool) -> None:
     """Decode-sized steps (the streamed branch) over many steps: a stale read of a reused pinned buffer
     (a cached partial, inputs not yet visible to the CPU) would break the equality."""
     banks = make_banks(3, 12, seed=1)
     cfg = EngineConfig(moe_backend=name, expert_cache=0.25, fill_fraction=0.5 if name == "hybrid" else None,
-                       cpu_branch_zero_copy=True, moe_cuda_graphs=graphs)  # fmt: skip
+                       moe_cuda_graphs=graphs)  # fmt: skip
     dev = torch.device("cuda")
     backend = create_backend(cfg, banks, dev, torch.float32)
     assert run_steps(backend, banks, steps=30, seed=3, device=dev, max_t=4) < 1e-5
