@@ -137,10 +137,8 @@ def test_recommend() -> None:
     assert share[0] < share[1]
 
 
-def test_ft_bench_bw_cli(
-    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setenv("FREETOKEN_CACHE", str(tmp_path))
+def test_ft_bench_bw_cli(tmp_path, freetoken_env, capsys: pytest.CaptureFixture[str]) -> None:
+    freetoken_env("FREETOKEN_CACHE", str(tmp_path))
     argv = ["bench", "bw", "--read-gib", "0.004", "--pool-gib", "0.004", "--hidden", "64", "--inter", "32"]
     assert ft_main([*argv, "--seconds", "0.05", "--expert-mb", "3"]) == 0
     out = capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""The host expert pool on transparent huge pages: the advice, its switch, and that banks stay intact."""
+"""The host expert pool on transparent huge pages: the advice, and that banks stay intact."""
 
 from __future__ import annotations
 
@@ -38,18 +38,22 @@ def test_too_small_or_not_on_the_cpu_gets_no_advice() -> None:
 
 
 @pytest.mark.skipif(_thp_mode() != "madvise", reason="needs THP in madvise mode (the advice decides)")
-@pytest.mark.parametrize("switch", ["1", "0"])
-def test_banks_land_on_huge_pages_unless_switched_off(monkeypatch: pytest.MonkeyPatch, switch: str) -> None:
-    monkeypatch.setenv("FREETOKEN_HUGE_PAGES", switch)
+@pytest.mark.parametrize("advised", [True, False])
+def test_banks_land_on_huge_pages(advised: bool) -> None:
+    """``ExpertBanks.empty`` advises its banks: they land on huge pages; the same bytes unadvised do not."""
     before = huge_page_bytes()
     if before is None:
         pytest.skip("no /proc/self/smaps_rollup")
-    banks = ExpertBanks.empty(2, 8, 1024, 512, torch.bfloat16)  # gate_up 32 MiB, down 16 MiB
+    if advised:
+        banks = ExpertBanks.empty(2, 8, 1024, 512, torch.bfloat16)  # gate_up 32 MiB, down 16 MiB
+    else:
+        banks = ExpertBanks(torch.empty(16, 1024, 1024, dtype=torch.bfloat16),
+                            torch.empty(16, 1024, 512, dtype=torch.bfloat16), 2, 8)  # fmt: skip
     src = torch.randn(banks.gate_up.shape).bfloat16()
     banks.gate_up.copy_(src)
     banks.down.fill_(1.5)
     gained = (huge_page_bytes() or 0) - before
-    if switch == "1":
+    if advised:
         assert gained >= banks.pool_bytes // 2  # most of the pool (compaction may leave some on 4 KiB)
     else:
         assert gained < banks.pool_bytes // 4

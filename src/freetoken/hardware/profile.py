@@ -1,6 +1,6 @@
 """Hardware profiles: measured bandwidths saved per machine fingerprint, and what they recommend.
 
-A profile is JSON under ``Env().cache_dir/profiles/<fingerprint>.json``. A profile carried over from
+A profile is JSON under ``env().cache_dir/profiles/<fingerprint>.json``. A profile carried over from
 another machine (or a machine whose hardware changed) is detected by its fingerprint.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from freetoken.config import Env
+from freetoken.config import env
 from freetoken.hardware.bandwidth import BandwidthResult
 from freetoken.hardware.probe import MachineInfo, probe
 
@@ -63,7 +63,7 @@ class HardwareProfile:
 
 
 def profiles_dir(cache_dir: str | None = None) -> Path:
-    return Path(cache_dir or Env().cache_dir) / "profiles"
+    return Path(cache_dir or env().cache_dir) / "profiles"
 
 
 def save_profile(profile: HardwareProfile, cache_dir: str | None = None) -> Path:
