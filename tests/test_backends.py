@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from freetoken.config import EngineConfig
-from freetoken.experts.auto import choose_backend
+from freetoken.experts.backends.auto import choose_backend
+from freetoken.experts.backends.registry import create_backend
+from freetoken.experts.backends.split_policy import DEFAULT_SHARE, SplitPolicy, cpu_pays_off
 from freetoken.experts.base import ExpertBackend, ExpertBanks
-from freetoken.experts.grouped_gemm import grouped_experts_gather, grouped_experts_loop
 from freetoken.experts.reference import moe_reference
-from freetoken.experts.registry import create_backend
-from freetoken.experts.slot_plan import group_routes
-from freetoken.experts.split import DEFAULT_SHARE, SplitPolicy, cpu_pays_off
+from freetoken.experts.slots.gemm import grouped_experts_gather, grouped_experts_loop
+from freetoken.experts.slots.plan import group_routes
 
 D, I, K_TOP = 64, 32, 2
 SLOT_BACKENDS = ["offload", "cpu", "hybrid", "static-layers", "static-freq"]
@@ -223,8 +223,8 @@ def test_grouped_experts_torch_paths(T: int) -> None:
 @pytest.mark.parametrize("T", [1, 5, 40, 600])
 def test_triton_kernels_in_interpreter(T: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The Triton kernels run on the CPU through Triton's interpreter (TRITON_INTERPRET=1)."""
-    from freetoken.experts.triton_copy import gather_rows_triton
-    from freetoken.experts.triton_gemm import grouped_experts_triton
+    from freetoken.experts.slots.copy_triton import gather_rows_triton
+    from freetoken.experts.slots.gemm_triton import grouped_experts_triton
 
     x, groups, slot, w, gu, dn, ref = _groups_case(T, 12, seed=T)
     torch.testing.assert_close(grouped_experts_triton(x, groups, slot, w, gu, dn), ref, rtol=1e-5, atol=1e-5)
@@ -331,7 +331,7 @@ def test_engine_greedy_tokens_match(tiny_moe: tuple, name: str, expert_cache: fl
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_pool_pins_in_place_and_gpu_reads_it() -> None:
-    from freetoken.experts.pool import HostExpertPool
+    from freetoken.experts.host_pool import HostExpertPool
 
     banks = make_banks(2, 8, seed=1)
     cuda = torch.device("cuda")
@@ -360,8 +360,8 @@ def test_cache_below_top_k_is_refused_when_the_engine_starts(tmp_path) -> None:
 def test_fused_on_cpu_runs_the_cpu_kernel_in_place(dtype: torch.dtype) -> None:
     """On a CPU device fused runs decode-sized steps on the C++ kernel over the banks (no weight gather) and
     many-token steps on torch's per-expert matmuls; both match the reference."""
+    from freetoken.experts.backends.fused import FusedBackend
     from freetoken.experts.cpu.kernel import load_library
-    from freetoken.experts.fused import FusedBackend
 
     banks = make_banks(2, 8, seed=3)
     backend = FusedBackend(banks, torch.device("cpu"), dtype)

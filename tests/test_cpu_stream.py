@@ -8,7 +8,7 @@ import torch
 
 from devices import TRITON_INTERPRETER
 from freetoken.config import EngineConfig
-from freetoken.experts.registry import create_backend
+from freetoken.experts.backends.registry import create_backend
 from test_backends import HAS_CUDA, make_banks, run_steps
 
 
@@ -16,7 +16,7 @@ from test_backends import HAS_CUDA, make_banks, run_steps
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_stage_kernel_in_interpreter(dtype: torch.dtype) -> None:
     """The staging kernel on the CPU through Triton's interpreter (TRITON_INTERPRET=1)."""
-    from freetoken.experts.triton_copy import stage_inputs_triton
+    from freetoken.experts.cpu.stage_triton import stage_inputs_triton
 
     g = torch.Generator().manual_seed(1)
     for T, D, k in ((1, 64, 8), (3, 2048, 8), (40, 32, 4)):  # codes longer than x, and shorter

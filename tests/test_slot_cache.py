@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from devices import TRITON_INTERPRETER
 from freetoken.experts.base import ExpertBanks
-from freetoken.experts.pool import HostExpertPool, check_pool_fits
-from freetoken.experts.slot_cache import SlotCache
-from freetoken.experts.slot_plan import SlotTables, StepPlan, fill_quota, group_routes, plan_fills
+from freetoken.experts.host_pool import HostExpertPool, check_pool_fits
+from freetoken.experts.slots.cache import SlotCache
+from freetoken.experts.slots.plan import SlotTables, StepPlan, fill_quota, group_routes, plan_fills
 
 L, E, D, I = 2, 4, 4, 2  # N = 8 pool rows
 CPU = torch.device("cpu")
@@ -263,8 +263,8 @@ def _tables(num_rows: int, num_slots: int) -> SlotTables:
 @pytest.mark.parametrize("num_slots", [2, 5, 37, 700])
 def test_fused_triton_plan_equals_torch_plan(num_slots: int) -> None:
     """The one-launch Triton plan gives bit-identical tables, outputs and counters (run in Triton's interpreter)."""
-    from freetoken.experts.counters import DeviceCounters
-    from freetoken.experts.triton_plan import plan_step_triton
+    from freetoken.experts.slots.counters import DeviceCounters
+    from freetoken.experts.slots.plan_triton import plan_step_triton
 
     ca, cb = DeviceCounters(CPU), DeviceCounters(CPU)
 

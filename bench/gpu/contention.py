@@ -21,8 +21,8 @@ import time
 import torch
 
 from freetoken.experts.cpu.kernel import CpuExpertKernel
-from freetoken.experts.pool import mapped_device_view
-from freetoken.experts.triton_copy import gather_rows_triton
+from freetoken.experts.host_pool import mapped_device_view
+from freetoken.experts.slots.copy_triton import gather_rows_triton
 from freetoken.hardware.bandwidth import BandwidthConfig, CopyLoad, KernelLoad
 
 _GB = 1e9

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from freetoken.experts.slot_plan import SlotTables, group_routes, plan_fills
+from freetoken.experts.slots.plan import SlotTables, group_routes, plan_fills
 
 
 @dataclass

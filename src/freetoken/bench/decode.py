@@ -42,9 +42,9 @@ from freetoken.bench.decode_report import (
 from freetoken.bench.presets import PRESETS, MoEShape, get_preset
 from freetoken.bench.synthetic import SyntheticRouter, TraceRouter, random_banks, rms_norm
 from freetoken.config import EngineConfig
-from freetoken.experts.auto import choose_backend
+from freetoken.experts.backends.auto import choose_backend
+from freetoken.experts.backends.registry import create_backend
 from freetoken.experts.base import ExpertBackend, ExpertBanks
-from freetoken.experts.registry import create_backend
 
 DEFAULT_POLICIES = "fused,offload,hybrid,cpu,static-layers,static-freq"
 # Policy variants, side by side: "<backend>+<option>+...", e.g. "hybrid+ff40", "hybrid+lag".

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
+from freetoken.experts.backends.split_policy import load_machine_profile, profile_bandwidth
 from freetoken.experts.base import ExpertBanks
-from freetoken.experts.split import load_machine_profile, profile_bandwidth
 
 
 @dataclass

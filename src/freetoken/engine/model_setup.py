@@ -14,7 +14,7 @@ from freetoken.checkpoint.hf_config import HFConfig, load_hf_config
 from freetoken.checkpoint.loader import LoadedModel, load_model
 from freetoken.checkpoint.tokenizer import load_tokenizer
 from freetoken.config import EngineConfig
-from freetoken.experts.registry import create_backend
+from freetoken.experts.backends.registry import create_backend
 from freetoken.models.registry import get_family
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ All figures are GB/s (1e9 bytes per second) of expert weight bytes moved:
 - ``layer`` (``B_P,layer``): one whole layer of experts per copy (what prefill streams).
 - ``fill_concurrent`` / ``cpu_kernel_concurrent`` (``B_P'``, ``B_H'``): both running at once in this
   process; they share host memory, and the split ``q* ~ m B_P' / (B_P' + B_H')`` uses these
-  (``slot_plan.fill_quota``: the whole number of fills whose later branch ends first).
+  (``slots/plan.py: fill_quota``: the whole number of fills whose later branch ends first).
 Copy figures are None when the device is CUDA but CUDA is absent; device "cpu" measures memcpy
 into a CPU slot pool (the CPU stand-in for fills).
 """

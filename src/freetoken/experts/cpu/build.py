@@ -23,10 +23,10 @@ from freetoken.config import env
 
 SRC_DIR = Path(__file__).resolve().parent
 HEADERS = (
-    "kernel_api.h", "plan.h", "pool.h", "feeder.h", "job_queue.h", "relax.h", "flag_wait.h", "dot_impl.h", "dot_rows.h",
-    "isa_avx512_s.h",
+    "kernel_api.h", "plan.h", "workers.h", "feeder.h", "job_queue.h", "relax.h", "flag_wait.h", "dot_impl.h",
+    "dot_rows.h", "isa_avx512_s.h",
 )  # fmt: skip
-CORE_SOURCES = ("kernel.cpp", "plan.cpp", "pool.cpp", "feeder.cpp", "isa_generic.cpp")
+CORE_SOURCES = ("kernel.cpp", "plan.cpp", "workers.cpp", "feeder.cpp", "isa_generic.cpp")
 DISPATCH_SOURCE = "kernel.cpp"  # compiled last, with the FT_HAVE_<ISA> macros of the paths that built
 _AVX2 = ("-mavx2", "-mfma")
 _AVX512 = (*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl")

@@ -12,7 +12,7 @@
 
 namespace ft {
 
-Feeder::Feeder(RunFn run, int64_t spin_ns, std::atomic<int64_t>* hot, const Pool* pool)
+Feeder::Feeder(RunFn run, int64_t spin_ns, std::atomic<int64_t>* hot, const WorkerPool* pool)
     : run_(std::move(run)), spin_ns_(spin_ns), batches_(hot), pool_(pool), thread_([this] { loop(); }) {}
 
 void Feeder::trace(int64_t cap) {
@@ -38,9 +38,9 @@ void Feeder::record(int64_t t_wait, int64_t t_ready, int64_t t_done) {
   if (trace_cap_ == 0) return;
   int64_t* r = trace_.data() + trace_head_ * kTraceFields;
   r[0] = t_wait, r[1] = t_ready;
-  for (int s = 0; s < Pool::kTracedSteps; ++s) r[2 + s] = pool_ ? pool_->step_open_ns()[s] : 0;
-  r[2 + Pool::kTracedSteps] = pool_ ? pool_->finish_ns() : 0;
-  r[3 + Pool::kTracedSteps] = t_done, r[kTraceFields - 1] = distinct_;
+  for (int s = 0; s < WorkerPool::kTracedSteps; ++s) r[2 + s] = pool_ ? pool_->step_open_ns()[s] : 0;
+  r[2 + WorkerPool::kTracedSteps] = pool_ ? pool_->finish_ns() : 0;
+  r[3 + WorkerPool::kTracedSteps] = t_done, r[kTraceFields - 1] = distinct_;
   trace_head_ = (trace_head_ + 1) % trace_cap_;
   trace_count_ = std::min(trace_count_ + 1, trace_cap_);
 }

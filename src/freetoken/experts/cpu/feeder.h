@@ -16,7 +16,7 @@
 
 #include "job_queue.h"
 #include "plan.h"
-#include "pool.h"
+#include "workers.h"
 
 extern "C" struct FtQueuedArgs {
   const float* x;  // [T, D] fp32
@@ -50,7 +50,7 @@ class Feeder {
   // the batches queued and running here too (the worker pool spins longer while it is > 0).
   using RunFn = std::function<int(const FtMoeArgs&)>;
   // pool (optional): the pool run uses, whose step times the batch trace records.
-  Feeder(RunFn run, int64_t spin_ns, std::atomic<int64_t>* hot = nullptr, const Pool* pool = nullptr);
+  Feeder(RunFn run, int64_t spin_ns, std::atomic<int64_t>* hot = nullptr, const WorkerPool* pool = nullptr);
   ~Feeder();  // abandons queued batches, setting their done flags, so no stream waits forever
 
   // 0 queued; -2 bad dimensions or null pointers (nothing queued).
@@ -62,9 +62,9 @@ class Feeder {
   int take_error() { return error_.exchange(0); }
   // Batch trace (diagnostics): with cap > 0 every batch run from now on appends kTraceFields values,
   // the last cap batches kept: steady-clock ns when the feeder began waiting for the ready flag, saw it,
-  // the pool's step opening times (Pool::kTracedSteps, 0: step without units) and finish, done; then
+  // the pool's step opening times (WorkerPool::kTracedSteps, 0: step without units) and finish, done; then
   // the distinct pool rows. cap 0 turns it off.
-  static constexpr int kTraceFields = 5 + Pool::kTracedSteps;
+  static constexpr int kTraceFields = 5 + WorkerPool::kTracedSteps;
   void trace(int64_t cap);
   // Copies up to max batches, oldest first, into out [max, kTraceFields] and forgets them; the count.
   int64_t take_trace(int64_t* out, int64_t max);
@@ -86,7 +86,7 @@ class Feeder {
   std::vector<float> w_;
   std::vector<int64_t> rows_;  // scratch: distinct rows for the stats
   int64_t distinct_ = 0;  // the last batch's (write_stats)
-  const Pool* pool_;
+  const WorkerPool* pool_;
   std::mutex trace_mu_;
   std::vector<int64_t> trace_;  // ring of trace_cap_ records
   int64_t trace_cap_ = 0, trace_head_ = 0, trace_count_ = 0;

@@ -12,11 +12,6 @@
 
 namespace ft {
 
-inline int64_t steady_now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // mode 0 (sequence flags): reached once (int32)(*flag - value) >= 0; mode 1 (toggle flags, replayed CUDA
 // graphs whose written values are fixed): reached once *flag == value.
 inline bool flag_reached(const uint32_t* flag, uint32_t value, int32_t mode) {

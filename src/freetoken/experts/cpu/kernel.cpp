@@ -6,7 +6,7 @@
 //   phase 2: y = down . h for all routes, units of (distinct row, block of down rows);
 //   barrier;
 //   phase 3: out[t] = sum of w * y over t's routes in a fixed order (small, cache-resident).
-// Units are handed out dynamically (pool.h); a unit's result never depends on which thread computed
+// Units are handed out dynamically (workers.h); a unit's result never depends on which thread computed
 // it. The ISA-specific phases live in isa_*.cpp (one TU per -m flag set), picked at run time.
 // Plans (routes grouped by expert, chunked by tokens) come from plan.h. C API at the bottom
 // (ctypes); no torch headers.
@@ -18,7 +18,7 @@
 #include "feeder.h"
 #include "kernel_api.h"
 #include "plan.h"
-#include "pool.h"
+#include "workers.h"
 #include "relax.h"
 
 namespace ft {
@@ -176,7 +176,7 @@ class Kernel {
   PlanBuilder plans_;  // the current batch (kept: repeated calls reuse its allocations)
   MoeJob moe_;
   ReadJob read_;
-  Pool pool_;  // its threads start after, and stop before, everything they read
+  WorkerPool pool_;  // its threads start after, and stop before, everything they read
   Feeder feeder_;  // last: its thread runs batches on pool_
 
   // A queued batch, on the feeder thread: the whole batch, this thread helping.

@@ -27,12 +27,12 @@ class Job {
   virtual void run(int64_t step, int64_t unit) = 0;
 };
 
-class Pool {
+class WorkerPool {
  public:
   // n workers; cpus: null or n CPU ids (worker k pinned to cpus[k]); spin_ns: how long a waiting
   // thread polls before it sleeps (0: sleeps at once; never spin on machines with few cores).
-  Pool(int n, const int* cpus, int64_t spin_ns, int64_t hot_spin_ns = 0);
-  ~Pool();
+  WorkerPool(int n, const int* cpus, int64_t spin_ns, int64_t hot_spin_ns = 0);
+  ~WorkerPool();
 
   int threads() const { return static_cast<int>(threads_.size()); }
   bool busy() const { return live_.load(std::memory_order_acquire); }
@@ -85,7 +85,5 @@ class Pool {
   int64_t step_open_ns_[kTracedSteps] = {};
   int64_t finish_ns_ = 0;
 };
-
-int64_t steady_ns();  // steady-clock nanoseconds (pool.cpp)
 
 }  // namespace ft

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from freetoken.experts.pool import HostExpertPool
-from freetoken.experts.slot_copy import batched_fill, triton_available
-from freetoken.experts.slot_plan import RouteGroups, SlotTables, StepPlan, group_routes, plan_fills
+from freetoken.experts.host_pool import HostExpertPool
+from freetoken.experts.slots.copy import batched_fill
+from freetoken.experts.slots.plan import RouteGroups, SlotTables, StepPlan, group_routes, plan_fills
+from freetoken.experts.triton_support import triton_available
 
 
 class SlotCache:
@@ -72,7 +73,7 @@ class SlotCache:
         protect: int = 0,
         recent_last: bool = False,
     ) -> StepPlan:
-        """See ``slot_plan.plan_fills`` (``protect``/``recent_last``: what happens to recently used slots)."""
+        """See ``plan.plan_fills`` (``protect``/``recent_last``: what happens to recently used slots)."""
         E = self.pool.num_experts  # one layer's routes name at most E distinct experts
         return plan_fills(self.tables, groups, pending, share, min_fill, protect, recent_last, E)
 
@@ -92,7 +93,7 @@ class SlotCache:
         step to ``counters`` (``DeviceCounters.vector``; ``count_cpu``: the unfilled misses are CPU runs) and
         says so in ``plan.counted``."""
         if self.device.type == "cuda" and triton_available():
-            from freetoken.experts.triton_plan import MAX_ROUTES, plan_step_triton
+            from freetoken.experts.slots.plan_triton import MAX_ROUTES, plan_step_triton
 
             if topk_ids.numel() <= MAX_ROUTES:
                 off = layer * self.pool.num_experts

@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from freetoken.config import EngineConfig
+from freetoken.experts.backends.layer_graphs import LayerGraphs
 from freetoken.experts.base import ExpertBackend, ExpertBanks
 from freetoken.experts.cpu.kernel import CpuExpertKernel
-from freetoken.experts.cpu_runner import make_kernel
-from freetoken.experts.layer_graphs import LayerGraphs
+from freetoken.experts.cpu.runner import make_kernel
 from freetoken.experts.reference import moe_reference
 
 # Up to this many routes per step, gather the routed experts' weights and run one batched matmul

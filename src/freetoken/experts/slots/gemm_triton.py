@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from freetoken.experts.slot_plan import RouteGroups
+from freetoken.experts.slots.plan import RouteGroups
 
 _BM, _BN, _BK = 16, 64, 64
 _BM_BIG, _BIG_STEP = 64, 1024  # token tile for steps of more than _BIG_STEP routes

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from freetoken.experts.slot_cache import SlotCache
+from freetoken.experts.slots.cache import SlotCache
 
 MODES = ("stream", "serial", "off")
 
@@ -241,7 +241,7 @@ class LayerStreamer:
         """Stamp slots with the current tick (newer than every earlier plan's), on the device."""
         t = self.cache.tables
         idx = self._ids(slots)
-        t.stamp.scatter_(0, idx, t.tick.expand(idx.numel()))  # like slot_plan._update_tables
+        t.stamp.scatter_(0, idx, t.tick.expand(idx.numel()))  # like slots/plan.py: _update_tables
 
     def stats(self) -> dict[str, int]:
         return {

@@ -1,5 +1,5 @@
-// See pool.h.
-#include "pool.h"
+// See workers.h.
+#include "workers.h"
 #include "relax.h"
 
 #include <algorithm>
@@ -11,15 +11,10 @@
 
 namespace ft {
 
-int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // Polls `pred` for up to spin_ns_, or hot_spin_ns_ while hot (spin_ns_ 0: once); true when it became
 // true meanwhile.
 template <class Pred>
-bool Pool::spin_until(Pred pred) {
+bool WorkerPool::spin_until(Pred pred) {
   if (spin_ns_ <= 0) return pred();
   const auto t0 = std::chrono::steady_clock::now();
   for (uint32_t i = 1;; ++i) {
@@ -38,18 +33,18 @@ bool Pool::spin_until(Pred pred) {
 }
 
 template <class Pred>
-void Pool::sleep_until(std::condition_variable& cv, Pred pred) {
+void WorkerPool::sleep_until(std::condition_variable& cv, Pred pred) {
   if (spin_until(pred)) return;
   std::unique_lock<std::mutex> lk(mu_);
   cv.wait(lk, pred);  // whoever makes pred true changes state, then notifies under/after mu_
 }
 
-Pool::Pool(int n, const int* cpus, int64_t spin_ns, int64_t hot_spin_ns)
+WorkerPool::WorkerPool(int n, const int* cpus, int64_t spin_ns, int64_t hot_spin_ns)
     : spin_ns_(spin_ns), hot_spin_ns_(spin_ns > 0 ? std::max(spin_ns, hot_spin_ns) : 0) {
   for (int k = 0; k < n; ++k) threads_.emplace_back([this, cpu = cpus ? cpus[k] : -1] { worker(cpu); });
 }
 
-Pool::~Pool() {
+WorkerPool::~WorkerPool() {
   wait(true);
   quiesce();
   {
@@ -60,11 +55,11 @@ Pool::~Pool() {
   for (auto& t : threads_) t.join();
 }
 
-void Pool::quiesce() {
+void WorkerPool::quiesce() {
   sleep_until(cv_idle_, [this] { return active_.load(std::memory_order_seq_cst) == 0; });
 }
 
-void Pool::start(Job* job, uint32_t* done_flag, uint32_t done_value) {
+void WorkerPool::start(Job* job, uint32_t* done_flag, uint32_t done_value) {
   const int64_t n = job->steps();
   if (n > step_cap_) step_state_.reset(new Step[n]), step_cap_ = n;
   for (int64_t s = 0; s < n; ++s) {
@@ -76,7 +71,7 @@ void Pool::start(Job* job, uint32_t* done_flag, uint32_t done_value) {
   int64_t s0 = 0;
   while (s0 < n && step_state_[s0].units == 0) ++s0;
   for (int64_t& t : step_open_ns_) t = 0;
-  if (s0 < kTracedSteps) step_open_ns_[s0] = steady_ns();
+  if (s0 < kTracedSteps) step_open_ns_[s0] = steady_now_ns();
   if (s0 == n) return finish();  // nothing to compute (e.g. no tokens)
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -87,12 +82,12 @@ void Pool::start(Job* job, uint32_t* done_flag, uint32_t done_value) {
   cv_work_.notify_all();
 }
 
-void Pool::wait(bool help) {
+void WorkerPool::wait(bool help) {
   if (help && busy()) participate();
   sleep_until(cv_done_, [this] { return !busy(); });
 }
 
-void Pool::participate() {
+void WorkerPool::participate() {
   for (;;) {
     const int64_t s = step_.load(std::memory_order_acquire);
     if (s >= nsteps_) return;
@@ -109,11 +104,11 @@ void Pool::participate() {
 
 // The last unit of step `s` is done (its writes acquired through the done counter): open the next
 // step with units, or finish the job.
-void Pool::advance(int64_t s) {
+void WorkerPool::advance(int64_t s) {
   int64_t next = s + 1;
   while (next < nsteps_ && step_state_[next].units == 0) ++next;
   if (next == nsteps_) return finish();
-  if (next < kTracedSteps) step_open_ns_[next] = steady_ns();
+  if (next < kTracedSteps) step_open_ns_[next] = steady_now_ns();
   {
     std::lock_guard<std::mutex> lk(mu_);
     step_.store(next, std::memory_order_release);
@@ -121,8 +116,8 @@ void Pool::advance(int64_t s) {
   cv_work_.notify_all();
 }
 
-void Pool::finish() {
-  finish_ns_ = steady_ns();
+void WorkerPool::finish() {
+  finish_ns_ = steady_now_ns();
   if (done_flag_) __atomic_store_n(done_flag_, done_value_, __ATOMIC_RELEASE);  // results first
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -133,7 +128,7 @@ void Pool::finish() {
   cv_done_.notify_all();
 }
 
-void Pool::worker(int cpu) {
+void WorkerPool::worker(int cpu) {
 #ifdef __linux__
   if (cpu >= 0) {
     cpu_set_t set;

@@ -1,13 +1,13 @@
 """``hybrid``: of each layer's m misses, q are filled into slots and run on the GPU, m - q run on the CPU.
 
 ``q = clamp(ceil((m+1) * share) - 1, 1, m)`` on the device (the whole fills that end the later branch first:
-``slot_plan.fill_quota``), capped by the slots this step does not read. Victims are the oldest slots, and
+``slots/plan.py: fill_quota``), capped by the slots this step does not read. Victims are the oldest slots, and
 slots used within the last step only after every older one, newest first: when the cache cannot hold a
 step's working set, the fills stream through a few slots instead of evicting
 what the next step needs (blocking those slots outright would push the misses to the CPU beyond the
 balanced split; ``bench/cache_sim.py`` compares both). The share comes from ``SplitPolicy``
 (fill_fraction, machine profile, online refinement); prefill steps stream whole layers when the cache
-can spare two (``experts/prefill.py``), else use share 1. Branch bandwidths are
+can spare two (``experts/prefill/streamer.py``), else use share 1. Branch bandwidths are
 measured without host syncs: the CPU worker times itself; on CUDA the fills are bracketed by events whose
 times (and q, copied to pinned memory) are read at the next ``begin_step`` once done.
 """
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import torch
 
 from freetoken.config import EngineConfig
-from freetoken.experts.pool import HostExpertPool
-from freetoken.experts.slot_backend import SlotBackend
-from freetoken.experts.slot_plan import StepPlan
-from freetoken.experts.split import SplitPolicy, load_machine_profile
+from freetoken.experts.backends.slot_backend import SlotBackend
+from freetoken.experts.backends.split_policy import SplitPolicy, load_machine_profile
+from freetoken.experts.host_pool import HostExpertPool
+from freetoken.experts.slots.plan import StepPlan
 
 _MAX_PENDING_RECORDS = 4096
 COPY_TIMING_EVERY = 4  # time one fill round in this many on CUDA (events cost host time every layer)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 # Device-accumulated, in this order: distinct hits, distinct misses, fills, distinct CPU runs,
-# layer-steps with a miss; then the last round's fills (set, not added). The fused plan (``triton_plan``)
+# layer-steps with a miss; then the last round's fills (set, not added). The fused plan (``plan_triton``)
 # updates the same vector.
 DEVICE_NAMES = ("hits", "misses", "fills", "cpu_runs", "miss_layers")
 

@@ -6,7 +6,7 @@ kernel (``freetoken.experts.cpu``: its own pinned workers, GIL released) does th
 device ``submit`` starts it directly; on CUDA a feeder thread waits for the inputs' copy and calls it.
 Pools in a dtype the kernel does not take run the torch reference in the feeder thread instead.
 
-On CUDA, decode-sized batches go through ``StreamedCpuBranch`` (``cpu_stream.py``): the stream itself
+On CUDA, decode-sized batches go through ``StreamedCpuBranch`` (``streamed.py``): the stream itself
 starts the CPU work and waits for it, the host never blocks. Without stream memory operations or Triton
 (its staging kernel), or for batches larger than its buffers, the inputs travel to pinned host buffers
 with one async copy, a worker thread waits on a CUDA event and ``wait`` blocks the host until the partial
@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import torch
 
 from freetoken.experts.cpu.kernel import CpuExpertKernel
-from freetoken.experts.cpu_stream import StreamedCpuBranch, StreamedHandle
-from freetoken.experts.pool import HostExpertPool
+from freetoken.experts.cpu.stream_ops import stream_ops
+from freetoken.experts.cpu.streamed import StreamedCpuBranch, StreamedHandle
+from freetoken.experts.host_pool import HostExpertPool
 from freetoken.experts.reference import expert_ffn
-from freetoken.experts.slot_copy import triton_available
-from freetoken.experts.stream_ops import stream_ops
+from freetoken.experts.triton_support import triton_available
 from freetoken.hardware.cpus import default_kernel_threads
 
 STREAMED_MAX_TOKENS = 64  # per-layer pinned buffers of the streamed branch hold this many tokens

@@ -6,7 +6,7 @@ Three implementations of one contract, returning the float32 partial ``[T, D]``:
 - ``gather``: gather each route's weights and batch-matmul; fixed shapes, no sync (decode, torch).
 - ``loop``: one matmul per group, reads the groups on the host (prefill on a GPU without Triton,
   and every step on the CPU, where "host reads" cost nothing).
-- Triton grouped GEMM (``triton_gemm``) on CUDA: fixed grid, skips unused groups on the device.
+- Triton grouped GEMM (``gemm_triton``) on CUDA: fixed grid, skips unused groups on the device.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from freetoken.experts.reference import expert_ffn
-from freetoken.experts.slot_copy import triton_available
-from freetoken.experts.slot_plan import RouteGroups
+from freetoken.experts.slots.plan import RouteGroups
+from freetoken.experts.triton_support import triton_available
 
 # Above this many routes the torch path on CUDA stops gathering weights per route (prefill).
 GATHER_MAX_ROUTES = 64
@@ -80,7 +80,7 @@ def grouped_experts(
     """Dispatch: Triton on CUDA, else gather (small steps on CUDA) or loop. Returns float32 [T, D]."""
     if x.device.type == "cuda":
         if triton_available():
-            from freetoken.experts.triton_gemm import grouped_experts_triton
+            from freetoken.experts.slots.gemm_triton import grouped_experts_triton
 
             return grouped_experts_triton(x, groups, slot, topk_w, slot_gate_up, slot_down, max_groups)
         if groups.order.numel() <= GATHER_MAX_ROUTES:

@@ -14,12 +14,12 @@ if TYPE_CHECKING:
 
 # name -> "module:factory"; a factory takes (config, banks, device, dtype) and returns a backend.
 BACKENDS: dict[str, str] = {
-    "fused": "freetoken.experts.fused:create",
-    "offload": "freetoken.experts.offload:create",
-    "cpu": "freetoken.experts.cpu_backend:create",
-    "hybrid": "freetoken.experts.hybrid:create",
-    "static-layers": "freetoken.experts.static_layers:create",
-    "static-freq": "freetoken.experts.static_freq:create",
+    "fused": "freetoken.experts.backends.fused:create",
+    "offload": "freetoken.experts.backends.offload:create",
+    "cpu": "freetoken.experts.backends.cpu:create",
+    "hybrid": "freetoken.experts.backends.hybrid:create",
+    "static-layers": "freetoken.experts.backends.static_layers:create",
+    "static-freq": "freetoken.experts.backends.static_freq:create",
 }
 
 
@@ -28,7 +28,7 @@ def create_backend(
 ) -> ExpertBackend:
     name = config.moe_backend
     if name == "auto":
-        from freetoken.experts.auto import resolve_auto
+        from freetoken.experts.backends.auto import resolve_auto
 
         name = resolve_auto(banks, device)
     if name not in BACKENDS:

@@ -12,7 +12,7 @@ the first. Kernel writes to mapped host memory are complete when the kernel is, 
 after it in stream order still follows them; the CPU's writes are seen by device reads after the done
 flag (coherent PCIe).
 
-Inside a CUDA graph capture (``layer_graphs.py``) the stream operations use a second flag pair in toggle
+Inside a CUDA graph capture (``backends/layer_graphs.py``) the stream operations use a second flag pair in toggle
 mode (the graph writes ready = 1, waits for done == 1, resets done = 0: replays repeat fixed values) and
 nothing is queued at capture; ``push_replay`` queues the layer's batch before each replay.
 
@@ -29,8 +29,8 @@ from typing import Any
 import torch
 
 from freetoken.experts.cpu.kernel import CpuExpertKernel
-from freetoken.experts.pool import HostExpertPool, mapped_device_view
-from freetoken.experts.stream_ops import StreamOps
+from freetoken.experts.cpu.stream_ops import StreamOps
+from freetoken.experts.host_pool import HostExpertPool, mapped_device_view
 
 
 @dataclass
@@ -89,7 +89,7 @@ class StreamedCpuBranch:
         """Enqueue the layer's CPU branch (x [T, D], codes [T*k], topk_w [T, k] on the GPU); no host wait."""
         T, k = topk_w.shape
         xs, cs, ws, out = self.x[layer, :T], self.codes[layer, : T * k], self.w[layer, : T * k], self.out[layer, :T]
-        from freetoken.experts.triton_copy import stage_inputs_triton  # CUDA only: Triton is there
+        from freetoken.experts.cpu.stage_triton import stage_inputs_triton  # CUDA only: Triton is there
 
         xm, cm, wm, _ = self.mapped  # one kernel writes all three through the mapped views
         stage_inputs_triton(x.contiguous(), codes.reshape(-1).contiguous(), topk_w.reshape(-1).contiguous(),

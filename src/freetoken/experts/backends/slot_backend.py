@@ -13,17 +13,17 @@ import logging
 import torch
 
 from freetoken.config import EngineConfig
+from freetoken.experts.backends.cpu import CpuBackend
+from freetoken.experts.backends.layer_graphs import Body, LayerGraphs
 from freetoken.experts.base import ExpertBackend, ExpertBanks
-from freetoken.experts.counters import DeviceCounters
-from freetoken.experts.cpu_backend import CpuBackend
-from freetoken.experts.cpu_runner import STREAMED_MAX_TOKENS, CpuExpertRunner
-from freetoken.experts.grouped_gemm import grouped_experts
-from freetoken.experts.layer_graphs import Body, LayerGraphs
-from freetoken.experts.pool import HostExpertPool
-from freetoken.experts.prefill import LayerStreamer
-from freetoken.experts.sizing import check_slots_cover_topk, resolve_slots
-from freetoken.experts.slot_cache import SlotCache
-from freetoken.experts.slot_plan import RouteGroups, StepPlan
+from freetoken.experts.cpu.runner import STREAMED_MAX_TOKENS, CpuExpertRunner
+from freetoken.experts.host_pool import HostExpertPool
+from freetoken.experts.prefill.streamer import LayerStreamer
+from freetoken.experts.slots.cache import SlotCache
+from freetoken.experts.slots.counters import DeviceCounters
+from freetoken.experts.slots.gemm import grouped_experts
+from freetoken.experts.slots.plan import RouteGroups, StepPlan
+from freetoken.experts.slots.sizing import check_slots_cover_topk, resolve_slots
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class SlotBackend(ExpertBackend):
         cpu = plan.num_misses - plan.copy_count if cpu_runs else self._zero
         self.counters.add_step(plan.num_hits, plan.num_misses, plan.copy_count, cpu, first_round)
 
-    # -- CUDA graphs of decode layers (``layer_graphs.py``) ---------------------------------------------
+    # -- CUDA graphs of decode layers (``backends/layer_graphs.py``) ---------------------------------------------
     def graphed(self, layer: int, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, body: Body) -> torch.Tensor:
         """``body(layer, x, ids, w)``, replayed from a CUDA graph when enabled and this step can be."""
         g, T = self.graphs, x.shape[0]

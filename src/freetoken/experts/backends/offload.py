@@ -4,7 +4,7 @@ A round fills as many misses as the slots this round does not read allow; when a
 them (a small cache, a long prefill chunk), further rounds serve the rest after the earlier rounds'
 kernels (same stream), so every slot becomes a victim candidate again. The round count is a host
 bound from shapes only: ceil(min(T*k, E) / S); rounds with nothing left do no work. Prefill steps that
-route at least E experts stream whole layers instead when the cache can spare two (``experts/prefill.py``).
+route at least E experts stream whole layers instead when the cache can spare two (``experts/prefill/streamer.py``).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from freetoken.config import EngineConfig
-from freetoken.experts.pool import HostExpertPool
-from freetoken.experts.sizing import check_slots_cover_topk
-from freetoken.experts.slot_backend import SlotBackend
+from freetoken.experts.backends.slot_backend import SlotBackend
+from freetoken.experts.host_pool import HostExpertPool
+from freetoken.experts.slots.sizing import check_slots_cover_topk
 
 RECENT_STEPS = 1  # 0: plain LRU victims
 

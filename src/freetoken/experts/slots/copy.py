@@ -9,18 +9,9 @@ the mapped view (padded rows are copied too: the host cannot read ``count`` with
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-
-@functools.cache
-def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+from freetoken.experts.triton_support import triton_available
 
 
 def batched_fill_torch(
@@ -50,7 +41,7 @@ def batched_fill(
 ) -> None:
     """The round's fills: on CUDA with Triton one gather launch."""
     if dst_gate_up.device.type == "cuda" and triton_available():
-        from freetoken.experts.triton_copy import gather_rows_triton
+        from freetoken.experts.slots.copy_triton import gather_rows_triton
 
         gather_rows_triton(src_gate_up, src_down, dst_gate_up, dst_down, copy_src, copy_dst, count)
         return

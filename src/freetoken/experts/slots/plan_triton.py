@@ -1,10 +1,10 @@
-"""Triton: one launch that groups a decode step's routes and plans the slot cache (``slot_plan`` fused).
+"""Triton: one launch that groups a decode step's routes and plans the slot cache (``plan`` fused).
 
 The torch version (``group_routes`` + ``plan_fills``) is ~100 small ops per layer; on a GPU their launch
 overhead, not their work, dominates a decode step. This kernel does the same in one program for up to
 ``MAX_ROUTES`` routes (decode batches) and produces bit-identical tables and outputs:
 - grouping by pairwise comparisons over the K routes (no sort needed at this size);
-- q from the same float32 product and ceil as ``slot_plan.fill_quota``;
+- q from the same float32 product and ceil as ``slots/plan.py: fill_quota``;
 - victims by repeated minimum over the slot keys (``stamp * (S+1) + slot``) of the slots no hit uses:
   ``q`` passes over the S stamps.
 Reads of the tables happen before a barrier, writes after it.
@@ -16,12 +16,12 @@ import torch
 import triton
 import triton.language as tl
 
-from freetoken.experts.slot_plan import RouteGroups, SlotTables, StepPlan
+from freetoken.experts.slots.plan import RouteGroups, SlotTables, StepPlan
 
 MAX_ROUTES = 64
 _BS = 512  # slots per pass of the victim search
 _MAXKEY = tl.constexpr(9223372036854775807)
-_STAMP_CAP = tl.constexpr(1 << 40)  # as in slot_plan: recent victim keys sit above _RECENT_BASE
+_STAMP_CAP = tl.constexpr(1 << 40)  # as in plan.py: recent victim keys sit above _RECENT_BASE
 _RECENT_BASE = tl.constexpr(1 << 61)
 
 
@@ -79,7 +79,7 @@ def _plan_kernel(
             blk = blk | ((st > recent_after) & (st >= 0))
         n_blocked += tl.sum((blk & sm).to(tl.int64), axis=0)
     available = s64 - n_blocked - h + hit_blocked
-    q = tl.ceil((m + 1).to(tl.float32) * tl.load(share_ptr)).to(tl.int64) - 1  # ``slot_plan.fill_quota``
+    q = tl.ceil((m + 1).to(tl.float32) * tl.load(share_ptr)).to(tl.int64) - 1  # ``slots/plan.py: fill_quota``
     q = tl.maximum(tl.minimum(q, m), tl.minimum(m, MIN_FILL))
     q = tl.minimum(q, available)
     # -- which misses: most routes first, then the lower eid (stable descending order) ---------------

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from freetoken.config import EngineConfig
-from freetoken.experts.pool import HostExpertPool
-from freetoken.experts.slot_backend import SlotBackend
+from freetoken.experts.backends.slot_backend import SlotBackend
+from freetoken.experts.host_pool import HostExpertPool
 
 PROFILE_TOKENS = 200
 

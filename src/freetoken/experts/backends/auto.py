@@ -9,9 +9,9 @@ from collections.abc import Mapping
 
 import torch
 
+from freetoken.experts.backends.split_policy import cpu_pays_off, load_machine_profile, saved_profile
 from freetoken.experts.base import ExpertBanks
-from freetoken.experts.sizing import VRAM_SLOT_SHARE
-from freetoken.experts.split import cpu_pays_off, load_machine_profile, saved_profile
+from freetoken.experts.slots.sizing import VRAM_SLOT_SHARE
 
 log = logging.getLogger(__name__)
 

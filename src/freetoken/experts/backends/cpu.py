@@ -6,10 +6,10 @@ import torch
 
 from freetoken.config import EngineConfig
 from freetoken.experts.base import ExpertBackend, ExpertBanks
-from freetoken.experts.counters import DeviceCounters
-from freetoken.experts.cpu_runner import CpuExpertRunner
-from freetoken.experts.pool import HostExpertPool
-from freetoken.experts.slot_plan import group_routes
+from freetoken.experts.cpu.runner import CpuExpertRunner
+from freetoken.experts.host_pool import HostExpertPool
+from freetoken.experts.slots.counters import DeviceCounters
+from freetoken.experts.slots.plan import group_routes
 
 
 class CpuBackend(ExpertBackend):
