@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 
 from freetoken.config import MOE_BACKENDS, EngineConfig, field_docs
-from freetoken.engine.errors import FreeTokenError
+from freetoken.errors import FreeTokenError
 
 
 def expert_cache_arg(value: str) -> int | float:
