@@ -29,7 +29,7 @@ def main() -> int:
     print("| threads | events | B_P' GB/s | B_H' GB/s |")
     print("|---|---|---|---|")
     for n in (int(v) for v in a.threads.split(",")):
-        cfg = BandwidthConfig(threads=n, seconds=a.seconds)
+        cfg = BandwidthConfig(seconds=a.seconds)
         kern = CpuExpertKernel(num_threads=n, caller_helps=False)
         try:
             load = KernelLoad(kern, cfg)

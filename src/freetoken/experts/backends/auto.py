@@ -12,6 +12,7 @@ import torch
 from freetoken.experts.backends.split_policy import cpu_pays_off, load_machine_profile, saved_profile
 from freetoken.experts.base import ExpertBanks
 from freetoken.experts.slots.sizing import VRAM_SLOT_SHARE
+from freetoken.hardware.profile import recommend
 
 log = logging.getLogger(__name__)
 
@@ -48,15 +49,10 @@ def _hardware_recommendation(expert_bytes: int) -> tuple[str, str] | None:
     prof = saved_profile()
     if prof is None:
         return None
-    from freetoken.hardware.profile import recommend
-
-    line = recommend(prof, expert_bytes)
-    choice = line.split(":", 1)[0].strip()
-    if choice not in ("offload", "hybrid", "cpu"):
-        return None
+    rec = recommend(prof, expert_bytes)
     # "cpu" (PCIe adds little) still runs hybrid: its split sends nearly every miss to the CPU while one
     # fill per layer keeps the cache warming.
-    return ("hybrid" if choice == "cpu" else choice), f"machine profile: {line}"
+    return ("hybrid" if rec.backend == "cpu" else rec.backend), f"machine profile: {rec}"
 
 
 def resolve_auto(banks: ExpertBanks, device: torch.device) -> str:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+
+from freetoken.hardware.profile import HardwareProfile, current_profile
 
 # Profile keys, GB/s, first present wins: the contended figures, then the solo ones. The first names
 # are those of ``freetoken.hardware.bandwidth.BandwidthResult``; the b_* aliases serve plain dicts.
@@ -81,12 +82,8 @@ class SplitPolicy:
         return self.share
 
 
-def saved_profile() -> Any | None:
+def saved_profile() -> HardwareProfile | None:
     """This machine's saved ``HardwareProfile`` (``ft bench bw``), None when absent or unreadable."""
-    try:
-        from freetoken.hardware.profile import current_profile
-    except ImportError:
-        return None
     try:
         return current_profile()
     except (OSError, ValueError, RuntimeError):
