@@ -45,8 +45,8 @@ class EngineConfig:
     """Threads computing CPU experts: the kernel's workers plus the thread that runs each batch and takes
     work units too (so ``cpu_threads - 1`` workers, at least 1). None: physical cores - 1."""
     moe_cuda_graphs: bool = True
-    """Replay each MoE layer's decode step as a CUDA graph (slot backends on CUDA; False: eager). Without
-    graphs the host's ~1 ms of launches per hybrid layer, not the device, sets the decode pace."""
+    """Replay each MoE layer's decode step as a CUDA graph (on CUDA; False: eager). Without graphs the
+    host's launches, not the device, set the decode pace."""
     seed: int = 0
     """Seed for requests that set none."""
 

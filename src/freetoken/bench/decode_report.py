@@ -95,9 +95,8 @@ def summarize(
         step_ms=elapsed / steps * 1e3,
         miss_rate=misses / (hits + misses) if hits + misses else 0.0,
         mean_q=s1.get("q_mean", 0.0),
-        # the backends' byte counters when they keep them (a shared expert is part copy, part CPU)
-        pcie_mb_per_token=d.get("pcie_bytes", fills * expert_bytes) / tokens / 1e6,
-        cpu_mb_per_token=d.get("cpu_bytes", cpu_runs * expert_bytes) / tokens / 1e6,
+        pcie_mb_per_token=fills * expert_bytes / tokens / 1e6,
+        cpu_mb_per_token=cpu_runs * expert_bytes / tokens / 1e6,
         misses_per_layer_step=misses / layer_steps,
         cpu_runs_per_layer_step=cpu_runs / layer_steps,
         fills_per_layer_step=fills / layer_steps,

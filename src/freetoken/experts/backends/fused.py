@@ -2,12 +2,11 @@
 
 Small steps (decode) gather the routed experts' weights and run batched matmuls: fixed shapes, so on CUDA
 each (layer, tokens) is replayed as a CUDA graph (``layer_graphs.py``, ``EngineConfig.moe_cuda_graphs``):
-eager, the ~15 launches per layer made the host, not the GPU, set the pace (and the bandwidth model's
-``T_gpu``, which ``ft bench decode`` takes from this backend). On a CPU device the same steps run the C++
-expert kernel on the banks in place (``experts/cpu``) instead: gathering the routed experts' weights copies
-them, and torch's batched matmuls stream them again (on the 2-core dev box, Qwen3-30B-A3B shape, one token:
-6.5 against 86 tok/s in float32, 17 against 133 in bf16); steps with many tokens per expert keep torch's
-per-expert matmuls, which are compute-bound there.
+eager, the launches per layer make the host, not the GPU, set the pace (and the bandwidth model's ``T_gpu``,
+which ``ft bench decode`` takes from this backend). On a CPU device the same steps run the C++ expert kernel
+on the banks in place (``experts/cpu``) instead: gathering the routed experts' weights copies them, and
+torch's batched matmuls stream them again; steps with many tokens per expert keep torch's per-expert
+matmuls, which are compute-bound there (docs/benchmarks.md, "`fused` on a CPU device").
 """
 
 from __future__ import annotations
@@ -25,9 +24,8 @@ from freetoken.experts.reference import moe_reference
 # Up to this many routes per step, gather the routed experts' weights and run one batched matmul
 # (fixed shapes, no host synchronisation: the decode path); above it, loop over distinct experts.
 _GATHER_MAX_ROUTES = 32
-# On a CPU device, steps of up to this many routes per expert of a layer run the C++ kernel; torch's matmuls
-# above (2-core dev box, bf16, top-8 of 128: kernel 242 / 297 / 390 / 508 tok/s against torch 152 / 191 /
-# 372 / 639 at 16 / 32 / 64 / 128 tokens per step).
+# On a CPU device, steps of up to this many routes per expert of a layer run the C++ kernel, torch's matmuls
+# above: where the two cross (docs/benchmarks.md, "`fused` on a CPU device").
 _KERNEL_ROUTES_PER_EXPERT = 4
 
 

@@ -1,8 +1,8 @@
 """CUDA graphs of one MoE layer's decode step, per (layer, tokens), for the slot backends.
 
-Replaying a graph costs the host a few microseconds where the eager layer launches ~40 small operations
-(about 1 ms of Python per hybrid layer at batch 1 on the GPU box: more than the device work, so the
-q* split's saving could not show). A key is captured on its second eager call (the first compiles the
+Replaying a graph costs the host a few microseconds where the eager layer launches ~40 small operations,
+whose Python at batch 1 takes longer than the device work (so the q* split's saving could not show; figures
+in docs/benchmarks.md). A key is captured on its second eager call (the first compiles the
 Triton kernels for its shape) and replayed after: the inputs are copied into static buffers, the
 backend's ``before_replay`` does the host's share (queue the CPU branch's batch, host counters), the
 graph replays, and its static output is returned. All graphs share one memory pool (replayed one at a

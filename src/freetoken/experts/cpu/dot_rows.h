@@ -106,7 +106,7 @@ static inline void dot_rows_at(const void* bank, int64_t first, int64_t stride, 
 // (rows j, j + m, j + 2m, ... for m = n / R): each stream reads ascending addresses over its whole part, so
 // the hardware prefetcher follows it across rows and pages. Rows shorter than a page (down's, I * 2 bytes)
 // would otherwise put R short interleaved streams into one page, which the prefetcher does not follow
-// (phase 2 read at ~60% of phase 1's bandwidth). The rest one by one.
+// (phase 2 then streamed far below phase 1: docs/benchmarks.md). The rest one by one.
 template <class F, bool DP>
 static inline void dot_row_run(const void* bank, int64_t first, int64_t n, int64_t K, const Operands& o, float* res,
                                int64_t rows) {

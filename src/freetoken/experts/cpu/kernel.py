@@ -63,8 +63,8 @@ ROW_BLOCKS = (1, 2, 4)  # batch-1 weight rows streamed at once per thread (CpuEx
 
 
 def default_rows(isa: str) -> int:
-    """Batch-1 row blocking by default: 4 on the AVX-512 paths of Intel cores (a Xeon streamed 1.14-1.4x
-    faster, bench/cpu_kernel.py --rows), 1 elsewhere (half speed on a Zen 4 EPYC; no gain on AVX2)."""
+    """Batch-1 row blocking by default: 4 on the AVX-512 paths of Intel cores, 1 elsewhere (where 4 was
+    slower or no faster: ``bench/cpu_kernel.py --rows``, figures per machine in docs/benchmarks.md)."""
     return 4 if isa in ("avx512", "avx512bf16") and cpu_vendor() == "GenuineIntel" else 1
 
 

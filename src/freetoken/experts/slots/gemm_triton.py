@@ -36,7 +36,7 @@ class GemmTiles:
 
 DEFAULT_TILES = GemmTiles()
 # One token's experts: narrower gate_up tiles with a longer reduction step keep more programs streaming
-# (``bench/gpu/gemm_tiles.py`` on the H200 box: 34.5 -> 31.3 us per call at T = 1; no gain from T = 4 on).
+# (``bench/gpu/gemm_tiles.py`` compares tiles; measured faster at T = 1 only, docs/benchmarks.md).
 ONE_TOKEN_TILES = GemmTiles(gu_bn=32, gu_bk=128)
 
 
