@@ -18,7 +18,7 @@ from devices import TRITON_INTERPRETER
 from freetoken.experts.base import ExpertBanks
 from freetoken.experts.host_pool import HostExpertPool, check_pool_fits
 from freetoken.experts.slots.cache import SlotCache
-from freetoken.experts.slots.plan import SlotTables, StepPlan, fill_quota, group_routes, plan_fills
+from freetoken.experts.slots.plan import FillRule, SlotTables, StepPlan, fill_quota, group_routes, plan_fills
 
 L, E, D, I = 2, 4, 4, 2  # N = 8 pool rows
 CPU = torch.device("cpu")
@@ -43,7 +43,7 @@ def step(
     cache: SlotCache, layer: int, ids: list[list[int]], share: float = 1.0, min_fill: int = 1
 ) -> StepPlan:
     groups = cache.group(layer, torch.tensor(ids))
-    plan = cache.plan(groups, groups.valid, torch.tensor(share), min_fill)
+    plan = cache.plan(groups, groups.valid, torch.tensor(share), FillRule(min_fill))
     cache.copy(plan)
     return plan
 
@@ -284,9 +284,10 @@ def test_fused_triton_plan_equals_torch_plan(num_slots: int) -> None:
         protect = (0, 1, layers)[step_i % 3]
         recent_last = step_i % 4 >= 2
         groups = group_routes(ids.reshape(-1) + layer * experts, layers * experts)
-        want = plan_fills(a, groups, groups.valid, share, min_fill, protect, recent_last)
+        rule = FillRule(min_fill, protect, recent_last)
+        want = plan_fills(a, groups, groups.valid, share, rule)
         off = layer * experts
-        got = plan_step_triton(b, ids, off, share, min_fill, protect, recent_last, cb.vector, True)
+        got = plan_step_triton(b, ids, off, share, rule, cb.vector, True)
         ca.add_step(want.num_hits, want.num_misses, want.copy_count, want.num_misses - want.copy_count)
         assert got.counted and torch.equal(cb.vector, ca.vector), (cb.vector, ca.vector)
         for f in ("order", "route_group", "start", "count", "eid", "valid", "n_groups"):
@@ -317,7 +318,7 @@ def step_protect(
     cache: SlotCache, layer: int, ids: list[list[int]], protect: int, recent_last: bool = False
 ) -> StepPlan:
     groups = cache.group(layer, torch.tensor(ids))
-    plan = cache.plan(groups, groups.valid, torch.tensor(1.0), 1, protect, recent_last)
+    plan = cache.plan(groups, groups.valid, torch.tensor(1.0), FillRule(1, protect, recent_last))
     cache.copy(plan)
     return plan
 

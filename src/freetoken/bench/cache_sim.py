@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from freetoken.experts.slots.plan import SlotTables, group_routes, plan_fills
+from freetoken.experts.slots.plan import FillRule, SlotTables, group_routes, plan_fills
 
 
 @dataclass
@@ -60,13 +60,14 @@ def simulate(
     ids_all = torch.from_numpy(trace.astype(np.int64))
     offsets = [b * (n // batch) for b in range(batch)]
     share_t = torch.tensor(share)
+    rule = FillRule(1, protect_steps * L, recent_last)
     h = m = f = 0
     whole = split = 0.0
     for step in range(warmup + steps):
         rows = [(o + step) % n for o in offsets]
         for layer in range(L):
             g = group_routes(ids_all[rows, layer].reshape(-1) + layer * E, N)
-            p = plan_fills(t, g, g.valid, share_t, 1, protect_steps * L, recent_last)
+            p = plan_fills(t, g, g.valid, share_t, rule)
             if step >= warmup:
                 lm, lq = int(p.num_misses), int(p.copy_count)
                 h, m, f = h + int(p.num_hits), m + lm, f + lq

@@ -20,14 +20,13 @@ from dataclasses import dataclass
 import torch
 
 from freetoken.config import EngineConfig
-from freetoken.experts.backends.slot_backend import SlotBackend
+from freetoken.experts.backends.slot_backend import SlotBackend, streaming_rule
 from freetoken.experts.backends.split_policy import SplitPolicy, load_machine_profile
 from freetoken.experts.host_pool import HostExpertPool
 from freetoken.experts.slots.plan import StepPlan
 
 _MAX_PENDING_RECORDS = 4096
 COPY_TIMING_EVERY = 4  # time one fill round in this many on CUDA (events cost host time every layer)
-RECENT_STEPS = 1  # 0: plain LRU victims
 
 
 @dataclass
@@ -53,8 +52,7 @@ class HybridBackend(SlotBackend):
         self.policy = SplitPolicy.create(config.fill_fraction, prof)
         self.share.fill_(self.policy.share)
         self._published = self.policy.share
-        # Slots used within the last step (one plan per MoE layer) are victims last, newest first.
-        self.protect = RECENT_STEPS * pool.num_layers
+        self.rule = streaming_rule(pool.num_layers)
         self._decode = True
         self._records: list[_CopyRecord] = []
         self._copy_calls, self._timed = 0, 0
@@ -68,7 +66,7 @@ class HybridBackend(SlotBackend):
         streamed = self.streamed_forward(layer, x, topk_ids, topk_w)  # prefill: whole layers
         if streamed is not None:
             return streamed
-        return self.split_forward(layer, x, topk_ids, topk_w, 1, self.protect, recent_last=True)
+        return self.split_forward(layer, x, topk_ids, topk_w)
 
     def begin_step(self, num_tokens: int, is_decode: bool) -> None:
         """Safe point: fold finished measurements into the split and publish this step's share.

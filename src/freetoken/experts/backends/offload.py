@@ -12,11 +12,9 @@ from __future__ import annotations
 import torch
 
 from freetoken.config import EngineConfig
-from freetoken.experts.backends.slot_backend import SlotBackend
+from freetoken.experts.backends.slot_backend import SlotBackend, streaming_rule
 from freetoken.experts.host_pool import HostExpertPool
 from freetoken.experts.slots.sizing import check_slots_cover_topk
-
-RECENT_STEPS = 1  # 0: plain LRU victims
 
 
 class OffloadBackend(SlotBackend):
@@ -24,9 +22,7 @@ class OffloadBackend(SlotBackend):
 
     def __init__(self, config: EngineConfig, pool: HostExpertPool, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(config, pool, device, dtype, with_cpu=False)
-        # Slots used within the last step are evicted last, newest first: when a step's working set
-        # exceeds the cache, the excess misses stream through a few slots instead of flushing it all.
-        self.protect = RECENT_STEPS * pool.num_layers
+        self.rule = streaming_rule(pool.num_layers)
 
     def rounds(self, num_routes: int) -> int:
         distinct = min(num_routes, self.pool.num_experts)
@@ -43,14 +39,14 @@ class OffloadBackend(SlotBackend):
 
     def _fill_all(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
         vec = self.counters.vector
-        plan = self.cache.group_and_plan(layer, topk_ids, self._one, 1, self.protect, True, counters=vec)
+        plan = self.cache.group_and_plan(layer, topk_ids, self._one, self.rule, counters=vec)
         groups = plan.groups
         out = self._gpu(x, groups, plan, topk_w)
         self._count(plan, True, False)
         rounds = self.rounds(topk_ids.numel())
         pending = groups.valid & (plan.slot < 0) if rounds > 1 else groups.valid
         for _ in range(1, rounds):
-            plan = self.cache.plan(groups, pending, self._one, 1, self.protect, recent_last=True)
+            plan = self.cache.plan(groups, pending, self._one, self.rule)
             out = out + self._gpu(x, groups, plan, topk_w)
             self._count(plan, False, False)
             pending = pending & (plan.slot < 0)

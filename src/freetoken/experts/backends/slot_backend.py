@@ -22,10 +22,20 @@ from freetoken.experts.prefill.streamer import LayerStreamer
 from freetoken.experts.slots.cache import SlotCache
 from freetoken.experts.slots.counters import DeviceCounters
 from freetoken.experts.slots.gemm import grouped_experts
-from freetoken.experts.slots.plan import RouteGroups, StepPlan
+from freetoken.experts.slots.plan import FillRule, RouteGroups, StepPlan
 from freetoken.experts.slots.sizing import check_slots_cover_topk, resolve_slots
 
 log = logging.getLogger(__name__)
+
+# offload and hybrid: slots used within the last step (one plan per MoE layer) are evicted last, newest first,
+# so when a step's working set exceeds the cache the excess misses stream through a few slots instead of
+# flushing it all (0 steps: plain LRU victims).
+RECENT_STEPS = 1
+FROZEN = FillRule(min_fill=0)  # static placements: the share stays 0, nothing is ever filled
+
+
+def streaming_rule(num_layers: int) -> FillRule:
+    return FillRule(min_fill=1, protect=RECENT_STEPS * num_layers, recent_last=True)
 
 
 def make_pool(banks: ExpertBanks, device: torch.device, dtype: torch.dtype) -> HostExpertPool:
@@ -72,6 +82,7 @@ class SlotBackend(ExpertBackend):
         self.graphs = LayerGraphs(STREAMED_MAX_TOKENS) if cuda_graphs else None
         self._decode = True
         self._saved_layer_steps = 0
+        self.rule = FROZEN  # how split_forward's rounds fill and evict (offload and hybrid: streaming_rule)
 
     @classmethod
     def create(
@@ -111,7 +122,7 @@ class SlotBackend(ExpertBackend):
         if topk_ids.numel() == 0 or not self.streamer.before_layer(layer, topk_ids):
             return None
         c = self.cache
-        plan = c.group_and_plan(layer, topk_ids, self._one, 1)  # all resident: stamps only, q = 0
+        plan = c.group_and_plan(layer, topk_ids, self._one)  # all resident: stamps only, q = 0
         E = self.pool.num_experts
         out = grouped_experts(x, plan.groups, plan.slot, topk_w, c.slot_gate_up, c.slot_down, E)
         self.streamer.after_layer(layer)
@@ -157,11 +168,8 @@ class SlotBackend(ExpertBackend):
         x: torch.Tensor,
         topk_ids: torch.Tensor,
         topk_w: torch.Tensor,
-        min_fill: int,
-        protect: int = 0,
-        recent_last: bool = False,
     ) -> torch.Tensor:
-        """Hits and q fills on the GPU, the other misses on the CPU, concurrently."""
+        """Hits and q fills (``self.rule``) on the GPU, the other misses on the CPU, concurrently."""
 
         def body(layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
             assert self.cpu is not None
@@ -170,7 +178,7 @@ class SlotBackend(ExpertBackend):
             check_slots_cover_topk(self.cache.num_slots, topk_ids.shape[1])
             c = self.cache
             vec = self.counters.vector  # the fused plan counts the step itself (CPU runs: the unfilled misses)
-            plan = c.group_and_plan(layer, topk_ids, self.share, min_fill, protect, recent_last, vec, True)
+            plan = c.group_and_plan(layer, topk_ids, self.share, self.rule, vec, True)
             handle = self.cpu.submit(x, plan.route_code, topk_w, layer)  # CPU branch first
             gpu = self._gpu(x, plan.groups, plan, topk_w)
             cpu, res = self.cpu.wait(handle)

@@ -56,7 +56,7 @@ class StaticFreqBackend(SlotBackend):
         if not self.placed:
             eids = topk_ids.reshape(-1) + layer * self.pool.num_experts
             self.route_counts.index_add_(0, eids, torch.ones_like(eids))
-        return self.split_forward(layer, x, topk_ids, topk_w, min_fill=0)  # share stays 0: no fills
+        return self.split_forward(layer, x, topk_ids, topk_w)  # share stays 0, FROZEN: no fills
 
 
 create = StaticFreqBackend.create  # the registry's factory

@@ -27,7 +27,7 @@ class StaticLayersBackend(SlotBackend):
             self.cache.lock(eids)
 
     def forward(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
-        return self.split_forward(layer, x, topk_ids, topk_w, min_fill=0)  # share stays 0: no fills
+        return self.split_forward(layer, x, topk_ids, topk_w)  # share stays 0, FROZEN: no fills
 
 
 create = StaticLayersBackend.create  # the registry's factory

@@ -17,7 +17,7 @@ import torch
 
 from freetoken.experts.host_pool import HostExpertPool
 from freetoken.experts.slots.copy import batched_fill
-from freetoken.experts.slots.plan import RouteGroups, SlotTables, StepPlan, group_routes, plan_fills
+from freetoken.experts.slots.plan import WARM, FillRule, RouteGroups, SlotTables, StepPlan, group_routes, plan_fills
 from freetoken.experts.triton_support import triton_available
 
 
@@ -64,27 +64,17 @@ class SlotCache:
         """topk_ids [T, k] per-layer expert ids -> routes grouped by eid = layer*E + id."""
         return group_routes(topk_ids.reshape(-1) + layer * self.pool.num_experts, self.pool.num_rows)
 
-    def plan(
-        self,
-        groups: RouteGroups,
-        pending: torch.Tensor,
-        share: torch.Tensor,
-        min_fill: int,
-        protect: int = 0,
-        recent_last: bool = False,
-    ) -> StepPlan:
-        """See ``plan.plan_fills`` (``protect``/``recent_last``: what happens to recently used slots)."""
+    def plan(self, groups: RouteGroups, pending: torch.Tensor, share: torch.Tensor, rule: FillRule = WARM) -> StepPlan:
+        """``plan.plan_fills`` of one layer's ``pending`` groups."""
         E = self.pool.num_experts  # one layer's routes name at most E distinct experts
-        return plan_fills(self.tables, groups, pending, share, min_fill, protect, recent_last, E)
+        return plan_fills(self.tables, groups, pending, share, rule, E)
 
     def group_and_plan(
         self,
         layer: int,
         topk_ids: torch.Tensor,
         share: torch.Tensor,
-        min_fill: int,
-        protect: int = 0,
-        recent_last: bool = False,
+        rule: FillRule = WARM,
         counters: torch.Tensor | None = None,
         count_cpu: bool = False,
     ) -> StepPlan:
@@ -97,10 +87,9 @@ class SlotCache:
 
             if topk_ids.numel() <= MAX_ROUTES:
                 off = layer * self.pool.num_experts
-                return plan_step_triton(self.tables, topk_ids, off, share, min_fill, protect, recent_last, counters,
-                                        count_cpu)  # fmt: skip
+                return plan_step_triton(self.tables, topk_ids, off, share, rule, counters, count_cpu)
         groups = self.group(layer, topk_ids)
-        return self.plan(groups, groups.valid, share, min_fill, protect, recent_last)
+        return self.plan(groups, groups.valid, share, rule)
 
     def copy(self, plan: StepPlan) -> None:
         """One batched copy of this round's fills (all banks) from the pool into their slots."""
@@ -144,7 +133,7 @@ class SlotCache:
             raise ValueError(f"cannot make {ids.numel()} experts resident in {self.num_slots} slots")
         groups = group_routes(ids, self.pool.num_rows)
         share = torch.ones((), dtype=torch.float32, device=self.device)
-        self.copy(plan_fills(self.tables, groups, groups.valid, share, 1))  # eids of any layers: no E bound
+        self.copy(plan_fills(self.tables, groups, groups.valid, share))  # eids of any layers: no E bound
         return self.lookup(ids)
 
     def evict(self, eids: torch.Tensor | list[int]) -> None:

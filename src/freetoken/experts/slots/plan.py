@@ -71,6 +71,23 @@ class SlotTables:
         return int(self.slot_of.shape[0]) - 1
 
 
+@dataclass(frozen=True)
+class FillRule:
+    """How a backend's rounds fill and evict. When a step's working set exceeds the cache, plain LRU evicts
+    exactly what the next step needs again (every fill a future miss, hit rate 0): ``protect`` names the recent
+    slots (used within the last ``protect`` plans), and ``recent_last`` (offload, hybrid) evicts them only after
+    every older slot, newest first, so excess misses stream through a few slots instead of flushing the cache;
+    without it they are never victims (q shrinks: the misses stay unfilled, e.g. for the CPU). Neither changes
+    anything while the cache holds more than a step's working set."""
+
+    min_fill: int = 1  # 1: at least one fill when a step misses (the cache keeps warming); 0: frozen residency
+    protect: int = 0  # > 0: slots used in the last `protect` plans are "recent"
+    recent_last: bool = False  # recent slots: False = never victims, True = victims last, newest first
+
+
+WARM = FillRule()  # fill as the share says, plain LRU victims
+
+
 @dataclass
 class StepPlan:
     """What one round of one layer does. Group tensors are [K], copy tensors [Kv], Kv = min(K, S[, E])."""
@@ -109,20 +126,11 @@ def plan_fills(
     groups: RouteGroups,
     pending: torch.Tensor,  # [K] bool: groups still to serve (round 1: groups.valid)
     share: torch.Tensor,  # [] float: share of misses to fill
-    min_fill: int,  # 1: keep the cache warming; 0: frozen residency
-    protect: int = 0,  # > 0: slots used in the last `protect` plans are "recent"
-    recent_last: bool = False,  # recent slots: False = never victims, True = victims last, newest first
+    rule: FillRule = WARM,
     max_distinct: int | None = None,  # bound on distinct eids (a layer's E): shortens the copy lists
 ) -> StepPlan:
-    """Classify pending groups, choose q fills and their victims, update the tables, build the copies.
-
-    When a step's working set exceeds the cache, plain LRU evicts exactly what the next step needs
-    again (every fill a future miss, hit rate 0). ``protect`` names the recent slots (used within the
-    last ``protect`` plans). ``recent_last`` (offload, hybrid) evicts them only after every older slot,
-    newest first, so excess misses stream through a few slots instead of flushing the cache; without it
-    they are never victims (q shrinks: the misses stay unfilled, e.g. for the CPU). Neither changes
-    anything while the cache holds more than a step's working set.
-    """
+    """Classify pending groups, choose q fills (``fill_quota``) and their victims (``rule``), update the
+    tables, build the copies."""
     t = tables
     S, N = t.num_slots, t.num_rows
     K = groups.eid.numel()
@@ -137,11 +145,11 @@ def plan_fills(
     used.scatter_(0, torch.where(hit, slot, S), True)
     blocked = (used | t.locked)[:S]
     stamp = t.stamp[:S]
-    recent = (stamp > t.tick - protect) & (stamp >= 0)  # all False when protect == 0
-    if not recent_last:
+    recent = (stamp > t.tick - rule.protect) & (stamp >= 0)  # all False when protect == 0
+    if not rule.recent_last:
         blocked = blocked | recent
     available = S - blocked.sum()
-    q = fill_quota(m, share, available, min_fill)
+    q = fill_quota(m, share, available, rule.min_fill)
     # Fill the misses the most routes want first (ties: the lower eid), one descending sort.
     key = torch.where(miss, groups.count * (N + 1) + (N - groups.eid), torch.full_like(groups.count, -1))
     ranked = torch.sort(key, descending=True, stable=True).indices  # [K] groups by fill priority
@@ -151,7 +159,7 @@ def plan_fills(
     # Victims: the Kv oldest unblocked slots (free slots have stamp -1: oldest, lowest slot first).
     sidx = torch.arange(S, device=dev)
     skey = stamp * (S + 1) + sidx
-    if recent_last:  # after every older slot, newest first
+    if rule.recent_last:  # after every older slot, newest first
         skey = torch.where(recent, _RECENT_BASE + (_STAMP_CAP - stamp) * (S + 1) + sidx, skey)
     skey = torch.where(blocked, torch.full_like(sidx, _INT64_MAX), skey)
     victims = torch.topk(skey, Kv, largest=False, sorted=True).indices  # [Kv]

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from freetoken.experts.slots.plan import RouteGroups, SlotTables, StepPlan
+from freetoken.experts.slots.plan import WARM, FillRule, RouteGroups, SlotTables, StepPlan
 
 MAX_ROUTES = 64
 _BS = 512  # slots per pass of the victim search
@@ -166,9 +166,7 @@ def plan_step_triton(
     topk_ids: torch.Tensor,  # [T, k] per-layer expert ids
     layer_offset: int,  # layer * E
     share: torch.Tensor,  # [] float32
-    min_fill: int,
-    protect: int = 0,
-    recent_last: bool = False,
+    rule: FillRule = WARM,
     counters: torch.Tensor | None = None,  # [6] int64 ``DeviceCounters.vector``: the step counted here
     count_cpu: bool = False,  # with counters: the misses not filled count as CPU runs (hybrid)
 ) -> StepPlan:
@@ -184,10 +182,11 @@ def plan_step_triton(
     b = torch.empty(4 * K, dtype=torch.bool, device=dev)
     KB = max(16, triton.next_power_of_2(K))
     _plan_kernel[(1,)](
-        ids, K, layer_offset, N, S, KV, protect,
+        ids, K, layer_offset, N, S, KV, rule.protect,
         tables.slot_of, tables.eid_of, tables.stamp, tables.locked.view(torch.uint8), tables.tick,
         share.to(torch.float32), i64, b.view(torch.uint8), i64 if counters is None else counters,
-        MIN_FILL=min_fill, RECENT_LAST=recent_last, KB=KB, BS=_BS, COUNT=0 if counters is None else 1 + count_cpu,
+        MIN_FILL=rule.min_fill, RECENT_LAST=rule.recent_last, KB=KB, BS=_BS,
+        COUNT=0 if counters is None else 1 + count_cpu,
     )  # fmt: skip
     order, rgroup, start, count, geid, slot, code = i64[: 7 * K].view(7, K)
     tail = i64[7 * K + 2 * KV :]
