@@ -36,8 +36,6 @@ class MoeArgs(ctypes.Structure):  # mirrors FtMoeArgs in plan.h
         ("w", _P),
         ("R", _I64),
         *_BANKS,
-        ("done_flag", _P),
-        ("done_value", _U32),
     ]
 
 

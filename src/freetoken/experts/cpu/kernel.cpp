@@ -133,8 +133,7 @@ class ReadJob final : public Job {
 class Kernel {
  public:
   Kernel(int n, const int* cpus, int isa, int64_t spin_ns)
-      : isa_(isa),
-        ops_(ops_for(isa)),
+      : ops_(ops_for(isa)),
         moe_(ops_, plans_),
         pool_(n, cpus, spin_ns, kHotSpinNs),
         feeder_([this](const FtMoeArgs& a) { return run_now(a); }, spin_ns, &pool_.hot(), &pool_) {
@@ -142,7 +141,6 @@ class Kernel {
   }
 
   int threads() const { return pool_.threads(); }
-  int isa() const { return isa_; }
   // Batch-1 weight rows streamed at once per thread (1, 2, 4) for the batches built from now on.
   void set_rows(int64_t rows) { plans_.set_rows(rows); }
   bool busy() const { return pool_.busy(); }
@@ -151,7 +149,7 @@ class Kernel {
     if (busy() || feeder_.pending()) return -1;
     pool_.quiesce();  // late workers of the previous batch may still read its plans
     if (const int rc = plans_.build(a, ops_.split_bf16)) return rc;
-    pool_.start(&moe_, a.done_flag, a.done_value);
+    pool_.start(&moe_);
     return 0;
   }
 
@@ -165,13 +163,12 @@ class Kernel {
     pool_.wait(true);
     pool_.quiesce();
     read_.reset(p, words, 4 * static_cast<int64_t>(threads()));
-    pool_.start(&read_, nullptr, 0);
+    pool_.start(&read_);
     pool_.wait(false);
     return read_.total();
   }
 
  private:
-  const int isa_;
   const IsaOps ops_;
   PlanBuilder plans_;  // the current batch (kept: repeated calls reuse its allocations)
   MoeJob moe_;
@@ -183,7 +180,7 @@ class Kernel {
   int run_now(const FtMoeArgs& a) {
     pool_.quiesce();
     if (const int rc = plans_.build(a, ops_.split_bf16)) return rc;
-    pool_.start(&moe_, nullptr, 0);
+    pool_.start(&moe_);
     pool_.wait(true);
     return 0;
   }
@@ -224,9 +221,6 @@ int ft_pool_set_rows(void* k, int64_t rows) {
   return 0;
 }
 
-int ft_pool_threads(void* k) { return static_cast<ft::Kernel*>(k)->threads(); }
-int ft_pool_isa(void* k) { return static_cast<ft::Kernel*>(k)->isa(); }
-int ft_pool_busy(void* k) { return static_cast<ft::Kernel*>(k)->busy() ? 1 : 0; }
 
 // 0: started; -1 busy (wait first); -2 bad dims/pointers; -3 token out of range; -4 row out of range;
 // -5 unknown format or activation; -6 out of memory for the plan's scratch.

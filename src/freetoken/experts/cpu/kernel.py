@@ -135,37 +135,24 @@ class CpuExpertKernel:
         down: torch.Tensor,
         activation: str = "silu",
         out: torch.Tensor | None = None,
-        done_flag: torch.Tensor | None = None,
-        done_value: int = 1,
     ) -> torch.Tensor:
-        """Start a batch and return ``out`` at once; its content is valid after ``wait()``.
-
-        ``done_flag`` (int32 CPU tensor, e.g. pinned and mapped for the GPU): its first element is set
-        to ``done_value`` (release order) once ``out`` is complete, before ``wait()`` returns.
-        """
+        """Start a batch and return ``out`` at once; its content is valid after ``wait()``."""
         if self._inflight is not None:
             raise RuntimeError("the previous batch is still running: call wait() first")
         if self.queued():
             raise RuntimeError("queued batches are pending: call drain() first")
         check_args(x, tok, row, weight, gate_up, down, activation, out, bounds=self._pool is None)
-        if done_flag is not None:
-            check_tensor("done_flag", done_flag, (torch.int32,), 1)
-            if done_flag.numel() < 1:
-                raise ValueError("done_flag must hold at least one element")
         T, D = x.shape
         if out is None:
             out = torch.empty((T, D), dtype=torch.float32)
         if self._pool is None or self._lib is None:
             cpu_experts_reference(x, tok, row, weight, gate_up, down, activation, out=out)
-            if done_flag is not None:
-                done_flag[0] = done_value
             return out
         args = MoeArgs(
             x.data_ptr(), T, D, down.shape[2],
             tok.data_ptr(), row.data_ptr(), weight.data_ptr(), row.shape[0],
             gate_up.data_ptr(), down.data_ptr(), gate_up.shape[0],
             FORMATS[gate_up.dtype], ACTIVATIONS.index(activation), out.data_ptr(),
-            None if done_flag is None else done_flag.data_ptr(), done_value & 0xFFFFFFFF,
         )  # fmt: skip
         rc = self._lib.ft_moe_submit(self._pool, ctypes.byref(args))
         if rc == -6:
@@ -173,7 +160,7 @@ class CpuExpertKernel:
         if rc != 0:
             raise ValueError(ERRORS.get(rc, f"kernel error {rc}"))
         # keep every buffer alive until the workers are done with it
-        self._inflight = (x, tok, row, weight, gate_up, down, out, *(() if done_flag is None else (done_flag,)))
+        self._inflight = (x, tok, row, weight, gate_up, down, out)
         return out
 
     def wait(self) -> None:

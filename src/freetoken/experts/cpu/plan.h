@@ -21,9 +21,7 @@ extern "C" struct FtMoeArgs {
   const void* down;     // [N, D, I]
   int64_t N;
   int32_t fmt, act;
-  float* out;           // [T, D] fp32
-  uint32_t* done_flag;  // optional: set to done_value (release) when the batch is finished
-  uint32_t done_value;
+  float* out;  // [T, D] fp32
 };
 
 namespace ft {

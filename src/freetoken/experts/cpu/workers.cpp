@@ -59,7 +59,7 @@ void WorkerPool::quiesce() {
   sleep_until(cv_idle_, [this] { return active_.load(std::memory_order_seq_cst) == 0; });
 }
 
-void WorkerPool::start(Job* job, uint32_t* done_flag, uint32_t done_value) {
+void WorkerPool::start(Job* job) {
   const int64_t n = job->steps();
   if (n > step_cap_) step_state_.reset(new Step[n]), step_cap_ = n;
   for (int64_t s = 0; s < n; ++s) {
@@ -67,7 +67,7 @@ void WorkerPool::start(Job* job, uint32_t* done_flag, uint32_t done_value) {
     step_state_[s].done.store(0, std::memory_order_relaxed);
     step_state_[s].units = job->units(s);
   }
-  job_ = job, nsteps_ = n, done_flag_ = done_flag, done_value_ = done_value;
+  job_ = job, nsteps_ = n;
   int64_t s0 = 0;
   while (s0 < n && step_state_[s0].units == 0) ++s0;
   for (int64_t& t : step_open_ns_) t = 0;
@@ -118,7 +118,6 @@ void WorkerPool::advance(int64_t s) {
 
 void WorkerPool::finish() {
   finish_ns_ = steady_now_ns();
-  if (done_flag_) __atomic_store_n(done_flag_, done_value_, __ATOMIC_RELEASE);  // results first
   {
     std::lock_guard<std::mutex> lk(mu_);
     step_.store(nsteps_, std::memory_order_release);

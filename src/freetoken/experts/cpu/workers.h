@@ -38,9 +38,8 @@ class WorkerPool {
   bool busy() const { return live_.load(std::memory_order_acquire); }
   // Blocks until no worker is inside a job any more: the state a job reads may then change.
   void quiesce();
-  // Starts `job` (not busy; after quiesce(); the job must live until it is done). done_flag, if
-  // given, is set to done_value (release order) when the last unit is finished.
-  void start(Job* job, uint32_t* done_flag, uint32_t done_value);
+  // Starts `job` (not busy; after quiesce(); the job must live until it is done).
+  void start(Job* job);
   // Blocks until the job is done; with help, this thread takes units too meanwhile.
   void wait(bool help);
   // Batches known to be coming (the feeder counts its queue here); > 0 lengthens the idle spin.
@@ -80,8 +79,6 @@ class WorkerPool {
   int64_t nsteps_ = 0;
   std::unique_ptr<Step[]> step_state_;
   int64_t step_cap_ = 0;
-  uint32_t* done_flag_ = nullptr;
-  uint32_t done_value_ = 0;
   int64_t step_open_ns_[kTracedSteps] = {};
   int64_t finish_ns_ = 0;
 };
