@@ -94,6 +94,27 @@ def test_backend_equals_reference(name: str, expert_cache: float) -> None:
         assert s["expert_fills"] == 0 and s["expert_cpu_runs"] > 0
 
 
+@pytest.mark.parametrize("name", ["hybrid", "cpu"])
+def test_float16_pool_runs_the_cpu_branch_by_the_reference(name: str) -> None:
+    """The C++ kernel takes float32/bfloat16 banks; a float16 pool's CPU branch runs its torch reference."""
+    banks = make_banks(2, 8, seed=4)
+    half = ExpertBanks(banks.gate_up.half(), banks.down.half(), 2, 8)
+    cfg = EngineConfig(moe_backend=name, expert_cache=0.25, fill_fraction=0.5 if name == "hybrid" else None)
+    backend = create_backend(cfg, half, torch.device("cpu"), torch.float16)
+    runner = backend.cpu if name == "hybrid" else backend.runner  # type: ignore[attr-defined]
+    assert runner.kernel is None
+    g = torch.Generator().manual_seed(5)
+    gu, dn = half.gate_up.float(), half.down.float()
+    for layer in range(2):
+        x = torch.randn(6, D, generator=g).half()
+        ids, w = random_routing(6, 8, g, torch.device("cpu"))
+        out = backend.forward(layer, x, ids, w)
+        ref = moe_reference(x.float(), ids + layer * 8, w, gu, dn)
+        assert out.dtype == torch.float16
+        torch.testing.assert_close(out.float(), ref, rtol=0, atol=2e-3 * float(ref.abs().max()))
+    assert backend.stats()["expert_cpu_runs"] > 0
+
+
 def test_static_backends_hit_once_placed() -> None:
     banks = make_banks(2, 8, seed=3)
     for name in ("static-layers", "static-freq"):

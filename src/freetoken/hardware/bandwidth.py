@@ -120,10 +120,8 @@ class CopyLoad:
     workers on every core) without the link going idle, as in the engine, whose host runs ahead. On a
     "cpu" device the copies are memcpy into a separate CPU pool, as the CPU slot cache does (DESIGN §8)."""
 
-    def __init__(
-        self, src: torch.Tensor, device: torch.device, chunk: int, batch: int, blocking: bool = True
-    ) -> None:
-        self.src, self.chunk, self.batch, self.blocking = src, chunk, batch, blocking
+    def __init__(self, src: torch.Tensor, device: torch.device, chunk: int, batch: int) -> None:
+        self.src, self.chunk, self.batch = src, chunk, batch
         self.slots = max(1, min(batch, src.numel() // chunk))
         self.dst = torch.empty(self.slots * chunk, dtype=torch.uint8, device=device)
         self.offsets = list(range(0, src.numel() - chunk + 1, chunk))
@@ -163,9 +161,9 @@ class CopyLoad:
                 off = self.offsets[(first + j) % len(self.offsets)]
                 slot = (j % self.slots) * self.chunk
                 self.dst[slot : slot + self.chunk].copy_(self.src[off : off + self.chunk], non_blocking=True)
-            # blocking: the wait below sleeps instead of spinning, so the copy thread does not take a core
-            # from the kernel's workers when they use every core (bench/gpu/probe_blocking.py compares)
-            done = torch.cuda.Event(blocking=self.blocking)
+            # blocking: the wait below sleeps instead of spinning, so the copy thread does not take a core from
+            # the kernel's workers when they use every core (a spinning wait read B_H' low: docs/benchmarks.md)
+            done = torch.cuda.Event(blocking=True)
             done.record(self.stream)
         if self._prev is not None:
             self._prev.synchronize()  # the batch before this one: this one keeps the link busy meanwhile

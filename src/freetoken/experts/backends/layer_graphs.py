@@ -47,9 +47,10 @@ class _Entry:
 
 
 class LayerGraphs:
-    def __init__(self, max_tokens: int, capture_after: int = 1) -> None:
+    capture_after = 1  # eager calls of a key before it is captured (the first compiles its Triton kernels)
+
+    def __init__(self, max_tokens: int) -> None:
         self.max_tokens = max_tokens
-        self.capture_after = capture_after  # eager calls of a key before it is captured
         self.enabled = True
         self.captures = 0
         self.replays = 0

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import torch
 
 from freetoken.experts.cpu.kernel import CpuExpertKernel
+from freetoken.experts.cpu.reference import cpu_experts_reference
 from freetoken.experts.cpu.stream_ops import stream_ops
 from freetoken.experts.cpu.streamed import StreamedCpuBranch, StreamedHandle
 from freetoken.experts.host_pool import HostExpertPool
-from freetoken.experts.reference import expert_ffn
 from freetoken.experts.triton_support import triton_available
 from freetoken.hardware.cpus import default_kernel_threads
 
@@ -81,22 +81,12 @@ def _run_routes_kernel(
 
 
 def _run_routes(pool: HostExpertPool, x: torch.Tensor, codes: torch.Tensor, w: torch.Tensor, k: int) -> CpuResult:
-    """Torch reference of ``_run_routes_kernel`` (any dtype)."""
+    """``_run_routes_kernel`` by the kernel's torch reference, for banks of a dtype the kernel does not take."""
     t0 = time.perf_counter()
-    T = x.shape[0]
-    out = torch.zeros((T, x.shape[1]), dtype=torch.float32)
     routes, rows = _routes_here(codes)
-    order = torch.argsort(rows, stable=True)
-    rows, routes = rows[order], routes[order]
-    uniq, counts = torch.unique_consecutive(rows, return_counts=True)
-    start = 0
-    for e, c in zip(uniq.tolist(), counts.tolist()):
-        sel = routes[start : start + c]
-        start += c
-        tok = torch.div(sel, k, rounding_mode="floor")
-        y = expert_ffn(x[tok], pool.gate_up[e], pool.down[e]).float()
-        out.index_add_(0, tok, y * w[sel, None])
-    return CpuResult(out, int(uniq.numel()), time.perf_counter() - t0)
+    tok = torch.div(routes, k, rounding_mode="floor").to(torch.int32)
+    out = cpu_experts_reference(x.float(), tok, rows, w[routes].float(), pool.gate_up, pool.down)
+    return CpuResult(out, int(rows.unique().numel()), time.perf_counter() - t0)
 
 
 def make_kernel(dtype: torch.dtype, threads: int | None) -> CpuExpertKernel | None:
@@ -115,14 +105,13 @@ class CpuExpertRunner:
         pool: HostExpertPool,
         device: torch.device,
         threads: int | None = None,
-        streamed: bool = True,
     ) -> None:
         self.pool = pool
         self.device = device
         self.threads = threads
         self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ft-cpu-experts")
         self.kernel = make_kernel(pool.gate_up.dtype, threads)
-        self._want_streamed = streamed and device.type == "cuda" and self.kernel is not None and triton_available()
+        self._want_streamed = device.type == "cuda" and self.kernel is not None and triton_available()
         self._streamed: StreamedCpuBranch | None = None
 
     def _streamed_for(self, tokens: int, top_k: int) -> StreamedCpuBranch | None:
@@ -156,13 +145,10 @@ class CpuExpertRunner:
             return CpuHandle(self.device, streamed=branch.submit(layer, x, codes, topk_w))
         w = topk_w.reshape(-1).float()
         if self.device.type == "cuda":
-            xdt = torch.float32 if self.kernel is not None else self.pool.gate_up.dtype
-            xh = torch.empty(x.shape, dtype=xdt, pin_memory=True)
-            ch = torch.empty(codes.shape, dtype=codes.dtype, pin_memory=True)
-            wh = torch.empty(w.shape, dtype=w.dtype, pin_memory=True)
-            xh.copy_(x.to(xdt), non_blocking=True)  # convert on the device, then one D2H copy
-            ch.copy_(codes, non_blocking=True)
-            wh.copy_(w, non_blocking=True)
+            dev = (x.float(), codes, w)  # converted on the device, then one D2H copy each
+            xh, ch, wh = (torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in dev)
+            for host, src in zip((xh, ch, wh), dev):
+                host.copy_(src, non_blocking=True)
             ready = torch.cuda.Event()
             ready.record()
 
@@ -173,8 +159,7 @@ class CpuExpertRunner:
             return CpuHandle(self.device, future=self._exec.submit(job))
         if self.kernel is not None:  # no thread handoff: the kernel's own workers run it, GIL released
             return CpuHandle(self.device, direct=_submit_routes(self.kernel, self.pool, x, codes, w, k))
-        xc = x.to(self.pool.gate_up.dtype)
-        return CpuHandle(self.device, future=self._exec.submit(self._run, xc, codes, w, k))
+        return CpuHandle(self.device, future=self._exec.submit(self._run, x, codes, w, k))
 
     def wait(self, handle: CpuHandle) -> tuple[torch.Tensor, CpuResult | None]:
         """The float32 partial [T, D] on the compute device, and the worker's measurements (None for a
