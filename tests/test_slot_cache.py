@@ -250,13 +250,7 @@ def test_random_sequences_match_model_and_keep_integrity(num_slots: int, steps: 
 
 
 def _tables(num_rows: int, num_slots: int) -> SlotTables:
-    return SlotTables(
-        slot_of=torch.full((num_rows + 1,), -1, dtype=torch.long),
-        eid_of=torch.full((num_slots + 1,), -1, dtype=torch.long),
-        stamp=torch.full((num_slots + 1,), -1, dtype=torch.long),
-        locked=torch.zeros(num_slots + 1, dtype=torch.bool),
-        tick=torch.zeros((), dtype=torch.long),
-    )
+    return SlotTables.empty(num_rows, num_slots)
 
 
 @TRITON_INTERPRETER

@@ -53,10 +53,7 @@ def simulate(
     E = int(trace.max()) + 1
     N = L * E
     S = max(1, int(cache * N))
-    t = SlotTables(
-        torch.full((N + 1,), -1), torch.full((S + 1,), -1), torch.full((S + 1,), -1),
-        torch.zeros(S + 1, dtype=torch.bool), torch.zeros((), dtype=torch.long),
-    )  # fmt: skip
+    t = SlotTables.empty(N, S)
     ids_all = torch.from_numpy(trace.astype(np.int64))
     offsets = [b * (n // batch) for b in range(batch)]
     share_t = torch.tensor(share)

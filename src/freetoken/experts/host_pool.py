@@ -9,6 +9,7 @@ fails the pool stays pageable and the caller falls back to the ``cpu`` backend (
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any
@@ -113,13 +114,7 @@ class HostExpertPool:
     def __init__(self, banks: ExpertBanks, dtype: torch.dtype | None = None, pin: bool = True) -> None:
         if dtype is not None and banks.gate_up.dtype != dtype:
             # The slots hold the compute dtype and fills are raw copies, so the pool must match.
-            banks = ExpertBanks(
-                banks.gate_up.to(dtype),
-                banks.down.to(dtype),
-                banks.num_layers,
-                banks.num_experts,
-                banks.activation,
-            )
+            banks = dataclasses.replace(banks, gate_up=banks.gate_up.to(dtype), down=banks.down.to(dtype))
         self.banks = banks
         self.gate_up = banks.gate_up.contiguous()  # [N, 2I, D]
         self.down = banks.down.contiguous()  # [N, D, I]
@@ -128,7 +123,7 @@ class HostExpertPool:
         self._registered: list[int] = []
         self.pinned = False
         if pin and torch.cuda.is_available():
-            check_pool_fits(self.nbytes)
+            check_pool_fits(banks.pool_bytes)
             self.pinned = self._pin()
             if not self.pinned:
                 self._warn_pageable()
@@ -139,17 +134,12 @@ class HostExpertPool:
         return int(self.gate_up.shape[0])
 
     @property
-    def inter(self) -> int:
-        """I, an expert's intermediate size."""
-        return int(self.down.shape[2])
+    def inter(self) -> int:  # I
+        return self.banks.intermediate_size
 
     @property
     def expert_bytes(self) -> int:
-        return (self.gate_up[0].numel() + self.down[0].numel()) * self.gate_up.element_size()
-
-    @property
-    def nbytes(self) -> int:
-        return self.expert_bytes * self.num_rows
+        return self.banks.expert_bytes
 
     # -- pinning -------------------------------------------------------------------------------------
     def _pin(self) -> bool:
@@ -167,7 +157,7 @@ class HostExpertPool:
 
     def _pin_by_copy(self) -> bool:
         try:
-            check_pool_fits(2 * self.nbytes)
+            check_pool_fits(2 * self.banks.pool_bytes)
             self.gate_up = self.gate_up.pin_memory()
             self.down = self.down.pin_memory()
         except (MemoryError, RuntimeError) as exc:

@@ -38,19 +38,7 @@ class CpuBackend(ExpertBackend):
         return out.to(x.dtype, copy=True)
 
     def stats(self) -> dict[str, int | float]:
-        c = self.counters.read()
-        return {
-            "expert_hits": 0,
-            "expert_misses": c["misses"],
-            "expert_fills": 0,
-            "expert_cpu_runs": c["cpu_runs"],
-            "pcie_bytes": 0,
-            "cpu_bytes": c["cpu_runs"] * self.pool.expert_bytes,
-            "q_last": 0,
-            "q_mean": 0.0,
-            "expert_slots": 0,
-            "layer_steps": c["layer_steps"],
-        }
+        return self.counters.expert_stats(self.pool.expert_bytes, slots=0)  # no hits, no fills
 
     def close(self) -> None:
         self.runner.close()

@@ -201,19 +201,8 @@ class SlotBackend(ExpertBackend):
 
     # -- reporting -------------------------------------------------------------------------------------
     def stats(self) -> dict[str, int | float]:
-        c = self.counters.read()
-        eb = self.pool.expert_bytes
         return {
-            "expert_hits": c["hits"],
-            "expert_misses": c["misses"],
-            "expert_fills": c["fills"],
-            "expert_cpu_runs": c["cpu_runs"],
-            "pcie_bytes": c["fills"] * eb,
-            "cpu_bytes": c["cpu_runs"] * eb,
-            "q_last": c["q_last"],
-            "q_mean": c["fills"] / c["miss_layers"] if c["miss_layers"] else 0.0,
-            "expert_slots": self.cache.num_slots,
-            "layer_steps": c["layer_steps"],
+            **self.counters.expert_stats(self.pool.expert_bytes, self.cache.num_slots),
             **self.streamer.stats(),
             **(self.graphs.stats() if self.graphs is not None else {}),
         }

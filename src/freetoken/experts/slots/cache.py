@@ -34,13 +34,7 @@ class SlotCache:
         # Zero-filled so that masked work reading the scratch slot stays finite.
         self.slot_gate_up = torch.zeros((S + 1, *gu.shape[1:]), dtype=gu.dtype, device=device)  # [S+1, 2I, D]
         self.slot_down = torch.zeros((S + 1, *dn.shape[1:]), dtype=dn.dtype, device=device)  # [S+1, D, I]
-        self.tables = SlotTables(
-            slot_of=torch.full((N + 1,), -1, dtype=torch.long, device=device),
-            eid_of=torch.full((S + 1,), -1, dtype=torch.long, device=device),
-            stamp=torch.full((S + 1,), -1, dtype=torch.long, device=device),
-            locked=torch.zeros(S + 1, dtype=torch.bool, device=device),
-            tick=torch.zeros((), dtype=torch.long, device=device),
-        )
+        self.tables = SlotTables.empty(N, S, device)
         self._src_gate_up, self._src_down = pool.device_views(device)
 
     # -- sizes ---------------------------------------------------------------------------------------
@@ -166,13 +160,8 @@ class SlotCache:
         gu[:n] = self.slot_gate_up[keep]
         dn[:n] = self.slot_down[keep]
         self.slot_gate_up, self.slot_down = gu, dn
-        new = SlotTables(
-            slot_of=torch.full((N + 1,), -1, dtype=torch.long, device=dev),
-            eid_of=torch.full((num_slots + 1,), -1, dtype=torch.long, device=dev),
-            stamp=torch.full((num_slots + 1,), -1, dtype=torch.long, device=dev),
-            locked=torch.zeros(num_slots + 1, dtype=torch.bool, device=dev),
-            tick=t.tick,
-        )
+        new = SlotTables.empty(N, num_slots, dev)
+        new.tick = t.tick
         new.eid_of[:n] = t.eid_of[keep]
         new.stamp[:n] = t.stamp[keep]
         new.locked[:n] = t.locked[keep]

@@ -34,6 +34,15 @@ class DeviceCounters:
             self._v[2:3] += fills
         self._q_last.copy_(fills)
 
+    def expert_stats(self, expert_bytes: int, slots: int) -> dict[str, int | float]:
+        """The backends' stats (DESIGN §4 names, and the bytes and q that follow from them); one sync."""
+        c = self.read()
+        return {"expert_hits": c["hits"], "expert_misses": c["misses"], "expert_fills": c["fills"],
+                "expert_cpu_runs": c["cpu_runs"], "pcie_bytes": c["fills"] * expert_bytes,
+                "cpu_bytes": c["cpu_runs"] * expert_bytes, "q_last": c["q_last"],
+                "q_mean": c["fills"] / c["miss_layers"] if c["miss_layers"] else 0.0,
+                "expert_slots": slots, "layer_steps": c["layer_steps"]}  # fmt: skip
+
     def read(self) -> dict[str, int]:
         vals = self._v.tolist()
         out = dict(zip(DEVICE_NAMES, (int(v) for v in vals)))

@@ -62,6 +62,16 @@ class SlotTables:
     locked: torch.Tensor  # [S+1] bool: never chosen as a victim
     tick: torch.Tensor  # [] use counter, +1 per plan
 
+    @classmethod
+    def empty(cls, num_rows: int, num_slots: int, device: torch.device | str = "cpu") -> SlotTables:
+        """Tables of an empty cache: no eid resident, every slot free."""
+        def unset(n: int) -> torch.Tensor:
+            return torch.full((n + 1,), -1, dtype=torch.long, device=device)
+
+        S = num_slots
+        locked = torch.zeros(S + 1, dtype=torch.bool, device=device)
+        return cls(unset(num_rows), unset(S), unset(S), locked, torch.zeros((), dtype=torch.long, device=device))
+
     @property
     def num_slots(self) -> int:
         return int(self.eid_of.shape[0]) - 1
