@@ -1,18 +1,17 @@
-"""``moe_backend="auto"``: fused when the pool fits the VRAM budget, else hybrid when the machine profile
-shows a CPU expert path that pays off for this expert size (``hardware.profile.recommend``), else
-offload (also when no profile exists). Logs why."""
+"""``moe_backend="auto"``: fused when the pool fits the VRAM budget, else what the machine profile recommends
+for this expert size (``hardware.profile.recommend``: hybrid or offload), else offload (also when no profile
+exists). Logs why."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 
 import torch
 
-from freetoken.experts.backends.split_policy import cpu_pays_off, load_machine_profile, saved_profile
+from freetoken.experts.backends.split_policy import saved_profile
 from freetoken.experts.base import ExpertBanks
 from freetoken.experts.slots.sizing import VRAM_SLOT_SHARE
-from freetoken.hardware.profile import recommend
+from freetoken.hardware.profile import HardwareProfile, recommend
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +20,7 @@ def choose_backend(
     banks: ExpertBanks,
     device: torch.device,
     vram_free: int | None = None,
-    profile: Mapping[str, object] | None = None,
+    profile: HardwareProfile | None = None,
     load_profile: bool = True,
 ) -> tuple[str, str]:
     """(backend name, reason). ``vram_free``/``profile`` default to what this machine reports."""
@@ -33,23 +32,10 @@ def choose_backend(
     if banks.pool_bytes <= budget:
         return "fused", f"the expert pool ({banks.pool_bytes / 2**30:.1f} GiB) fits the VRAM budget"
     if profile is None and load_profile:
-        hw = _hardware_recommendation(banks.expert_bytes)
-        if hw is not None:
-            return hw
-        profile = load_machine_profile()
+        profile = saved_profile()
     if profile is None:
         return "offload", "no machine profile (run `ft bench bw`): copying misses is the safe choice"
-    if cpu_pays_off(profile):
-        return "hybrid", "the machine profile shows the CPU expert path adding bandwidth beside PCIe"
-    return "offload", "the machine profile shows the CPU expert path too slow to help"
-
-
-def _hardware_recommendation(expert_bytes: int) -> tuple[str, str] | None:
-    """What this machine's saved profile recommends for experts of this size (``hardware.profile``)."""
-    prof = saved_profile()
-    if prof is None:
-        return None
-    rec = recommend(prof, expert_bytes)
+    rec = recommend(profile, banks.expert_bytes)
     # "cpu" (PCIe adds little) still runs hybrid: its split sends nearly every miss to the CPU while one
     # fill per layer keeps the cache warming.
     return ("hybrid" if rec.backend == "cpu" else rec.backend), f"machine profile: {rec}"

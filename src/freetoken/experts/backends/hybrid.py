@@ -1,15 +1,13 @@
 """``hybrid``: of each layer's m misses, q are filled into slots and run on the GPU, m - q run on the CPU.
 
 ``q = clamp(ceil((m+1) * share) - 1, 1, m)`` on the device (the whole fills that end the later branch first:
-``slots/plan.py: fill_quota``), capped by the slots this step does not read. Victims are the oldest slots, and
-slots used within the last step only after every older one, newest first: when the cache cannot hold a
-step's working set, the fills stream through a few slots instead of evicting
-what the next step needs (blocking those slots outright would push the misses to the CPU beyond the
-balanced split; ``bench/cache_sim.py`` compares both). The share comes from ``SplitPolicy``
-(fill_fraction, machine profile, online refinement); prefill steps stream whole layers when the cache
-can spare two (``experts/prefill/streamer.py``), else use share 1. Branch bandwidths are
-measured without host syncs: the CPU worker times itself; on CUDA the fills are bracketed by events whose
-times (and q, copied to pinned memory) are read at the next ``begin_step`` once done.
+``slots/plan.py: fill_quota``), capped by the slots this step does not read; victims by ``streaming_rule``
+(recent slots last: blocking them outright would push misses to the CPU beyond the balanced split,
+``bench/cache_sim.py`` compares both). The share comes from ``SplitPolicy`` (fill_fraction, machine profile,
+online refinement); prefill steps stream whole layers when the cache can spare two
+(``experts/prefill/streamer.py``), else use share 1. Branch bandwidths are measured without host syncs: the
+CPU worker times itself; on CUDA the fills are bracketed by events whose times (and q, copied to pinned
+memory) are read at the next ``begin_step`` once done.
 """
 
 from __future__ import annotations

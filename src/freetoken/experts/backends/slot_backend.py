@@ -38,19 +38,6 @@ def streaming_rule(num_layers: int) -> FillRule:
     return FillRule(min_fill=1, protect=RECENT_STEPS * num_layers, recent_last=True)
 
 
-def make_pool(banks: ExpertBanks, device: torch.device, dtype: torch.dtype) -> HostExpertPool:
-    """The host pool, pinned when the compute device is a GPU."""
-    return HostExpertPool(banks, dtype=dtype, pin=device.type == "cuda")
-
-
-def needs_cpu_fallback(pool: HostExpertPool, device: torch.device, name: str) -> bool:
-    """A GPU backend over an unpinned pool would copy at pageable speed: use the cpu backend instead."""
-    if device.type == "cuda" and not pool.pinned:
-        log.warning("moe backend %r needs a pinned expert pool; falling back to 'cpu'", name)
-        return True
-    return False
-
-
 class SlotBackend(ExpertBackend):
     name = "slots"
 
@@ -88,9 +75,11 @@ class SlotBackend(ExpertBackend):
     def create(
         cls, config: EngineConfig, banks: ExpertBanks, device: torch.device, dtype: torch.dtype
     ) -> ExpertBackend:
-        """The registry's factory: the pool (pinned for a GPU); on CUDA an unpinned pool falls back to ``cpu``."""
-        pool = make_pool(banks, device, dtype)
-        if needs_cpu_fallback(pool, device, cls.name):
+        """The registry's factory: the pool, pinned for a GPU. A GPU backend over an unpinned pool would copy at
+        pageable speed: then the ``cpu`` backend serves instead (one warning)."""
+        pool = HostExpertPool(banks, dtype=dtype, pin=device.type == "cuda")
+        if device.type == "cuda" and not pool.pinned:
+            log.warning("moe backend %r needs a pinned expert pool; falling back to 'cpu'", cls.name)
             return CpuBackend(config, pool, device, dtype)
         return cls(config, pool, device, dtype)
 

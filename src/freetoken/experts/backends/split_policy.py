@@ -21,8 +21,6 @@ PROFILE_KEYS = {
 }
 # Without a profile: the copy link and the CPU kernel are assumed equally fast until measured.
 DEFAULT_SHARE = 0.5
-# The CPU path pays off when it adds at least this fraction of the copy bandwidth (for `auto`).
-CPU_PAYS_OFF_RATIO = 0.15
 
 
 def profile_bandwidth(profile: Mapping[str, object], kind: str) -> float | None:
@@ -36,14 +34,6 @@ def profile_bandwidth(profile: Mapping[str, object], kind: str) -> float | None:
 
 def share_from_bandwidths(b_copy: float, b_cpu: float) -> float:
     return b_copy / (b_copy + b_cpu)
-
-
-def cpu_pays_off(profile: Mapping[str, object] | None) -> bool:
-    """True when the profile shows a CPU expert path worth running beside the copies."""
-    if not profile:
-        return False
-    b_copy, b_cpu = profile_bandwidth(profile, "copy"), profile_bandwidth(profile, "cpu")
-    return b_copy is not None and b_cpu is not None and b_cpu >= CPU_PAYS_OFF_RATIO * b_copy
 
 
 @dataclass
