@@ -31,6 +31,9 @@ decode)
     tests/test_cpu_kernel_queue.py > "$OUT/cpu_kernel_tests.log" 2>&1; tail -1 "$OUT/cpu_kernel_tests.log"
   grep -E "^(FAILED|ERROR)" "$OUT/cpu_kernel_tests.log" | head -10
   echo "== ft bench decode, old (9219bb3) and new alternating, 3 each"
+  PYTHONPATH=.carry/old/src python3 -c "import freetoken.experts.share_split" 2>/dev/null \
+    && ! PYTHONPATH=src python3 -c "import freetoken.experts.share_split" 2>/dev/null \
+    || { echo ".carry/old/src is not the 9219bb3 tree (or src is not the new one)"; exit 2; }
   for r in 1 2 3; do for tree in old new; do
     src=src; [ $tree = old ] && src=.carry/old/src
     PYTHONPATH=$src timeout 140 python3 -m freetoken.bench.decode $ARGS --json "$OUT/decode_${tree}_$r.json" \
