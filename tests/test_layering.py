@@ -24,7 +24,7 @@ ROWS: list[tuple[str, ...]] = [
     ("layers",),
     ("experts", "cache"),
     ("hardware",),
-    ("checkpoint", "quant"),
+    ("checkpoint", "quant"),  # quant/: the weight formats, when quantised experts come
     ("config", "errors"),
 ]
 ROW = {pkg: i for i, pkgs in enumerate(ROWS) for pkg in pkgs}
@@ -38,11 +38,11 @@ EXPERTS_ROWS: list[tuple[str, ...]] = [
 EXPERTS_ROW = {pkg: i for i, pkgs in enumerate(EXPERTS_ROWS) for pkg in pkgs}
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
+def _imports(path: Path, source: str | None = None) -> list[tuple[int, str]]:
     """(line, absolute module) of every import in the file, relative imports resolved."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = ast.parse(path.read_text() if source is None else source, filename=str(path))
     rel = path.relative_to(SRC.parent).with_suffix("")
-    here = list(rel.parts[:-1]) if rel.name != "__init__" else list(rel.parts[:-1])
+    here = list(rel.parts[:-1])  # the package a relative import starts from (also for an __init__.py)
     out: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -72,32 +72,36 @@ def _package(module: str) -> str | None:
 
 
 def _violations() -> list[str]:
-    bad = []
-    for path in sorted(SRC.rglob("*.py")):
-        rel = path.relative_to(SRC)
-        if rel.parts == ("__init__.py",):
-            continue  # the package root: the public API's lazy re-exports (LLM, SamplingParams, EngineConfig)
-        mine = rel.parts[0].removesuffix(".py")
-        assert mine in ROW, f"{rel}: package {mine!r} is not in DESIGN.md §3's rows (add it there and here)"
-        seen: set[tuple[int, str | None]] = set()
-        for line, module in _imports(path):
-            other = _package(module)
-            if other == mine == "experts":
-                room = _room(module.split(".")[2:])
-                if (line, room) not in seen:
-                    seen.add((line, room))
-                    bad += _experts_violation(rel, line, module)
-                continue
-            if (line, other) in seen:
-                continue  # `from freetoken.x import y`: one finding per package and line
-            seen.add((line, other))
-            if other is None or other == mine:
-                continue
-            if other not in ROW:
-                bad.append(f"{rel}:{line}: imports {module} (package {other!r} has no row)")
-            elif ROW[other] <= ROW[mine]:
-                how = "a package on its own row" if ROW[other] == ROW[mine] else "a higher row"
-                bad.append(f"{rel}:{line}: {mine}/ imports {module}, {how}")
+    return [v for path in sorted(SRC.rglob("*.py")) for v in _file_violations(path)]
+
+
+def _file_violations(path: Path, source: str | None = None) -> list[str]:
+    """What one module (``source``: its text, when it exists only in a test) imports against the layering."""
+    bad: list[str] = []
+    rel = path.relative_to(SRC)
+    if rel.parts == ("__init__.py",):
+        return []  # the package root: the public API's lazy re-exports (LLM, SamplingParams, EngineConfig)
+    mine = rel.parts[0].removesuffix(".py")
+    assert mine in ROW, f"{rel}: package {mine!r} is not in DESIGN.md §3's rows (add it there and here)"
+    seen: set[tuple[int, str | None]] = set()
+    for line, module in _imports(path, source):
+        other = _package(module)
+        if other == mine == "experts":
+            room = _room(module.split(".")[2:])
+            if (line, room) not in seen:
+                seen.add((line, room))
+                bad += _experts_violation(rel, line, module)
+            continue
+        if (line, other) in seen:
+            continue  # `from freetoken.x import y`: one finding per package and line
+        seen.add((line, other))
+        if other is None or other == mine:
+            continue
+        if other not in ROW:
+            bad.append(f"{rel}:{line}: imports {module} (package {other!r} has no row)")
+        elif ROW[other] <= ROW[mine]:
+            how = "a package on its own row" if ROW[other] == ROW[mine] else "a higher row"
+            bad.append(f"{rel}:{line}: {mine}/ imports {module}, {how}")
     return bad
 
 
@@ -124,27 +128,23 @@ def test_no_import_runs_back_up() -> None:
     assert not bad, "layering (DESIGN.md §3) broken:\n" + "\n".join(bad)
 
 
-def test_the_check_sees_imports_of_every_kind(tmp_path: Path) -> None:
+def _probe(rel: str, source: str) -> list[str]:
+    """The findings for a module that exists only here (nothing is written into the source tree)."""
+    return [v.split(": ", 1)[1] for v in _file_violations(SRC / rel, source)]
+
+
+def test_the_check_sees_imports_of_every_kind() -> None:
     """Type-only, lazy and relative imports are all found (a check that cannot fail is no check)."""
-    f = SRC / "checkpoint" / "_probe_for_test.py"
-    f.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from freetoken.engine.llm import LLM\n"
-                 "def f():\n    import freetoken.models.base\n    from ..experts import base\n")  # fmt: skip
-    try:
-        got = [v.split(": ", 1)[1] for v in _violations() if "_probe_for_test" in v]
-    finally:
-        f.unlink()
+    got = _probe("checkpoint/probe.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                 "    from freetoken.engine.llm import LLM\ndef f():\n    import freetoken.models.base\n"
+                 "    from ..experts import base\n")  # fmt: skip
     assert got == ["checkpoint/ imports freetoken.engine.llm, a higher row",
                    "checkpoint/ imports freetoken.models.base, a higher row",
                    "checkpoint/ imports freetoken.experts, a higher row"]  # fmt: skip
 
 
 def test_the_check_orders_the_rooms_of_experts() -> None:
-    f = SRC / "experts" / "slots" / "_probe_for_test.py"
-    f.write_text("from freetoken.experts.backends.registry import BACKENDS\nfrom freetoken.experts.cpu import runner\n"
-                 "from freetoken.experts.base import ExpertBanks\n")  # fmt: skip
-    try:
-        got = [v.split(": ", 1)[1] for v in _violations() if "_probe_for_test" in v]
-    finally:
-        f.unlink()
+    got = _probe("experts/slots/probe.py", "from freetoken.experts.backends.registry import BACKENDS\n"
+                 "from freetoken.experts.cpu import runner\nfrom freetoken.experts.base import ExpertBanks\n")
     assert got == ["experts/slots imports freetoken.experts.backends.registry, a room above or beside it",
                    "experts/slots imports freetoken.experts.cpu, a room above or beside it"]  # fmt: skip
