@@ -11,7 +11,7 @@ import torch
 
 from freetoken.cache.kv_pool import KVPool
 from freetoken.cache.radix import RadixCache
-from freetoken.config import EngineConfig, env
+from freetoken.config import EngineConfig
 from freetoken.engine.detokenizer import IncrementalDetokenizer
 from freetoken.engine.errors import InputError, PromptTooLongError, QueueFullError
 from freetoken.engine.kv_manager import KVManager
@@ -47,7 +47,6 @@ class LLMEngine:
         self._counters = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0, "requests_finished": 0}
         self._pending: list[RequestOutput] = []
         self._started = time.monotonic()
-        self._debug = env().debug  # FREETOKEN_DEBUG=1: check every cache's invariants after each step
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -107,7 +106,7 @@ class LLMEngine:
             self._counters["prefill_tokens" if was_prefill else "decode_tokens"] += n
             if req in logits:
                 outputs.append(self._append_token(req, sample(logits[req], req.params, req.generator)))
-        if self._debug:
+        if _debug():
             self.check_integrity()
         return outputs
 
@@ -203,3 +202,8 @@ class LLMEngine:
         if backend is not None:
             backend.check_integrity()
 
+
+def _debug() -> bool:
+    from freetoken.config import env
+
+    return env().debug
