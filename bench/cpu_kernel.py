@@ -114,14 +114,12 @@ def make_banks(num_experts: int, D: int, inter: int, huge: bool) -> Banks:
 
 def bench_threads(args: argparse.Namespace, n: int, banks: dict[str, Banks], buf: torch.Tensor) -> list[str]:
     gate_up, down = next(iter(banks.values()))  # torch's baseline and the shapes
-    # exactly n threads, like torch; one kernel per (prefetch distance, row blocking), each called on every
-    # page setting's banks, in turn in one loop
-    kerns = [CpuExpertKernel(num_threads=n, isa=args.isa, caller_helps=False, prefetch=pf, rows=r)
-             for pf in args.prefetch for r in args.rows]  # fmt: skip
+    # exactly n threads, like torch; one kernel per row blocking, each called on every page setting's banks, in
+    # turn in one loop
+    kerns = [CpuExpertKernel(num_threads=n, isa=args.isa, caller_helps=False, rows=r) for r in args.rows]
     variants = [(kern, pages, b, "call") for kern in kerns for pages, b in banks.items()]
     if args.queued:  # the engine's arrangement for cpu_threads = n: n - 1 workers + the helping feeder
-        queues = [CpuExpertKernel(num_threads=max(1, n - 1), isa=args.isa, prefetch=pf, rows=r)
-                  for pf in args.prefetch for r in args.rows]  # fmt: skip
+        queues = [CpuExpertKernel(num_threads=max(1, n - 1), isa=args.isa, rows=r) for r in args.rows]
         variants += [(kern, pages, b, "queue") for kern in queues for pages, b in banks.items()]
     helped = CpuExpertKernel(num_threads=n, isa=args.isa, caller_helps=True)  # n workers + the waiting caller
     torch.set_num_threads(n)
@@ -162,7 +160,7 @@ def bench_threads(args: argparse.Namespace, n: int, banks: dict[str, Banks], buf
         for (kern, pages, _, mode), vals in zip(variants, ours):
             g = statistics.median(vals)
             ratios = [f"{g / b:.2f}x", f"{r:.1f}", f"{g / r:.0%}", f"{statistics.median(plus):.1f}"]
-            cells = [str(n), kern.isa, str(kern.prefetch), str(kern.rows), pages, mode, str(batch), f"{g:.1f}"]
+            cells = [str(n), kern.isa, str(kern.rows), pages, mode, str(batch), f"{g:.1f}"]
             cells.append(f"{b:.1f}")
             cells += ratios
             lines.append("| " + " | ".join(cells) + " |")
@@ -184,14 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top-k", type=int, default=8)
     p.add_argument("--seq", type=int, default=1,
                    help="calls timed back to back per measurement (e.g. 12: a decode step's MoE layers)")  # fmt: skip
-    p.add_argument("--prefetch", type=_prefetch_list, default=[None],
-                   help="software prefetch distances in bytes to compare, e.g. 0,2048 ('default': "
-                        "FREETOKEN_CPU_PREFETCH, else 0)")  # fmt: skip
     p.add_argument(
         "--rows",
         type=lambda t: [int(v) for v in t.split(",")],
         default=[None],
-        help="batch-1 row blockings to compare, e.g. 1,2,4 (default: FREETOKEN_CPU_ROWS, else 1)",
+        help="batch-1 row blockings to compare, e.g. 1,2,4 (default: the kernel's, 4 on Intel AVX-512, else 1)",
     )
     p.add_argument("--huge-pages", type=_pages_list, default=["4K"],
                    help="pool page settings to compare: off, on or off,on (on: madvise'd huge pages, as the engine "
@@ -211,9 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         mb = expert_bytes / 1e6
         print(f"# expert {D}x{inter} bf16 {mb:.1f} MB; pool {num_experts} experts, {pool_gib:.2f} GiB")
         print(f"# top-{args.top_k}, read buffer {args.read_gib} GiB, {args.iters} iters (median)")
-        print("| threads | isa | prefetch B | rows | pages | calls | batch | kernel GB/s | torch F.linear GB/s "
+        print("| threads | isa | rows | pages | calls | batch | kernel GB/s | torch F.linear GB/s "
               "| kernel/torch | stream read GB/s | kernel/stream | kernel + waiting caller GB/s |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     if len(threads) > 1:
         # one process per thread count: torch's OpenMP team and our pools from one configuration
         # must not linger into the next
@@ -253,17 +248,6 @@ def _pages_list(text: str) -> list[str]:
     if not items or any(v not in names for v in items):
         raise argparse.ArgumentTypeError(f"--huge-pages takes off, on or off,on, got {text!r}")
     return [names[v] for v in items]
-
-
-def _prefetch_list(text: str) -> list[int | None]:
-    """``default,0,2048`` -> [None, 0, 2048] (None: the kernel's default distance)."""
-    out: list[int | None] = []
-    for item in text.split(","):
-        item = item.strip()
-        if item != "default" and not item.isdigit():
-            raise argparse.ArgumentTypeError(f"prefetch distances are 'default' or bytes >= 0, got {item!r}")
-        out.append(None if item == "default" else int(item))
-    return out
 
 
 def strip_threads(argv: list[str] | None) -> list[str]:

@@ -20,6 +20,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture
+def freetoken_env(monkeypatch: pytest.MonkeyPatch):
+    """``set(name, value)``: set one of FreeToken's environment variables for this test; ``config.env()``, read
+    once per process, is re-read now and again after the test."""
+    from freetoken.config import env
+
+    def set_var(name: str, value: str) -> None:
+        monkeypatch.setenv(name, value)
+        env.cache_clear()
+
+    yield set_var
+    env.cache_clear()
+
+
 @pytest.fixture(scope="module")
 def one_intra_op_thread():
     """Tiny ops: waking torch's intra-op threads on a loaded 2-core machine costs more than the ops.

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from freetoken.config import EngineConfig
+from freetoken.experts.backends.registry import create_backend
 from freetoken.experts.base import ExpertBanks
+from freetoken.experts.cpu.stream_ops import stream_ops
 from freetoken.experts.reference import moe_reference
-from freetoken.experts.registry import create_backend
-from freetoken.experts.stream_ops import stream_ops
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 D, I, E, L, K = 64, 32, 16, 3, 2

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from freetoken.cli.main import main as ft_main
+from freetoken.experts.cpu.kernel import CpuExpertKernel
 from freetoken.hardware.bandwidth import BandwidthConfig, BandwidthResult, measure
 from freetoken.hardware.cpus import default_kernel_threads, physical_core_cpus, worker_cpus
 from freetoken.hardware.probe import ISA_FLAGS, GpuInfo, MachineInfo, probe
@@ -55,8 +56,16 @@ def test_fingerprint_tracks_hardware_not_momentary_state() -> None:
     assert busier.fingerprint() == with_gpu.fingerprint()
 
 
+def _measure(cfg: BandwidthConfig) -> BandwidthResult:
+    kern = CpuExpertKernel(caller_helps=False)
+    try:
+        return measure(cfg, kern)
+    finally:
+        kern.close()
+
+
 def test_bandwidth_tiny_sizes_cpu_figures() -> None:
-    bw = measure(TINY)
+    bw = _measure(TINY)
     assert bw.host_read > 0 and bw.cpu_kernel > 0
     assert bw.expert_bytes == 3 * 64 * 32 * 2
     assert bw.threads == default_kernel_threads()
@@ -67,7 +76,7 @@ def test_bandwidth_tiny_sizes_cpu_figures() -> None:
 
 def test_bandwidth_tiny_sizes_cpu_pool_copies() -> None:
     """device="cpu": fills are memcpy into a CPU slot pool; every copy figure is measured."""
-    bw = measure(dataclasses.replace(TINY, device="cpu", layer_experts=16))
+    bw = _measure(dataclasses.replace(TINY, device="cpu", layer_experts=16))
     for value in (bw.fill, bw.layer, bw.fill_concurrent, bw.cpu_kernel_concurrent):
         assert value is not None and value > 0
 
@@ -76,7 +85,7 @@ def test_bandwidth_tiny_sizes_cpu_pool_copies() -> None:
 def test_bandwidth_tiny_sizes_gpu_figures() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    bw = measure(dataclasses.replace(TINY, layer_experts=16))
+    bw = _measure(dataclasses.replace(TINY, layer_experts=16))
     for value in (bw.fill, bw.layer, bw.fill_concurrent, bw.cpu_kernel_concurrent):
         assert value is not None and value > 0
 
@@ -124,23 +133,22 @@ def test_recommend() -> None:
     cpu_only = probe(gpus=False)
     gpu = dataclasses.replace(cpu_only, gpus=(GpuInfo(0, "GPU", 80 * 2**30, 80 * 2**30),))
     S = 9_437_184
-    assert recommend(_profile(cpu_only), S).startswith("cpu: no GPU")
+    none = recommend(_profile(cpu_only), S)
+    assert none.backend == "cpu" and str(none).startswith("cpu: no GPU")
     pcie = dict(fill=42.0, layer=54.0)
     hybrid = _profile(gpu, **pcie, fill_concurrent=40.0, cpu_kernel_concurrent=30.0)
-    assert recommend(hybrid, S).startswith("hybrid")
+    rec = recommend(hybrid, S)
+    assert rec.backend == "hybrid" and f"fill {rec.fill_share:.0%} of misses" in rec.reason
     weak_cpu = _profile(gpu, **pcie, fill_concurrent=42.0, cpu_kernel_concurrent=2.0)
-    assert recommend(weak_cpu, S).startswith("offload")
+    assert recommend(weak_cpu, S).backend == "offload" and recommend(weak_cpu, S).fill_share == 1.0
     weak_link = _profile(gpu, fill=2.0, layer=3.0, fill_concurrent=2.0, cpu_kernel_concurrent=60.0)
-    assert recommend(weak_link, S).startswith("cpu:")
+    assert recommend(weak_link, S).backend == "cpu"
     # per-copy overhead (fill < layer) weighs more on small experts: their fill share drops
-    share = [float(recommend(hybrid, s).split("fill ")[1].split("%")[0]) for s in (S // 16, S)]
-    assert share[0] < share[1]
+    assert recommend(hybrid, S // 16).fill_share < rec.fill_share
 
 
-def test_ft_bench_bw_cli(
-    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setenv("FREETOKEN_CACHE", str(tmp_path))
+def test_ft_bench_bw_cli(tmp_path, freetoken_env, capsys: pytest.CaptureFixture[str]) -> None:
+    freetoken_env("FREETOKEN_CACHE", str(tmp_path))
     argv = ["bench", "bw", "--read-gib", "0.004", "--pool-gib", "0.004", "--hidden", "64", "--inter", "32"]
     assert ft_main([*argv, "--seconds", "0.05", "--expert-mb", "3"]) == 0
     out = capsys.readouterr().out
@@ -152,3 +160,23 @@ def test_ft_bench_bw_cli(
 def test_ft_bench_without_benchmark_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert ft_main(["bench"]) == 2
     assert "bw" in capsys.readouterr().out
+
+
+def test_auto_follows_the_saved_profiles_recommendation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``moe_backend="auto"`` over a pool larger than VRAM takes the saved profile's typed recommendation:
+    hybrid as recommended, and hybrid too where only the CPU pays (one fill per layer keeps the cache warm)."""
+    from freetoken.experts.backends import auto
+    from freetoken.experts.base import ExpertBanks
+
+    gpu = dataclasses.replace(probe(gpus=False), gpus=(GpuInfo(0, "GPU", 80 * 2**30, 80 * 2**30),))
+    banks = ExpertBanks(torch.zeros(4, 2 * 768, 2048, dtype=torch.bfloat16),
+                        torch.zeros(4, 2048, 768, dtype=torch.bfloat16), 1, 4)  # fmt: skip
+    cuda = torch.device("cuda")
+    for bw, want in ((dict(fill=42.0, layer=54.0, fill_concurrent=40.0, cpu_kernel_concurrent=30.0), "hybrid"),
+                     (dict(fill=42.0, layer=54.0, fill_concurrent=42.0, cpu_kernel_concurrent=2.0), "offload"),
+                     (dict(fill=2.0, layer=3.0, fill_concurrent=2.0, cpu_kernel_concurrent=60.0), "hybrid")):
+        prof = _profile(gpu, **bw)
+        name, why = auto.choose_backend(banks, cuda, vram_free=1, profile=prof)
+        assert name == want and why == f"machine profile: {recommend(prof, banks.expert_bytes)}"
+        monkeypatch.setattr(auto, "saved_profile", lambda prof=prof: prof)  # the same, read from this machine
+        assert auto.choose_backend(banks, cuda, vram_free=1) == (name, why)

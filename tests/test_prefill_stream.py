@@ -1,4 +1,4 @@
-"""Prefill through whole-layer double buffering (experts/prefill.py) equals the reference, and is chosen
+"""Prefill through whole-layer double buffering (experts/prefill/streamer.py) equals the reference, and is chosen
 only when it pays off and the pool can spare two whole layers of unlocked slots."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from freetoken.config import EngineConfig
-from freetoken.experts.prefill import LayerStreamer, copy_runs
+from freetoken.experts.backends.registry import create_backend
+from freetoken.experts.backends.slot_backend import SlotBackend
+from freetoken.experts.prefill.streamer import LayerStreamer, copy_runs
 from freetoken.experts.reference import moe_reference
-from freetoken.experts.registry import create_backend
-from freetoken.experts.slot_backend import SlotBackend
 
 CPU = torch.device("cpu")
 L, E = 4, 8  # 4 MoE layers x 8 experts, top-2: 16 slots (cache 0.5) hold exactly two whole layers

@@ -31,8 +31,8 @@ def ckpt(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def _check_every_step(monkeypatch):
-    monkeypatch.setenv("FREETOKEN_DEBUG", "1")  # the engine checks every cache's integrity after each step
+def _check_every_step(freetoken_env):
+    freetoken_env("FREETOKEN_DEBUG", "1")  # the engine checks every cache's integrity after each step
 
 
 def _tokens(seed: int, n: int) -> list[int]:

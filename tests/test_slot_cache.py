@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from devices import TRITON_INTERPRETER
 from freetoken.experts.base import ExpertBanks
-from freetoken.experts.pool import HostExpertPool, check_pool_fits
-from freetoken.experts.slot_cache import SlotCache
-from freetoken.experts.slot_plan import SlotTables, StepPlan, fill_quota, group_routes, plan_fills
+from freetoken.experts.host_pool import HostExpertPool, check_pool_fits
+from freetoken.experts.slots.cache import SlotCache
+from freetoken.experts.slots.plan import FillRule, SlotTables, StepPlan, fill_quota, group_routes, plan_fills
 
 L, E, D, I = 2, 4, 4, 2  # N = 8 pool rows
 CPU = torch.device("cpu")
@@ -43,7 +43,7 @@ def step(
     cache: SlotCache, layer: int, ids: list[list[int]], share: float = 1.0, min_fill: int = 1
 ) -> StepPlan:
     groups = cache.group(layer, torch.tensor(ids))
-    plan = cache.plan(groups, groups.valid, torch.tensor(share), min_fill)
+    plan = cache.plan(groups, groups.valid, torch.tensor(share), FillRule(min_fill))
     cache.copy(plan)
     return plan
 
@@ -250,24 +250,15 @@ def test_random_sequences_match_model_and_keep_integrity(num_slots: int, steps: 
 
 
 def _tables(num_rows: int, num_slots: int) -> SlotTables:
-    return SlotTables(
-        slot_of=torch.full((num_rows + 1,), -1, dtype=torch.long),
-        eid_of=torch.full((num_slots + 1,), -1, dtype=torch.long),
-        stamp=torch.full((num_slots + 1,), -1, dtype=torch.long),
-        locked=torch.zeros(num_slots + 1, dtype=torch.bool),
-        tick=torch.zeros((), dtype=torch.long),
-    )
+    return SlotTables.empty(num_rows, num_slots)
 
 
 @TRITON_INTERPRETER
 @pytest.mark.parametrize("num_slots", [2, 5, 37, 700])
-@pytest.mark.parametrize("inter", [0, 96, 10])
-def test_fused_triton_plan_equals_torch_plan(num_slots: int, inter: int) -> None:
-    """The one-launch Triton plan gives bit-identical tables and outputs (run in Triton's interpreter); with
-    ``inter`` > 0 also the shared expert of ``share_one_expert`` (granule 24 for I = 96, 2 for I = 10)."""
-    from freetoken.experts.counters import DeviceCounters
-    from freetoken.experts.share_split import share_granule, share_one_expert
-    from freetoken.experts.triton_plan import plan_step_triton
+def test_fused_triton_plan_equals_torch_plan(num_slots: int) -> None:
+    """The one-launch Triton plan gives bit-identical tables, outputs and counters (run in Triton's interpreter)."""
+    from freetoken.experts.slots.counters import DeviceCounters
+    from freetoken.experts.slots.plan_triton import plan_step_triton
 
     ca, cb = DeviceCounters(CPU), DeviceCounters(CPU)
 
@@ -287,17 +278,11 @@ def test_fused_triton_plan_equals_torch_plan(num_slots: int, inter: int) -> None
         protect = (0, 1, layers)[step_i % 3]
         recent_last = step_i % 4 >= 2
         groups = group_routes(ids.reshape(-1) + layer * experts, layers * experts)
-        want = plan_fills(a, groups, groups.valid, share, min_fill, protect, recent_last)
-        step = share_granule(inter) if inter else 0
+        rule = FillRule(min_fill, protect, recent_last)
+        want = plan_fills(a, groups, groups.valid, share, rule)
         off = layer * experts
-        got = plan_step_triton(b, ids, off, share, min_fill, protect, recent_last, step, inter, cb.vector, True)
+        got = plan_step_triton(b, ids, off, share, rule, cb.vector, True)
         ca.add_step(want.num_hits, want.num_misses, want.copy_count, want.num_misses - want.copy_count)
-        if inter:
-            ws, gs = share_one_expert(want, share, inter, layers * experts, num_slots), got.shared
-            assert gs is not None
-            assert (int(gs.eid), int(gs.rows)) == (int(ws.eid), int(ws.rows))
-            assert int(ws.rows) == 0 or int(gs.group) == int(ws.group)
-            ca.add_shared(ws.rows)
         assert got.counted and torch.equal(cb.vector, ca.vector), (cb.vector, ca.vector)
         for f in ("order", "route_group", "start", "count", "eid", "valid", "n_groups"):
             assert torch.equal(getattr(got.groups, f), getattr(want.groups, f)), f
@@ -327,7 +312,7 @@ def step_protect(
     cache: SlotCache, layer: int, ids: list[list[int]], protect: int, recent_last: bool = False
 ) -> StepPlan:
     groups = cache.group(layer, torch.tensor(ids))
-    plan = cache.plan(groups, groups.valid, torch.tensor(1.0), 1, protect, recent_last)
+    plan = cache.plan(groups, groups.valid, torch.tensor(1.0), FillRule(1, protect, recent_last))
     cache.copy(plan)
     return plan
 

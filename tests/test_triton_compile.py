@@ -19,7 +19,8 @@ def test_triton_kernels_compile_for_hopper() -> None:
         pytest.skip(f"no ahead-of-time compile API: {exc}")
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("the interpreter replaces compilation")
-    from freetoken.experts import triton_copy, triton_gemm, triton_plan
+    from freetoken.experts.cpu import stage_triton
+    from freetoken.experts.slots import copy_triton, gemm_triton, plan_triton
 
     i64 = "*i64"
     plan_sig = dict.fromkeys(["ids_ptr", "slot_of", "eid_of", "stamp", "tick_ptr", "i64_out", "counters"], i64)
@@ -27,34 +28,31 @@ def test_triton_kernels_compile_for_hopper() -> None:
     plan_sig |= {"locked": "*u8", "share_ptr": "*fp32", "b_out": "*u8"}
     groups = dict.fromkeys(["order", "gstart", "gcount", "gslot", "ngroups_ptr"], i64)
     cases: list[tuple[object, dict[str, str], dict[str, object]]] = [
-        (triton_plan._plan_kernel, plan_sig, {"MIN_FILL": 1, "RECENT_LAST": True, "KB": 32, "BS": 512,
-                                              "INTER": 768, "SHARE_STEP": 64, "COUNT": 2}),  # fmt: skip
-        (triton_plan._plan_kernel, plan_sig, {"MIN_FILL": 0, "RECENT_LAST": False, "KB": 64, "BS": 512,
-                                              "INTER": 0, "SHARE_STEP": 0, "COUNT": 0}),  # fmt: skip
+        (plan_triton._plan_kernel, plan_sig, {"MIN_FILL": 1, "RECENT_LAST": True, "KB": 32, "BS": 512, "COUNT": 2}),
+        (plan_triton._plan_kernel, plan_sig, {"MIN_FILL": 0, "RECENT_LAST": False, "KB": 64, "BS": 512, "COUNT": 0}),
         (
-            triton_gemm._gate_up_kernel,
+            gemm_triton._gate_up_kernel,
             {"x": "*bf16", "gu": "*bf16", "h": "*fp32", **groups},
             {"D": 2048, "I": 768, "TOPK": 8, "BM": 16, "BN": 64, "BK": 64, "PREC": "tf32"},
         ),
         (
-            triton_gemm._gate_up_kernel,
+            gemm_triton._gate_up_kernel,
             {"x": "*bf16", "gu": "*bf16", "h": "*fp32", **groups},
             {"D": 2880, "I": 2880, "TOPK": 4, "BM": 64, "BN": 64, "BK": 64, "PREC": "tf32"},
         ),
         (
-            triton_gemm._down_kernel,
+            gemm_triton._down_kernel,
             {"h": "*fp32", "dn": "*fp32", "y": "*fp32", "wts": "*fp32", **groups},
             {"D": 64, "I": 32, "BM": 16, "BN": 64, "BK": 64, "PREC": "ieee"},
         ),
         (
-            triton_copy._gather_rows_kernel,
+            copy_triton._gather_rows_kernel,
             {"src_gu": "*bf16", "src_dn": "*bf16", "dst_gu": "*bf16", "dst_dn": "*bf16", "copy_src": i64,
-             "copy_dst": i64, "count_ptr": i64, "part_eid": i64, "part_rows": i64, "n_rows": "i32",
-             "scratch": "i32", "KVN": "i32"},  # fmt: skip
-            {"GU": 2 * 768 * 2048, "DN": 768 * 2048, "BLOCK": 4096, "ITERS": 8, "INTER": 768, "D": 2048},
+             "copy_dst": i64, "count_ptr": i64},  # fmt: skip
+            {"GU": 2 * 768 * 2048, "DN": 768 * 2048, "BLOCK": 4096, "ITERS": 8},
         ),
         (
-            triton_copy._stage_kernel,
+            stage_triton._stage_kernel,
             {"x": "*bf16", "codes": i64, "w": "*fp32", "x_dst": "*fp32", "codes_dst": i64, "w_dst": "*fp32",
              "NX": "i32", "NK": "i32"},  # fmt: skip
             {"BLOCK": 1024},

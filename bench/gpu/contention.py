@@ -21,8 +21,8 @@ import time
 import torch
 
 from freetoken.experts.cpu.kernel import CpuExpertKernel
-from freetoken.experts.pool import mapped_device_view
-from freetoken.experts.triton_copy import gather_rows_triton
+from freetoken.experts.host_pool import mapped_device_view
+from freetoken.experts.slots.copy_triton import gather_rows_triton
 from freetoken.hardware.bandwidth import BandwidthConfig, CopyLoad, KernelLoad
 
 _GB = 1e9
@@ -88,7 +88,7 @@ def main() -> int:
     p.add_argument("--pool-gib", type=float, default=2.0, help="each pool (CPU kernel's, fill's)")
     a = p.parse_args()
     dev = torch.device("cuda")
-    base = BandwidthConfig(threads=a.threads, pool_bytes=int(a.pool_gib * 2**30), seconds=a.seconds)
+    base = BandwidthConfig(pool_bytes=int(a.pool_gib * 2**30), seconds=a.seconds)
     kern = CpuExpertKernel(num_threads=a.threads, caller_helps=False)
     n = int(a.pool_gib * 2**30) // base.expert_bytes
     gu = torch.empty(n, 2 * base.inter, base.hidden, dtype=torch.bfloat16).pin_memory()

@@ -18,8 +18,8 @@ from functools import partial
 
 import torch
 
-from freetoken.experts.pool import mapped_device_view
-from freetoken.experts.triton_copy import gather_rows_triton
+from freetoken.experts.host_pool import mapped_device_view
+from freetoken.experts.slots.copy_triton import gather_rows_triton
 
 DEFAULT_CONFIGS = "4096x8x4,4096x8x8,2048x8x4,8192x4x8,4096x16x8,1024x16x4"
 

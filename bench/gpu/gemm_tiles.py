@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import torch
 
-from freetoken.experts.slot_plan import group_routes
-from freetoken.experts.triton_gemm import DEFAULT_TILES, GemmTiles, grouped_experts_triton
+from freetoken.experts.slots.gemm_triton import DEFAULT_TILES, GemmTiles, grouped_experts_triton
+from freetoken.experts.slots.plan import group_routes
 
 D, INTER, TOP_K = 2048, 768, 8
 

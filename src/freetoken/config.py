@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import inspect
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 MOE_BACKENDS = ("auto", "fused", "offload", "cpu", "hybrid", "static-layers", "static-freq")
@@ -44,23 +45,8 @@ class EngineConfig:
     """Threads computing CPU experts: the kernel's workers plus the thread that runs each batch and takes
     work units too (so ``cpu_threads - 1`` workers, at least 1). None: physical cores - 1."""
     moe_cuda_graphs: bool = True
-    """Replay each MoE layer's decode step as a CUDA graph (slot backends on CUDA; False: eager). Without
-    graphs the host's ~1 ms of launches per hybrid layer, not the device, sets the decode pace."""
-    cpu_branch_zero_copy: bool = True
-    """CUDA decode: the stream-ordered CPU branch hands its inputs and partial over through pinned host memory
-    the GPU reads and writes directly (one staging kernel, the final add reads the partial), instead of
-    three copies out and one back (False). Measured on the H200 box (6 threads, replayed trace, medians of 3):
-    hybrid 169.9 against 157.3 tok/s with the copies, once the plan had absorbed the per-layer counters."""
-    hybrid_share_expert: bool = False
-    """hybrid: when the q whole fills leave the GPU short of m*share, share the next miss between both branches
-    by rows of its intermediate dimension (``experts/share_split.py``). Exact. On the H200 box it cost 7-13%
-    while it took ~25 small ops and a second copy launch per layer; now inside the fused plan and the fill's
-    one launch it is neutral (158.5 vs 157.3 and 159.2 vs 160.3 tok/s, 6 threads): off by default."""
-    fill_copy_engine: bool = False
-    """Experimental (CUDA): slot fills by the copy engine (``experts/copy_fills.py``: a host thread issues
-    ``cuMemcpyHtoDAsync`` from each layer's fill list) instead of the gather kernel's SM loads over PCIe.
-    Measured on the GPU box (8th session, 6 threads): offload +4-5%, hybrid unchanged (-2%), so off by
-    default; while on, the host queues at most 2 steps ahead of the GPU."""
+    """Replay each MoE layer's decode step as a CUDA graph (on CUDA; False: eager). Without graphs the
+    host's launches, not the device, set the decode pace."""
     seed: int = 0
     """Seed for requests that set none."""
 
@@ -91,48 +77,24 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class Env:
-    """The one typed place for environment variables."""
+    """The only environment variables FreeToken reads, read once per process (``env()``)."""
 
-    cache_dir: str = field(
-        default_factory=lambda: os.environ.get(
-            "FREETOKEN_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "freetoken")
-        )
-    )
-    """Where built kernels and machine profiles are kept (FREETOKEN_CACHE)."""
-    force_avx2: bool = field(default_factory=lambda: os.environ.get("FREETOKEN_FORCE_AVX2", "") == "1")
-    """Force the AVX2 path of the CPU expert kernel (FREETOKEN_FORCE_AVX2=1)."""
-    debug: bool = field(default_factory=lambda: os.environ.get("FREETOKEN_DEBUG", "") == "1")
+    cache_dir: str
+    """Where built kernels and machine profiles are kept (FREETOKEN_CACHE; default ~/.cache/freetoken)."""
+    debug: bool
     """Check cache invariants after every step (FREETOKEN_DEBUG=1)."""
-    cpu_kernel_cflags: tuple[str, ...] = field(
-        default_factory=lambda: tuple(os.environ.get("FREETOKEN_CPU_KERNEL_CFLAGS", "").split())
-    )
-    """Extra compiler flags for the CPU expert kernel, for experiments (e.g. FREETOKEN_CPU_KERNEL_CFLAGS=
-    "-O2"); part of the build key."""
-    cpu_prefetch: int | None = field(default_factory=lambda: _env_count("FREETOKEN_CPU_PREFETCH"))
-    """Software prefetch distance of the CPU expert kernel in bytes ahead of its weight streams, 0: off
-    (FREETOKEN_CPU_PREFETCH; unset: 0)."""
-    huge_pages: bool = field(default_factory=lambda: os.environ.get("FREETOKEN_HUGE_PAGES", "1") != "0")
-    """Back the host expert pool with transparent huge pages (madvise before it is filled;
-    FREETOKEN_HUGE_PAGES=0: ordinary pages). ``hardware/huge_pages.py`` says why."""
-    cpu_rows: int | None = field(default_factory=lambda: _env_count("FREETOKEN_CPU_ROWS"))
-    """Weight rows each CPU expert kernel thread streams at once at batch 1: 1, 2 or 4 (FREETOKEN_CPU_ROWS;
-    unset: 1)."""
-    cpu_spin_us: int | None = field(default_factory=lambda: _env_count("FREETOKEN_CPU_SPIN_US"))
-    """How long idle CPU expert workers poll before they sleep, in µs (FREETOKEN_CPU_SPIN_US; unset: 50 on
-    machines with at least 8 physical cores this process may use, else 0)."""
+
+    @classmethod
+    def read(cls) -> Env:
+        default_cache = os.path.join(os.path.expanduser("~"), ".cache", "freetoken")
+        return cls(cache_dir=os.environ.get("FREETOKEN_CACHE", default_cache),
+                   debug=os.environ.get("FREETOKEN_DEBUG", "") == "1")  # fmt: skip
 
 
-def _env_count(name: str) -> int | None:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit():
-        raise ValueError(f"{name} must be a whole number >= 0, got {raw!r}")
-    return int(raw)
-
-
+@functools.cache
 def env() -> Env:
-    return Env()
+    """The process's ``Env`` (tests that change the variables call ``env.cache_clear()``)."""
+    return Env.read()
 
 
 def field_docs(cls: type) -> dict[str, str]:

@@ -40,17 +40,21 @@ def _row(name: str, value: float | None, note: str = "") -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from freetoken.experts.cpu.kernel import CpuExpertKernel
     from freetoken.hardware.bandwidth import BandwidthConfig, measure
     from freetoken.hardware.probe import probe
     from freetoken.hardware.profile import HardwareProfile, recommend, save_profile
 
     machine = probe()
     cfg = BandwidthConfig(
-        threads=args.threads, isa=args.isa, read_bytes=int(args.read_gib * _GIB),
-        pool_bytes=int(args.pool_gib * _GIB), hidden=args.hidden, inter=args.inter, top_k=args.top_k,
-        layer_experts=args.layer_experts, seconds=args.seconds, device=args.device,
+        read_bytes=int(args.read_gib * _GIB), pool_bytes=int(args.pool_gib * _GIB), hidden=args.hidden,
+        inter=args.inter, top_k=args.top_k, layer_experts=args.layer_experts, seconds=args.seconds, device=args.device,
     )  # fmt: skip
-    bw = measure(cfg)
+    kern = CpuExpertKernel(num_threads=args.threads, isa=args.isa, caller_helps=False)  # B_H: the workers' figure
+    try:
+        bw = measure(cfg, kern)
+    finally:
+        kern.close()
     profile = HardwareProfile(machine, bw)
     gpus = ", ".join(f"{g.name} ({g.vram_total / _GIB:.0f} GiB)" for g in machine.gpus) or "none"
     ram = f"{machine.ram_total / _GIB:.0f} GiB RAM"

@@ -42,17 +42,13 @@ from freetoken.bench.decode_report import (
 from freetoken.bench.presets import PRESETS, MoEShape, get_preset
 from freetoken.bench.synthetic import SyntheticRouter, TraceRouter, random_banks, rms_norm
 from freetoken.config import EngineConfig
-from freetoken.experts.auto import choose_backend
+from freetoken.experts.backends.auto import choose_backend
+from freetoken.experts.backends.registry import create_backend
 from freetoken.experts.base import ExpertBackend, ExpertBanks
-from freetoken.experts.registry import create_backend
 
 DEFAULT_POLICIES = "fused,offload,hybrid,cpu,static-layers,static-freq"
-# Policy variants, side by side: "<backend>+<option>+...", e.g. "hybrid+share", "hybrid+share+zc".
+# Policy variants, side by side: "<backend>+<option>+...", e.g. "hybrid+ff40", "hybrid+lag".
 POLICY_OPTIONS = {
-    "share": "EngineConfig.hybrid_share_expert",
-    "zc": "EngineConfig.cpu_branch_zero_copy (the default)",
-    "copy": "EngineConfig.cpu_branch_zero_copy=False",
-    "ce": "EngineConfig.fill_copy_engine (slot fills by the copy engine, experimental)",
     "lag": "the host sleeps until the step before the last is done (--host-lag 1 for this policy)",
     "ffNN": "EngineConfig.fill_fraction = NN/100 (a fixed share of misses filled: hybrid+ff40 beside hybrid)",
 }
@@ -109,8 +105,6 @@ def policy_config(policy: str, args: argparse.Namespace) -> EngineConfig:
         moe_backend=base, expert_cache=args.expert_cache,
         fill_fraction=fractions[-1] if fractions else args.fill_fraction,
         cpu_threads=_threads(args), moe_cuda_graphs=args.cuda_graphs,
-        hybrid_share_expert="share" in opts or args.share_expert,
-        cpu_branch_zero_copy="copy" not in opts and args.zero_copy, fill_copy_engine="ce" in opts,
     )  # fmt: skip
 
 
@@ -185,9 +179,8 @@ def print_batch_trace(policy: str, kern: object, banks: ExpertBanks) -> None:
 
     trace = kern.take_trace()  # type: ignore[attr-defined]
     kern.trace(0)  # type: ignore[attr-defined]
-    inter = banks.down.shape[2]
-    print(f"# {policy}: CPU batches of the measured steps, median µs per part by batch size (expert equivalents)")
-    for line in format_rows(summarize(trace, inter, banks.expert_bytes)):
+    print(f"# {policy}: CPU batches of the measured steps, median µs per part by batch size (experts)")
+    for line in format_rows(summarize(trace, banks.expert_bytes)):
         print("#   " + line)
 
 
@@ -210,19 +203,6 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--bw-cpu", type=float, default=None, help="B_H' GB/s for the bound (default: machine profile)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the results here")
-    p.add_argument(
-        "--share-expert",
-        action="store_true",
-        help="hybrid: share one miss per layer between both branches (EngineConfig.hybrid_share_expert); "
-        "the policy 'hybrid+share' runs that beside plain hybrid",
-    )
-    p.add_argument(
-        "--zero-copy",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="CPU branch hand-off through mapped host memory (EngineConfig.cpu_branch_zero_copy, the default; "
-        "--no-zero-copy or the policy option '+copy': copies)",
-    )
     p.add_argument(
         "--cuda-graphs",
         action=argparse.BooleanOptionalAction,

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
+from freetoken.experts.backends.split_policy import load_machine_profile, profile_bandwidth
 from freetoken.experts.base import ExpertBanks
-from freetoken.experts.split import load_machine_profile, profile_bandwidth
 
 
 @dataclass
@@ -95,9 +95,8 @@ def summarize(
         step_ms=elapsed / steps * 1e3,
         miss_rate=misses / (hits + misses) if hits + misses else 0.0,
         mean_q=s1.get("q_mean", 0.0),
-        # the backends' byte counters when they keep them (a shared expert is part copy, part CPU)
-        pcie_mb_per_token=d.get("pcie_bytes", fills * expert_bytes) / tokens / 1e6,
-        cpu_mb_per_token=d.get("cpu_bytes", cpu_runs * expert_bytes) / tokens / 1e6,
+        pcie_mb_per_token=fills * expert_bytes / tokens / 1e6,
+        cpu_mb_per_token=cpu_runs * expert_bytes / tokens / 1e6,
         misses_per_layer_step=misses / layer_steps,
         cpu_runs_per_layer_step=cpu_runs / layer_steps,
         fills_per_layer_step=fills / layer_steps,
@@ -107,13 +106,18 @@ def summarize(
 
 def measured_bandwidths(threads: int | None, banks: ExpertBanks, dev: torch.device) -> Bandwidths:
     """B_P, B_H alone and concurrently, measured in this process on this model's expert shape."""
+    from freetoken.experts.cpu.kernel import CpuExpertKernel
     from freetoken.hardware.bandwidth import BandwidthConfig, measure
 
     cfg = BandwidthConfig(
-        threads=threads, read_bytes=2**30, hidden=banks.hidden_size, inter=banks.intermediate_size,
+        read_bytes=2**30, hidden=banks.hidden_size, inter=banks.intermediate_size,
         layer_experts=banks.num_experts, seconds=1.0, device=str(dev) if dev.type == "cuda" else "none",
     )  # fmt: skip
-    r = measure(cfg)
+    kern = CpuExpertKernel(num_threads=threads, caller_helps=False)
+    try:
+        r = measure(cfg, kern)
+    finally:
+        kern.close()
     return Bandwidths(r.fill, r.cpu_kernel, r.fill_concurrent, r.cpu_kernel_concurrent, "measured in this run")
 
 

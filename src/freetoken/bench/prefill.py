@@ -30,8 +30,8 @@ import torch
 from freetoken.bench.presets import PRESETS, MoEShape, get_preset
 from freetoken.bench.synthetic import SyntheticRouter, random_banks, rms_norm
 from freetoken.config import EngineConfig
-from freetoken.experts.registry import create_backend
-from freetoken.experts.slot_backend import SlotBackend
+from freetoken.experts.backends.registry import create_backend
+from freetoken.experts.backends.slot_backend import SlotBackend
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 STREAMER_MODE = {"stream": "stream", "serial": "serial", "ondemand": "off"}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from freetoken.engine.errors import FreeTokenError
+from freetoken.errors import FreeTokenError
 
 
 class CheckpointError(FreeTokenError):

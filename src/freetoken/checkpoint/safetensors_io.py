@@ -38,7 +38,8 @@ _MAX_HEADER = 100 * 1024 * 1024
 @dataclass(frozen=True)
 class TensorInfo:
     file: Path
-    dtype: torch.dtype
+    dtype_name: str  # the header's name, e.g. "BF16", "F8_E4M3"
+    dtype: torch.dtype | None  # None: a dtype torch has no type for (e.g. "F8_E8M0"); never read
     shape: tuple[int, ...]
     offset: int  # absolute byte offset in the file
     nbytes: int
@@ -63,10 +64,9 @@ def _read_header(path: Path) -> dict[str, TensorInfo]:
     for name, meta in header.items():
         if name == "__metadata__":
             continue
-        if meta["dtype"] not in _DTYPES:
-            raise CheckpointError(f"{path}: tensor {name} has unsupported dtype {meta['dtype']}")
         start, end = meta["data_offsets"]
-        info = TensorInfo(path, _DTYPES[meta["dtype"]], tuple(meta["shape"]), 8 + n + start, end - start)
+        dt = str(meta["dtype"])
+        info = TensorInfo(path, dt, _DTYPES.get(dt), tuple(meta["shape"]), 8 + n + start, end - start)
         if info.offset + info.nbytes > size:
             raise CheckpointError(f"{path}: tensor {name} lies beyond the end of the file (truncated?)")
         out[name] = info
@@ -108,9 +108,12 @@ class SafetensorsReader:
 
     def _info(self, name: str) -> TensorInfo:
         try:
-            return self.tensors[name]
+            info = self.tensors[name]
         except KeyError:
             raise CheckpointError(f"{self.directory}: tensor {name} is missing from the checkpoint") from None
+        if info.dtype is None:
+            raise CheckpointError(f"{info.file.name}: tensor {name} has dtype {info.dtype_name}, which cannot be read")
+        return info
 
     def read_into(self, name: str, dst: torch.Tensor, expect_shape: tuple[int, ...] | None = None) -> None:
         """Read tensor ``name`` into ``dst`` (a contiguous CPU tensor of the same shape; any dtype)."""
@@ -120,6 +123,7 @@ class SafetensorsReader:
             raise CheckpointError(
                 f"{info.file.name}: tensor {name} has shape {list(info.shape)}, expected {list(shape)}"
             )
+        assert info.dtype is not None  # _info refuses the others
         if dst.dtype == info.dtype and dst.is_contiguous() and dst.device.type == "cpu":
             self._readinto(info, dst)
         else:
@@ -129,6 +133,7 @@ class SafetensorsReader:
 
     def read(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         info = self._info(name)
+        assert info.dtype is not None  # _info refuses the others
         t = torch.empty(info.shape, dtype=info.dtype)
         self._readinto(info, t)
         return t if dtype is None else t.to(dtype)

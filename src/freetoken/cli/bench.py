@@ -1,21 +1,18 @@
 """``ft bench <benchmark>``: one module per benchmark under ``freetoken.bench``, imported lazily.
 
-Each benchmark module exposes ``add_arguments(parser)`` and ``run(args) -> int``; a benchmark whose
-module is absent is simply not offered.
+Each benchmark module exposes ``add_arguments(parser)`` and ``run(args) -> int``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 from typing import Any
 
 BENCHMARKS: dict[str, str] = {
     "bw": "freetoken.bench.bw",
     "decode": "freetoken.bench.decode",
     "prefill": "freetoken.bench.prefill",
-    "agent": "freetoken.bench.agent",
     "record-routing": "freetoken.bench.record_routing",
 }
 
@@ -27,12 +24,10 @@ def _summary(module: Any) -> str:
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = sub.add_parser(
-        "bench", help="benchmarks: bandwidth profile, decode, prefill, agent traces"
+        "bench", help="benchmarks: bandwidth profile, decode, prefill, routing traces"
     )
     bench_sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK")
     for name, module_name in BENCHMARKS.items():
-        if importlib.util.find_spec(module_name) is None:
-            continue
         module = importlib.import_module(module_name)
         summary = _summary(module)
         p = bench_sub.add_parser(name, help=summary, description=summary)

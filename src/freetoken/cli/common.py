@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 
 from freetoken.config import MOE_BACKENDS, EngineConfig, field_docs
-from freetoken.engine.errors import FreeTokenError
+from freetoken.errors import FreeTokenError
 
 
 def expert_cache_arg(value: str) -> int | float:
@@ -23,15 +23,17 @@ def expert_cache_arg(value: str) -> int | float:
 
 
 def add_engine_args(p: argparse.ArgumentParser, model_required: bool = False) -> None:
-    e = field_docs(EngineConfig)
-    p.add_argument("--model", required=model_required, help=e["model"])
-    p.add_argument("--device", default=None, help=e["device"])
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"], help=e["dtype"])
-    p.add_argument("--moe-backend", default="auto", choices=MOE_BACKENDS, help=e["moe_backend"])
-    p.add_argument("--expert-cache", type=expert_cache_arg, default=None, metavar="N|F", help=e["expert_cache"])
-    p.add_argument("--max-model-len", type=int, default=None, help=e["max_model_len"])
-    p.add_argument("--max-running-requests", type=int, default=4, help=e["max_running_requests"])
-    p.add_argument("--cpu-threads", type=int, default=None, help=e["cpu_threads"])
+    e, d = field_docs(EngineConfig), EngineConfig()  # help and defaults come from the dataclass
+    p.add_argument("--model", required=model_required, default=d.model, help=e["model"])
+    p.add_argument("--device", default=d.device, help=e["device"])
+    p.add_argument("--dtype", default=d.dtype, choices=["float32", "bfloat16", "float16"], help=e["dtype"])
+    p.add_argument("--moe-backend", default=d.moe_backend, choices=MOE_BACKENDS, help=e["moe_backend"])
+    p.add_argument("--expert-cache", type=expert_cache_arg, default=d.expert_cache, metavar="N|F",
+                   help=e["expert_cache"])  # fmt: skip
+    p.add_argument("--max-model-len", type=int, default=d.max_model_len, help=e["max_model_len"])
+    p.add_argument("--max-running-requests", type=int, default=d.max_running_requests,
+                   help=e["max_running_requests"])  # fmt: skip
+    p.add_argument("--cpu-threads", type=int, default=d.cpu_threads, help=e["cpu_threads"])
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

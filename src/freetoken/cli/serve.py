@@ -17,13 +17,13 @@ if TYPE_CHECKING:
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    s = field_docs(ServerConfig)
+    s, d = field_docs(ServerConfig), ServerConfig()  # help and defaults come from the dataclass
     p: argparse.ArgumentParser = sub.add_parser(
         "serve", help="serve a model over the OpenAI and Anthropic APIs", description=__doc__
     )
     add_engine_args(p)
-    p.add_argument("--host", default="127.0.0.1", help=s["host"])
-    p.add_argument("--port", type=int, default=1919, help=s["port"])
+    p.add_argument("--host", default=d.host, help=s["host"])
+    p.add_argument("--port", type=int, default=d.port, help=s["port"])
     p.add_argument("--api-key", default=None, help=s["api_key"])
     p.add_argument("--served-model-name", nargs="+", default=None, help=s["served_model_names"])
     p.add_argument("--tool-parser", default=None, help=s["tool_parser"])

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from freetoken.errors import FreeTokenError
 
-class FreeTokenError(Exception):
-    """Base class."""
+__all__ = ["EngineDeadError", "FreeTokenError", "InputError", "PromptTooLongError", "QueueFullError"]
 
 
 class InputError(FreeTokenError, ValueError):

@@ -1,4 +1,5 @@
-"""Resolve the model, device and dtype, load weights and tokenizer, size the KV pool."""
+"""Resolve the model, device and dtype; build the model and its expert backend; load the tokenizer; size the KV
+pool."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import torch
 
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.hf_config import HFConfig, load_hf_config
-from freetoken.checkpoint.loader import LoadedModel, load_model
 from freetoken.checkpoint.tokenizer import load_tokenizer
 from freetoken.config import EngineConfig
-from freetoken.experts.registry import create_backend
+from freetoken.engine.model_build import LoadedModel, build_model
+from freetoken.experts.backends.registry import create_backend
 from freetoken.models.registry import get_family
 
 log = logging.getLogger(__name__)
@@ -81,9 +82,7 @@ def setup_model(config: EngineConfig) -> ModelSetup:
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     max_len = min(config.max_model_len or hf.max_position_embeddings, hf.max_position_embeddings)
-    loaded = load_model(
-        hf, family, device, dtype, lambda banks: create_backend(config, banks, device, dtype), max_len
-    )
+    loaded = build_model(hf, family, device, dtype, lambda banks: create_backend(config, banks, device, dtype), max_len)
     tokenizer = load_tokenizer(path)
     eos = list(hf.eos_token_ids)
     if tokenizer is not None and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:

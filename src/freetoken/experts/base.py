@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import torch
 
-from freetoken.config import env
 from freetoken.hardware.huge_pages import advise_huge_pages
 
 ACTIVATIONS = ("silu",)
@@ -52,13 +51,12 @@ class ExpertBanks:
     def empty(
         cls, num_layers: int, num_experts: int, hidden: int, inter: int, dtype: torch.dtype
     ) -> ExpertBanks:
-        """Unwritten banks, advised onto huge pages first (``Env.huge_pages``; ``hardware/huge_pages.py``)."""
+        """Unwritten banks, advised onto huge pages first (``hardware/huge_pages.py`` says why)."""
         n = num_layers * num_experts
         gate_up = torch.empty((n, 2 * inter, hidden), dtype=dtype)
         down = torch.empty((n, hidden, inter), dtype=dtype)
-        if env().huge_pages:
-            advise_huge_pages(gate_up)
-            advise_huge_pages(down)
+        advise_huge_pages(gate_up)
+        advise_huge_pages(down)
         return cls(gate_up=gate_up, down=down, num_layers=num_layers, num_experts=num_experts)
 
 

@@ -8,9 +8,10 @@ All figures are GB/s (1e9 bytes per second) of expert weight bytes moved:
 - ``layer`` (``B_P,layer``): one whole layer of experts per copy (what prefill streams).
 - ``fill_concurrent`` / ``cpu_kernel_concurrent`` (``B_P'``, ``B_H'``): both running at once in this
   process; they share host memory, and the split ``q* ~ m B_P' / (B_P' + B_H')`` uses these
-  (``slot_plan.fill_quota``: the whole number of fills whose later branch ends first).
+  (``slots/plan.py: fill_quota``: the whole number of fills whose later branch ends first).
 Copy figures are None when the device is CUDA but CUDA is absent; device "cpu" measures memcpy
-into a CPU slot pool (the CPU stand-in for fills).
+into a CPU slot pool (the CPU stand-in for fills). The caller hands in the CPU expert kernel to measure
+(``ExpertKernel``: ``experts/cpu/kernel.py`` is one); this package imports nothing above it.
 """
 
 from __future__ import annotations
@@ -19,20 +20,29 @@ import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from freetoken.experts.cpu.kernel import CpuExpertKernel
-
 _GB = 1e9
+
+
+class ExpertKernel(Protocol):
+    """What is measured: a CPU expert kernel (``experts/cpu/kernel.py: CpuExpertKernel``)."""
+
+    num_threads: int
+    isa: str
+
+    def run(self, x: torch.Tensor, tok: torch.Tensor, row: torch.Tensor, weight: torch.Tensor,
+            gate_up: torch.Tensor, down: torch.Tensor, activation: str = ..., out: torch.Tensor | None = ...,
+            ) -> torch.Tensor: ...  # fmt: skip
+
+    def stream_read(self, buf: torch.Tensor) -> int: ...
 
 
 @dataclass(frozen=True)
 class BandwidthConfig:
-    threads: int | None = None  # CPU kernel workers (None: physical cores - 1)
-    isa: str = "auto"
     read_bytes: int = 4 * 2**30  # distinct data for the host read figure
     pool_bytes: int = 5 * 2**28  # expert pool cycled over (>> L3), also the pinned copy source
     hidden: int = 2048  # expert shape: Qwen3-30B-A3B by default
@@ -63,7 +73,7 @@ class BandwidthResult:
         return asdict(self)
 
 
-def host_read_gbps(kern: CpuExpertKernel, nbytes: int, reps: int = 3) -> float:
+def host_read_gbps(kern: ExpertKernel, nbytes: int, reps: int = 3) -> float:
     buf = torch.ones(max(8, nbytes), dtype=torch.uint8)  # touched: every page is backed
     times = []
     for _ in range(reps):
@@ -76,7 +86,7 @@ def host_read_gbps(kern: CpuExpertKernel, nbytes: int, reps: int = 3) -> float:
 class KernelLoad:
     """The CPU expert kernel on one token's top-k experts, call after call."""
 
-    def __init__(self, kern: CpuExpertKernel, cfg: BandwidthConfig) -> None:
+    def __init__(self, kern: ExpertKernel, cfg: BandwidthConfig) -> None:
         n = max(2 * cfg.top_k, cfg.pool_bytes // cfg.expert_bytes)
         # values do not matter for bandwidth; small normals keep activations finite
         self.gate_up = torch.empty(n, 2 * cfg.inter, cfg.hidden, dtype=torch.bfloat16).normal_(0, 0.02)
@@ -110,10 +120,8 @@ class CopyLoad:
     workers on every core) without the link going idle, as in the engine, whose host runs ahead. On a
     "cpu" device the copies are memcpy into a separate CPU pool, as the CPU slot cache does (DESIGN §8)."""
 
-    def __init__(
-        self, src: torch.Tensor, device: torch.device, chunk: int, batch: int, blocking: bool = True
-    ) -> None:
-        self.src, self.chunk, self.batch, self.blocking = src, chunk, batch, blocking
+    def __init__(self, src: torch.Tensor, device: torch.device, chunk: int, batch: int) -> None:
+        self.src, self.chunk, self.batch = src, chunk, batch
         self.slots = max(1, min(batch, src.numel() // chunk))
         self.dst = torch.empty(self.slots * chunk, dtype=torch.uint8, device=device)
         self.offsets = list(range(0, src.numel() - chunk + 1, chunk))
@@ -153,9 +161,9 @@ class CopyLoad:
                 off = self.offsets[(first + j) % len(self.offsets)]
                 slot = (j % self.slots) * self.chunk
                 self.dst[slot : slot + self.chunk].copy_(self.src[off : off + self.chunk], non_blocking=True)
-            # blocking: the wait below sleeps instead of spinning, so the copy thread does not take a core
-            # from the kernel's workers when they use every core (bench/gpu/probe_blocking.py compares)
-            done = torch.cuda.Event(blocking=self.blocking)
+            # blocking: the wait below sleeps instead of spinning, so the copy thread does not take a core from
+            # the kernel's workers when they use every core (a spinning wait read B_H' low: docs/benchmarks.md)
+            done = torch.cuda.Event(blocking=True)
             done.record(self.stream)
         if self._prev is not None:
             self._prev.synchronize()  # the batch before this one: this one keeps the link busy meanwhile
@@ -174,25 +182,21 @@ def concurrent_gbps(kernel: KernelLoad, copies: CopyLoad, seconds: float) -> tup
     return result["p"], h
 
 
-def measure(cfg: BandwidthConfig) -> BandwidthResult:
-    # workers only (the caller does not help): B_H is what `threads` workers deliver
-    kern = CpuExpertKernel(num_threads=cfg.threads, isa=cfg.isa, caller_helps=False)
-    try:
-        read = host_read_gbps(kern, cfg.read_bytes)
-        load = KernelLoad(kern, cfg)
-        b_h = load.run_for(cfg.seconds)
-        fields: dict[str, float] = {}
-        device = torch.device(cfg.device)
-        if device.type == "cpu" or (device.type == "cuda" and torch.cuda.is_available()):
-            layer_bytes = cfg.layer_experts * cfg.expert_bytes
-            pinned = device.type == "cuda"  # pinning needs CUDA; CPU "fills" are plain memcpy
-            src = torch.empty(max(cfg.pool_bytes, layer_bytes), dtype=torch.uint8, pin_memory=pinned)
-            src.fill_(1)
-            fill = CopyLoad(src, device, cfg.expert_bytes, cfg.top_k)
-            fields["fill"] = fill.run_for(cfg.seconds)
-            fields["layer"] = CopyLoad(src, device, layer_bytes, 1).run_for(cfg.seconds)
-            b_p2, b_h2 = concurrent_gbps(load, fill, cfg.seconds)
-            fields["fill_concurrent"], fields["cpu_kernel_concurrent"] = b_p2, b_h2
-        return BandwidthResult(kern.num_threads, kern.isa, cfg.expert_bytes, read, b_h, **fields)
-    finally:
-        kern.close()
+def measure(cfg: BandwidthConfig, kern: ExpertKernel) -> BandwidthResult:
+    """Every figure with ``kern`` (for B_H as ``threads`` workers deliver it: one whose caller does not help)."""
+    read = host_read_gbps(kern, cfg.read_bytes)
+    load = KernelLoad(kern, cfg)
+    b_h = load.run_for(cfg.seconds)
+    fields: dict[str, float] = {}
+    device = torch.device(cfg.device)
+    if device.type == "cpu" or (device.type == "cuda" and torch.cuda.is_available()):
+        layer_bytes = cfg.layer_experts * cfg.expert_bytes
+        pinned = device.type == "cuda"  # pinning needs CUDA; CPU "fills" are plain memcpy
+        src = torch.empty(max(cfg.pool_bytes, layer_bytes), dtype=torch.uint8, pin_memory=pinned)
+        src.fill_(1)
+        fill = CopyLoad(src, device, cfg.expert_bytes, cfg.top_k)
+        fields["fill"] = fill.run_for(cfg.seconds)
+        fields["layer"] = CopyLoad(src, device, layer_bytes, 1).run_for(cfg.seconds)
+        b_p2, b_h2 = concurrent_gbps(load, fill, cfg.seconds)
+        fields["fill_concurrent"], fields["cpu_kernel_concurrent"] = b_p2, b_h2
+    return BandwidthResult(kern.num_threads, kern.isa, cfg.expert_bytes, read, b_h, **fields)

@@ -5,7 +5,6 @@ The CPU expert kernel streams weight rows of a few KiB each (a Qwen3-30B-A3B ``g
 which stop at 4 KiB page boundaries, restart on every row. ``madvise(MADV_HUGEPAGE)`` before the pool is
 first written lets Linux back it with 2 MiB pages where its THP setting is ``madvise`` (the common
 default; ``always`` needs no advice, ``never`` refuses). Pinning (``cudaHostRegister``) keeps them.
-``FREETOKEN_HUGE_PAGES=0`` turns the advice off (``Env.huge_pages``).
 """
 
 from __future__ import annotations

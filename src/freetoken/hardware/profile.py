@@ -1,6 +1,6 @@
 """Hardware profiles: measured bandwidths saved per machine fingerprint, and what they recommend.
 
-A profile is JSON under ``Env().cache_dir/profiles/<fingerprint>.json``. A profile carried over from
+A profile is JSON under ``env().cache_dir/profiles/<fingerprint>.json``. A profile carried over from
 another machine (or a machine whose hardware changed) is detected by its fingerprint.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from freetoken.config import Env
+from freetoken.config import env
 from freetoken.hardware.bandwidth import BandwidthResult
 from freetoken.hardware.probe import MachineInfo, probe
 
@@ -63,7 +63,7 @@ class HardwareProfile:
 
 
 def profiles_dir(cache_dir: str | None = None) -> Path:
-    return Path(cache_dir or Env().cache_dir) / "profiles"
+    return Path(cache_dir or env().cache_dir) / "profiles"
 
 
 def save_profile(profile: HardwareProfile, cache_dir: str | None = None) -> Path:
@@ -111,24 +111,35 @@ def _fill_gbps(bw: BandwidthResult, expert_bytes: int) -> float | None:
     return expert_bytes / seconds / 1e9
 
 
-def recommend(profile: HardwareProfile, expert_bytes: int) -> str:
-    """Which MoE backend suits experts of `expert_bytes` on this machine, and why (one line)."""
+@dataclass(frozen=True)
+class Recommendation:
+    """Which MoE backend suits an expert size on this machine: ``backend`` is "offload", "hybrid" or "cpu"."""
+
+    backend: str
+    reason: str
+    fill_share: float  # of a layer's misses to fill over PCIe (the rest run on the CPU)
+
+    def __str__(self) -> str:
+        return f"{self.backend}: {self.reason}"
+
+
+def recommend(profile: HardwareProfile, expert_bytes: int) -> Recommendation:
+    """Which MoE backend suits experts of `expert_bytes` on this machine, and why."""
     bw = profile.bandwidth
     mb = expert_bytes / 1e6
     if not profile.machine.gpus or bw.fill is None:
-        per = mb / bw.cpu_kernel
-        return f"cpu: no GPU; misses run on the CPU at {bw.cpu_kernel:.1f} GB/s ({per:.2f} ms/expert)"
+        why = f"no GPU; misses run on the CPU at {bw.cpu_kernel:.1f} GB/s ({mb / bw.cpu_kernel:.2f} ms/expert)"
+        return Recommendation("cpu", why, 0.0)
     b_p = _fill_gbps(bw, expert_bytes) or 0.0
     b_h = bw.cpu_kernel_concurrent if bw.cpu_kernel_concurrent is not None else bw.cpu_kernel
     both = b_p + b_h
     if b_h < _MINOR_SHARE * both:
-        return (
-            f"offload: the CPU adds only {b_h:.1f} GB/s to {b_p:.1f} GB/s of PCIe fills "
-            f"({b_h / both:.0%}); fill every miss ({mb / b_p:.2f} ms/expert)"
-        )
+        why = (f"the CPU adds only {b_h:.1f} GB/s to {b_p:.1f} GB/s of PCIe fills ({b_h / both:.0%}); fill every "
+               f"miss ({mb / b_p:.2f} ms/expert)")  # fmt: skip
+        return Recommendation("offload", why, 1.0)
     if b_p < _MINOR_SHARE * both:
-        return f"cpu: PCIe fills ({b_p:.1f} GB/s) add little to the CPU kernel ({b_h:.1f} GB/s)"
-    return (
-        f"hybrid: fill {b_p / both:.0%} of misses over PCIe ({b_p:.1f} GB/s) and run the rest on the CPU "
-        f"({b_h:.1f} GB/s): misses at {both:.1f} GB/s vs {b_p:.1f} fill-only ({mb / both:.2f} ms/expert)"
-    )
+        return Recommendation("cpu", f"PCIe fills ({b_p:.1f} GB/s) add little to the CPU kernel ({b_h:.1f} GB/s)",
+                              b_p / both)  # fmt: skip
+    why = (f"fill {b_p / both:.0%} of misses over PCIe ({b_p:.1f} GB/s) and run the rest on the CPU ({b_h:.1f} "
+           f"GB/s): misses at {both:.1f} GB/s vs {b_p:.1f} fill-only ({mb / both:.2f} ms/expert)")  # fmt: skip
+    return Recommendation("hybrid", why, b_p / both)

@@ -1,7 +1,7 @@
 """What a model family declares: its weight names and its small architectural switches.
 
 Families differ from each other by a handful of choices; the decoder in ``decoder.py`` composes the
-layers, ``checkpoint/loader.py`` reads the weights by these names.
+layers, ``engine/model_build.py`` assembles a model from a checkpoint's weights by these names.
 """
 
 from __future__ import annotations
@@ -44,3 +44,5 @@ class Family:
     always_norm_topk: bool = False  # Mixtral renormalises top-k weights regardless of config
     qkv_bias_key: str | None = None  # config key forcing q/k/v biases (Qwen2: "qkv_bias")
     clip_qkv_key: str | None = None  # config key of a q/k/v clamp (OLMoE: "clip_qkv")
+    # Checkpoint tensors the family does not read (fnmatch patterns); any other unread tensor is refused.
+    skippable: tuple[str, ...] = ("*.rotary_emb.inv_freq",)  # rotary tables older checkpoints saved

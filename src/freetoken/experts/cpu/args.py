@@ -14,7 +14,7 @@ from freetoken.experts.cpu.reference import ACTIVATIONS
 FORMATS = {torch.float32: 0, torch.bfloat16: 1}
 ERRORS = {
     -1: "the previous batch is still running: call wait() first",
-    -2: "bad dimensions or null pointers, or i_begin outside [0, I] or differing within a pool row",
+    -2: "bad dimensions or null pointers",
     -3: "tok entries must be token indices in [0, T)",
     -4: "row entries must be pool rows in [0, N)",
     -5: "unknown weight format or activation",
@@ -36,9 +36,6 @@ class MoeArgs(ctypes.Structure):  # mirrors FtMoeArgs in plan.h
         ("w", _P),
         ("R", _I64),
         *_BANKS,
-        ("done_flag", _P),
-        ("done_value", _U32),
-        ("i_begin", _P),  # int32 [R] or None (all 0)
     ]
 
 
@@ -120,25 +117,3 @@ def check_args(
         if tuple(out.shape) != (T, D):
             raise ValueError(f"out must be [T={T}, D={D}], got {tuple(out.shape)}")
 
-
-def check_i_begin(i_begin: torch.Tensor, row: torch.Tensor, inter: int, per_row: bool = True) -> None:
-    """Raise ValueError unless ``i_begin`` is int32 [R] (one entry per route) with values in [0, I].
-
-    ``per_row``: also check that all routes of one pool row carry the same value (the C++ side checks
-    that itself, so the native path skips it).
-    """
-    check_tensor("i_begin", i_begin, (torch.int32,), 1)
-    R = row.shape[0]
-    if i_begin.shape[0] != R:
-        raise ValueError(f"i_begin must have one entry per route ({R}), got {i_begin.shape[0]}")
-    if R == 0:
-        return
-    lo, hi = int(i_begin.min()), int(i_begin.max())
-    if lo < 0 or hi > inter:
-        raise ValueError(f"i_begin entries must be intermediate rows in [0, I={inter}], got [{lo}, {hi}]")
-    if per_row:
-        rows, inverse = torch.unique(row, return_inverse=True)
-        ib = i_begin.long()
-        top = torch.full((rows.numel(),), -1, dtype=torch.int64).scatter_reduce(0, inverse, ib, "amax")
-        if not torch.equal(top[inverse], ib):  # every route holds its row's largest value
-            raise ValueError("i_begin must be the same for every route of one pool row")

@@ -2,11 +2,11 @@
 
 Each traced batch holds steady-clock ns: when the feeder began waiting for the batch's ready flag, when
 it saw it, when the pool opened steps 0-3 of the job (the bf16 split of x, phases 1-3; 0 for a step
-without units) and finished it, when the done flag was set; then the batch's work in intermediate rows
-and its distinct pool rows. ``summarize`` turns them into per-batch µs: ``idle`` (waiting for the GPU),
+without units) and finished it, when the done flag was set; then the batch's distinct pool rows (its
+experts). ``summarize`` turns them into per-batch µs: ``idle`` (waiting for the GPU),
 ``start`` (the ready flag to the job's first step: decoding the codes, the plan), ``phase1`` (gate/up),
 ``phase2`` (down), ``phase3`` (the weighted sum), ``done`` (finish to the done flag), ``busy`` (ready to
-done), grouped by the batch's size in expert equivalents, with the GB/s its busy time gives.
+done), grouped by the batch's size in experts, with the GB/s its busy time gives.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
-FIELDS = ("wait", "ready", "step0", "step1", "step2", "step3", "finish", "done", "work", "distinct")
+FIELDS = ("wait", "ready", "step0", "step1", "step2", "step3", "finish", "done", "distinct")
 
 
 @dataclass
 class BatchTraceRow:
-    experts: float  # the group's batch size in expert equivalents (rounded to a quarter)
+    experts: int  # the group's batch size in experts
     batches: int
     us: dict[str, float]  # median µs per part
     gb_s: float  # expert bytes over the median busy time
@@ -43,16 +43,16 @@ def _parts(t: torch.Tensor) -> dict[str, torch.Tensor]:
     }
 
 
-def summarize(trace: torch.Tensor, inter: int, expert_bytes: int) -> list[BatchTraceRow]:
-    """Medians per batch size (expert equivalents, to a quarter) of the batches that ran one chunk of work
-    (steps 1-3 opened; empty batches and multi-chunk ones are left out)."""
+def summarize(trace: torch.Tensor, expert_bytes: int) -> list[BatchTraceRow]:
+    """Medians per batch size (experts) of the batches that ran one chunk of work (steps 1-3 opened; empty
+    batches and multi-chunk ones are left out)."""
     if trace.numel() == 0:
         return []
     t = trace[(trace[:, 3] > 0) & (trace[:, 4] > 0) & (trace[:, 5] > 0) & (trace[:, 8] > 0)]
     if t.shape[0] == 0:
         return []
     parts = _parts(t)
-    experts = torch.round(t[:, 8].double() / inter * 4) / 4
+    experts = t[:, 8]
     rows = []
     for e in torch.unique(experts).tolist():
         sel = experts == e
@@ -68,5 +68,5 @@ def format_rows(rows: list[BatchTraceRow]) -> list[str]:
     keys = list(rows[0].us)
     out = [f"{'experts':>8}{'batches':>8}" + "".join(f"{k:>8}" for k in keys) + f"{'GB/s':>7}"]
     for r in rows:
-        out.append(f"{r.experts:8.2f}{r.batches:8d}" + "".join(f"{r.us[k]:8.1f}" for k in keys) + f"{r.gb_s:7.1f}")
+        out.append(f"{r.experts:8d}{r.batches:8d}" + "".join(f"{r.us[k]:8.1f}" for k in keys) + f"{r.gb_s:7.1f}")
     return out

@@ -1,6 +1,6 @@
 """Build the CPU expert kernel on first use and cache the shared library per machine.
 
-The .so lives under ``Env().cache_dir/kernels/`` in a folder named by a hash of the sources, the
+The .so lives under ``env().cache_dir/kernels/`` in a folder named by a hash of the sources, the
 compiler's version, the machine and the flags, so a source edit or a new compiler rebuilds and
 several processes may share one build (a file lock keeps them from building it twice at once).
 Each ISA path is its own translation unit with its own ``-m`` flags; a path the compiler cannot
@@ -19,14 +19,14 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from freetoken.config import Env
+from freetoken.config import env
 
 SRC_DIR = Path(__file__).resolve().parent
 HEADERS = (
-    "kernel_api.h", "plan.h", "pool.h", "feeder.h", "copier.h", "job_queue.h", "relax.h", "flag_wait.h", "dot_impl.h",
+    "kernel_api.h", "plan.h", "workers.h", "feeder.h", "job_queue.h", "relax.h", "flag_wait.h", "dot_impl.h",
     "dot_rows.h", "isa_avx512_s.h",
 )  # fmt: skip
-CORE_SOURCES = ("kernel.cpp", "plan.cpp", "pool.cpp", "feeder.cpp", "copier.cpp", "isa_generic.cpp")
+CORE_SOURCES = ("kernel.cpp", "plan.cpp", "workers.cpp", "feeder.cpp", "isa_generic.cpp")
 DISPATCH_SOURCE = "kernel.cpp"  # compiled last, with the FT_HAVE_<ISA> macros of the paths that built
 _AVX2 = ("-mavx2", "-mfma")
 _AVX512 = (*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl")
@@ -63,17 +63,12 @@ def build_key(cxx: str) -> str:
         h.update((SRC_DIR / name).read_bytes())
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
     h.update(version.encode())
-    h.update(f"{platform.machine()}|{platform.system()}|{_base_flags()}|{ISA_SOURCES}".encode())
+    h.update(f"{platform.machine()}|{platform.system()}|{BASE_FLAGS}|{ISA_SOURCES}".encode())
     return h.hexdigest()[:16]
 
 
-def _base_flags() -> tuple[str, ...]:
-    """BASE_FLAGS and the experiment flags of FREETOKEN_CPU_KERNEL_CFLAGS."""
-    return (*BASE_FLAGS, *Env().cpu_kernel_cflags)
-
-
 def _compile(cxx: str, src: str, flags: tuple[str, ...], obj: Path) -> tuple[bool, str]:
-    cmd = [cxx, *_base_flags(), *flags, "-c", str(SRC_DIR / src), "-o", str(obj)]
+    cmd = [cxx, *BASE_FLAGS, *flags, "-c", str(SRC_DIR / src), "-o", str(obj)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     return proc.returncode == 0, proc.stderr[-2000:]
 
@@ -110,7 +105,7 @@ def library_path(cache_dir: str | None = None) -> Path:
     cxx = find_compiler()
     if cxx is None:
         raise BuildError("no C++ compiler found (tried $CXX, c++, g++, clang++)")
-    root = Path(cache_dir or Env().cache_dir) / "kernels"
+    root = Path(cache_dir or env().cache_dir) / "kernels"
     out_dir = root / f"cpu_experts-{build_key(cxx)}"
     lib = out_dir / LIB_NAME
     if lib.exists():

@@ -7,10 +7,9 @@
 // S provides: vec, W (fp32 lanes), zero(), load(const float*), fma(a, b, c) = a * b + c, add,
 // hsum(vec) (fixed order), sfma(float, float, float) for scalar tails, and
 // load_bf16x2(const uint16_t*, vec&, vec&) (2W bf16 -> two fp32 vectors).
-// A weight format F provides: Row (a row handle), row(bank, index, K, k0) (row `index` of a bank of
-// rows of K weights, starting at column k0), load2(row, k, a, b) (2W
-// weights starting at k as two fp32 vectors), at(row, k) (one weight) and prefetch(row, k, n, ahead)
-// (the lines of n weights from k, `ahead` bytes further on).
+// A weight format F provides: Row (a row handle), row(bank, index, K) (row `index` of a bank of rows of
+// K weights), load2(row, k, a, b) (2W weights starting at k as two fp32 vectors) and at(row, k) (one
+// weight).
 // fp8 / mxfp4 / nvfp4 plug in here as new formats: their Row also carries the block scales, and
 // load2 dequantises one 16/32-weight block to fp32; the phases stay as they are.
 #pragma once
@@ -20,17 +19,6 @@
 namespace ft {
 namespace FT_ISA_NS {
 
-// Prefetches every cache line of `bytes` bytes at p + ahead bytes (ahead 0: nothing). One call per
-// loop iteration covers what the iteration consumes, so the whole stream is requested `ahead` early:
-// on Intel server cores the out-of-order window alone does not keep enough lines in flight with
-// this loop's work per line (Plan::prefetch).
-static inline void prefetch_run(const void* p, int64_t bytes, int64_t ahead) {
-  if (ahead > 0) {
-    const char* c = static_cast<const char*>(p) + ahead;
-    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b);
-  }
-}
-
 static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline float fmin_(float a, float b) { return a < b ? a : b; }
@@ -38,36 +26,28 @@ static inline float fmax_(float a, float b) { return a > b ? a : b; }
 
 struct FmtF32 {
   using Row = const float*;
-  static inline Row row(const void* bank, int64_t index, int64_t K, int64_t k0 = 0) {
-    return static_cast<const float*>(bank) + index * K + k0;
-  }
+  static inline Row row(const void* bank, int64_t index, int64_t K) { return static_cast<const float*>(bank) + index * K; }
   static inline void load2(Row r, int64_t k, S::vec& a, S::vec& b) {
     a = S::load(r + k);
     b = S::load(r + k + S::W);
   }
   static inline float at(Row r, int64_t k) { return r[k]; }
-  static inline void prefetch(Row r, int64_t k, int64_t n, int64_t ahead) {
-    prefetch_run(r + k, n * int64_t(sizeof(*r)), ahead);
-  }
 };
 
 struct FmtBF16 {
   using Row = const uint16_t*;
-  static inline Row row(const void* bank, int64_t index, int64_t K, int64_t k0 = 0) {
-    return static_cast<const uint16_t*>(bank) + index * K + k0;
+  static inline Row row(const void* bank, int64_t index, int64_t K) {
+    return static_cast<const uint16_t*>(bank) + index * K;
   }
   static inline void load2(Row r, int64_t k, S::vec& a, S::vec& b) { S::load_bf16x2(r + k, a, b); }
   static inline float at(Row r, int64_t k) { return bf16_to_f32(r[k]); }
-  static inline void prefetch(Row r, int64_t k, int64_t n, int64_t ahead) {
-    prefetch_run(r + k, n * int64_t(sizeof(*r)), ahead);
-  }
 };
 
 // res[t] = dot(row[0:K], xs[t][0:K]) for t < NT. Every token owns two accumulators and one scalar
 // tail, reduced in a fixed order, so a value never depends on the tile (NT) it was computed in:
 // results do not depend on the thread count or on how routes were tiled.
 template <class F, int NT>
-static inline void dot_tile(typename F::Row row, const float* const* xs, int64_t K, float* res, int64_t pf) {
+static inline void dot_tile(typename F::Row row, const float* const* xs, int64_t K, float* res) {
   constexpr int64_t B = 2 * S::W;
   // four independent FMA chains per token (two 2W-blocks per iteration): one chain per block half
   // would be bound by the FMA latency rather than by memory
@@ -76,7 +56,6 @@ static inline void dot_tile(typename F::Row row, const float* const* xs, int64_t
   int64_t k = 0;
   for (; k + 2 * B <= K; k += 2 * B) {
     S::vec a, b, c, d;
-    F::prefetch(row, k, 2 * B, pf);
     F::load2(row, k, a, b);
     F::load2(row, k + B, c, d);
     for (int t = 0; t < NT; ++t) {
@@ -107,13 +86,12 @@ static inline void dot_tile(typename F::Row row, const float* const* xs, int64_t
 // (x ~= hi + lo keeps ~16 mantissa bits, close to the fp32 path). Same accumulator discipline.
 template <int NT>
 static inline void dot_tile_dp(const uint16_t* row, const uint16_t* const* hi, const uint16_t* const* lo,
-                               const float* const* xs, int64_t K, float* res, int64_t pf) {
+                               const float* const* xs, int64_t K, float* res) {
   constexpr int64_t B = 32;
   __m512 acc0[NT], acc1[NT], acc2[NT], acc3[NT];  // hi and lo chains for two blocks per iteration
   for (int t = 0; t < NT; ++t) acc0[t] = acc1[t] = acc2[t] = acc3[t] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 2 * B <= K; k += 2 * B) {
-    prefetch_run(row + k, 2 * B * 2, pf);
     const __m512bh w0 = (__m512bh)_mm512_loadu_si512(row + k);
     const __m512bh w1 = (__m512bh)_mm512_loadu_si512(row + k + B);
     for (int t = 0; t < NT; ++t) {
@@ -158,54 +136,50 @@ struct Operands {
 
 // res[t] = row . ops.f[t] for t < ops.nt, dispatching the runtime nt to a template instance.
 template <class F, bool DP>
-static inline void dot_row(typename F::Row row, const Operands& o, int64_t K, float* res, int64_t pf) {
+static inline void dot_row(typename F::Row row, const Operands& o, int64_t K, float* res) {
 #ifdef FT_DOT_BF16
   if (DP) {
     const uint16_t* r = reinterpret_cast<const uint16_t*>(row);
     switch (o.nt) {
-      case 1: return dot_tile_dp<1>(r, o.hi, o.lo, o.f, K, res, pf);
-      case 2: return dot_tile_dp<2>(r, o.hi, o.lo, o.f, K, res, pf);
-      case 3: return dot_tile_dp<3>(r, o.hi, o.lo, o.f, K, res, pf);
-      default: return dot_tile_dp<4>(r, o.hi, o.lo, o.f, K, res, pf);
+      case 1: return dot_tile_dp<1>(r, o.hi, o.lo, o.f, K, res);
+      case 2: return dot_tile_dp<2>(r, o.hi, o.lo, o.f, K, res);
+      case 3: return dot_tile_dp<3>(r, o.hi, o.lo, o.f, K, res);
+      default: return dot_tile_dp<4>(r, o.hi, o.lo, o.f, K, res);
     }
   }
 #endif
   switch (o.nt) {
 #if FT_NT_MAX >= 4
-    case 4: return dot_tile<F, 4>(row, o.f, K, res, pf);
-    case 3: return dot_tile<F, 3>(row, o.f, K, res, pf);
+    case 4: return dot_tile<F, 4>(row, o.f, K, res);
+    case 3: return dot_tile<F, 3>(row, o.f, K, res);
 #endif
 #if FT_NT_MAX >= 2
-    case 2: return dot_tile<F, 2>(row, o.f, K, res, pf);
+    case 2: return dot_tile<F, 2>(row, o.f, K, res);
 #endif
-    default: return dot_tile<F, 1>(row, o.f, K, res, pf);
+    default: return dot_tile<F, 1>(row, o.f, K, res);
   }
 }
 
 #include "dot_rows.h"
 
-// Operands of sorted routes [s, s + nt): their tokens' x rows (phase 1) or their h rows from column
-// h0 on (phase 2).
+// Operands of sorted routes [s, s + nt): their tokens' x rows (phase 1) or their h rows (phase 2).
 template <bool DP>
-static inline Operands operands(const Plan& p, int64_t s, int nt, bool x_side, int64_t h0 = 0) {
+static inline Operands operands(const Plan& p, int64_t s, int nt, bool x_side) {
   Operands o;
   o.nt = nt;
   for (int t = 0; t < nt; ++t) {
-    const int64_t off = x_side ? static_cast<int64_t>(p.s_tok[s + t]) * p.D : (s + t) * p.I + h0;
+    const int64_t off = x_side ? static_cast<int64_t>(p.s_tok[s + t]) * p.D : (s + t) * p.I;
     o.f[t] = (x_side ? p.x : p.h) + off;
     if (DP) o.hi[t] = (x_side ? p.x_hi : p.h_hi) + off, o.lo[t] = (x_side ? p.x_lo : p.h_lo) + off;
   }
   return o;
 }
 
-// Phase-1 unit: h[s, i] for the group's routes s and h indices i of one block, from the group's
-// i_begin on: rows below it are another device's share, neither read nor written (phase 2 skips them).
+// Phase-1 unit: h[s, i] for the group's routes s and h indices i of one block.
 template <class F, bool DP>
 static void phase1(const Plan& p, int64_t u) {
   const int64_t D = p.D, I = p.I, nb = (I + p.hblock - 1) / p.hblock;
-  const int64_t g = u / nb, b0 = (u % nb) * p.hblock;
-  const int64_t i0 = imax(b0, p.group_ibegin[g]), n = imin(I, b0 + p.hblock) - i0;
-  if (n <= 0) return;  // the whole block lies below i_begin
+  const int64_t g = u / nb, i0 = (u % nb) * p.hblock, n = imin(I, i0 + p.hblock) - i0;
   const int64_t base = p.group_row[g] * 2 * I;  // first gate row of this expert
   const int64_t s1 = p.group_start[g + 1];
   float gate[kMaxHBlock * FT_NT_MAX], up[kMaxHBlock * FT_NT_MAX];
@@ -213,11 +187,11 @@ static void phase1(const Plan& p, int64_t u) {
     const int nt = static_cast<int>(imin(FT_NT_MAX, s1 - s));
     const Operands o = operands<DP>(p, s, nt, true);
     if (nt == 1) {  // batch 1: Plan::rows weight streams at a time
-      dot_row_run<F, DP>(p.gate_up, base + i0, n, D, 0, o, gate, p.rows, p.prefetch);
-      dot_row_run<F, DP>(p.gate_up, base + I + i0, n, D, 0, o, up, p.rows, p.prefetch);
+      dot_row_run<F, DP>(p.gate_up, base + i0, n, D, o, gate, p.rows);
+      dot_row_run<F, DP>(p.gate_up, base + I + i0, n, D, o, up, p.rows);
     } else {
-      for (int64_t i = 0; i < n; ++i) dot_row<F, DP>(F::row(p.gate_up, base + i0 + i, D), o, D, gate + i * nt, p.prefetch);
-      for (int64_t i = 0; i < n; ++i) dot_row<F, DP>(F::row(p.gate_up, base + I + i0 + i, D), o, D, up + i * nt, p.prefetch);
+      for (int64_t i = 0; i < n; ++i) dot_row<F, DP>(F::row(p.gate_up, base + i0 + i, D), o, D, gate + i * nt);
+      for (int64_t i = 0; i < n; ++i) dot_row<F, DP>(F::row(p.gate_up, base + I + i0 + i, D), o, D, up + i * nt);
     }
     for (int t = 0; t < nt; ++t) {
       float* h = p.h + (s + t) * I + i0;
@@ -233,25 +207,23 @@ static void phase1(const Plan& p, int64_t u) {
   }
 }
 
-// Phase-2 unit: y[s, d] = down[d, h0:I] . h[s, h0:I] for the group's routes s and one block of rows d,
-// h0 = the group's i_begin (h0 == I: y = 0, nothing read).
+// Phase-2 unit: y[s, d] = down[d, :] . h[s, :] for the group's routes s and one block of rows d.
 template <class F, bool DP>
 static void phase2(const Plan& p, int64_t u) {
   const int64_t D = p.D, I = p.I, nb = (D + p.dblock - 1) / p.dblock;
   const int64_t g = u / nb, d0 = (u % nb) * p.dblock, d1 = imin(D, d0 + p.dblock);
   const int64_t base = p.group_row[g] * D;  // first down row of this expert
-  const int64_t h0 = p.group_ibegin[g];
   const int64_t s1 = p.group_start[g + 1];
   for (int64_t s = p.group_start[g]; s < s1; s += FT_NT_MAX) {
     const int nt = static_cast<int>(imin(FT_NT_MAX, s1 - s));
-    const Operands o = operands<DP>(p, s, nt, false, h0);
+    const Operands o = operands<DP>(p, s, nt, false);
     if (nt == 1) {
-      dot_row_run<F, DP>(p.down, base + d0, d1 - d0, I, h0, o, p.y + s * D + d0, p.rows, p.prefetch);
+      dot_row_run<F, DP>(p.down, base + d0, d1 - d0, I, o, p.y + s * D + d0, p.rows);
       continue;
     }
     for (int64_t d = d0; d < d1; ++d) {
       float res[FT_NT_MAX];
-      dot_row<F, DP>(F::row(p.down, base + d, I, h0), o, I - h0, res, p.prefetch);
+      dot_row<F, DP>(F::row(p.down, base + d, I), o, I, res);
       for (int t = 0; t < nt; ++t) p.y[(s + t) * D + d] = res[t];
     }
   }

@@ -8,7 +8,7 @@
 #pragma once
 
 template <class F, int R>
-static inline void dot_rows(const typename F::Row* rows, const float* x, int64_t K, float* res, int64_t pf) {
+static inline void dot_rows(const typename F::Row* rows, const float* x, int64_t K, float* res) {
   constexpr int64_t B = 2 * S::W;
   S::vec acc0[R], acc1[R], acc2[R], acc3[R];
   for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = acc2[r] = acc3[r] = S::zero();
@@ -18,7 +18,6 @@ static inline void dot_rows(const typename F::Row* rows, const float* x, int64_t
     const S::vec x2 = S::load(x + k + B), x3 = S::load(x + k + B + S::W);
     for (int r = 0; r < R; ++r) {
       S::vec a, b, c, d;
-      F::prefetch(rows[r], k, 2 * B, pf);
       F::load2(rows[r], k, a, b);
       F::load2(rows[r], k + B, c, d);
       acc0[r] = S::fma(a, x0, acc0[r]);
@@ -47,7 +46,7 @@ static inline void dot_rows(const typename F::Row* rows, const float* x, int64_t
 #ifdef FT_DOT_BF16
 template <int R>
 static inline void dot_rows_dp(const uint16_t* const* rows, const uint16_t* hi, const uint16_t* lo, const float* x,
-                               int64_t K, float* res, int64_t pf) {
+                               int64_t K, float* res) {
   constexpr int64_t B = 32;
   __m512 acc0[R], acc1[R], acc2[R], acc3[R];
   for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = acc2[r] = acc3[r] = _mm512_setzero_ps();
@@ -56,7 +55,6 @@ static inline void dot_rows_dp(const uint16_t* const* rows, const uint16_t* hi, 
     const __m512bh h0 = (__m512bh)_mm512_loadu_si512(hi + k), l0 = (__m512bh)_mm512_loadu_si512(lo + k);
     const __m512bh h1 = (__m512bh)_mm512_loadu_si512(hi + k + B), l1 = (__m512bh)_mm512_loadu_si512(lo + k + B);
     for (int r = 0; r < R; ++r) {
-      prefetch_run(rows[r] + k, 2 * B * 2, pf);
       const __m512bh w0 = (__m512bh)_mm512_loadu_si512(rows[r] + k);
       const __m512bh w1 = (__m512bh)_mm512_loadu_si512(rows[r] + k + B);
       acc0[r] = _mm512_dpbf16_ps(acc0[r], w0, h0);
@@ -82,23 +80,23 @@ static inline void dot_rows_dp(const uint16_t* const* rows, const uint16_t* hi, 
 }
 #endif
 
-// Rows first + r * stride (r < R) of `bank` (K weights per row, from column k0, len of them) against the
-// single token of `o` (o.nt == 1): res[r * stride].
+// Rows first + r * stride (r < R) of `bank` (K weights per row) against the single token of `o`
+// (o.nt == 1): res[r * stride].
 template <class F, bool DP, int R>
-static inline void dot_rows_at(const void* bank, int64_t first, int64_t stride, int64_t K, int64_t k0, int64_t len,
-                               const Operands& o, float* res, int64_t pf) {
+static inline void dot_rows_at(const void* bank, int64_t first, int64_t stride, int64_t K, const Operands& o,
+                               float* res) {
   typename F::Row rows[R];
   float out[R];
-  for (int r = 0; r < R; ++r) rows[r] = F::row(bank, first + r * stride, K, k0);
+  for (int r = 0; r < R; ++r) rows[r] = F::row(bank, first + r * stride, K);
 #ifdef FT_DOT_BF16
   if (DP) {
     const uint16_t* r16[R];
     for (int r = 0; r < R; ++r) r16[r] = reinterpret_cast<const uint16_t*>(rows[r]);
-    dot_rows_dp<R>(r16, o.hi[0], o.lo[0], o.f[0], len, out, pf);
+    dot_rows_dp<R>(r16, o.hi[0], o.lo[0], o.f[0], K, out);
   } else
 #endif
   {
-    dot_rows<F, R>(rows, o.f[0], len, out, pf);
+    dot_rows<F, R>(rows, o.f[0], K, out);
   }
   for (int r = 0; r < R; ++r) res[r * stride] = out[r];
 }
@@ -108,25 +106,24 @@ static inline void dot_rows_at(const void* bank, int64_t first, int64_t stride, 
 // (rows j, j + m, j + 2m, ... for m = n / R): each stream reads ascending addresses over its whole part, so
 // the hardware prefetcher follows it across rows and pages. Rows shorter than a page (down's, I * 2 bytes)
 // would otherwise put R short interleaved streams into one page, which the prefetcher does not follow
-// (phase 2 read at ~60% of phase 1's bandwidth). The rest one by one.
+// (phase 2 then streamed far below phase 1: docs/benchmarks.md). The rest one by one.
 template <class F, bool DP>
-static inline void dot_row_run(const void* bank, int64_t first, int64_t n, int64_t K, int64_t k0, const Operands& o,
-                               float* res, int64_t rows, int64_t pf) {
-  const int64_t len = K - k0;
+static inline void dot_row_run(const void* bank, int64_t first, int64_t n, int64_t K, const Operands& o, float* res,
+                               int64_t rows) {
   int64_t i = 0;
   if constexpr (FT_ROWS_MAX >= 4) {
     if (rows >= 4 && n >= 4) {
       const int64_t m = n / 4;
-      for (int64_t j = 0; j < m; ++j) dot_rows_at<F, DP, 4>(bank, first + j, m, K, k0, len, o, res + j, pf);
+      for (int64_t j = 0; j < m; ++j) dot_rows_at<F, DP, 4>(bank, first + j, m, K, o, res + j);
       i = 4 * m;
     }
   }
   if constexpr (FT_ROWS_MAX >= 2) {
     if (rows >= 2 && n - i >= 2) {
       const int64_t m = (n - i) / 2;
-      for (int64_t j = 0; j < m; ++j) dot_rows_at<F, DP, 2>(bank, first + i + j, m, K, k0, len, o, res + i + j, pf);
+      for (int64_t j = 0; j < m; ++j) dot_rows_at<F, DP, 2>(bank, first + i + j, m, K, o, res + i + j);
       i += 2 * m;
     }
   }
-  for (; i < n; ++i) dot_row<F, DP>(F::row(bank, first + i, K, k0), o, len, res + i, pf);
+  for (; i < n; ++i) dot_row<F, DP>(F::row(bank, first + i, K), o, K, res + i);
 }

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <climits>
 #include <cstring>
 #include <exception>
 
@@ -13,7 +12,7 @@
 
 namespace ft {
 
-Feeder::Feeder(RunFn run, int64_t spin_ns, std::atomic<int64_t>* hot, const Pool* pool)
+Feeder::Feeder(RunFn run, int64_t spin_ns, std::atomic<int64_t>* hot, const WorkerPool* pool)
     : run_(std::move(run)), spin_ns_(spin_ns), batches_(hot), pool_(pool), thread_([this] { loop(); }) {}
 
 void Feeder::trace(int64_t cap) {
@@ -39,10 +38,9 @@ void Feeder::record(int64_t t_wait, int64_t t_ready, int64_t t_done) {
   if (trace_cap_ == 0) return;
   int64_t* r = trace_.data() + trace_head_ * kTraceFields;
   r[0] = t_wait, r[1] = t_ready;
-  for (int s = 0; s < Pool::kTracedSteps; ++s) r[2 + s] = pool_ ? pool_->step_open_ns()[s] : 0;
-  r[2 + Pool::kTracedSteps] = pool_ ? pool_->finish_ns() : 0;
-  r[3 + Pool::kTracedSteps] = t_done, r[4 + Pool::kTracedSteps] = work_;
-  r[kTraceFields - 1] = distinct_;
+  for (int s = 0; s < WorkerPool::kTracedSteps; ++s) r[2 + s] = pool_ ? pool_->step_open_ns()[s] : 0;
+  r[2 + WorkerPool::kTracedSteps] = pool_ ? pool_->finish_ns() : 0;
+  r[3 + WorkerPool::kTracedSteps] = t_done, r[kTraceFields - 1] = distinct_;
   trace_head_ = (trace_head_ + 1) % trace_cap_;
   trace_count_ = std::min(trace_count_ + 1, trace_cap_);
 }
@@ -64,38 +62,26 @@ void Feeder::drain() { batches_.drain(); }
 
 int Feeder::compute(const FtQueuedArgs& a) {
   const int64_t n = a.T * a.k;
-  tok_.clear(), row_.clear(), ib_.clear(), w_.clear();
+  tok_.clear(), row_.clear(), w_.clear();
   for (int64_t i = 0; i < n; ++i) {
     const int64_t c = a.codes[i];
     if (c >= 0) continue;
-    const int64_t v = -1 - c;  // row + N * i_begin (N <= 0: no row is valid; the plan reports it)
-    const int64_t row = a.N > 0 ? v % a.N : v, ib = a.N > 0 ? v / a.N : 0;
-    tok_.push_back(static_cast<int32_t>(i / a.k)), row_.push_back(row), w_.push_back(a.w[i]);
-    ib_.push_back(static_cast<int32_t>(std::min<int64_t>(ib, INT32_MAX)));  // > I: the plan's error -2
+    tok_.push_back(static_cast<int32_t>(i / a.k)), row_.push_back(-1 - c), w_.push_back(a.w[i]);  // rows: the plan checks
   }
   const FtMoeArgs m{a.x, a.T, a.D, a.I, tok_.data(), row_.data(), w_.data(), static_cast<int64_t>(row_.size()),
-                    a.gate_up, a.down, a.N, a.fmt, a.act, a.out, nullptr, 0, ib_.data()};
+                    a.gate_up, a.down, a.N, a.fmt, a.act, a.out};
   return run_(m);
 }
 
 void Feeder::write_stats(const FtQueuedArgs& a, int64_t ns, int rc) {
-  rows_.clear();
-  const size_t n = std::min(row_.size(), ib_.size());  // equal unless decoding ran out of memory
-  for (size_t s = 0; s < n; ++s) rows_.emplace_back(row_[s], ib_[s]);
+  rows_.assign(row_.begin(), row_.end());
   std::sort(rows_.begin(), rows_.end());
-  int64_t distinct = 0, work = 0;
-  for (size_t j = 0; j < rows_.size(); ++j) {
-    if (j > 0 && rows_[j].first == rows_[j - 1].first) continue;  // a row's first (lowest) i_begin counts
-    ++distinct;
-    work += std::max<int64_t>(0, a.I - rows_[j].second);
-  }
-  work_ = work, distinct_ = distinct;
+  distinct_ = std::unique(rows_.begin(), rows_.end()) - rows_.begin();
   if (!a.stats) return;
-  a.stats[0] = distinct;
+  a.stats[0] = distinct_;
   a.stats[1] = static_cast<int64_t>(row_.size());
   a.stats[2] = ns;
   a.stats[3] = rc;
-  a.stats[4] = work;
 }
 
 void Feeder::run_one(const FtQueuedArgs& a, int64_t t_wait) {

@@ -16,13 +16,12 @@
 
 #include "job_queue.h"
 #include "plan.h"
-#include "pool.h"
+#include "workers.h"
 
 extern "C" struct FtQueuedArgs {
   const float* x;  // [T, D] fp32
   int64_t T, D, I;
-  // [T * k] route codes: c >= 0 does not run here; c < 0 runs here: with v = -1 - c, on pool row v % N,
-  // intermediate rows [v / N, I) (FtMoeArgs::i_begin; v < N: the whole expert, the old encoding)
+  // [T * k] route codes: c >= 0 does not run here (the GPU's slot); c < 0 runs here on pool row -1 - c
   const int64_t* codes;
   const float* w;        // [T * k] gate weights
   int64_t k;
@@ -35,8 +34,7 @@ extern "C" struct FtQueuedArgs {
   uint32_t ready_value;
   uint32_t* done_flag;  // set to done_value (release) when out and stats are written, also on error
   uint32_t done_value;
-  // optional [5]: distinct pool rows, routes, ns from ready to done, error code (0 ok), and the work in
-  // intermediate rows: the sum over distinct pool rows of (I - i_begin) (/ I: expert equivalents)
+  // optional [4]: distinct pool rows, routes, ns from ready to done, error code (0 ok)
   int64_t* stats;
   // 0: sequence flags as above. 1: toggle flags, for replayed CUDA graphs whose written values are fixed:
   // start once *ready_flag == ready_value, then reset *ready_flag to 0 (the waiting side resets done).
@@ -52,7 +50,7 @@ class Feeder {
   // the batches queued and running here too (the worker pool spins longer while it is > 0).
   using RunFn = std::function<int(const FtMoeArgs&)>;
   // pool (optional): the pool run uses, whose step times the batch trace records.
-  Feeder(RunFn run, int64_t spin_ns, std::atomic<int64_t>* hot = nullptr, const Pool* pool = nullptr);
+  Feeder(RunFn run, int64_t spin_ns, std::atomic<int64_t>* hot = nullptr, const WorkerPool* pool = nullptr);
   ~Feeder();  // abandons queued batches, setting their done flags, so no stream waits forever
 
   // 0 queued; -2 bad dimensions or null pointers (nothing queued).
@@ -64,9 +62,9 @@ class Feeder {
   int take_error() { return error_.exchange(0); }
   // Batch trace (diagnostics): with cap > 0 every batch run from now on appends kTraceFields values,
   // the last cap batches kept: steady-clock ns when the feeder began waiting for the ready flag, saw it,
-  // the pool's step opening times (Pool::kTracedSteps, 0: step without units) and finish, done; then
-  // the work in intermediate rows and the distinct pool rows. cap 0 turns it off.
-  static constexpr int kTraceFields = 6 + Pool::kTracedSteps;
+  // the pool's step opening times (WorkerPool::kTracedSteps, 0: step without units) and finish, done; then
+  // the distinct pool rows. cap 0 turns it off.
+  static constexpr int kTraceFields = 5 + WorkerPool::kTracedSteps;
   void trace(int64_t cap);
   // Copies up to max batches, oldest first, into out [max, kTraceFields] and forgets them; the count.
   int64_t take_trace(int64_t* out, int64_t max);
@@ -75,7 +73,7 @@ class Feeder {
   void loop();
   void run_one(const FtQueuedArgs& a, int64_t t_wait);  // t_wait: when the feeder began waiting for it
   int compute(const FtQueuedArgs& a);  // decode the codes, run the batch; 0 or an error code
-  void write_stats(const FtQueuedArgs& a, int64_t ns, int rc);  // a.stats[0..4] of the batch just run
+  void write_stats(const FtQueuedArgs& a, int64_t ns, int rc);  // a.stats[0..3] of the batch just run
   void record(int64_t t_wait, int64_t t_ready, int64_t t_done);  // one batch of the trace
 
 
@@ -85,11 +83,10 @@ class Feeder {
   std::atomic<int> error_{0};
   std::vector<int32_t> tok_;  // the batch's routes, decoded from its codes (feeder thread only)
   std::vector<int64_t> row_;
-  std::vector<int32_t> ib_;  // i_begin of each route
   std::vector<float> w_;
-  std::vector<std::pair<int64_t, int32_t>> rows_;  // scratch: distinct (row, i_begin) for the stats
-  int64_t work_ = 0, distinct_ = 0;  // the last batch's (write_stats)
-  const Pool* pool_;
+  std::vector<int64_t> rows_;  // scratch: distinct rows for the stats
+  int64_t distinct_ = 0;  // the last batch's (write_stats)
+  const WorkerPool* pool_;
   std::mutex trace_mu_;
   std::vector<int64_t> trace_;  // ring of trace_cap_ records
   int64_t trace_cap_ = 0, trace_head_ = 0, trace_count_ = 0;

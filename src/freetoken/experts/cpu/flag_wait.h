@@ -1,5 +1,5 @@
 // Waiting for a ready flag the GPU stream writes into pinned host memory (nobody can notify the waiting
-// thread): the feeder's queued CPU batches and the copier's fill jobs. Plain C++17.
+// thread): the feeder's queued CPU batches. Plain C++17.
 #pragma once
 
 #include <algorithm>
@@ -11,11 +11,6 @@
 #include "relax.h"
 
 namespace ft {
-
-inline int64_t steady_now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // mode 0 (sequence flags): reached once (int32)(*flag - value) >= 0; mode 1 (toggle flags, replayed CUDA
 // graphs whose written values are fixed): reached once *flag == value.

@@ -1,4 +1,4 @@
-// An in-order job queue served by one thread (the feeder's CPU batches, the copier's fill lists). Any thread
+// An in-order job queue served by one thread (the feeder's CPU batches). Any thread
 // pushes without blocking on the work; the serving thread takes the front job with next() and removes it with
 // done() once it has run, so a job counts as pending from push until done; drain() waits until nothing is
 // pending (or the queue stops). stop() wakes the server, which then releases what is still queued without

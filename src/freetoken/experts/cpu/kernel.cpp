@@ -6,7 +6,7 @@
 //   phase 2: y = down . h for all routes, units of (distinct row, block of down rows);
 //   barrier;
 //   phase 3: out[t] = sum of w * y over t's routes in a fixed order (small, cache-resident).
-// Units are handed out dynamically (pool.h); a unit's result never depends on which thread computed
+// Units are handed out dynamically (workers.h); a unit's result never depends on which thread computed
 // it. The ISA-specific phases live in isa_*.cpp (one TU per -m flag set), picked at run time.
 // Plans (routes grouped by expert, chunked by tokens) come from plan.h. C API at the bottom
 // (ctypes); no torch headers.
@@ -18,7 +18,7 @@
 #include "feeder.h"
 #include "kernel_api.h"
 #include "plan.h"
-#include "pool.h"
+#include "workers.h"
 #include "relax.h"
 
 namespace ft {
@@ -133,8 +133,7 @@ class ReadJob final : public Job {
 class Kernel {
  public:
   Kernel(int n, const int* cpus, int isa, int64_t spin_ns)
-      : isa_(isa),
-        ops_(ops_for(isa)),
+      : ops_(ops_for(isa)),
         moe_(ops_, plans_),
         pool_(n, cpus, spin_ns, kHotSpinNs),
         feeder_([this](const FtMoeArgs& a) { return run_now(a); }, spin_ns, &pool_.hot(), &pool_) {
@@ -142,9 +141,6 @@ class Kernel {
   }
 
   int threads() const { return pool_.threads(); }
-  int isa() const { return isa_; }
-  // Bytes of software prefetch ahead of the weight streams for the batches built from now on.
-  void set_prefetch(int64_t bytes) { plans_.set_prefetch(bytes); }
   // Batch-1 weight rows streamed at once per thread (1, 2, 4) for the batches built from now on.
   void set_rows(int64_t rows) { plans_.set_rows(rows); }
   bool busy() const { return pool_.busy(); }
@@ -153,7 +149,7 @@ class Kernel {
     if (busy() || feeder_.pending()) return -1;
     pool_.quiesce();  // late workers of the previous batch may still read its plans
     if (const int rc = plans_.build(a, ops_.split_bf16)) return rc;
-    pool_.start(&moe_, a.done_flag, a.done_value);
+    pool_.start(&moe_);
     return 0;
   }
 
@@ -167,25 +163,24 @@ class Kernel {
     pool_.wait(true);
     pool_.quiesce();
     read_.reset(p, words, 4 * static_cast<int64_t>(threads()));
-    pool_.start(&read_, nullptr, 0);
+    pool_.start(&read_);
     pool_.wait(false);
     return read_.total();
   }
 
  private:
-  const int isa_;
   const IsaOps ops_;
   PlanBuilder plans_;  // the current batch (kept: repeated calls reuse its allocations)
   MoeJob moe_;
   ReadJob read_;
-  Pool pool_;  // its threads start after, and stop before, everything they read
+  WorkerPool pool_;  // its threads start after, and stop before, everything they read
   Feeder feeder_;  // last: its thread runs batches on pool_
 
   // A queued batch, on the feeder thread: the whole batch, this thread helping.
   int run_now(const FtMoeArgs& a) {
     pool_.quiesce();
     if (const int rc = plans_.build(a, ops_.split_bf16)) return rc;
-    pool_.start(&moe_, nullptr, 0);
+    pool_.start(&moe_);
     pool_.wait(true);
     return 0;
   }
@@ -198,10 +193,9 @@ extern "C" {
 
 int ft_isa_supported(int isa) { return ft::isa_supported(isa) ? 1 : 0; }
 
-// Best ISA this CPU and this build support; force_avx2 caps it at AVX2 (FREETOKEN_FORCE_AVX2).
-int ft_best_isa(int force_avx2) {
-  const int top = force_avx2 ? ft::ISA_AVX2 : ft::ISA_COUNT - 1;
-  for (int isa = top; isa > ft::ISA_GENERIC; --isa)
+// Best ISA this CPU and this build support.
+int ft_best_isa() {
+  for (int isa = ft::ISA_COUNT - 1; isa > ft::ISA_GENERIC; --isa)
     if (ft::isa_supported(isa)) return isa;
   return ft::ISA_GENERIC;
 }
@@ -219,9 +213,6 @@ void* ft_pool_create(int n, const int* cpus, int isa, int spin_us) {
 
 void ft_pool_destroy(void* k) { delete static_cast<ft::Kernel*>(k); }
 
-// Software prefetch distance (bytes ahead, 0: off) for the pool's next batches; set while idle.
-void ft_pool_set_prefetch(void* k, int64_t bytes) { static_cast<ft::Kernel*>(k)->set_prefetch(bytes < 0 ? 0 : bytes); }
-
 // Batch-1 row blocking (1, 2 or 4 weight rows streamed at once per thread; the ISA may cap it); set
 // while idle. -1: not one of those.
 int ft_pool_set_rows(void* k, int64_t rows) {
@@ -230,13 +221,9 @@ int ft_pool_set_rows(void* k, int64_t rows) {
   return 0;
 }
 
-int ft_pool_threads(void* k) { return static_cast<ft::Kernel*>(k)->threads(); }
-int ft_pool_isa(void* k) { return static_cast<ft::Kernel*>(k)->isa(); }
-int ft_pool_busy(void* k) { return static_cast<ft::Kernel*>(k)->busy() ? 1 : 0; }
 
-// 0: started; -1 busy (wait first); -2 bad dims/pointers, or an i_begin outside [0, I] or differing
-// between routes of one pool row; -3 token out of range; -4 row out of range; -5 unknown format or
-// activation; -6 out of memory for the plan's scratch.
+// 0: started; -1 busy (wait first); -2 bad dims/pointers; -3 token out of range; -4 row out of range;
+// -5 unknown format or activation; -6 out of memory for the plan's scratch.
 int ft_moe_submit(void* k, const FtMoeArgs* args) {
   try {
     return static_cast<ft::Kernel*>(k)->submit_moe(*args);

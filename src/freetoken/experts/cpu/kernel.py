@@ -1,10 +1,8 @@
 """``CpuExpertKernel``: a checked Python wrapper over the C++ expert kernel (ctypes, raw pointers).
 
 Shapes: T tokens, D hidden, I intermediate, R routes, N pool rows (``eid = layer * E + expert``).
-Inputs: x float32 [T, D]; routes as tok int32 [R], row int64 [R], weight float32 [R], optionally
-i_begin int32 [R] (route s computes intermediate rows [i_begin[s], I) of its expert only: the CPU share
-of an expert split with the GPU; the same for all routes of a row); banks gate_up [N, 2I, D] and down
-[N, D, I], both bfloat16 or both float32; out float32 [T, D]. All contiguous CPU tensors. ctypes
+Inputs: x float32 [T, D]; routes as tok int32 [R], row int64 [R], weight float32 [R]; banks gate_up
+[N, 2I, D] and down [N, D, I], both bfloat16 or both float32; out float32 [T, D]. All contiguous CPU tensors. ctypes
 drops the GIL during every call, so ``submit`` returns at once and the workers run while the caller
 (the hybrid backend's GPU branch) goes on; ``wait`` blocks until they are done (taking work units
 itself meanwhile unless ``caller_helps=False``). One caller thread per object.
@@ -19,13 +17,11 @@ import weakref
 
 import torch
 
-from freetoken.config import Env
-from freetoken.experts.cpu.args import ERRORS, FORMATS, MoeArgs, QueuedArgs, check_args, check_i_begin, check_tensor
-from freetoken.experts.cpu.codes import decode_codes, encode_code
+from freetoken.experts.cpu.args import ERRORS, FORMATS, MoeArgs, QueuedArgs, check_args, check_tensor
 from freetoken.experts.cpu.reference import ACTIVATIONS, cpu_experts_reference
 from freetoken.hardware.cpus import cpu_vendor, default_kernel_threads, physical_cores, worker_cpus
 
-__all__ = ["ISAS", "CpuExpertKernel", "cpu_experts_reference", "decode_codes", "encode_code", "load_library"]
+__all__ = ["ISAS", "CpuExpertKernel", "cpu_experts_reference", "load_library"]
 
 ISAS = ("generic", "avx2", "avx512", "avx512bf16")  # index = the C enum value
 # Machines with at least this many physical cores let waiting threads poll briefly (for the next
@@ -46,10 +42,9 @@ def load_library() -> ctypes.CDLL | None:
         return None
     vp, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
     lib.ft_isa_supported.argtypes, lib.ft_isa_supported.restype = [i32], i32
-    lib.ft_best_isa.argtypes, lib.ft_best_isa.restype = [i32], i32
+    lib.ft_best_isa.argtypes, lib.ft_best_isa.restype = [], i32
     lib.ft_pool_create.argtypes, lib.ft_pool_create.restype = [i32, vp, i32, i32], vp
     lib.ft_pool_destroy.argtypes, lib.ft_pool_destroy.restype = [vp], None
-    lib.ft_pool_set_prefetch.argtypes, lib.ft_pool_set_prefetch.restype = [vp, i64], None
     lib.ft_pool_set_rows.argtypes, lib.ft_pool_set_rows.restype = [vp, i64], i32
     lib.ft_moe_submit.argtypes, lib.ft_moe_submit.restype = [vp, ctypes.POINTER(MoeArgs)], i32
     lib.ft_wait.argtypes, lib.ft_wait.restype = [vp, i32], None
@@ -68,26 +63,22 @@ ROW_BLOCKS = (1, 2, 4)  # batch-1 weight rows streamed at once per thread (CpuEx
 
 
 def default_rows(isa: str) -> int:
-    """Batch-1 row blocking by default: 4 on the AVX-512 paths of Intel cores (a Xeon streamed 1.14-1.4x
-    faster, bench/cpu_kernel.py --rows), 1 elsewhere (half speed on a Zen 4 EPYC; no gain on AVX2)."""
+    """Batch-1 row blocking by default: 4 on the AVX-512 paths of Intel cores, 1 elsewhere (where 4 was
+    slower or no faster: ``bench/cpu_kernel.py --rows``, figures per machine in docs/benchmarks.md)."""
     return 4 if isa in ("avx512", "avx512bf16") and cpu_vendor() == "GenuineIntel" else 1
 
 
 class CpuExpertKernel:
     """Routed experts on the CPU, on a persistent pool of pinned worker threads that sleep when idle.
 
-    ``num_threads``: workers (None: physical cores - 1, min 1). ``isa``: "auto" (best supported; AVX2
-    when FREETOKEN_FORCE_AVX2=1) or one of ``ISAS``. ``pin``: pin worker k to its own physical core.
-    ``spin_us``: how long idle workers poll before sleeping (None: ``FREETOKEN_CPU_SPIN_US``, else
-    ``DEFAULT_SPIN_US`` on machines with at least ``SPIN_MIN_CORES`` physical cores, else 0: never spin on few
-    cores).
-    ``caller_helps``: the thread blocked in ``wait()``/``run()`` computes units too (it would only
-    sleep otherwise; on a busy machine it may do the whole batch before a worker is scheduled).
-    ``prefetch``: software prefetch distance in bytes ahead of the weight streams, 0: off (None:
-    FREETOKEN_CPU_PREFETCH, else 0). ``rows``: at batch 1, weight rows each thread streams at once (1, 2
-    or 4; the AVX2 path caps it at 2; None: FREETOKEN_CPU_ROWS, else ``default_rows``). Results do not depend on the
-    thread count, the prefetch or the rows. Without a compiler it falls back to the torch reference
-    (``backend == "torch"``), synchronously.
+    ``num_threads``: workers (None: physical cores - 1, min 1). ``isa``: "auto" (best supported) or one of
+    ``ISAS``. ``pin``: pin worker k to its own physical core. ``spin_us``: how long idle workers poll before
+    sleeping (None: ``DEFAULT_SPIN_US`` on machines with at least ``SPIN_MIN_CORES`` physical cores, else 0:
+    never spin on few cores). ``caller_helps``: the thread blocked in ``wait()``/``run()`` computes units too
+    (it would only sleep otherwise; on a busy machine it may do the whole batch before a worker is
+    scheduled). ``rows``: at batch 1, weight rows each thread streams at once (1, 2 or 4; the AVX2 path caps
+    it at 2; None: ``default_rows``). Results do not depend on the thread count or the rows. Without a
+    compiler it falls back to the torch reference (``backend == "torch"``), synchronously.
     """
 
     def __init__(
@@ -97,7 +88,6 @@ class CpuExpertKernel:
         pin: bool = True,
         spin_us: int | None = None,
         caller_helps: bool = True,
-        prefetch: int | None = None,
         rows: int | None = None,
     ) -> None:
         n = default_kernel_threads() if num_threads is None else int(num_threads)
@@ -111,19 +101,15 @@ class CpuExpertKernel:
         self._pool: int | None = None
         self._inflight: tuple[torch.Tensor, ...] | None = None
         self.isa = "torch"
-        self.prefetch, self.rows, self.spin_us = 0, 1, 0
-        if prefetch is not None and prefetch < 0:
-            raise ValueError(f"prefetch must be >= 0 bytes, got {prefetch}")
+        self.rows, self.spin_us = 1, 0
         if rows is not None and rows not in ROW_BLOCKS:
             raise ValueError(f"rows must be one of {ROW_BLOCKS}, got {rows}")
         if self._lib is None:
             return
-        isa_id = self._lib.ft_best_isa(int(Env().force_avx2)) if isa == "auto" else ISAS.index(isa)
+        isa_id = self._lib.ft_best_isa() if isa == "auto" else ISAS.index(isa)
         if not self._lib.ft_isa_supported(isa_id):
             raise ValueError(f"ISA {isa!r} is not supported by this CPU or this build")
         cpus = (ctypes.c_int * n)(*worker_cpus(n)) if pin and n <= physical_cores() else None
-        if spin_us is None:
-            spin_us = Env().cpu_spin_us
         if spin_us is None:
             spin_us = DEFAULT_SPIN_US if physical_cores() >= SPIN_MIN_CORES else 0
         self.spin_us = max(0, int(spin_us))
@@ -131,12 +117,7 @@ class CpuExpertKernel:
         if not self._pool:
             raise RuntimeError("could not create the CPU expert worker pool")
         self.isa = ISAS[isa_id]
-        e = Env()
-        self.prefetch = (e.cpu_prefetch or 0) if prefetch is None else int(prefetch)
-        self.rows = (default_rows(self.isa) if e.cpu_rows is None else e.cpu_rows) if rows is None else int(rows)
-        if self.rows not in ROW_BLOCKS:
-            raise ValueError(f"FREETOKEN_CPU_ROWS must be one of {ROW_BLOCKS}, got {self.rows}")
-        self._lib.ft_pool_set_prefetch(self._pool, self.prefetch)
+        self.rows = default_rows(self.isa) if rows is None else int(rows)
         self._lib.ft_pool_set_rows(self._pool, self.rows)
         self._finalizer = weakref.finalize(self, self._lib.ft_pool_destroy, self._pool)
 
@@ -154,43 +135,24 @@ class CpuExpertKernel:
         down: torch.Tensor,
         activation: str = "silu",
         out: torch.Tensor | None = None,
-        done_flag: torch.Tensor | None = None,
-        done_value: int = 1,
-        i_begin: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Start a batch and return ``out`` at once; its content is valid after ``wait()``.
-
-        ``done_flag`` (int32 CPU tensor, e.g. pinned and mapped for the GPU): its first element is set
-        to ``done_value`` (release order) once ``out`` is complete, before ``wait()`` returns.
-        ``i_begin`` (int32 [R], values in [0, I], one value per pool row): each route computes only
-        intermediate rows [i_begin, I) of its expert, reading only those weights; None: whole experts.
-        """
+        """Start a batch and return ``out`` at once; its content is valid after ``wait()``."""
         if self._inflight is not None:
             raise RuntimeError("the previous batch is still running: call wait() first")
         if self.queued():
             raise RuntimeError("queued batches are pending: call drain() first")
         check_args(x, tok, row, weight, gate_up, down, activation, out, bounds=self._pool is None)
-        if done_flag is not None:
-            check_tensor("done_flag", done_flag, (torch.int32,), 1)
-            if done_flag.numel() < 1:
-                raise ValueError("done_flag must hold at least one element")
-        if i_begin is not None:
-            check_i_begin(i_begin, row, down.shape[2], per_row=self._pool is None)
         T, D = x.shape
         if out is None:
             out = torch.empty((T, D), dtype=torch.float32)
         if self._pool is None or self._lib is None:
-            cpu_experts_reference(x, tok, row, weight, gate_up, down, activation, out=out, i_begin=i_begin)
-            if done_flag is not None:
-                done_flag[0] = done_value
+            cpu_experts_reference(x, tok, row, weight, gate_up, down, activation, out=out)
             return out
         args = MoeArgs(
             x.data_ptr(), T, D, down.shape[2],
             tok.data_ptr(), row.data_ptr(), weight.data_ptr(), row.shape[0],
             gate_up.data_ptr(), down.data_ptr(), gate_up.shape[0],
             FORMATS[gate_up.dtype], ACTIVATIONS.index(activation), out.data_ptr(),
-            None if done_flag is None else done_flag.data_ptr(), done_value & 0xFFFFFFFF,
-            None if i_begin is None else i_begin.data_ptr(),
         )  # fmt: skip
         rc = self._lib.ft_moe_submit(self._pool, ctypes.byref(args))
         if rc == -6:
@@ -198,17 +160,7 @@ class CpuExpertKernel:
         if rc != 0:
             raise ValueError(ERRORS.get(rc, f"kernel error {rc}"))
         # keep every buffer alive until the workers are done with it
-        self._inflight = (
-            x,
-            tok,
-            row,
-            weight,
-            gate_up,
-            down,
-            out,
-            *(() if done_flag is None else (done_flag,)),
-            *(() if i_begin is None else (i_begin,)),
-        )
+        self._inflight = (x, tok, row, weight, gate_up, down, out)
         return out
 
     def wait(self) -> None:
@@ -227,10 +179,9 @@ class CpuExpertKernel:
         down: torch.Tensor,
         activation: str = "silu",
         out: torch.Tensor | None = None,
-        i_begin: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Synchronous ``submit`` + ``wait``; returns out float32 [T, D]."""
-        out = self.submit(x, tok, row, weight, gate_up, down, activation, out, i_begin=i_begin)
+        out = self.submit(x, tok, row, weight, gate_up, down, activation, out)
         self.wait()
         return out
 
@@ -249,10 +200,9 @@ class CpuExpertKernel:
     ) -> QueuedArgs:
         """Queue a batch that starts once ``ready[0][0]`` reaches ``ready[1]`` (cyclic int32 compare);
         returns at once. Routes come as codes: x [T, D] float32, codes int64 [T*k] (``c < 0``: token
-        ``i // k`` runs here, on the pool row and from the intermediate row ``decode_codes`` gives: see
-        ``codes.py``), weight float32 [T*k], out float32 [T, D] (fully written). When out (and ``stats``
-        int64 [5]: distinct rows, routes, ns, error, intermediate rows of work = sum over distinct rows of
-        I - i_begin) is written, ``done[0][0]`` is set to ``done[1]``, also when the batch failed (out is
+        ``i // k`` runs here, on pool row ``-1 - c``; ``c >= 0``: not here), weight float32 [T*k], out
+        float32 [T, D] (fully written). When out (and ``stats`` int64 [4]: distinct rows, routes, ns, error)
+        is written, ``done[0][0]`` is set to ``done[1]``, also when the batch failed (out is
         then zeros; ``queue_error()`` says why). The caller keeps every tensor alive until then. Native
         backend only. Returns the checked arguments, for ``enqueue_prepared``."""
         if self._pool is None or self._lib is None:
@@ -272,8 +222,8 @@ class CpuExpertKernel:
             check_tensor(name, flag, (torch.int32,), 1)
         if stats is not None:
             check_tensor("stats", stats, (torch.int64,), 1)
-            if stats.numel() < 5:
-                raise ValueError("stats must hold 5 elements")
+            if stats.numel() < 4:
+                raise ValueError("stats must hold 4 elements")
         args = QueuedArgs(
             x.data_ptr(), T, x.shape[1], down.shape[2], codes.data_ptr(), weight.data_ptr(), max(k, 1),
             gate_up.data_ptr(), down.data_ptr(), gate_up.shape[0],

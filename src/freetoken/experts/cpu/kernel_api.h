@@ -30,7 +30,6 @@ struct Plan {
   // Routes sorted by pool row (stable): group g covers sorted positions [group_start[g], group_start[g+1]).
   int64_t R, G;
   const int64_t* group_row;     // [G]
-  const int32_t* group_ibegin;  // [G] the group computes intermediate rows [group_ibegin[g], I) only
   const int64_t* group_start;   // [G + 1]
   const int32_t* s_tok;         // [R] token of each sorted route
   const float* s_w;             // [R] gate weight of each sorted route
@@ -51,9 +50,6 @@ struct Plan {
   int64_t units2;  // G * ceil(D / dblock)
   int64_t oblock;  // phase 3: output columns per unit; unit = (token, column block)
   int64_t units3;  // (t1 - t0) * ceil(D / oblock)
-  // Software prefetch distance in bytes ahead of the weight stream (0: hardware prefetch only); a
-  // per-kernel setting (ft_pool_set_prefetch), copied into every plan.
-  int64_t prefetch;
   // Batch-1 row blocking: weight rows streamed at once per thread (1, 2 or 4; capped per ISA), a
   // per-kernel setting (ft_pool_set_rows), copied into every plan.
   int64_t rows;
@@ -61,8 +57,7 @@ struct Plan {
 
 // Phase 1: h = act(gate . x, up . x): a unit streams its gate rows, then its up rows (long
 //          sequential runs: the hardware prefetcher loses track of interleaved distant rows).
-//          Only h indices >= group_ibegin are computed (and only those weight rows read).
-// Phase 2: y = down . h: a unit streams a block of one expert's down rows, columns >= group_ibegin.
+// Phase 2: y = down . h: a unit streams a block of one expert's down rows.
 // Phase 3: out[t] = sum of w_s * y_s over t's routes in sorted order (a fixed order per element).
 struct IsaOps {
   void (*phase1)(const Plan&, int64_t unit);

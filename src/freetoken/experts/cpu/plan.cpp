@@ -24,28 +24,8 @@ int check(const FtMoeArgs& a) {
 
 }  // namespace
 
-int PlanBuilder::check_ibegin(const FtMoeArgs& a) {
-  if (!a.i_begin) return 0;
-  // row_ib_[row] = the i_begin seen for that row so far (-1: none); the entries set are reset after
-  if (row_ib_.size() < static_cast<size_t>(a.N)) row_ib_.resize(a.N, -1);
-  int rc = 0;
-  int64_t s = 0;
-  for (; s < a.R; ++s) {
-    const int32_t ib = a.i_begin[s];
-    int32_t& seen = row_ib_[a.row[s]];
-    if (ib < 0 || ib > a.I || (seen >= 0 && seen != ib)) {
-      rc = -2;
-      break;
-    }
-    seen = ib;
-  }
-  for (int64_t j = 0; j < s; ++j) row_ib_[a.row[j]] = -1;  // routes [0, s) may have set an entry
-  return rc;
-}
-
 int PlanBuilder::build(const FtMoeArgs& a, bool split_bf16) {
   if (const int rc = check(a)) return rc;
-  if (const int rc = check_ibegin(a)) return rc;
   const int64_t T = a.T, R = a.R;
   // bucket routes by token, keeping submission order within a token (counting sort)
   tok_begin_.assign(T + 1, 0);
@@ -71,7 +51,7 @@ int PlanBuilder::build(const FtMoeArgs& a, bool split_bf16) {
   y_.resize(max_routes * a.D);
   if (split_) x_hi_.resize(T * a.D), x_lo_.resize(T * a.D), h_hi_.resize(max_routes * a.I), h_lo_.resize(max_routes * a.I);
   for (Plan& p : plans_) {  // scratch pointers last: the vectors above may have moved
-    p.h = h_.data(), p.y = y_.data(), p.prefetch = prefetch_, p.rows = rows_;
+    p.h = h_.data(), p.y = y_.data(), p.rows = rows_;
     if (split_) p.x_hi = x_hi_.data(), p.x_lo = x_lo_.data(), p.h_hi = h_hi_.data(), p.h_lo = h_lo_.data();
   }
   return 0;
@@ -82,14 +62,11 @@ void PlanBuilder::build_chunk(const FtMoeArgs& a, int64_t t0, int64_t t1, Chunk&
   const int64_t b = tok_begin_[t0], R = tok_begin_[t1] - b;
   order_.assign(by_tok_.begin() + b, by_tok_.begin() + b + R);
   std::stable_sort(order_.begin(), order_.end(), [&a](int64_t i, int64_t j) { return a.row[i] < a.row[j]; });
-  c.s_tok.resize(R), c.s_w.resize(R), c.group_row.clear(), c.group_start.clear(), c.group_ibegin.clear();
+  c.s_tok.resize(R), c.s_w.resize(R), c.group_row.clear(), c.group_start.clear();
   for (int64_t s = 0; s < R; ++s) {
     const int64_t r = order_[s];
     c.s_tok[s] = a.tok[r], c.s_w[s] = a.w[r];
-    if (s == 0 || a.row[r] != c.group_row.back()) {
-      c.group_row.push_back(a.row[r]), c.group_start.push_back(s);
-      c.group_ibegin.push_back(a.i_begin ? a.i_begin[r] : 0);  // one value per row (check_ibegin)
-    }
+    if (s == 0 || a.row[r] != c.group_row.back()) c.group_row.push_back(a.row[r]), c.group_start.push_back(s);
   }
   c.group_start.push_back(R);
   // chunk token (t - t0) -> its sorted positions, ascending (counting sort: stable)
@@ -103,7 +80,7 @@ void PlanBuilder::build_chunk(const FtMoeArgs& a, int64_t t0, int64_t t1, Chunk&
   p.x = a.x, p.T = a.T, p.D = a.D, p.I = a.I, p.t0 = t0, p.t1 = t1;
   p.gate_up = a.gate_up, p.down = a.down, p.fmt = a.fmt, p.act = a.act, p.out = a.out;
   p.R = R, p.G = static_cast<int64_t>(c.group_row.size());
-  p.group_row = c.group_row.data(), p.group_start = c.group_start.data(), p.group_ibegin = c.group_ibegin.data();
+  p.group_row = c.group_row.data(), p.group_start = c.group_start.data();
   p.s_tok = c.s_tok.data(), p.s_w = c.s_w.data();
   p.tok_start = c.tok_start.data(), p.tok_route = c.tok_route.data();
   p.hblock = kHBlock, p.units1 = p.G * ((a.I + kHBlock - 1) / kHBlock);

@@ -21,13 +21,7 @@ extern "C" struct FtMoeArgs {
   const void* down;     // [N, D, I]
   int64_t N;
   int32_t fmt, act;
-  float* out;           // [T, D] fp32
-  uint32_t* done_flag;  // optional: set to done_value (release) when the batch is finished
-  uint32_t done_value;
-  // [R] optional (null: all 0): route s computes only intermediate rows [i_begin[s], I) of its expert
-  // (gate_up rows [ib, I) and [I + ib, 2I), down columns [ib, I)); another device does [0, ib). In
-  // [0, I] (I: the route adds exactly 0); the same for every route of one pool row in the batch.
-  const int32_t* i_begin;
+  float* out;  // [T, D] fp32
 };
 
 namespace ft {
@@ -72,26 +66,22 @@ class PlanBuilder {
   bool split() const { return split_; }
   uint16_t* x_hi() { return x_hi_.data(); }
   uint16_t* x_lo() { return x_lo_.data(); }
-  void set_prefetch(int64_t bytes) { prefetch_ = bytes; }  // Plan::prefetch of the next builds
   void set_rows(int64_t rows) { rows_ = rows; }  // Plan::rows of the next builds
 
  private:
   struct Chunk {  // storage behind one Plan
     std::vector<int64_t> group_row, group_start, tok_start, tok_route;
-    std::vector<int32_t> s_tok, group_ibegin;
+    std::vector<int32_t> s_tok;
     std::vector<float> s_w;
   };
   void build_chunk(const FtMoeArgs& a, int64_t t0, int64_t t1, Chunk& c, Plan& p);
-  int check_ibegin(const FtMoeArgs& a);  // 0, or -2: i_begin out of [0, I] or differing within a pool row
 
   std::vector<int64_t> by_tok_, tok_begin_, order_;  // routes bucketed by token (stable)
-  std::vector<int32_t> row_ib_;  // [N] scratch of check_ibegin: -1 everywhere between calls
   std::vector<Chunk> store_;
   std::vector<Plan> plans_;
   AlignedBuf<float> h_, y_;  // scratch shared by the chunks (run one after another)
   AlignedBuf<uint16_t> x_hi_, x_lo_, h_hi_, h_lo_;
   bool split_ = false;
-  int64_t prefetch_ = 0;
   int64_t rows_ = 1;
 };
 

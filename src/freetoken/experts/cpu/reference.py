@@ -34,12 +34,8 @@ def cpu_experts_reference(
     down: torch.Tensor,  # [N, D, I]
     activation: str = "silu",
     out: torch.Tensor | None = None,  # [T, D] float32, overwritten
-    i_begin: torch.Tensor | None = None,  # [R] int, in [0, I]; None: all 0
 ) -> torch.Tensor:
-    """``out[t] = sum over routes s of t: weight[s] * down[row[s]] @ act(gate_up[row[s]] @ x[t])``, each
-    route over intermediate rows ``[i_begin[s], I)`` only: gate rows ``[ib, I)``, up rows ``[I + ib, 2I)``
-    and down columns ``[ib, I)`` (the activation is elementwise per intermediate row, so the shares of
-    ``[0, ib)`` and ``[ib, I)`` add up to the whole expert)."""
+    """``out[t] = sum over routes s of t: weight[s] * down[row[s]] @ act(gate_up[row[s]] @ x[t])``."""
     T, D = x.shape
     inter = down.shape[2]
     if out is None:
@@ -48,18 +44,13 @@ def cpu_experts_reference(
     if row.numel() == 0:
         return out
     tok = tok.long()
-    ib = torch.zeros_like(row) if i_begin is None else i_begin.long()
-    # one group per distinct (row, i_begin): the kernel requires one i_begin per row, this oracle does not
-    keys, inverse = torch.unique(row * (inter + 1) + ib, return_inverse=True)
-    for j, key in enumerate(keys.tolist()):
-        r, b = divmod(key, inter + 1)
-        if b == inter:
-            continue  # an empty share: contributes exactly 0
+    rows, inverse = torch.unique(row, return_inverse=True)
+    for j, r in enumerate(rows.tolist()):
         sel = (inverse == j).nonzero().squeeze(1)
         xs = x[tok[sel]].float()
-        gate = F.linear(xs, gate_up[r, b:inter].float())  # [n, I - b]
-        up = F.linear(xs, gate_up[r, inter + b :].float())
+        gate = F.linear(xs, gate_up[r, :inter].float())  # [n, I]
+        up = F.linear(xs, gate_up[r, inter:].float())
         h = activate(gate, up, activation)
-        y = F.linear(h, down[r, :, b:].float())  # [n, D]
+        y = F.linear(h, down[r].float())  # [n, D]
         out.index_add_(0, tok[sel], y * weight[sel].float()[:, None])
     return out

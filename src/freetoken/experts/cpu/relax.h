@@ -1,10 +1,17 @@
-// A polite busy-wait hint for spinning threads (pause on x86, yield on Arm). Plain C++17.
+// Spinning threads' helpers: a polite busy-wait hint (pause on x86, yield on Arm) and the steady clock.
+// Plain C++17.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <thread>
 
 namespace ft {
+
+inline int64_t steady_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)

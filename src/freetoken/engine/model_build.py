@@ -1,0 +1,165 @@
+"""Assemble a ``DecoderModel`` from a checkpoint's weights by a family's names, and give its MoE layers a backend.
+
+The order keeps a bad checkpoint cheap to refuse: the quantisation/dtype check reads headers only; then the
+non-expert weights (small) are read onto the compute device and the routed experts' names are claimed; every
+tensor left unread is refused (``CheckpointWeights.check_all_used``) before the expert banks, the bulk of the
+bytes, are read straight into their host layout (``[L*E, ...]`` rows: ``eid = moe_layer * E + expert``); only
+then is the expert backend created over them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from freetoken.checkpoint.hf_config import HFConfig
+from freetoken.checkpoint.quantization import check_supported
+from freetoken.checkpoint.safetensors_io import SafetensorsReader
+from freetoken.checkpoint.weights import CheckpointWeights
+from freetoken.experts.base import ExpertBackend, ExpertBanks
+from freetoken.layers.attention import Attention, AttentionWeights
+from freetoken.layers.mlp import DenseMLP
+from freetoken.layers.moe import MoELayer
+from freetoken.layers.rope import Rotary
+from freetoken.models.base import Family
+from freetoken.models.decoder import DecoderLayer, DecoderModel
+
+
+@dataclass
+class LoadedModel:
+    hf: HFConfig
+    model: DecoderModel
+    banks: ExpertBanks | None
+    backend: ExpertBackend | None
+
+
+@dataclass
+class _MoEParts:
+    """A MoE layer's non-expert weights, read before its backend exists."""
+
+    router: torch.Tensor
+    shared: DenseMLP | None
+    shared_gate: torch.Tensor | None
+
+
+def _attention(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, rotary: Rotary) -> Attention:
+    p = fam.naming.layer.format(i=i) + fam.naming.attn
+    D, H, Hkv, hd = hf.hidden_size, hf.num_heads, hf.num_kv_heads, hf.head_dim
+    # Llama's attention_bias covers o_proj too; Qwen2's qkv_bias only q/k/v.
+    bias = hf.attention_bias or bool(fam.qkv_bias_key and hf.raw.get(fam.qkv_bias_key, False))
+    o_bias = bool(hf.raw.get("attention_bias", False)) and fam.qkv_bias_key is None
+    norm_q = {"none": None, "head": (hd,), "full": (H * hd,)}[fam.qk_norm]
+    norm_k = {"none": None, "head": (hd,), "full": (Hkv * hd,)}[fam.qk_norm]
+    aw = AttentionWeights(
+        q=w.get(p + "q_proj.weight", (H * hd, D)),
+        k=w.get(p + "k_proj.weight", (Hkv * hd, D)),
+        v=w.get(p + "v_proj.weight", (Hkv * hd, D)),
+        o=w.get(p + "o_proj.weight", (D, H * hd)),
+        o_bias=w.get(p + "o_proj.bias", (D,)) if o_bias else None,
+        q_bias=w.get(p + "q_proj.bias", (H * hd,)) if bias else None,
+        k_bias=w.get(p + "k_proj.bias", (Hkv * hd,)) if bias else None,
+        v_bias=w.get(p + "v_proj.bias", (Hkv * hd,)) if bias else None,
+        q_norm=w.get(p + fam.naming.q_norm, norm_q) if norm_q else None,
+        k_norm=w.get(p + fam.naming.k_norm, norm_k) if norm_k else None,
+    )
+    clip = hf.raw.get(fam.clip_qkv_key) if fam.clip_qkv_key else None
+    return Attention(aw, i, H, Hkv, hd, hf.rms_eps, rotary, float(clip) if clip else None)
+
+
+def _dense(w: CheckpointWeights, prefix: str, D: int, inter: int, bias: bool = False) -> DenseMLP:
+    return DenseMLP(
+        gate=w.get(prefix + "gate_proj.weight", (inter, D)),
+        up=w.get(prefix + "up_proj.weight", (inter, D)),
+        down=w.get(prefix + "down_proj.weight", (D, inter)),
+        gate_bias=w.get(prefix + "gate_proj.bias", (inter,)) if bias else None,
+        up_bias=w.get(prefix + "up_proj.bias", (inter,)) if bias else None,
+        down_bias=w.get(prefix + "down_proj.bias", (D,)) if bias else None,
+    )
+
+
+def _moe_parts(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int) -> _MoEParts:
+    n, D = fam.naming, hf.hidden_size
+    mp = n.layer.format(i=i) + n.moe
+    shared = shared_gate = None
+    if n.shared_expert and hf.shared_expert_intermediate_size:
+        shared = _dense(w, mp + n.shared_expert, D, hf.shared_expert_intermediate_size)
+        shared_gate = w.opt(mp + (n.shared_expert_gate or ""), (1, D))
+    return _MoEParts(w.get(mp + n.router, (hf.num_experts, D)), shared, shared_gate)
+
+
+# One read of routed-expert weights: (tensor name, "gate_up" or "down", index into that bank, expected shape).
+_ExpertRead = tuple[str, str, tuple[int | slice, ...], tuple[int, ...]]
+
+
+def _expert_reads(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, li: int) -> list[_ExpertRead]:
+    """What to read for layer i's routed experts into bank rows [li*E, (li+1)*E): the fused layout when the
+    checkpoint has it, else one tensor per expert and projection (gate rows first, then up rows)."""
+    n = fam.naming
+    p = n.layer.format(i=i) + n.moe
+    E, D, I = hf.num_experts, hf.hidden_size, hf.moe_intermediate_size
+    if p + n.fused_experts[0] in w:
+        rows = (slice(li * E, (li + 1) * E),)
+        return [(p + n.fused_experts[0], "gate_up", rows, (E, 2 * I, D)),
+                (p + n.fused_experts[1], "down", rows, (E, D, I))]  # fmt: skip
+    gate_n, up_n, down_n = (p + t for t in n.experts)
+    reads: list[_ExpertRead] = []
+    for e in range(E):
+        row = li * E + e
+        reads += [(gate_n.format(e=e), "gate_up", (row, slice(0, I)), (I, D)),
+                  (up_n.format(e=e), "gate_up", (row, slice(I, 2 * I)), (I, D)),
+                  (down_n.format(e=e), "down", (row,), (D, I))]  # fmt: skip
+    return reads
+
+
+def build_model(
+    hf: HFConfig,
+    family: Family,
+    device: torch.device,
+    dtype: torch.dtype,
+    make_backend: Callable[[ExpertBanks], ExpertBackend],
+    max_positions: int,
+) -> LoadedModel:
+    reader = SafetensorsReader(hf.path)
+    check_supported(hf.raw, reader, family.skippable)
+    w = CheckpointWeights(reader, device, dtype)
+    n = family.naming
+    D, V = hf.hidden_size, hf.vocab_size
+    rotary = Rotary(hf.rope, hf.head_dim, max_positions, device)
+    moe_ids = hf.moe_layer_ids
+    parts: list[tuple[torch.Tensor, Attention, torch.Tensor, DenseMLP | _MoEParts]] = []
+    reads: list[_ExpertRead] = []
+    for i in range(hf.num_layers):
+        lp = n.layer.format(i=i)
+        ffn: DenseMLP | _MoEParts
+        if i in moe_ids:
+            ffn = _moe_parts(w, family, hf, i)
+            reads += _expert_reads(w, family, hf, i, moe_ids.index(i))
+        else:
+            ffn = _dense(w, lp + n.mlp, D, hf.intermediate_size, bool(hf.raw.get("mlp_bias", False)))
+        attn = _attention(w, family, hf, i, rotary)
+        parts.append((w.get(lp + n.attn_norm, (D,)), attn, w.get(lp + n.ffn_norm, (D,)), ffn))
+    embed = w.get(n.embed, (V, D))
+    tied = hf.tie_word_embeddings or n.lm_head not in w
+    lm_head = embed if tied else w.get(n.lm_head, (V, D))
+    w.claim([r[0] for r in reads] + ([n.lm_head] if n.lm_head in w else []))  # a tied head's copy is not read
+    final_norm = w.get(n.final_norm, (D,))
+    w.check_all_used(hf.architecture, family.skippable)
+    banks = backend = None
+    if moe_ids:
+        banks = ExpertBanks.empty(len(moe_ids), hf.num_experts, D, hf.moe_intermediate_size, dtype)
+        banks.top_k = hf.top_k
+        for name, bank, index, shape in reads:
+            w.read_into(name, getattr(banks, bank)[index], shape)
+        backend = make_backend(banks)
+    layers = []
+    for i, (attn_norm, attn, ffn_norm, ffn) in enumerate(parts):
+        if isinstance(ffn, _MoEParts):
+            assert backend is not None
+            norm_topk = hf.norm_topk_prob or family.always_norm_topk
+            moe = MoELayer(ffn.router, hf.top_k, norm_topk, moe_ids.index(i), backend, ffn.shared, ffn.shared_gate)
+            layers.append(DecoderLayer(attn_norm, attn, ffn_norm, moe))
+        else:
+            layers.append(DecoderLayer(attn_norm, attn, ffn_norm, ffn))
+    return LoadedModel(hf, DecoderModel(embed, layers, final_norm, lm_head, hf.rms_eps), banks, backend)

@@ -1,0 +1,7 @@
+"""The base of every FreeToken error: any package may import it (it imports nothing of ours)."""
+
+from __future__ import annotations
+
+
+class FreeTokenError(Exception):
+    """Base class of the errors FreeToken raises on purpose (bad input, a checkpoint it cannot use, ...)."""

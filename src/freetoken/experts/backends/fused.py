@@ -1,0 +1,113 @@
+"""``fused``: every routed expert resident on the compute device (the pool fits in VRAM).
+
+Small steps (decode) gather the routed experts' weights and run batched matmuls: fixed shapes, so on CUDA
+each (layer, tokens) is replayed as a CUDA graph (``layer_graphs.py``, ``EngineConfig.moe_cuda_graphs``):
+eager, the launches per layer make the host, not the GPU, set the pace (and the bandwidth model's ``T_gpu``,
+which ``ft bench decode`` takes from this backend). On a CPU device the same steps run the C++ expert kernel
+on the banks in place (``experts/cpu``) instead: gathering the routed experts' weights copies them, and
+torch's batched matmuls stream them again; steps with many tokens per expert keep torch's per-expert
+matmuls, which are compute-bound there (docs/benchmarks.md, "`fused` on a CPU device").
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from freetoken.config import EngineConfig
+from freetoken.experts.backends.layer_graphs import LayerGraphs
+from freetoken.experts.base import ExpertBackend, ExpertBanks
+from freetoken.experts.cpu.kernel import CpuExpertKernel
+from freetoken.experts.cpu.runner import make_kernel
+from freetoken.experts.reference import moe_reference
+
+# Up to this many routes per step, gather the routed experts' weights and run one batched matmul
+# (fixed shapes, no host synchronisation: the decode path); above it, loop over distinct experts.
+_GATHER_MAX_ROUTES = 32
+# On a CPU device, steps of up to this many routes per expert of a layer run the C++ kernel, torch's matmuls
+# above: where the two cross (docs/benchmarks.md, "`fused` on a CPU device").
+_KERNEL_ROUTES_PER_EXPERT = 4
+
+
+class FusedBackend(ExpertBackend):
+    name = "fused"
+
+    def __init__(
+        self,
+        banks: ExpertBanks,
+        device: torch.device,
+        dtype: torch.dtype,
+        cuda_graphs: bool = False,
+        cpu_threads: int | None = None,
+    ) -> None:
+        self.num_experts = banks.num_experts
+        self.gate_up = banks.gate_up.to(device=device, dtype=dtype)
+        self.down = banks.down.to(device=device, dtype=dtype)
+        self.graphs = LayerGraphs(_GATHER_MAX_ROUTES) if cuda_graphs and device.type == "cuda" else None
+        self.kernel: CpuExpertKernel | None = None
+        if device.type == "cpu" and banks.activation == "silu":  # the torch paths here compute SiLU experts
+            kern = make_kernel(self.gate_up.dtype, cpu_threads)
+            if kern is not None and kern.backend == "native":
+                self.kernel = kern
+            elif kern is not None:
+                kern.close()
+
+    def forward(
+        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
+    ) -> torch.Tensor:
+        T, k = topk_ids.shape
+        if self.kernel is not None and T * k <= _KERNEL_ROUTES_PER_EXPERT * self.num_experts:
+            return self._on_kernel(layer, x, topk_ids, topk_w)
+        if T * k > _GATHER_MAX_ROUTES:
+            return moe_reference(x, topk_ids + layer * self.num_experts, topk_w, self.gate_up, self.down)
+        if self.graphs is not None and self.graphs.eligible(T):
+            return self.graphs.run(layer, x, topk_ids, topk_w, self._gathered, self)
+        return self._gathered(layer, x, topk_ids, topk_w)
+
+    def _gathered(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
+        """Gather the routed experts' weights, two batched matmuls: fixed shapes, no host sync (capturable)."""
+        rows = topk_ids + layer * self.num_experts  # [T, k] pool rows
+        T, k = rows.shape
+        flat = rows.reshape(-1)
+        xs = x.repeat_interleave(k, dim=0).unsqueeze(-1)  # [T*k, D, 1]
+        gu = torch.bmm(self.gate_up[flat], xs).squeeze(-1)  # [T*k, 2I]
+        gate, up = gu.chunk(2, dim=-1)
+        h = (F.silu(gate) * up).unsqueeze(-1)  # [T*k, I, 1]
+        y = torch.bmm(self.down[flat], h).squeeze(-1).float()  # [T*k, D]
+        y = (y * topk_w.reshape(-1, 1).float()).view(T, k, -1).sum(dim=1)
+        return y.to(x.dtype)
+
+    def _on_kernel(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
+        """The C++ expert kernel on the banks in place (CPU device); float32 accumulation, like the rest."""
+        assert self.kernel is not None
+        T, k = topk_ids.shape
+        rows = (topk_ids + layer * self.num_experts).reshape(-1).contiguous()
+        tok = torch.arange(T, dtype=torch.int32).repeat_interleave(k)
+        w = topk_w.reshape(-1).float().contiguous()
+        return self.kernel.run(x.float().contiguous(), tok, rows, w, self.gate_up, self.down).to(x.dtype)
+
+    def close(self) -> None:
+        """Stop the CPU kernel's workers (CPU device)."""
+        if self.kernel is not None:
+            self.kernel.close()
+            self.kernel = None
+
+    # -- the graphs' host (``layer_graphs.GraphHost``): nothing to queue or count around a replay ----------
+    def capture_begin(self) -> None:
+        pass
+
+    def capture_end(self) -> None:
+        pass
+
+    def before_replay(self, layer: int, tokens: int) -> None:
+        pass
+
+    def replay_failed(self) -> None:
+        pass
+
+    def stats(self) -> dict[str, int | float]:
+        return {} if self.graphs is None else dict(self.graphs.stats())
+
+
+def create(config: EngineConfig, banks: ExpertBanks, device: torch.device, dtype: torch.dtype) -> FusedBackend:
+    return FusedBackend(banks, device, dtype, cuda_graphs=config.moe_cuda_graphs, cpu_threads=config.cpu_threads)

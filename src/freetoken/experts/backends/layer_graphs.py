@@ -1,0 +1,126 @@
+"""CUDA graphs of one MoE layer's decode step, per (layer, tokens), for the slot backends.
+
+Replaying a graph costs the host a few microseconds where the eager layer launches ~40 small operations,
+whose Python at batch 1 takes longer than the device work (so the q* split's saving could not show; figures
+in docs/benchmarks.md). A key is captured on its second eager call (the first compiles the
+Triton kernels for its shape) and replayed after: the inputs are copied into static buffers, the
+backend's ``before_replay`` does the host's share (queue the CPU branch's batch, host counters), the
+graph replays, and its static output is returned. All graphs share one memory pool (replayed one at a
+time on one stream), so an output is valid until the next replay of any of them: enough, as the decoder
+adds it to the residual at once, in stream order. The body must be capturable: the device-side plan (no
+host sync), fills and GEMMs, and the stream-ordered CPU branch on its toggle flags.
+
+A capture that fails turns graphs off for the backend with one warning (the caller's stream restored);
+a replay that fails lets the backend release the batch it queued (``replay_failed``) and re-raises.
+``clear()`` drops the graphs when the slot cache is resized. Each capture synchronises the device once
+(torch does): keys are few in decode (layers x batch sizes seen), and each is captured once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+log = logging.getLogger(__name__)
+
+Body = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (layer, x, ids, w) -> out
+
+
+class GraphHost(Protocol):
+    def capture_begin(self) -> None: ...
+    def capture_end(self) -> None: ...
+    def before_replay(self, layer: int, tokens: int) -> None: ...
+    def replay_failed(self) -> None: ...
+
+
+@dataclass
+class _Entry:
+    graph: torch.cuda.CUDAGraph
+    x: torch.Tensor
+    ids: torch.Tensor
+    w: torch.Tensor
+    out: torch.Tensor
+
+
+class LayerGraphs:
+    capture_after = 1  # eager calls of a key before it is captured (the first compiles its Triton kernels)
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self.enabled = True
+        self.captures = 0
+        self.replays = 0
+        self.failures = 0  # captures that failed (the layers then run eagerly)
+        self._entries: dict[tuple[int, int], _Entry] = {}
+        self._seen: dict[tuple[int, int], int] = {}
+        self._pool: Any = None  # torch.cuda.graph_pool_handle()
+
+    def eligible(self, tokens: int) -> bool:
+        return self.enabled and 0 < tokens <= self.max_tokens
+
+    def run(
+        self, layer: int, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, body: Body, host: GraphHost
+    ) -> torch.Tensor:
+        key = (layer, x.shape[0])
+        entry = self._entries.get(key)
+        if entry is None:
+            seen = self._seen.get(key, 0)
+            if seen < self.capture_after:
+                self._seen[key] = seen + 1
+                return body(layer, x, ids, w)
+            entry = self._capture(key, x, ids, w, body, host)
+            if entry is None:
+                return body(layer, x, ids, w)
+        entry.x.copy_(x)
+        entry.ids.copy_(ids)
+        entry.w.copy_(w)
+        host.before_replay(layer, x.shape[0])
+        try:
+            entry.graph.replay()
+        except Exception:
+            self.enabled = False
+            host.replay_failed()
+            raise
+        self.replays += 1
+        return entry.out
+
+    def _capture(
+        self, key: tuple[int, int], x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, body: Body, host: GraphHost
+    ) -> _Entry | None:
+        sx, sids, sw = x.clone(), ids.clone(), w.clone()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.current_stream()
+        host.capture_begin()
+        try:
+            # thread_local: CUDA calls of other threads (the CPU branch's fallback worker) do not void it
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                out = body(key[0], sx, sids, sw)
+        except Exception as exc:  # noqa: BLE001 - any capture failure: run eagerly from now on
+            torch.cuda.set_stream(stream)  # a failed capture can leave the capture stream current
+            self.enabled = False
+            self.failures += 1
+            log.warning("CUDA graph capture of MoE layer %d (%d tokens) failed, running eagerly: %s: %s",
+                        key[0], key[1], type(exc).__name__, exc)
+            return None
+        finally:
+            host.capture_end()
+        entry = _Entry(graph, sx, sids, sw, out)
+        self._entries[key] = entry
+        self.captures += 1
+        return entry
+
+    def clear(self) -> None:
+        """Drop every graph (the slot cache's tensors moved)."""
+        torch.cuda.synchronize()  # a graph may still be running
+        self._entries.clear()
+        self._seen.clear()
+
+    def stats(self) -> dict[str, int]:
+        return {"moe_graphs": len(self._entries), "moe_graph_replays": self.replays,
+                "moe_graph_failures": self.failures}

@@ -1,0 +1,202 @@
+"""The host expert pool: every routed expert of every MoE layer, in host RAM, the source of truth.
+
+The pool owns the two banks of ``ExpertBanks`` (``gate_up [N, 2I, D]``, ``down [N, D, I]``, row = eid).
+With CUDA present the banks are page-locked *in place* after they are filled (``cudaHostRegister``, no
+second copy, so no 2x peak); pinned host memory is mapped into the GPU's address space (UVA), so a
+GPU kernel can gather pool rows by device-side indices without the host reading them. When pinning
+fails the pool stays pageable and the caller falls back to the ``cpu`` backend (logged once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any
+
+import torch
+
+from freetoken.experts.base import ExpertBanks
+
+log = logging.getLogger(__name__)
+
+# cudaHostRegister flags: portable (all contexts) | mapped (device-addressable through UVA).
+_REGISTER_FLAGS = 0x01 | 0x02
+_GIB = 1 << 30
+_warned_pageable = False
+
+
+def host_ram_bytes() -> int:
+    """Physical host RAM in bytes."""
+    return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def ram_reserve_bytes(total: int) -> int:
+    """What the pool must leave to the OS and the user's other programs: 10% of RAM, at least 2 GiB."""
+    return max(2 * _GIB, total // 10)
+
+
+def check_pool_fits(pool_bytes: int, total_ram: int | None = None) -> None:
+    """Refuse a pool larger than host RAM minus the reserve (checked before anything is pinned)."""
+    total = host_ram_bytes() if total_ram is None else total_ram
+    limit = total - ram_reserve_bytes(total)
+    if pool_bytes > limit:
+        raise MemoryError(
+            f"expert pool needs {pool_bytes / _GIB:.1f} GiB of host RAM but only {limit / _GIB:.1f} GiB "
+            f"may be used ({total / _GIB:.1f} GiB installed, {ram_reserve_bytes(total) / _GIB:.1f} GiB "
+            "reserved); use a smaller or more quantised model"
+        )
+
+
+# Host ranges this process registered, by start pointer -> number of pools using them. Several pools may
+# wrap the same banks (backends built one after another); the range stays registered until the last goes.
+_REGISTERED: dict[int, int] = {}
+
+
+def _register(t: torch.Tensor) -> str:
+    """Page-lock ``t``'s memory in place (mapped, portable).
+
+    Returns "registered" (counted: undo with ``_unregister``), "pinned" (pinned by its allocator:
+    nothing to undo) or "failed".
+    """
+    ptr = t.data_ptr()
+    if ptr in _REGISTERED:
+        _REGISTERED[ptr] += 1
+        return "registered"
+    if t.is_pinned():
+        return "pinned"
+    err = torch.cuda.cudart().cudaHostRegister(ptr, t.numel() * t.element_size(), _REGISTER_FLAGS)
+    if int(getattr(err, "value", err)) != 0:
+        log.debug("cudaHostRegister failed with %s", err)
+        return "failed"
+    _REGISTERED[ptr] = 1
+    return "registered"
+
+
+def _unregister(ptr: int) -> None:
+    n = _REGISTERED.get(ptr, 0) - 1
+    if n > 0:
+        _REGISTERED[ptr] = n
+        return
+    _REGISTERED.pop(ptr, None)
+    torch.cuda.cudart().cudaHostUnregister(ptr)
+
+
+class _CudaArrayView:
+    """Exposes a mapped host allocation through ``__cuda_array_interface__`` (bytes, shape [N, row])."""
+
+    def __init__(self, ptr: int, rows: int, row_bytes: int, owner: torch.Tensor) -> None:
+        self._owner = owner  # keeps the host memory alive as long as the view
+        self.__cuda_array_interface__: dict[str, Any] = {
+            "shape": (rows, row_bytes),
+            "typestr": "|u1",
+            "data": (ptr, False),
+            "version": 3,
+            "strides": None,
+        }
+
+
+def mapped_device_view(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CUDA tensor aliasing pinned (registered) host memory: kernels read it over PCIe (UVA).
+
+    ``host`` must be contiguous and registered/pinned. Same shape and dtype as ``host``.
+    """
+    rows = int(host.shape[0])
+    row_bytes = host[0].numel() * host.element_size() if rows else 0
+    with torch.cuda.device(device):
+        raw = torch.as_tensor(_CudaArrayView(host.data_ptr(), rows, row_bytes, host), device=device)
+    return raw.view(host.dtype).view(host.shape)
+
+
+class HostExpertPool:
+    """Owns the host banks; pins them when CUDA is present; serves row gathers to the CPU and GPU."""
+
+    def __init__(self, banks: ExpertBanks, dtype: torch.dtype | None = None, pin: bool = True) -> None:
+        if dtype is not None and banks.gate_up.dtype != dtype:
+            # The slots hold the compute dtype and fills are raw copies, so the pool must match.
+            banks = dataclasses.replace(banks, gate_up=banks.gate_up.to(dtype), down=banks.down.to(dtype))
+        self.banks = banks
+        self.gate_up = banks.gate_up.contiguous()  # [N, 2I, D]
+        self.down = banks.down.contiguous()  # [N, D, I]
+        self.num_layers = banks.num_layers
+        self.num_experts = banks.num_experts
+        self._registered: list[int] = []
+        self.pinned = False
+        if pin and torch.cuda.is_available():
+            check_pool_fits(banks.pool_bytes)
+            self.pinned = self._pin()
+            if not self.pinned:
+                self._warn_pageable()
+
+    # -- sizes ---------------------------------------------------------------------------------------
+    @property
+    def num_rows(self) -> int:
+        return int(self.gate_up.shape[0])
+
+    @property
+    def inter(self) -> int:  # I
+        return self.banks.intermediate_size
+
+    @property
+    def expert_bytes(self) -> int:
+        return self.banks.expert_bytes
+
+    # -- pinning -------------------------------------------------------------------------------------
+    def _pin(self) -> bool:
+        """Register both banks in place; else copy into pinned storage if 2x fits; else give up."""
+        for t in (self.gate_up, self.down):
+            if t.numel() == 0:
+                continue
+            how = _register(t)
+            if how == "failed":
+                self._unregister()
+                return self._pin_by_copy()
+            if how == "registered":
+                self._registered.append(t.data_ptr())
+        return True
+
+    def _pin_by_copy(self) -> bool:
+        try:
+            check_pool_fits(2 * self.banks.pool_bytes)
+            self.gate_up = self.gate_up.pin_memory()
+            self.down = self.down.pin_memory()
+        except (MemoryError, RuntimeError) as exc:
+            log.debug("pinning the expert pool by copy failed: %s", exc)
+            return False
+        return True
+
+    def _unregister(self) -> None:
+        for ptr in self._registered:
+            _unregister(ptr)
+        self._registered = []
+
+    @staticmethod
+    def _warn_pageable() -> None:
+        global _warned_pageable
+        if not _warned_pageable:
+            _warned_pageable = True
+            log.warning(
+                "could not pin the expert pool in host memory: it stays pageable and routed experts "
+                "run on the CPU (the 'cpu' backend); host-to-GPU expert copies would be too slow"
+            )
+
+    def close(self) -> None:
+        self._unregister()
+
+    def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order varies
+        try:
+            self._unregister()
+        except Exception:
+            pass
+
+    # -- access --------------------------------------------------------------------------------------
+    def device_views(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Banks as tensors a kernel on ``device`` can index with device-side row ids.
+
+        CPU: the banks themselves. CUDA: zero-copy views of the pinned banks (requires ``pinned``).
+        """
+        if device.type != "cuda":
+            return self.gate_up, self.down
+        if not self.pinned:
+            raise RuntimeError("the expert pool is not pinned; GPU kernels cannot read it")
+        return mapped_device_view(self.gate_up, device), mapped_device_view(self.down, device)

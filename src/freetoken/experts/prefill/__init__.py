@@ -1,0 +1,1 @@
+"""Prefill through the slot pool: whole MoE layers double-buffered (``streamer.py``)."""

@@ -1,0 +1,253 @@
+"""Prefill at the PCIe limit: whole MoE layers double-buffered through the slot pool.
+
+A long prompt routes nearly every expert of every layer, so on-demand fills would copy a layer's
+experts in rounds while the GPU waits. Instead, at the first MoE layer of a prefill step the streamer
+takes ``B >= min(2, L)`` whole-layer buffers (``B * E`` least-recently-used *unlocked* slots: a running
+decode's locked experts are never taken; free slots beyond two layers add buffers) out of the existing
+slot pool, so GPU memory is never oversubscribed. Layer l lives in buffer ``l % B``: it is registered in
+``slot_of`` (so the step's routes all hit and the normal plan + grouped GEMM run unchanged), while a
+dedicated copy stream loads layer l+1 into the next buffer. CUDA events order copy -> compute -> release:
+
+    copy stream:    [waits release(l+1-B) | load l+1] ...
+    compute stream: waits copy(l) -> layer l experts -> records release(l)
+
+Experts of a layer already resident outside the buffers are used where they are (not copied twice).
+When the step ends the last layers stay registered with fresh LRU stamps: they seed decode. On the CPU
+the same logic runs with plain synchronous copies (no streams, no events), which is what CI tests.
+
+Falls back to on-demand fills (the caller's normal path) when the pool cannot spare two layers
+(``2 * E`` > unlocked slots), the step routes few experts (``T * k < E``), or fewer than ``E`` experts
+are absent from the cache (it holds nearly the whole pool: streaming would displace more than it brings).
+Modes: ``stream`` (overlap), ``serial`` (copy a layer, then compute it: no prefetch), ``off``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from freetoken.experts.slots.cache import SlotCache
+
+MODES = ("stream", "serial", "off")
+
+
+@dataclass
+class _Buffer:
+    slots: list[int]  # [E] slot of expert e of the layer held here
+    layer: int = -1  # layer registered here, -1 none
+    placed: list[tuple[int, int]] = field(default_factory=list)  # (eid, slot) registered by us
+    copied: torch.cuda.Event | None = None  # the layer's copies are done
+    released: torch.cuda.Event | None = None  # the last kernel reading this buffer is done
+
+
+def copy_runs(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """(src row, dst slot) pairs -> maximal runs (src, dst, n) where both advance by one: one copy each."""
+    runs: list[tuple[int, int, int]] = []
+    for src, dst in pairs:
+        if runs and runs[-1][0] + runs[-1][2] == src and runs[-1][1] + runs[-1][2] == dst:
+            s, d, n = runs[-1]
+            runs[-1] = (s, d, n + 1)
+        else:
+            runs.append((src, dst, 1))
+    return runs
+
+
+class LayerStreamer:
+    """Per prefill step: ``begin_step`` arms it, ``before_layer``/``after_layer`` bracket each MoE layer."""
+
+    def __init__(self, cache: SlotCache, num_layers: int, mode: str = "stream") -> None:
+        if mode not in MODES:
+            raise ValueError(f"prefill mode must be one of {MODES}, got {mode!r}")
+        self.cache = cache
+        self.num_layers = num_layers
+        self.mode = mode
+        self._armed = False
+        self._active = False
+        self._bufs: list[_Buffer] = []
+        self._resident: dict[int, int] = {}  # eid -> slot of residents outside the buffers (step start)
+        self._stream: torch.cuda.Stream | None = None
+        self.steps_streamed = 0
+        self.steps_ondemand = 0  # prefill steps that fell back to on-demand fills
+        self.layers_streamed = 0
+        self.experts_copied = 0
+
+    @property
+    def num_experts(self) -> int:
+        return self.cache.pool.num_experts
+
+    @property
+    def min_buffers(self) -> int:
+        """Double buffering needs two whole layers (one when the model has a single MoE layer)."""
+        return min(2, self.num_layers)
+
+    @property
+    def num_buffers(self) -> int:
+        """Whole-layer buffers of the current stream (0 when none is active)."""
+        return len(self._bufs)
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    @property
+    def _cuda(self) -> bool:
+        return self.cache.device.type == "cuda"
+
+    # -- step boundaries -------------------------------------------------------------------------------
+    def begin_step(self, num_tokens: int, is_decode: bool) -> None:
+        """Safe point: close an unfinished stream, arm for a prefill step (decided at its first layer)."""
+        self.finish()
+        self._armed = not is_decode and self.mode != "off"
+
+    def wants_stream(self, num_routes: int, unlocked: int, absent: int) -> bool:
+        """Whole layers pay off: the step routes at least E experts, the pool spares the buffers, and at
+        least a layer's worth of experts is absent (a warm cache that holds the pool fills on demand)."""
+        E = self.num_experts
+        return num_routes >= E and self.min_buffers * E <= unlocked and absent >= E
+
+    def _start(self, num_routes: int) -> bool:
+        """Take the buffers (LRU unlocked slots, one host sync), or decline (on-demand fills)."""
+        t, S, E = self.cache.tables, self.cache.num_slots, self.num_experts
+        locked, stamp, eid_of = torch.stack((t.locked[:S].long(), t.stamp[:S], t.eid_of[:S])).tolist()  # [3, S]
+        unlocked = [s for s in range(S) if not locked[s]]
+        absent = self.cache.pool.num_rows - sum(1 for e in eid_of if e >= 0)
+        if not self.wants_stream(num_routes, len(unlocked), absent):
+            self.steps_ondemand += 1
+            return False
+        # Free slots beyond two layers become further buffers (a ring: layer l in buffer l % B), so a cache
+        # with room keeps more of the prompt's layers resident afterwards, at no eviction.
+        free = sum(1 for s in unlocked if eid_of[s] < 0)
+        nbuf = max(self.min_buffers, min(self.num_layers, free // E))
+        take = sorted(sorted(unlocked, key=lambda s: (stamp[s], s))[: nbuf * E])  # ascending: runs
+        gone = [eid_of[s] for s in take if eid_of[s] >= 0]
+        if gone:
+            self._set(t.slot_of, gone, -1)
+        self._set(t.eid_of, take, -1)
+        self._set(t.stamp, take, -1)
+        taken = set(take)
+        self._resident = {e: s for s, e in enumerate(eid_of) if e >= 0 and s not in taken}
+        start = self._record()  # kernels of earlier steps that read the taken slots
+        self._bufs = [_Buffer(take[b * E : (b + 1) * E], released=start) for b in range(nbuf)]
+        self._active = True
+        self.steps_streamed += 1
+        return True
+
+    def finish(self) -> None:
+        """End of the step: compute waits for any copy still in flight; the held layers stay resident
+        with fresh stamps (they seed decode)."""
+        if not self._active:
+            return
+        for buf in self._bufs:
+            if buf.copied is not None and self._cuda:
+                torch.cuda.current_stream(self.cache.device).wait_event(buf.copied)
+            slots = [s for _, s in buf.placed]
+            if slots:
+                self._stamp(slots)
+        self._bufs, self._resident, self._active = [], {}, False
+
+    # -- per layer -------------------------------------------------------------------------------------
+    def before_layer(self, layer: int, topk_ids: torch.Tensor) -> bool:
+        """True when every expert of ``layer`` is resident for this step (the plan will only hit)."""
+        if self._armed:
+            self._armed = False
+            self._start(topk_ids.numel())
+        if not self._active:
+            return False
+        buf = self._bufs[layer % self.num_buffers]
+        if buf.layer != layer:
+            if self.mode == "serial":  # no overlap: the copy starts after every kernel enqueued so far
+                buf.released = self._record()
+            self._load(layer, buf)
+        nxt = layer + 1
+        if self.mode == "stream" and nxt < self.num_layers and self.num_buffers > 1:
+            other = self._bufs[nxt % self.num_buffers]
+            if other.layer != nxt:
+                self._load(nxt, other)  # overlaps this layer's compute
+        if self._cuda and buf.copied is not None:
+            torch.cuda.current_stream(self.cache.device).wait_event(buf.copied)
+            buf.copied = None
+        return True
+
+    def after_layer(self, layer: int) -> None:
+        """The layer's kernels are enqueued: its buffer may be overwritten once they are done."""
+        if not self._active:
+            return
+        self._bufs[layer % self.num_buffers].released = self._record()
+        if layer == self.num_layers - 1:
+            self.finish()
+
+    # -- mechanics -------------------------------------------------------------------------------------
+    def _load(self, layer: int, buf: _Buffer) -> None:
+        """Unregister the buffer's old layer, register ``layer`` and copy its non-resident experts in."""
+        t, E, c = self.cache.tables, self.num_experts, self.cache
+        if buf.placed:  # compute-stream order: after the old layer's kernels were enqueued
+            old_e, old_s = [p[0] for p in buf.placed], [p[1] for p in buf.placed]
+            self._set(t.slot_of, old_e, -1)
+            self._set(t.eid_of, old_s, -1)
+            self._set(t.stamp, old_s, -1)
+        pairs = [(layer * E + e, buf.slots[e]) for e in range(E) if layer * E + e not in self._resident]
+        buf.layer, buf.placed = layer, pairs
+        self.layers_streamed += 1
+        self.experts_copied += len(pairs)
+        if not pairs:
+            return
+        eids, slots = [p[0] for p in pairs], [p[1] for p in pairs]
+        idx_e, idx_s = self._ids(eids), self._ids(slots)
+        t.slot_of.index_copy_(0, idx_e, idx_s)
+        t.eid_of.index_copy_(0, idx_s, idx_e)
+        self._stamp(slots)
+        runs = copy_runs(pairs)
+        if not self._cuda:  # synchronous: plain copies
+            for src, dst, n in runs:
+                c.slot_gate_up[dst : dst + n].copy_(c.pool.gate_up[src : src + n])
+                c.slot_down[dst : dst + n].copy_(c.pool.down[src : src + n])
+            return
+        stream = self._copy_stream()
+        if buf.released is not None:
+            stream.wait_event(buf.released)
+        with torch.cuda.stream(stream):
+            for src, dst, n in runs:  # pinned pool -> slots, DMA on the copy stream
+                c.slot_gate_up[dst : dst + n].copy_(c.pool.gate_up[src : src + n], non_blocking=True)
+                c.slot_down[dst : dst + n].copy_(c.pool.down[src : src + n], non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(stream)
+        buf.copied = ev
+
+    def _copy_stream(self) -> torch.cuda.Stream:
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.cache.device)
+        return self._stream
+
+    def _record(self) -> torch.cuda.Event | None:
+        if not self._cuda:
+            return None
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(self.cache.device))
+        return ev
+
+    def _ids(self, values: list[int]) -> torch.Tensor:
+        """Host ints -> a device index tensor. CUDA: through pinned memory, because a copy from pageable
+        memory waits for the stream to drain (it would stall the host until the previous layer is done)."""
+        ids = torch.tensor(values, dtype=torch.long)
+        if not self._cuda:
+            return ids
+        return ids.pin_memory().to(self.cache.device, non_blocking=True)
+
+    def _set(self, table: torch.Tensor, index: list[int], value: int) -> None:
+        table.index_fill_(0, self._ids(index), value)
+
+    def _stamp(self, slots: list[int]) -> None:
+        """Stamp slots with the current tick (newer than every earlier plan's), on the device."""
+        t = self.cache.tables
+        idx = self._ids(slots)
+        t.stamp.scatter_(0, idx, t.tick.expand(idx.numel()))  # like slots/plan.py: _update_tables
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "prefill_steps_streamed": self.steps_streamed,
+            "prefill_steps_ondemand": self.steps_ondemand,
+            "prefill_layers_streamed": self.layers_streamed,
+            "prefill_experts_streamed": self.experts_copied,
+            "prefill_stream_bytes": self.experts_copied * self.cache.pool.expert_bytes,
+        }

@@ -1,0 +1,198 @@
+"""The expert-slot cache: S device slots shared by all MoE layers, addressed by eid.
+
+Contract (like the KV page pool and the state-checkpoint pool):
+- ``plan`` (device, per layer and round, no host sync) is the only hot-path mutator: it classifies
+  routes, picks LRU victims among the slots this round does not read (invariant: a slot is never
+  evicted while a kernel of the current step reads it; kernels of earlier layers and rounds were
+  enqueued earlier on the same stream, so they are done before the new copies land), updates the
+  tables and returns the copies; ``copy`` then runs them as one batched gather.
+- ``lookup / lock / unlock / insert / evict / size / check_integrity`` are host-side (they may
+  synchronise) and are used at safe points, by static placements and by tests.
+- Locked slots are never victims. Slot S is a scratch slot: padded copies land there, no eid maps to it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from freetoken.experts.host_pool import HostExpertPool
+from freetoken.experts.slots.copy import batched_fill
+from freetoken.experts.slots.plan import WARM, FillRule, RouteGroups, SlotTables, StepPlan, group_routes, plan_fills
+from freetoken.experts.triton_support import triton_available
+
+
+class SlotCache:
+    def __init__(self, pool: HostExpertPool, num_slots: int, device: torch.device) -> None:
+        if num_slots < 1:
+            raise ValueError(f"the expert cache needs at least one slot, got {num_slots}")
+        if num_slots > pool.num_rows:
+            raise ValueError(f"{num_slots} slots exceed the {pool.num_rows} experts of the pool")
+        self.pool = pool
+        self.device = device
+        S, N = num_slots, pool.num_rows
+        gu, dn = pool.gate_up, pool.down
+        # Zero-filled so that masked work reading the scratch slot stays finite.
+        self.slot_gate_up = torch.zeros((S + 1, *gu.shape[1:]), dtype=gu.dtype, device=device)  # [S+1, 2I, D]
+        self.slot_down = torch.zeros((S + 1, *dn.shape[1:]), dtype=dn.dtype, device=device)  # [S+1, D, I]
+        self.tables = SlotTables.empty(N, S, device)
+        self._src_gate_up, self._src_down = pool.device_views(device)
+
+    # -- sizes ---------------------------------------------------------------------------------------
+    @property
+    def num_slots(self) -> int:
+        return self.tables.num_slots
+
+    @property
+    def total(self) -> int:
+        return self.num_slots
+
+    def size(self) -> int:
+        """Slots holding an expert (host sync)."""
+        return int((self.tables.eid_of[: self.num_slots] >= 0).sum())
+
+    def free(self) -> int:
+        return self.total - self.size()
+
+    # -- hot path (device only) ----------------------------------------------------------------------
+    def group(self, layer: int, topk_ids: torch.Tensor) -> RouteGroups:
+        """topk_ids [T, k] per-layer expert ids -> routes grouped by eid = layer*E + id."""
+        return group_routes(topk_ids.reshape(-1) + layer * self.pool.num_experts, self.pool.num_rows)
+
+    def plan(self, groups: RouteGroups, pending: torch.Tensor, share: torch.Tensor, rule: FillRule = WARM) -> StepPlan:
+        """``plan.plan_fills`` of one layer's ``pending`` groups."""
+        E = self.pool.num_experts  # one layer's routes name at most E distinct experts
+        return plan_fills(self.tables, groups, pending, share, rule, E)
+
+    def group_and_plan(
+        self,
+        layer: int,
+        topk_ids: torch.Tensor,
+        share: torch.Tensor,
+        rule: FillRule = WARM,
+        counters: torch.Tensor | None = None,
+        count_cpu: bool = False,
+    ) -> StepPlan:
+        """``group`` + ``plan`` of every group (a step's first round). Decode-sized steps on CUDA take the
+        fused Triton plan (one launch instead of ~100 small ops), with identical results; it also adds the
+        step to ``counters`` (``DeviceCounters.vector``; ``count_cpu``: the unfilled misses are CPU runs) and
+        says so in ``plan.counted``."""
+        if self.device.type == "cuda" and triton_available():
+            from freetoken.experts.slots.plan_triton import MAX_ROUTES, plan_step_triton
+
+            if topk_ids.numel() <= MAX_ROUTES:
+                off = layer * self.pool.num_experts
+                return plan_step_triton(self.tables, topk_ids, off, share, rule, counters, count_cpu)
+        groups = self.group(layer, topk_ids)
+        return self.plan(groups, groups.valid, share, rule)
+
+    def copy(self, plan: StepPlan) -> None:
+        """One batched copy of this round's fills (all banks) from the pool into their slots."""
+        c = plan
+        batched_fill(self._src_gate_up, self._src_down, self.slot_gate_up, self.slot_down, c.copy_src, c.copy_dst,
+                     c.copy_count)  # fmt: skip
+
+    # -- host-side API (may synchronise) -------------------------------------------------------------
+    def _as_ids(self, eids: torch.Tensor | list[int]) -> torch.Tensor:
+        return torch.as_tensor(eids, dtype=torch.long, device=self.device).reshape(-1)
+
+    def lookup(self, eids: torch.Tensor | list[int]) -> torch.Tensor:
+        """Slot of each eid, -1 when absent. Does not touch LRU stamps."""
+        return self.tables.slot_of[self._as_ids(eids)]
+
+    def lock(self, eids: torch.Tensor | list[int]) -> None:
+        """Make resident experts unevictable. Raises KeyError for an absent eid."""
+        slots = self.lookup(eids)
+        if bool((slots < 0).any()):
+            raise KeyError("cannot lock experts that are not resident")
+        self.tables.locked[slots] = True
+
+    def unlock(self, eids: torch.Tensor | list[int]) -> None:
+        slots = self.lookup(eids)
+        self.tables.locked[slots[slots >= 0]] = False
+
+    def insert(self, eids: torch.Tensor | list[int]) -> torch.Tensor:
+        """Make the given distinct eids resident (LRU victims among unlocked slots); returns their slots.
+
+        Raises ValueError when they cannot all be resident at once.
+        """
+        ids = self._as_ids(eids)
+        if ids.numel() == 0:
+            return ids
+        if ids.unique().numel() != ids.numel():
+            raise ValueError("insert takes distinct eids")
+        slots = self.lookup(ids)
+        blocked = self.tables.locked[: self.num_slots].clone()
+        blocked[slots[slots >= 0]] = True
+        if int((slots < 0).sum()) > self.num_slots - int(blocked.sum()):  # checked before any change
+            raise ValueError(f"cannot make {ids.numel()} experts resident in {self.num_slots} slots")
+        groups = group_routes(ids, self.pool.num_rows)
+        share = torch.ones((), dtype=torch.float32, device=self.device)
+        self.copy(plan_fills(self.tables, groups, groups.valid, share))  # eids of any layers: no E bound
+        return self.lookup(ids)
+
+    def evict(self, eids: torch.Tensor | list[int]) -> None:
+        """Drop resident experts (absent ones are ignored); frees and unlocks their slots."""
+        t = self.tables
+        ids = self._as_ids(eids)
+        slots = t.slot_of[ids]
+        slots = slots[slots >= 0]
+        t.slot_of[t.eid_of[slots]] = -1
+        t.eid_of[slots] = -1
+        t.stamp[slots] = -1
+        t.locked[slots] = False
+
+    def resize(self, num_slots: int) -> None:
+        """Safe points only (no step in flight): change the slot count, keeping the residents that fit
+        (locked ones first, then the most recently used). Kept experts move to slots 0..n-1 in that
+        order. Old and new banks coexist during the copy: the peak is old + new."""
+        t, S, N = self.tables, self.num_slots, self.pool.num_rows
+        if not 1 <= num_slots <= N:
+            raise ValueError(f"slot count must be in [1, {N}], got {num_slots}")
+        locked = t.locked[:S]
+        if int(locked.sum()) > num_slots:
+            raise ValueError(f"{int(locked.sum())} locked experts do not fit in {num_slots} slots")
+        used = torch.nonzero(t.eid_of[:S] >= 0).flatten()
+        key = t.stamp[used] + locked[used].long() * (1 << 62)  # locked first, then newest
+        keep = used[torch.sort(key, descending=True, stable=True).indices][:num_slots]
+        n, dev = keep.numel(), self.device
+        gu = torch.zeros((num_slots + 1, *self.slot_gate_up.shape[1:]), dtype=self.slot_gate_up.dtype, device=dev)
+        dn = torch.zeros((num_slots + 1, *self.slot_down.shape[1:]), dtype=self.slot_down.dtype, device=dev)
+        gu[:n] = self.slot_gate_up[keep]
+        dn[:n] = self.slot_down[keep]
+        self.slot_gate_up, self.slot_down = gu, dn
+        new = SlotTables.empty(N, num_slots, dev)
+        new.tick = t.tick
+        new.eid_of[:n] = t.eid_of[keep]
+        new.stamp[:n] = t.stamp[keep]
+        new.locked[:n] = t.locked[keep]
+        new.slot_of[new.eid_of[:n]] = torch.arange(n, device=dev)
+        self.tables = new
+
+    def resident(self) -> dict[int, int]:
+        """eid -> slot for every resident expert."""
+        eid_of = self.tables.eid_of[: self.num_slots].tolist()
+        return {e: s for s, e in enumerate(eid_of) if e >= 0}
+
+    def check_integrity(self) -> None:
+        """free + used == total; slot_of and eid_of are inverse maps; free slots are unstamped, unlocked."""
+        t = self.tables
+        S, N = self.num_slots, t.num_rows
+        slot_of = t.slot_of.tolist()
+        eid_of = t.eid_of.tolist()
+        stamp = t.stamp.tolist()
+        locked = t.locked.tolist()
+        assert slot_of[N] == -1, "sentinel eid maps to a slot"
+        assert eid_of[S] == -1, "scratch slot holds an expert"
+        used = [s for s in range(S) if eid_of[s] >= 0]
+        free = [s for s in range(S) if eid_of[s] < 0]
+        assert len(used) + len(free) == S
+        assert len({eid_of[s] for s in used}) == len(used), "one eid in two slots"
+        for s in used:
+            assert 0 <= eid_of[s] < N, f"slot {s} holds eid {eid_of[s]} outside the pool"
+            assert slot_of[eid_of[s]] == s, f"slot {s} holds eid {eid_of[s]}, slot_of: {slot_of[eid_of[s]]}"
+            assert stamp[s] >= 0, f"used slot {s} has no stamp"
+        for s in free:
+            assert stamp[s] == -1 and not locked[s], f"free slot {s} is stamped or locked"
+        mapped = [e for e in range(N) if slot_of[e] >= 0]
+        assert len(mapped) == len(used), "slot_of maps more eids than slots are used"
+        assert all(0 <= slot_of[e] < S for e in mapped)

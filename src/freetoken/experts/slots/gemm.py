@@ -1,0 +1,88 @@
+"""GPU expert compute over slot ids: each route runs the expert in its group's slot.
+
+Routes are grouped by eid (``RouteGroups``: sorted by eid, hence by slot); ``slot[g]`` is the slot
+serving group g this round, or -1 when another branch or round serves it (its routes add zero).
+Three implementations of one contract, returning the float32 partial ``[T, D]``:
+- ``gather``: gather each route's weights and batch-matmul; fixed shapes, no sync (decode, torch).
+- ``loop``: one matmul per group, reads the groups on the host (prefill on a GPU without Triton,
+  and every step on the CPU, where "host reads" cost nothing).
+- Triton grouped GEMM (``gemm_triton``) on CUDA: fixed grid, skips unused groups on the device.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from freetoken.experts.reference import expert_ffn
+from freetoken.experts.slots.plan import RouteGroups
+from freetoken.experts.triton_support import triton_available
+
+# Above this many routes the torch path on CUDA stops gathering weights per route (prefill).
+GATHER_MAX_ROUTES = 64
+
+
+def grouped_experts_gather(
+    x: torch.Tensor,  # [T, D]
+    groups: RouteGroups,
+    slot: torch.Tensor,  # [K] per group
+    topk_w: torch.Tensor,  # [T, k]
+    slot_gate_up: torch.Tensor,  # [S+1, 2I, D]
+    slot_down: torch.Tensor,  # [S+1, D, I]
+) -> torch.Tensor:
+    T, k = topk_w.shape
+    scratch = slot_gate_up.shape[0] - 1
+    rslot = slot[groups.route_group]  # [K] per route
+    on = rslot >= 0
+    s = torch.where(on, rslot, torch.full_like(rslot, scratch))
+    xs = x.repeat_interleave(k, dim=0).unsqueeze(-1)  # [K, D, 1]
+    gu = torch.bmm(slot_gate_up[s], xs).squeeze(-1)  # [K, 2I]
+    gate, up = gu.chunk(2, dim=-1)
+    h = (F.silu(gate) * up).unsqueeze(-1)  # [K, I, 1]
+    y = torch.bmm(slot_down[s], h).squeeze(-1).float()  # [K, D]
+    w = torch.where(on, topk_w.reshape(-1).float(), torch.zeros_like(topk_w.reshape(-1), dtype=torch.float32))
+    y = torch.where(on[:, None], y * w[:, None], torch.zeros_like(y))
+    return y.view(T, k, -1).sum(dim=1)
+
+
+def grouped_experts_loop(
+    x: torch.Tensor,
+    groups: RouteGroups,
+    slot: torch.Tensor,
+    topk_w: torch.Tensor,
+    slot_gate_up: torch.Tensor,
+    slot_down: torch.Tensor,
+) -> torch.Tensor:
+    T, k = topk_w.shape
+    out = torch.zeros((T, x.shape[1]), dtype=torch.float32, device=x.device)
+    flat_w = topk_w.reshape(-1).float()
+    starts, counts, slots = groups.start.tolist(), groups.count.tolist(), slot.tolist()
+    order = groups.order
+    for g in range(int(groups.n_groups)):
+        if slots[g] < 0:
+            continue
+        routes = order[starts[g] : starts[g] + counts[g]]
+        tok = torch.div(routes, k, rounding_mode="floor")
+        y = expert_ffn(x[tok], slot_gate_up[slots[g]], slot_down[slots[g]]).float()
+        out.index_add_(0, tok, y * flat_w[routes, None])
+    return out
+
+
+def grouped_experts(
+    x: torch.Tensor,
+    groups: RouteGroups,
+    slot: torch.Tensor,
+    topk_w: torch.Tensor,
+    slot_gate_up: torch.Tensor,
+    slot_down: torch.Tensor,
+    max_groups: int | None = None,  # a layer's E: at most this many distinct experts per step
+) -> torch.Tensor:
+    """Dispatch: Triton on CUDA, else gather (small steps on CUDA) or loop. Returns float32 [T, D]."""
+    if x.device.type == "cuda":
+        if triton_available():
+            from freetoken.experts.slots.gemm_triton import grouped_experts_triton
+
+            return grouped_experts_triton(x, groups, slot, topk_w, slot_gate_up, slot_down, max_groups)
+        if groups.order.numel() <= GATHER_MAX_ROUTES:
+            return grouped_experts_gather(x, groups, slot, topk_w, slot_gate_up, slot_down)
+    return grouped_experts_loop(x, groups, slot, topk_w, slot_gate_up, slot_down)

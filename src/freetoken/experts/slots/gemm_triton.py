@@ -1,0 +1,173 @@
+"""Triton grouped expert GEMM over slots (routes sorted by eid, hence by slot).
+
+Two kernels, grid (group, N-tile); groups g >= n_groups or with slot -1 return at once, so the grid
+is fixed per step size and nothing is read back by the host:
+1. ``h[p] = silu(x[tok_p] @ Wg[s].T) * (x[tok_p] @ Wu[s].T)`` for the routes p of group g ([K, I] fp32,
+   in sorted order);
+2. ``y[route_p] = w_p * (h[p] @ Wd[s].T)`` written at the route's original index ([K, D] fp32), then
+   ``out = y.view(T, k, D).sum(1)`` (deterministic: no atomics).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from freetoken.experts.slots.plan import RouteGroups
+
+_BM, _BN, _BK = 16, 64, 64
+_BM_BIG, _BIG_STEP = 64, 1024  # token tile for steps of more than _BIG_STEP routes
+
+
+@dataclass(frozen=True)
+class GemmTiles:
+    """Weight-row tile (BN) and reduction tile (BK) of each kernel, and warps per program."""
+
+    gu_bn: int = _BN
+    gu_bk: int = _BK
+    dn_bn: int = _BN
+    dn_bk: int = _BK
+    gu_warps: int = 4
+    dn_warps: int = 4
+
+
+DEFAULT_TILES = GemmTiles()
+# One token's experts: narrower gate_up tiles with a longer reduction step keep more programs streaming
+# (``bench/gpu/gemm_tiles.py`` compares tiles; measured faster at T = 1 only, docs/benchmarks.md).
+ONE_TOKEN_TILES = GemmTiles(gu_bn=32, gu_bk=128)
+
+
+def decode_tiles(routes: int) -> GemmTiles:
+    """The tiles for a step of ``routes`` routes (top-k of one token, or more)."""
+    return ONE_TOKEN_TILES if routes <= 8 else DEFAULT_TILES
+
+
+@triton.jit
+def _gate_up_kernel(
+    x,
+    gu,
+    h,
+    order,
+    gstart,
+    gcount,
+    gslot,
+    ngroups_ptr,
+    D: tl.constexpr,
+    I: tl.constexpr,
+    TOPK: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    g = tl.program_id(0)
+    nt = tl.program_id(1)
+    s = tl.load(gslot + g)
+    if (g < tl.load(ngroups_ptr)) & (s >= 0):
+        start = tl.load(gstart + g)
+        cnt = tl.load(gcount + g)
+        wbase = gu + s.to(tl.int64) * (2 * I * D)
+        offs_n = nt * BN + tl.arange(0, BN)
+        nmask = offs_n < I
+        for m0 in range(0, cnt, BM):
+            rows = m0 + tl.arange(0, BM)
+            mmask = rows < cnt
+            ridx = tl.load(order + start + rows, mask=mmask, other=0)
+            tok = (ridx // TOPK).to(tl.int64)
+            acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+            acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+            for d0 in range(0, D, BK):
+                offs_k = d0 + tl.arange(0, BK)
+                kmask = offs_k < D
+                xmask = mmask[:, None] & kmask[None, :]
+                xa = tl.load(x + tok[:, None] * D + offs_k[None, :], mask=xmask, other=0.0)
+                wmask = kmask[:, None] & nmask[None, :]
+                wg = tl.load(wbase + offs_n[None, :] * D + offs_k[:, None], mask=wmask, other=0.0)
+                wu = tl.load(wbase + (I + offs_n)[None, :] * D + offs_k[:, None], mask=wmask, other=0.0)
+                acc_g = tl.dot(xa, wg, acc_g, input_precision=PREC)
+                acc_u = tl.dot(xa, wu, acc_u, input_precision=PREC)
+            hv = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+            hp = h + (start + rows).to(tl.int64)[:, None] * I + offs_n[None, :]
+            tl.store(hp, hv, mask=mmask[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _down_kernel(
+    h,
+    dn,
+    y,
+    wts,
+    order,
+    gstart,
+    gcount,
+    gslot,
+    ngroups_ptr,
+    D: tl.constexpr,
+    I: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    g = tl.program_id(0)
+    nt = tl.program_id(1)
+    s = tl.load(gslot + g)
+    if (g < tl.load(ngroups_ptr)) & (s >= 0):
+        start = tl.load(gstart + g)
+        cnt = tl.load(gcount + g)
+        wbase = dn + s.to(tl.int64) * (D * I)
+        offs_n = nt * BN + tl.arange(0, BN)
+        nmask = offs_n < D
+        for m0 in range(0, cnt, BM):
+            rows = m0 + tl.arange(0, BM)
+            mmask = rows < cnt
+            ridx = tl.load(order + start + rows, mask=mmask, other=0).to(tl.int64)
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+            for i0 in range(0, I, BK):
+                offs_k = i0 + tl.arange(0, BK)
+                kmask = offs_k < I
+                hp = h + (start + rows).to(tl.int64)[:, None] * I + offs_k[None, :]
+                wd = tl.load(
+                    wbase + offs_n[None, :] * I + offs_k[:, None],
+                    mask=kmask[:, None] & nmask[None, :],
+                    other=0.0,
+                )
+                ha = tl.load(hp, mask=mmask[:, None] & kmask[None, :], other=0.0).to(wd.dtype)
+                acc = tl.dot(ha, wd, acc, input_precision=PREC)
+            w = tl.load(wts + ridx, mask=mmask, other=0.0)
+            yp = y + ridx[:, None] * D + offs_n[None, :]
+            tl.store(yp, acc * w[:, None], mask=mmask[:, None] & nmask[None, :])
+
+
+def grouped_experts_triton(
+    x: torch.Tensor,  # [T, D] compute dtype
+    groups: RouteGroups,
+    slot: torch.Tensor,  # [K] per group, -1 = not here
+    topk_w: torch.Tensor,  # [T, k]
+    slot_gate_up: torch.Tensor,  # [S+1, 2I, D]
+    slot_down: torch.Tensor,  # [S+1, D, I]
+    max_groups: int | None = None,  # distinct experts a step can route to (a layer's E): bounds the grid
+    tiles: GemmTiles | None = None,  # None: decode_tiles(K) (``bench/gpu/gemm_tiles.py`` compares settings)
+) -> torch.Tensor:  # [T, D] float32
+    T, k = topk_w.shape
+    K = T * k
+    G = K if max_groups is None else min(K, max_groups)  # groups g >= n_groups exit at once
+    bm = _BM if K <= _BIG_STEP else _BM_BIG  # long prefill steps: many tokens per expert
+    D = x.shape[1]
+    I = slot_down.shape[2]
+    x = x.to(slot_gate_up.dtype).contiguous()
+    h = torch.empty((K, I), dtype=torch.float32, device=x.device)
+    y = torch.zeros((K, D), dtype=torch.float32, device=x.device)
+    wts = topk_w.reshape(-1).float().contiguous()
+    ng = groups.n_groups.reshape(1)
+    prec = "ieee" if x.dtype == torch.float32 else "tf32"  # fp32: exact products, no TF32 rounding
+    routes = (groups.order, groups.start, groups.count, slot, ng)  # both kernels walk the same groups
+    t = tiles or decode_tiles(K)
+    gu = {"D": D, "I": I, "BM": bm, "BN": t.gu_bn, "BK": t.gu_bk, "PREC": prec, "num_warps": t.gu_warps}
+    dn = {"D": D, "I": I, "BM": bm, "BN": t.dn_bn, "BK": t.dn_bk, "PREC": prec, "num_warps": t.dn_warps}
+    _gate_up_kernel[(G, triton.cdiv(I, t.gu_bn))](x, slot_gate_up, h, *routes, TOPK=k, **gu)
+    _down_kernel[(G, triton.cdiv(D, t.dn_bn))](h, slot_down, y, wts, *routes, **dn)
+    return y.view(T, k, D).sum(dim=1)

@@ -1,0 +1,32 @@
+"""The ``ft`` registries list only what exists: every subcommand and every benchmark module imports and offers
+its entry points, and ``ft --help`` / ``ft bench --help`` show exactly those."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from freetoken.cli.bench import BENCHMARKS
+from freetoken.cli.main import SUBCOMMANDS, build_parser
+
+
+def test_every_subcommand_and_benchmark_exists() -> None:
+    for module in SUBCOMMANDS.values():
+        mod = importlib.import_module(module)
+        assert callable(mod.add_parser) and callable(mod.run), module
+    for module in BENCHMARKS.values():
+        mod = importlib.import_module(module)
+        assert callable(mod.add_arguments) and callable(mod.run), module
+
+
+def test_help_lists_them(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert all(name in out for name in SUBCOMMANDS) and "convert" not in out
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--help"])
+    out = capsys.readouterr().out
+    assert all(name in out for name in BENCHMARKS) and "agent" not in out
