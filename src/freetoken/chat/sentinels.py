@@ -65,7 +65,7 @@ class Tainted(str):
         return bool(self._ft_value)
 
     def __contains__(self, sub: object) -> bool:
-        return _plain(sub) in self._ft_value  # type: ignore[operator]
+        return _plain(sub) in self._ft_value
 
     def __eq__(self, other: object) -> bool:
         return self._ft_value == _plain(other)
@@ -76,10 +76,10 @@ class Tainted(str):
     def __hash__(self) -> int:
         return hash(self._ft_value)
 
-    def __getitem__(self, key: Any) -> Tainted:  # type: ignore[override]
+    def __getitem__(self, key: Any) -> Tainted:
         return self._ft_table.wrap(self._ft_value[key])
 
-    def __iter__(self) -> Iterator[Tainted]:  # type: ignore[override]
+    def __iter__(self) -> Iterator[Tainted]:
         return (self._ft_table.wrap(c) for c in self._ft_value)
 
 
