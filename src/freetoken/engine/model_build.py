@@ -65,7 +65,7 @@ def _attention(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, rotary: 
         k_norm=w.get(p + fam.naming.k_norm, norm_k) if norm_k else None,
     )
     clip = hf.raw.get(fam.clip_qkv_key) if fam.clip_qkv_key else None
-    return Attention(aw, i, H, Hkv, hd, hf.rms_eps, rotary, float(clip) if clip else None)
+    return Attention(aw, i, H, Hkv, hd, hf.rms_eps, rotary, float(clip) if clip else None, hf.sliding_window)
 
 
 def _dense(w: CheckpointWeights, prefix: str, D: int, inter: int, bias: bool = False) -> DenseMLP:
