@@ -33,20 +33,22 @@ check)
     > "$OUT/e2e_smoke.log" 2> "$OUT/e2e_smoke.err"; tail -4 "$OUT/e2e_smoke.log"; tail -3 "$OUT/e2e_smoke.err"
   echo "llama.cpp build: $(cat /tmp/lc/built 2>/dev/null || echo running)" ;;
 bench)
-  timeout 330 $E2E --policies fused,offload,hybrid,static-layers --cpu-threads 6,16 --batch 1,4 --json "$OUT/e2e.json" \
+  timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_reference_models.py tests/test_paged_attention.py 2>&1 | tail -2
+  timeout 300 $E2E --policies fused,offload,hybrid,static-layers --cpu-threads 6,16 --batch 1,4 --json "$OUT/e2e.json" \
     > "$OUT/e2e.log" 2> "$OUT/e2e.err"; cat "$OUT/e2e.log" | tail -18; grep -iE "error|Traceback" "$OUT/e2e.err" | head -5
-  timeout 150 $E2E --policies offload,hybrid --cpu-threads 6,16 --batch 1,4 --repeats 2 --routing-trace $TRACE \
-    --json "$OUT/e2e_trace.json" > "$OUT/e2e_trace.log" 2> "$OUT/e2e_trace.err"; tail -10 "$OUT/e2e_trace.log"
-  timeout 60 python3 bench/gpu/e2e_profile.py $CK --backend fused 2>&1 | tail -1
-  timeout 60 python3 bench/gpu/e2e_profile.py $CK --backend fused --no-cuda-graphs 2>&1 | tail -1
+  timeout 45 python3 bench/gpu/e2e_profile.py $CK --backend fused 2>&1 | tail -1
   for i in $(seq 1 60); do [ -f /tmp/lc/built ] && break; sleep 5; done
   if [ -x /tmp/lc/llama.cpp/build/bin/llama-bench ]; then
     PYTHONPATH=/tmp/lc/llama.cpp/gguf-py python3 .carry/baselines/make_gguf_qwen3moe.py /tmp/m.gguf 12 | tail -1
     B=/tmp/lc/llama.cpp/build/bin/llama-bench
-    for ncm in 12 9 0; do for th in 6 16; do
-      timeout 60 $B -m /tmp/m.gguf -ngl 99 --n-cpu-moe $ncm -t $th -p 0 -n 64 -r 3 -o csv 2>/dev/null | tail -n 1 |
+    for ncm in 9 0; do for th in 6 16; do
+      timeout 40 $B -m /tmp/m.gguf -ngl 99 --n-cpu-moe $ncm -t $th -p 0 -n 64 -r 3 -o csv 2>/dev/null | tail -n 1 |
         awk -v n=$ncm -v t=$th -F, '{gsub(/"/,""); print "llama.cpp decode n_cpu_moe=" n " threads=" t ": " $(NF-1) " tok/s (sd " $NF ")"}'
     done; done
   else echo "llama.cpp not built: $(tail -3 /tmp/lc/build.log 2>/dev/null)"; fi ;;
+trace)
+  timeout 300 $E2E --policies offload,hybrid --cpu-threads 6,16 --batch 1,4 --repeats 2 --routing-trace $TRACE \
+    --json "$OUT/e2e_trace.json" > "$OUT/e2e_trace.log" 2> "$OUT/e2e_trace.err"; tail -10 "$OUT/e2e_trace.log"
+  timeout 45 python3 bench/gpu/e2e_profile.py $CK --backend fused --no-cuda-graphs 2>&1 | tail -1 ;;
 *) echo "unknown stage $stage"; exit 2 ;;
 esac; done

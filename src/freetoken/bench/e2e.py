@@ -44,6 +44,7 @@ class Row:
     moe_tok_s: float | None
     step_graph_replays: int
     runs: list[float]
+    hit_rate: float | None = None  # distinct (layer, expert) hits over all routed, end to end
 
     @property
     def ratio(self) -> float | None:
@@ -99,6 +100,7 @@ def decode_tok_s(llm: Any, batch: int, prompt: int, tokens: int, warmup: int, se
     return timed / (time.perf_counter() - t0)
 
 
+@torch.inference_mode()
 def moe_only_tok_s(llm: Any, batch: int, steps: int, trace: str | None, seed: int) -> float | None:
     """The same backend driven by ``ft bench decode``'s step: MoE layers alone, no attention."""
     from freetoken.bench.decode import decode_step
@@ -170,13 +172,17 @@ def run(args: argparse.Namespace) -> int:
             try:
                 for batch in batches:
                     runs = []
+                    before = llm.stats()
                     for rep in range(args.repeats):
                         runs.append(decode_tok_s(llm, batch, args.prompt_tokens, args.tokens, args.warmup, rep))
                         if args.transformers and batch == 1 and threads is threads_list[0] and policy == policies[0]:
                             peer.append(transformers_tok_s(path, args.tokens, args.prompt_tokens, rep))
+                    st = {k: v - before.get(k, 0) for k, v in llm.stats().items() if isinstance(v, (int, float))}
+                    seen = st.get("expert_hits", 0) + st.get("expert_fills", 0) + st.get("expert_cpu_runs", 0)
+                    hits = st.get("expert_hits", 0) / seen if seen else None
                     moe = moe_only_tok_s(llm, batch, args.moe_steps, args.routing_trace, 0) if args.moe_only else None
                     replays = int(llm.stats().get("step_graph_replays", 0))
-                    rows.append(Row(policy, threads, batch, statistics.median(runs), moe, replays, runs))
+                    rows.append(Row(policy, threads, batch, statistics.median(runs), moe, replays, runs, hits))
                     r = rows[-1]
                     shown = [round(x, 1) for x in runs]
                     print(f"#   threads {threads} {policy} batch {batch}: e2e {r.e2e_tok_s:.1f} tok/s {shown}, "
@@ -187,14 +193,14 @@ def run(args: argparse.Namespace) -> int:
                     close()
                 del llm
     print("| threads | policy | batch | end to end tok/s (runs) | MoE layers alone tok/s | e2e / MoE-only "
-          "| step graph replays |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+          "| step graph replays | expert hit rate |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         runs_s = ", ".join(f"{x:.1f}" for x in r.runs)
         moe_s = f"{r.moe_tok_s:.1f}" if r.moe_tok_s else "–"
         ratio = f"{r.ratio:.2f}" if r.ratio else "–"
         print(f"| {r.threads or 'default'} | {r.policy} | {r.batch} | {r.e2e_tok_s:.1f} ({runs_s}) | {moe_s} | {ratio} "
-              f"| {r.step_graph_replays} |")  # fmt: skip
+              f"| {r.step_graph_replays} | {'–' if r.hit_rate is None else f'{r.hit_rate:.2f}'} |")  # fmt: skip
     if peer:
         ours = statistics.median(next(r for r in rows if r.batch == 1).runs)
         theirs = statistics.median(peer)

@@ -22,7 +22,7 @@ def _paged_decode_kernel(
     stride_ab, stride_ah, stride_as,
     scale, window,
     PAGE: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, HD: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -49,13 +49,13 @@ def _paged_decode_kernel(
         slot = page.to(tl.int64) * PAGE + t % PAGE
         k = tl.load(K + slot[:, None] * stride_kt + kvh * stride_kh + d[None, :], mask=tmask[:, None], other=0.0)
         v = tl.load(V + slot[:, None] * stride_vt + kvh * stride_vh + d[None, :], mask=tmask[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_G, BLOCK_N] float32
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale  # [BLOCK_G, BLOCK_N] float32
         s = tl.where(tmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         l_sum = l_sum * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m = m_new
     out = b * stride_ab + heads * stride_ah + split * stride_as
     tl.store(ACC + out[:, None] * HD + d[None, :], acc, mask=gmask[:, None])
@@ -96,6 +96,7 @@ def paged_decode_triton(
         scale, window or 0,
         PAGE=meta.page_size, G=g, BLOCK_G=max(16, triton.next_power_of_2(g)), HD=hd,
         BLOCK_N=BLOCK_N, SPLITS=s, HAS_WINDOW=window is not None,
+        PREC="ieee" if q.dtype == torch.float32 else "tf32",  # float32 exact (TF32 would round it)
     )  # fmt: skip
     return merge_splits(acc, mx, sm).to(q.dtype)
 
