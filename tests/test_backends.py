@@ -394,3 +394,21 @@ def test_fused_on_cpu_runs_the_cpu_kernel_in_place(dtype: torch.dtype) -> None:
     backend.close()
     gptoss = ExpertBanks(banks.gate_up, banks.down, 2, 8, activation="gptoss")
     assert FusedBackend(gptoss, torch.device("cpu"), dtype).kernel is None  # its torch paths are SiLU only
+
+
+@TRITON_INTERPRETER
+@pytest.mark.parametrize("T", [1, 4])
+def test_fused_in_place_grouped_gemm_in_interpreter(T: int) -> None:
+    """fused on CUDA reads the routed experts in place (the grouped GEMM over pool rows): the same sums."""
+    from freetoken.experts.backends.fused import FusedBackend
+    from freetoken.experts.reference import moe_reference
+
+    banks = make_banks(3, 12, seed=3)
+    fused = FusedBackend(banks, torch.device("cpu"), torch.float32)
+    g = torch.Generator().manual_seed(T)
+    x = torch.randn(T, banks.hidden_size, generator=g)
+    ids = torch.stack([torch.randperm(12, generator=g)[:4] for _ in range(T)])
+    w = torch.softmax(torch.randn(T, 4, generator=g), dim=-1)
+    for layer in range(3):
+        ref = moe_reference(x, ids + layer * 12, w, banks.gate_up, banks.down)
+        torch.testing.assert_close(fused._in_place(layer, x, ids, w), ref, rtol=1e-5, atol=1e-5)

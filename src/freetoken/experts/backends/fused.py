@@ -20,6 +20,8 @@ from freetoken.experts.base import ExpertBackend, ExpertBanks
 from freetoken.experts.cpu.kernel import CpuExpertKernel
 from freetoken.experts.cpu.runner import make_kernel
 from freetoken.experts.reference import moe_reference
+from freetoken.experts.slots.plan import group_routes
+from freetoken.experts.triton_support import triton_available
 
 # Up to this many routes per step, gather the routed experts' weights and run one batched matmul
 # (fixed shapes, no host synchronisation: the decode path); above it, loop over distinct experts.
@@ -60,9 +62,19 @@ class FusedBackend(StepCapture, ExpertBackend):
             return self._on_kernel(layer, x, topk_ids, topk_w)
         if T * k > _GATHER_MAX_ROUTES:
             return moe_reference(x, topk_ids + layer * self.num_experts, topk_w, self.gate_up, self.down)
+        body = self._in_place if x.is_cuda and triton_available() else self._gathered
         if self.graphs is not None and self.graphs.eligible(T):
-            return self.graphs.run(layer, x, topk_ids, topk_w, self._gathered, self)
-        return self._gathered(layer, x, topk_ids, topk_w)
+            return self.graphs.run(layer, x, topk_ids, topk_w, body, self)
+        return body(layer, x, topk_ids, topk_w)
+
+    def _in_place(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
+        """The slot backends' grouped GEMM over pool rows (every expert is resident): the routed experts'
+        weights are read once, in place, where a gather would copy them first (fixed shapes, capturable)."""
+        from freetoken.experts.slots.gemm_triton import grouped_experts_triton
+
+        groups = group_routes(topk_ids + layer * self.num_experts, self.gate_up.shape[0])
+        rows = torch.where(groups.valid, groups.eid, torch.full_like(groups.eid, -1))
+        return grouped_experts_triton(x, groups, rows, topk_w, self.gate_up, self.down, self.num_experts).to(x.dtype)
 
     def _gathered(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
         """Gather the routed experts' weights, two batched matmuls: fixed shapes, no host sync (capturable)."""
