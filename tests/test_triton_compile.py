@@ -66,7 +66,8 @@ def test_triton_kernels_compile(arch: int) -> None:
             "SUM": "*fp32", "scale": "fp32", "window": "i32"}  # fmt: skip
     attn |= dict.fromkeys([f"stride_{n}" for n in ("qb", "qh", "kt", "kh", "vt", "vh", "bt", "ab", "ah", "as")], "i32")
     for hd, g, window in ((128, 8, False), (64, 1, True), (256, 2, False)):
-        consts = {"PAGE": 16, "G": g, "BLOCK_G": 16, "HD": hd, "BLOCK_N": 32, "SPLITS": 8, "HAS_WINDOW": window, "PREC": "tf32"}
+        consts = {"PAGE": 16, "G": g, "BLOCK_G": 16, "HD": hd, "BLOCK_N": 32, "SPLITS": 8, "HAS_WINDOW": window}
+        consts["PREC"] = "tf32"
         cases.append((triton_decode._paged_decode_kernel, attn, consts))
     for fn, sig, consts in cases:
         signature: dict[str, str] = {**sig, **{k: "constexpr" for k in consts}}
