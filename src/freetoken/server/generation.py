@@ -30,6 +30,7 @@ from freetoken.server.internal import (
     Finish,
     FinishReason,
     Started,
+    TokenLogprobs,
     ToolCall,
     merge_leading_system,
 )
@@ -103,6 +104,11 @@ class Generation:
                 temperature=req.temperature,
                 top_p=req.top_p,
                 top_k=req.top_k,
+                min_p=req.min_p,
+                presence_penalty=req.presence_penalty,
+                frequency_penalty=req.frequency_penalty,
+                repetition_penalty=req.repetition_penalty,
+                logprobs=req.logprobs,
                 stop=list(req.stop),
                 seed=req.seed,
                 ignore_eos=req.ignore_eos,
@@ -171,6 +177,8 @@ class Generation:
                         yield Started()  # accepted and prefilled: streams may send their headers now
                     out_ids.extend(out.new_token_ids)
                     text.append(out.new_text)
+                    if out.logprobs:
+                        yield TokenLogprobs(out.logprobs)
                     fresh, primed = primed + (parser.feed(out.new_text) if out.new_text else []), []
                     for e in shaper.apply(fresh):
                         saw_tool = saw_tool or isinstance(e, ev.ToolCallStart)
@@ -235,9 +243,12 @@ class Generation:
         reasoning: list[str] = []
         calls: dict[int, ToolCall] = {}
         finish: Finish | None = None
+        logprobs: list[tuple[int, float, list[tuple[int, float]]]] = []
         async with aclosing(self.stream(prep, request_id)) as events:
             async for e in events:
-                if isinstance(e, ev.ContentDelta):
+                if isinstance(e, TokenLogprobs):
+                    logprobs += e.entries
+                elif isinstance(e, ev.ContentDelta):
                     content.append(e.text)
                 elif isinstance(e, ev.ReasoningDelta):
                     reasoning.append(e.text)
@@ -248,7 +259,8 @@ class Generation:
                 elif isinstance(e, Finish):
                     finish = e
         assert finish is not None
-        return Completion("".join(content), "".join(reasoning), [calls[i] for i in sorted(calls)], finish)
+        tool_calls = [calls[i] for i in sorted(calls)]
+        return Completion("".join(content), "".join(reasoning), tool_calls, finish, logprobs)
 
     async def feed_all(self, prep: Prepared, builder: Any) -> None:
         """Run a request to completion, feeding every event to a protocol builder (non-streaming answers)."""

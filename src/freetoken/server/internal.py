@@ -54,6 +54,11 @@ class ChatRequest:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None  # alternatives per token when logprobs are asked for (0..20)
     seed: int | None = None
     ignore_eos: bool = False  # extension (vLLM's name): keep going past end-of-sequence
     stop: list[str] = field(default_factory=list)
@@ -86,6 +91,15 @@ class ChatRequest:
             )
         if not (math.isfinite(self.top_p) and 0.0 < self.top_p <= 1.0):
             raise APIError.invalid("top_p must be in (0, 1]", param="top_p")
+        if not (math.isfinite(self.min_p) and 0 <= self.min_p <= 1):
+            raise APIError.invalid("min_p must be in [0, 1]", param="min_p")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not (math.isfinite(getattr(self, name)) and -2 <= getattr(self, name) <= 2):
+                raise APIError.invalid(f"{name} must be between -2 and 2", param=name)
+        if not (math.isfinite(self.repetition_penalty) and 0 < self.repetition_penalty <= 100):
+            raise APIError.invalid("repetition_penalty must be in (0, 100]", param="repetition_penalty")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise APIError.invalid("top_logprobs must be between 0 and 20", param="top_logprobs")
         if self.top_k < -1:
             raise APIError.invalid("top_k must be -1, 0 (no cut) or positive", param="top_k")
         if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
@@ -154,6 +168,13 @@ class Finish:
 
 
 @dataclass
+class TokenLogprobs:
+    """The logprobs of tokens the engine just produced (when the request asked for them)."""
+
+    entries: list[tuple[int, float, list[tuple[int, float]]]]  # (token, logprob, [(alternative, logprob)])
+
+
+@dataclass
 class Completion:
     """A whole (non-streamed) generation, parsed."""
 
@@ -161,3 +182,4 @@ class Completion:
     reasoning: str
     tool_calls: list[ToolCall]
     finish: Finish
+    logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)

@@ -15,9 +15,10 @@ from freetoken.chat import events as ev
 from freetoken.server.body import parse_request
 from freetoken.server.errors import APIError
 from freetoken.server.generation import Generation, Prepared, until_finish
-from freetoken.server.internal import ChatRequest, Completion, Finish, ToolChoice, ToolSpec
+from freetoken.server.internal import ChatRequest, Completion, Finish, TokenLogprobs, ToolChoice, ToolSpec
 from freetoken.server.openai.convert import text_of, tool_call_dict
 from freetoken.server.openai.protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice
+from freetoken.server.openai.sampling import logprobs_content, refuse_unsupported, top_logprobs
 from freetoken.server.sse import sse, sse_response, unless_disconnected
 from freetoken.server.state import get_state
 
@@ -33,6 +34,7 @@ _FINISH = {
 def to_internal(body: ChatCompletionRequest) -> ChatRequest:
     if body.n != 1:
         raise APIError.invalid("only n=1 is supported", param="n")
+    refuse_unsupported(body)
     messages = [_message(m, i) for i, m in enumerate(body.messages)]
     choice = body.tool_choice
     if isinstance(choice, NamedToolChoice):
@@ -63,6 +65,11 @@ def to_internal(body: ChatCompletionRequest) -> ChatRequest:
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=body.top_k or 0,
+        min_p=body.min_p or 0.0,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        logprobs=top_logprobs(body.logprobs, body.top_logprobs),
         seed=body.seed,
         ignore_eos=body.ignore_eos,
         stop=stop,
@@ -99,7 +106,8 @@ async def create_chat_completion(request: Request) -> Response:
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     if not body.stream:
         done = await unless_disconnected(request, gen.complete(prep, rid))
-        return JSONResponse(_completion_body(rid, body.model, done))
+        lp = logprobs_content(gen.engine.tokenizer, done.logprobs) if prep.params.logprobs is not None else None
+        return JSONResponse(_completion_body(rid, body.model, done, lp))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     events = gen.stream(prep, rid)
     first = await unless_disconnected(request, gen.first_event(events))
@@ -107,7 +115,7 @@ async def create_chat_completion(request: Request) -> Response:
     return sse_response(frames, state.config.keepalive_s)
 
 
-def _completion_body(rid: str, model: str, done: Completion) -> dict[str, Any]:
+def _completion_body(rid: str, model: str, done: Completion, logprobs: list[Any] | None) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": done.content}
     if done.reasoning:
         message["reasoning_content"] = done.reasoning
@@ -123,7 +131,14 @@ def _completion_body(rid: str, model: str, done: Completion) -> dict[str, Any]:
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": _FINISH[f.reason]}],
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None if logprobs is None else {"content": logprobs},
+                "finish_reason": _FINISH[f.reason],
+            }
+        ],
         "usage": _usage(f),
     }
 
@@ -148,13 +163,14 @@ async def _frames(
 ) -> AsyncGenerator[bytes, None]:
     created = int(time.time())
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: list[Any] | None = None) -> bytes:
+        lp = None if logprobs is None else {"content": logprobs}
         c: dict[str, Any] = {
             "id": rid,
             "object": "chat.completion.chunk",
             "created": created,
             "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}],
         }
         if include_usage:
             c["usage"] = None
@@ -164,6 +180,9 @@ async def _frames(
     try:
         async with aclosing(until_finish(first, events)) as stream:
             async for e in stream:
+                if isinstance(e, TokenLogprobs):  # its own chunk: tokens and parsed text do not align
+                    yield chunk({}, logprobs=logprobs_content(gen.engine.tokenizer, e.entries))
+                    continue
                 if isinstance(e, Finish):
                     yield chunk({}, _FINISH[e.reason])
                     if include_usage:

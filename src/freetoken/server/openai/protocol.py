@@ -73,6 +73,12 @@ class ChatCompletionRequest(_Open):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None  # extension (vLLM's name)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None  # extension (vLLM's name)
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
     n: int = 1

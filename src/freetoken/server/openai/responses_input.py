@@ -27,6 +27,10 @@ def to_internal(body: ResponsesRequest) -> ChatRequest:
             "send the whole conversation in `input` (store=false)",
             param="previous_response_id" if body.previous_response_id else "conversation",
         )
+    extra = body.model_extra or {}
+    if extra.get("top_logprobs") or "message.output_text.logprobs" in (extra.get("include") or []):
+        raise APIError.invalid("logprobs are not supported on /v1/responses yet (use /v1/chat/completions)",
+                               param="top_logprobs")  # fmt: skip
     messages: list[dict[str, Any]] = []
     if body.instructions:
         messages.append({"role": "system", "content": body.instructions})
