@@ -13,7 +13,7 @@ from freetoken.experts.backends.registry import create_backend
 from freetoken.experts.backends.split_policy import DEFAULT_SHARE, SplitPolicy
 from freetoken.experts.base import ExpertBackend, ExpertBanks
 from freetoken.experts.reference import moe_reference
-from freetoken.experts.slots.gemm import grouped_experts_gather, grouped_experts_loop
+from freetoken.experts.slots.gemm import SlotWeights, grouped_experts_gather, grouped_experts_loop
 from freetoken.experts.slots.plan import group_routes
 
 D, I, K_TOP = 64, 32, 2
@@ -232,7 +232,7 @@ def _groups_case(T: int, E: int, seed: int) -> tuple:
 def test_grouped_experts_torch_paths(T: int) -> None:
     x, groups, slot, w, gu, dn, ref = _groups_case(T, 12, seed=T)
     for fn in (grouped_experts_gather, grouped_experts_loop):
-        out = fn(x, groups, slot, w, gu, dn)
+        out = fn(x, groups, slot, w, SlotWeights(gu, dn))
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -249,7 +249,7 @@ def test_triton_kernels_in_interpreter(T: int, monkeypatch: pytest.MonkeyPatch) 
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     dst_gu, dst_dn = torch.zeros(6, *gu.shape[1:]), torch.zeros(6, *dn.shape[1:])
     src, dst = torch.tensor([3, 7, 0, 0]), torch.tensor([2, 0, 5, 5])
-    gather_rows_triton(gu, dn, dst_gu, dst_dn, src, dst, torch.tensor(2))
+    gather_rows_triton((gu, dn), (dst_gu, dst_dn), src, dst, torch.tensor(2))
     assert torch.equal(dst_gu[2], gu[3]) and torch.equal(dst_dn[0], dn[7])
     assert dst_gu[5].abs().sum() == 0 and dst_gu[1].abs().sum() == 0  # padding skipped
 

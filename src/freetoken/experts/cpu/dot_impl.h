@@ -6,12 +6,13 @@
 //
 // S provides: vec, W (fp32 lanes), zero(), load(const float*), fma(a, b, c) = a * b + c, add,
 // hsum(vec) (fixed order), sfma(float, float, float) for scalar tails, and
-// load_bf16x2(const uint16_t*, vec&, vec&) (2W bf16 -> two fp32 vectors).
+// load_bf16x2(const uint16_t*, vec&, vec&) (2W bf16 -> two fp32 vectors) and
+// load_fp8x2(const uint8_t*, float scale, vec&, vec&) (2W e4m3 -> two fp32 vectors, times scale: each value is
+// the fp32 product fp8 * scale rounded once, the bits of the torch reference's dequantisation).
 // A weight format F provides: Row (a row handle), row(bank, index, K) (row `index` of a bank of rows of
 // K weights), load2(row, k, a, b) (2W weights starting at k as two fp32 vectors) and at(row, k) (one
-// weight).
-// fp8 / mxfp4 / nvfp4 plug in here as new formats: their Row also carries the block scales, and
-// load2 dequantises one 16/32-weight block to fp32; the phases stay as they are.
+// weight). Block-scaled formats carry the row's scales in Row and dequantise in load2, in registers;
+// mxfp4 / nvfp4 plug in the same way; the phases stay as they are.
 #pragma once
 
 #include "kernel_api.h"
@@ -26,7 +27,7 @@ static inline float fmax_(float a, float b) { return a > b ? a : b; }
 
 struct FmtF32 {
   using Row = const float*;
-  static inline Row row(const void* bank, int64_t index, int64_t K) { return static_cast<const float*>(bank) + index * K; }
+  static inline Row row(const Bank& bank, int64_t index, int64_t K) { return static_cast<const float*>(bank.w) + index * K; }
   static inline void load2(Row r, int64_t k, S::vec& a, S::vec& b) {
     a = S::load(r + k);
     b = S::load(r + k + S::W);
@@ -36,11 +37,25 @@ struct FmtF32 {
 
 struct FmtBF16 {
   using Row = const uint16_t*;
-  static inline Row row(const void* bank, int64_t index, int64_t K) {
-    return static_cast<const uint16_t*>(bank) + index * K;
+  static inline Row row(const Bank& bank, int64_t index, int64_t K) {
+    return static_cast<const uint16_t*>(bank.w) + index * K;
   }
   static inline void load2(Row r, int64_t k, S::vec& a, S::vec& b) { S::load_bf16x2(r + k, a, b); }
   static inline float at(Row r, int64_t k) { return bf16_to_f32(r[k]); }
+};
+
+// fp8 e4m3 with 128x128 block scales: a 2W-weight load never crosses a block (k is a multiple of 2W, which
+// divides 128), so one scale serves it.
+struct FmtFP8 {
+  struct Row {
+    const uint8_t* w;
+    const float* s;  // this row's block scales, one per 128 columns
+  };
+  static inline Row row(const Bank& bank, int64_t index, int64_t K) {
+    return Row{static_cast<const uint8_t*>(bank.w) + index * K, bank.scale + (index / kFp8Block) * (K / kFp8Block)};
+  }
+  static inline void load2(Row r, int64_t k, S::vec& a, S::vec& b) { S::load_fp8x2(r.w + k, r.s[k / kFp8Block], a, b); }
+  static inline float at(Row r, int64_t k) { return fp8_to_f32(r.w[k]) * r.s[k / kFp8Block]; }
 };
 
 // res[t] = dot(row[0:K], xs[t][0:K]) for t < NT. Every token owns two accumulators and one scalar
@@ -138,7 +153,7 @@ struct Operands {
 template <class F, bool DP>
 static inline void dot_row(typename F::Row row, const Operands& o, int64_t K, float* res) {
 #ifdef FT_DOT_BF16
-  if (DP) {
+  if constexpr (DP) {
     const uint16_t* r = reinterpret_cast<const uint16_t*>(row);
     switch (o.nt) {
       case 1: return dot_tile_dp<1>(r, o.hi, o.lo, o.f, K, res);
@@ -262,6 +277,7 @@ static uint64_t stream_sum(const uint64_t* p, int64_t words) {
 }
 
 static void phase1_dispatch(const Plan& p, int64_t u) {
+  if (p.fmt == FMT_FP8_BLOCK) return phase1<FmtFP8, false>(p, u);
 #ifdef FT_DOT_BF16
   if (p.fmt == FMT_BF16 && p.x_hi) return phase1<FmtBF16, true>(p, u);
 #endif
@@ -270,6 +286,7 @@ static void phase1_dispatch(const Plan& p, int64_t u) {
 }
 
 static void phase2_dispatch(const Plan& p, int64_t u) {
+  if (p.fmt == FMT_FP8_BLOCK) return phase2<FmtFP8, false>(p, u);
 #ifdef FT_DOT_BF16
   if (p.fmt == FMT_BF16 && p.h_hi) return phase2<FmtBF16, true>(p, u);
 #endif

@@ -36,6 +36,9 @@ struct S {
   static inline void load_bf16x2(const uint16_t* p, vec& a, vec& b) {
     for (int i = 0; i < W; ++i) a.v[i] = bf16_to_f32(p[i]), b.v[i] = bf16_to_f32(p[W + i]);
   }
+  static inline void load_fp8x2(const uint8_t* p, float scale, vec& a, vec& b) {
+    for (int i = 0; i < W; ++i) a.v[i] = fp8_to_f32(p[i]) * scale, b.v[i] = fp8_to_f32(p[W + i]) * scale;
+  }
 };
 }  // namespace generic
 }  // namespace ft
