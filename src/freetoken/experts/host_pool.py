@@ -145,6 +145,13 @@ class HostExpertPool:
         return (self.gate_up, self.down, *scales)
 
     @property
+    def scales(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(gate_up_scale, down_scale) of a block-scaled pool, as the CPU kernel takes them; None otherwise."""
+        if self.gate_up_scale is None or self.down_scale is None:
+            return None
+        return self.gate_up_scale, self.down_scale
+
+    @property
     def inter(self) -> int:  # I
         return self.banks.intermediate_size
 

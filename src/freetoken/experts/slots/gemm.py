@@ -13,10 +13,10 @@ Quantised slots (``SlotWeights.fmt``) reach the torch paths dequantised by the f
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
-
-from dataclasses import dataclass
 
 from freetoken.experts.base import dequantize_rows
 from freetoken.experts.reference import expert_ffn
