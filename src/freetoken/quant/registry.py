@@ -15,6 +15,17 @@ from freetoken.quant.fp8_block import IMPLEMENTED_BLOCKS, Fp8BlockFormat
 _E4M3_NAMES = ("e4m3", "float8_e4m3fn")
 
 
+def format_by_name(name: str) -> WeightFormat:
+    """A format by its ``name`` (benchmark presets, command lines): "bf16" or "fp8_block" (128x128)."""
+    from freetoken.quant.bf16 import BF16
+    from freetoken.quant.fp8_block import FP8_BLOCK_128
+
+    formats: dict[str, WeightFormat] = {f.name: f for f in (BF16, FP8_BLOCK_128)}
+    if name not in formats:
+        raise ValueError(f"unknown weight format {name!r}; choose from {', '.join(formats)}")
+    return formats[name]
+
+
 def format_from_config(raw_config: Mapping[str, Any]) -> WeightFormat | None:
     """The format declared by ``config.json``'s ``quantization_config`` (or ``compression_config``)."""
     qc = raw_config.get("quantization_config") or raw_config.get("compression_config")
