@@ -8,6 +8,15 @@
 
 namespace ft {
 namespace generic {
+// e4m3 code -> fp32, built once from the exact scalar decode (a lookup per weight, not its branches).
+struct Fp8Table {
+  float v[256];
+  Fp8Table() {
+    for (int i = 0; i < 256; ++i) v[i] = fp8_to_f32(static_cast<uint8_t>(i));
+  }
+};
+static const Fp8Table kFp8;
+
 struct S {
   static constexpr int W = 8;
   struct vec {
@@ -37,7 +46,7 @@ struct S {
     for (int i = 0; i < W; ++i) a.v[i] = bf16_to_f32(p[i]), b.v[i] = bf16_to_f32(p[W + i]);
   }
   static inline void load_fp8x2(const uint8_t* p, float scale, vec& a, vec& b) {
-    for (int i = 0; i < W; ++i) a.v[i] = fp8_to_f32(p[i]) * scale, b.v[i] = fp8_to_f32(p[W + i]) * scale;
+    for (int i = 0; i < W; ++i) a.v[i] = kFp8.v[p[i]] * scale, b.v[i] = kFp8.v[p[W + i]] * scale;
   }
 };
 }  // namespace generic
