@@ -10,6 +10,7 @@ constexpr int64_t kHBlock = 16;   // h indices per phase-1 unit: 2 runs of 16 ro
 constexpr int64_t kDBlock = 32;   // down rows per phase-2 unit (48 KiB at I=768 bf16)
 constexpr int64_t kOBlock = 512;  // output columns per phase-3 unit
 static_assert(kHBlock <= kMaxHBlock, "phase 1 keeps a block of gate/up values on the stack");
+static_assert(kFp8Block % kHBlock == 0 && kFp8Block % kDBlock == 0, "a phase unit's rows share one fp8 block row");
 
 int check(const FtMoeArgs& a) {
   if (a.T < 0 || a.D <= 0 || a.I <= 0 || a.R < 0 || a.N < 0 || (a.T > 0 && (!a.x || !a.out))) return -2;
