@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_kernel import OMP_SETTLE_S, Routes, StreamRead, timed  # noqa: E402
+from cpu_kernel import OMP_SETTLE_S, Routes, StreamRead, strip_threads, timed  # noqa: E402
 from freetoken.experts.cpu.kernel import CpuExpertKernel  # noqa: E402
 from freetoken.hardware.cpus import physical_cores  # noqa: E402
 from freetoken.hardware.huge_pages import advise_huge_pages  # noqa: E402
@@ -142,25 +142,12 @@ def main(argv: list[str] | None = None) -> int:
         print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
     if len(threads) > 1 or not args.one:
         for n in threads:  # one process per thread count (torch's OpenMP team must not linger)
-            rest = [a for a in (argv if argv is not None else sys.argv[1:])]
-            cmd = [sys.executable, __file__, *_without_threads(rest), "--threads", str(n), "--one"]
+            cmd = [sys.executable, __file__, *strip_threads(argv), "--threads", str(n), "--one"]
             subprocess.run(cmd, check=True)
         return 0
     for line in run_threads(args, threads[0]):
         print(line, flush=True)
     return 0
-
-
-def _without_threads(args: list[str]) -> list[str]:
-    out, skip = [], False
-    for a in args:
-        if skip:
-            skip = False
-        elif a == "--threads":
-            skip = True
-        elif not a.startswith("--threads="):
-            out.append(a)
-    return out
 
 
 if __name__ == "__main__":

@@ -53,10 +53,13 @@ def make_config(family: str) -> Any:
 
 
 def make_model(family: str, seed: int = 0) -> Any:
+    return _random_model(make_config(family), seed)
+
+
+def _random_model(cfg: Any, seed: int) -> Any:
     import transformers as tf
 
     torch.manual_seed(seed)
-    cfg = make_config(family)
     model = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -137,21 +140,11 @@ def save_fp8_checkpoint(directory: Path, seed: int = 0) -> None:
     in config.json. The weights are random (std 0.2) rounded by the reference quantiser."""
     import json
 
-    import transformers as tf
     from safetensors.torch import load_file, save_file
 
     from freetoken.quant import FP8_BLOCK_128
 
-    torch.manual_seed(seed)
-    model = tf.AutoModelForCausalLM.from_config(make_fp8_config(), dtype=torch.float32)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
-    model.save_pretrained(directory)
+    _random_model(make_fp8_config(), seed).save_pretrained(directory)
     state = load_file(directory / "model.safetensors")
     out: dict[str, torch.Tensor] = {}
     for name, t in state.items():

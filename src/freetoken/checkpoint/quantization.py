@@ -57,9 +57,9 @@ def check_supported(
     scale_kinds = sorted({_scale_kind(n) for n in names} - {""})
     qc = raw_config.get("quantization_config") or raw_config.get("compression_config")
     where = reader.directory
-    if isinstance(qc, Mapping) and layout is None:
+    if isinstance(qc, Mapping) and layout is None:  # a caller that reads no format (quant/ refuses what it lacks)
         method = str(qc.get("quant_method") or qc.get("format") or "unknown")
-        details = [*_config_details(qc), *scale_kinds, *(_TYPE_NAMES.get(d, d) for d in odd)]
+        details = [*scale_kinds, *(_TYPE_NAMES.get(d, d) for d in odd)]
         said = f" ({', '.join(details)})" if details else ""
         raise CheckpointError(f"{where}: uses quantization {method!r}{said}: not supported yet")
     if odd_names:
@@ -109,14 +109,3 @@ def _scale_kind(name: str) -> str:
             return suffix.lstrip("_")
     return ""
 
-
-def _config_details(qc: Mapping[str, Any]) -> list[str]:
-    out = []
-    block = qc.get("weight_block_size")
-    if isinstance(block, (list, tuple)) and block:
-        out.append("block " + "x".join(str(b) for b in block))
-    if qc.get("bits"):
-        out.append(f"{qc['bits']}-bit")
-    if qc.get("group_size"):
-        out.append(f"group {qc['group_size']}")
-    return out
