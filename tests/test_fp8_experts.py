@@ -122,3 +122,19 @@ def test_fp8_triton_gemm_cuda(T: int) -> None:
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     out16 = grouped_experts(x.bfloat16(), groups, slot, w, sw, 12)
     assert float((out16 - ref).abs().max()) <= 2e-2 * max(1.0, float(ref.abs().max()))
+
+
+def test_fp8_synthetic_checkpoint_generates(tmp_path) -> None:
+    """``bench/synthetic_checkpoint.py`` writes an fp8 preset's checkpoint: it loads packed and decodes alike on
+    fused and hybrid (the benchmarks' path to whole-model figures)."""
+    from freetoken import LLM, SamplingParams
+    from freetoken.bench.synthetic_checkpoint import write_qwen3_moe
+
+    write_qwen3_moe(tmp_path, num_layers=2, hidden=256, num_experts=8, moe_inter=128, vocab=512, fmt=FP8_BLOCK_128)
+    outs = []
+    for name in ("fused", "hybrid"):
+        llm = LLM(model=str(tmp_path), device="cpu", dtype="float32", moe_backend=name, expert_cache=0.5)
+        banks = llm.engine.setup.loaded.banks
+        assert banks is not None and banks.fmt == FP8_BLOCK_128 and banks.gate_up.dtype == torch.float8_e4m3fn
+        outs.append(llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))[0])
+    assert outs[0].token_ids == outs[1].token_ids and len(outs[0].token_ids) == 6

@@ -1,4 +1,6 @@
-"""Write a synthetic Qwen3-MoE checkpoint of a chosen size to disk, shard by shard (bounded memory)."""
+"""Write a synthetic Qwen3-MoE checkpoint of a chosen size to disk, shard by shard (bounded memory); with a
+quantised ``fmt`` (a preset's, e.g. ``qwen3-30b-a3b-fp8``) every projection of whole blocks is written packed
+with its scales and ``quantization_config``, as the FP8 releases ship it."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+
+from freetoken.quant import BF16, FP8_BLOCK_128, WeightFormat
 
 
 def write_qwen3_moe(
@@ -18,6 +22,7 @@ def write_qwen3_moe(
     vocab: int = 4096,
     dtype: torch.dtype = torch.bfloat16,
     seed: int = 0,
+    fmt: WeightFormat = BF16,
 ) -> int:
     """One shard per layer; returns the total weight bytes written."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -30,6 +35,11 @@ def write_qwen3_moe(
         "norm_topk_prob": True, "rms_norm_eps": 1e-6, "rope_theta": 1e6, "max_position_embeddings": 4096,
         "tie_word_embeddings": False, "dtype": str(dtype).removeprefix("torch."),
     }
+    if fmt == FP8_BLOCK_128:
+        cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
+                                      "activation_scheme": "dynamic"}  # fmt: skip
+    elif fmt.quantized:
+        raise ValueError(f"no checkpoint layout for {fmt.name}")
     (directory / "config.json").write_text(json.dumps(cfg, indent=1))
     g = torch.Generator().manual_seed(seed)
 
@@ -39,8 +49,23 @@ def write_qwen3_moe(
     weight_map: dict[str, str] = {}
     total = 0
 
+    def packed(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Projections of whole blocks in ``fmt``, each with its scale tensor (the rest as they are)."""
+        if not fmt.quantized:
+            return tensors
+        out: dict[str, torch.Tensor] = {}
+        for k, v in tensors.items():
+            if k.endswith("proj.weight") and v.shape[-2] % 128 == 0 and v.shape[-1] % 128 == 0:
+                q, sc = fmt.quantize(v)
+                assert sc is not None
+                out[k], out[fmt.scale_name(k)] = q, sc
+            else:
+                out[k] = v
+        return out
+
     def flush(tensors: dict[str, torch.Tensor], name: str) -> None:
         nonlocal total
+        tensors = packed(tensors)
         save_file(tensors, str(directory / name))
         for k, v in tensors.items():
             weight_map[k] = name

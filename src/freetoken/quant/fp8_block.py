@@ -53,6 +53,10 @@ class Fp8BlockFormat(WeightFormat):
         assert scale is not None
         br, bc = self.block
         rows, cols = packed.shape[-2:]
+        if rows % br == 0 and cols % bc == 0:  # whole blocks: broadcast the scales over a blocked view
+            lead, sr, sc = packed.shape[:-2], rows // br, cols // bc
+            q = packed.float().reshape(*lead, sr, br, sc, bc)
+            return (q * scale.float().reshape(*lead, sr, 1, sc, 1)).to(dtype).reshape(packed.shape)
         s = scale.float().repeat_interleave(br, dim=-2)[..., :rows, :].repeat_interleave(bc, dim=-1)[..., :cols]
         return (packed.float() * s).to(dtype)
 
