@@ -105,9 +105,11 @@ def run_threads(args: argparse.Namespace, n: int) -> list[str]:
         w8, w16 = Routes(experts, args.top_k, seed=batch), Routes(bf16_experts, args.top_k, seed=batch)
         x = torch.randn(batch, D)
         k8, k16, base, reads = [], [], [], []
-        for _ in range(args.iters):
-            k8.append(gbps(w8, x, lambda x, t, r, w: kern.run(x, t, r, w, gu8, dn8, scales=scales), fp8_bytes))
-            k16.append(gbps(w16, x, lambda x, t, r, w: kern.run(x, t, r, w, *bf16), bf16_bytes))
+        for it in range(args.iters):
+            kernels = [(k8, w8, lambda x, t, r, w: kern.run(x, t, r, w, gu8, dn8, scales=scales), fp8_bytes),
+                       (k16, w16, lambda x, t, r, w: kern.run(x, t, r, w, *bf16), bf16_bytes)]  # fmt: skip
+            for vals, walk, fn, nb in kernels[:: 1 if it % 2 else -1]:  # alternate: no variant always runs first
+                vals.append(gbps(walk, x, fn, nb))
             base.append(gbps(w8, x, lambda x, t, r, w: torch_dequant_experts(x, t, r, w, fp8), fp8_bytes))
             time.sleep(OMP_SETTLE_S)
             reads.append(stream.gbps())
