@@ -50,3 +50,27 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory):
     from scripted_engine import build_tokenizer
 
     return build_tokenizer(str(tmp_path_factory.mktemp("tok")))
+
+
+def _triton_interpreter_numpy_shim() -> None:
+    """Triton 3.6's interpreter turns a one-element block into an index with ``int(array)``, which NumPy
+    2.4 refuses for 1-d arrays; the same through ``.item()`` (tests only: the interpreter is our CPU
+    stand-in for the GPU)."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    original = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):  # type: ignore[no-untyped-def]
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+
+
+_triton_interpreter_numpy_shim()

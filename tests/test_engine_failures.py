@@ -73,16 +73,16 @@ def test_tiny_and_denormal_temperatures_sample_greedily(ckpt: Any) -> None:
 def test_a_failing_sampler_fails_only_its_request(ckpt: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     llm = _llm(ckpt)
     alone = [llm.generate([p], PARAMS)[0].token_ids for p in PROMPTS]
-    import freetoken.engine.engine as engine_mod
+    import freetoken.engine.step_sampler as sampler_mod
 
-    real_sample = engine_mod.sample
+    real_sample = sampler_mod.sample_batch
 
-    def sample(logits: torch.Tensor, params: SamplingParams, gen: Any) -> int:
-        if params.seed == 13:
+    def sample_batch(logits: torch.Tensor, b: Any, *args: Any, **kwargs: Any) -> Any:
+        if bool((b.seed_lo == 13).any()):
             raise RuntimeError("injected sampler fault")
-        return real_sample(logits, params, gen)
+        return real_sample(logits, b, *args, **kwargs)
 
-    monkeypatch.setattr(engine_mod, "sample", sample)
+    monkeypatch.setattr(sampler_mod, "sample_batch", sample_batch)
     poisoned = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, seed=13)
     outs = _run_all(llm, PROMPTS, [PARAMS, poisoned, PARAMS])
     assert outs["r1"].finish_reason == "error" and "injected sampler fault" in (outs["r1"].error or "")

@@ -47,8 +47,14 @@ class EngineConfig:
     moe_cuda_graphs: bool = True
     """Replay each MoE layer's decode step as a CUDA graph (on CUDA; False: eager). Without graphs the
     host's launches, not the device, set the decode pace."""
+    cuda_graphs: bool = True
+    """Replay each decode step whole (model, MoE layers, sampling) as one CUDA graph per batch-size bucket
+    (on CUDA; False: eager steps, with the MoE layers' own graphs)."""
     seed: int = 0
     """Seed for requests that set none."""
+    routing_trace: str | None = None
+    """Benchmarks only: MoE layers route by this recorded trace (``[tokens, layers, k]`` uint8 .npy) instead of
+    their routers (``layers/routing_trace.py``)."""
 
     def __post_init__(self) -> None:
         if self.moe_backend not in MOE_BACKENDS:

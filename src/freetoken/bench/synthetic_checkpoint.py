@@ -22,17 +22,23 @@ def write_qwen3_moe(
     vocab: int = 4096,
     dtype: torch.dtype = torch.bfloat16,
     seed: int = 0,
+    heads: int = 16,
+    kv_heads: int = 4,
+    hd: int = 64,
+    top_k: int = 8,
+    max_positions: int = 4096,
+    shared_experts: bool = False,
     fmt: WeightFormat = BF16,
 ) -> int:
-    """One shard per layer; returns the total weight bytes written."""
+    """One shard per layer; returns the total weight bytes written. ``shared_experts``: every expert of a
+    layer gets the same random values (speed does not depend on them; writing is then disk-bound)."""
     directory.mkdir(parents=True, exist_ok=True)
-    heads, kv_heads, hd = 16, 4, 64
     cfg = {
         "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": vocab,
         "hidden_size": hidden, "num_hidden_layers": num_layers, "num_attention_heads": heads,
         "num_key_value_heads": kv_heads, "head_dim": hd, "intermediate_size": 4 * hidden,
-        "moe_intermediate_size": moe_inter, "num_experts": num_experts, "num_experts_per_tok": 8,
-        "norm_topk_prob": True, "rms_norm_eps": 1e-6, "rope_theta": 1e6, "max_position_embeddings": 4096,
+        "moe_intermediate_size": moe_inter, "num_experts": num_experts, "num_experts_per_tok": top_k,
+        "norm_topk_prob": True, "rms_norm_eps": 1e-6, "rope_theta": 1e6, "max_position_embeddings": max_positions,
         "tie_word_embeddings": False, "dtype": str(dtype).removeprefix("torch."),
     }
     if fmt == FP8_BLOCK_128:
@@ -55,7 +61,8 @@ def write_qwen3_moe(
             return tensors
         out: dict[str, torch.Tensor] = {}
         for k, v in tensors.items():
-            if k.endswith("proj.weight") and v.shape[-2] % 128 == 0 and v.shape[-1] % 128 == 0:
+            whole = v.shape[-2] % 128 == 0 and v.shape[-1] % 128 == 0
+            if k.endswith("proj.weight") and whole and v.dtype != fmt.packed_dtype:  # packed already: as it is
                 q, sc = fmt.quantize(v)
                 assert sc is not None
                 out[k], out[fmt.scale_name(k)] = q, sc
@@ -86,10 +93,16 @@ def write_qwen3_moe(
             p + "self_attn.k_norm.weight": torch.ones(hd, dtype=dtype),
             p + "mlp.gate.weight": rnd(num_experts, hidden),
         }
+        one = (rnd(moe_inter, hidden), rnd(moe_inter, hidden), rnd(hidden, moe_inter)) if shared_experts else None
+        one_packed = [fmt.quantize(w) for w in one] if one is not None and fmt.quantized else None  # once a layer
         for e in range(num_experts):
-            t[p + f"mlp.experts.{e}.gate_proj.weight"] = rnd(moe_inter, hidden)
-            t[p + f"mlp.experts.{e}.up_proj.weight"] = rnd(moe_inter, hidden)
-            t[p + f"mlp.experts.{e}.down_proj.weight"] = rnd(hidden, moe_inter)
+            gate, up, down = one or (rnd(moe_inter, hidden), rnd(moe_inter, hidden), rnd(hidden, moe_inter))
+            names = [p + f"mlp.experts.{e}.{n}_proj.weight" for n in ("gate", "up", "down")]
+            for j, (name, w) in enumerate(zip(names, (gate, up, down))):
+                q, sc = one_packed[j] if one_packed is not None else (w, None)
+                t[name] = q.clone()
+                if sc is not None:
+                    t[fmt.scale_name(name)] = sc.clone()
         flush(t, f"model-layer{i:03d}.safetensors")
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index))

@@ -12,6 +12,7 @@ from typing import Any
 BENCHMARKS: dict[str, str] = {
     "bw": "freetoken.bench.bw",
     "decode": "freetoken.bench.decode",
+    "e2e": "freetoken.bench.e2e",
     "prefill": "freetoken.bench.prefill",
     "record-routing": "freetoken.bench.record_routing",
 }

@@ -19,9 +19,10 @@ from freetoken.engine.model_setup import ModelSetup, setup_model
 from freetoken.engine.outputs import RequestOutput
 from freetoken.engine.request import Request, Status
 from freetoken.engine.runner import ModelRunner
-from freetoken.engine.sampler import make_generator, sample
 from freetoken.engine.sampling_params import SamplingParams
 from freetoken.engine.scheduler import Scheduler
+from freetoken.engine.step_graph import StepGraphs
+from freetoken.engine.step_sampler import Choice, StepSampler
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,17 @@ class LLMEngine:
         self.tree = RadixCache(self.kv) if config.prefix_cache else None
         self.pages = KVManager(self.kv, self.tree)
         self.scheduler = Scheduler(self.pages, config.max_running_requests, config.max_batched_tokens)
-        self.runner = ModelRunner(s.loaded.model, self.kv, s.device, s.loaded.backend, s.hf.sliding_window)
+        self.sampler = StepSampler(config.max_running_requests, s.hf.vocab_size, s.device)
+        graphs = None
+        if config.cuda_graphs and s.device.type == "cuda":
+            max_pages = self.kv.pages_for(self.max_model_len)
+            graphs = StepGraphs(
+                s.loaded.model, self.kv, s.loaded.backend, self.sampler, config.max_running_requests, max_pages,
+                s.hf.top_k,
+            )  # fmt: skip
+        self.runner = ModelRunner(
+            s.loaded.model, self.kv, s.device, s.loaded.backend, s.hf.sliding_window, self.sampler, graphs
+        )
         self.requests: dict[str, Request] = {}
         self._seeds = random.Random(config.seed)
         self._counters = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0, "requests_finished": 0}
@@ -76,7 +87,7 @@ class LLMEngine:
             detok=IncrementalDetokenizer(
                 self.tokenizer, prompt_token_ids, params.stop_strings, params.skip_special_tokens
             ),
-            generator=None if params.greedy else make_generator(seed, torch.device("cpu")),
+            seed=seed,
         )
         self.requests[request_id] = req
         self.scheduler.add(req)
@@ -99,49 +110,50 @@ class LLMEngine:
         for req in batch.never_fit:
             self._finish(req, "error", error="the request does not fit the KV pool even alone")
         if batch.items:
-            items, logits = self._forward(batch.items)
+            items, sampled = self._compute(batch.items)
             self._counters["steps"] += 1
             for req, n in items:
                 was_prefill = req.num_computed_tokens < req.num_prompt_tokens
                 req.num_computed_tokens += n
                 self._counters["prefill_tokens" if was_prefill else "decode_tokens"] += n
-                if req in logits:
-                    try:
-                        outputs.append(self._append_token(req, sample(logits[req], req.params, req.generator)))
-                    except Exception as exc:
-                        self._fail(req, "sampling failed", exc)
+            for req, choice in sampled:
+                try:
+                    outputs.append(self._append_token(req, choice))
+                except Exception as exc:
+                    self._fail(req, "sampling failed", exc)
         outputs += self._pending
         self._pending = []
         if _debug():
             self.check_integrity()
         return outputs
 
-    def _forward(
+    def _compute(
         self, items: list[tuple[Request, int]]
-    ) -> tuple[list[tuple[Request, int]], dict[Request, torch.Tensor]]:
-        """Runs the batch; if it fails, runs each request alone so that only the requests that fail
-        alone are finished with an error. Returns the items computed and their logits."""
+    ) -> tuple[list[tuple[Request, int]], list[tuple[Request, Choice]]]:
+        """Runs and samples the batch; if that fails, runs each request alone (eagerly) so that only the
+        requests that fail alone are finished with an error. Returns the items computed and the choices."""
         try:
-            return items, self.runner.run(items)
+            return items, self.runner.step(items)
         except Exception as exc:
             if len(items) == 1:
                 self._fail(items[0][0], "the model step failed", exc)
-                return [], {}
+                return [], []
             log.warning(
-                "a batched model step failed (%s: %s); running its %d requests one by one",
+                "a batched step failed (%s: %s); running its %d requests one by one",
                 type(exc).__name__,
                 exc,
                 len(items),
             )
         done: list[tuple[Request, int]] = []
-        logits: dict[Request, torch.Tensor] = {}
+        sampled: list[tuple[Request, Choice]] = []
         for item in items:
             try:
-                logits.update(self.runner.run([item]))
-                done.append(item)
+                sampled += self.runner.step([item], graphs=False)
             except Exception as exc:
                 self._fail(item[0], "the model step failed", exc)
-        return done, logits
+                continue
+            done.append(item)
+        return done, sampled
 
     def _fail(self, req: Request, what: str, exc: BaseException) -> None:
         log.error("request %s: %s: %s: %s", req.request_id, what, type(exc).__name__, exc)
@@ -158,7 +170,8 @@ class LLMEngine:
         out, self._pending = self._pending, []
         return out
 
-    def _append_token(self, req: Request, token: int) -> RequestOutput:
+    def _append_token(self, req: Request, choice: Choice) -> RequestOutput:
+        token = choice.token
         req.token_ids.append(token)
         p = req.params
         stop_token = (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids
@@ -171,7 +184,10 @@ class LLMEngine:
         if reason is not None:
             text += req.detok.flush()
             self._finish(req, reason, emit=False)
-        return self._output(req, [token], text)
+        out = self._output(req, [token], text)
+        if choice.logprob is not None:
+            out.logprobs = [(token, choice.logprob, choice.top or [])]
+        return out
 
     def _output(self, req: Request, new_ids: list[int], text: str, error: str | None = None) -> RequestOutput:
         return RequestOutput(
@@ -188,6 +204,7 @@ class LLMEngine:
 
     def _finish(self, req: Request, reason: str, emit: bool = True, error: str | None = None) -> None:
         self.scheduler.finish(req)
+        self.sampler.release(req)
         req.status = Status.FINISHED
         req.finish_reason = reason
         self.requests.pop(req.request_id, None)
@@ -233,6 +250,7 @@ class LLMEngine:
             "expert_fills": 0,
             "expert_cpu_runs": 0,
             **expert,
+            **(self.runner.graphs.stats() if self.runner.graphs is not None else {}),
             **self._counters,
             "prefix_tokens_reused": self.pages.num_prefix_tokens_reused,
             "radix_pages": self.tree.num_pages if self.tree is not None else 0,

@@ -26,6 +26,7 @@ from freetoken.layers.attention import Attention, AttentionWeights
 from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.moe import MoELayer
 from freetoken.layers.rope import Rotary
+from freetoken.layers.routing_trace import RoutingTrace
 from freetoken.models.base import Family
 from freetoken.models.decoder import DecoderLayer, DecoderModel
 from freetoken.quant import BF16, QuantizationError, WeightFormat, format_from_config
@@ -69,7 +70,7 @@ def _attention(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, rotary: 
         k_norm=w.get(p + fam.naming.k_norm, norm_k) if norm_k else None,
     )
     clip = hf.raw.get(fam.clip_qkv_key) if fam.clip_qkv_key else None
-    return Attention(aw, i, H, Hkv, hd, hf.rms_eps, rotary, float(clip) if clip else None)
+    return Attention(aw, i, H, Hkv, hd, hf.rms_eps, rotary, float(clip) if clip else None, hf.sliding_window)
 
 
 def _dense(w: CheckpointWeights, prefix: str, D: int, inter: int, bias: bool = False) -> DenseMLP:
@@ -156,6 +157,7 @@ def build_model(
     dtype: torch.dtype,
     make_backend: Callable[[ExpertBanks], ExpertBackend],
     max_positions: int,
+    routing_trace: str | None = None,
 ) -> LoadedModel:
     reader = SafetensorsReader(hf.path)
     fmt = _weight_format(reader, hf)
@@ -196,12 +198,15 @@ def build_model(
             else:
                 w.read_into(name, getattr(banks, bank)[index], shape)
         backend = make_backend(banks)
+    trace = RoutingTrace(routing_trace, len(moe_ids), hf.num_experts, hf.top_k, device) if routing_trace else None
     layers = []
     for i, (attn_norm, attn, ffn_norm, ffn) in enumerate(parts):
         if isinstance(ffn, _MoEParts):
             assert backend is not None
             norm_topk = hf.norm_topk_prob or family.always_norm_topk
-            moe = MoELayer(ffn.router, hf.top_k, norm_topk, moe_ids.index(i), backend, ffn.shared, ffn.shared_gate)
+            moe = MoELayer(
+                ffn.router, hf.top_k, norm_topk, moe_ids.index(i), backend, ffn.shared, ffn.shared_gate, trace
+            )
             layers.append(DecoderLayer(attn_norm, attn, ffn_norm, moe))
         else:
             layers.append(DecoderLayer(attn_norm, attn, ffn_norm, ffn))

@@ -82,7 +82,8 @@ def setup_model(config: EngineConfig) -> ModelSetup:
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     max_len = min(config.max_model_len or hf.max_position_embeddings, hf.max_position_embeddings)
-    loaded = build_model(hf, family, device, dtype, lambda banks: create_backend(config, banks, device, dtype), max_len)
+    backend = lambda banks: create_backend(config, banks, device, dtype)  # noqa: E731
+    loaded = build_model(hf, family, device, dtype, backend, max_len, config.routing_trace)
     tokenizer = load_tokenizer(path)
     eos = list(hf.eos_token_ids)
     if tokenizer is not None and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:

@@ -18,6 +18,8 @@ class RequestOutput:
     completion_tokens: int = 0
     error: str | None = None
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    logprobs: list[tuple[int, float, list[tuple[int, float]]]] | None = None
+    """Per new token, when asked: (token, its logprob, [(alternative, logprob), ...] best first)."""
 
 
 @dataclass

@@ -6,8 +6,6 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
-
 from freetoken.engine.detokenizer import IncrementalDetokenizer
 from freetoken.engine.sampling_params import SamplingParams
 
@@ -28,7 +26,7 @@ class Request:
     params: SamplingParams
     max_total_tokens: int  # prompt + output may not exceed this (context length)
     detok: IncrementalDetokenizer
-    generator: torch.Generator | None = None
+    seed: int = 0  # its sampler's seed (the request's own, or one the engine drew)
     token_ids: list[int] = field(default_factory=list)  # prompt + output
     num_computed_tokens: int = 0  # tokens whose K/V are in this request's pages
     pages: list[int] = field(default_factory=list)  # page table: shared prefix pages, then private ones
@@ -38,6 +36,7 @@ class Request:
     finish_reason: str | None = None
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache at first admission
+    sampling_row: int | None = None  # its row of the sampler's penalty state (step_sampler.py)
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -50,10 +49,6 @@ class Request:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
-
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[len(self.prompt_token_ids) :]
 
     @property
     def num_output_tokens(self) -> int:

@@ -1,4 +1,5 @@
-"""Model runner: turns a scheduled batch into tensors, runs the model, returns logits where sampling happens."""
+"""Model runner: turns a scheduled batch into tensors, runs the model and samples where a request reaches its
+last token: decode steps from one CUDA graph per batch bucket where it can (``step_graph.py``), else eagerly."""
 
 from __future__ import annotations
 
@@ -6,9 +7,14 @@ import torch
 
 from freetoken.cache.kv_pool import KVPool
 from freetoken.engine.request import Request
+from freetoken.engine.step_graph import StepGraphs
+from freetoken.engine.step_sampler import Choice, StepSampler
 from freetoken.experts.base import ExpertBackend
 from freetoken.layers.attention import AttnBatch, SeqAttn, build_mask
+from freetoken.layers.paged_attention import DecodeMeta
 from freetoken.models.decoder import DecoderModel
+
+SMALL_STEP_TOKENS = 16
 
 
 class ModelRunner:
@@ -19,9 +25,14 @@ class ModelRunner:
         device: torch.device,
         backend: ExpertBackend | None,
         sliding_window: int | None,
+        sampler: StepSampler,
+        graphs: StepGraphs | None = None,
     ) -> None:
         self.model, self.kv, self.device, self.backend = model, kv, device, backend
         self.window = sliding_window
+        self.sampler = sampler
+        self.graphs = graphs
+        self._default_threads = torch.get_num_threads()
 
     def build_batch(self, items: list[tuple[Request, int]]) -> tuple[torch.Tensor, AttnBatch, list[int]]:
         ids: list[int] = []
@@ -29,26 +40,56 @@ class ModelRunner:
         slots: list[int] = []
         seqs: list[SeqAttn] = []
         last_rows: list[int] = []
+        decode = all(n == 1 for _, n in items)
         for req, n in items:
             start, end = req.num_computed_tokens, req.num_computed_tokens + n
             q_start = len(ids)
             ids += req.token_ids[start:end]
             positions += range(start, end)
             slots += self.kv.slots(req.pages, start, end)
-            ctx_slots = torch.tensor(self.kv.slots(req.pages, 0, end), dtype=torch.int64, device=self.device)
-            seqs.append(SeqAttn(q_start, n, ctx_slots, build_mask(n, end, self.window, self.device)))
+            if not decode:
+                ctx_slots = torch.tensor(self.kv.slots(req.pages, 0, end), dtype=torch.int64, device=self.device)
+                seqs.append(SeqAttn(q_start, n, ctx_slots, build_mask(n, end, self.window, self.device)))
             last_rows.append(q_start + n - 1)
         dev = self.device
         batch = AttnBatch(
             positions=torch.tensor(positions, dtype=torch.int64, device=dev),
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
             seqs=seqs,
+            decode=self.decode_meta(items) if decode else None,
         )
         return torch.tensor(ids, dtype=torch.int64, device=dev), batch, last_rows
 
-    def run(self, items: list[tuple[Request, int]]) -> dict[Request, torch.Tensor]:
-        """Computes the scheduled tokens; returns float32 logits [V] (on CPU) for requests that reach
-        their last token this step (the ones that sample)."""
+    def decode_meta(self, items: list[tuple[Request, int]]) -> DecodeMeta:
+        """Page tables and context lengths of a decode step (the new token counted)."""
+        width = max(len(req.pages) for req, _ in items)
+        table = torch.zeros((len(items), width), dtype=torch.int32)
+        for b, (req, _) in enumerate(items):
+            table[b, : len(req.pages)] = torch.tensor(req.pages, dtype=torch.int32)
+        lens = torch.tensor([req.num_computed_tokens + 1 for req, _ in items], dtype=torch.int32)
+        return DecodeMeta(table.to(self.device), lens.to(self.device), self.kv.page_size)
+
+    def step(self, items: list[tuple[Request, int]], graphs: bool = True) -> list[tuple[Request, Choice]]:
+        """Computes the scheduled tokens and samples one for each request that reaches its last token.
+        ``graphs=False``: eagerly, whatever the step."""
+        if graphs and self.graphs is not None and self.graphs.can_run(items):
+            return self.graphs.run(items)
+        if self.device.type == "cpu":
+            self._cpu_threads(sum(n for _, n in items))
+        reqs, logits = self.run(items)
+        return list(zip(reqs, self.sampler.sample(reqs, logits))) if reqs else []
+
+    def _cpu_threads(self, tokens: int) -> None:
+        """On a CPU device, steps of a few tokens use one intra-op thread: their ops are too small to
+        share, and waking torch's other threads costs more than the ops (far more when the machine is
+        busy; docs/benchmarks.md). Larger steps use torch's default."""
+        want = 1 if tokens <= SMALL_STEP_TOKENS else self._default_threads
+        if torch.get_num_threads() != want:
+            torch.set_num_threads(want)
+
+    def run(self, items: list[tuple[Request, int]]) -> tuple[list[Request], torch.Tensor]:
+        """Computes the scheduled tokens; returns the requests that reach their last token this step (the
+        ones that sample) and their float32 logits [n, V], on the compute device."""
         input_ids, batch, last_rows = self.build_batch(items)
         if self.backend is not None:
             is_decode = all(n == 1 for _, n in items)
@@ -58,7 +99,6 @@ class ModelRunner:
             (req, row) for (req, n), row in zip(items, last_rows) if req.num_computed_tokens + n == req.num_tokens
         ]
         if not sampling:
-            return {}
+            return [], hidden.new_empty((0, 0), dtype=torch.float32)
         rows = torch.tensor([row for _, row in sampling], dtype=torch.int64, device=self.device)
-        logits = self.model.logits(hidden[rows]).cpu()
-        return {req: logits[i] for i, (req, _) in enumerate(sampling)}
+        return [req for req, _ in sampling], self.model.logits(hidden[rows])

@@ -1,36 +1,135 @@
-"""Token sampling: greedy, temperature, top-k, top-p, per-request seeded generators."""
+"""Batched token sampling on the device: no host round trip, the same ops eager or inside a CUDA graph.
+
+Per row, in order: repetition / presence / frequency penalties, logit bias, an allowed-token mask
+(structured output), then greedy rows take the argmax; the others divide by their temperature, keep
+their top-k, top-p and min-p set, and draw by the exponential race (Gumbel-max) with counter-based
+noise (``noise.py``), so a seeded request draws the same tokens in any batch. Logprobs are of the
+model's raw distribution (before any of the above), as OpenAI reports them.
+
+B = rows that sample this step, V = vocabulary, R = rows of the penalty state (running requests).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from freetoken.engine.sampling_params import SamplingParams
+from freetoken.engine import noise
+
+MAX_TOP_LOGPROBS = 20
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """logits [V] float32 -> one token id. Raises ValueError on logits that hold NaN (a broken model
-    step): the engine fails that request alone."""
-    if params.greedy:
-        return int(torch.argmax(logits).item())
-    # Shifted so the best logit is 0: the division cannot overflow to inf - inf = NaN.
-    x = (logits - logits.max()) / params.temperature
-    if params.top_k > 0 and params.top_k < x.shape[-1]:
-        kth = torch.topk(x, params.top_k).values[-1]
-        x = x.masked_fill(x < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_x, order = torch.sort(x, descending=True)
-        probs = torch.softmax(sorted_x, dim=-1)
-        # drop tokens once the mass before them already exceeds top_p (the top token always stays)
-        drop = (torch.cumsum(probs, dim=-1) - probs) > params.top_p
-        sorted_x = sorted_x.masked_fill(drop, float("-inf"))
-        x = torch.full_like(x, float("-inf")).scatter(0, order, sorted_x)
-    probs = torch.softmax(x, dim=-1)
-    if not bool(torch.isfinite(probs).all()):
-        raise ValueError("the model produced non-finite logits")
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+@dataclass
+class SamplingBatch:
+    """One step's per-row settings, as device tensors (static buffers under CUDA graphs)."""
+
+    temperature: torch.Tensor  # [B] float32; below 1e-5: greedy
+    top_k: torch.Tensor  # [B] int64; 0: no cut
+    top_p: torch.Tensor  # [B] float32 in (0, 1]
+    min_p: torch.Tensor  # [B] float32 in [0, 1]
+    seed_lo: torch.Tensor  # [B] int64: the seed's two 32-bit halves
+    seed_hi: torch.Tensor
+    step: torch.Tensor  # [B] int64: tokens this request generated before this one
+    rows: torch.Tensor  # [B] int64: each row's row in the penalty state
+    presence: torch.Tensor  # [B] float32 (OpenAI presence_penalty; 0: off)
+    frequency: torch.Tensor  # [B] float32 (OpenAI frequency_penalty; 0: off)
+    repetition: torch.Tensor  # [B] float32 (HF repetition_penalty; 1: off)
 
 
-def make_generator(seed: int, device: torch.device) -> torch.Generator:
-    g = torch.Generator(device=device)
-    g.manual_seed(seed)
-    return g
+@dataclass
+class Features:
+    """Which optional stages run. Eager steps turn off what no row asks for; graphs run them all."""
+
+    cuts: bool = True  # top-k / top-p / min-p (a sort of every row)
+    penalties: bool = True
+    logprobs: bool = True
+
+
+@dataclass
+class Sampled:
+    ids: torch.Tensor  # [B] int64
+    logprob: torch.Tensor | None = None  # [B] float32, of the sampled token
+    top_ids: torch.Tensor | None = None  # [B, MAX_TOP_LOGPROBS] int64
+    top_logprobs: torch.Tensor | None = None  # [B, MAX_TOP_LOGPROBS] float32
+
+
+class PenaltyState:
+    """Per running request: how often it generated each token, and which tokens it has seen (prompt and
+    output) — what the penalties read. Rows are handed out by the engine; ``[R, V]`` on the device."""
+
+    def __init__(self, rows: int, vocab: int, device: torch.device) -> None:
+        self.counts = torch.zeros((rows, vocab), dtype=torch.int32, device=device)
+        self.seen = torch.zeros((rows, vocab), dtype=torch.bool, device=device)
+
+    def reset(self, row: int, prompt_ids: list[int]) -> None:
+        self.counts[row].zero_()
+        self.seen[row].zero_()
+        if prompt_ids:
+            self.seen[row, torch.tensor(prompt_ids, dtype=torch.int64, device=self.seen.device)] = True
+
+    def update(self, rows: torch.Tensor, ids: torch.Tensor) -> None:
+        self.counts.index_put_((rows, ids), torch.ones_like(ids, dtype=torch.int32), accumulate=True)
+        self.seen.index_put_((rows, ids), torch.ones_like(ids, dtype=torch.bool))
+
+
+def apply_penalties(x: torch.Tensor, b: SamplingBatch, state: PenaltyState) -> torch.Tensor:
+    counts = state.counts[b.rows].float()  # [B, V]
+    seen = state.seen[b.rows]
+    r = b.repetition[:, None]
+    x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
+    return x - b.presence[:, None] * (counts > 0).float() - b.frequency[:, None] * counts
+
+
+def apply_token_bitmask(x: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """Keeps the tokens whose bit is set: ``bitmask [B, ceil(V/32)] int32``, token j at bit j % 32 of
+    word j // 32 (the grammar engines' layout)."""
+    V = x.shape[1]
+    j = torch.arange(V, device=x.device)
+    allowed = ((bitmask.long()[:, j // 32] >> (j % 32)) & 1).bool()
+    return x.masked_fill(~allowed, float("-inf"))
+
+
+def sample_batch(
+    logits: torch.Tensor,
+    b: SamplingBatch,
+    state: PenaltyState | None = None,
+    features: Features | None = None,
+    bitmask: torch.Tensor | None = None,
+) -> Sampled:
+    """logits [B, V] float32 -> one token per row (and logprobs when asked)."""
+    f = features or Features()
+    x = logits
+    if f.penalties and state is not None:
+        x = apply_penalties(x, b, state)
+    if bitmask is not None:
+        x = apply_token_bitmask(x, bitmask)
+    greedy_ids = torch.argmax(x, dim=-1)
+    greedy = b.temperature < 1e-5
+    temp = torch.where(greedy, torch.ones_like(b.temperature), b.temperature)
+    z = (x - x.max(dim=-1, keepdim=True).values) / temp[:, None]  # shifted: the division cannot overflow
+    if f.cuts:
+        z = _cut(z, b)
+    gumbel = -torch.log(-torch.log(noise.uniform(noise.row_keys(b.seed_lo, b.seed_hi, b.step), x.shape[1])))
+    ids = torch.where(greedy, greedy_ids, torch.argmax(z + gumbel, dim=-1))
+    out = Sampled(ids)
+    if f.logprobs:
+        lp = torch.log_softmax(logits, dim=-1)
+        out.logprob = lp.gather(1, ids[:, None])[:, 0]
+        out.top_logprobs, out.top_ids = torch.topk(lp, min(MAX_TOP_LOGPROBS, lp.shape[1]), dim=-1)
+    return out
+
+
+def _cut(z: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """Top-k, then top-p over what is left, then min-p, each row by its own settings (the top token
+    always stays). z [B, V]: temperature-scaled logits with the row's best at 0."""
+    V = z.shape[1]
+    zs, order = torch.sort(z, dim=-1, descending=True)
+    rank = torch.arange(V, device=z.device)[None, :]
+    k = torch.where(b.top_k > 0, b.top_k.clamp(max=V), torch.full_like(b.top_k, V))
+    keep = rank < k[:, None]
+    probs = torch.softmax(zs.masked_fill(~keep, float("-inf")), dim=-1)
+    keep &= (torch.cumsum(probs, dim=-1) - probs) <= b.top_p[:, None]
+    keep &= probs >= b.min_p[:, None] * probs[:, :1]
+    keep[:, 0] = True
+    return torch.full_like(z, float("-inf")).scatter(1, order, zs.masked_fill(~keep, float("-inf")))

@@ -21,6 +21,17 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     """0 or -1: no top-k cut."""
+    min_p: float = 0.0
+    """Drop tokens less likely than min_p times the most likely one (0: off)."""
+    presence_penalty: float = 0.0
+    """OpenAI's: subtracted from the logit of every token generated at least once, in [-2, 2]."""
+    frequency_penalty: float = 0.0
+    """OpenAI's: subtracted once per time a token was generated, in [-2, 2]."""
+    repetition_penalty: float = 1.0
+    """Hugging Face's: logits of tokens in the prompt or output divided by it (positive) or multiplied
+    (negative), > 0; 1: off."""
+    logprobs: int | None = None
+    """Return the sampled token's logprob and this many alternatives (0..20); None: no logprobs."""
     stop: list[str] | str | None = None
     """Stop strings: generation ends before the first occurrence; the stop string is not returned."""
     stop_token_ids: list[int] = field(default_factory=list)
@@ -44,6 +55,17 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not _is_int(self.top_k) or self.top_k < -1:
             raise ValueError(f"top_k must be -1, 0 or positive, got {self.top_k!r}")
+        if not _is_real(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not _is_real(v) or not -2.0 <= v <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {v!r}")
+        r = self.repetition_penalty
+        if not _is_real(r) or not math.isfinite(r) or not 0.0 < r <= 100.0:
+            raise ValueError(f"repetition_penalty must be in (0, 100], got {r!r}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= 20):
+            raise ValueError(f"logprobs must be an integer in [0, 20], got {self.logprobs!r}")
         if self.seed is not None and (not _is_int(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX):
             raise ValueError(f"seed must be an integer in [-2**63, 2**64), got {self.seed!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
@@ -52,6 +74,10 @@ class SamplingParams:
     @property
     def stop_strings(self) -> list[str]:
         return list(self.stop or [])
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
     @property
     def greedy(self) -> bool:

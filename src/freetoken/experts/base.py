@@ -133,3 +133,18 @@ class ExpertBackend(ABC):
 
     def check_integrity(self) -> None:  # noqa: B027 - optional hook
         """Raise AssertionError when an internal invariant is broken (slot tables, counts)."""
+
+    # -- the whole decode step as one CUDA graph (``engine/step_graph.py``) -------------------------------
+    def step_capturable(self, tokens: int, top_k: int) -> bool:
+        """Whether a decode step of ``tokens`` can be captured into the engine's step graph."""
+        return False
+
+    def begin_step_capture(self) -> None:  # noqa: B027 - optional hook
+        """The engine starts capturing a decode step: run layers as captured bodies, and record the host's
+        share of each (what ``before_step_replay`` must redo at every replay)."""
+
+    def end_step_capture(self, tokens: int) -> None:  # noqa: B027 - optional hook
+        """The capture of a ``tokens``-row step ended."""
+
+    def before_step_replay(self, tokens: int) -> None:  # noqa: B027 - optional hook
+        """The host's share of every layer of a captured ``tokens``-row step, right before its replay."""

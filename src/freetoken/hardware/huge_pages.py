@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-from pathlib import Path
 
 import torch
 
@@ -54,14 +53,4 @@ def advise_huge_pages(t: torch.Tensor) -> int:
 @functools.cache
 def _refused(errno: int) -> None:
     log.info("huge pages for the expert pool refused (madvise errno %d): it stays on 4 KiB pages", errno)
-
-
-def huge_page_bytes() -> int | None:
-    """Anonymous memory of this process backed by huge pages now (``AnonHugePages``), None if unknown."""
-    try:
-        for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
-            if line.startswith("AnonHugePages:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
     return None

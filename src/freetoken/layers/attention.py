@@ -1,7 +1,9 @@
 """Attention over the paged KV pool (GQA, optional q/k norm, sliding window).
 
-The torch reference backend: per sequence, gather its pages and run SDPA. T = new tokens in the
-step (all sequences, flattened), H / Hkv = query / KV heads, hd = head dim.
+Decode steps (one new token per sequence) read the pages in place through ``paged_attention``
+(Triton on CUDA, the torch reference elsewhere); other steps gather each sequence's pages and run SDPA
+per sequence. T = new tokens in the step (all sequences, flattened), H / Hkv = query / KV heads,
+hd = head dim.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch.nn.functional as F
 
 from freetoken.cache.kv_pool import KVPool
 from freetoken.layers.norm import rms_norm
+from freetoken.layers.paged_attention import DecodeMeta, decode_attention
 from freetoken.layers.rope import Rotary
 
 
@@ -30,7 +33,8 @@ class AttnBatch:
 
     positions: torch.Tensor  # [T] int64
     slot_mapping: torch.Tensor  # [T] int64 flat KV slot where each new token's K/V goes
-    seqs: list[SeqAttn]
+    seqs: list[SeqAttn]  # prefill and mixed steps
+    decode: DecodeMeta | None = None  # set when every sequence computes one token (seqs is then empty)
 
 
 def build_mask(q_len: int, ctx_len: int, window: int | None, device: torch.device) -> torch.Tensor | None:
@@ -69,8 +73,9 @@ class Attention:
         eps: float,
         rotary: Rotary,
         clip_qkv: float | None = None,
+        window: int | None = None,
     ) -> None:
-        self.w, self.layer = w, layer
+        self.w, self.layer, self.window = w, layer, window
         self.h, self.hkv, self.hd, self.eps = num_heads, num_kv_heads, head_dim, eps
         self.rotary, self.clip = rotary, clip_qkv
         self.scale = head_dim**-0.5
@@ -96,6 +101,9 @@ class Attention:
         k_cache, v_cache = kv.k[self.layer], kv.v[self.layer]
         k_cache.index_copy_(0, batch.slot_mapping, kh.to(k_cache.dtype))
         v_cache.index_copy_(0, batch.slot_mapping, vh.to(v_cache.dtype))
+        if batch.decode is not None:
+            out = decode_attention(qh.to(k_cache.dtype), k_cache, v_cache, batch.decode, self.scale, self.window)
+            return F.linear(out.to(x.dtype).reshape(x.shape[0], self.h * self.hd), w.o, w.o_bias)
         out = torch.empty_like(qh)
         for s in batch.seqs:
             qs = qh[s.q_start : s.q_start + s.q_len].transpose(0, 1)  # [H, q, hd]

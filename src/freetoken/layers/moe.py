@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from freetoken.experts.base import ExpertBackend
 from freetoken.layers.mlp import DenseMLP
+from freetoken.layers.routing_trace import RoutingTrace
 
 
 @dataclass
@@ -20,10 +21,14 @@ class MoELayer:
     backend: ExpertBackend
     shared: DenseMLP | None = None
     shared_gate: torch.Tensor | None = None  # [1, D]: sigmoid gate on the shared expert
+    trace: RoutingTrace | None = None  # benchmarks only: route by a recorded trace
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, D] -> (topk_ids [T, k] int64, topk_w [T, k] float32)."""
         probs = F.softmax(F.linear(x, self.router), dim=-1, dtype=torch.float32)  # [T, E]
+        if self.trace is not None:
+            ids, w = self.trace.route(self.moe_index, probs, self.norm_topk_prob)
+            return ids, w.to(x.dtype).to(torch.float32)
         w, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
             w = w / w.sum(dim=-1, keepdim=True)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from freetoken.config import EngineConfig
-from freetoken.experts.backends.layer_graphs import LayerGraphs
+from freetoken.experts.backends.layer_graphs import LayerGraphs, StepCapture
 from freetoken.experts.base import ExpertBackend, ExpertBanks
 from freetoken.experts.cpu.kernel import CpuExpertKernel
 from freetoken.experts.cpu.runner import make_kernel
@@ -34,7 +34,7 @@ _GATHER_MAX_ROUTES = 32
 _KERNEL_ROUTES_PER_EXPERT = 4
 
 
-class FusedBackend(ExpertBackend):
+class FusedBackend(StepCapture, ExpertBackend):
     name = "fused"
 
     def __init__(
@@ -110,6 +110,9 @@ class FusedBackend(ExpertBackend):
         if self.kernel is not None:
             self.kernel.close()
             self.kernel = None
+
+    def step_capturable(self, tokens: int, top_k: int) -> bool:
+        return self.graphs is not None and self.graphs.eligible(tokens) and tokens * top_k <= _GATHER_MAX_ROUTES
 
     # -- the graphs' host (``layer_graphs.GraphHost``): nothing to queue or count around a replay ----------
     def capture_begin(self) -> None:

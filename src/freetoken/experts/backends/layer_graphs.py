@@ -58,6 +58,8 @@ class LayerGraphs:
         self._entries: dict[tuple[int, int], _Entry] = {}
         self._seen: dict[tuple[int, int], int] = {}
         self._pool: Any = None  # torch.cuda.graph_pool_handle()
+        self._recording: list[tuple[int, int]] | None = None  # a step capture's layers (record_begin)
+        self._steps: dict[int, list[tuple[int, int]]] = {}  # captured steps' layers, by step tokens
 
     def eligible(self, tokens: int) -> bool:
         return self.enabled and 0 < tokens <= self.max_tokens
@@ -66,6 +68,9 @@ class LayerGraphs:
         self, layer: int, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, body: Body, host: GraphHost
     ) -> torch.Tensor:
         key = (layer, x.shape[0])
+        if self._recording is not None:  # inside the engine's capture of a whole step: no graph of our own
+            self._recording.append(key)
+            return body(layer, x, ids, w)
         entry = self._entries.get(key)
         if entry is None:
             seen = self._seen.get(key, 0)
@@ -115,12 +120,48 @@ class LayerGraphs:
         self.captures += 1
         return entry
 
+    def record_begin(self, host: GraphHost) -> None:
+        """The engine captures a whole decode step: layers run as plain bodies, their keys recorded."""
+        host.capture_begin()
+        self._recording = []
+
+    def record_end(self, host: GraphHost, tokens: int) -> None:
+        self._steps[tokens] = self._recording or []
+        self._recording = None
+        host.capture_end()
+
+    def before_step_replay(self, host: GraphHost, tokens: int) -> None:
+        """The host's share of each layer of a captured step, in layer order, before the step replays."""
+        for layer, t in self._steps.get(tokens, ()):
+            host.before_replay(layer, t)
+        self.replays += 1
+
     def clear(self) -> None:
         """Drop every graph (the slot cache's tensors moved)."""
         torch.cuda.synchronize()  # a graph may still be running
         self._entries.clear()
         self._seen.clear()
+        self._steps.clear()
 
     def stats(self) -> dict[str, int]:
         return {"moe_graphs": len(self._entries), "moe_graph_replays": self.replays,
                 "moe_graph_failures": self.failures}
+
+
+class StepCapture:
+    """What a backend with layer graphs does when the engine captures a whole decode step: its layers
+    run as plain bodies inside the engine's graph, and their host shares are replayed before each step."""
+
+    graphs: LayerGraphs | None
+
+    def begin_step_capture(self) -> None:
+        assert self.graphs is not None
+        self.graphs.record_begin(self)  # type: ignore[arg-type]  # the backend is the graphs' host
+
+    def end_step_capture(self, tokens: int) -> None:
+        assert self.graphs is not None
+        self.graphs.record_end(self, tokens)  # type: ignore[arg-type]
+
+    def before_step_replay(self, tokens: int) -> None:
+        assert self.graphs is not None
+        self.graphs.before_step_replay(self, tokens)  # type: ignore[arg-type]

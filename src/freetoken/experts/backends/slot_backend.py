@@ -14,7 +14,7 @@ import torch
 
 from freetoken.config import EngineConfig
 from freetoken.experts.backends.cpu import CpuBackend
-from freetoken.experts.backends.layer_graphs import Body, LayerGraphs
+from freetoken.experts.backends.layer_graphs import Body, LayerGraphs, StepCapture
 from freetoken.experts.base import ExpertBackend, ExpertBanks
 from freetoken.experts.cpu.runner import STREAMED_MAX_TOKENS, CpuExpertRunner
 from freetoken.experts.host_pool import HostExpertPool
@@ -38,7 +38,7 @@ def streaming_rule(num_layers: int) -> FillRule:
     return FillRule(min_fill=1, protect=RECENT_STEPS * num_layers, recent_last=True)
 
 
-class SlotBackend(ExpertBackend):
+class SlotBackend(StepCapture, ExpertBackend):
     name = "slots"
 
     def __init__(
@@ -134,6 +134,10 @@ class SlotBackend(ExpertBackend):
         if self.cpu is not None and not self.cpu.can_capture(T, ids.shape[1]):
             return body(layer, x, ids, w)
         return g.run(layer, x, ids, w, body, self)
+
+    def step_capturable(self, tokens: int, top_k: int) -> bool:
+        g = self.graphs
+        return g is not None and g.eligible(tokens) and (self.cpu is None or self.cpu.can_capture(tokens, top_k))
 
     def capture_begin(self) -> None:
         self._saved_layer_steps = self.counters.layer_steps

@@ -12,7 +12,7 @@ import uuid
 from typing import Any
 
 from freetoken.chat import events as ev
-from freetoken.server.internal import ChatRequest, Finish, ToolSpec
+from freetoken.server.internal import ChatRequest, Finish
 
 Frame = tuple[str, dict[str, Any]]  # (event type, payload without "type"/"sequence_number")
 
@@ -210,7 +210,3 @@ def _custom_input(arguments: str) -> str:
     if isinstance(value, dict) and isinstance(value.get("input"), str):
         return str(value["input"])
     return arguments
-
-
-def tool_specs_for_echo(tools: list[ToolSpec]) -> list[dict[str, Any]]:
-    return [{"type": "custom" if t.custom else "function", "name": t.name, "description": t.description} for t in tools]

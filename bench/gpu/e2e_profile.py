@@ -1,0 +1,70 @@
+"""How busy the GPU is during decode steps through the engine: the union of the device's kernel intervals
+(torch profiler, CUPTI: kernels inside CUDA graphs included) over the steps' wall time.
+
+    python3 bench/gpu/e2e_profile.py CHECKPOINT [--backend fused] [--steps 50] [--batch 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from freetoken import LLM, SamplingParams
+
+
+def busy_fraction(intervals: list[tuple[float, float]], wall_us: float) -> float:
+    merged, end = 0.0, float("-inf")
+    start = float("-inf")
+    for a, b in sorted(intervals):
+        if a > end:
+            if end > start:
+                merged += end - start
+            start, end = a, b
+        else:
+            end = max(end, b)
+    if end > start:
+        merged += end - start
+    return merged / wall_us
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("checkpoint")
+    ap.add_argument("--backend", default="fused")
+    ap.add_argument("--expert-cache", type=float, default=None)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True)
+    args = ap.parse_args()
+    llm = LLM(args.checkpoint, device="cuda", moe_backend=args.backend, expert_cache=args.expert_cache,
+              max_running_requests=max(4, args.batch), cuda_graphs=args.cuda_graphs)  # fmt: skip
+    eng = llm.engine
+    params = SamplingParams(max_tokens=args.steps + 40, temperature=0.0, ignore_eos=True)
+    for b in range(args.batch):
+        eng.add_request(f"p{b}", [5 + b, 6, 7, 8, 9, 10, 11, 12], params)
+    for _ in range(20):
+        eng.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            eng.step()
+        torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - t0) * 1e6
+    kernels = [
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start
+    ]
+    busy = busy_fraction(kernels, wall_us)
+    graphs = llm.stats().get("step_graph_replays", 0)
+    ms = wall_us / args.steps / 1e3
+    print(f"{args.backend} batch {args.batch} graphs {args.cuda_graphs}: {ms:.2f} ms/step, "
+          f"{len(kernels) / args.steps:.0f} kernels/step, GPU busy {busy:.1%} (graph replays {graphs})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""End-to-end decode tok/s through the engine (the whole model: attention, MoE, sampling), beside the
+MoE layers alone on the same backend in the same process.
+
+``ft bench e2e`` (``python -m freetoken.bench.e2e``). Writes (or reuses) a synthetic checkpoint whose
+``qwen3-30b-a3b`` preset is the model of ``shared/baselines/make_gguf_qwen3moe.py`` (32 heads, 4 KV
+heads, head dim 128, vocab 32000; every layer real), or takes ``--model DIR`` (``--model default``: the
+embedded model). Per CPU-thread count, policy and batch size: B requests with random prompts decode
+greedily through ``LLM``'s engine; the timed tokens are those after a warm-up (which includes the CUDA
+graph captures). The MoE-only figure drives the same backend with ``ft bench decode``'s step (routing
+from a synthetic router, or the same trace). ``--transformers``: transformers' own ``generate`` on the
+same checkpoint, interleaved (CPU).
+
+    python -m freetoken.bench.e2e --preset qwen3-30b-a3b --layers 12 --expert-cache 0.25 \
+        --policies fused,offload,hybrid --cpu-threads 6,16 --batch 1,4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from freetoken.bench.presets import PRESETS, MoEShape, get_preset
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+# the peer's model (shared/baselines/make_gguf_qwen3moe.py): attention and vocabulary of Qwen3-30B-A3B
+ATTENTION = {"heads": 32, "kv_heads": 4, "hd": 128, "vocab": 32000, "max_positions": 32768}
+
+
+@dataclass
+class Row:
+    policy: str
+    threads: int | None
+    batch: int
+    e2e_tok_s: float
+    moe_tok_s: float | None
+    step_graph_replays: int
+    runs: list[float]
+
+    @property
+    def ratio(self) -> float | None:
+        return self.e2e_tok_s / self.moe_tok_s if self.moe_tok_s else None
+
+
+def checkpoint(args: argparse.Namespace) -> Path:
+    """The benchmark's checkpoint: --model, the embedded model, or the preset written once and reused."""
+    if args.model == "default":
+        from freetoken.engine.model_setup import default_model_path
+
+        return Path(default_model_path())
+    if args.model:
+        return Path(args.model)
+    shape = get_preset(args.preset)
+    cache = Path(os.environ.get("FREETOKEN_CACHE", Path.home() / ".cache" / "freetoken"))
+    d = Path(args.dir) if args.dir else cache / "bench" / f"{shape.name}-{args.layers}layers"
+    if not (d / "model.safetensors.index.json").exists():
+        from freetoken.bench.synthetic_checkpoint import write_qwen3_moe
+
+        t0 = time.perf_counter()
+        a = ATTENTION
+        written = write_qwen3_moe(
+            d, num_layers=args.layers, hidden=shape.hidden, num_experts=shape.experts, moe_inter=shape.inter,
+            vocab=a["vocab"], heads=a["heads"], kv_heads=a["kv_heads"], hd=a["hd"], top_k=shape.top_k,
+            max_positions=a["max_positions"], shared_experts=True, fmt=shape.fmt,
+        )  # fmt: skip
+        print(f"# wrote {d} ({written / 1e9:.1f} GB) in {time.perf_counter() - t0:.0f} s", flush=True)
+    return d
+
+
+def decode_tok_s(llm: Any, batch: int, prompt: int, tokens: int, warmup: int, seed: int) -> float:
+    """Generated tokens per second of ``batch`` concurrent greedy requests, after ``warmup`` tokens each."""
+    from freetoken.engine.sampling_params import SamplingParams
+
+    eng = llm.engine
+    vocab = eng.hf.vocab_size
+    g = torch.Generator().manual_seed(seed)
+    params = SamplingParams(max_tokens=warmup + tokens, temperature=0.0, ignore_eos=True)
+    for b in range(batch):
+        ids = torch.randint(3, vocab, (prompt,), generator=g).tolist()
+        eng.add_request(f"bench-{seed}-{b}", ids, params)
+    produced: dict[str, int] = {}
+    while min(produced.values(), default=0) < warmup or len(produced) < batch:
+        for out in eng.step():
+            produced[out.request_id] = produced.get(out.request_id, 0) + len(out.new_token_ids)
+    _sync(eng.device)
+    t0, timed = time.perf_counter(), 0
+    while eng.has_unfinished():
+        for out in eng.step():
+            timed += len(out.new_token_ids)
+    _sync(eng.device)
+    return timed / (time.perf_counter() - t0)
+
+
+def moe_only_tok_s(llm: Any, batch: int, steps: int, trace: str | None, seed: int) -> float | None:
+    """The same backend driven by ``ft bench decode``'s step: MoE layers alone, no attention."""
+    from freetoken.bench.decode import decode_step
+    from freetoken.bench.synthetic import SyntheticRouter, TraceRouter
+
+    backend = llm.engine.setup.loaded.backend
+    hf = llm.engine.hf
+    if backend is None:
+        return None
+    layers = len(hf.moe_layer_ids)
+    shape = MoEShape("checkpoint", hf.hidden_size, hf.moe_intermediate_size, hf.num_experts, hf.top_k, layers)
+    dev, dtype = llm.engine.device, llm.engine.dtype
+    router: Any = (
+        TraceRouter(trace, shape, layers, batch, dev) if trace else SyntheticRouter(shape, layers, dev, dtype, seed)
+    )
+    g = torch.Generator(device=dev).manual_seed(seed)
+    xs = [torch.randn(batch, shape.hidden, generator=g, device=dev).to(dtype) for _ in range(8)]
+    for i in range(max(8, steps // 4)):
+        decode_step(backend, router, layers, xs[i % 8])
+    _sync(dev)
+    t0 = time.perf_counter()
+    for i in range(steps):
+        decode_step(backend, router, layers, xs[i % 8])
+    _sync(dev)
+    return steps * batch / (time.perf_counter() - t0)
+
+
+def transformers_tok_s(path: Path, tokens: int, prompt: int, seed: int) -> float:
+    """transformers' own greedy ``generate`` on the CPU, batch 1 (the dev box's peer)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, model.config.vocab_size, (1, prompt), generator=g)
+    kw: dict[str, Any] = {"do_sample": False, "min_new_tokens": tokens, "pad_token_id": 0}
+    with torch.inference_mode():
+        model.generate(ids, max_new_tokens=4, **kw | {"min_new_tokens": 4})
+        t0 = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=tokens, **kw)
+    return (out.shape[1] - prompt) / (time.perf_counter() - t0)
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def run(args: argparse.Namespace) -> int:
+    from freetoken import LLM
+
+    path = checkpoint(args)
+    dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = args.dtype or ("bfloat16" if dev == "cuda" else "float32")
+    batches = [int(b) for b in str(args.batch).split(",")]
+    threads_list: list[int | None] = [int(t) for t in str(args.cpu_threads).split(",")] if args.cpu_threads else [None]
+    policies = [p for p in args.policies.split(",") if p]
+    routing = args.routing_trace or "from the model"
+    print(f"# {path.name}: {dev} {dtype}; cache {args.expert_cache}; routing {routing}; {args.tokens} timed "
+          f"tokens per request after {args.warmup}; medians of {args.repeats}", flush=True)  # fmt: skip
+    rows: list[Row] = []
+    peer: list[float] = []
+    for threads in threads_list:
+        for policy in policies:
+            llm = LLM(
+                str(path), device=dev, dtype=dtype, moe_backend=policy, expert_cache=args.expert_cache,
+                cpu_threads=threads, max_running_requests=max(batches), routing_trace=args.routing_trace,
+                cuda_graphs=args.cuda_graphs, moe_cuda_graphs=args.cuda_graphs,
+            )  # fmt: skip
+            try:
+                for batch in batches:
+                    runs = []
+                    for rep in range(args.repeats):
+                        runs.append(decode_tok_s(llm, batch, args.prompt_tokens, args.tokens, args.warmup, rep))
+                        if args.transformers and batch == 1 and threads is threads_list[0] and policy == policies[0]:
+                            peer.append(transformers_tok_s(path, args.tokens, args.prompt_tokens, rep))
+                    moe = moe_only_tok_s(llm, batch, args.moe_steps, args.routing_trace, 0) if args.moe_only else None
+                    replays = int(llm.stats().get("step_graph_replays", 0))
+                    rows.append(Row(policy, threads, batch, statistics.median(runs), moe, replays, runs))
+                    r = rows[-1]
+                    shown = [round(x, 1) for x in runs]
+                    print(f"#   threads {threads} {policy} batch {batch}: e2e {r.e2e_tok_s:.1f} tok/s {shown}, "
+                          f"MoE only {moe or 0:.1f}", file=sys.stderr, flush=True)  # fmt: skip
+            finally:
+                close = getattr(llm.engine.setup.loaded.backend, "close", None)
+                if close is not None:
+                    close()
+                del llm
+    print("| threads | policy | batch | end to end tok/s (runs) | MoE layers alone tok/s | e2e / MoE-only "
+          "| step graph replays |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        runs_s = ", ".join(f"{x:.1f}" for x in r.runs)
+        moe_s = f"{r.moe_tok_s:.1f}" if r.moe_tok_s else "–"
+        ratio = f"{r.ratio:.2f}" if r.ratio else "–"
+        print(f"| {r.threads or 'default'} | {r.policy} | {r.batch} | {r.e2e_tok_s:.1f} ({runs_s}) | {moe_s} | {ratio} "
+              f"| {r.step_graph_replays} |")  # fmt: skip
+    if peer:
+        ours = statistics.median(next(r for r in rows if r.batch == 1).runs)
+        theirs = statistics.median(peer)
+        print(f"transformers generate, batch 1: {theirs:.1f} tok/s ({', '.join(f'{x:.1f}' for x in peer)}); "
+              f"ours / transformers {ours / theirs:.2f}x")  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": [asdict(r) for r in rows], "transformers": peer}, indent=1))
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--preset", default="qwen3-30b-a3b", choices=sorted(PRESETS), help="per-layer model shape")
+    p.add_argument("--layers", type=int, default=12, help="layers of the synthetic checkpoint")
+    p.add_argument("--model", default=None, help="a checkpoint directory instead ('default': the embedded model)")
+    p.add_argument("--dir", default=None, help="where the synthetic checkpoint is written (default: the cache)")
+    p.add_argument("--policies", default="fused,offload,hybrid", help="comma-separated MoE backends")
+    p.add_argument("--expert-cache", type=float, default=0.25, help="slot cache: fraction of the pool")
+    p.add_argument("--cpu-threads", default=None, help="CPU expert threads; a comma list runs each in turn")
+    p.add_argument("--batch", default="1,4", help="concurrent requests; a comma list")
+    p.add_argument("--tokens", type=int, default=64, help="timed tokens per request")
+    p.add_argument("--warmup", type=int, default=16, help="untimed tokens per request first")
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--routing-trace", default=None, help="replay [tokens, layers, k] uint8 routing (.npy)")
+    p.add_argument("--moe-only", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time the MoE layers alone on the same backend")  # fmt: skip
+    p.add_argument("--moe-steps", type=int, default=128)
+    p.add_argument("--transformers", action="store_true", help="also time transformers' generate (batch 1)")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None, choices=sorted(_DTYPES))
+    p.add_argument("--json", default=None)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = add_arguments(argparse.ArgumentParser(prog="ft bench e2e", description=__doc__.split("\n")[0]))
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

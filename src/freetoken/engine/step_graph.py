@@ -1,0 +1,235 @@
+"""The whole decode step as one CUDA graph per batch-size bucket (DESIGN §9).
+
+embeddings → every layer (attention over the page table, router, the MoE backend with its fills and the
+CPU branch's flags) → final norm → logits → sampling, replayed from static buffers. Per step the host
+packs the step's metadata (ids, positions, KV slots, page table, lengths, sampling settings) into two
+pinned tensors, copies them over in two transfers, does the MoE backend's host share of every layer
+(``before_step_replay``: queue the CPU branch's batches), replays, and copies the sampled ids (and
+logprobs) back once.
+
+A batch of n rows runs in the smallest bucket B ≥ n; rows n..B-1 repeat row 0 (same token, position and
+KV slot: they write the same K/V, and their samples are dropped). A bucket is captured on its second
+use: that step runs eagerly on the static buffers first (its result is the step's), then the capture
+records it. Batches past the largest bucket, and steps the backend cannot capture, run eagerly
+(``ModelRunner``), said once.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from freetoken.cache.kv_pool import KVPool
+from freetoken.engine import noise
+from freetoken.engine.request import Request
+from freetoken.engine.sampler import MAX_TOP_LOGPROBS, Features, SamplingBatch, sample_batch
+from freetoken.engine.step_sampler import Choice, StepSampler, choices
+from freetoken.experts.base import ExpertBackend
+from freetoken.layers.attention import AttnBatch
+from freetoken.layers.paged_attention import DecodeMeta
+from freetoken.models.decoder import DecoderModel
+
+log = logging.getLogger(__name__)
+
+_INTS = 4  # ids, positions, KV slots, lengths; then the page table; then the sampler's 5 integer rows
+_FLOATS = 6  # temperature, top_p, min_p, presence, frequency, repetition
+
+
+def buckets(max_batch: int) -> list[int]:
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    return [*out, max_batch]
+
+
+@dataclass
+class _Static:
+    """One bucket's input and output buffers (device), their pinned host twins, and its graph."""
+
+    ints: torch.Tensor  # [_INTS*B + B*P + 5*B] int64
+    floats: torch.Tensor  # [_FLOATS, B] float32
+    host_ints: torch.Tensor
+    host_floats: torch.Tensor
+    batch: AttnBatch
+    sampling: SamplingBatch
+    ids: torch.Tensor  # [B] the model's input tokens
+    out: torch.Tensor | None = None  # [B, 2 + 2*MAX_TOP_LOGPROBS] float64: id, logprob, top ids, top logprobs
+    host_out: torch.Tensor | None = None
+    graph: torch.cuda.CUDAGraph | None = None
+    uses: int = 0
+
+
+class StepGraphs:
+    def __init__(
+        self,
+        model: DecoderModel,
+        kv: KVPool,
+        backend: ExpertBackend | None,
+        sampler: StepSampler,
+        max_batch: int,
+        max_pages: int,
+        top_k: int,
+    ) -> None:
+        self.model, self.kv, self.backend, self.sampler = model, kv, backend, sampler
+        self.max_pages, self.top_k = max_pages, top_k
+        self.buckets = buckets(max_batch)
+        self.device = kv.k.device
+        self._static: dict[int, _Static] = {}
+        self._pool: Any = None
+        self.enabled = True
+        self.captures = self.replays = 0
+        self._said: set[str] = set()
+
+    def bucket(self, n: int) -> int | None:
+        return next((b for b in self.buckets if b >= n), None)
+
+    def can_run(self, items: list[tuple[Request, int]]) -> bool:
+        """A decode-only step whose size has a bucket and that the MoE backend can capture."""
+        if not self.enabled or not items or any(n != 1 for _, n in items):
+            return False
+        b = self.bucket(len(items))
+        if b is None:
+            self._once("past", f"decode batches past {self.buckets[-1]} rows run eagerly")
+            return False
+        if self.backend is not None and not self.backend.step_capturable(b, self.top_k):
+            self._once("backend", f"the {self.backend.name} backend cannot capture a step: decode runs eagerly")
+            return False
+        return True
+
+    def run(self, items: list[tuple[Request, int]]) -> list[tuple[Request, Choice]]:
+        reqs = [req for req, _ in items]
+        B = self.bucket(len(reqs))
+        assert B is not None
+        st = self._static.get(B) or self._make(B)
+        self._fill(st, reqs)
+        st.uses += 1
+        if self.backend is not None:
+            self.backend.begin_step(B, True)
+        if st.graph is None:
+            out = self._body(st)  # this step's result; a second use captures the bucket
+            if st.uses >= 2:
+                self._capture(st, B)
+        else:
+            if self.backend is not None:
+                self.backend.before_step_replay(B)
+            st.graph.replay()
+            self.replays += 1
+            assert st.out is not None
+            out = st.out
+        assert st.host_out is not None
+        st.host_out.copy_(out, non_blocking=True)
+        torch.cuda.current_stream().synchronize()
+        return list(zip(reqs, self._choices(reqs, st.host_out)))
+
+    # -- buffers ---------------------------------------------------------------------------------------
+    def _make(self, B: int) -> _Static:
+        P, dev = self.max_pages, self.device
+        n_ints = _INTS * B + B * P + 5 * B
+        ints = torch.zeros(n_ints, dtype=torch.int64, device=dev)
+        floats = torch.ones((_FLOATS, B), dtype=torch.float32, device=dev)
+        ids, pos, slots, lens = (ints[i * B : (i + 1) * B] for i in range(_INTS))
+        table = ints[_INTS * B : _INTS * B + B * P].view(B, P)
+        srows = ints[_INTS * B + B * P :].view(5, B)
+        batch = AttnBatch(pos, slots, [], DecodeMeta(table.to(torch.int32), lens.to(torch.int32), self.kv.page_size))
+        sampling = SamplingBatch(
+            temperature=floats[0], top_p=floats[1], min_p=floats[2], presence=floats[3], frequency=floats[4],
+            repetition=floats[5], top_k=srows[0], seed_lo=srows[1], seed_hi=srows[2], step=srows[3], rows=srows[4],
+        )  # fmt: skip
+        st = _Static(
+            ints, floats, torch.zeros(n_ints, dtype=torch.int64).pin_memory(),
+            torch.ones((_FLOATS, B), dtype=torch.float32).pin_memory(), batch, sampling, ids,
+        )  # fmt: skip
+        st.host_out = torch.zeros((B, 2 + 2 * MAX_TOP_LOGPROBS), dtype=torch.float64).pin_memory()
+        self._static[B] = st
+        return st
+
+    def _fill(self, st: _Static, reqs: list[Request]) -> None:
+        """The step's metadata into the pinned twins, then two copies to the device buffers (the int32
+        page table and lengths are converted on the device, inside the step)."""
+        B, P = st.floats.shape[1], self.max_pages
+        rows = reqs + [reqs[0]] * (B - len(reqs))
+        hi, hf = st.host_ints.numpy(), st.host_floats.numpy()
+        for b, req in enumerate(rows):
+            pos = req.num_computed_tokens
+            hi[b] = req.token_ids[pos]
+            hi[B + b] = pos
+            hi[2 * B + b] = self.kv.slots(req.pages, pos, pos + 1)[0]
+            hi[3 * B + b] = pos + 1
+            base = _INTS * B + b * P
+            hi[base : base + P] = 0
+            hi[base : base + len(req.pages)] = req.pages
+            s = _INTS * B + B * P
+            pad = b >= len(reqs)
+            p = req.params
+            lo, h = noise.split_seed(req.seed)
+            hi[s + b] = max(p.top_k, 0)
+            hi[s + B + b], hi[s + 2 * B + b] = lo, h
+            hi[s + 3 * B + b] = req.num_output_tokens
+            hi[s + 4 * B + b] = self.sampler.shared_row if pad else self.sampler.row_of(req)
+            hf[:, b] = (p.temperature, p.top_p, p.min_p, p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
+        st.ints.copy_(st.host_ints, non_blocking=True)
+        st.floats.copy_(st.host_floats, non_blocking=True)
+
+    # -- the step itself -------------------------------------------------------------------------------
+    def _body(self, st: _Static) -> torch.Tensor:
+        meta = st.batch.decode
+        assert meta is not None
+        B = st.ids.shape[0]
+        P = self.max_pages
+        meta.block_table.copy_(st.ints[_INTS * B : _INTS * B + B * P].view(B, P))
+        meta.seq_lens.copy_(st.ints[3 * B : 4 * B])
+        hidden = self.model.forward(st.ids, st.batch, self.kv)
+        logits = self.model.logits(hidden)
+        s = sample_batch(logits, st.sampling, self.sampler.state, Features())
+        self.sampler.state.update(st.sampling.rows, s.ids)
+        assert s.logprob is not None and s.top_ids is not None and s.top_logprobs is not None
+        return torch.cat(
+            [s.ids[:, None].double(), s.logprob[:, None].double(), s.top_ids.double(), s.top_logprobs.double()],
+            dim=1,
+        )
+
+    def _capture(self, st: _Static, B: int) -> None:
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.current_stream()
+        if self.backend is not None:
+            self.backend.begin_step_capture()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                st.out = self._body(st)
+        except Exception as exc:  # noqa: BLE001 - any capture failure: decode runs eagerly from now on
+            torch.cuda.set_stream(stream)
+            self.enabled = False
+            log.warning("CUDA graph capture of the %d-row decode step failed, running eagerly: %s: %s",
+                        B, type(exc).__name__, exc)  # fmt: skip
+            return
+        finally:
+            if self.backend is not None:
+                self.backend.end_step_capture(B)
+        st.graph = graph
+        self.captures += 1
+
+    def _choices(self, reqs: list[Request], host_out: torch.Tensor) -> list[Choice]:
+        rows = host_out[: len(reqs)]
+        n = MAX_TOP_LOGPROBS
+        ids = rows[:, 0].long()
+        return choices(reqs, ids, rows[:, 1].float(), rows[:, 2 : 2 + n].long(), rows[:, 2 + n :].float())
+
+    def _once(self, key: str, message: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            log.info(message)
+
+    def clear(self) -> None:
+        """Drop every graph (the caches' tensors moved)."""
+        torch.cuda.synchronize()
+        self._static.clear()
+
+    def stats(self) -> dict[str, int]:
+        return {"step_graphs": sum(s.graph is not None for s in self._static.values()),
+                "step_graph_replays": self.replays}  # fmt: skip

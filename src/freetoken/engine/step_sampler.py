@@ -1,0 +1,112 @@
+"""The engine's side of sampling: per-request rows of the penalty state, the step's ``SamplingBatch``
+built in two host-to-device copies, the sampler run once for every row that samples, and one
+device-to-host copy of what it chose."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from freetoken.engine import noise
+from freetoken.engine.request import Request
+from freetoken.engine.sampler import Features, PenaltyState, Sampled, SamplingBatch, sample_batch
+
+
+@dataclass
+class Choice:
+    """What the sampler chose for one request."""
+
+    token: int
+    logprob: float | None = None
+    top: list[tuple[int, float]] | None = None  # (token, logprob), best first, as many as asked
+
+
+class StepSampler:
+    def __init__(self, max_rows: int, vocab: int, device: torch.device) -> None:
+        # rows 0 .. max_rows-1 for requests with penalties; the last row is everyone else's (its counts
+        # are never read: without penalties they change nothing)
+        self.state = PenaltyState(max_rows + 1, vocab, device)
+        self.shared_row = max_rows
+        self._free = list(range(max_rows - 1, -1, -1))
+        self.device = device
+
+    def row_of(self, req: Request) -> int:
+        if req.sampling_row is None:
+            p = req.params
+            if not p.has_penalties:
+                req.sampling_row = self.shared_row
+            elif not self._free:
+                raise RuntimeError("no free penalty row: more requests with penalties than running slots")
+            else:
+                req.sampling_row = self._free.pop()
+                self.state.reset(req.sampling_row, req.token_ids)
+        return req.sampling_row
+
+    def release(self, req: Request) -> None:
+        if req.sampling_row is not None and req.sampling_row != self.shared_row:
+            self._free.append(req.sampling_row)
+        req.sampling_row = None
+
+    def batch(self, reqs: list[Request]) -> SamplingBatch:
+        ints = torch.tensor(
+            [
+                [r.params.top_k if r.params.top_k > 0 else 0 for r in reqs],
+                *zip(*[noise.split_seed(r.seed) for r in reqs]),
+                [r.num_output_tokens for r in reqs],
+                [self.row_of(r) for r in reqs],
+            ],
+            dtype=torch.int64,
+        ).to(self.device, non_blocking=True)
+        p = [r.params for r in reqs]
+        floats = torch.tensor(
+            [
+                [x.temperature for x in p],
+                [x.top_p for x in p],
+                [x.min_p for x in p],
+                [x.presence_penalty for x in p],
+                [x.frequency_penalty for x in p],
+                [x.repetition_penalty for x in p],
+            ],
+            dtype=torch.float32,
+        ).to(self.device, non_blocking=True)
+        return SamplingBatch(
+            temperature=floats[0], top_p=floats[1], min_p=floats[2], presence=floats[3], frequency=floats[4],
+            repetition=floats[5], top_k=ints[0], seed_lo=ints[1], seed_hi=ints[2], step=ints[3], rows=ints[4],
+        )  # fmt: skip
+
+    def sample(self, reqs: list[Request], logits: torch.Tensor) -> list[Choice]:
+        """logits [len(reqs), V] float32 on the device -> one choice per request."""
+        p = [r.params for r in reqs]
+        features = Features(
+            cuts=any(not x.greedy and (x.top_k > 0 or x.top_p < 1 or x.min_p > 0) for x in p),
+            penalties=any(x.has_penalties for x in p),
+            logprobs=any(x.logprobs is not None for x in p),
+        )
+        b = self.batch(reqs)
+        out = sample_batch(logits, b, self.state, features)
+        self.state.update(b.rows, out.ids)
+        return _choices(reqs, out)
+
+
+def _choices(reqs: list[Request], out: Sampled) -> list[Choice]:
+    return choices(reqs, out.ids, out.logprob, out.top_ids, out.top_logprobs)
+
+
+def choices(
+    reqs: list[Request],
+    ids: torch.Tensor,
+    logprob: torch.Tensor | None,
+    top_ids: torch.Tensor | None,
+    top_logprobs: torch.Tensor | None,
+) -> list[Choice]:
+    """The sampler's outputs (one row per request; read back to the host here) as choices."""
+    tokens = ids.tolist()
+    if logprob is None or top_ids is None or top_logprobs is None:
+        return [Choice(t) for t in tokens]
+    lp, tid, tlp = logprob.tolist(), top_ids.tolist(), top_logprobs.tolist()
+    out = []
+    for i, r in enumerate(reqs):
+        n = r.params.logprobs
+        out.append(Choice(tokens[i]) if n is None else Choice(tokens[i], lp[i], list(zip(tid[i][:n], tlp[i][:n]))))
+    return out

@@ -1,0 +1,42 @@
+"""Decode attention over the paged KV pool, behind one interface.
+
+``decode_attention(q, k_cache, v_cache, meta, scale, window)``: one new token per sequence, each
+attending to its whole context through its page table, read in place. Backends: the in-repo Triton
+kernel (CUDA; split-KV, the path every GPU figure is measured on) and the torch reference (CPU, tests,
+and anywhere Triton is missing). Shapes: B sequences, H query heads, Hkv KV heads, hd head dim,
+P pages per sequence at most, S tokens per page.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from freetoken.experts.triton_support import triton_available
+
+
+@dataclass
+class DecodeMeta:
+    """What a decode step's attention needs, shared by every layer (static buffers under CUDA graphs)."""
+
+    block_table: torch.Tensor  # [B, P] int32 page ids (entries past a sequence's pages are ignored)
+    seq_lens: torch.Tensor  # [B] int32 context length, the new token included
+    page_size: int
+
+
+def decode_attention(
+    q: torch.Tensor,  # [B, H, hd]
+    k_cache: torch.Tensor,  # [slots, Hkv, hd] (slot = page * S + offset)
+    v_cache: torch.Tensor,
+    meta: DecodeMeta,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:  # [B, H, hd], q's dtype
+    if q.is_cuda and triton_available():
+        from freetoken.layers.paged_attention.triton_decode import paged_decode_triton
+
+        return paged_decode_triton(q, k_cache, v_cache, meta, scale, window)
+    from freetoken.layers.paged_attention.reference import paged_decode_reference
+
+    return paged_decode_reference(q, k_cache, v_cache, meta, scale, window)

@@ -1,0 +1,38 @@
+"""The torch reference of paged decode attention: gather each sequence's K/V through its page table
+(one gather for the whole batch, padded to the longest context), masked softmax in float32."""
+
+from __future__ import annotations
+
+import torch
+
+from freetoken.layers.paged_attention import DecodeMeta
+
+
+def paged_decode_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: DecodeMeta,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:
+    B, H, hd = q.shape
+    hkv = k_cache.shape[1]
+    S = meta.page_size
+    n = meta.block_table.shape[1] * S  # positions 0..n-1 the page table can address
+    pos = torch.arange(n, device=q.device)
+    slots = meta.block_table.long()[:, pos // S] * S + pos % S  # [B, n]
+    lens = meta.seq_lens.long()[:, None]
+    valid = pos[None, :] < lens  # [B, n]
+    if window is not None:
+        valid &= pos[None, :] >= lens - window
+    slots = torch.where(valid, slots, torch.zeros_like(slots))
+    k = k_cache[slots].float()  # [B, n, Hkv, hd]
+    v = v_cache[slots].float()
+    g = H // hkv
+    qf = q.float().view(B, hkv, g, hd)
+    s = torch.einsum("bkgd,bnkd->bkgn", qf, k) * scale  # [B, Hkv, g, n]
+    s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    out = torch.einsum("bkgn,bnkd->bkgd", p, v)
+    return out.reshape(B, H, hd).to(q.dtype)

@@ -1,0 +1,39 @@
+"""Benchmarks only: MoE layers route by a recorded trace instead of their routers.
+
+A trace is ``[tokens, layers, k]`` uint8 expert ids (``/work/shared/traces``, ``ft bench record-routing``).
+The trace and its cursor live on the compute device, so replay copies nothing per step and runs inside
+the engine's CUDA graphs. Row ``t`` of a step reads trace token ``(cursor + t * (n // T)) % n``: the
+requests of a decode batch follow their own stretches of the trace, one token further each step (the
+last MoE layer moves the cursor). The routing weights stay the router's, at the trace's experts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class RoutingTrace:
+    def __init__(self, path: str, num_layers: int, num_experts: int, top_k: int, device: torch.device) -> None:
+        trace = np.load(path)
+        if trace.ndim != 3 or trace.shape[2] != top_k:
+            raise ValueError(f"{path}: a routing trace is [tokens, layers, {top_k}], got {list(trace.shape)}")
+        if int(trace.max()) >= num_experts:
+            raise ValueError(f"{path}: expert ids up to {int(trace.max())}, the model has {num_experts} experts")
+        layer_idx = torch.arange(num_layers) % trace.shape[1]  # more layers than the trace: wrap around
+        self.ids = torch.from_numpy(trace.astype(np.int64))[:, layer_idx].to(device)  # [n, L, k]
+        self.n = int(trace.shape[0])
+        self.last_layer = num_layers - 1
+        self.cursor = torch.zeros((), dtype=torch.int64, device=device)
+
+    def route(self, layer: int, probs: torch.Tensor, norm_topk: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """probs [T, E] the router's float32 softmax -> (ids [T, k], weights [T, k]) from the trace."""
+        T = probs.shape[0]
+        rows = (self.cursor + torch.arange(T, device=probs.device) * (self.n // max(T, 1))) % self.n
+        ids = self.ids[rows, layer]
+        w = probs.gather(1, ids)
+        if norm_topk:
+            w = w / w.sum(dim=-1, keepdim=True)
+        if layer == self.last_layer:
+            self.cursor.add_(1)
+        return ids, w

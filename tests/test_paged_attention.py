@@ -1,0 +1,104 @@
+"""Paged decode attention: the torch reference against a plain per-sequence softmax in float64, and the
+Triton split-KV kernel against the float32 reference on the same inputs (Triton's interpreter on the
+CPU, the kernel itself on CUDA): lengths across page and block edges, GQA, sliding window, splits."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from devices import TRITON_INTERPRETER
+from freetoken.layers.paged_attention import DecodeMeta
+from freetoken.layers.paged_attention.reference import paged_decode_reference
+
+PAGE = 16
+
+
+def _case(
+    lens: list[int], h: int, hkv: int, hd: int, dtype: torch.dtype, device: str, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DecodeMeta]:
+    """Random q and K/V caches; each sequence's pages scattered over the pool in random order."""
+    g = torch.Generator().manual_seed(seed)
+    pages_each = [math.ceil(n / PAGE) for n in lens]
+    num_pages = sum(pages_each) + 3
+    order = torch.randperm(num_pages, generator=g).tolist()
+    table = torch.zeros((len(lens), max(pages_each) + 1), dtype=torch.int32)
+    at = 0
+    for b, n in enumerate(pages_each):
+        table[b, :n] = torch.tensor(order[at : at + n], dtype=torch.int32)
+        at += n
+    q = torch.randn((len(lens), h, hd), generator=g)
+    k = torch.randn((num_pages * PAGE, hkv, hd), generator=g)
+    v = torch.randn((num_pages * PAGE, hkv, hd), generator=g)
+    meta = DecodeMeta(table.to(device), torch.tensor(lens, dtype=torch.int32, device=device), PAGE)
+    return q.to(device, dtype), k.to(device, dtype), v.to(device, dtype), meta
+
+
+def _naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: DecodeMeta, scale: float, window: int | None):
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    g = q.shape[1] // k.shape[1]
+    for b, n in enumerate(meta.seq_lens.tolist()):
+        pos = torch.arange(n)
+        slots = meta.block_table[b].long().cpu()[pos // PAGE] * PAGE + pos % PAGE
+        if window is not None:
+            slots = slots[max(0, n - window) :]
+        for h in range(q.shape[1]):
+            kk, vv = k[slots, h // g].double().cpu(), v[slots, h // g].double().cpu()
+            p = torch.softmax(kk @ q[b, h].double().cpu() * scale, dim=0)
+            out[b, h] = p @ vv
+    return out
+
+
+SHAPES = [(4, 4, 64), (8, 2, 64), (32, 4, 128)]
+LENS = [[1], [5, 16, 17], [31, 32, 33, 100], [300, 1, 64]]
+
+
+@pytest.mark.parametrize("h,hkv,hd", SHAPES)
+@pytest.mark.parametrize("window", [None, 20])
+def test_reference_equals_a_plain_softmax(h: int, hkv: int, hd: int, window: int | None) -> None:
+    for lens in LENS:
+        q, k, v, meta = _case(lens, h, hkv, hd, torch.float32, "cpu")
+        out = paged_decode_reference(q, k, v, meta, hd**-0.5, window)
+        torch.testing.assert_close(out.double(), _naive(q, k, v, meta, hd**-0.5, window), atol=1e-5, rtol=1e-5)
+
+
+def _check_kernel(device: str, dtype: torch.dtype, h: int, hkv: int, hd: int, window: int | None, splits: int):
+    from freetoken.layers.paged_attention.triton_decode import paged_decode_triton
+
+    for lens in LENS:
+        q, k, v, meta = _case(lens, h, hkv, hd, dtype, device, seed=len(lens))
+        ref = paged_decode_reference(q.float(), k.float(), v.float(), meta, hd**-0.5, window).float()
+        out = paged_decode_triton(q, k, v, meta, hd**-0.5, window, splits=splits).float()
+        rel = (out - ref).norm() / ref.norm()
+        worst = (out - ref).abs().max() / ref.abs().max()
+        if dtype == torch.float32:  # exact in the interpreter; TF32 products on a GPU
+            assert rel < (1e-5 if device == "cpu" else 5e-3), (lens, float(rel))
+        else:  # the issue's bound for bf16 inputs against the float32 reference
+            assert rel <= 8e-3 and worst <= 2**-6, (lens, float(rel), float(worst))
+
+
+@TRITON_INTERPRETER
+@pytest.mark.parametrize("h,hkv,hd", SHAPES[:2])
+@pytest.mark.parametrize("window,splits", [(None, 1), (None, 3), (20, 2)])
+def test_triton_kernel_in_the_interpreter(h: int, hkv: int, hd: int, window: int | None, splits: int) -> None:
+    _check_kernel("cpu", torch.float32, h, hkv, hd, window, splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("h,hkv,hd", [*SHAPES, (16, 8, 256)])
+@pytest.mark.parametrize("window,splits", [(None, 1), (None, 8), (None, None), (20, 4), (100, None)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_triton_kernel_on_cuda(h: int, hkv: int, hd: int, window: int | None, splits: int | None, dtype) -> None:
+    _check_kernel("cuda", dtype, h, hkv, hd, window, splits or 0)
+
+
+def test_dispatch_picks_the_reference_on_a_cpu() -> None:
+    from freetoken.layers.paged_attention import decode_attention
+
+    q, k, v, meta = _case([7, 40], 8, 2, 64, torch.float32, "cpu")
+    torch.testing.assert_close(
+        decode_attention(q, k, v, meta, 0.125), paged_decode_reference(q, k, v, meta, 0.125), atol=0, rtol=0
+    )

@@ -1,0 +1,79 @@
+"""The whole decode step as one CUDA graph (engine/step_graph.py) gives the eager step's tokens, for every
+backend, greedy and seeded, at bucket sizes and between them (padded rows); batches past the buckets
+and a routing trace run too. GPU only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from freetoken import LLM, SamplingParams
+from tiny_models import save_checkpoint
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+PROMPTS = [[5 + i, 40 + 3 * i, 77, 100 + i, 9, 30 + i] for i in range(5)]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("step_graph")
+    save_checkpoint("qwen3_moe", d, seed=1)
+    return d
+
+
+def _run(ckpt: Path, graphs: bool, backend: str, prompts: list[list[int]], params: SamplingParams, **kw: Any):
+    llm = LLM(
+        str(ckpt), device="cuda", dtype="float32", moe_backend=backend,
+        expert_cache=None if backend == "fused" else 0.5, max_running_requests=4, cuda_graphs=graphs, **kw,
+    )  # fmt: skip
+    out = [r.token_ids for r in llm.generate(prompts, params)]
+    stats = llm.stats()
+    llm.check_integrity()
+    close = getattr(llm.engine.setup.loaded.backend, "close", None)
+    if close is not None:
+        close()
+    return out, stats
+
+
+@pytest.mark.parametrize("backend", ["fused", "offload", "hybrid"])
+@pytest.mark.parametrize("n", [1, 3, 4])
+def test_graphed_step_equals_eager(ckpt: Path, backend: str, n: int) -> None:
+    for params in (
+        SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
+        SamplingParams(temperature=0.8, top_p=0.9, max_tokens=16, ignore_eos=True, seed=11),
+        SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=5, presence_penalty=1.0, logprobs=3),
+    ):
+        eager, _ = _run(ckpt, False, backend, PROMPTS[:n], params)
+        graphed, stats = _run(ckpt, True, backend, PROMPTS[:n], params)
+        assert graphed == eager
+        assert stats["step_graph_replays"] > 0 and stats["step_graphs"] >= 1
+
+
+def test_batches_past_the_buckets_run_eagerly(ckpt: Path) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    llm = LLM(str(ckpt), device="cuda", dtype="float32", moe_backend="fused", max_running_requests=4)
+    graphs = llm.engine.runner.graphs
+    assert graphs is not None and graphs.buckets == [1, 2, 4]
+    graphs.buckets = [1, 2]  # a batch of 4 is now past the buckets
+    four = [r.token_ids for r in llm.generate(PROMPTS[:4], params)]
+    alone = [llm.generate([p], params)[0].token_ids for p in PROMPTS[:4]]
+    assert four == alone
+
+
+def test_routing_trace_replays_inside_the_graph(ckpt: Path, tmp_path: Path) -> None:
+    cfg = __import__("json").loads((ckpt / "config.json").read_text())
+    E = cfg.get("num_experts") or cfg["num_local_experts"]
+    layers, k = cfg["num_hidden_layers"], cfg["num_experts_per_tok"]
+    rng = np.random.default_rng(0)
+    trace = np.stack([np.stack([rng.choice(E, k, replace=False) for _ in range(layers)]) for _ in range(64)])
+    path = tmp_path / "trace.npy"
+    np.save(path, np.sort(trace, axis=-1).astype(np.uint8))
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    eager, _ = _run(ckpt, False, "offload", PROMPTS[:2], params, routing_trace=str(path))
+    graphed, _ = _run(ckpt, True, "offload", PROMPTS[:2], params, routing_trace=str(path))
+    assert graphed == eager
