@@ -61,7 +61,7 @@ def write_qwen3_moe(
             return tensors
         out: dict[str, torch.Tensor] = {}
         for k, v in tensors.items():
-            whole = v.shape[-2] % 128 == 0 and v.shape[-1] % 128 == 0
+            whole = v.dim() == 2 and v.shape[0] % 128 == 0 and v.shape[1] % 128 == 0
             if k.endswith("proj.weight") and whole and v.dtype != fmt.packed_dtype:  # packed already: as it is
                 q, sc = fmt.quantize(v)
                 assert sc is not None
