@@ -138,3 +138,19 @@ def test_fp8_synthetic_checkpoint_generates(tmp_path) -> None:
         assert banks is not None and banks.fmt == FP8_BLOCK_128 and banks.gate_up.dtype == torch.float8_e4m3fn
         outs.append(llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))[0])
     assert outs[0].token_ids == outs[1].token_ids and len(outs[0].token_ids) == 6
+
+
+def test_fp8_presets_and_synthetic_banks() -> None:
+    """The -fp8 presets: the bf16 shapes with packed experts (their byte counts drive the split and the bounds);
+    synthetic banks follow the preset's format and dequantise to the values they were drawn from, within e4m3."""
+    from freetoken.bench.presets import PRESETS, MoEShape
+    from freetoken.bench.synthetic import random_banks
+
+    assert PRESETS["qwen3-30b-a3b-fp8"].expert_bytes() == 3 * 2048 * 768 + 6 * 3 * 16 * 4
+    assert PRESETS["qwen3.6-35b-a3b-fp8"].expert_bytes() == 3 * 2048 * 512 + 4 * 3 * 16 * 4
+    assert PRESETS["qwen3-30b-a3b"].expert_bytes() == 3 * 2048 * 768 * 2
+    tiny = MoEShape("tiny-fp8", D, I, 8, 2, 2, weights="fp8_block")
+    banks = random_banks(tiny, 2, torch.float32, seed=1)
+    assert banks.fmt == FP8_BLOCK_128 and banks.expert_bytes == tiny.expert_bytes()
+    gu, _ = banks.dequantized(slice(0, 8), torch.float32)
+    assert torch.isfinite(gu).all() and 0.5 < float(gu.std() * D**0.5) < 2.0  # std D**-0.5, as drawn
