@@ -8,9 +8,10 @@
 #
 # Stages (default: all three):
 #   tests  (~2.5 min) every gpu-marked fp8 test (tests/test_fp8_experts.py: each backend on fp8 banks, the Triton
-#          fp8 GEMM at decode and prefill sizes; needs the box's transformers to load FineGrainedFP8Config(dequantize=True); tests/test_fp8_checkpoint.py: greedy tokens of fused, offload, cpu
-#          and hybrid on CUDA equal transformers' dequantised model), then the fp8 CPU kernel tests on this CPU
-#          (its AVX-512 paths on an Intel core)
+#          fp8 GEMM at decode and prefill sizes; tests/test_fp8_checkpoint.py: greedy tokens of fused, offload, cpu
+#          and hybrid on CUDA equal transformers' dequantised model: the box's transformers must load
+#          FineGrainedFP8Config(dequantize=True)), then the fp8 CPU kernel tests on this CPU (its AVX-512 paths on an
+#          Intel core)
 #   cpu    (~3 min) bench/cpu_fp8.py at 6 and 16 threads: fp8 kernel GB/s of packed bytes beside the streaming
 #          read of the same run (% of it; target >= 85% at 16 threads), torch dequantise-then-F.linear, bf16 kernel
 #   gemm   (~1 min) bench/gpu/fp8_gemm.py: the Triton fp8 grouped GEMM against its torch reference and the bf16
