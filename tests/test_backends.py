@@ -13,7 +13,7 @@ from freetoken.experts.backends.registry import create_backend
 from freetoken.experts.backends.split_policy import DEFAULT_SHARE, SplitPolicy
 from freetoken.experts.base import ExpertBackend, ExpertBanks
 from freetoken.experts.reference import moe_reference
-from freetoken.experts.slots.gemm import grouped_experts_gather, grouped_experts_loop
+from freetoken.experts.slots.gemm import SlotWeights, grouped_experts_gather, grouped_experts_loop
 from freetoken.experts.slots.plan import group_routes
 
 D, I, K_TOP = 64, 32, 2
@@ -232,7 +232,7 @@ def _groups_case(T: int, E: int, seed: int) -> tuple:
 def test_grouped_experts_torch_paths(T: int) -> None:
     x, groups, slot, w, gu, dn, ref = _groups_case(T, 12, seed=T)
     for fn in (grouped_experts_gather, grouped_experts_loop):
-        out = fn(x, groups, slot, w, gu, dn)
+        out = fn(x, groups, slot, w, SlotWeights(gu, dn))
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -249,7 +249,7 @@ def test_triton_kernels_in_interpreter(T: int, monkeypatch: pytest.MonkeyPatch) 
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     dst_gu, dst_dn = torch.zeros(6, *gu.shape[1:]), torch.zeros(6, *dn.shape[1:])
     src, dst = torch.tensor([3, 7, 0, 0]), torch.tensor([2, 0, 5, 5])
-    gather_rows_triton(gu, dn, dst_gu, dst_dn, src, dst, torch.tensor(2))
+    gather_rows_triton((gu, dn), (dst_gu, dst_dn), src, dst, torch.tensor(2))
     assert torch.equal(dst_gu[2], gu[3]) and torch.equal(dst_dn[0], dn[7])
     assert dst_gu[5].abs().sum() == 0 and dst_gu[1].abs().sum() == 0  # padding skipped
 
@@ -396,9 +396,8 @@ def test_fused_on_cpu_runs_the_cpu_kernel_in_place(dtype: torch.dtype) -> None:
     assert FusedBackend(gptoss, torch.device("cpu"), dtype).kernel is None  # its torch paths are SiLU only
 
 
-@TRITON_INTERPRETER
 @pytest.mark.parametrize("T", [1, 4])
-def test_fused_in_place_grouped_gemm_in_interpreter(T: int) -> None:
+def test_fused_grouped_gemm_over_pool_rows(T: int) -> None:
     """fused on CUDA reads the routed experts in place (the grouped GEMM over pool rows): the same sums."""
     from freetoken.experts.backends.fused import FusedBackend
     from freetoken.experts.reference import moe_reference
@@ -411,4 +410,4 @@ def test_fused_in_place_grouped_gemm_in_interpreter(T: int) -> None:
     w = torch.softmax(torch.randn(T, 4, generator=g), dim=-1)
     for layer in range(3):
         ref = moe_reference(x, ids + layer * 12, w, banks.gate_up, banks.down)
-        torch.testing.assert_close(fused._in_place(layer, x, ids, w), ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fused._grouped(layer, x, ids, w), ref, rtol=1e-5, atol=1e-5)

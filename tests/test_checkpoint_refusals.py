@@ -1,6 +1,7 @@
-"""What the loader cannot read correctly it refuses with one line, before reading the experts: a quantised
-checkpoint (``quantization_config``; fp8 weights with block scales), tensors of a dtype it does not read, and
-tensors no part of the family reads. Tensors the family declares skippable load, said once."""
+"""What the loader cannot read correctly it refuses with one line, before reading the experts: a quantisation it does
+not implement (an unknown ``quant_method``, an fp8 block size, experts of partial blocks), tensors of a dtype it does
+not read, and tensors no part of the family reads. Tensors the family declares skippable load, said once. The fp8
+checkpoints' own refusals (scale tensors of the wrong shape, missing, stray): tests/test_fp8_refusals.py."""
 
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ from freetoken.engine.model_setup import setup_model
 from tiny_models import save_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
-FP8_LINE = "uses quantization 'fp8' (block 128x128, weight_scale_inv, float8_e4m3fn): not supported yet"
 
 
 @pytest.fixture(scope="module")
@@ -69,16 +69,35 @@ def _load(d: Path) -> None:
     setup_model(EngineConfig(model=str(d), device="cpu", moe_backend="fused"))
 
 
-def test_fp8_checkpoint_is_refused_in_one_line(plain: Path, tmp_path: Path) -> None:
-    d = _variant(plain, tmp_path / "fp8", _fp8, _with_fp8_config)
+def test_an_unknown_quantization_is_refused_in_one_line(plain: Path, tmp_path: Path) -> None:
+    gptq = {"quant_method": "gptq", "bits": 4, "group_size": 128}
+    d = _variant(plain, tmp_path / "gptq", config=lambda c: {**c, "quantization_config": gptq})
+    line = "uses quantization 'gptq' (4-bit, group 128): not supported yet"
     with pytest.raises(CheckpointError) as err:
         _load(d)
-    assert str(err.value) == f"{d}: {FP8_LINE}"
+    assert str(err.value) == f"{d}: {line}"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     r = subprocess.run([sys.executable, "-m", "freetoken.cli", "generate", "--model", str(d), "--prompt", "x",
                         "--device", "cpu"], capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
     assert r.returncode == 1 and r.stdout == ""
-    assert r.stderr.strip().splitlines() == [f"ft generate: error: {d}: {FP8_LINE}"]
+    assert r.stderr.strip().splitlines() == [f"ft generate: error: {d}: {line}"]
+
+
+def test_an_fp8_block_size_not_implemented_is_refused(plain: Path, tmp_path: Path) -> None:
+    cfg = {"quant_method": "fp8", "weight_block_size": [64, 64], "activation_scheme": "dynamic"}
+    d = _variant(plain, tmp_path / "fp8b64", _fp8, lambda c: {**c, "quantization_config": cfg})
+    with pytest.raises(CheckpointError) as err:
+        _load(d)
+    assert str(err.value) == f"{d}: uses fp8 with weight_block_size [64, 64]: only [128, 128] is implemented"
+
+
+def test_fp8_experts_of_partial_blocks_are_refused(plain: Path, tmp_path: Path) -> None:
+    """This family's experts are [32, 64]: not whole 128x128 blocks, which the kernels address."""
+    d = _variant(plain, tmp_path / "fp8small", _fp8, _with_fp8_config)
+    with pytest.raises(CheckpointError) as err:
+        _load(d)
+    assert str(err.value) == (f"{d}: routed expert weight model.layers.0.mlp.experts.0.gate_proj.weight [32, 64] is "
+                              "not whole 128x128 fp8 blocks: routed experts of partial blocks are not implemented")
 
 
 def test_fp8_weights_without_a_quantization_config_are_refused(plain: Path, tmp_path: Path) -> None:

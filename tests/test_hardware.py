@@ -74,6 +74,12 @@ def test_bandwidth_tiny_sizes_cpu_figures() -> None:
         assert bw.cpu_kernel_concurrent is None
 
 
+def test_bandwidth_of_fp8_experts_counts_packed_bytes() -> None:
+    """weights="fp8_block": the kernel runs packed experts and B_H counts their bytes (one per weight + scales)."""
+    bw = _measure(dataclasses.replace(TINY, hidden=128, inter=128, weights="fp8_block"))
+    assert bw.expert_bytes == 3 * 128 * 128 + 3 * 4 and bw.cpu_kernel > 0
+
+
 def test_bandwidth_tiny_sizes_cpu_pool_copies() -> None:
     """device="cpu": fills are memcpy into a CPU slot pool; every copy figure is measured."""
     bw = _measure(dataclasses.replace(TINY, device="cpu", layer_experts=16))

@@ -23,7 +23,7 @@ def test_triton_kernels_compile(arch: int) -> None:
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("the interpreter replaces compilation")
     from freetoken.experts.cpu import stage_triton
-    from freetoken.experts.slots import copy_triton, gemm_triton, plan_triton
+    from freetoken.experts.slots import copy_triton, gemm_fp8_triton, gemm_triton, plan_triton
     from freetoken.layers.paged_attention import triton_decode
 
     i64 = "*i64"
@@ -51,9 +51,31 @@ def test_triton_kernels_compile(arch: int) -> None:
         ),
         (
             copy_triton._gather_rows_kernel,
-            {"src_gu": "*bf16", "src_dn": "*bf16", "dst_gu": "*bf16", "dst_dn": "*bf16", "copy_src": i64,
+            {**{f"{a}_{b}": "*bf16" for a in ("src", "dst") for b in ("gu", "dn", "gs", "ds")}, "copy_src": i64,
              "copy_dst": i64, "count_ptr": i64},  # fmt: skip
-            {"GU": 2 * 768 * 2048, "DN": 768 * 2048, "BLOCK": 4096, "ITERS": 8},
+            {"GU": 2 * 768 * 2048, "DN": 768 * 2048, "GS": 0, "DS": 0, "BLOCK": 4096, "ITERS": 8},
+        ),
+        # a packed pool's fill (fp8 weights and fp32 scales as int32 words) and the fp8 GEMM, decode and prefill tiles
+        (
+            copy_triton._gather_rows_kernel,
+            {**{f"{a}_{b}": "*i32" for a in ("src", "dst") for b in ("gu", "dn", "gs", "ds")}, "copy_src": i64,
+             "copy_dst": i64, "count_ptr": i64},  # fmt: skip
+            {"GU": 768 * 2048 // 2, "DN": 768 * 2048 // 4, "GS": 12 * 16, "DS": 16 * 6, "BLOCK": 4096, "ITERS": 8},
+        ),
+        (
+            gemm_fp8_triton._gate_up_fp8_kernel,
+            {"x": "*bf16", "gu": "*u8", "gus": "*fp32", "h": "*fp32", **groups},
+            {"D": 2048, "I": 768, "TOPK": 8, "BM": 16, "BN": 32, "BK": 128, "DT": 1, "PREC": "tf32"},
+        ),
+        (
+            gemm_fp8_triton._gate_up_fp8_kernel,
+            {"x": "*bf16", "gu": "*u8", "gus": "*fp32", "h": "*fp32", **groups},
+            {"D": 2048, "I": 512, "TOPK": 8, "BM": 64, "BN": 64, "BK": 64, "DT": 1, "PREC": "tf32"},
+        ),
+        (
+            gemm_fp8_triton._down_fp8_kernel,
+            {"h": "*fp32", "dn": "*u8", "dns": "*fp32", "y": "*fp32", "wts": "*fp32", **groups},
+            {"D": 2048, "I": 768, "BM": 16, "BN": 64, "BK": 64, "DT": 1, "PREC": "tf32"},
         ),
         (
             stage_triton._stage_kernel,

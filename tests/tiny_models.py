@@ -53,10 +53,13 @@ def make_config(family: str) -> Any:
 
 
 def make_model(family: str, seed: int = 0) -> Any:
+    return _random_model(make_config(family), seed)
+
+
+def _random_model(cfg: Any, seed: int) -> Any:
     import transformers as tf
 
     torch.manual_seed(seed)
-    cfg = make_config(family)
     model = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -114,3 +117,53 @@ def save_tokenizer(directory: Path, vocab_size: int = 500) -> Any:
     )
     fast.save_pretrained(directory)
     return fast
+
+
+def make_fp8_config() -> Any:
+    """A Qwen3-MoE whose projections are whole 128x128 blocks (k/v [64, 128] are not: they stay float, as the layers
+    real FP8 releases leave unquantised do). 3 layers, the middle one dense."""
+    import transformers as tf
+
+    return tf.Qwen3MoeConfig(
+        vocab_size=512, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, max_position_embeddings=512, tie_word_embeddings=False, num_hidden_layers=3, num_experts=8,
+        num_experts_per_tok=2, moe_intermediate_size=128, norm_topk_prob=True, mlp_only_layers=[1],
+    )  # fmt: skip
+
+
+FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
+
+
+def save_fp8_checkpoint(directory: Path, seed: int = 0) -> None:
+    """A fake FP8-block checkpoint as the Qwen3/DeepSeek FP8 releases ship it: every projection of whole 128x128
+    blocks in float8_e4m3fn with a float32 ``weight_scale_inv`` beside it, per-expert names, ``quantization_config``
+    in config.json. The weights are random (std 0.2) rounded by the reference quantiser."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from freetoken.quant import FP8_BLOCK_128
+
+    _random_model(make_fp8_config(), seed).save_pretrained(directory)
+    state = load_file(directory / "model.safetensors")
+    out: dict[str, torch.Tensor] = {}
+    for name, t in state.items():
+        if name.endswith("proj.weight") and t.dim() == 2 and t.shape[0] % 128 == 0 and t.shape[1] % 128 == 0:
+            q, s = FP8_BLOCK_128.quantize(t)
+            assert s is not None
+            out[name], out[name + "_scale_inv"] = q, s
+        else:
+            out[name] = t
+    save_file(out, directory / "model.safetensors", metadata={"format": "pt"})
+    cfg = json.loads((directory / "config.json").read_text())
+    cfg["quantization_config"] = dict(FP8_CONFIG)
+    (directory / "config.json").write_text(json.dumps(cfg, indent=1))
+
+
+def load_fp8_reference(directory: Path) -> Any:
+    """transformers' own dequantised model of a fake FP8 checkpoint (``FineGrainedFP8Config(dequantize=True)``,
+    float32 on the CPU)."""
+    import transformers as tf
+
+    qc = tf.FineGrainedFP8Config(dequantize=True)
+    return tf.AutoModelForCausalLM.from_pretrained(directory, quantization_config=qc, dtype=torch.float32).eval()

@@ -46,7 +46,7 @@ class GatherLoad:
     def _launch(self, i: int) -> torch.cuda.Event:
         with torch.cuda.stream(self.stream):
             src = self.srcs[i % len(self.srcs)]
-            gather_rows_triton(self.mgu, self.mdn, self.sgu, self.sdn, src, self.dst, self.count)
+            gather_rows_triton((self.mgu, self.mdn), (self.sgu, self.sdn), src, self.dst, self.count)
             ev = torch.cuda.Event()
             ev.record(self.stream)
         return ev

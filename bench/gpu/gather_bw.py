@@ -75,7 +75,7 @@ def main() -> int:
         for rep in range(args.reps + 3):
             for k, (block, iters, warps) in enumerate(configs):
                 src = torch.tensor(rows(q), dtype=torch.int64, device=dev)
-                t = timed(partial(gather_rows_triton, mgu, mdn, sgu, sdn, src, dst, count, block, iters, warps))
+                t = timed(partial(gather_rows_triton, (mgu, mdn), (sgu, sdn), src, dst, count, block, iters, warps))
                 if rep == 0:  # the rows arrived whole
                     for j, e in enumerate(src.tolist()):
                         i16 = torch.int16  # random bits: compare as integers (NaN != NaN)

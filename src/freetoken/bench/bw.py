@@ -7,7 +7,9 @@ import argparse
 # Expert sizes the recommendation is printed for (bf16 unless noted; see BENCH.md "Shapes worth knowing").
 KNOWN_EXPERTS: dict[str, int] = {
     "Qwen3.5-35B-A3B": 3 * 2048 * 512 * 2,
+    "Qwen3.6-35B-A3B-FP8": 3 * 2048 * 512 + 4 * 3 * 16 * 4,  # one byte per weight + the 128x128 block scales
     "Qwen3-30B-A3B": 3 * 2048 * 768 * 2,
+    "Qwen3-30B-A3B-FP8": 3 * 2048 * 768 + 6 * 3 * 16 * 4,
     "gpt-oss-20b (MXFP4)": 12_000_000,
 }
 _GIB = 2**30
@@ -25,6 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden", type=int, default=2048, help="expert hidden size D (default: Qwen3-30B-A3B)")
     p.add_argument("--inter", type=int, default=768, help="expert intermediate size I")
     p.add_argument("--top-k", type=int, default=8, help="experts per kernel call / per fill batch")
+    p.add_argument("--weights", default="bf16", choices=("bf16", "fp8_block"),
+                   help="the experts' format: B_H and the copies count its packed bytes")  # fmt: skip
     p.add_argument("--layer-experts", type=int, default=128, help="experts per layer (B_P,layer copy size)")
     p.add_argument("--seconds", type=float, default=1.0, help="measurement window per figure")
     p.add_argument("--device", default="cuda", help="copy target: cuda[:N] (skipped without CUDA) or cpu")
@@ -49,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = BandwidthConfig(
         read_bytes=int(args.read_gib * _GIB), pool_bytes=int(args.pool_gib * _GIB), hidden=args.hidden,
         inter=args.inter, top_k=args.top_k, layer_experts=args.layer_experts, seconds=args.seconds, device=args.device,
+        weights=args.weights,
     )  # fmt: skip
     kern = CpuExpertKernel(num_threads=args.threads, isa=args.isa, caller_helps=False)  # B_H: the workers' figure
     try:
@@ -68,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     print("| figure | GB/s | what |\n|---|---|---|")
     for line in (
         _row("host read", bw.host_read, f"parallel sum over {args.read_gib:g} GiB, {bw.threads} threads"),
-        _row("B_H", bw.cpu_kernel, f"kernel, {mb:.1f} MB experts, top-{cfg.top_k}: {share:.0%} of read"),
+        _row("B_H", bw.cpu_kernel, f"kernel, {mb:.1f} MB {cfg.weights} experts, top-{cfg.top_k}: {share:.0%} of read"),
         _row("B_P,fill", bw.fill, f"{kind} copies of one expert ({mb:.1f} MB), alone"),
         _row("B_P,layer", bw.layer, f"{kind} copy of {cfg.layer_experts} experts at once"),
         _row("B_P'", bw.fill_concurrent, "expert copies while the CPU kernel runs"),

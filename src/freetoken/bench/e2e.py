@@ -70,7 +70,7 @@ def checkpoint(args: argparse.Namespace) -> Path:
         written = write_qwen3_moe(
             d, num_layers=args.layers, hidden=shape.hidden, num_experts=shape.experts, moe_inter=shape.inter,
             vocab=a["vocab"], heads=a["heads"], kv_heads=a["kv_heads"], hd=a["hd"], top_k=shape.top_k,
-            max_positions=a["max_positions"], shared_experts=True,
+            max_positions=a["max_positions"], shared_experts=True, fmt=shape.fmt,
         )  # fmt: skip
         print(f"# wrote {d} ({written / 1e9:.1f} GB) in {time.perf_counter() - t0:.0f} s", flush=True)
     return d

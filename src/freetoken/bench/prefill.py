@@ -58,17 +58,16 @@ def _sync(dev: torch.device) -> None:
 
 
 def layer_copy_gbps(backend: SlotBackend, repeats: int = 5) -> float:
-    """B_P,layer: one whole layer (E experts, both banks) pinned pool -> slots, best of ``repeats``."""
+    """B_P,layer: one whole layer (E experts, every bank) pinned pool -> slots, best of ``repeats``."""
     c, E = backend.cache, backend.pool.num_experts
     n = min(E, c.num_slots)
-    src_gu, src_dn = c.pool.gate_up[:n], c.pool.down[:n]
-    dst_gu, dst_dn = c.slot_gate_up[:n], c.slot_down[:n]
+    pairs = [(dst[:n], src[:n]) for dst, src in zip(c.slots, c.pool.tensors)]
     dev, best = c.device, math.inf
     for _ in range(repeats + 1):  # the first is a warm-up
         _sync(dev)
         t0 = time.perf_counter()
-        dst_gu.copy_(src_gu, non_blocking=True)
-        dst_dn.copy_(src_dn, non_blocking=True)
+        for dst, src in pairs:
+            dst.copy_(src, non_blocking=True)
         _sync(dev)
         best = min(best, time.perf_counter() - t0)
     c.evict(list(range(c.pool.num_rows)))  # the slots were overwritten: nothing is resident
@@ -87,7 +86,7 @@ def run_prompt(
     backend: SlotBackend, router: SyntheticRouter, args: argparse.Namespace, n: int, g: torch.Generator
 ) -> tuple[list[float], dict[str, int | float], dict[str, int | float]]:
     """A cold cache, then the prompt's chunks; per-chunk seconds and the stats before and after."""
-    dev, D = backend.device, backend.pool.gate_up.shape[2]
+    dev, D = backend.device, backend.pool.banks.hidden_size
     backend.cache.evict(list(range(backend.pool.num_rows)))
     x = torch.randn(n, D, generator=g, device=dev).to(backend.dtype)
     s0 = backend.stats()

@@ -13,20 +13,27 @@ import torch
 import torch.nn.functional as F
 
 from freetoken.bench.presets import MoEShape
-from freetoken.experts.base import ExpertBanks
+from freetoken.experts.base import ExpertBanks, raw
 
 _BLOCK_EXPERTS = 8
 
 
 def random_banks(shape: MoEShape, layers: int, dtype: torch.dtype, seed: int = 0) -> ExpertBanks:
-    banks = ExpertBanks.empty(layers, shape.experts, shape.hidden, shape.inter, dtype)
+    """Banks in the preset's format (``dtype``: an unquantised one's; a quantised block is rounded by the format's
+    reference quantiser, scales and all)."""
+    fmt = shape.fmt
+    banks = ExpertBanks.empty(layers, shape.experts, shape.hidden, shape.inter, dtype, fmt)
     g = torch.Generator().manual_seed(seed)
     n = banks.gate_up.shape[0]
-    for bank, std in ((banks.gate_up, shape.hidden**-0.5), (banks.down, shape.inter**-0.5)):
-        block = (torch.randn((_BLOCK_EXPERTS, *bank.shape[1:]), generator=g) * std).to(dtype)
+    gu = (banks.gate_up, banks.gate_up_scale, shape.hidden**-0.5)
+    for bank, scale, std in (gu, (banks.down, banks.down_scale, shape.inter**-0.5)):
+        block = torch.randn((_BLOCK_EXPERTS, *bank.shape[1:]), generator=g) * std
+        packed, block_scale = fmt.quantize(block) if fmt.quantized else (block.to(dtype), None)
         for start in range(0, n, _BLOCK_EXPERTS):
             stop = min(n, start + _BLOCK_EXPERTS)
-            bank[start:stop].copy_(block[: stop - start])
+            raw(bank)[start:stop].copy_(raw(packed)[: stop - start])
+            if scale is not None and block_scale is not None:
+                scale[start:stop].copy_(block_scale[: stop - start])
     return banks
 
 

@@ -1,4 +1,6 @@
-"""Write a synthetic Qwen3-MoE checkpoint of a chosen size to disk, shard by shard (bounded memory)."""
+"""Write a synthetic Qwen3-MoE checkpoint of a chosen size to disk, shard by shard (bounded memory); with a
+quantised ``fmt`` (a preset's, e.g. ``qwen3-30b-a3b-fp8``) every projection of whole blocks is written packed
+with its scales and ``quantization_config``, as the FP8 releases ship it."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+
+from freetoken.quant import BF16, FP8_BLOCK_128, WeightFormat
 
 
 def write_qwen3_moe(
@@ -24,6 +28,7 @@ def write_qwen3_moe(
     top_k: int = 8,
     max_positions: int = 4096,
     shared_experts: bool = False,
+    fmt: WeightFormat = BF16,
 ) -> int:
     """One shard per layer; returns the total weight bytes written. ``shared_experts``: every expert of a
     layer gets the same random values (speed does not depend on them; writing is then disk-bound)."""
@@ -36,6 +41,11 @@ def write_qwen3_moe(
         "norm_topk_prob": True, "rms_norm_eps": 1e-6, "rope_theta": 1e6, "max_position_embeddings": max_positions,
         "tie_word_embeddings": False, "dtype": str(dtype).removeprefix("torch."),
     }
+    if fmt == FP8_BLOCK_128:
+        cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
+                                      "activation_scheme": "dynamic"}  # fmt: skip
+    elif fmt.quantized:
+        raise ValueError(f"no checkpoint layout for {fmt.name}")
     (directory / "config.json").write_text(json.dumps(cfg, indent=1))
     g = torch.Generator().manual_seed(seed)
 
@@ -45,8 +55,24 @@ def write_qwen3_moe(
     weight_map: dict[str, str] = {}
     total = 0
 
+    def packed(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Projections of whole blocks in ``fmt``, each with its scale tensor (the rest as they are)."""
+        if not fmt.quantized:
+            return tensors
+        out: dict[str, torch.Tensor] = {}
+        for k, v in tensors.items():
+            whole = v.dim() == 2 and v.shape[0] % 128 == 0 and v.shape[1] % 128 == 0
+            if k.endswith("proj.weight") and whole and v.dtype != fmt.packed_dtype:  # packed already: as it is
+                q, sc = fmt.quantize(v)
+                assert sc is not None
+                out[k], out[fmt.scale_name(k)] = q, sc
+            else:
+                out[k] = v
+        return out
+
     def flush(tensors: dict[str, torch.Tensor], name: str) -> None:
         nonlocal total
+        tensors = packed(tensors)
         save_file(tensors, str(directory / name))
         for k, v in tensors.items():
             weight_map[k] = name
@@ -68,11 +94,15 @@ def write_qwen3_moe(
             p + "mlp.gate.weight": rnd(num_experts, hidden),
         }
         one = (rnd(moe_inter, hidden), rnd(moe_inter, hidden), rnd(hidden, moe_inter)) if shared_experts else None
+        one_packed = [fmt.quantize(w) for w in one] if one is not None and fmt.quantized else None  # once a layer
         for e in range(num_experts):
             gate, up, down = one or (rnd(moe_inter, hidden), rnd(moe_inter, hidden), rnd(hidden, moe_inter))
-            t[p + f"mlp.experts.{e}.gate_proj.weight"] = gate.clone()
-            t[p + f"mlp.experts.{e}.up_proj.weight"] = up.clone()
-            t[p + f"mlp.experts.{e}.down_proj.weight"] = down.clone()
+            names = [p + f"mlp.experts.{e}.{n}_proj.weight" for n in ("gate", "up", "down")]
+            for j, (name, w) in enumerate(zip(names, (gate, up, down))):
+                q, sc = one_packed[j] if one_packed is not None else (w, None)
+                t[name] = q.clone()
+                if sc is not None:
+                    t[fmt.scale_name(name)] = sc.clone()
         flush(t, f"model-layer{i:03d}.safetensors")
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index))

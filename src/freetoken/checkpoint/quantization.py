@@ -1,16 +1,21 @@
-"""Refuse what the loader cannot read correctly, before anything is read: quantised checkpoints and tensors
-in dtypes that are not plain floating point (each would load and produce wrong tokens otherwise).
+"""Refuse what the loader cannot read correctly, before anything is read (headers only): tensors in dtypes that are
+neither plain floating point nor the packed dtype of the checkpoint's declared weight format, packed weights
+without their scale tensor or with one of the wrong shape, and scale tensors beside unpacked weights. Each would
+load and produce wrong tokens otherwise.
 
-The loader reads float32/float16/bfloat16/float64 weights and converts them to the compute dtype; a
-checkpoint that declares ``quantization_config`` (fp8 block scales, GPTQ, AWQ, MXFP4, ...) or ships int,
-fp8 or packed tensors gets one line naming the method and the tensors, until quantised experts exist.
+The format itself (``quantization_config`` -> a ``quant/`` format) is read by the engine's model assembly and
+handed in as a ``PackedLayout``: ``checkpoint/`` and ``quant/`` sit on one row of the layering and do not import
+each other. Without a format, a checkpoint declaring quantisation, or shipping int/fp8/packed tensors, gets one
+line naming the method and the tensors.
 """
 
 from __future__ import annotations
 
 import fnmatch
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
+
+import torch
 
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.safetensors_io import SafetensorsReader
@@ -23,27 +28,78 @@ _TYPE_NAMES = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "I8": "int8
                "I16": "int16", "I64": "int64", "BOOL": "bool"}  # fmt: skip
 
 
-def check_supported(raw_config: Mapping[str, Any], reader: SafetensorsReader, skippable: tuple[str, ...] = ()) -> None:
-    """Raise CheckpointError when the checkpoint is quantised or holds tensors of a dtype the loader does not
-    read (``skippable``: fnmatch patterns of tensors nobody reads, which may have any dtype)."""
+class PackedLayout(Protocol):
+    """What reading a packed weight needs of its format (every ``quant/`` format is one)."""
+
+    name: str
+    checkpoint_dtypes: tuple[str, ...]
+
+    def scale_name(self, weight_name: str) -> str: ...
+
+    def scale_shape(self, rows: int, cols: int) -> tuple[int, ...]: ...
+
+    def dequantize(self, packed: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor: ...
+
+
+def check_supported(
+    raw_config: Mapping[str, Any],
+    reader: SafetensorsReader,
+    skippable: tuple[str, ...] = (),
+    layout: PackedLayout | None = None,
+) -> None:
+    """Raise CheckpointError when the checkpoint holds tensors the loader would read wrong (``skippable``: fnmatch
+    patterns of tensors nobody reads, which may have any dtype; ``layout``: the declared weight format, None when
+    the checkpoint declares none or the caller reads none)."""
     names = [n for n in reader.tensors if not any(fnmatch.fnmatchcase(n, p) for p in skippable)]
-    odd = sorted({reader.tensors[n].dtype_name for n in names} - set(FLOAT_DTYPES))
-    odd_names = sorted(n for n in names if reader.tensors[n].dtype_name not in FLOAT_DTYPES)
+    allowed = set(FLOAT_DTYPES) | set(layout.checkpoint_dtypes if layout is not None else ())
+    odd = sorted({reader.tensors[n].dtype_name for n in names} - allowed)
+    odd_names = sorted(n for n in names if reader.tensors[n].dtype_name not in allowed)
     scale_kinds = sorted({_scale_kind(n) for n in names} - {""})
     qc = raw_config.get("quantization_config") or raw_config.get("compression_config")
     where = reader.directory
-    if isinstance(qc, Mapping):
+    if isinstance(qc, Mapping) and layout is None:  # a caller that reads no format (quant/ refuses what it lacks)
         method = str(qc.get("quant_method") or qc.get("format") or "unknown")
-        details = [*_config_details(qc), *scale_kinds, *(_TYPE_NAMES.get(d, d) for d in odd)]
+        details = [*scale_kinds, *(_TYPE_NAMES.get(d, d) for d in odd)]
         said = f" ({', '.join(details)})" if details else ""
         raise CheckpointError(f"{where}: uses quantization {method!r}{said}: not supported yet")
     if odd_names:
         dtypes = ", ".join(_TYPE_NAMES.get(d, d) for d in odd)
         kinds = f", and {', '.join(scale_kinds)} tensors" if scale_kinds else ""
+        declared = f"{layout.name} declared" if layout is not None else "quantised without a quantization_config?"
         raise CheckpointError(
-            f"{where}: {len(odd_names)} tensor(s) in {dtypes}, e.g. {odd_names[0]}{kinds} (quantised without a "
-            "quantization_config?): not supported yet"
+            f"{where}: {len(odd_names)} tensor(s) in {dtypes}, e.g. {odd_names[0]}{kinds} ({declared}): "
+            "not supported yet"
         )
+    if layout is not None:
+        _check_scales(reader, names, layout)
+
+
+def _check_scales(reader: SafetensorsReader, names: list[str], layout: PackedLayout) -> None:
+    """Every packed weight has its scale tensor, of float dtype and the shape its blocks imply; every scale tensor
+    sits beside a packed weight."""
+    where = reader.directory
+    packed = [n for n in names if reader.tensors[n].dtype_name in layout.checkpoint_dtypes]
+    scales = set()
+    for n in packed:
+        info = reader.tensors[n]
+        s = layout.scale_name(n)
+        scales.add(s)
+        if len(info.shape) < 2:
+            raise CheckpointError(f"{where}: tensor {n} is packed ({layout.name}) but has shape {list(info.shape)}")
+        if s not in reader.tensors:
+            raise CheckpointError(f"{where}: tensor {n} is packed ({layout.name}) but its scale tensor {s} is missing")
+        got = reader.tensors[s]
+        want = (*info.shape[:-2], *layout.scale_shape(info.shape[-2], info.shape[-1]))
+        if got.shape != want:
+            raise CheckpointError(
+                f"{where}: scale tensor {s} has shape {list(got.shape)}, but {n} of shape {list(info.shape)} in "
+                f"{layout.name} needs {list(want)}"
+            )
+        if got.dtype_name not in FLOAT_DTYPES:
+            raise CheckpointError(f"{where}: scale tensor {s} has dtype {got.dtype_name}, expected a float dtype")
+    stray = sorted(n for n in names if n.endswith("_scale_inv") and n not in scales)
+    if stray:
+        raise CheckpointError(f"{where}: scale tensor {stray[0]} sits beside a weight that is not packed")
 
 
 def _scale_kind(name: str) -> str:
@@ -53,14 +109,3 @@ def _scale_kind(name: str) -> str:
             return suffix.lstrip("_")
     return ""
 
-
-def _config_details(qc: Mapping[str, Any]) -> list[str]:
-    out = []
-    block = qc.get("weight_block_size")
-    if isinstance(block, (list, tuple)) and block:
-        out.append("block " + "x".join(str(b) for b in block))
-    if qc.get("bits"):
-        out.append(f"{qc['bits']}-bit")
-    if qc.get("group_size"):
-        out.append(f"group {qc['group_size']}")
-    return out

@@ -4,7 +4,9 @@ The order keeps a bad checkpoint cheap to refuse: the quantisation/dtype check r
 non-expert weights (small) are read onto the compute device and the routed experts' names are claimed; every
 tensor left unread is refused (``CheckpointWeights.check_all_used``) before the expert banks, the bulk of the
 bytes, are read straight into their host layout (``[L*E, ...]`` rows: ``eid = moe_layer * E + expert``); only
-then is the expert backend created over them.
+then is the expert backend created over them. A quantised checkpoint (``quantization_config``, read into a
+``quant/`` format first) has its non-expert weights dequantised at load and its routed experts banked packed, with
+their scales (``ExpertBanks.fmt``): the pool, the slots and both kernels read them packed.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.hf_config import HFConfig
 from freetoken.checkpoint.quantization import check_supported
 from freetoken.checkpoint.safetensors_io import SafetensorsReader
@@ -26,6 +29,7 @@ from freetoken.layers.rope import Rotary
 from freetoken.layers.routing_trace import RoutingTrace
 from freetoken.models.base import Family
 from freetoken.models.decoder import DecoderLayer, DecoderModel
+from freetoken.quant import BF16, QuantizationError, WeightFormat, format_from_config
 
 
 @dataclass
@@ -90,8 +94,10 @@ def _moe_parts(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int) -> _MoEP
     return _MoEParts(w.get(mp + n.router, (hf.num_experts, D)), shared, shared_gate)
 
 
-# One read of routed-expert weights: (tensor name, "gate_up" or "down", index into that bank, expected shape).
-_ExpertRead = tuple[str, str, tuple[int | slice, ...], tuple[int, ...]]
+# One read of routed-expert weights: (tensor name, "gate_up" or "down", index into that bank, expected shape,
+# index into its scale bank: the same rows in blocks).
+_Index = tuple[int | slice, ...]
+_ExpertRead = tuple[str, str, _Index, tuple[int, ...], _Index]
 
 
 def _expert_reads(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, li: int) -> list[_ExpertRead]:
@@ -102,16 +108,46 @@ def _expert_reads(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, li: i
     E, D, I = hf.num_experts, hf.hidden_size, hf.moe_intermediate_size
     if p + n.fused_experts[0] in w:
         rows = (slice(li * E, (li + 1) * E),)
-        return [(p + n.fused_experts[0], "gate_up", rows, (E, 2 * I, D)),
-                (p + n.fused_experts[1], "down", rows, (E, D, I))]  # fmt: skip
+        return [(p + n.fused_experts[0], "gate_up", rows, (E, 2 * I, D), rows),
+                (p + n.fused_experts[1], "down", rows, (E, D, I), rows)]  # fmt: skip
     gate_n, up_n, down_n = (p + t for t in n.experts)
+    sI = w.layout.scale_shape(I, D)[0] if w.layout is not None else 0  # gate's block rows (whole blocks)
     reads: list[_ExpertRead] = []
     for e in range(E):
         row = li * E + e
-        reads += [(gate_n.format(e=e), "gate_up", (row, slice(0, I)), (I, D)),
-                  (up_n.format(e=e), "gate_up", (row, slice(I, 2 * I)), (I, D)),
-                  (down_n.format(e=e), "down", (row,), (D, I))]  # fmt: skip
+        reads += [(gate_n.format(e=e), "gate_up", (row, slice(0, I)), (I, D), (row, slice(0, sI))),
+                  (up_n.format(e=e), "gate_up", (row, slice(I, 2 * I)), (I, D), (row, slice(sI, 2 * sI))),
+                  (down_n.format(e=e), "down", (row,), (D, I), (row,))]  # fmt: skip
     return reads
+
+
+def _weight_format(reader: SafetensorsReader, hf: HFConfig) -> WeightFormat | None:
+    """The format ``quantization_config`` declares (None: none); what is not implemented fails here."""
+    try:
+        return format_from_config(hf.raw)
+    except QuantizationError as exc:
+        raise CheckpointError(f"{reader.directory}: {exc}") from exc
+
+
+def _expert_format(
+    w: CheckpointWeights, fmt: WeightFormat | None, reads: list[_ExpertRead], hf: HFConfig
+) -> WeightFormat:
+    """The routed experts' bank format: ``fmt`` when they are stored packed, bf16 when not; refused when they mix
+    or are not whole blocks."""
+    packed = [r[0] for r in reads if w.is_packed(r[0])]
+    if not packed or fmt is None:
+        return BF16
+    if len(packed) != len(reads):
+        plain = next(r[0] for r in reads if not w.is_packed(r[0]))
+        raise CheckpointError(f"{w.reader.directory}: routed experts mix formats: {packed[0]} is {fmt.name}, "
+                              f"{plain} is not")  # fmt: skip
+    D, I = hf.hidden_size, hf.moe_intermediate_size
+    try:
+        fmt.check_expert_shape(I, D, f"routed expert weight {packed[0]}")
+        fmt.check_expert_shape(D, I, "routed expert down_proj")
+    except QuantizationError as exc:
+        raise CheckpointError(f"{w.reader.directory}: {exc}") from exc
+    return fmt
 
 
 def build_model(
@@ -124,8 +160,9 @@ def build_model(
     routing_trace: str | None = None,
 ) -> LoadedModel:
     reader = SafetensorsReader(hf.path)
-    check_supported(hf.raw, reader, family.skippable)
-    w = CheckpointWeights(reader, device, dtype)
+    fmt = _weight_format(reader, hf)
+    check_supported(hf.raw, reader, family.skippable, fmt)
+    w = CheckpointWeights(reader, device, dtype, fmt)
     n = family.naming
     D, V = hf.hidden_size, hf.vocab_size
     rotary = Rotary(hf.rope, hf.head_dim, max_positions, device)
@@ -145,15 +182,21 @@ def build_model(
     embed = w.get(n.embed, (V, D))
     tied = hf.tie_word_embeddings or n.lm_head not in w
     lm_head = embed if tied else w.get(n.lm_head, (V, D))
-    w.claim([r[0] for r in reads] + ([n.lm_head] if n.lm_head in w else []))  # a tied head's copy is not read
+    scales = [w.layout.scale_name(r[0]) for r in reads if w.is_packed(r[0])] if w.layout is not None else []
+    w.claim([r[0] for r in reads] + scales + ([n.lm_head] if n.lm_head in w else []))  # a tied head's copy is not read
     final_norm = w.get(n.final_norm, (D,))
     w.check_all_used(hf.architecture, family.skippable)
     banks = backend = None
     if moe_ids:
-        banks = ExpertBanks.empty(len(moe_ids), hf.num_experts, D, hf.moe_intermediate_size, dtype)
+        efmt = _expert_format(w, fmt, reads, hf)
+        banks = ExpertBanks.empty(len(moe_ids), hf.num_experts, D, hf.moe_intermediate_size, dtype, efmt)
         banks.top_k = hf.top_k
-        for name, bank, index, shape in reads:
-            w.read_into(name, getattr(banks, bank)[index], shape)
+        for name, bank, index, shape, scale_index in reads:
+            if efmt.quantized:
+                scale_bank = getattr(banks, bank + "_scale")
+                w.read_packed_into(name, getattr(banks, bank)[index], scale_bank[scale_index], shape)
+            else:
+                w.read_into(name, getattr(banks, bank)[index], shape)
         backend = make_backend(banks)
     trace = RoutingTrace(routing_trace, len(moe_ids), hf.num_experts, hf.top_k, device) if routing_trace else None
     layers = []

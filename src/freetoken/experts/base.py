@@ -12,52 +12,97 @@ from dataclasses import dataclass
 import torch
 
 from freetoken.hardware.huge_pages import advise_huge_pages
+from freetoken.quant import BF16, WeightFormat
 
 ACTIVATIONS = ("silu",)
 
 
 @dataclass
 class ExpertBanks:
-    """All routed experts of all MoE layers, one bank per weight kind, ``eid`` rows.
+    """All routed experts of all MoE layers, one bank per tensor kind, ``eid`` rows.
 
-    ``gate_up[eid]`` is ``[2I, D]`` (gate rows first, then up rows); ``down[eid]`` is ``[D, I]``.
-    Filled straight from the checkpoint in this layout; this is the host expert pool's content.
+    ``gate_up[eid]`` is ``[2I, D]`` (gate rows first, then up rows); ``down[eid]`` is ``[D, I]``, in the compute
+    dtype (``fmt`` bf16) or packed by a quantised ``fmt`` (``quant/``), with the scale banks beside them
+    (``gate_up_scale[eid]``: the scales of ``gate_up[eid]``, gate's block rows first). Filled straight from the
+    checkpoint in this layout; this is the host expert pool's content. Pool, slots and fills treat
+    ``tensors()`` as opaque banks (one slot = one whole expert, every bank); only kernels read a format.
     """
 
-    gate_up: torch.Tensor  # [N, 2I, D]
-    down: torch.Tensor  # [N, D, I]
+    gate_up: torch.Tensor  # [N, 2I, D'] (D' = fmt.packed_cols(D))
+    down: torch.Tensor  # [N, D, I']
     num_layers: int  # L (MoE layers only)
     num_experts: int  # E
     activation: str = "silu"
     top_k: int = 0  # experts per token per layer (0: unknown); lets caches refuse a size below it up front
+    fmt: WeightFormat = BF16
+    gate_up_scale: torch.Tensor | None = None  # [N, *fmt.scale_shape(2I, D)]
+    down_scale: torch.Tensor | None = None  # [N, *fmt.scale_shape(D, I)]
 
     @property
-    def hidden_size(self) -> int:
-        return int(self.gate_up.shape[2])
+    def hidden_size(self) -> int:  # rows are never packed: D from down's rows
+        return int(self.down.shape[1])
 
     @property
     def intermediate_size(self) -> int:
-        return int(self.down.shape[2])
+        return int(self.gate_up.shape[1]) // 2
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every bank, in a fixed order: gate_up, down, then the scale banks the format has."""
+        scales = tuple(t for t in (self.gate_up_scale, self.down_scale) if t is not None)
+        return (self.gate_up, self.down, *scales)
 
     @property
     def expert_bytes(self) -> int:
-        return (self.gate_up[0].numel() + self.down[0].numel()) * self.gate_up.element_size()
+        """Bytes of one expert as stored (packed data and scales): what a fill copies and the CPU streams."""
+        return sum(t[0].numel() * t.element_size() for t in self.tensors())
 
     @property
     def pool_bytes(self) -> int:
         return self.expert_bytes * self.num_layers * self.num_experts
 
+    def dequantized(self, rows: torch.Tensor | slice, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The reference: (gate_up, down) of pool ``rows`` as floats of ``dtype``."""
+        return dequantize_rows(self.fmt, self.gate_up, self.gate_up_scale, self.down, self.down_scale, rows, dtype)
+
     @classmethod
     def empty(
-        cls, num_layers: int, num_experts: int, hidden: int, inter: int, dtype: torch.dtype
+        cls, num_layers: int, num_experts: int, hidden: int, inter: int, dtype: torch.dtype, fmt: WeightFormat = BF16
     ) -> ExpertBanks:
-        """Unwritten banks, advised onto huge pages first (``hardware/huge_pages.py`` says why)."""
+        """Unwritten banks, advised onto huge pages first (``hardware/huge_pages.py`` says why). ``dtype``: the
+        banks' dtype for an unquantised ``fmt`` (a packed format has its own)."""
         n = num_layers * num_experts
-        gate_up = torch.empty((n, 2 * inter, hidden), dtype=dtype)
-        down = torch.empty((n, hidden, inter), dtype=dtype)
-        advise_huge_pages(gate_up)
-        advise_huge_pages(down)
-        return cls(gate_up=gate_up, down=down, num_layers=num_layers, num_experts=num_experts)
+        data = fmt.packed_dtype or dtype
+        gate_up = torch.empty((n, 2 * inter, fmt.packed_cols(hidden)), dtype=data)
+        down = torch.empty((n, hidden, fmt.packed_cols(inter)), dtype=data)
+        gs = ds = None
+        if fmt.scale_dtype is not None:
+            gs = torch.empty((n, *fmt.scale_shape(2 * inter, hidden)), dtype=fmt.scale_dtype)
+            ds = torch.empty((n, *fmt.scale_shape(hidden, inter)), dtype=fmt.scale_dtype)
+        for t in (gate_up, down):
+            advise_huge_pages(t)
+        return cls(gate_up=gate_up, down=down, num_layers=num_layers, num_experts=num_experts, fmt=fmt,
+                   gate_up_scale=gs, down_scale=ds)  # fmt: skip
+
+
+def dequantize_rows(
+    fmt: WeightFormat,
+    gate_up: torch.Tensor,
+    gate_up_scale: torch.Tensor | None,
+    down: torch.Tensor,
+    down_scale: torch.Tensor | None,
+    rows: torch.Tensor | slice | int,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate_up, down) of ``rows`` of any bank set (pool or slots) in ``dtype``, by the format's reference."""
+    gs = None if gate_up_scale is None else gate_up_scale[rows]
+    ds = None if down_scale is None else down_scale[rows]
+    return fmt.dequantize(gate_up[rows], gs, dtype), fmt.dequantize(down[rows], ds, dtype)
+
+
+def raw(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as plain bytes-of-its-width ints where torch lacks copy kernels for its dtype (float8 on the CPU):
+    the view fills, gathers and resizes go through."""
+    return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else t
 
 
 class ExpertBackend(ABC):

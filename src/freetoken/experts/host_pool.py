@@ -1,6 +1,7 @@
 """The host expert pool: every routed expert of every MoE layer, in host RAM, the source of truth.
 
-The pool owns the two banks of ``ExpertBanks`` (``gate_up [N, 2I, D]``, ``down [N, D, I]``, row = eid).
+The pool owns the banks of ``ExpertBanks`` (``gate_up [N, 2I, D]``, ``down [N, D, I]``, row = eid, and the scale
+banks of a quantised format: ``tensors``), opaque here: it pins and maps every one alike.
 With CUDA present the banks are page-locked *in place* after they are filled (``cudaHostRegister``, no
 second copy, so no 2x peak); pinned host memory is mapped into the GPU's address space (UVA), so a
 GPU kernel can gather pool rows by device-side indices without the host reading them. When pinning
@@ -112,12 +113,16 @@ class HostExpertPool:
     """Owns the host banks; pins them when CUDA is present; serves row gathers to the CPU and GPU."""
 
     def __init__(self, banks: ExpertBanks, dtype: torch.dtype | None = None, pin: bool = True) -> None:
-        if dtype is not None and banks.gate_up.dtype != dtype:
-            # The slots hold the compute dtype and fills are raw copies, so the pool must match.
+        if dtype is not None and not banks.fmt.quantized and banks.gate_up.dtype != dtype:
+            # The slots hold the compute dtype and fills are raw copies, so the pool must match (a quantised
+            # pool stays packed: kernels dequantise).
             banks = dataclasses.replace(banks, gate_up=banks.gate_up.to(dtype), down=banks.down.to(dtype))
         self.banks = banks
-        self.gate_up = banks.gate_up.contiguous()  # [N, 2I, D]
-        self.down = banks.down.contiguous()  # [N, D, I]
+        self.fmt = banks.fmt
+        self.gate_up = banks.gate_up.contiguous()  # [N, 2I, D']
+        self.down = banks.down.contiguous()  # [N, D, I']
+        self.gate_up_scale = None if banks.gate_up_scale is None else banks.gate_up_scale.contiguous()
+        self.down_scale = None if banks.down_scale is None else banks.down_scale.contiguous()
         self.num_layers = banks.num_layers
         self.num_experts = banks.num_experts
         self._registered: list[int] = []
@@ -134,6 +139,19 @@ class HostExpertPool:
         return int(self.gate_up.shape[0])
 
     @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every bank (``ExpertBanks.tensors`` order): what slots hold and fills copy."""
+        scales = tuple(t for t in (self.gate_up_scale, self.down_scale) if t is not None)
+        return (self.gate_up, self.down, *scales)
+
+    @property
+    def scales(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(gate_up_scale, down_scale) of a block-scaled pool, as the CPU kernel takes them; None otherwise."""
+        if self.gate_up_scale is None or self.down_scale is None:
+            return None
+        return self.gate_up_scale, self.down_scale
+
+    @property
     def inter(self) -> int:  # I
         return self.banks.intermediate_size
 
@@ -143,8 +161,8 @@ class HostExpertPool:
 
     # -- pinning -------------------------------------------------------------------------------------
     def _pin(self) -> bool:
-        """Register both banks in place; else copy into pinned storage if 2x fits; else give up."""
-        for t in (self.gate_up, self.down):
+        """Register every bank in place; else copy into pinned storage if 2x fits; else give up."""
+        for t in self.tensors:
             if t.numel() == 0:
                 continue
             how = _register(t)
@@ -160,6 +178,9 @@ class HostExpertPool:
             check_pool_fits(2 * self.banks.pool_bytes)
             self.gate_up = self.gate_up.pin_memory()
             self.down = self.down.pin_memory()
+            if self.gate_up_scale is not None and self.down_scale is not None:
+                self.gate_up_scale = self.gate_up_scale.pin_memory()
+                self.down_scale = self.down_scale.pin_memory()
         except (MemoryError, RuntimeError) as exc:
             log.debug("pinning the expert pool by copy failed: %s", exc)
             return False
@@ -190,13 +211,13 @@ class HostExpertPool:
             pass
 
     # -- access --------------------------------------------------------------------------------------
-    def device_views(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Banks as tensors a kernel on ``device`` can index with device-side row ids.
+    def device_views(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """Every bank (``tensors``) as a tensor a kernel on ``device`` can index with device-side row ids.
 
         CPU: the banks themselves. CUDA: zero-copy views of the pinned banks (requires ``pinned``).
         """
         if device.type != "cuda":
-            return self.gate_up, self.down
+            return self.tensors
         if not self.pinned:
             raise RuntimeError("the expert pool is not pinned; GPU kernels cannot read it")
-        return mapped_device_view(self.gate_up, device), mapped_device_view(self.down, device)
+        return tuple(mapped_device_view(t, device) for t in self.tensors)

@@ -25,6 +25,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from freetoken.quant import format_by_name
+
 _GB = 1e9
 
 
@@ -36,7 +38,7 @@ class ExpertKernel(Protocol):
 
     def run(self, x: torch.Tensor, tok: torch.Tensor, row: torch.Tensor, weight: torch.Tensor,
             gate_up: torch.Tensor, down: torch.Tensor, activation: str = ..., out: torch.Tensor | None = ...,
-            ) -> torch.Tensor: ...  # fmt: skip
+            scales: tuple[torch.Tensor, torch.Tensor] | None = ...) -> torch.Tensor: ...  # fmt: skip
 
     def stream_read(self, buf: torch.Tensor) -> int: ...
 
@@ -51,10 +53,13 @@ class BandwidthConfig:
     layer_experts: int = 128  # experts in one layer (B_P,layer copy size)
     seconds: float = 1.0  # measurement window per figure
     device: str = "cuda"
+    weights: str = "bf16"  # the experts' format (``quant.format_by_name``): "bf16" or "fp8_block"
 
     @property
     def expert_bytes(self) -> int:
-        return 3 * self.hidden * self.inter * 2  # bf16 gate, up, down
+        """One expert as the pool holds it: gate, up, down (packed, with their scales)."""
+        f, D, I = format_by_name(self.weights), self.hidden, self.inter
+        return f.row_bytes(2 * I, D, 2) + f.row_bytes(D, I, 2)
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,12 @@ class KernelLoad:
         # values do not matter for bandwidth; small normals keep activations finite
         self.gate_up = torch.empty(n, 2 * cfg.inter, cfg.hidden, dtype=torch.bfloat16).normal_(0, 0.02)
         self.down = torch.empty(n, cfg.hidden, cfg.inter, dtype=torch.bfloat16).normal_(0, 0.02)
+        self.scales: tuple[torch.Tensor, torch.Tensor] | None = None
+        fmt = format_by_name(cfg.weights)
+        if fmt.quantized:  # packed experts: what the pool holds, scales and all
+            (self.gate_up, gs), (self.down, ds) = fmt.quantize(self.gate_up), fmt.quantize(self.down)
+            assert gs is not None and ds is not None
+            self.scales = (gs, ds)
         self.kern, self.k, self.n, self.expert_bytes = kern, cfg.top_k, n, cfg.expert_bytes
         self.x = torch.randn(1, cfg.hidden)
         self.tok = torch.zeros(cfg.top_k, dtype=torch.int32)
@@ -101,13 +112,14 @@ class KernelLoad:
 
     def run_for(self, seconds: float, start: threading.Barrier | None = None) -> float:
         """Calls until `seconds` have passed; returns GB/s of expert weights read."""
-        self.kern.run(self.x, self.tok, self.route_sets[0], self.w, self.gate_up, self.down, out=self.out)
+        self.kern.run(self.x, self.tok, self.route_sets[0], self.w, self.gate_up, self.down, out=self.out,
+                      scales=self.scales)
         if start is not None:
             start.wait()
         calls, t0 = 0, time.perf_counter()
         while True:
             rows = self.route_sets[calls % len(self.route_sets)]
-            self.kern.run(self.x, self.tok, rows, self.w, self.gate_up, self.down, out=self.out)
+            self.kern.run(self.x, self.tok, rows, self.w, self.gate_up, self.down, out=self.out, scales=self.scales)
             calls += 1
             elapsed = time.perf_counter() - t0
             if elapsed >= seconds:

@@ -7,6 +7,9 @@ which ``ft bench decode`` takes from this backend). On a CPU device the same ste
 on the banks in place (``experts/cpu``) instead: gathering the routed experts' weights copies them, and
 torch's batched matmuls stream them again; steps with many tokens per expert keep torch's per-expert
 matmuls, which are compute-bound there (docs/benchmarks.md, "`fused` on a CPU device").
+Quantised banks stay packed on the device (that is what makes them fit): steps the C++ kernel does not take run
+the slot backends' grouped GEMM with every expert its own slot (the Triton kernel dequantises in registers on
+CUDA; the torch paths dequantise by the format's reference).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from freetoken.experts.base import ExpertBackend, ExpertBanks
 from freetoken.experts.cpu.kernel import CpuExpertKernel
 from freetoken.experts.cpu.runner import make_kernel
 from freetoken.experts.reference import moe_reference
+from freetoken.experts.slots.gemm import SlotWeights, grouped_experts
 from freetoken.experts.slots.plan import group_routes
 from freetoken.experts.triton_support import triton_available
 
@@ -43,8 +47,13 @@ class FusedBackend(StepCapture, ExpertBackend):
         cpu_threads: int | None = None,
     ) -> None:
         self.num_experts = banks.num_experts
-        self.gate_up = banks.gate_up.to(device=device, dtype=dtype)
-        self.down = banks.down.to(device=device, dtype=dtype)
+        self.fmt = banks.fmt
+        wdtype = None if banks.fmt.quantized else dtype  # packed banks keep their dtype
+        self.gate_up = banks.gate_up.to(device=device, dtype=wdtype)
+        self.down = banks.down.to(device=device, dtype=wdtype)
+        gs, ds = (None if t is None else t.to(device) for t in (banks.gate_up_scale, banks.down_scale))
+        self.weights = SlotWeights(self.gate_up, self.down, banks.fmt, gs, ds)
+        self.scales = None if gs is None or ds is None else (gs, ds)
         self.graphs = LayerGraphs(_GATHER_MAX_ROUTES) if cuda_graphs and device.type == "cuda" else None
         self.kernel: CpuExpertKernel | None = None
         if device.type == "cpu" and banks.activation == "silu":  # the torch paths here compute SiLU experts
@@ -60,21 +69,14 @@ class FusedBackend(StepCapture, ExpertBackend):
         T, k = topk_ids.shape
         if self.kernel is not None and T * k <= _KERNEL_ROUTES_PER_EXPERT * self.num_experts:
             return self._on_kernel(layer, x, topk_ids, topk_w)
+        if self.fmt.quantized:
+            return self._grouped(layer, x, topk_ids, topk_w)
         if T * k > _GATHER_MAX_ROUTES:
             return moe_reference(x, topk_ids + layer * self.num_experts, topk_w, self.gate_up, self.down)
-        body = self._in_place if x.is_cuda and triton_available() else self._gathered
+        body = self._grouped if x.is_cuda and triton_available() else self._gathered
         if self.graphs is not None and self.graphs.eligible(T):
             return self.graphs.run(layer, x, topk_ids, topk_w, body, self)
         return body(layer, x, topk_ids, topk_w)
-
-    def _in_place(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
-        """The slot backends' grouped GEMM over pool rows (every expert is resident): the routed experts'
-        weights are read once, in place, where a gather would copy them first (fixed shapes, capturable)."""
-        from freetoken.experts.slots.gemm_triton import grouped_experts_triton
-
-        groups = group_routes(topk_ids + layer * self.num_experts, self.gate_up.shape[0])
-        rows = torch.where(groups.valid, groups.eid, torch.full_like(groups.eid, -1))
-        return grouped_experts_triton(x, groups, rows, topk_w, self.gate_up, self.down, self.num_experts).to(x.dtype)
 
     def _gathered(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
         """Gather the routed experts' weights, two batched matmuls: fixed shapes, no host sync (capturable)."""
@@ -89,6 +91,14 @@ class FusedBackend(StepCapture, ExpertBackend):
         y = (y * topk_w.reshape(-1, 1).float()).view(T, k, -1).sum(dim=1)
         return y.to(x.dtype)
 
+    def _grouped(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
+        """The slot backends' grouped GEMM over the banks themselves (slot = eid; every expert is resident): the
+        routed experts' weights are read once, in place, where a gather would copy them first (fixed shapes,
+        no host sync on CUDA: capturable). Quantised banks always take it (they dequantise in its kernel)."""
+        groups = group_routes(topk_ids.reshape(-1) + layer * self.num_experts, int(self.gate_up.shape[0]))
+        slot = torch.where(groups.valid, groups.eid, torch.full_like(groups.eid, -1))
+        return grouped_experts(x, groups, slot, topk_w, self.weights, self.num_experts).to(x.dtype)
+
     def _on_kernel(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
         """The C++ expert kernel on the banks in place (CPU device); float32 accumulation, like the rest."""
         assert self.kernel is not None
@@ -96,7 +106,8 @@ class FusedBackend(StepCapture, ExpertBackend):
         rows = (topk_ids + layer * self.num_experts).reshape(-1).contiguous()
         tok = torch.arange(T, dtype=torch.int32).repeat_interleave(k)
         w = topk_w.reshape(-1).float().contiguous()
-        return self.kernel.run(x.float().contiguous(), tok, rows, w, self.gate_up, self.down).to(x.dtype)
+        out = self.kernel.run(x.float().contiguous(), tok, rows, w, self.gate_up, self.down, scales=self.scales)
+        return out.to(x.dtype)
 
     def close(self) -> None:
         """Stop the CPU kernel's workers (CPU device)."""

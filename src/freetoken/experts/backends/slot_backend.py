@@ -100,7 +100,7 @@ class SlotBackend(StepCapture, ExpertBackend):
         """The round's fills, then the grouped GEMM over the slots serving it (float32 [T, D])."""
         self._copy(plan)
         c = self.cache
-        return grouped_experts(x, groups, plan.slot, topk_w, c.slot_gate_up, c.slot_down, self.pool.num_experts)
+        return grouped_experts(x, groups, plan.slot, topk_w, c.weights, self.pool.num_experts)
 
     def streamed_forward(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
@@ -113,7 +113,7 @@ class SlotBackend(StepCapture, ExpertBackend):
         c = self.cache
         plan = c.group_and_plan(layer, topk_ids, self._one)  # all resident: stamps only, q = 0
         E = self.pool.num_experts
-        out = grouped_experts(x, plan.groups, plan.slot, topk_w, c.slot_gate_up, c.slot_down, E)
+        out = grouped_experts(x, plan.groups, plan.slot, topk_w, c.weights, E)
         self.streamer.after_layer(layer)
         return out.to(x.dtype)
 

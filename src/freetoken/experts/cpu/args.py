@@ -11,7 +11,9 @@ import torch
 
 from freetoken.experts.cpu.reference import ACTIVATIONS
 
-FORMATS = {torch.float32: 0, torch.bfloat16: 1}
+FORMATS = {torch.float32: 0, torch.bfloat16: 1, torch.float8_e4m3fn: 2}  # FMT_FP8_BLOCK: with 128x128 block scales
+FP8_BLOCK = 128
+Scales = tuple[torch.Tensor, torch.Tensor]  # (gate_up_scale [N, 2I/128, D/128], down_scale [N, D/128, I/128]) fp32
 ERRORS = {
     -1: "the previous batch is still running: call wait() first",
     -2: "bad dimensions or null pointers",
@@ -25,7 +27,8 @@ ERRORS = {
 _P, _I64, _I32, _U32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_uint32
 # The field runs both C structs share, in their order: the activations and shapes; the banks and output.
 _SHAPES: list[Any] = [("x", _P), ("T", _I64), ("D", _I64), ("I", _I64)]
-_BANKS: list[Any] = [("gate_up", _P), ("down", _P), ("N", _I64), ("fmt", _I32), ("act", _I32), ("out", _P)]
+_BANKS: list[Any] = [("gate_up", _P), ("down", _P), ("N", _I64), ("fmt", _I32), ("act", _I32), ("out", _P),
+                     ("gate_up_scale", _P), ("down_scale", _P)]
 
 
 class MoeArgs(ctypes.Structure):  # mirrors FtMoeArgs in plan.h
@@ -78,6 +81,7 @@ def check_args(
     activation: str,
     out: torch.Tensor | None,
     bounds: bool = True,
+    scales: Scales | None = None,
 ) -> None:
     """Raise ValueError unless the arguments match the kernel's contract (see the module docstring).
 
@@ -108,6 +112,7 @@ def check_args(
         raise ValueError(
             f"row entries must be pool rows in [0, {N}), got [{int(row.min())}, {int(row.max())}]"
         )
+    check_scales(gate_up, down, scales)
     if bounds and R and (int(tok.min()) < 0 or int(tok.max()) >= T):
         raise ValueError(
             f"tok entries must be token indices in [0, {T}), got [{int(tok.min())}, {int(tok.max())}]"
@@ -117,3 +122,27 @@ def check_args(
         if tuple(out.shape) != (T, D):
             raise ValueError(f"out must be [T={T}, D={D}], got {tuple(out.shape)}")
 
+
+
+def check_scales(gate_up: torch.Tensor, down: torch.Tensor, scales: Scales | None) -> None:
+    """fp8 banks come with their 128x128 block scales (and D, I whole blocks); other banks with none."""
+    fp8 = gate_up.dtype == torch.float8_e4m3fn
+    if not fp8:
+        if scales is not None:
+            raise ValueError(f"{gate_up.dtype} banks take no scales")
+        return
+    if scales is None:
+        raise ValueError("float8_e4m3fn banks need their block scales")
+    N, two_i, D = gate_up.shape
+    I = two_i // 2
+    if D % FP8_BLOCK or I % FP8_BLOCK:
+        raise ValueError(f"fp8 banks need D and I in whole {FP8_BLOCK}-blocks, got D={D}, I={I}")
+    want = ((N, two_i // FP8_BLOCK, D // FP8_BLOCK), (N, D // FP8_BLOCK, I // FP8_BLOCK))
+    for name, t, shape in zip(("gate_up_scale", "down_scale"), scales, want):
+        check_tensor(name, t, (torch.float32,), 3)
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} must be {list(shape)}, got {list(t.shape)}")
+
+
+def scale_ptrs(scales: Scales | None) -> tuple[int | None, int | None]:
+    return (None, None) if scales is None else (scales[0].data_ptr(), scales[1].data_ptr())

@@ -28,7 +28,7 @@ HEADERS = (
 )  # fmt: skip
 CORE_SOURCES = ("kernel.cpp", "plan.cpp", "workers.cpp", "feeder.cpp", "isa_generic.cpp")
 DISPATCH_SOURCE = "kernel.cpp"  # compiled last, with the FT_HAVE_<ISA> macros of the paths that built
-_AVX2 = ("-mavx2", "-mfma")
+_AVX2 = ("-mavx2", "-mfma", "-mf16c")  # F16C: fp8 weights widen through fp16
 _AVX512 = (*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl")
 # ISA translation unit -> (its -m flags, the macro that tells kernel.cpp it was built)
 ISA_SOURCES: dict[str, tuple[tuple[str, ...], str]] = {

@@ -6,12 +6,14 @@
 //
 // S provides: vec, W (fp32 lanes), zero(), load(const float*), fma(a, b, c) = a * b + c, add,
 // hsum(vec) (fixed order), sfma(float, float, float) for scalar tails, and
-// load_bf16x2(const uint16_t*, vec&, vec&) (2W bf16 -> two fp32 vectors).
+// load_bf16x2(const uint16_t*, vec&, vec&) (2W bf16 -> two fp32 vectors) and
+// load_fp8x2(const uint8_t*, vec&, vec&) (2W e4m3 -> two fp32 vectors of the values / 256, exactly).
 // A weight format F provides: Row (a row handle), row(bank, index, K) (row `index` of a bank of rows of
 // K weights), load2(row, k, a, b) (2W weights starting at k as two fp32 vectors) and at(row, k) (one
-// weight).
-// fp8 / mxfp4 / nvfp4 plug in here as new formats: their Row also carries the block scales, and
-// load2 dequantises one 16/32-weight block to fp32; the phases stay as they are.
+// weight), and kScaled: whether the operands of a run of rows are scaled first (scaled_operands below).
+// Block-scaled formats decode in load2, in registers, and move the block scale onto the operand: every row of a
+// phase unit lies in one block row, so x (or h) times that row's scales, once per unit, makes every weight's scale
+// multiply go away. mxfp4 / nvfp4 plug in the same way; the phases stay as they are.
 #pragma once
 
 #include "kernel_api.h"
@@ -25,8 +27,9 @@ static inline float fmin_(float a, float b) { return a < b ? a : b; }
 static inline float fmax_(float a, float b) { return a > b ? a : b; }
 
 struct FmtF32 {
+  static constexpr bool kScaled = false;
   using Row = const float*;
-  static inline Row row(const void* bank, int64_t index, int64_t K) { return static_cast<const float*>(bank) + index * K; }
+  static inline Row row(const Bank& bank, int64_t index, int64_t K) { return static_cast<const float*>(bank.w) + index * K; }
   static inline void load2(Row r, int64_t k, S::vec& a, S::vec& b) {
     a = S::load(r + k);
     b = S::load(r + k + S::W);
@@ -35,12 +38,22 @@ struct FmtF32 {
 };
 
 struct FmtBF16 {
+  static constexpr bool kScaled = false;
   using Row = const uint16_t*;
-  static inline Row row(const void* bank, int64_t index, int64_t K) {
-    return static_cast<const uint16_t*>(bank) + index * K;
+  static inline Row row(const Bank& bank, int64_t index, int64_t K) {
+    return static_cast<const uint16_t*>(bank.w) + index * K;
   }
   static inline void load2(Row r, int64_t k, S::vec& a, S::vec& b) { S::load_bf16x2(r + k, a, b); }
   static inline float at(Row r, int64_t k) { return bf16_to_f32(r[k]); }
+};
+
+// fp8 e4m3 with 128x128 block scales: rows decode to the values / 256 (exact); the operands carry 256 * scale.
+struct FmtFP8 {
+  static constexpr bool kScaled = true;
+  using Row = const uint8_t*;
+  static inline Row row(const Bank& bank, int64_t index, int64_t K) { return static_cast<const uint8_t*>(bank.w) + index * K; }
+  static inline void load2(Row r, int64_t k, S::vec& a, S::vec& b) { S::load_fp8x2(r + k, a, b); }
+  static inline float at(Row r, int64_t k) { return fp8_to_f32(r[k]) * (1.f / 256.f); }
 };
 
 // res[t] = dot(row[0:K], xs[t][0:K]) for t < NT. Every token owns two accumulators and one scalar
@@ -134,11 +147,54 @@ struct Operands {
   const uint16_t* lo[FT_NT_MAX];
 };
 
+// Per-thread scratch for scaled operands (this TU's own: the namespace is per ISA).
+struct ScaleScratch {
+  float* p = nullptr;
+  int64_t cap = 0;
+  ~ScaleScratch() { delete[] p; }
+  float* get(int64_t n) {
+    if (n > cap) {
+      delete[] p;
+      p = new float[n];
+      cap = n;
+    }
+    return p;
+  }
+};
+static thread_local ScaleScratch tl_scale_scratch;
+
+// The operands a run of rows from `first` of a block-scaled bank is dotted with: in.f[t][k] * 256 * scale of
+// (first's block row, k's block column); `half` picks one of two scratch halves (phase 1 keeps gate's and up's
+// alive together). Every row of the run must share first's block row (phase units: kHBlock, kDBlock divide 128).
+// The weight's scale multiplies the operand instead of the weight: the product w * scale * x rounds differently
+// from the reference's (w * scale) * x, in the last bit (float32 summation order dwarfs it). Unscaled formats:
+// the operands as they are.
+template <class F>
+static inline Operands scaled_operands(const Bank& bank, int64_t first, int64_t K, const Operands& in, int half) {
+  if constexpr (!F::kScaled) {
+    return in;
+  } else {
+    const float* s = bank.scale + (first / kFp8Block) * (K / kFp8Block);
+    float* buf = tl_scale_scratch.get(2 * FT_NT_MAX * K) + half * FT_NT_MAX * K;
+    Operands out = in;
+    for (int t = 0; t < in.nt; ++t) {
+      float* dst = buf + t * K;
+      const float* src = in.f[t];
+      for (int64_t c = 0; c < K / kFp8Block; ++c) {
+        const float f = s[c] * 256.f;
+        for (int64_t j = c * kFp8Block; j < (c + 1) * kFp8Block; ++j) dst[j] = src[j] * f;
+      }
+      out.f[t] = dst;
+    }
+    return out;
+  }
+}
+
 // res[t] = row . ops.f[t] for t < ops.nt, dispatching the runtime nt to a template instance.
 template <class F, bool DP>
 static inline void dot_row(typename F::Row row, const Operands& o, int64_t K, float* res) {
 #ifdef FT_DOT_BF16
-  if (DP) {
+  if constexpr (DP) {
     const uint16_t* r = reinterpret_cast<const uint16_t*>(row);
     switch (o.nt) {
       case 1: return dot_tile_dp<1>(r, o.hi, o.lo, o.f, K, res);
@@ -186,12 +242,14 @@ static void phase1(const Plan& p, int64_t u) {
   for (int64_t s = p.group_start[g]; s < s1; s += FT_NT_MAX) {
     const int nt = static_cast<int>(imin(FT_NT_MAX, s1 - s));
     const Operands o = operands<DP>(p, s, nt, true);
+    const Operands og = scaled_operands<F>(p.gate_up, base + i0, D, o, 0);  // o itself for unscaled formats
+    const Operands ou = scaled_operands<F>(p.gate_up, base + I + i0, D, o, 1);
     if (nt == 1) {  // batch 1: Plan::rows weight streams at a time
-      dot_row_run<F, DP>(p.gate_up, base + i0, n, D, o, gate, p.rows);
-      dot_row_run<F, DP>(p.gate_up, base + I + i0, n, D, o, up, p.rows);
+      dot_row_run<F, DP>(p.gate_up, base + i0, n, D, og, gate, p.rows);
+      dot_row_run<F, DP>(p.gate_up, base + I + i0, n, D, ou, up, p.rows);
     } else {
-      for (int64_t i = 0; i < n; ++i) dot_row<F, DP>(F::row(p.gate_up, base + i0 + i, D), o, D, gate + i * nt);
-      for (int64_t i = 0; i < n; ++i) dot_row<F, DP>(F::row(p.gate_up, base + I + i0 + i, D), o, D, up + i * nt);
+      for (int64_t i = 0; i < n; ++i) dot_row<F, DP>(F::row(p.gate_up, base + i0 + i, D), og, D, gate + i * nt);
+      for (int64_t i = 0; i < n; ++i) dot_row<F, DP>(F::row(p.gate_up, base + I + i0 + i, D), ou, D, up + i * nt);
     }
     for (int t = 0; t < nt; ++t) {
       float* h = p.h + (s + t) * I + i0;
@@ -216,7 +274,7 @@ static void phase2(const Plan& p, int64_t u) {
   const int64_t s1 = p.group_start[g + 1];
   for (int64_t s = p.group_start[g]; s < s1; s += FT_NT_MAX) {
     const int nt = static_cast<int>(imin(FT_NT_MAX, s1 - s));
-    const Operands o = operands<DP>(p, s, nt, false);
+    const Operands o = scaled_operands<F>(p.down, base + d0, I, operands<DP>(p, s, nt, false), 0);
     if (nt == 1) {
       dot_row_run<F, DP>(p.down, base + d0, d1 - d0, I, o, p.y + s * D + d0, p.rows);
       continue;
@@ -262,6 +320,7 @@ static uint64_t stream_sum(const uint64_t* p, int64_t words) {
 }
 
 static void phase1_dispatch(const Plan& p, int64_t u) {
+  if (p.fmt == FMT_FP8_BLOCK) return phase1<FmtFP8, false>(p, u);
 #ifdef FT_DOT_BF16
   if (p.fmt == FMT_BF16 && p.x_hi) return phase1<FmtBF16, true>(p, u);
 #endif
@@ -270,6 +329,7 @@ static void phase1_dispatch(const Plan& p, int64_t u) {
 }
 
 static void phase2_dispatch(const Plan& p, int64_t u) {
+  if (p.fmt == FMT_FP8_BLOCK) return phase2<FmtFP8, false>(p, u);
 #ifdef FT_DOT_BF16
   if (p.fmt == FMT_BF16 && p.h_hi) return phase2<FmtBF16, true>(p, u);
 #endif

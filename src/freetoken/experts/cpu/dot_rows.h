@@ -83,13 +83,13 @@ static inline void dot_rows_dp(const uint16_t* const* rows, const uint16_t* hi, 
 // Rows first + r * stride (r < R) of `bank` (K weights per row) against the single token of `o`
 // (o.nt == 1): res[r * stride].
 template <class F, bool DP, int R>
-static inline void dot_rows_at(const void* bank, int64_t first, int64_t stride, int64_t K, const Operands& o,
+static inline void dot_rows_at(const Bank& bank, int64_t first, int64_t stride, int64_t K, const Operands& o,
                                float* res) {
   typename F::Row rows[R];
   float out[R];
   for (int r = 0; r < R; ++r) rows[r] = F::row(bank, first + r * stride, K);
 #ifdef FT_DOT_BF16
-  if (DP) {
+  if constexpr (DP) {
     const uint16_t* r16[R];
     for (int r = 0; r < R; ++r) r16[r] = reinterpret_cast<const uint16_t*>(rows[r]);
     dot_rows_dp<R>(r16, o.hi[0], o.lo[0], o.f[0], K, out);
@@ -108,7 +108,7 @@ static inline void dot_rows_at(const void* bank, int64_t first, int64_t stride, 
 // would otherwise put R short interleaved streams into one page, which the prefetcher does not follow
 // (phase 2 then streamed far below phase 1: docs/benchmarks.md). The rest one by one.
 template <class F, bool DP>
-static inline void dot_row_run(const void* bank, int64_t first, int64_t n, int64_t K, const Operands& o, float* res,
+static inline void dot_row_run(const Bank& bank, int64_t first, int64_t n, int64_t K, const Operands& o, float* res,
                                int64_t rows) {
   int64_t i = 0;
   if constexpr (FT_ROWS_MAX >= 4) {

@@ -1,4 +1,5 @@
-// AVX2 + FMA path (compiled with -mavx2 -mfma): 8 fp32 lanes, bf16 widened with vpmovzxwd + shift.
+// AVX2 + FMA path (compiled with -mavx2 -mfma -mf16c): 8 fp32 lanes, bf16 widened with vpmovzxwd + shift, fp8
+// e4m3 widened through fp16 (see load_fp8x2).
 #include <immintrin.h>
 
 #include "kernel_api.h"
@@ -27,6 +28,17 @@ struct S {
   static inline void load_bf16x2(const uint16_t* p, vec& a, vec& b) {
     a = widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     b = widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+  }
+  // 16 e4m3 bytes -> two fp32 vectors of the values / 256. Sign-extending a byte to 16 bits and shifting it left
+  // by 7 puts sign, exponent and mantissa where fp16 keeps them (the sign's copy in bit 14 is masked off): the fp16
+  // value is the e4m3 value / 256 exactly, subnormals included (fp16's exponent bias is 8 above e4m3's), and
+  // vcvtph2ps widens it exactly (the operands carry the 256 and the block scale: dot_impl.h, scaled_operands).
+  static inline void load_fp8x2(const uint8_t* p, vec& a, vec& b) {
+    const __m256i h = _mm256_and_si256(
+        _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 7),
+        _mm256_set1_epi16(static_cast<short>(0xBFFF)));
+    a = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    b = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
   }
 };
 }  // namespace avx2

@@ -24,4 +24,13 @@ struct S {
     a = widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     b = widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16)));
   }
+  // 32 e4m3 bytes -> two fp32 vectors of the values / 256, through fp16 as on the AVX2 path (isa_avx2.cpp says
+  // why it is exact).
+  static inline void load_fp8x2(const uint8_t* p, vec& a, vec& b) {
+    const __m512i h = _mm512_and_si512(
+        _mm512_slli_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 7),
+        _mm512_set1_epi16(static_cast<short>(0xBFFF)));
+    a = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+    b = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+  }
 };

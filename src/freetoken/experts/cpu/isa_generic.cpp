@@ -8,6 +8,15 @@
 
 namespace ft {
 namespace generic {
+// e4m3 code -> its value / 256 in fp32 (as the SIMD paths decode), built once from the exact scalar decode.
+struct Fp8Table {
+  float v[256];
+  Fp8Table() {
+    for (int i = 0; i < 256; ++i) v[i] = fp8_to_f32(static_cast<uint8_t>(i)) * (1.f / 256.f);
+  }
+};
+static const Fp8Table kFp8;
+
 struct S {
   static constexpr int W = 8;
   struct vec {
@@ -35,6 +44,9 @@ struct S {
   static inline float sfma(float a, float b, float c) { return a * b + c; }
   static inline void load_bf16x2(const uint16_t* p, vec& a, vec& b) {
     for (int i = 0; i < W; ++i) a.v[i] = bf16_to_f32(p[i]), b.v[i] = bf16_to_f32(p[W + i]);
+  }
+  static inline void load_fp8x2(const uint8_t* p, vec& a, vec& b) {
+    for (int i = 0; i < W; ++i) a.v[i] = kFp8.v[p[i]], b.v[i] = kFp8.v[p[W + i]];
   }
 };
 }  // namespace generic

@@ -2,7 +2,8 @@
 
 Shapes: T tokens, D hidden, I intermediate, R routes, N pool rows (``eid = layer * E + expert``).
 Inputs: x float32 [T, D]; routes as tok int32 [R], row int64 [R], weight float32 [R]; banks gate_up
-[N, 2I, D] and down [N, D, I], both bfloat16 or both float32; out float32 [T, D]. All contiguous CPU tensors. ctypes
+[N, 2I, D] and down [N, D, I], both bfloat16, both float32, or both float8_e4m3fn with ``scales`` (their fp32
+128x128 block scales, ``args.check_scales``); out float32 [T, D]. All contiguous CPU tensors. ctypes
 drops the GIL during every call, so ``submit`` returns at once and the workers run while the caller
 (the hybrid backend's GPU branch) goes on; ``wait`` blocks until they are done (taking work units
 itself meanwhile unless ``caller_helps=False``). One caller thread per object.
@@ -17,7 +18,16 @@ import weakref
 
 import torch
 
-from freetoken.experts.cpu.args import ERRORS, FORMATS, MoeArgs, QueuedArgs, check_args, check_tensor
+from freetoken.experts.cpu.args import (
+    ERRORS,
+    FORMATS,
+    MoeArgs,
+    QueuedArgs,
+    Scales,
+    check_args,
+    check_tensor,
+    scale_ptrs,
+)
 from freetoken.experts.cpu.reference import ACTIVATIONS, cpu_experts_reference
 from freetoken.hardware.cpus import cpu_vendor, default_kernel_threads, physical_cores, worker_cpus
 
@@ -135,24 +145,25 @@ class CpuExpertKernel:
         down: torch.Tensor,
         activation: str = "silu",
         out: torch.Tensor | None = None,
+        scales: Scales | None = None,
     ) -> torch.Tensor:
         """Start a batch and return ``out`` at once; its content is valid after ``wait()``."""
         if self._inflight is not None:
             raise RuntimeError("the previous batch is still running: call wait() first")
         if self.queued():
             raise RuntimeError("queued batches are pending: call drain() first")
-        check_args(x, tok, row, weight, gate_up, down, activation, out, bounds=self._pool is None)
+        check_args(x, tok, row, weight, gate_up, down, activation, out, bounds=self._pool is None, scales=scales)
         T, D = x.shape
         if out is None:
             out = torch.empty((T, D), dtype=torch.float32)
         if self._pool is None or self._lib is None:
-            cpu_experts_reference(x, tok, row, weight, gate_up, down, activation, out=out)
+            cpu_experts_reference(x, tok, row, weight, gate_up, down, activation, out=out, scales=scales)
             return out
         args = MoeArgs(
             x.data_ptr(), T, D, down.shape[2],
             tok.data_ptr(), row.data_ptr(), weight.data_ptr(), row.shape[0],
             gate_up.data_ptr(), down.data_ptr(), gate_up.shape[0],
-            FORMATS[gate_up.dtype], ACTIVATIONS.index(activation), out.data_ptr(),
+            FORMATS[gate_up.dtype], ACTIVATIONS.index(activation), out.data_ptr(), *scale_ptrs(scales),
         )  # fmt: skip
         rc = self._lib.ft_moe_submit(self._pool, ctypes.byref(args))
         if rc == -6:
@@ -160,7 +171,7 @@ class CpuExpertKernel:
         if rc != 0:
             raise ValueError(ERRORS.get(rc, f"kernel error {rc}"))
         # keep every buffer alive until the workers are done with it
-        self._inflight = (x, tok, row, weight, gate_up, down, out)
+        self._inflight = (x, tok, row, weight, gate_up, down, out, *(scales or ()))
         return out
 
     def wait(self) -> None:
@@ -179,9 +190,10 @@ class CpuExpertKernel:
         down: torch.Tensor,
         activation: str = "silu",
         out: torch.Tensor | None = None,
+        scales: Scales | None = None,
     ) -> torch.Tensor:
         """Synchronous ``submit`` + ``wait``; returns out float32 [T, D]."""
-        out = self.submit(x, tok, row, weight, gate_up, down, activation, out)
+        out = self.submit(x, tok, row, weight, gate_up, down, activation, out, scales=scales)
         self.wait()
         return out
 
@@ -197,6 +209,7 @@ class CpuExpertKernel:
         done: tuple[torch.Tensor, int],
         stats: torch.Tensor | None = None,
         activation: str = "silu",
+        scales: Scales | None = None,
     ) -> QueuedArgs:
         """Queue a batch that starts once ``ready[0][0]`` reaches ``ready[1]`` (cyclic int32 compare);
         returns at once. Routes come as codes: x [T, D] float32, codes int64 [T*k] (``c < 0``: token
@@ -212,7 +225,7 @@ class CpuExpertKernel:
         T = x.shape[0] if x.dim() == 2 else -1
         k = codes.numel() // T if T > 0 else 1
         check_args(x, torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.int64),
-                   torch.zeros(0), gate_up, down, activation, out)
+                   torch.zeros(0), gate_up, down, activation, out, scales=scales)
         check_tensor("codes", codes, (torch.int64,), 1)
         check_tensor("weight", weight, (torch.float32,), 1)
         if T > 0 and (codes.numel() != T * k or weight.numel() != codes.numel()):
@@ -227,7 +240,7 @@ class CpuExpertKernel:
         args = QueuedArgs(
             x.data_ptr(), T, x.shape[1], down.shape[2], codes.data_ptr(), weight.data_ptr(), max(k, 1),
             gate_up.data_ptr(), down.data_ptr(), gate_up.shape[0],
-            FORMATS[gate_up.dtype], ACTIVATIONS.index(activation), out.data_ptr(),
+            FORMATS[gate_up.dtype], ACTIVATIONS.index(activation), out.data_ptr(), *scale_ptrs(scales),
             ready[0].data_ptr(), ready[1] & 0xFFFFFFFF, done[0].data_ptr(), done[1] & 0xFFFFFFFF,
             None if stats is None else stats.data_ptr(),
         )  # fmt: skip

@@ -3,7 +3,9 @@
 //
 // Shapes: T tokens, D hidden, I expert intermediate, R routes, G distinct pool rows among them,
 // N pool rows (eid = layer * E + expert). Banks: gate_up [N, 2I, D] (gate rows, then up rows),
-// down [N, D, I]; weights bf16 (uint16 storage) or fp32.
+// down [N, D, I]; weights bf16 (uint16 storage), fp32, or fp8 e4m3 with one fp32 scale per 128x128 block
+// (FMT_FP8_BLOCK: scale banks gate_up_scale [N, 2I/128, D/128], down_scale [N, D/128, I/128]; D and I whole
+// blocks, so a global weight row r's block scales start at scale + (r / 128) * (K / 128)).
 #pragma once
 
 #include <cstddef>
@@ -13,7 +15,14 @@ namespace ft {
 
 constexpr int64_t kMaxHBlock = 64;  // upper bound of Plan::hblock (stack buffers in phase 1)
 
-enum WeightFormat : int32_t { FMT_F32 = 0, FMT_BF16 = 1 };
+enum WeightFormat : int32_t { FMT_F32 = 0, FMT_BF16 = 1, FMT_FP8_BLOCK = 2 };
+constexpr int64_t kFp8Block = 128;  // FMT_FP8_BLOCK: rows and columns per scale
+
+// One bank of weight rows and, for a block-scaled format, its scales (null otherwise).
+struct Bank {
+  const void* w;
+  const float* scale;
+};
 enum Activation : int32_t { ACT_SILU = 0, ACT_GPTOSS = 1 };
 enum Isa : int32_t { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512BF16 = 3, ISA_COUNT = 4 };
 
@@ -23,8 +32,8 @@ struct Plan {
   const float* x;  // [T, D] fp32
   int64_t T, D, I;
   int64_t t0, t1;  // this chunk's tokens [t0, t1): its routes and phase-3 outputs
-  const void* gate_up;  // [N, 2I, D]
-  const void* down;     // [N, D, I]
+  Bank gate_up;  // [N, 2I, D] (+ scales)
+  Bank down;     // [N, D, I] (+ scales)
   int32_t fmt, act;
   float* out;  // [T, D] fp32, written (not accumulated) in phase 3
   // Routes sorted by pool row (stable): group g covers sorted positions [group_start[g], group_start[g+1]).
@@ -72,6 +81,20 @@ IsaOps ops_generic();
 IsaOps ops_avx2();
 IsaOps ops_avx512();
 IsaOps ops_avx512bf16();
+
+// e4m3fn -> fp32, exact (the NaN codes 0x7F/0xFF, which quantisers never write, read as +-480 like the SIMD
+// paths' fp16 widening: see the ISA files).
+inline float fp8_to_f32(uint8_t v) {
+  const uint32_t e = (v >> 3) & 15u, m = v & 7u;
+  float f;
+  if (e) {
+    const uint32_t u = ((e + 120u) << 23) | (m << 20);
+    __builtin_memcpy(&f, &u, 4);
+  } else {
+    f = static_cast<float>(m) * (1.f / 512.f);
+  }
+  return (v & 0x80u) ? -f : f;
+}
 
 inline float bf16_to_f32(uint16_t v) {
   uint32_t u = static_cast<uint32_t>(v) << 16;

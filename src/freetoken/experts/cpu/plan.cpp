@@ -10,6 +10,7 @@ constexpr int64_t kHBlock = 16;   // h indices per phase-1 unit: 2 runs of 16 ro
 constexpr int64_t kDBlock = 32;   // down rows per phase-2 unit (48 KiB at I=768 bf16)
 constexpr int64_t kOBlock = 512;  // output columns per phase-3 unit
 static_assert(kHBlock <= kMaxHBlock, "phase 1 keeps a block of gate/up values on the stack");
+static_assert(kFp8Block % kHBlock == 0 && kFp8Block % kDBlock == 0, "a phase unit's rows share one fp8 block row");
 
 int check(const FtMoeArgs& a) {
   if (a.T < 0 || a.D <= 0 || a.I <= 0 || a.R < 0 || a.N < 0 || (a.T > 0 && (!a.x || !a.out))) return -2;
@@ -18,7 +19,9 @@ int check(const FtMoeArgs& a) {
     if (a.tok[s] < 0 || a.tok[s] >= a.T) return -3;
     if (a.row[s] < 0 || a.row[s] >= a.N) return -4;
   }
-  if ((a.fmt != FMT_F32 && a.fmt != FMT_BF16) || (a.act != ACT_SILU && a.act != ACT_GPTOSS)) return -5;
+  if ((a.fmt != FMT_F32 && a.fmt != FMT_BF16 && a.fmt != FMT_FP8_BLOCK) || (a.act != ACT_SILU && a.act != ACT_GPTOSS))
+    return -5;
+  if (a.fmt == FMT_FP8_BLOCK && (!a.gate_up_scale || !a.down_scale || a.D % kFp8Block || a.I % kFp8Block)) return -2;
   return 0;
 }
 
@@ -78,7 +81,7 @@ void PlanBuilder::build_chunk(const FtMoeArgs& a, int64_t t0, int64_t t1, Chunk&
   for (int64_t s = 0; s < R; ++s) c.tok_route[next[c.s_tok[s] - t0]++] = s;
   p = Plan{};
   p.x = a.x, p.T = a.T, p.D = a.D, p.I = a.I, p.t0 = t0, p.t1 = t1;
-  p.gate_up = a.gate_up, p.down = a.down, p.fmt = a.fmt, p.act = a.act, p.out = a.out;
+  p.gate_up = Bank{a.gate_up, a.gate_up_scale}, p.down = Bank{a.down, a.down_scale}, p.fmt = a.fmt, p.act = a.act, p.out = a.out;
   p.R = R, p.G = static_cast<int64_t>(c.group_row.size());
   p.group_row = c.group_row.data(), p.group_start = c.group_start.data();
   p.s_tok = c.s_tok.data(), p.s_w = c.s_w.data();

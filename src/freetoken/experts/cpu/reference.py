@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from freetoken.quant import FP8_BLOCK_128
+
 ACTIVATIONS = ("silu", "gptoss")
 GPTOSS_LIMIT = 7.0
 GPTOSS_ALPHA = 1.702
@@ -34,8 +36,10 @@ def cpu_experts_reference(
     down: torch.Tensor,  # [N, D, I]
     activation: str = "silu",
     out: torch.Tensor | None = None,  # [T, D] float32, overwritten
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,  # fp8 banks: their 128x128 block scales
 ) -> torch.Tensor:
-    """``out[t] = sum over routes s of t: weight[s] * down[row[s]] @ act(gate_up[row[s]] @ x[t])``."""
+    """``out[t] = sum over routes s of t: weight[s] * down[row[s]] @ act(gate_up[row[s]] @ x[t])``; fp8 banks
+    dequantised per expert by the format's reference (``quant/fp8_block.py``)."""
     T, D = x.shape
     inter = down.shape[2]
     if out is None:
@@ -48,9 +52,20 @@ def cpu_experts_reference(
     for j, r in enumerate(rows.tolist()):
         sel = (inverse == j).nonzero().squeeze(1)
         xs = x[tok[sel]].float()
-        gate = F.linear(xs, gate_up[r, :inter].float())  # [n, I]
-        up = F.linear(xs, gate_up[r, inter:].float())
+        gu, dn = _expert(gate_up, down, scales, r)
+        gate = F.linear(xs, gu[:inter])  # [n, I]
+        up = F.linear(xs, gu[inter:])
         h = activate(gate, up, activation)
-        y = F.linear(h, down[r].float())  # [n, D]
+        y = F.linear(h, dn)  # [n, D]
         out.index_add_(0, tok[sel], y * weight[sel].float()[:, None])
     return out
+
+
+def _expert(
+    gate_up: torch.Tensor, down: torch.Tensor, scales: tuple[torch.Tensor, torch.Tensor] | None, r: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expert ``r``'s (gate_up, down) in float32."""
+    if scales is None:
+        return gate_up[r].float(), down[r].float()
+    return (FP8_BLOCK_128.dequantize(gate_up[r], scales[0][r], torch.float32),
+            FP8_BLOCK_128.dequantize(down[r], scales[1][r], torch.float32))  # fmt: skip

@@ -64,7 +64,8 @@ def _submit_routes(
     t0 = time.perf_counter()
     routes, rows = _routes_here(codes)
     tok = torch.div(routes, k, rounding_mode="floor").to(torch.int32)
-    out = kernel.submit(x.float().contiguous(), tok, rows.contiguous(), w[routes].contiguous(), pool.gate_up, pool.down)
+    out = kernel.submit(x.float().contiguous(), tok, rows.contiguous(), w[routes].contiguous(), pool.gate_up, pool.down,
+                        scales=pool.scales)  # fmt: skip
     return CpuResult(out, int(rows.unique().numel()), t0)
 
 
@@ -85,7 +86,7 @@ def _run_routes(pool: HostExpertPool, x: torch.Tensor, codes: torch.Tensor, w: t
     t0 = time.perf_counter()
     routes, rows = _routes_here(codes)
     tok = torch.div(routes, k, rounding_mode="floor").to(torch.int32)
-    out = cpu_experts_reference(x.float(), tok, rows, w[routes].float(), pool.gate_up, pool.down)
+    out = cpu_experts_reference(x.float(), tok, rows, w[routes].float(), pool.gate_up, pool.down, scales=pool.scales)
     return CpuResult(out, int(rows.unique().numel()), time.perf_counter() - t0)
 
 
@@ -93,7 +94,7 @@ def make_kernel(dtype: torch.dtype, threads: int | None) -> CpuExpertKernel | No
     """The C++ expert kernel for banks of ``dtype`` (None for a dtype it does not take) with ``threads``
     computing threads in all: the workers and the thread that runs each batch (the feeder, or the caller of
     ``wait()``), which takes units too. None: ``default_kernel_threads()``."""
-    if dtype not in (torch.float32, torch.bfloat16):
+    if dtype not in (torch.float32, torch.bfloat16, torch.float8_e4m3fn):  # fp8: with 128x128 block scales
         return None
     n = default_kernel_threads() if threads is None else threads
     return CpuExpertKernel(num_threads=max(1, n - 1), caller_helps=True)

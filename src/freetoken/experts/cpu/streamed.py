@@ -56,7 +56,7 @@ class StreamedCpuBranch:
         max_tokens: int,
         top_k: int,
     ) -> None:
-        L, D = pool.num_layers, pool.gate_up.shape[2]
+        L, D = pool.num_layers, pool.banks.hidden_size
         self.kernel, self.pool, self.ops, self.device = kernel, pool, ops, device
         self.max_tokens, self.top_k = max_tokens, top_k
         f32, i64, i32 = torch.float32, torch.int64, torch.int32
@@ -106,7 +106,8 @@ class StreamedCpuBranch:
             if self._args[layer] is None:  # checked once per layer (its buffers hold max_tokens rows)
                 self._args[layer] = self.kernel.enqueue(
                     xs, cs, ws, self.pool.gate_up, self.pool.down, out,
-                    ready=(self.ready, seq), done=(self.done, seq), stats=self.stats[layer])  # fmt: skip
+                    ready=(self.ready, seq), done=(self.done, seq), stats=self.stats[layer],
+                    scales=self.pool.scales)  # fmt: skip
             else:
                 self.kernel.enqueue_prepared(self._args[layer], T, seq, seq)
         except Exception:

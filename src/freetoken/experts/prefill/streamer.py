@@ -200,16 +200,16 @@ class LayerStreamer:
         runs = copy_runs(pairs)
         if not self._cuda:  # synchronous: plain copies
             for src, dst, n in runs:
-                c.slot_gate_up[dst : dst + n].copy_(c.pool.gate_up[src : src + n])
-                c.slot_down[dst : dst + n].copy_(c.pool.down[src : src + n])
+                for bank, pool_bank in zip(c.slots, c.pool.tensors):  # every bank: weights and scales alike
+                    bank[dst : dst + n].copy_(pool_bank[src : src + n])
             return
         stream = self._copy_stream()
         if buf.released is not None:
             stream.wait_event(buf.released)
         with torch.cuda.stream(stream):
             for src, dst, n in runs:  # pinned pool -> slots, DMA on the copy stream
-                c.slot_gate_up[dst : dst + n].copy_(c.pool.gate_up[src : src + n], non_blocking=True)
-                c.slot_down[dst : dst + n].copy_(c.pool.down[src : src + n], non_blocking=True)
+                for bank, pool_bank in zip(c.slots, c.pool.tensors):
+                    bank[dst : dst + n].copy_(pool_bank[src : src + n], non_blocking=True)
             ev = torch.cuda.Event()
             ev.record(stream)
         buf.copied = ev

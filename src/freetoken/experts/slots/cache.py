@@ -17,6 +17,7 @@ import torch
 
 from freetoken.experts.host_pool import HostExpertPool
 from freetoken.experts.slots.copy import batched_fill
+from freetoken.experts.slots.gemm import SlotWeights
 from freetoken.experts.slots.plan import WARM, FillRule, RouteGroups, SlotTables, StepPlan, group_routes, plan_fills
 from freetoken.experts.triton_support import triton_available
 
@@ -30,12 +31,26 @@ class SlotCache:
         self.pool = pool
         self.device = device
         S, N = num_slots, pool.num_rows
-        gu, dn = pool.gate_up, pool.down
-        # Zero-filled so that masked work reading the scratch slot stays finite.
-        self.slot_gate_up = torch.zeros((S + 1, *gu.shape[1:]), dtype=gu.dtype, device=device)  # [S+1, 2I, D]
-        self.slot_down = torch.zeros((S + 1, *dn.shape[1:]), dtype=dn.dtype, device=device)  # [S+1, D, I]
+        # One slot = one whole expert: a row of every bank (``pool.tensors``: gate_up [S+1, 2I, D'], down
+        # [S+1, D, I'], then the format's scale banks). Zero-filled so that masked work reading the scratch slot
+        # stays finite.
+        self.slots = tuple(torch.zeros((S + 1, *t.shape[1:]), dtype=t.dtype, device=device) for t in pool.tensors)
         self.tables = SlotTables.empty(N, S, device)
-        self._src_gate_up, self._src_down = pool.device_views(device)
+        self._src = pool.device_views(device)
+
+    @property
+    def slot_gate_up(self) -> torch.Tensor:  # [S+1, 2I, D']
+        return self.slots[0]
+
+    @property
+    def slot_down(self) -> torch.Tensor:  # [S+1, D, I']
+        return self.slots[1]
+
+    @property
+    def weights(self) -> SlotWeights:
+        """The slot banks as the grouped GEMM reads them (with the format and its scale banks)."""
+        gs, ds = (self.slots[2], self.slots[3]) if len(self.slots) == 4 else (None, None)
+        return SlotWeights(self.slots[0], self.slots[1], self.pool.fmt, gs, ds)
 
     # -- sizes ---------------------------------------------------------------------------------------
     @property
@@ -87,9 +102,7 @@ class SlotCache:
 
     def copy(self, plan: StepPlan) -> None:
         """One batched copy of this round's fills (all banks) from the pool into their slots."""
-        c = plan
-        batched_fill(self._src_gate_up, self._src_down, self.slot_gate_up, self.slot_down, c.copy_src, c.copy_dst,
-                     c.copy_count)  # fmt: skip
+        batched_fill(self._src, self.slots, plan.copy_src, plan.copy_dst, plan.copy_count)
 
     # -- host-side API (may synchronise) -------------------------------------------------------------
     def _as_ids(self, eids: torch.Tensor | list[int]) -> torch.Tensor:
@@ -155,11 +168,12 @@ class SlotCache:
         key = t.stamp[used] + locked[used].long() * (1 << 62)  # locked first, then newest
         keep = used[torch.sort(key, descending=True, stable=True).indices][:num_slots]
         n, dev = keep.numel(), self.device
-        gu = torch.zeros((num_slots + 1, *self.slot_gate_up.shape[1:]), dtype=self.slot_gate_up.dtype, device=dev)
-        dn = torch.zeros((num_slots + 1, *self.slot_down.shape[1:]), dtype=self.slot_down.dtype, device=dev)
-        gu[:n] = self.slot_gate_up[keep]
-        dn[:n] = self.slot_down[keep]
-        self.slot_gate_up, self.slot_down = gu, dn
+        new_slots = []
+        for old in self.slots:
+            b = torch.zeros((num_slots + 1, *old.shape[1:]), dtype=old.dtype, device=dev)
+            b[:n] = old[keep]
+            new_slots.append(b)
+        self.slots = tuple(new_slots)
         new = SlotTables.empty(N, num_slots, dev)
         new.tick = t.tick
         new.eid_of[:n] = t.eid_of[keep]

@@ -6,17 +6,40 @@ Three implementations of one contract, returning the float32 partial ``[T, D]``:
 - ``gather``: gather each route's weights and batch-matmul; fixed shapes, no sync (decode, torch).
 - ``loop``: one matmul per group, reads the groups on the host (prefill on a GPU without Triton,
   and every step on the CPU, where "host reads" cost nothing).
-- Triton grouped GEMM (``gemm_triton``) on CUDA: fixed grid, skips unused groups on the device.
+- Triton grouped GEMM (``gemm_triton``; quantised slots: ``gemm_fp8_triton``, which dequantises in registers) on
+  CUDA: fixed grid, skips unused groups on the device.
+Quantised slots (``SlotWeights.fmt``) reach the torch paths dequantised by the format's reference.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
+from freetoken.experts.base import dequantize_rows
 from freetoken.experts.reference import expert_ffn
 from freetoken.experts.slots.plan import RouteGroups
 from freetoken.experts.triton_support import triton_available
+from freetoken.quant import BF16, WeightFormat
+
+
+@dataclass(frozen=True)
+class SlotWeights:
+    """The slot banks a grouped GEMM reads: weights in ``fmt`` and, for a quantised one, their scales."""
+
+    gate_up: torch.Tensor  # [S+1, 2I, D']
+    down: torch.Tensor  # [S+1, D, I']
+    fmt: WeightFormat = BF16
+    gate_up_scale: torch.Tensor | None = None
+    down_scale: torch.Tensor | None = None
+
+    def rows(self, s: torch.Tensor | int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up, down) of slots ``s`` in ``dtype`` (a view, unquantised in ``dtype`` already)."""
+        if not self.fmt.quantized and self.gate_up.dtype == dtype:
+            return self.gate_up[s], self.down[s]
+        return dequantize_rows(self.fmt, self.gate_up, self.gate_up_scale, self.down, self.down_scale, s, dtype)
 
 # Above this many routes the torch path on CUDA stops gathering weights per route (prefill).
 GATHER_MAX_ROUTES = 64
@@ -27,19 +50,19 @@ def grouped_experts_gather(
     groups: RouteGroups,
     slot: torch.Tensor,  # [K] per group
     topk_w: torch.Tensor,  # [T, k]
-    slot_gate_up: torch.Tensor,  # [S+1, 2I, D]
-    slot_down: torch.Tensor,  # [S+1, D, I]
+    sw: SlotWeights,
 ) -> torch.Tensor:
     T, k = topk_w.shape
-    scratch = slot_gate_up.shape[0] - 1
+    scratch = sw.gate_up.shape[0] - 1
     rslot = slot[groups.route_group]  # [K] per route
     on = rslot >= 0
     s = torch.where(on, rslot, torch.full_like(rslot, scratch))
     xs = x.repeat_interleave(k, dim=0).unsqueeze(-1)  # [K, D, 1]
-    gu = torch.bmm(slot_gate_up[s], xs).squeeze(-1)  # [K, 2I]
+    wgu, wdn = sw.rows(s, x.dtype)
+    gu = torch.bmm(wgu, xs).squeeze(-1)  # [K, 2I]
     gate, up = gu.chunk(2, dim=-1)
     h = (F.silu(gate) * up).unsqueeze(-1)  # [K, I, 1]
-    y = torch.bmm(slot_down[s], h).squeeze(-1).float()  # [K, D]
+    y = torch.bmm(wdn, h).squeeze(-1).float()  # [K, D]
     w = torch.where(on, topk_w.reshape(-1).float(), torch.zeros_like(topk_w.reshape(-1), dtype=torch.float32))
     y = torch.where(on[:, None], y * w[:, None], torch.zeros_like(y))
     return y.view(T, k, -1).sum(dim=1)
@@ -50,8 +73,7 @@ def grouped_experts_loop(
     groups: RouteGroups,
     slot: torch.Tensor,
     topk_w: torch.Tensor,
-    slot_gate_up: torch.Tensor,
-    slot_down: torch.Tensor,
+    sw: SlotWeights,
 ) -> torch.Tensor:
     T, k = topk_w.shape
     out = torch.zeros((T, x.shape[1]), dtype=torch.float32, device=x.device)
@@ -63,7 +85,7 @@ def grouped_experts_loop(
             continue
         routes = order[starts[g] : starts[g] + counts[g]]
         tok = torch.div(routes, k, rounding_mode="floor")
-        y = expert_ffn(x[tok], slot_gate_up[slots[g]], slot_down[slots[g]]).float()
+        y = expert_ffn(x[tok], *sw.rows(slots[g], x.dtype)).float()
         out.index_add_(0, tok, y * flat_w[routes, None])
     return out
 
@@ -73,16 +95,19 @@ def grouped_experts(
     groups: RouteGroups,
     slot: torch.Tensor,
     topk_w: torch.Tensor,
-    slot_gate_up: torch.Tensor,
-    slot_down: torch.Tensor,
+    sw: SlotWeights,
     max_groups: int | None = None,  # a layer's E: at most this many distinct experts per step
 ) -> torch.Tensor:
     """Dispatch: Triton on CUDA, else gather (small steps on CUDA) or loop. Returns float32 [T, D]."""
     if x.device.type == "cuda":
         if triton_available():
+            if sw.fmt.quantized:
+                from freetoken.experts.slots.gemm_fp8_triton import grouped_experts_fp8_triton
+
+                return grouped_experts_fp8_triton(x, groups, slot, topk_w, sw, max_groups)
             from freetoken.experts.slots.gemm_triton import grouped_experts_triton
 
-            return grouped_experts_triton(x, groups, slot, topk_w, slot_gate_up, slot_down, max_groups)
+            return grouped_experts_triton(x, groups, slot, topk_w, sw.gate_up, sw.down, max_groups)
         if groups.order.numel() <= GATHER_MAX_ROUTES:
-            return grouped_experts_gather(x, groups, slot, topk_w, slot_gate_up, slot_down)
-    return grouped_experts_loop(x, groups, slot, topk_w, slot_gate_up, slot_down)
+            return grouped_experts_gather(x, groups, slot, topk_w, sw)
+    return grouped_experts_loop(x, groups, slot, topk_w, sw)
