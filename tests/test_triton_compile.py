@@ -24,6 +24,7 @@ def test_triton_kernels_compile(arch: int) -> None:
         pytest.skip("the interpreter replaces compilation")
     from freetoken.experts.cpu import stage_triton
     from freetoken.experts.slots import copy_triton, gemm_fp8_triton, gemm_triton, plan_triton
+    from freetoken.layers import norm_triton
     from freetoken.layers.paged_attention import triton_decode
 
     i64 = "*i64"
@@ -91,6 +92,10 @@ def test_triton_kernels_compile(arch: int) -> None:
         consts = {"PAGE": 16, "G": g, "BLOCK_G": 16, "HD": hd, "BLOCK_N": 32, "SPLITS": 8, "HAS_WINDOW": window}
         consts["PREC"] = "tf32"
         cases.append((triton_decode._paged_decode_kernel, attn, consts))
+    norm = {"X": "*bf16", "D": "*bf16", "W": "*bf16", "H": "*bf16", "Y": "*bf16", "N": "i32", "eps": "fp32",
+            "stride": "i32"}  # fmt: skip
+    for add, block in ((True, 2048), (False, 128)):
+        cases.append((norm_triton._rms_norm_kernel, norm, {"HAS_ADD": add, "BLOCK": block}))
     for fn, sig, consts in cases:
         signature: dict[str, str] = {**sig, **{k: "constexpr" for k in consts}}
         src = ASTSource(fn=fn, signature=signature, constexprs=consts)

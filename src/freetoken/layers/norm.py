@@ -1,11 +1,34 @@
-"""RMSNorm, computed in float32 like the reference implementations."""
+"""RMSNorm, computed in float32 like the reference implementations (one Triton launch on CUDA,
+``norm_triton.py``; these torch ops elsewhere, and as its reference)."""
 
 from __future__ import annotations
 
 import torch
 
+from freetoken.experts.triton_support import triton_available
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.is_cuda and triton_available():
+        from freetoken.layers.norm_triton import rms_norm_triton
+
+        return rms_norm_triton(x, weight, eps)
+    return rms_norm_reference(x, weight, eps)
+
+
+def add_rms_norm(
+    h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual sum and its norm: ``(h + delta, rms_norm(h + delta))``."""
+    if h.is_cuda and triton_available():
+        from freetoken.layers.norm_triton import add_rms_norm_triton
+
+        return add_rms_norm_triton(h, delta, weight, eps)
+    s = h + delta
+    return s, rms_norm_reference(s, weight, eps)
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     dtype = x.dtype
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)

@@ -11,7 +11,7 @@ from freetoken.cache.kv_pool import KVPool
 from freetoken.layers.attention import Attention, AttnBatch
 from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.moe import MoELayer
-from freetoken.layers.norm import rms_norm
+from freetoken.layers.norm import add_rms_norm, rms_norm
 
 
 @dataclass
@@ -37,10 +37,12 @@ class DecoderModel:
     def forward(self, input_ids: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
         """input_ids [T] -> final hidden states [T, D]."""
         h = F.embedding(input_ids, self.embed)
-        for layer in self.layers:
-            h = h + layer.attn.forward(rms_norm(h, layer.attn_norm, self.eps), batch, kv)
-            h = h + layer.ffn.forward(rms_norm(h, layer.ffn_norm, self.eps))
-        return rms_norm(h, self.final_norm, self.eps)
+        x = rms_norm(h, self.layers[0].attn_norm, self.eps) if self.layers else h
+        for i, layer in enumerate(self.layers):
+            h, x = add_rms_norm(h, layer.attn.forward(x, batch, kv), layer.ffn_norm, self.eps)
+            after = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.final_norm
+            h, x = add_rms_norm(h, layer.ffn.forward(x), after, self.eps)
+        return x if self.layers else rms_norm(h, self.final_norm, self.eps)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,51 @@
+"""RMSNorm and residual add + RMSNorm: the Triton kernel against the torch reference (Triton's interpreter
+on the CPU, the kernel on CUDA), rows of hidden size and of one head."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from devices import TRITON_INTERPRETER
+from freetoken.layers.norm import add_rms_norm, rms_norm_reference
+
+
+def _case(rows: int, n: int, dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(rows * n)
+    x, d = torch.randn(rows, n, generator=g) * 3, torch.randn(rows, n, generator=g)
+    w = torch.rand(n, generator=g) + 0.5
+    return x.to(device, dtype), d.to(device, dtype), w.to(device, dtype)
+
+
+def _check(device: str, dtype: torch.dtype, tol: float) -> None:
+    from freetoken.layers.norm_triton import add_rms_norm_triton, rms_norm_triton
+
+    for rows, n in ((1, 64), (3, 128), (5, 2048), (7, 100)):
+        x, d, w = _case(rows, n, dtype, device)
+        torch.testing.assert_close(rms_norm_triton(x, w, 1e-6), rms_norm_reference(x, w, 1e-6), rtol=tol, atol=tol)
+        s, y = add_rms_norm_triton(x, d, w, 1e-6)
+        torch.testing.assert_close(s, x + d, rtol=0, atol=0)
+        torch.testing.assert_close(y, rms_norm_reference(x + d, w, 1e-6), rtol=tol, atol=tol)
+        heads = x.view(rows, -1, n // 2) if n % 2 == 0 else None  # per-head rows, as q/k norms use it
+        if heads is not None:
+            wh = w[: n // 2]
+            torch.testing.assert_close(rms_norm_triton(heads, wh, 1e-6), rms_norm_reference(heads, wh, 1e-6),
+                                       rtol=tol, atol=tol)  # fmt: skip
+
+
+def test_add_rms_norm_reference_on_a_cpu() -> None:
+    x, d, w = _case(4, 32, torch.float32, "cpu")
+    s, y = add_rms_norm(x, d, w, 1e-6)
+    assert torch.equal(s, x + d) and torch.equal(y, rms_norm_reference(x + d, w, 1e-6))
+
+
+@TRITON_INTERPRETER
+def test_kernel_in_the_interpreter() -> None:
+    _check("cpu", torch.float32, 1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+def test_kernel_on_cuda(dtype: torch.dtype, tol: float) -> None:
+    _check("cuda", dtype, tol)
