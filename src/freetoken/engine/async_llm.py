@@ -94,10 +94,13 @@ class AsyncLLM:
             raise EngineDeadError(self.error or f"the engine is {self.state}")
         rid = request_id or f"req-{next(self._ids)}"
         loop = asyncio.get_running_loop()
+        constraint = None
+        if params.grammar is not None:  # InputError (a bad grammar) surfaces here, before any output
+            constraint = await loop.run_in_executor(None, self._eng().grammars.compile, params.grammar)
         q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         added: cf.Future[None] = cf.Future()
         self._streams[rid] = (loop, q)
-        self._cmds.put(Add(rid, list(prompt_token_ids), params, added))
+        self._cmds.put(Add(rid, list(prompt_token_ids), params, added, constraint))
         finished = False
         try:
             await asyncio.wrap_future(added)  # InputError / QueueFullError surface here, before any output
@@ -213,7 +216,7 @@ class AsyncLLM:
             if not cmd.accepted.set_running_or_notify_cancel():
                 return  # the client gave up before the engine saw its request
             try:
-                eng.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params)
+                eng.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params, cmd.constraint)
             except Exception as e:
                 cmd.accepted.set_exception(e)
             else:

@@ -12,8 +12,10 @@ import torch
 from freetoken.cache.kv_pool import KVPool
 from freetoken.cache.radix import RadixCache
 from freetoken.config import EngineConfig
+from freetoken.engine.constraint import TokenConstraint, apply_bitmask, new_bitmask
 from freetoken.engine.detokenizer import IncrementalDetokenizer
 from freetoken.engine.errors import InputError, PromptTooLongError, QueueFullError
+from freetoken.engine.grammar import GrammarCompiler
 from freetoken.engine.kv_manager import KVManager
 from freetoken.engine.model_setup import ModelSetup, setup_model
 from freetoken.engine.outputs import RequestOutput
@@ -43,13 +45,23 @@ class LLMEngine:
         self.scheduler = Scheduler(self.pages, config.max_running_requests, config.max_batched_tokens)
         self.runner = ModelRunner(s.loaded.model, self.kv, s.device, s.loaded.backend, s.hf.sliding_window)
         self.requests: dict[str, Request] = {}
+        self.grammars = GrammarCompiler(s.tokenizer, s.hf.vocab_size, s.eos_token_ids)
+        self._bitmask = new_bitmask(1, s.hf.vocab_size)[0]  # the next token's mask, for one request at a time
         self._seeds = random.Random(config.seed)
         self._counters = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0, "requests_finished": 0}
         self._pending: list[RequestOutput] = []
         self.started_at = time.monotonic()
 
     # ---- requests -------------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        constraint: TokenConstraint | None = None,
+    ) -> None:
+        """``constraint``: ``params.grammar`` compiled already (``AsyncLLM`` compiles off the engine thread);
+        None compiles it here."""
         if request_id in self.requests:
             raise InputError(f"duplicate request id {request_id!r}")
         if not prompt_token_ids:
@@ -67,6 +79,8 @@ class LLMEngine:
             )
         if len(self.scheduler.waiting) >= self.config.max_queued_requests:
             raise QueueFullError(f"the queue is full ({self.config.max_queued_requests} requests waiting)")
+        if constraint is None and params.grammar is not None:
+            constraint = self.grammars.compile(params.grammar)
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
         req = Request(
             request_id=request_id,
@@ -77,6 +91,7 @@ class LLMEngine:
                 self.tokenizer, prompt_token_ids, params.stop_strings, params.skip_special_tokens
             ),
             generator=None if params.greedy else make_generator(seed, torch.device("cpu")),
+            constraint=constraint,
         )
         self.requests[request_id] = req
         self.scheduler.add(req)
@@ -107,7 +122,7 @@ class LLMEngine:
                 self._counters["prefill_tokens" if was_prefill else "decode_tokens"] += n
                 if req in logits:
                     try:
-                        outputs.append(self._append_token(req, sample(logits[req], req.params, req.generator)))
+                        outputs.append(self._append_token(req, self._sample(req, logits[req])))
                     except Exception as exc:
                         self._fail(req, "sampling failed", exc)
         outputs += self._pending
@@ -115,6 +130,16 @@ class LLMEngine:
         if _debug():
             self.check_integrity()
         return outputs
+
+    def _sample(self, req: Request, logits: torch.Tensor) -> int:
+        c = req.constraint
+        if c is None:
+            return sample(logits, req.params, req.generator)
+        c.fill_bitmask(self._bitmask)
+        token = sample(apply_bitmask(logits, self._bitmask), req.params, req.generator)
+        if not c.accept(token):
+            raise ValueError(f"the grammar refused token {token}: {c.error() or 'no token was allowed'}")
+        return token
 
     def _forward(
         self, items: list[tuple[Request, int]]
@@ -164,8 +189,8 @@ class LLMEngine:
         stop_token = (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids
         text, stop_str = ("", False) if stop_token else req.detok.add_token(token)
         reason = None
-        if stop_token or stop_str:
-            reason = "stop"
+        if stop_token or stop_str or (req.constraint is not None and req.constraint.is_done()):
+            reason = "stop"  # a finished grammar allows nothing but the end
         elif req.num_output_tokens >= p.max_tokens or req.num_tokens >= req.max_total_tokens:
             reason = "length"
         if reason is not None:

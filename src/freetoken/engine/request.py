@@ -13,6 +13,7 @@ from freetoken.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from freetoken.cache.radix import RadixNode
+    from freetoken.engine.constraint import TokenConstraint
 
 
 class Status(enum.Enum):
@@ -38,6 +39,7 @@ class Request:
     finish_reason: str | None = None
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache at first admission
+    constraint: TokenConstraint | None = None  # structured output: which tokens may come next
 
     def __post_init__(self) -> None:
         if not self.token_ids:

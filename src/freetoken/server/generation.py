@@ -20,10 +20,9 @@ from freetoken.chat import events as ev
 from freetoken.chat import make_stream_parser, prompt_opens_reasoning
 from freetoken.chat.markup import MarkupError
 from freetoken.chat.template import render_and_tokenize
-from freetoken.chat.tokenize import chars_per_token_bound, encode
+from freetoken.chat.tokenize import chars_per_token_bound
 from freetoken.engine.sampling_params import SamplingParams
 from freetoken.server.errors import APIError, context_overflow, from_engine_error
-from freetoken.server.forced_tools import forced_prefix
 from freetoken.server.internal import (
     ChatRequest,
     Completion,
@@ -33,6 +32,7 @@ from freetoken.server.internal import (
     ToolCall,
     merge_leading_system,
 )
+from freetoken.server.structured import parsers, reasoning_mode, request_grammar
 
 if TYPE_CHECKING:
     from freetoken.engine.async_llm import AsyncLLM
@@ -48,7 +48,6 @@ class Prepared:
     prompt_ids: list[int]
     params: SamplingParams
     starts_in_reasoning: bool
-    prefill: str = ""  # text already in the prompt that the parser must read first (forced tool call)
 
 
 class Generation:
@@ -89,14 +88,14 @@ class Generation:
         self._refuse_far_too_long(req)
         prompt_ids = self.render(req)
         starts_in_reasoning = self._starts_in_reasoning(prompt_ids)
-        prefill = forced_prefix(req.tool_choice, self.family, self.tool_parser, starts_in_reasoning)
-        if prefill:
-            prompt_ids = prompt_ids + encode(self.engine.tokenizer, prefill, special=True)
         limit = self.engine.max_model_len
         left = limit - len(prompt_ids)
         if left < 1:
             raise context_overflow(len(prompt_ids), limit - 1)
         max_tokens = left if req.max_tokens is None else min(req.max_tokens, left)
+        tool_parser, reasoning_parser = parsers(self.family, self.tool_parser, self.reasoning_parser)
+        mode = reasoning_mode(req, reasoning_parser, starts_in_reasoning)
+        grammar = request_grammar(req, self._prompt_tools(req), self.engine.tokenizer, tool_parser, mode, max_tokens)
         try:
             params = SamplingParams(
                 max_tokens=max_tokens,
@@ -107,10 +106,11 @@ class Generation:
                 seed=req.seed,
                 ignore_eos=req.ignore_eos,
                 skip_special_tokens=False,  # the parsers need <tool_call>/<think> markers
+                grammar=grammar,
             )
         except ValueError as exc:  # e.g. top_k < -1: the engine's own checks
             raise APIError.invalid(str(exc)) from exc
-        return Prepared(req, prompt_ids, params, starts_in_reasoning, prefill)
+        return Prepared(req, prompt_ids, params, starts_in_reasoning)
 
     def _refuse_far_too_long(self, req: ChatRequest) -> None:
         """A prompt with more characters than the context could hold tokens is refused before it is
@@ -151,7 +151,6 @@ class Generation:
             reasoning_parser=self.reasoning_parser,
         )
         shaper = _Shaper(req.parallel_tool_calls)
-        primed = parser.feed(prep.prefill) if prep.prefill else []  # events come once the call completes
         rid = request_id or f"req-{uuid.uuid4().hex}"
         start = time.perf_counter()
         first_at: float | None = None
@@ -171,8 +170,7 @@ class Generation:
                         yield Started()  # accepted and prefilled: streams may send their headers now
                     out_ids.extend(out.new_token_ids)
                     text.append(out.new_text)
-                    fresh, primed = primed + (parser.feed(out.new_text) if out.new_text else []), []
-                    for e in shaper.apply(fresh):
+                    for e in shaper.apply(parser.feed(out.new_text) if out.new_text else []):
                         saw_tool = saw_tool or isinstance(e, ev.ToolCallStart)
                         yield e
                     if out.finished:

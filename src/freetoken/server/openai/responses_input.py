@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from freetoken.server.errors import APIError
-from freetoken.server.internal import ChatRequest, ToolChoice, ToolSpec
+from freetoken.server.internal import ChatRequest, ResponseFormat, ToolChoice, ToolSpec
 from freetoken.server.openai.convert import text_of, tool_call_dict
 from freetoken.server.openai.protocol import ResponsesItem, ResponsesRequest, ResponsesTool
 
@@ -51,6 +51,25 @@ def to_internal(body: ResponsesRequest) -> ChatRequest:
         seed=body.seed,
         ignore_eos=body.ignore_eos,
         reasoning=reasoning,
+        response_format=text_format(body.text),
+    )
+
+
+def text_format(text: dict[str, Any] | None) -> ResponseFormat | None:
+    """``text.format``: {"type": "text" | "json_object" | "json_schema", "name", "schema", "strict"}."""
+    fmt = (text or {}).get("format")
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return ResponseFormat("json_object")
+    if kind == "json_schema" and isinstance(fmt.get("schema"), dict):
+        return ResponseFormat("json_schema", fmt["schema"], str(fmt.get("name") or ""))
+    raise APIError.invalid(
+        "text.format must be {type: text}, {type: json_object} or {type: json_schema, schema: {...}}",
+        param="text.format",
     )
 
 
@@ -63,9 +82,17 @@ def _tool(d: ResponsesTool, i: int) -> ToolSpec | None:
         return ToolSpec(d.name, d.description or "", d.parameters or {"type": "object", "properties": {}})
     desc = d.description or ""
     fmt = d.format
+    syntax = None
     if fmt is not None and fmt.type == "grammar" and fmt.definition:
-        desc += f"\n\nThe input must follow this {fmt.syntax or ''} grammar:\n{fmt.definition}"
-    return ToolSpec(d.name, desc.strip(), CUSTOM_INPUT_SCHEMA, custom=True)
+        if fmt.syntax not in ("lark", "regex"):
+            raise APIError.invalid(
+                f"tools[{i}]: grammar syntax must be lark or regex, got {fmt.syntax!r}", param=f"tools.{i}.format"
+            )
+        syntax = fmt.syntax
+        desc += f"\n\nThe input must follow this {fmt.syntax} grammar:\n{fmt.definition}"
+    definition = fmt.definition or "" if fmt is not None else ""
+    return ToolSpec(d.name, desc.strip(), CUSTOM_INPUT_SCHEMA, custom=True, grammar_syntax=syntax,
+                    grammar_definition=definition if syntax else "")  # fmt: skip
 
 
 def _tool_choice(choice: str | dict[str, Any] | None) -> ToolChoice:
