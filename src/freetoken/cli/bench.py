@@ -14,6 +14,7 @@ BENCHMARKS: dict[str, str] = {
     "decode": "freetoken.bench.decode",
     "prefill": "freetoken.bench.prefill",
     "record-routing": "freetoken.bench.record_routing",
+    "structured": "freetoken.bench.structured",
 }
 
 

@@ -34,6 +34,7 @@ class AsyncLLM:
         self.config = config
         self.state = "loading"  # loading | ready | dead | stopped
         self.error: str | None = None
+        self.load_failure: BaseException | None = None  # why loading failed (``error`` says it in words)
         self.engine: LLMEngine | None = None
         self._cmds: queue.Queue[Command] = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
@@ -80,6 +81,10 @@ class AsyncLLM:
     @property
     def eos_token_ids(self) -> list[int]:
         return list(self._eng().eos_token_ids)
+
+    def wait_loaded(self, timeout: float | None = None) -> bool:
+        """Blocks until loading ended (``state`` is then ready or dead); False on timeout."""
+        return self._ready.wait(timeout)
 
     async def wait_ready(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self._ready.wait)
@@ -151,9 +156,9 @@ class AsyncLLM:
             self.engine = LLMEngine(self.config)
             self._stats = self.engine.stats()
             self.state = "ready"
-        except BaseException as e:  # loading failed: report, never hang
-            self.state, self.error = "dead", f"{type(e).__name__}: {e}"
-            log.error("engine failed to load: %s", self.error)
+        except BaseException as e:  # loading failed: report, never hang (the caller says it, /health too)
+            self.state, self.error, self.load_failure = "dead", f"{type(e).__name__}: {e}", e
+            log.debug("engine failed to load: %s", self.error)
             self._ready.set()
             return
         self._ready.set()
