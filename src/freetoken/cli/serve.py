@@ -32,6 +32,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--tool-parser", default=None, help=s["tool_parser"])
     p.add_argument("--reasoning-parser", default=None, help=s["reasoning_parser"])
     p.add_argument("--max-body-bytes", type=int, default=ServerConfig.max_body_bytes, help=s["max_body_bytes"])
+    p.add_argument("--responses-store", type=int, default=d.responses_store, help=s["responses_store"])
     p.add_argument(
         "--shutdown-timeout", type=float, default=ServerConfig.shutdown_timeout_s, help=s["shutdown_timeout_s"]
     )
@@ -51,6 +52,7 @@ def configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
         reasoning_parser=args.reasoning_parser,
         max_body_bytes=args.max_body_bytes,
         shutdown_timeout_s=args.shutdown_timeout,
+        responses_store=args.responses_store,
     )
     return engine, server
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 from freetoken.chat import events as ev
 from freetoken.chat import make_stream_parser, prompt_opens_reasoning
 from freetoken.chat.markup import MarkupError
+from freetoken.chat.reasoning.think import CLOSE as THINK_CLOSE
 from freetoken.chat.template import render_and_tokenize
 from freetoken.chat.tokenize import chars_per_token_bound
 from freetoken.engine.sampling_params import SamplingParams
@@ -158,6 +159,7 @@ class Generation:
         out_ids: list[int] = []
         reason, completion_tokens, prompt_tokens = "abort", 0, len(prep.prompt_ids)
         cached_tokens = 0
+        reasoning: list[str] = []
         saw_tool = False
         self.metrics.request_started()
         try:
@@ -172,6 +174,8 @@ class Generation:
                     text.append(out.new_text)
                     for e in shaper.apply(parser.feed(out.new_text) if out.new_text else []):
                         saw_tool = saw_tool or isinstance(e, ev.ToolCallStart)
+                        if isinstance(e, ev.ReasoningDelta):
+                            reasoning.append(e.text)
                         yield e
                     if out.finished:
                         if out.finish_reason == "error":
@@ -183,6 +187,8 @@ class Generation:
                         break
             for e in shaper.apply(parser.finish()):
                 saw_tool = saw_tool or isinstance(e, ev.ToolCallStart)
+                if isinstance(e, ev.ReasoningDelta):
+                    reasoning.append(e.text)
                 yield e
         except APIError:
             raise
@@ -192,6 +198,7 @@ class Generation:
             self.metrics.request_finished(len(out_ids), time.perf_counter() - start)
         fin = self._finish(prep, reason, saw_tool, "".join(text), out_ids, prompt_tokens, completion_tokens)
         fin.cached_tokens = cached_tokens
+        fin.reasoning_tokens = self._reasoning_tokens("".join(reasoning), out_ids, completion_tokens)
         yield fin
 
     def _finish(
@@ -216,6 +223,19 @@ class Generation:
             stop_seq = self._matched_stop(prep, text, out_ids)
             final = "stop_sequence" if stop_seq is not None else "stop"
         return Finish(final, prompt_tokens, completion_tokens, stop_seq)
+
+    def _reasoning_tokens(self, reasoning: str, out_ids: list[int], completion_tokens: int) -> int:
+        """Output tokens up to the end of the reasoning block: where the block's closing tag is one token,
+        up to that token; otherwise the reasoning text's own tokens (plus its two tags)."""
+        if not reasoning:
+            return 0
+        tok = self.engine.tokenizer
+        close = tok.convert_tokens_to_ids(THINK_CLOSE) if tok is not None else None
+        if isinstance(close, int) and close in out_ids and close != getattr(tok, "unk_token_id", None):
+            return out_ids.index(close) + 1
+        if tok is None:
+            return 0
+        return min(completion_tokens, len(tok.encode(reasoning, add_special_tokens=False)) + 2)
 
     def _matched_stop(self, prep: Prepared, text: str, out_ids: list[int]) -> str | None:
         """Which stop string ended generation (the engine drops it from the text)."""

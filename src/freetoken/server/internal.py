@@ -162,6 +162,7 @@ class Finish:
     completion_tokens: int
     stop_sequence: str | None = None
     cached_tokens: int = 0
+    reasoning_tokens: int = 0  # of the completion tokens, those of the reasoning block
 
 
 @dataclass

@@ -34,6 +34,9 @@ class ServerState:
         self.heavy_executor = ThreadPoolExecutor(1, thread_name_prefix="ft-prepare-heavy")
         self._heavy_gate: HeavyGate | None = None  # made on the server's event loop (asyncio.Lock)
         self._generation: Generation | None = None
+        from freetoken.server.openai.responses_store import ResponseStore
+
+        self.responses = ResponseStore(config.responses_store)
 
     @property
     def model_names(self) -> list[str]:

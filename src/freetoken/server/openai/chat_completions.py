@@ -148,6 +148,7 @@ def _usage(f: Finish) -> dict[str, Any]:
         "completion_tokens": f.completion_tokens,
         "total_tokens": f.prompt_tokens + f.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": f.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": f.reasoning_tokens},
     }
 
 

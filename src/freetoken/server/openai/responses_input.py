@@ -20,16 +20,18 @@ CUSTOM_INPUT_SCHEMA: dict[str, Any] = {
 }
 
 
-def to_internal(body: ResponsesRequest) -> ChatRequest:
-    if body.previous_response_id or body.conversation:
+def to_internal(body: ResponsesRequest, earlier: list[dict[str, Any]] | None = None) -> ChatRequest:
+    """``earlier``: the conversation of ``previous_response_id`` (``responses_store.py``)."""
+    if body.conversation:
         raise APIError.invalid(
-            "previous_response_id / conversation are not supported: this server keeps no state; "
-            "send the whole conversation in `input` (store=false)",
-            param="previous_response_id" if body.previous_response_id else "conversation",
+            "conversation objects are not supported: send the conversation in `input`, or continue a "
+            "stored response with previous_response_id",
+            param="conversation",
         )
     messages: list[dict[str, Any]] = []
     if body.instructions:
         messages.append({"role": "system", "content": body.instructions})
+    messages += earlier or []
     if isinstance(body.input, str):
         items = [ResponsesItem(type="message", role="user", content=body.input)]
     else:
