@@ -81,6 +81,14 @@ class ServerState:
             return await loop.run_in_executor(self.executor, work)
         return await self.heavy_gate.run(loop.run_in_executor(self.heavy_executor, work))
 
+    def capabilities(self) -> dict[str, bool]:
+        """What clients may rely on: tool calls read from the model's output, a reasoning block."""
+        from freetoken.server.structured import parsers
+
+        gen = self.generation()
+        tool, reasoning = parsers(gen.family, gen.tool_parser, gen.reasoning_parser)
+        return {"tool_calls": tool is not None, "reasoning": reasoning is not None}
+
     def generation(self) -> Generation:
         """The serving core, once the engine is ready (503 while loading, 500 if it died)."""
         eng = self.engine
