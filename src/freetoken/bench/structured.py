@@ -26,6 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--workers", type=int, default=16, help="requests in flight")
+    p.add_argument("--bounded", action="store_true",
+                   help="only tools and schemas of bounded length (for random test models)")  # fmt: skip
     p.add_argument("--json", dest="json_out", default=None, help="write the figures here")
 
 
@@ -36,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         client = httpx.Client(base_url=url, timeout=600)
         report: dict[str, Any] = {}
         for mode in args.modes:
-            todo = cases(mode, args.n, model, args.max_tokens)
+            todo = cases(mode, args.n, model, args.max_tokens, bounded=args.bounded)
             start = time.perf_counter()
             with ThreadPoolExecutor(args.workers) as pool:
                 fails = [f for f in pool.map(lambda c: _one(client, c), todo) if f]

@@ -20,7 +20,13 @@ TOOLS: list[dict[str, Any]] = [
          "hour": {"type": "integer", "minimum": 0, "maximum": 23},
          "minute": {"type": "integer", "minimum": 0, "maximum": 59},
          "repeat": {"type": "string", "enum": ["never", "daily", "weekdays"]}}}},
+    {"name": "set_volume", "description": "Set the speaker volume",
+     "parameters": {"type": "object", "properties": {"level": {"type": "integer", "minimum": 0, "maximum": 10},
+                                                     "mute": {"type": "boolean"}}, "required": ["level"]}},
 ]  # fmt: skip
+# Arguments and answers of bounded length: what a random model can finish (it never closes a free string).
+BOUNDED_TOOLS = ("set_alarm", "set_volume")
+BOUNDED_SCHEMAS = (0, 2, 3)
 PROMPTS = [
     "What's the weather in Oslo?",
     "Compute (12 + 7) * 30.",
@@ -115,17 +121,20 @@ def _json_check(schema: dict[str, Any]) -> Callable[[dict[str, Any]], str]:
     return check
 
 
-def cases(mode: str, n: int, model: str, max_tokens: int, seed: int = 0) -> list[Case]:
-    """``n`` requests of one mode: openai-named, openai-required, anthropic-tool, anthropic-any, json-schema."""
+def cases(mode: str, n: int, model: str, max_tokens: int, seed: int = 0, bounded: bool = False) -> list[Case]:
+    """``n`` requests of one mode: openai-named, openai-required, anthropic-tool, anthropic-any, json-schema.
+    ``bounded``: only tools and schemas whose values have a bounded length."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}")
-    names = {t["name"] for t in TOOLS}
-    openai_tools = [{"type": "function", "function": t} for t in TOOLS]
+    tools = [t for t in TOOLS if not bounded or t["name"] in BOUNDED_TOOLS]
+    schemas = [s for i, s in enumerate(SCHEMAS) if not bounded or i in BOUNDED_SCHEMAS]
+    names = {t["name"] for t in tools}
+    openai_tools = [{"type": "function", "function": t} for t in tools]
     anthropic_tools = [{"name": t["name"], "description": t["description"], "input_schema": t["parameters"]}
-                       for t in TOOLS]  # fmt: skip
+                       for t in tools]  # fmt: skip
     out = []
     for i in range(n):
-        tool = TOOLS[i % len(TOOLS)]["name"]
+        tool = tools[i % len(tools)]["name"]
         body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": 0.7, "seed": seed + i,
                                 "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]}  # fmt: skip
         if mode == "openai-named":
@@ -141,7 +150,7 @@ def cases(mode: str, n: int, model: str, max_tokens: int, seed: int = 0) -> list
             body |= {"tools": anthropic_tools, "tool_choice": {"type": "any"}}
             out.append(Case(mode, "/v1/messages", body, _anthropic_check(names)))
         else:
-            schema = SCHEMAS[i % len(SCHEMAS)]
+            schema = schemas[i % len(schemas)]
             body["response_format"] = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
             out.append(Case(mode, "/v1/chat/completions", body, _json_check(schema)))
     return out
