@@ -33,21 +33,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import httpx
+    from rich.progress import Progress
 
-    with _server(args) as (url, model):
+    with _server(args) as (url, model), Progress(transient=True) as progress:
         client = httpx.Client(base_url=url, timeout=600)
         report: dict[str, Any] = {}
         for mode in args.modes:
             todo = cases(mode, args.n, model, args.max_tokens, bounded=args.bounded)
+            task = progress.add_task(mode, total=len(todo))
+
+            def one(case: Case, task: Any = task) -> str:
+                why = _one(client, case)
+                progress.advance(task)
+                return why
+
             start = time.perf_counter()
             with ThreadPoolExecutor(args.workers) as pool:
-                fails = [f for f in pool.map(lambda c: _one(client, c), todo) if f]
+                fails = [f for f in pool.map(one, todo) if f]
             took = time.perf_counter() - start
+            progress.remove_task(task)
             report[mode] = {"n": len(todo), "passed": len(todo) - len(fails), "seconds": round(took, 1),
                             "failures": fails[:5]}  # fmt: skip
-            print(f"{mode:16s} {len(todo) - len(fails):3d}/{len(todo)} passed  ({took:.1f} s)")
+            progress.console.print(f"{mode:16s} {len(todo) - len(fails):3d}/{len(todo)} passed  ({took:.1f} s)")
             for f in fails[:5]:
-                print(f"    {f}")
+                progress.console.print(f"    {f}", highlight=False, markup=False)
     if args.json_out:
         with open(args.json_out, "w") as fh:
             json.dump(report, fh, indent=2)
