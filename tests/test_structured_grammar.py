@@ -190,3 +190,35 @@ def test_the_engine_refuses_a_bad_grammar_before_queueing(tiny_llm: Any) -> None
     with pytest.raises(InputError, match="invalid grammar"):
         tiny_llm.generate([[5, 6]], SamplingParams(max_tokens=4, grammar="start: nowhere"))
     assert not tiny_llm.engine.has_unfinished()
+
+
+def test_harmony_forces_one_commentary_call(default_tok: Any) -> None:
+    compiler = GrammarCompiler(default_tok, 2048, [2, 0])
+    grammar = forced_calls("harmony", [CallTool("get_weather", WEATHER)], Tags.of(default_tok))
+    text = (
+        "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary "
+        'to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}<|call|>'
+    )
+    assert _follow(compiler, grammar, default_tok, text) == (True, True)
+    msg = parse(text.removesuffix("<|call|>"), "gpt_oss", [{"type": "function", "function": {"name": "get_weather"}}])
+    assert [(c.name, c.arguments) for c in msg.tool_calls] == [("get_weather", '{"city": "Oslo"}')]
+    assert msg.reasoning == "Need weather." and msg.content == ""
+
+
+def test_added_tokens_are_tags_and_text_closers_end_at_their_first_occurrence(tmp_path: Path) -> None:
+    """Qwen3's own tokenizer has <think>/<tool_call> as added tokens that are not special: still one
+    token each, written as tokens. A closer that is no token (Qwen3-Coder's </parameter>) ends a value
+    at its first occurrence, as the parser reads it."""
+    from tiny_models import save_tokenizer
+
+    tok = save_tokenizer(tmp_path)
+    tags = Tags.of(tok)
+    assert tags("</think>") == "</think>" and tags("<tool_call>") == "<tool_call>"
+    compiler = GrammarCompiler(tok, len(tok), [tok.eos_token_id])
+    grammar = forced_calls("hermes", [CallTool("get_weather", WEATHER)], tags, False, "optional")
+    assert _follow(compiler, grammar, tok, "<think>\nhm\n</think>\n\n" + CALLS["hermes"]) == (True, True)
+    coder = forced_calls("qwen3_coder", [CallTool("get_weather", WEATHER)], tags, False)
+    call = CALLS["qwen3_coder"]
+    assert _follow(compiler, coder, tok, call) == (True, True)
+    twice = call.replace("Oslo\n</parameter>", "Oslo\n</parameter>\nmore\n</parameter>")
+    assert _follow(compiler, coder, tok, twice)[0] is False

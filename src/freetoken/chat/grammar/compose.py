@@ -7,7 +7,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from freetoken.chat.grammar.lark import Rules, Tags, json_value, lit, regex
+from freetoken.chat.grammar.lark import Rules, Tags, json_value, lit, regex, text_until
 from freetoken.chat.reasoning.think import CLOSE, OPEN
 
 ReasoningMode = Literal["none", "optional", "open"]
@@ -58,11 +58,8 @@ def call_format(tool_parser: str) -> Any:
 def reasoning_part(rules: Rules, tags: Tags, mode: ReasoningMode, budget: int | None) -> str:
     if mode == "none":
         return ""
-    text = rules.add(regex(r"(.|\n)*"), f"max_tokens={budget}" if budget else "", "think")
-    close = f"{tags(CLOSE)} {regex(BLANK)}"
-    if mode == "open":
-        return f"{text} {close}"
-    return f"({tags(OPEN)} {text} {close})?"
+    block = f"{text_until(rules, CLOSE, tags, budget)} {regex(BLANK)}"  # the first closing tag ends it
+    return block if mode == "open" else f"({tags(OPEN)} {block})?"
 
 
 def forced_calls(
@@ -77,8 +74,12 @@ def forced_calls(
     reasoning block."""
     if not tools:
         raise GrammarError("no tool to call")
-    fmt = call_format(tool_parser)
     rules = Rules()
+    if tool_parser == "harmony":
+        from freetoken.chat.grammar.harmony import harmony_calls
+
+        return rules.render(harmony_calls(rules, tags, tools, reasoning_budget))
+    fmt = call_format(tool_parser)
     one = rules.add(" | ".join(f"({fmt.grammar(rules, tags, t)})" for t in tools), hint="call")
     body = one
     if parallel:

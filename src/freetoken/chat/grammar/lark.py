@@ -28,8 +28,9 @@ def regex(pattern: str) -> str:
 
 
 class Tags:
-    """Writes a format's tags: as a special token (``<name>``) when the tokenizer has the tag as one
-    special token (free text can then never produce it), else as a literal."""
+    """Writes a format's tags: as a token (``<name>``) when the tokenizer has the tag as one added token,
+    special or not (llguidance reads every added token as one, and free text never spells it), else
+    as a literal."""
 
     def __init__(self, special_tokens: Iterable[str] = ()) -> None:
         self.special = frozenset(special_tokens)
@@ -37,7 +38,7 @@ class Tags:
     @classmethod
     def of(cls, tokenizer: Any) -> Tags:
         decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
-        return cls(t.content for t in decoder.values() if getattr(t, "special", False))
+        return cls(t.content for t in decoder.values())
 
     def __call__(self, tag: str) -> str:
         if tag in self.special and tag.startswith("<") and tag.endswith(">") and ">" not in tag[1:-1]:
