@@ -147,9 +147,12 @@ def test_json_answers_are_closed_objects(default_tok: Any) -> None:
         "properties": {"a": {"type": "object", "properties": {}, "additionalProperties": False}},
         "additionalProperties": False,
     }
-    assert closed({"type": "object", "additionalProperties": {"type": "integer"}})["additionalProperties"] == {
-        "type": "integer"
-    }
+    assert closed({"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}})[
+        "additionalProperties"
+    ] == {"type": "integer", "minimum": 0, "maximum": 2**53 - 1}
+    digits = json_answer({"type": "integer"}, tags)
+    assert _follow(compiler, digits, default_tok, str(2**53 - 1)) == (True, True)  # 16 digits, then nothing more
+    assert _follow(compiler, digits, default_tok, str(2**53))[0] is False
 
 
 def test_a_bad_grammar_is_an_input_error(default_tok: Any) -> None:

@@ -51,8 +51,9 @@ class Tags:
 
 def json_value(schema: dict[str, Any] | bool) -> str:
     """``%json {…}``: a value of ``schema`` written as the templates write JSON. Objects that list
-    their properties and say nothing of others get no others (OpenAI's strict mode): the value still
-    validates against ``schema``, and a model cannot add keys forever."""
+    their properties and say nothing of others get no others (OpenAI's strict mode), and integers with
+    no bound stay within JSON's safe integers (±(2**53 - 1)): the value still validates against
+    ``schema``, and a model cannot add keys or digits forever."""
     body: dict[str, Any] = closed(schema) if isinstance(schema, dict) else {}
     style = dict(JSON_STYLE)
     style.update(body.get("x-guidance") or {})
@@ -64,9 +65,12 @@ _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
 
 
+SAFE_INTEGER = 2**53 - 1
+
+
 def closed(schema: Any) -> Any:
     """``schema`` with ``additionalProperties: false`` on every object that lists properties and says
-    nothing of other keys (a copy)."""
+    nothing of other keys, and safe-integer bounds on integers that have none (a copy)."""
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
@@ -81,6 +85,12 @@ def closed(schema: Any) -> Any:
             out[key] = closed(out[key])
     if isinstance(out.get("properties"), dict) and not {"additionalProperties", "patternProperties"} & set(out):
         out["additionalProperties"] = False
+    kinds = out.get("type")
+    if kinds == "integer" or (isinstance(kinds, list) and "integer" in kinds and "number" not in kinds):
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = -SAFE_INTEGER
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = SAFE_INTEGER
     return out
 
 
