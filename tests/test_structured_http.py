@@ -128,6 +128,8 @@ def random_srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
 
     d = Path(tmp_path_factory.mktemp("structured"))
     save_checkpoint("qwen3_moe", d, seed=0, tokenizer=True)
+    cfg = json.loads((d / "config.json").read_text())  # 512 positions: the tool prompts alone fill most of them
+    (d / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 4096}))
     with serve(real_engine(str(d), max_running_requests=8), ServerConfig(served_model_names=("rnd",))) as srv:
         yield srv
 
@@ -141,3 +143,13 @@ def test_a_random_model_is_forced_too(random_srv: Running, mode: str) -> None:
         r = client.post(case.path, json=case.body)
         assert r.status_code == 200, r.text
         assert case.check(r.json()) == "", r.json()
+
+
+def test_a_forced_call_cut_by_the_length_limit_is_not_content(random_srv: Running) -> None:
+    oa = openai.OpenAI(base_url=random_srv.url + "/v1", api_key="x", max_retries=0)
+    tools: Any = [{"type": "function", "function": t} for t in TOOLS]
+    choice: Any = {"type": "function", "function": {"name": "set_alarm"}}
+    r = oa.chat.completions.create(model="rnd", messages=[{"role": "user", "content": "hi"}], tools=tools,
+                                   tool_choice=choice, max_tokens=6, seed=1)  # fmt: skip
+    assert r.choices[0].finish_reason == "length"
+    assert not r.choices[0].message.content and not r.choices[0].message.tool_calls

@@ -93,7 +93,8 @@ def _openai_check(allowed: set[str]) -> Callable[[dict[str, Any]], str]:
     def check(r: dict[str, Any]) -> str:
         msg = r["choices"][0]["message"]
         calls = [(c["function"]["name"], c["function"]["arguments"]) for c in msg.get("tool_calls") or []]
-        return _calls_ok(calls, allowed, msg.get("content"))
+        why = _calls_ok(calls, allowed, msg.get("content"))
+        return f"{why} (finish_reason {r['choices'][0]['finish_reason']})" if why else ""
 
     return check
 
@@ -103,7 +104,8 @@ def _anthropic_check(allowed: set[str]) -> Callable[[dict[str, Any]], str]:
         blocks = r.get("content") or []
         calls = [(b["name"], b["input"]) for b in blocks if b["type"] == "tool_use"]
         text = "".join(b.get("text", "") for b in blocks if b["type"] == "text")
-        return _calls_ok(calls, allowed, text)
+        why = _calls_ok(calls, allowed, text)
+        return f"{why} (stop_reason {r.get('stop_reason')})" if why else ""
 
     return check
 

@@ -49,6 +49,7 @@ class Prepared:
     prompt_ids: list[int]
     params: SamplingParams
     starts_in_reasoning: bool
+    forced_calls: bool = False  # the grammar allows nothing but calls after the reasoning block
 
 
 class Generation:
@@ -111,7 +112,8 @@ class Generation:
             )
         except ValueError as exc:  # e.g. top_k < -1: the engine's own checks
             raise APIError.invalid(str(exc)) from exc
-        return Prepared(req, prompt_ids, params, starts_in_reasoning)
+        forced = grammar is not None and req.tool_choice.mode in ("required", "named")
+        return Prepared(req, prompt_ids, params, starts_in_reasoning, forced)
 
     def _refuse_far_too_long(self, req: ChatRequest) -> None:
         """A prompt with more characters than the context could hold tokens is refused before it is
@@ -185,7 +187,10 @@ class Generation:
                         prompt_tokens = out.prompt_tokens or prompt_tokens
                         cached_tokens = getattr(out, "cached_tokens", 0)
                         break
-            for e in shaper.apply(parser.finish()):
+            tail = parser.finish()
+            if prep.forced_calls and reason == "length":  # a forced call cut short is no text: drop it
+                tail = [e for e in tail if not isinstance(e, ev.ContentDelta)]
+            for e in shaper.apply(tail):
                 saw_tool = saw_tool or isinstance(e, ev.ToolCallStart)
                 if isinstance(e, ev.ReasoningDelta):
                     reasoning.append(e.text)

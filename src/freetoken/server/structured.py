@@ -1,7 +1,7 @@
 """Structured output for one request: the grammar the engine enforces, or None.
 
-- ``tool_choice`` required / named (Anthropic any / tool): at least one call (exactly one when
-  parallel calls are off) of the allowed tools, in the family's own call syntax, so its parser
+- ``tool_choice`` required / named (Anthropic any / tool): at least one call of the allowed tools
+  (exactly one for a named tool or when parallel calls are off), in the family's own call syntax, so its parser
   turns the text into API tool calls; arguments follow each tool's JSON schema; a custom tool's
   input follows its Lark or regex grammar where the format writes arguments as raw text (inside
   a JSON string, only a regex can be enforced).
@@ -55,10 +55,9 @@ def request_grammar(
             raise APIError.invalid(
                 "tool_choice cannot be enforced: this model has no known tool-call format", param="tool_choice"
             )
+        parallel = req.parallel_tool_calls and req.tool_choice.mode == "required"  # a named tool: one call
         try:
-            return forced_calls(
-                tool_parser, [call_tool(t) for t in tools], tags, req.parallel_tool_calls, reasoning, budget
-            )
+            return forced_calls(tool_parser, [call_tool(t) for t in tools], tags, parallel, reasoning, budget)
         except GrammarError as exc:
             raise APIError.invalid(str(exc), param="tool_choice") from exc
     fmt = req.response_format
