@@ -225,3 +225,21 @@ def test_added_tokens_are_tags_and_text_closers_end_at_their_first_occurrence(tm
     assert _follow(compiler, coder, tok, call) == (True, True)
     twice = call.replace("Oslo\n</parameter>", "Oslo\n</parameter>\nmore\n</parameter>")
     assert _follow(compiler, coder, tok, twice)[0] is False
+
+
+def test_auto_with_a_grammar_tool_leaves_text_free_and_holds_calls_to_their_grammar(default_tok: Any) -> None:
+    from freetoken.chat.grammar import tool_calls_anywhere
+
+    compiler = GrammarCompiler(default_tok, 2048, [2, 0])
+    tags = Tags.of(default_tok)
+    patch = CallTool("apply_patch", {}, "lark", 'start: "*** Begin Patch\\n" /[a-z ]+/ "\\n*** End Patch"')
+    grammar = tool_calls_anywhere("qwen3_coder", [patch, CallTool("get_weather", WEATHER)], tags, True, "optional")
+    call = (
+        "<tool_call>\n<function=apply_patch>\n<parameter=input>\n*** Begin Patch\nfix it\n*** End Patch\n"
+        "</parameter>\n</function>\n</tool_call>"
+    )
+    assert _follow(compiler, grammar, default_tok, "No call needed, just text.")[0] is True
+    assert _follow(compiler, grammar, default_tok, "<think>\nok\n</think>\n\nLet me patch.\n" + call)[0] is True
+    assert _follow(compiler, grammar, default_tok, "Patch:\n" + call.replace("Begin", "Start"))[0] is False
+    with pytest.raises(ValueError, match="not one token"):  # <minimax:tool_call> is text in this tokenizer
+        tool_calls_anywhere("minimax_m2", [patch], tags)

@@ -5,6 +5,8 @@
   turns the text into API tool calls; arguments follow each tool's JSON schema; a custom tool's
   input follows its Lark or regex grammar where the format writes arguments as raw text (inside
   a JSON string, only a regex can be enforced).
+- ``tool_choice`` auto with a custom tool that carries a grammar (Codex): text, and any call the model
+  opens follows the tools' schemas and grammars (where the call opener is a token of its own).
 - ``response_format`` json_schema / json_object: the answer is one JSON value of the schema.
 Either may follow the family's reasoning block (bounded to half the output budget).
 """
@@ -13,7 +15,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from freetoken.chat.grammar import CallTool, GrammarError, ReasoningMode, Tags, forced_calls, json_answer
+from freetoken.chat.grammar import (
+    CallTool,
+    GrammarError,
+    ReasoningMode,
+    Tags,
+    forced_calls,
+    json_answer,
+    tool_calls_anywhere,
+)
 from freetoken.chat.registry import resolve_family
 from freetoken.server.errors import APIError
 from freetoken.server.internal import ChatRequest, ToolSpec
@@ -60,6 +70,13 @@ def request_grammar(
             return forced_calls(tool_parser, [call_tool(t) for t in tools], tags, parallel, reasoning, budget)
         except GrammarError as exc:
             raise APIError.invalid(str(exc), param="tool_choice") from exc
+    if req.tool_choice.mode == "auto" and tool_parser and any(t.grammar_syntax for t in tools):
+        try:
+            return tool_calls_anywhere(
+                tool_parser, [call_tool(t) for t in tools], tags, req.parallel_tool_calls, reasoning, budget
+            )
+        except GrammarError:
+            pass  # calls cannot be told from text in this format: left unconstrained
     fmt = req.response_format
     if fmt is not None and fmt.type in ("json_schema", "json_object"):
         return json_answer(fmt.schema if fmt.type == "json_schema" else None, tags, reasoning, budget)

@@ -8,6 +8,7 @@ from freetoken.chat.grammar.compose import (
     ReasoningMode,
     forced_calls,
     json_answer,
+    tool_calls_anywhere,
 )
 from freetoken.chat.grammar.lark import Tags
 
@@ -18,4 +19,5 @@ __all__ = [
     "Tags",
     "forced_calls",
     "json_answer",
+    "tool_calls_anywhere",
 ]

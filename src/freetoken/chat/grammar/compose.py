@@ -80,6 +80,34 @@ def forced_calls(
 
         return rules.render(harmony_calls(rules, tags, tools, reasoning_budget))
     fmt = call_format(tool_parser)
+    body = _calls(rules, tags, fmt, tools, parallel)
+    return rules.render(f"{reasoning_part(rules, tags, reasoning, reasoning_budget)} {body}".strip())
+
+
+def tool_calls_anywhere(
+    tool_parser: str,
+    tools: list[CallTool],
+    tags: Tags,
+    parallel: bool = True,
+    reasoning: ReasoningMode = "none",
+    reasoning_budget: int | None = None,
+) -> str:
+    """``tool_choice`` auto with tools whose input has a grammar (Codex's custom tools): free text, and
+    where the model opens calls, calls that follow the tools' schemas and grammars. Only where the call
+    opener is a token of its own (free text never spells it, so text and calls cannot be confused)."""
+    fmt = call_format(tool_parser)
+    opener = fmt.section_open or fmt.opener
+    if not tags.is_special(opener):
+        raise GrammarError(f"{opener!r} is not one token: calls cannot be told from text")
+    rules = Rules()
+    text = rules.add(regex(r"(.|\n)*"), hint="text")
+    calls = _calls(rules, tags, fmt, tools, parallel)
+    head = reasoning_part(rules, tags, reasoning, reasoning_budget)
+    return rules.render(f"{head} {text} ({calls} {text})?".strip())
+
+
+def _calls(rules: Rules, tags: Tags, fmt: Any, tools: list[CallTool], parallel: bool) -> str:
+    """One call of one of ``tools`` (up to ``MAX_PARALLEL_CALLS`` with ``parallel``), in the format's section."""
     one = rules.add(" | ".join(f"({fmt.grammar(rules, tags, t)})" for t in tools), hint="call")
     body = one
     if parallel:
@@ -88,7 +116,7 @@ def forced_calls(
     if fmt.section_open:
         pad = f" {lit(fmt.section_separator)} " if fmt.section_separator else " "
         body = f"{tags(fmt.section_open)}{pad}{body}{pad}{tags(fmt.section_close or '')}"
-    return rules.render(f"{reasoning_part(rules, tags, reasoning, reasoning_budget)} {body}".strip())
+    return body
 
 
 def json_answer(
