@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from freetoken.engine import noise
+from freetoken.engine.constraint import apply_bitmask
 
 MAX_TOP_LOGPROBS = 20
 
@@ -81,15 +82,6 @@ def apply_penalties(x: torch.Tensor, b: SamplingBatch, state: PenaltyState) -> t
     return x - b.presence[:, None] * (counts > 0).float() - b.frequency[:, None] * counts
 
 
-def apply_token_bitmask(x: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
-    """Keeps the tokens whose bit is set: ``bitmask [B, ceil(V/32)] int32``, token j at bit j % 32 of
-    word j // 32 (the grammar engines' layout)."""
-    V = x.shape[1]
-    j = torch.arange(V, device=x.device)
-    allowed = ((bitmask.long()[:, j // 32] >> (j % 32)) & 1).bool()
-    return x.masked_fill(~allowed, float("-inf"))
-
-
 def sample_batch(
     logits: torch.Tensor,
     b: SamplingBatch,
@@ -103,7 +95,7 @@ def sample_batch(
     if f.penalties and state is not None:
         x = apply_penalties(x, b, state)
     if bitmask is not None:
-        x = apply_token_bitmask(x, bitmask)
+        x = apply_bitmask(x, bitmask)
     greedy_ids = torch.argmax(x, dim=-1)
     greedy = b.temperature < 1e-5
     temp = torch.where(greedy, torch.ones_like(b.temperature), b.temperature)
