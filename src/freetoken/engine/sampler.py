@@ -42,6 +42,7 @@ class SamplingBatch:
 class Features:
     """Which optional stages run. Eager steps turn off what no row asks for; graphs run them all."""
 
+    draw: bool = True  # any row samples (False: every row is greedy, no noise needed)
     cuts: bool = True  # top-k / top-p / min-p (a sort of every row)
     penalties: bool = True
     logprobs: bool = True
@@ -97,6 +98,8 @@ def sample_batch(
     if bitmask is not None:
         x = apply_bitmask(x, bitmask)
     greedy_ids = torch.argmax(x, dim=-1)
+    if not f.draw:
+        return _with_logprobs(Sampled(greedy_ids), logits, f)
     greedy = b.temperature < 1e-5
     temp = torch.where(greedy, torch.ones_like(b.temperature), b.temperature)
     z = (x - x.max(dim=-1, keepdim=True).values) / temp[:, None]  # shifted: the division cannot overflow
@@ -104,10 +107,13 @@ def sample_batch(
         z = _cut(z, b)
     gumbel = -torch.log(-torch.log(noise.uniform(noise.row_keys(b.seed_lo, b.seed_hi, b.step), x.shape[1])))
     ids = torch.where(greedy, greedy_ids, torch.argmax(z + gumbel, dim=-1))
-    out = Sampled(ids)
+    return _with_logprobs(Sampled(ids), logits, f)
+
+
+def _with_logprobs(out: Sampled, logits: torch.Tensor, f: Features) -> Sampled:
     if f.logprobs:
         lp = torch.log_softmax(logits, dim=-1)
-        out.logprob = lp.gather(1, ids[:, None])[:, 0]
+        out.logprob = lp.gather(1, out.ids[:, None])[:, 0]
         out.top_logprobs, out.top_ids = torch.topk(lp, min(MAX_TOP_LOGPROBS, lp.shape[1]), dim=-1)
     return out
 

@@ -91,6 +91,7 @@ class StepSampler:
         """logits [len(reqs), V] float32 on the device -> one choice per request."""
         p = [r.params for r in reqs]
         features = Features(
+            draw=any(not x.greedy for x in p),
             cuts=any(not x.greedy and (x.top_k > 0 or x.top_p < 1 or x.min_p > 0) for x in p),
             penalties=any(x.has_penalties for x in p),
             logprobs=any(x.logprobs is not None for x in p),
