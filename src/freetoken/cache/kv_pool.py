@@ -1,8 +1,8 @@
 """Paged KV pool: fixed-size pages of K/V slots for every attention layer, and their owners.
 
 Shapes: L = attention layers, P = pages, S = page_size, H = KV heads, hd = head dim.
-``k[l]`` / ``v[l]`` are ``[P * S, H, hd]``: token slot ``page * S + offset``. Page tables live
-with the requests (a list of page ids per request); this pool only hands pages out and back.
+``k[l]`` / ``v[l]`` are ``[P * S, H, hd]``, one tensor per layer: token slot ``page * S + offset``. Page
+tables live with the requests (a list of page ids per request); this pool only hands pages out and back.
 
 A page is in one of three states: free; owned by a request (its private tail, by request id); or
 owned by the radix prefix tree (shared, possibly locked by several requests that read it). Owners
@@ -31,9 +31,12 @@ class KVPool:
             raise ValueError("the KV pool needs at least one page")
         self.num_pages = num_pages
         self.page_size = page_size
-        shape = (num_layers, num_pages * page_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.device = torch.device(device)
+        self.num_layers = num_layers
+        self.page_bytes = 2 * num_layers * page_size * num_kv_heads * head_dim * dtype.itemsize
+        shape = (num_pages * page_size, num_kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         # LIFO free list: recently freed pages are reused first (warm in caches).
         self._free: list[int] = list(range(num_pages - 1, -1, -1))
         self._owner: dict[int, object] = {}  # page -> request id or the radix tree
@@ -48,7 +51,7 @@ class KVPool:
 
     @property
     def bytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        return self.num_pages * self.page_bytes
 
     def pages_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
@@ -83,6 +86,40 @@ class KVPool:
     def _check_owner(self, page: int, owner: object, what: str) -> None:
         if page not in self._owner or self._owner[page] != owner:
             raise AssertionError(f"KV page {page} {what} by {owner!r} but owned by {self._owner.get(page)!r}")
+
+    def resize(self, num_pages: int) -> dict[int, int]:
+        """Safe points only: the pool becomes ``num_pages`` pages. Growing adds free pages; shrinking needs
+        every used page to fit (the caller evicts or preempts first) and moves the used pages at or above
+        ``num_pages`` into free pages below it, K/V copied. Returns the moves {old page: new page}; the
+        caller rewrites the page tables that name them (requests, the radix tree)."""
+        if num_pages < 1:
+            raise ValueError("the KV pool needs at least one page")
+        if self.num_used > num_pages:
+            raise ValueError(f"{self.num_used} KV pages are in use; the pool cannot shrink to {num_pages}")
+        high = sorted(p for p in self._owner if p >= num_pages)
+        low_free = sorted(p for p in self._free if p < num_pages)
+        moves = dict(zip(high, low_free))  # empty when growing
+        S = self.page_size
+        used = sorted(self._owner)
+        src = torch.tensor([p * S + i for p in used for i in range(S)], dtype=torch.long, device=self.device)
+        dst = torch.tensor([moves.get(p, p) * S + i for p in used for i in range(S)], dtype=torch.long)
+        # On a GPU the used pages wait in host memory while the old layers go and their memory returns to the
+        # device: the peak is the old pool, and a shrink really frees memory for other programs.
+        host = self.device.type == "cuda"
+        staged = [[t[src].to("cpu") if host else t[src] for t in bank] for bank in (self.k, self.v)]
+        shapes = [(t.shape[1:], t.dtype) for t in self.k]
+        self.k, self.v = [], []
+        if host:
+            torch.cuda.empty_cache()
+        for bank, rows in zip((self.k, self.v), staged):
+            for (shape, dt), kept in zip(shapes, rows):
+                layer = torch.zeros((num_pages * S, *shape), dtype=dt, device=self.device)
+                layer[dst.to(self.device)] = kept.to(self.device)
+                bank.append(layer)
+        self._owner = {moves.get(p, p): o for p, o in self._owner.items()}
+        self._free = sorted((p for p in range(num_pages) if p not in self._owner), reverse=True)
+        self.num_pages = num_pages
+        return moves
 
     def slots(self, pages: list[int], start: int, end: int) -> list[int]:
         """Flat slot ids of token positions [start, end) of a sequence with page table ``pages``."""

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from freetoken.config import EngineConfig
-from freetoken.engine.commands import Abort, Add, Check, Command, FailAll, Wake
+from freetoken.engine.commands import Abort, Add, Check, Command, FailAll, FreeMemory, SetMemory, Wake
 from freetoken.engine.engine import LLMEngine
 from freetoken.engine.errors import EngineDeadError, RequestFailedError, ShuttingDownError
 from freetoken.engine.outputs import RequestOutput
 from freetoken.engine.sampling_params import SamplingParams
+from freetoken.engine.vram_watch import NvmlSource, VramWatcher, watch_decision
 
 log = logging.getLogger(__name__)
 DEFAULT_MODEL_NAME = "freetoken-default"
@@ -43,6 +44,7 @@ class AsyncLLM:
         self._drain = True
         self._stats: dict[str, Any] = {}
         self._ids = itertools.count()
+        self.watcher: VramWatcher | None = None
         self._thread = threading.Thread(target=self._main, name="freetoken-engine", daemon=True)
 
     @classmethod
@@ -140,6 +142,15 @@ class AsyncLLM:
         self._cmds.put(Check(done))
         await asyncio.wrap_future(done)
 
+    async def set_vram_budget(self, budget_gib: object, reason: str = "set by hand") -> dict[str, Any]:
+        """Resizes the engine to a VRAM budget (GiB) at its next safe point; returns the new memory split, or
+        raises ``BudgetError`` (with the numbers) and changes nothing."""
+        if self.state != "ready":
+            raise EngineDeadError(self.error or f"the engine is {self.state}")
+        done: cf.Future[dict[str, Any]] = cf.Future()
+        self._cmds.put(SetMemory(budget_gib, reason, done))  # type: ignore[arg-type]  # checked on the thread
+        return await asyncio.wrap_future(done)
+
     def fail_all(self, error: Exception) -> None:
         """Finish every request now; each stream raises ``error``. New requests still run."""
         self._cmds.put(FailAll(error))
@@ -162,12 +173,32 @@ class AsyncLLM:
             self._ready.set()
             return
         self._ready.set()
+        self.watcher = self._start_watcher(self.engine)
         try:
             self._loop(self.engine)
         except BaseException as e:
             self.state, self.error = "dead", f"{type(e).__name__}: {e}"
             log.exception("engine thread died")
             self._fail_all(EngineDeadError(self.error))
+        finally:
+            if self.watcher is not None:
+                self.watcher.stop()
+
+    def _start_watcher(self, eng: LLMEngine) -> VramWatcher | None:
+        """The VRAM watcher on CUDA (``vram_watch``), when NVML sees the device."""
+        if not self.config.vram_watch or eng.device.type != "cuda":
+            return None
+        source = NvmlSource.open(eng.device)
+        if source is None:
+            return None
+        mem = eng.memory
+
+        def wants(free: int) -> bool:  # the watcher's thread reads the engine's ints: a stale one only delays
+            f = mem.facts
+            return watch_decision(free, f.reserve_bytes, mem.split.budget_bytes, mem.target_bytes,
+                                  f.minimum_budget) is not None  # fmt: skip
+
+        return VramWatcher(source, wants, lambda free: self._cmds.put(FreeMemory(free))).start()
 
     def _loop(self, eng: LLMEngine) -> None:
         while True:
@@ -232,6 +263,21 @@ class AsyncLLM:
             eng.fail_all(str(cmd.error))
             eng.take_pending()  # the streams raise the error instead
             self._fail_all(cmd.error)
+        elif isinstance(cmd, SetMemory):
+            if not cmd.done.set_running_or_notify_cancel():
+                return
+            try:
+                split = eng.set_vram_budget(cmd.budget_gib, cmd.reason)
+            except Exception as e:
+                cmd.done.set_exception(e)
+            else:
+                cmd.done.set_result(split)
+        elif isinstance(cmd, FreeMemory):
+            try:
+                eng.observe_free_memory(cmd.free_bytes)
+            finally:
+                if self.watcher is not None:
+                    self.watcher.done()
         elif isinstance(cmd, Check):
             if not cmd.done.set_running_or_notify_cancel():
                 return

@@ -14,9 +14,11 @@ from freetoken.cache.radix import RadixCache
 from freetoken.config import EngineConfig
 from freetoken.engine.constraint import TokenConstraint
 from freetoken.engine.detokenizer import IncrementalDetokenizer
+from freetoken.engine.elastic import ElasticMemory
 from freetoken.engine.errors import InputError, PromptTooLongError, QueueFullError
 from freetoken.engine.grammar import GrammarCompiler
 from freetoken.engine.kv_manager import KVManager
+from freetoken.engine.memory import GIB, MemoryFacts, parse_budget_gib
 from freetoken.engine.model_setup import ModelSetup, setup_model
 from freetoken.engine.outputs import RequestOutput
 from freetoken.engine.request import Request, Status
@@ -55,12 +57,39 @@ class LLMEngine:
         self.runner = ModelRunner(
             s.loaded.model, self.kv, s.device, s.loaded.backend, s.hf.sliding_window, self.sampler, graphs
         )
+        budget = config.vram_budget
+        self.memory = ElasticMemory(self._memory_facts(), self.scheduler, s.loaded.backend, graphs, s.device,
+                                    follow=budget is not None)  # fmt: skip
+        if budget is not None:
+            wanted = config.kv_pages or self.kv.pages_for(self.max_model_len) * config.max_running_requests
+            self.memory.set_budget(parse_budget_gib(budget), "--vram-budget", "start", kv_wanted=wanted)
         self.requests: dict[str, Request] = {}
         self.grammars = GrammarCompiler(s.tokenizer, s.hf.vocab_size, s.eos_token_ids)
         self._seeds = random.Random(config.seed)
         self._counters = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0, "requests_finished": 0}
         self._pending: list[RequestOutput] = []
         self.started_at = time.monotonic()
+
+    def _memory_facts(self) -> MemoryFacts:
+        backend = self.setup.loaded.backend
+        lo, hi = backend.slot_range if backend is not None else (0, 0)
+        return MemoryFacts(
+            slot_bytes=backend.slot_bytes if backend is not None else 0, page_bytes=self.kv.page_bytes,
+            min_slots=lo, max_slots=hi, min_pages=self.kv.pages_for(self.max_model_len),
+            reserve_bytes=int(self.config.vram_reserve * GIB), page_size=self.kv.page_size,
+            context=self.max_model_len,
+        )  # fmt: skip
+
+    # ---- elastic memory (safe points only: between steps, on the engine thread) ---------------------------
+    def set_vram_budget(self, budget_gib: object, reason: str = "set by hand") -> dict[str, Any]:
+        """Resizes the expert slots and KV pages to a new budget (GiB); ``BudgetError`` (nothing changes) below
+        the minimum. Returns the memory split (``stats()["memory"]``)."""
+        self.memory.set_budget(parse_budget_gib(budget_gib), reason)
+        return self.memory.stats()
+
+    def observe_free_memory(self, free_bytes: int) -> None:
+        """The VRAM watcher's reading: shrink or grow at this safe point when the policy says so."""
+        self.memory.on_free_memory(free_bytes)
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(
@@ -137,6 +166,7 @@ class LLMEngine:
                     self._fail(req, "sampling failed", exc)
         outputs += self._pending
         self._pending = []
+        self.memory.follow()  # a safe point: the split may follow the session's KV
         if _debug():
             self.check_integrity()
         return outputs
@@ -278,6 +308,7 @@ class LLMEngine:
             "kv_pages_total": self.kv.num_pages,
             "kv_pages_used": self.pages.num_pinned,  # not reclaimable now: unlocked tree pages do not count
             "moe_backend": backend.name if backend is not None else "none",
+            "memory": self.memory.stats(),
             "uptime_s": time.monotonic() - self.started_at,
         }
 

@@ -77,7 +77,7 @@ class StepGraphs:
         self.model, self.kv, self.backend, self.sampler = model, kv, backend, sampler
         self.max_pages, self.top_k = max_pages, top_k
         self.buckets = buckets(max_batch)
-        self.device = kv.k.device
+        self.device = kv.device
         self._static: dict[int, _Static] = {}
         self._pool: Any = None
         self.enabled = True

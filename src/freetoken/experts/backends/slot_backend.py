@@ -185,8 +185,25 @@ class SlotBackend(StepCapture, ExpertBackend):
     def _after_cpu(self, experts: int, seconds: float) -> None:  # noqa: B027 - optional hook
         """Hook: timing of the CPU branch."""
 
+    @property
+    def num_slots(self) -> int:
+        return self.cache.num_slots
+
+    @property
+    def slot_bytes(self) -> int:
+        return self.pool.expert_bytes
+
+    @property
+    def slot_range(self) -> tuple[int, int]:
+        return (max(1, self.pool.banks.top_k), self.pool.num_rows)
+
     def resize_expert_cache(self, num_slots: int) -> None:
-        """Elastic memory, at a safe point between steps: see ``SlotCache.resize``."""
+        """Elastic memory, at a safe point between steps: see ``SlotCache.resize`` (locked, then the most
+        recently used experts stay). The layer graphs read the old slot banks: they are dropped and captured
+        again on later steps (the engine drops its step graphs too)."""
+        lo, hi = self.slot_range
+        if not lo <= num_slots <= hi:
+            raise ValueError(f"{num_slots} expert slots: the {self.name} backend takes {lo} to {hi}")
         self.streamer.finish()
         if self.graphs is not None:
             self.graphs.clear()

@@ -156,8 +156,10 @@ class SlotCache:
 
     def resize(self, num_slots: int) -> None:
         """Safe points only (no step in flight): change the slot count, keeping the residents that fit
-        (locked ones first, then the most recently used). Kept experts move to slots 0..n-1 in that
-        order. Old and new banks coexist during the copy: the peak is old + new."""
+        (locked ones first, then the most recently used). Kept experts move to slots 0..n-1 in that order.
+        The pool holds every expert, so the old banks are dropped before the new ones are made and the kept
+        experts are copied again from the pool: the peak is the larger of old and new, never their sum
+        (on a GPU the caller returns the freed memory to the device)."""
         t, S, N = self.tables, self.num_slots, self.pool.num_rows
         if not 1 <= num_slots <= N:
             raise ValueError(f"slot count must be in [1, {N}], got {num_slots}")
@@ -168,12 +170,9 @@ class SlotCache:
         key = t.stamp[used] + locked[used].long() * (1 << 62)  # locked first, then newest
         keep = used[torch.sort(key, descending=True, stable=True).indices][:num_slots]
         n, dev = keep.numel(), self.device
-        new_slots = []
-        for old in self.slots:
-            b = torch.zeros((num_slots + 1, *old.shape[1:]), dtype=old.dtype, device=dev)
-            b[:n] = old[keep]
-            new_slots.append(b)
-        self.slots = tuple(new_slots)
+        shapes = [(b.shape[1:], b.dtype) for b in self.slots]
+        self.slots = ()  # the old banks go first
+        self.slots = tuple(torch.zeros((num_slots + 1, *shape), dtype=dt, device=dev) for shape, dt in shapes)
         new = SlotTables.empty(N, num_slots, dev)
         new.tick = t.tick
         new.eid_of[:n] = t.eid_of[keep]
@@ -181,6 +180,9 @@ class SlotCache:
         new.locked[:n] = t.locked[keep]
         new.slot_of[new.eid_of[:n]] = torch.arange(n, device=dev)
         self.tables = new
+        if n:
+            count = torch.tensor(n, dtype=torch.long, device=dev)
+            batched_fill(self._src, self.slots, new.eid_of[:n].clone(), torch.arange(n, device=dev), count)
 
     def resident(self) -> dict[int, int]:
         """eid -> slot for every resident expert."""
