@@ -35,6 +35,9 @@ def add_engine_args(p: argparse.ArgumentParser, model_required: bool = False) ->
     p.add_argument("--max-running-requests", type=int, default=d.max_running_requests,
                    help=e["max_running_requests"])  # fmt: skip
     p.add_argument("--cpu-threads", type=int, default=d.cpu_threads, help=e["cpu_threads"])
+    p.add_argument("--vram-budget", type=float, default=d.vram_budget, metavar="GIB", help=e["vram_budget"])
+    p.add_argument("--vram-reserve", type=float, default=d.vram_reserve, metavar="GIB", help=e["vram_reserve"])
+    p.add_argument("--no-vram-watch", dest="vram_watch", action="store_false", help=e["vram_watch"])
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -47,6 +50,9 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_model_len=args.max_model_len,
         max_running_requests=args.max_running_requests,
         cpu_threads=args.cpu_threads,
+        vram_budget=args.vram_budget,
+        vram_reserve=args.vram_reserve,
+        vram_watch=args.vram_watch,
     )
 
 

@@ -24,15 +24,18 @@ from freetoken.engine.engine import LLMEngine
 from freetoken.engine.errors import EngineDeadError, RequestFailedError, ShuttingDownError
 from freetoken.engine.outputs import RequestOutput
 from freetoken.engine.sampling_params import SamplingParams
-from freetoken.engine.vram_watch import NvmlSource, VramWatcher, watch_decision
+from freetoken.engine.vram_watch import FreeMemorySource, NvmlSource, VramWatcher, watch_decision
 
 log = logging.getLogger(__name__)
 DEFAULT_MODEL_NAME = "freetoken-default"
 
 
 class AsyncLLM:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, free_memory: FreeMemorySource | None = None) -> None:
+        """``free_memory``: what the VRAM watcher reads (tests pass a fake one, on any device); None: NVML on
+        CUDA when ``vram_watch`` is on."""
         self.config = config
+        self._free_memory = free_memory
         self.state = "loading"  # loading | ready | dead | stopped
         self.error: str | None = None
         self.load_failure: BaseException | None = None  # why loading failed (``error`` says it in words)
@@ -48,8 +51,8 @@ class AsyncLLM:
         self._thread = threading.Thread(target=self._main, name="freetoken-engine", daemon=True)
 
     @classmethod
-    def start(cls, config: EngineConfig) -> AsyncLLM:
-        self = cls(config)
+    def start(cls, config: EngineConfig, free_memory: FreeMemorySource | None = None) -> AsyncLLM:
+        self = cls(config, free_memory)
         self._thread.start()
         return self
 
@@ -127,7 +130,7 @@ class AsyncLLM:
     def stats(self) -> dict[str, Any]:
         """The engine's counters as of its last safe point (refreshed after every step and command,
         and every half second while idle), with the uptime as of now."""
-        stats = {**self._stats, "state": self.state}
+        stats = {**self._stats, "state": self.state, "vram_watcher": "on" if self.watcher is not None else "off"}
         if self.engine is not None:
             stats["uptime_s"] = time.monotonic() - self.engine.started_at
         return stats
@@ -185,10 +188,12 @@ class AsyncLLM:
                 self.watcher.stop()
 
     def _start_watcher(self, eng: LLMEngine) -> VramWatcher | None:
-        """The VRAM watcher on CUDA (``vram_watch``), when NVML sees the device."""
-        if not self.config.vram_watch or eng.device.type != "cuda":
-            return None
-        source = NvmlSource.open(eng.device)
+        """The VRAM watcher on CUDA (``vram_watch``), when NVML sees the device (or on the source given)."""
+        source = self._free_memory
+        if source is None:
+            if not self.config.vram_watch or eng.device.type != "cuda":
+                return None
+            source = NvmlSource.open(eng.device)
         if source is None:
             return None
         mem = eng.memory
