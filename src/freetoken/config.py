@@ -59,6 +59,10 @@ class EngineConfig:
     vram_watch: bool = True
     """On CUDA, watch the device's free memory (NVML, ``nvidia-ml-py``) and shrink the caches when other
     programs take it, growing back when they free it."""
+    pinned_budget: float | None = None
+    """GiB of the host expert pool to page-lock, for systems that cap pinned memory (WSL: about half the RAM).
+    Experts beyond it stay pageable and run on the CPU branch, never copied to the GPU (hybrid backend).
+    None: pin the whole pool."""
     seed: int = 0
     """Seed for requests that set none."""
     routing_trace: str | None = None
@@ -85,6 +89,8 @@ class EngineConfig:
             raise ValueError(f"vram_budget must be a positive number of GiB, got {self.vram_budget}")
         if not self.vram_reserve >= 0:
             raise ValueError(f"vram_reserve must be >= 0 GiB, got {self.vram_reserve}")
+        if self.pinned_budget is not None and not self.pinned_budget >= 0:
+            raise ValueError(f"pinned_budget must be >= 0 GiB, got {self.pinned_budget}")
         if self.fill_fraction is not None and not (0.0 <= self.fill_fraction <= 1.0):
             raise ValueError(f"fill_fraction must be in [0, 1], got {self.fill_fraction}")
 
