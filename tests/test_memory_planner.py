@@ -14,6 +14,7 @@ import torch
 
 from freetoken import LLM, SamplingParams
 from freetoken.config import EngineConfig
+from freetoken.engine import vram_watch
 from freetoken.engine.async_llm import AsyncLLM
 from freetoken.engine.memory import GIB, MIB, BudgetError, MemoryFacts, follow_kv, parse_budget_gib, split_budget
 from freetoken.engine.vram_watch import VramWatcher, hysteresis_for, watch_decision
@@ -60,10 +61,12 @@ def test_watch_decision_shrinks_by_the_shortfall_and_grows_back_with_hysteresis(
     band = hysteresis_for(GIB)
     assert band == GIB
     budget, target, floor = 20 * GIB, 20 * GIB, 2 * GIB
-    shrink = watch_decision(GIB // 4, GIB, budget, target, floor)
-    assert shrink is not None and shrink[0] == budget - 3 * GIB // 4 and "free VRAM 0.25 GiB < reserve" in shrink[1]
+    shrink = watch_decision(GIB // 4, GIB, budget, target, floor)  # the shortfall and half the band
+    assert shrink is not None and shrink[0] == budget - 3 * GIB // 4 - band // 2
+    assert "free VRAM 0.25 GiB < reserve 1.00 GiB" in shrink[1]
     assert watch_decision(GIB // 2, GIB, 2 * GIB, target, floor) is None  # at the minimum: nothing left to give
-    assert watch_decision(GIB - 1, GIB, 3 * GIB, target, floor) == (3 * GIB - 1, shrink[1].replace("0.25", "1.00"))
+    assert watch_decision(GIB - 1, GIB, 3 * GIB, target, floor) == (3 * GIB - 1 - band // 2, shrink[1].replace("0.25", "1.00"))
+    assert watch_decision(GIB - 1, GIB, 2 * GIB + 1, target, floor)[0] == floor  # type: ignore[index]
     assert watch_decision(GIB + band, GIB, 10 * GIB, target, floor) is None  # inside the band
     grow = watch_decision(5 * GIB, GIB, 10 * GIB, target, floor)
     assert grow is not None and grow[0] == 10 * GIB + 4 * GIB - band // 2
@@ -183,24 +186,27 @@ class FakeDevice:
         return self.capacity - used - self.other
 
 
-def test_a_fake_free_memory_source_drives_the_engine_while_a_request_runs(ckpt: str) -> None:
+def test_a_fake_free_memory_source_drives_the_engine_while_a_request_runs(
+    ckpt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     probe = LLM(expert_cache=2, kv_pages=16, **_kw(ckpt))
     f = _facts(probe)
     prompt = torch.randint(3, 500, (40,), generator=torch.Generator().manual_seed(8)).tolist()
     params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
     want = probe.generate([prompt], params)[0].token_ids
-    R = GIB  # the reserve; the hysteresis band is as large
-    budget = 16 * f.slot_bytes + 32 * f.page_bytes + R
-    cfg = EngineConfig(**_kw(ckpt), vram_budget=budget / GIB, kv_pages=32).replace(vram_reserve=1.0)
-    dev = FakeDevice(budget + R + 1)  # at start 2R + 1 free: inside the band
+    R = 4 * f.slot_bytes  # the reserve, in the tiny model's units; the hysteresis band is as large
+    monkeypatch.setattr(vram_watch, "MIN_HYSTERESIS", 0)
+    used = 16 * f.slot_bytes + 32 * f.page_bytes
+    cfg = EngineConfig(**_kw(ckpt), vram_budget=(used + R) / GIB, kv_pages=32).replace(vram_reserve=R / GIB)
+    dev = FakeDevice(used + R + R // 2)  # 1.5 R free at start: inside the band
     llm = AsyncLLM.start(cfg, free_memory=dev)
     dev.llm = llm  # type: ignore[assignment]
     assert llm.wait_loaded(120) and llm.state == "ready"
     seen: list[tuple[int, int]] = []
 
-    def mover() -> None:  # the other program takes R + 10 slots' worth, then gives it all back
+    def mover() -> None:  # the other program leaves 10 slots' worth less than the reserve, then goes
         time.sleep(0.3)
-        dev.other = R + 10 * f.slot_bytes
+        dev.other = R // 2 + 10 * f.slot_bytes
         time.sleep(0.5)
         dev.other = 0
 
@@ -221,7 +227,7 @@ def test_a_fake_free_memory_source_drives_the_engine_while_a_request_runs(ckpt: 
         deadline = time.time() + 10
         while llm.stats()["memory"]["slots"] != 16 and time.time() < deadline:
             time.sleep(0.05)
-        assert min(seen) == (6, 32)  # shrank by the shortfall, slots first, once (the freed memory counts)
+        assert min(seen) == (4, 32)  # the shortfall + half the band (12 slots), slots first, once
         assert llm.stats()["memory"]["slots"] == 16  # grew back to the budget set at start
         assert llm.stats()["memory"]["last_resize"]["source"] == "watcher"
         assert llm.stats()["vram_watcher"] == "on"

@@ -343,10 +343,11 @@ def test_resize_keeps_locked_then_newest() -> None:
     assert cache.tables.locked.tolist() == [True, False, False]
     slots_hold_their_experts(cache)
     cache.check_integrity()
-    cache.resize(5)  # grow: everything stays, new slots are free
-    assert cache.resident() == {1: 0, 0: 1} and cache.free() == 3
-    step(cache, 1, [[0, 1]])  # eids 4, 5 fill the free slots 2, 3
-    assert cache.resident() == {1: 0, 0: 1, 4: 2, 5: 3}
+    cache.resize(5)  # grow: everything stays, and what the shrink let go comes back (as the oldest residents)
+    assert cache.resident() == {1: 0, 0: 1, 2: 2, 3: 3} and cache.free() == 1
+    slots_hold_their_experts(cache)
+    step(cache, 1, [[0, 1]])  # eids 4, 5: the free slot 4, then the oldest victim (a brought-back expert)
+    assert cache.resident() == {1: 0, 0: 1, 5: 2, 3: 3, 4: 4}
     slots_hold_their_experts(cache)
     cache.check_integrity()
     with pytest.raises(ValueError):

@@ -1,10 +1,10 @@
 """The VRAM watcher: reads the device's free memory and tells the engine when to shrink or grow.
 
 ``watch_decision`` is the policy, a pure function of one reading (testable with any free-memory
-source): free memory under the reserve shrinks the budget by the shortfall (slots first, then KV
-pages: ``memory.split_budget``); free memory above the reserve plus a hysteresis band grows it back
-towards the budget set by hand, leaving half the band free so that the grow itself does not trigger a
-shrink. ``VramWatcher`` is the thread: it polls a ``FreeMemorySource`` (NVML through ``nvidia-ml-py``:
+source): free memory under the reserve shrinks the budget by the shortfall plus half a hysteresis band
+(slots first, then KV pages: ``memory.split_budget``), so a program that keeps allocating meets a few
+large shrinks rather than many small ones; free memory above the reserve plus the band grows it back
+towards the budget set by hand, leaving half the band free, so neither move triggers the other. ``VramWatcher`` is the thread: it polls a ``FreeMemorySource`` (NVML through ``nvidia-ml-py``:
 ``NvmlSource``; off, said once, where NVML is missing) and posts a reading to the engine thread only when
 the policy would act and no earlier reading is still waiting; the engine decides at its next safe point.
 """
@@ -40,8 +40,8 @@ def watch_decision(
     """(new budget, why) for one reading of the device's free memory, or None: leave the budget as it is.
     Never below ``minimum_bytes``, never above ``target_bytes`` (the budget set by hand)."""
     band = hysteresis_for(reserve_bytes)
-    if free_bytes < reserve_bytes:
-        new = max(minimum_bytes, budget_bytes - (reserve_bytes - free_bytes))
+    if free_bytes < reserve_bytes:  # give the shortfall and half the band: free lands where a grow leaves it
+        new = max(minimum_bytes, budget_bytes - (reserve_bytes - free_bytes) - band // 2)
         if new >= budget_bytes:
             return None  # at the minimum already: nothing left to give
         return new, f"free VRAM {free_bytes / GIB:.2f} GiB < reserve {reserve_bytes / GIB:.2f} GiB"

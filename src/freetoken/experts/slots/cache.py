@@ -37,6 +37,7 @@ class SlotCache:
         self.slots = tuple(torch.zeros((S + 1, *t.shape[1:]), dtype=t.dtype, device=device) for t in pool.tensors)
         self.tables = SlotTables.empty(N, S, device)
         self._src = pool.device_views(device)
+        self._dropped: list[int] = []  # eids a shrink let go, newest first: a grow brings them back
 
     @property
     def slot_gate_up(self) -> torch.Tensor:  # [S+1, 2I, D']
@@ -157,6 +158,8 @@ class SlotCache:
     def resize(self, num_slots: int) -> None:
         """Safe points only (no step in flight): change the slot count, keeping the residents that fit
         (locked ones first, then the most recently used). Kept experts move to slots 0..n-1 in that order.
+        A grow after a shrink brings back the experts the shrink let go (newest first, as the oldest residents),
+        so the cache is warm again at once.
         The pool holds every expert, so the old banks are dropped before the new ones are made and the kept
         experts are copied again from the pool: the peak is the larger of old and new, never their sum
         (on a GPU the caller returns the freed memory to the device)."""
@@ -168,8 +171,13 @@ class SlotCache:
             raise ValueError(f"{int(locked.sum())} locked experts do not fit in {num_slots} slots")
         used = torch.nonzero(t.eid_of[:S] >= 0).flatten()
         key = t.stamp[used] + locked[used].long() * (1 << 62)  # locked first, then newest
-        keep = used[torch.sort(key, descending=True, stable=True).indices][:num_slots]
+        ranked = used[torch.sort(key, descending=True, stable=True).indices]
+        keep = ranked[:num_slots]
         n, dev = keep.numel(), self.device
+        resident = set(t.eid_of[:S].tolist())
+        back = [e for e in self._dropped if e not in resident][: num_slots - n]
+        self._dropped = t.eid_of[ranked[num_slots:]].tolist() + [e for e in self._dropped if e not in set(back)]
+        self._dropped = self._dropped[:N]
         shapes = [(b.shape[1:], b.dtype) for b in self.slots]
         self.slots = ()  # the old banks go first
         self.slots = tuple(torch.zeros((num_slots + 1, *shape), dtype=dt, device=dev) for shape, dt in shapes)
@@ -178,11 +186,14 @@ class SlotCache:
         new.eid_of[:n] = t.eid_of[keep]
         new.stamp[:n] = t.stamp[keep]
         new.locked[:n] = t.locked[keep]
-        new.slot_of[new.eid_of[:n]] = torch.arange(n, device=dev)
+        m = len(back)
+        new.eid_of[n : n + m] = torch.tensor(back, dtype=torch.long, device=dev)
+        new.stamp[n : n + m] = 0  # older than every resident: the first victims again
+        new.slot_of[new.eid_of[: n + m]] = torch.arange(n + m, device=dev)
         self.tables = new
-        if n:
-            count = torch.tensor(n, dtype=torch.long, device=dev)
-            batched_fill(self._src, self.slots, new.eid_of[:n].clone(), torch.arange(n, device=dev), count)
+        if n + m:
+            count = torch.tensor(n + m, dtype=torch.long, device=dev)
+            batched_fill(self._src, self.slots, new.eid_of[: n + m].clone(), torch.arange(n + m, device=dev), count)
 
     def resident(self) -> dict[int, int]:
         """eid -> slot for every resident expert."""
