@@ -65,7 +65,8 @@ def test_watch_decision_shrinks_by_the_shortfall_and_grows_back_with_hysteresis(
     assert shrink is not None and shrink[0] == budget - 3 * GIB // 4 - band // 2
     assert "free VRAM 0.25 GiB < reserve 1.00 GiB" in shrink[1]
     assert watch_decision(GIB // 2, GIB, 2 * GIB, target, floor) is None  # at the minimum: nothing left to give
-    assert watch_decision(GIB - 1, GIB, 3 * GIB, target, floor) == (3 * GIB - 1 - band // 2, shrink[1].replace("0.25", "1.00"))
+    why = shrink[1].replace("0.25", "1.00")
+    assert watch_decision(GIB - 1, GIB, 3 * GIB, target, floor) == (3 * GIB - 1 - band // 2, why)
     assert watch_decision(GIB - 1, GIB, 2 * GIB + 1, target, floor)[0] == floor  # type: ignore[index]
     assert watch_decision(GIB + band, GIB, 10 * GIB, target, floor) is None  # inside the band
     grow = watch_decision(5 * GIB, GIB, 10 * GIB, target, floor)

@@ -4,7 +4,8 @@
 source): free memory under the reserve shrinks the budget by the shortfall plus half a hysteresis band
 (slots first, then KV pages: ``memory.split_budget``), so a program that keeps allocating meets a few
 large shrinks rather than many small ones; free memory above the reserve plus the band grows it back
-towards the budget set by hand, leaving half the band free, so neither move triggers the other. ``VramWatcher`` is the thread: it polls a ``FreeMemorySource`` (NVML through ``nvidia-ml-py``:
+towards the budget set by hand, leaving half the band free, so neither move triggers the other.
+``VramWatcher`` is the thread: it polls a ``FreeMemorySource`` (NVML through ``nvidia-ml-py``:
 ``NvmlSource``; off, said once, where NVML is missing) and posts a reading to the engine thread only when
 the policy would act and no earlier reading is still waiting; the engine decides at its next safe point.
 """
