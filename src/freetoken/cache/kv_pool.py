@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from freetoken.hardware.device_memory import device_zeros, uses_driver_memory
+
 
 class KVPool:
     def __init__(
@@ -35,8 +37,8 @@ class KVPool:
         self.num_layers = num_layers
         self.page_bytes = 2 * num_layers * page_size * num_kv_heads * head_dim * dtype.itemsize
         shape = (num_pages * page_size, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k = [device_zeros(shape, dtype, self.device) for _ in range(num_layers)]
+        self.v = [device_zeros(shape, dtype, self.device) for _ in range(num_layers)]
         # LIFO free list: recently freed pages are reused first (warm in caches).
         self._free: list[int] = list(range(num_pages - 1, -1, -1))
         self._owner: dict[int, object] = {}  # page -> request id or the radix tree
@@ -103,17 +105,17 @@ class KVPool:
         used = sorted(self._owner)
         src = torch.tensor([p * S + i for p in used for i in range(S)], dtype=torch.long, device=self.device)
         dst = torch.tensor([moves.get(p, p) * S + i for p in used for i in range(S)], dtype=torch.long)
-        # On a GPU the used pages wait in host memory while the old layers go and their memory returns to the
-        # device: the peak is the old pool, and a shrink really frees memory for other programs.
+        # On a GPU the used pages wait in host memory while the old layers go (their memory returns to the
+        # device: ``device_zeros``): the peak is the old pool, and a shrink really frees memory for other programs.
         host = self.device.type == "cuda"
         staged = [[t[src].to("cpu") if host else t[src] for t in bank] for bank in (self.k, self.v)]
-        shapes = [(t.shape[1:], t.dtype) for t in self.k]
+        shapes = [(tuple(t.shape[1:]), t.dtype) for t in self.k]
         self.k, self.v = [], []
-        if host:
+        if host and not uses_driver_memory(self.device):
             torch.cuda.empty_cache()
         for bank, rows in zip((self.k, self.v), staged):
             for (shape, dt), kept in zip(shapes, rows):
-                layer = torch.zeros((num_pages * S, *shape), dtype=dt, device=self.device)
+                layer = device_zeros((num_pages * S, *shape), dt, self.device)
                 layer[dst.to(self.device)] = kept.to(self.device)
                 bank.append(layer)
         self._owner = {moves.get(p, p): o for p, o in self._owner.items()}

@@ -19,6 +19,7 @@ import torch
 
 from freetoken.engine.memory import GIB, MemoryFacts, MemorySplit, follow_kv, split_budget
 from freetoken.engine.vram_watch import watch_decision
+from freetoken.hardware.device_memory import uses_driver_memory
 
 if TYPE_CHECKING:
     from freetoken.engine.scheduler import Scheduler
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from freetoken.experts.base import ExpertBackend
 
 log = logging.getLogger(__name__)
+HISTORY = 256
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class ElasticMemory:
         self.base_kv = kv  # KV pages of that budget: the session's split returns to it
         self.last: ResizeRecord | None = None
         self.num_resizes = 0
+        self.history: list[ResizeRecord] = []  # the last HISTORY resizes (benchmarks read them)
 
     @property
     def num_slots(self) -> int:
@@ -124,7 +127,7 @@ class ElasticMemory:
             preempted = self.scheduler.resize_kv(split.kv_pages)
         if split.slots > slots0:
             self._resize_slots(split.slots)
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and not uses_driver_memory(self.device):
             torch.cuda.empty_cache()  # freed slots and pages go back to the device, for other programs
         self.split = split
         rec = ResizeRecord(time.time(), source, reason, round(split.budget_bytes / GIB, 4), slots0, split.slots,
@@ -132,6 +135,7 @@ class ElasticMemory:
         if (slots0, kv0) != (split.slots, split.kv_pages):
             self.last = rec
             self.num_resizes += 1
+            self.history = [*self.history[-(HISTORY - 1) :], rec]
             log.info("memory %s: %d -> %d expert slots, %d -> %d KV pages (%s)%s", source, slots0, split.slots,
                      kv0, split.kv_pages, reason, f", {preempted} preempted" if preempted else "")  # fmt: skip
         return rec

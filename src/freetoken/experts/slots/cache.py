@@ -20,6 +20,7 @@ from freetoken.experts.slots.copy import batched_fill
 from freetoken.experts.slots.gemm import SlotWeights
 from freetoken.experts.slots.plan import WARM, FillRule, RouteGroups, SlotTables, StepPlan, group_routes, plan_fills
 from freetoken.experts.triton_support import triton_available
+from freetoken.hardware.device_memory import device_zeros, uses_driver_memory
 
 
 class SlotCache:
@@ -34,7 +35,7 @@ class SlotCache:
         # One slot = one whole expert: a row of every bank (``pool.tensors``: gate_up [S+1, 2I, D'], down
         # [S+1, D, I'], then the format's scale banks). Zero-filled so that masked work reading the scratch slot
         # stays finite.
-        self.slots = tuple(torch.zeros((S + 1, *t.shape[1:]), dtype=t.dtype, device=device) for t in pool.tensors)
+        self.slots = tuple(device_zeros((S + 1, *t.shape[1:]), t.dtype, device) for t in pool.tensors)
         self.tables = SlotTables.empty(N, S, device)
         self._src = pool.device_views(device)
         self._dropped: list[int] = []  # eids a shrink let go, newest first: a grow brings them back
@@ -178,9 +179,11 @@ class SlotCache:
         back = [e for e in self._dropped if e not in resident][: num_slots - n]
         self._dropped = t.eid_of[ranked[num_slots:]].tolist() + [e for e in self._dropped if e not in set(back)]
         self._dropped = self._dropped[:N]
-        shapes = [(b.shape[1:], b.dtype) for b in self.slots]
-        self.slots = ()  # the old banks go first
-        self.slots = tuple(torch.zeros((num_slots + 1, *shape), dtype=dt, device=dev) for shape, dt in shapes)
+        shapes = [(tuple(b.shape[1:]), b.dtype) for b in self.slots]
+        self.slots = ()  # the old banks go first (their memory returns to the device: ``device_zeros``)
+        if dev.type == "cuda" and not uses_driver_memory(dev):
+            torch.cuda.empty_cache()
+        self.slots = tuple(device_zeros((num_slots + 1, *shape), dt, dev) for shape, dt in shapes)
         new = SlotTables.empty(N, num_slots, dev)
         new.tick = t.tick
         new.eid_of[:n] = t.eid_of[keep]
