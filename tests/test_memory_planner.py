@@ -73,6 +73,8 @@ def test_watch_decision_shrinks_by_the_shortfall_and_grows_back_with_hysteresis(
     assert grow is not None and grow[0] == 10 * GIB + 4 * GIB - band // 2
     assert watch_decision(30 * GIB, GIB, 10 * GIB, target, floor)[0] == target  # type: ignore[index]
     assert watch_decision(30 * GIB, GIB, target, target, floor) is None  # never above the budget set by hand
+    streak = watch_decision(GIB // 4, GIB, budget, target, floor, streak=2)  # a program still allocating
+    assert streak is not None and streak[0] == budget - 4 * (3 * GIB // 4 + band // 2)
     # after a grow the free memory sits half a band above the reserve: no shrink, no grow (no oscillation)
     assert watch_decision(GIB + band // 2, GIB, 14 * GIB, target, floor) is None
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from freetoken.engine.memory import GIB, MemoryFacts, MemorySplit, follow_kv, split_budget
-from freetoken.engine.vram_watch import watch_decision
+from freetoken.engine.vram_watch import STREAK_S, watch_decision
 from freetoken.hardware.device_memory import uses_driver_memory
 
 if TYPE_CHECKING:
@@ -68,6 +68,7 @@ class ElasticMemory:
         self.last: ResizeRecord | None = None
         self.num_resizes = 0
         self.history: list[ResizeRecord] = []  # the last HISTORY resizes (benchmarks read them)
+        self._streak, self._last_shrink = 0, -1e9  # the watcher's shrinks in a row (vram_watch.STREAK_S)
 
     @property
     def num_slots(self) -> int:
@@ -89,13 +90,17 @@ class ElasticMemory:
         """The VRAM watcher's reading: shrink when the device's free memory fell under the reserve, grow
         back (hysteresis) towards the budget set by hand when it freed."""
         f = self.facts
+        streak = self._streak + 1 if time.monotonic() - self._last_shrink < STREAK_S else 0
         decision = watch_decision(free_bytes, f.reserve_bytes, self.split.budget_bytes, self.target_bytes,
-                                  f.minimum_budget)  # fmt: skip
+                                  f.minimum_budget, streak)  # fmt: skip
         if decision is None:
             return None
         budget, why = decision
-        split = split_budget(budget, f, self.split.kv_pages)
-        return self.apply(split, why, "watcher")
+        shrink = budget < self.split.budget_bytes
+        rec = self.apply(split_budget(budget, f, self.split.kv_pages), why, "watcher")
+        if shrink:  # the streak counts from the end of the resize
+            self._streak, self._last_shrink = streak, time.monotonic()
+        return rec
 
     def follow(self) -> ResizeRecord | None:
         """The split follows the session (``memory.follow_kv``); a no-op unless it moves something."""

@@ -2,8 +2,8 @@
 
 ``watch_decision`` is the policy, a pure function of one reading (testable with any free-memory
 source): free memory under the reserve shrinks the budget by the shortfall plus half a hysteresis band
-(slots first, then KV pages: ``memory.split_budget``), so a program that keeps allocating meets a few
-large shrinks rather than many small ones; free memory above the reserve plus the band grows it back
+(slots first, then KV pages: ``memory.split_budget``), doubled for each shrink that follows the last
+within a second, so a program that keeps allocating meets a few large shrinks rather than many small ones; free memory above the reserve plus the band grows it back
 towards the budget set by hand, leaving half the band free, so neither move triggers the other.
 ``VramWatcher`` is the thread: it polls a ``FreeMemorySource`` (NVML through ``nvidia-ml-py``:
 ``NvmlSource``; off, said once, where NVML is missing) and posts a reading to the engine thread only when
@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.1
 MIN_HYSTERESIS = 512 * MIB
+STREAK_S = 1.0  # shrinks closer together than this double the step: a program is still allocating
+MAX_STREAK = 5
 
 
 class FreeMemorySource(Protocol):
@@ -36,13 +38,15 @@ def hysteresis_for(reserve_bytes: int) -> int:
 
 
 def watch_decision(
-    free_bytes: int, reserve_bytes: int, budget_bytes: int, target_bytes: int, minimum_bytes: int
+    free_bytes: int, reserve_bytes: int, budget_bytes: int, target_bytes: int, minimum_bytes: int, streak: int = 0
 ) -> tuple[int, str] | None:
     """(new budget, why) for one reading of the device's free memory, or None: leave the budget as it is.
-    Never below ``minimum_bytes``, never above ``target_bytes`` (the budget set by hand)."""
+    Never below ``minimum_bytes``, never above ``target_bytes`` (the budget set by hand). ``streak``: shrinks
+    in a row, each within ``STREAK_S`` of the last (a program still allocating): each doubles the step."""
     band = hysteresis_for(reserve_bytes)
     if free_bytes < reserve_bytes:  # give the shortfall and half the band: free lands where a grow leaves it
-        new = max(minimum_bytes, budget_bytes - (reserve_bytes - free_bytes) - band // 2)
+        give = (reserve_bytes - free_bytes + band // 2) << min(streak, MAX_STREAK)
+        new = max(minimum_bytes, budget_bytes - give)
         if new >= budget_bytes:
             return None  # at the minimum already: nothing left to give
         return new, f"free VRAM {free_bytes / GIB:.2f} GiB < reserve {reserve_bytes / GIB:.2f} GiB"
