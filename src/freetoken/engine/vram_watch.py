@@ -1,13 +1,14 @@
 """The VRAM watcher: reads the device's free memory and tells the engine when to shrink or grow.
 
 ``watch_decision`` is the policy, a pure function of one reading (testable with any free-memory
-source): free memory under the reserve shrinks the budget by the shortfall plus half a hysteresis band
-(slots first, then KV pages: ``memory.split_budget``), doubled for each shrink that follows the last
-within a second, so a program that keeps allocating meets a few large shrinks rather than many small ones; free memory above the reserve plus the band grows it back
-towards the budget set by hand, leaving half the band free, so neither move triggers the other.
-``VramWatcher`` is the thread: it polls a ``FreeMemorySource`` (NVML through ``nvidia-ml-py``:
-``NvmlSource``; off, said once, where NVML is missing) and posts a reading to the engine thread only when
-the policy would act and no earlier reading is still waiting; the engine decides at its next safe point.
+source): free memory under the reserve shrinks the budget by the shortfall plus half a hysteresis
+band (slots first, then KV pages: ``memory.split_budget``), doubled for each shrink that follows the
+last within a second, so a program that keeps allocating meets a few large shrinks rather than many
+small ones; free memory above the reserve plus the band grows it back towards the budget set by hand,
+leaving half the band free, so neither move triggers the other. ``VramWatcher`` is the thread: it
+polls a ``FreeMemorySource`` (NVML through ``nvidia-ml-py``: ``NvmlSource``; off, said once, where
+NVML is missing) and posts a reading to the engine thread only when the policy would act and no
+earlier reading is still waiting; the engine decides at its next safe point.
 """
 
 from __future__ import annotations
