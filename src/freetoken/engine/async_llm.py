@@ -175,8 +175,8 @@ class AsyncLLM:
             log.debug("engine failed to load: %s", self.error)
             self._ready.set()
             return
+        self.watcher = self._start_watcher(self.engine)  # before ready: callers may look at it at once
         self._ready.set()
-        self.watcher = self._start_watcher(self.engine)
         try:
             self._loop(self.engine)
         except BaseException as e:
