@@ -192,3 +192,42 @@ def test_resizing_slots_and_kv_mid_generation_keeps_greedy_tokens(ckpt: str, bac
     got, preempted = _generate(LLM(expert_cache=8, kv_pages=64, **kw), plan)
     assert got == base
     assert preempted > 0  # 14 pages cannot hold three running contexts: the newest went back to the queue
+
+
+def test_a_size_the_device_refuses_falls_back_and_keeps_everything(
+    ckpt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another program took the memory between the free and the new allocation: a grow returns to the old size,
+    with every page and expert where it was, and the engine goes on."""
+    import freetoken.cache.kv_pool as kv_pool
+    import freetoken.experts.slots.cache as slot_cache
+
+    llm = LLM(model=ckpt, device="cpu", dtype="float32", moe_backend="hybrid", page_size=PAGE, max_model_len=128,
+              expert_cache=8, kv_pages=64)  # fmt: skip
+    eng = llm.engine
+    prompts = _prompts()
+    eng.add_request("a", prompts[0], GREEDY)
+    for _ in range(4):
+        eng.step()
+    req = eng.requests["a"]
+    pages, kv_before = list(req.pages), [eng.kv.k[0][eng.kv.slots(req.pages, 0, 40)].clone()]
+    resident = eng.setup.loaded.backend.cache.resident()  # type: ignore[union-attr]
+    real = kv_pool.device_zeros
+
+    def refuse_big(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        if shape[0] > 64 * PAGE or (len(shape) == 3 and shape[0] > 9 and shape[1] == 64):  # KV > 64 pages, > 8 slots
+            raise torch.OutOfMemoryError("refused")
+        return real(shape, dtype, device)
+
+    monkeypatch.setattr(kv_pool, "device_zeros", refuse_big)
+    monkeypatch.setattr(slot_cache, "device_zeros", refuse_big)
+    rec = eng.memory.apply(MemorySplit(0, 12, 100, 0), "test", "test")
+    assert (rec.slots_after, rec.kv_pages_after) == (8, 64)  # 12 slots and 100 pages asked: the old sizes came
+    assert (eng.memory.num_slots, eng.kv.num_pages) == (8, 64)
+    assert eng.memory.split.slots == 8 and eng.memory.split.kv_pages == 64
+    assert req.pages == pages and torch.equal(eng.kv.k[0][eng.kv.slots(req.pages, 0, 40)], kv_before[0])
+    assert set(eng.setup.loaded.backend.cache.resident()) == set(resident)  # type: ignore[union-attr]
+    eng.check_integrity()
+    while eng.has_unfinished():
+        eng.step()
+    eng.check_integrity()

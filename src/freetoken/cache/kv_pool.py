@@ -89,22 +89,20 @@ class KVPool:
         if page not in self._owner or self._owner[page] != owner:
             raise AssertionError(f"KV page {page} {what} by {owner!r} but owned by {self._owner.get(page)!r}")
 
-    def resize(self, num_pages: int) -> dict[int, int]:
+    def resize(self, num_pages: int, floor: int | None = None) -> dict[int, int]:
         """Safe points only: the pool becomes ``num_pages`` pages. Growing adds free pages; shrinking needs
         every used page to fit (the caller evicts or preempts first) and moves the used pages at or above
         ``num_pages`` into free pages below it, K/V copied. Returns the moves {old page: new page}; the
-        caller rewrites the page tables that name them (requests, the radix tree)."""
+        caller rewrites the page tables that name them (requests, the radix tree). When the device refuses
+        the new layers (another program took the memory meanwhile), ``floor`` pages (at least the used ones)
+        are tried instead, else ``torch.OutOfMemoryError``; ``num_pages`` says what the pool became."""
         if num_pages < 1:
             raise ValueError("the KV pool needs at least one page")
         if self.num_used > num_pages:
             raise ValueError(f"{self.num_used} KV pages are in use; the pool cannot shrink to {num_pages}")
-        high = sorted(p for p in self._owner if p >= num_pages)
-        low_free = sorted(p for p in self._free if p < num_pages)
-        moves = dict(zip(high, low_free))  # empty when growing
         S = self.page_size
         used = sorted(self._owner)
         src = torch.tensor([p * S + i for p in used for i in range(S)], dtype=torch.long, device=self.device)
-        dst = torch.tensor([moves.get(p, p) * S + i for p in used for i in range(S)], dtype=torch.long)
         # On a GPU the used pages wait in host memory while the old layers go (their memory returns to the
         # device: ``device_zeros``): the peak is the old pool, and a shrink really frees memory for other programs.
         host = self.device.type == "cuda"
@@ -113,15 +111,29 @@ class KVPool:
         self.k, self.v = [], []
         if host and not uses_driver_memory(self.device):
             torch.cuda.empty_cache()
+        try:
+            self.k, self.v = self._layers(num_pages, shapes), self._layers(num_pages, shapes)
+        except torch.OutOfMemoryError:
+            self.k, self.v = [], []
+            if floor is None or max(floor, len(used)) >= num_pages:
+                raise
+            num_pages = max(floor, len(used), 1)
+            self.k, self.v = self._layers(num_pages, shapes), self._layers(num_pages, shapes)
+        high = [p for p in used if p >= num_pages]
+        low_free = sorted(p for p in range(num_pages) if p not in self._owner)
+        moves = dict(zip(high, low_free))  # empty when growing
+        dst = torch.tensor([moves.get(p, p) * S + i for p in used for i in range(S)], dtype=torch.long)
+        dst = dst.to(self.device)
         for bank, rows in zip((self.k, self.v), staged):
-            for (shape, dt), kept in zip(shapes, rows):
-                layer = device_zeros((num_pages * S, *shape), dt, self.device)
-                layer[dst.to(self.device)] = kept.to(self.device)
-                bank.append(layer)
+            for layer, kept in zip(bank, rows):
+                layer[dst] = kept.to(self.device)
         self._owner = {moves.get(p, p): o for p, o in self._owner.items()}
         self._free = sorted((p for p in range(num_pages) if p not in self._owner), reverse=True)
         self.num_pages = num_pages
         return moves
+
+    def _layers(self, num_pages: int, shapes: list[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor]:
+        return [device_zeros((num_pages * self.page_size, *shape), dt, self.device) for shape, dt in shapes]
 
     def slots(self, pages: list[int], start: int, end: int) -> list[int]:
         """Flat slot ids of token positions [start, end) of a sequence with page table ``pages``."""

@@ -126,14 +126,24 @@ class ElasticMemory:
         if (split.slots != slots0 or split.kv_pages != kv0) and self.graphs is not None:
             self.graphs.clear()
         preempted = 0
+        f = self.facts
+        # a size the device refuses (another program took the memory meanwhile) falls back: a grow to where it
+        # was, a shrink to the fewest slots or pages
         if split.slots < slots0:
-            self._resize_slots(split.slots)
+            self._resize_slots(split.slots, f.min_slots)
         if split.kv_pages != kv0:
-            preempted = self.scheduler.resize_kv(split.kv_pages)
+            floor = kv0 if split.kv_pages > kv0 else f.min_pages
+            preempted = self.scheduler.resize_kv(split.kv_pages, floor)
         if split.slots > slots0:
-            self._resize_slots(split.slots)
+            self._resize_slots(split.slots, slots0)
         if self.device.type == "cuda" and not uses_driver_memory(self.device):
             torch.cuda.empty_cache()  # freed slots and pages go back to the device, for other programs
+        got = (self.num_slots, self.scheduler.kv.num_pages)
+        if got != (split.slots, split.kv_pages):
+            log.warning("memory %s: the device refused %d slots / %d KV pages; now %d / %d", source, split.slots,
+                        split.kv_pages, *got)  # fmt: skip
+            used = got[0] * f.slot_bytes + got[1] * f.page_bytes
+            split = MemorySplit(used + f.reserve_bytes, got[0], got[1], f.reserve_bytes)
         self.split = split
         rec = ResizeRecord(time.time(), source, reason, round(split.budget_bytes / GIB, 4), slots0, split.slots,
                            kv0, split.kv_pages, preempted, time.perf_counter() - t0)  # fmt: skip
@@ -145,9 +155,9 @@ class ElasticMemory:
                      kv0, split.kv_pages, reason, f", {preempted} preempted" if preempted else "")  # fmt: skip
         return rec
 
-    def _resize_slots(self, n: int) -> None:
+    def _resize_slots(self, n: int, floor: int) -> None:
         assert self.backend is not None
-        self.backend.resize_expert_cache(n)
+        self.backend.resize_expert_cache(n, floor)
 
     # ---- introspection --------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

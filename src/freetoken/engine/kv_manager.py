@@ -92,10 +92,10 @@ class KVManager:
             self.tree.evict(min(over, self.tree.num_evictable_pages))
         return max(0, self.kv.num_used - num_pages)
 
-    def resize(self, num_pages: int, requests: Iterable[Request]) -> None:
-        """``KVPool.resize`` (the used pages must fit), then the moved pages renamed in every request's page
-        table and in the tree."""
-        moves = self.kv.resize(num_pages)
+    def resize(self, num_pages: int, requests: Iterable[Request], floor: int | None = None) -> None:
+        """``KVPool.resize`` (the used pages must fit; ``floor``: its fallback), then the moved pages renamed in
+        every request's page table and in the tree."""
+        moves = self.kv.resize(num_pages, floor)
         if not moves:
             return
         for r in requests:

@@ -150,8 +150,9 @@ class ExpertBackend(ABC):
         """(fewest, most) slots ``resize_expert_cache`` takes: one layer's top-k, the pool."""
         return (0, 0)
 
-    def resize_expert_cache(self, num_slots: int) -> None:
-        """A safe point between steps: the slot cache becomes ``num_slots`` slots (LRU slots go first)."""
+    def resize_expert_cache(self, num_slots: int, floor: int | None = None) -> None:
+        """A safe point between steps: the slot cache becomes ``num_slots`` slots (LRU slots go first), or
+        ``floor`` slots when the device refuses that many."""
         raise NotImplementedError(f"the {self.name} backend has no expert cache to resize")
 
     # -- the whole decode step as one CUDA graph (``engine/step_graph.py``) -------------------------------

@@ -39,10 +39,10 @@ class StaticFreqBackend(SlotBackend):
             self.place()
         self.tokens_seen += num_tokens
 
-    def resize_expert_cache(self, num_slots: int) -> None:
+    def resize_expert_cache(self, num_slots: int, floor: int | None = None) -> None:
         """Unlock, resize, then (once profiled) place each layer's ``C = S // L`` most-routed experts again."""
         self.cache.unlock(list(self.cache.resident()))
-        super().resize_expert_cache(num_slots)
+        super().resize_expert_cache(num_slots, floor)
         self.per_layer = min(self.pool.num_experts, self.cache.num_slots // self.pool.num_layers)
         if self.placed:
             self.place()

@@ -32,10 +32,10 @@ class StaticLayersBackend(SlotBackend):
             self.cache.insert(eids)
             self.cache.lock(eids)
 
-    def resize_expert_cache(self, num_slots: int) -> None:
+    def resize_expert_cache(self, num_slots: int, floor: int | None = None) -> None:
         """Whole layers again: unlock, resize (the newest layers' experts stay), then place ``S // E`` layers."""
         self.cache.unlock(list(self.cache.resident()))
-        super().resize_expert_cache(num_slots)
+        super().resize_expert_cache(num_slots, floor)
         self._place()
 
     def forward(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
