@@ -134,7 +134,7 @@ class HostExpertPool:
         self.pinned = False
         rows = self.num_rows
         self.pinned_rows = rows if pin_limit is None else max(0, min(rows, pin_limit // max(1, self.expert_bytes)))
-        if pin and torch.cuda.is_available():
+        if pin and torch.cuda.is_available() and self.pinned_rows > 0:  # nothing pinned: the caller runs 'cpu'
             check_pool_fits(banks.pool_bytes)
             self.pinned = self._pin()
             if not self.pinned:

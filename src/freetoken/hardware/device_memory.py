@@ -93,9 +93,8 @@ def device_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devic
             _say_fallback(rc)
             return torch.zeros(shape, dtype=dtype, device=device)
         raw = torch.as_tensor(_Block(drv, int(ptr.value), nbytes, ctx), device=device)
-        t = raw.view(dtype).view(shape)
-        t.zero_()
-    return t
+        raw.zero_()  # as bytes: every dtype (fp8 banks too) reads zeros
+    return raw.view(dtype).view(shape)
 
 
 @functools.lru_cache(maxsize=1)
