@@ -163,6 +163,7 @@ def run_backend(args: argparse.Namespace, ckpt: Path, backend: str, out: Path, o
     cfg = EngineConfig(model=str(ckpt), moe_backend=backend, vram_budget=args.budget, vram_reserve=args.reserve,
                        max_model_len=4096, max_running_requests=1, cpu_threads=args.cpu_threads,
                        prefix_cache=False)  # fmt: skip  # the second stream computes exactly as the first
+    n_oom = len(oom.records)
     hog = Hog()
     llm = AsyncLLM.start(cfg)
     assert llm.wait_loaded(600) and llm.state == "ready", llm.error
@@ -180,6 +181,8 @@ def run_backend(args: argparse.Namespace, ckpt: Path, backend: str, out: Path, o
     D = time.perf_counter() - t0
     base_rate = statistics.median(r for _, r in windows(base_times, base_times[0], base_times[-1])) if D > 1 else 0
     split0 = llm.stats()["memory"]
+    print(f"# {backend}: undisturbed {args.tokens / D:.1f} tok/s; {split0['slots']} slots, {split0['kv_pages']} KV "
+          f"pages, budget {split0['budget_gib']:.1f} GiB", flush=True)
     ballast = max(0, nvml.free_bytes() - int(args.free_left * GIB))
     hog.want(ballast)
     hog.wait_held(60)
@@ -227,7 +230,7 @@ def run_backend(args: argparse.Namespace, ckpt: Path, backend: str, out: Path, o
         "min_margin_undisturbed": min(base_margins, default=None),
         "tokens": len(got), "undisturbed_s": D, "undisturbed_tok_s": args.tokens / D,
         "undisturbed_window_median": base_rate, "free_at_start_gib": free_start / GIB,
-        "split_at_start": split0, "oom_log": list(oom.records), "hog_refusals": hog.refused,
+        "split_at_start": split0, "oom_log": oom.records[n_oom:], "hog_refusals": hog.refused,
         "resizes": len(resizes), "phases": [],
     }  # fmt: skip
     for at, what, nbytes in events:
