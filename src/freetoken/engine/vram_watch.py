@@ -83,7 +83,7 @@ class NvmlSource:
             if not cls._said:
                 cls._said = True
                 why = f"{type(exc).__name__}: {exc}"
-                log.info("VRAM watcher off: NVML is unavailable (%s); install nvidia-ml-py", why)
+                log.warning("VRAM watcher off: NVML is unavailable (%s); install nvidia-ml-py", why)
             return None
         return cls(pynvml, handle)
 
