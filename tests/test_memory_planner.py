@@ -237,3 +237,15 @@ def test_a_fake_free_memory_source_drives_the_engine_while_a_request_runs(
         llm.check_integrity()
     finally:
         asyncio.run(llm.shutdown())
+
+
+def test_without_nvml_the_watcher_is_off_said_once(caplog: pytest.LogCaptureFixture, monkeypatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # an import that fails, as where nvidia-ml-py is missing
+    monkeypatch.setattr(vram_watch.NvmlSource, "_said", False)
+    with caplog.at_level("WARNING"):
+        assert vram_watch.NvmlSource.open(torch.device("cuda")) is None
+        assert vram_watch.NvmlSource.open(torch.device("cuda")) is None
+    said = [r for r in caplog.records if "VRAM watcher off" in r.getMessage()]
+    assert len(said) == 1 and "nvidia-ml-py" in said[0].getMessage()
