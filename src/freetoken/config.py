@@ -53,7 +53,8 @@ class EngineConfig:
     vram_budget: float | None = None
     """GiB of device memory for the expert-slot cache, the KV pages and the reserve (the other weights come on
     top), split by the memory planner and resized at run time (``ft ctl memory``); the split then follows the
-    session. None: the sizes of expert_cache and kv_pages."""
+    session (the fused backend keeps every expert on the device: there the budget sizes the KV pages). None: the
+    sizes of expert_cache and kv_pages."""
     vram_reserve: float = 1.0
     """GiB of the budget left free for activations and graphs; the VRAM watcher keeps this much free."""
     vram_watch: bool = True

@@ -38,6 +38,7 @@ def add_engine_args(p: argparse.ArgumentParser, model_required: bool = False) ->
     p.add_argument("--vram-budget", type=float, default=d.vram_budget, metavar="GIB", help=e["vram_budget"])
     p.add_argument("--vram-reserve", type=float, default=d.vram_reserve, metavar="GIB", help=e["vram_reserve"])
     p.add_argument("--no-vram-watch", dest="vram_watch", action="store_false", help=e["vram_watch"])
+    p.add_argument("--pinned-budget", type=float, default=d.pinned_budget, metavar="GIB", help=e["pinned_budget"])
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -53,6 +54,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         vram_budget=args.vram_budget,
         vram_reserve=args.vram_reserve,
         vram_watch=args.vram_watch,
+        pinned_budget=args.pinned_budget,
     )
 
 
