@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from freetoken.cache.kv_pool import KVPool
+from freetoken.experts.triton_support import triton_available
 from freetoken.layers.norm import rms_norm
 from freetoken.layers.paged_attention import DecodeMeta, decode_attention
 from freetoken.layers.rope import Rotary
@@ -79,6 +80,18 @@ class Attention:
         self.h, self.hkv, self.hd, self.eps = num_heads, num_kv_heads, head_dim, eps
         self.rotary, self.clip = rotary, clip_qkv
         self.scale = head_dim**-0.5
+        # One projection for q, k and v (one GEMM instead of three); w.q/k/v become views of its rows.
+        self.qkv_w = torch.cat((w.q, w.k, w.v))
+        nq, nk = w.q.shape[0], w.k.shape[0]
+        w.q, w.k, w.v = self.qkv_w[:nq], self.qkv_w[nq : nq + nk], self.qkv_w[nq + nk :]
+        biases = (w.q_bias, w.k_bias, w.v_bias)
+        self.qkv_b = None if all(b is None for b in biases) else torch.cat(
+            [b if b is not None else torch.zeros(n, dtype=w.q.dtype, device=w.q.device)
+             for b, n in zip(biases, (nq, nk, nk), strict=True)]
+        )  # fmt: skip
+        # The fused q/k-norm + rotary + KV-write kernel takes per-head norms (or none) and no clipping.
+        per_head = all(n is None or n.numel() == head_dim for n in (w.q_norm, w.k_norm))
+        self._fused_rope = per_head and clip_qkv is None
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor | None, heads: int) -> torch.Tensor:
         """x [T, heads*hd] -> [T, heads, hd], normalised per head or over the whole projection."""
@@ -89,18 +102,37 @@ class Attention:
             x = rms_norm(x, weight, self.eps)
         return x
 
-    def forward(self, x: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
-        w = self.w
-        qh = self._norm(F.linear(x, w.q, w.q_bias), w.q_norm, self.h)
-        kh = self._norm(F.linear(x, w.k, w.k_bias), w.k_norm, self.hkv)
-        vh = F.linear(x, w.v, w.v_bias).view(x.shape[0], self.hkv, self.hd)
+    def _qkv_torch(
+        self, qkv: torch.Tensor, batch: AttnBatch, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """q/k norms, rotary, the new K/V rows into the pool; returns q [T, H, hd] (the torch path)."""
+        w, T = self.w, qkv.shape[0]
+        nq, nk = self.h * self.hd, self.hkv * self.hd
+        qh = self._norm(qkv[:, :nq], w.q_norm, self.h)
+        kh = self._norm(qkv[:, nq : nq + nk], w.k_norm, self.hkv)
+        vh = qkv[:, nq + nk :].reshape(T, self.hkv, self.hd)
         if self.clip is not None:  # OLMoE clamps after the q/k norms
             qh, kh, vh = (t.clamp(-self.clip, self.clip) for t in (qh, kh, vh))
         qh = self.rotary.apply(qh, batch.positions)
         kh = self.rotary.apply(kh, batch.positions)
-        k_cache, v_cache = kv.k[self.layer], kv.v[self.layer]
         k_cache.index_copy_(0, batch.slot_mapping, kh.to(k_cache.dtype))
         v_cache.index_copy_(0, batch.slot_mapping, vh.to(v_cache.dtype))
+        return qh
+
+    def forward(self, x: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
+        w = self.w
+        qkv = F.linear(x, self.qkv_w, self.qkv_b)
+        k_cache, v_cache = kv.k[self.layer], kv.v[self.layer]
+        if self._fused_rope and x.is_cuda and triton_available():
+            from freetoken.layers.qkv_rope_triton import qkv_rope_triton
+
+            r = self.rotary
+            qh = qkv_rope_triton(
+                qkv, batch.positions, batch.slot_mapping, r.cos, r.sin, w.q_norm, w.k_norm,
+                k_cache, v_cache, self.h, self.hkv, self.hd, self.eps,
+            )  # fmt: skip
+        else:
+            qh = self._qkv_torch(qkv, batch, k_cache, v_cache)
         if batch.decode is not None:
             out = decode_attention(qh.to(k_cache.dtype), k_cache, v_cache, batch.decode, self.scale, self.window)
             return F.linear(out.to(x.dtype).reshape(x.shape[0], self.h * self.hd), w.o, w.o_bias)
