@@ -76,14 +76,18 @@ def checkpoint(args: argparse.Namespace) -> Path:
     return d
 
 
-def decode_tok_s(llm: Any, batch: int, prompt: int, tokens: int, warmup: int, seed: int) -> float:
-    """Generated tokens per second of ``batch`` concurrent greedy requests, after ``warmup`` tokens each."""
+def decode_tok_s(
+    llm: Any, batch: int, prompt: int, tokens: int, warmup: int, seed: int, temperature: float = 0.0
+) -> float:
+    """Generated tokens per second of ``batch`` concurrent requests, after ``warmup`` tokens each: greedy, or
+    sampled at ``temperature`` (seeded: a random-weight model then emits varied tokens, as llama-bench feeds
+    random tokens, where greedy decoding repeats a few tokens and so their experts)."""
     from freetoken.engine.sampling_params import SamplingParams
 
     eng = llm.engine
     vocab = eng.hf.vocab_size
     g = torch.Generator().manual_seed(seed)
-    params = SamplingParams(max_tokens=warmup + tokens, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=warmup + tokens, temperature=temperature, ignore_eos=True, seed=seed)
     for b in range(batch):
         ids = torch.randint(3, vocab, (prompt,), generator=g).tolist()
         eng.add_request(f"bench-{seed}-{b}", ids, params)
@@ -174,7 +178,8 @@ def run(args: argparse.Namespace) -> int:
                     runs = []
                     before = llm.stats()
                     for rep in range(args.repeats):
-                        runs.append(decode_tok_s(llm, batch, args.prompt_tokens, args.tokens, args.warmup, rep))
+                        runs.append(decode_tok_s(llm, batch, args.prompt_tokens, args.tokens, args.warmup, rep,
+                                                 args.temperature))
                         if args.transformers and batch == 1 and threads is threads_list[0] and policy == policies[0]:
                             peer.append(transformers_tok_s(path, args.tokens, args.prompt_tokens, rep))
                     st = {k: v - before.get(k, 0) for k, v in llm.stats().items() if isinstance(v, (int, float))}
@@ -223,6 +228,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=64, help="timed tokens per request")
     p.add_argument("--warmup", type=int, default=16, help="untimed tokens per request first")
     p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0: greedy; > 0: seeded sampling (varied tokens, so varied routing, on random weights)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--routing-trace", default=None, help="replay [tokens, layers, k] uint8 routing (.npy)")
     p.add_argument("--moe-only", action=argparse.BooleanOptionalAction, default=True,
