@@ -6,7 +6,7 @@
 #   bench  (~9 min) ft bench e2e: fused greedy b1/b4; hybrid/offload on the trace; hybrid sampled (varied
 #          tokens); llama-bench --n-cpu-moe 0 / 9 at 6 / 16 threads
 set -uo pipefail
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+export PYTHONPATH=src:.carry/pylib PYTHONUNBUFFERED=1  # .carry/pylib: llguidance, accelerate (the box lacks them)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 CK=/tmp/ft-e2e-qwen3-12
 TRACE=.carry/traces/locality-48x128x8.npy
