@@ -46,8 +46,12 @@ def _check_qkv(device: str, dtype: torch.dtype, tol: float) -> None:
         vc = torch.zeros_like(kc)
         q = qkv_rope_triton(qkv, pos, slot, rotary.cos, rotary.sin, qn, kn, kc, vc, H, hkv, hd, 1e-6)
         rq, rk, rv = _qkv_reference(qkv, pos, rotary, qn, kn, H, hkv, hd)
-        torch.testing.assert_close(q, rq, rtol=tol, atol=tol)
-        torch.testing.assert_close(kc[slot], rk, rtol=tol, atol=tol)
+        for got, ref in ((q, rq), (kc[slot], rk)):
+            if dtype == torch.float32:
+                torch.testing.assert_close(got, ref, rtol=tol, atol=tol)
+            else:  # bf16: the norm's statistics may round one ulp apart (the fast-step issue's bf16 rule)
+                err, r = (got.float() - ref.float()), ref.float()
+                assert err.norm() / r.norm() <= 8e-3 and err.abs().max() <= 2**-6 * r.abs().max()
         assert torch.equal(vc[slot], rv)
         untouched = torch.ones(slots, dtype=torch.bool)
         untouched[slot.cpu()] = False
@@ -59,11 +63,11 @@ def test_qkv_rope_in_the_interpreter() -> None:
     _check_qkv("cpu", torch.float32, 1e-5)
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 0.0)])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 0.0)])  # bf16: see _check_qkv
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_qkv_rope_on_cuda(dtype: torch.dtype, tol: float) -> None:
-    _check_qkv("cuda", dtype, tol)  # bf16: the kernel rounds where torch's ops round (exact but for 1/sqrt)
+    _check_qkv("cuda", dtype, tol)
 
 
 def _check_merge(device: str) -> None:
