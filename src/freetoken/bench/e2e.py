@@ -61,7 +61,7 @@ def checkpoint(args: argparse.Namespace) -> Path:
         return Path(args.model)
     shape = get_preset(args.preset)
     cache = Path(os.environ.get("FREETOKEN_CACHE", Path.home() / ".cache" / "freetoken"))
-    d = Path(args.dir) if args.dir else cache / "bench" / f"{shape.name}-{args.layers}layers"
+    d = Path(args.dir) if args.dir else cache / "bench" / f"{shape.name}-{args.layers}layers-v2"
     if not (d / "model.safetensors.index.json").exists():
         from freetoken.bench.synthetic_checkpoint import write_qwen3_moe
 
@@ -70,10 +70,17 @@ def checkpoint(args: argparse.Namespace) -> Path:
         written = write_qwen3_moe(
             d, num_layers=args.layers, hidden=shape.hidden, num_experts=shape.experts, moe_inter=shape.inter,
             vocab=a["vocab"], heads=a["heads"], kv_heads=a["kv_heads"], hd=a["hd"], top_k=shape.top_k,
-            max_positions=a["max_positions"], shared_experts=True, fmt=shape.fmt,
+            max_positions=a["max_positions"], shared_experts=True, fmt=shape.fmt, embed_std=EMBED_STD,
         )  # fmt: skip
         print(f"# wrote {d} ({written / 1e9:.1f} GB) in {time.perf_counter() - t0:.0f} s", flush=True)
     return d
+
+
+# Embeddings of this scale keep each token's own part of the residual above the attention's slowly varying part:
+# consecutive sampled tokens then route to nearly independent experts, as uniform routing (BENCH.md) has it; at the
+# usual 0.02 a random model's deeper layers route consecutive tokens to mostly the same experts
+# (docs/benchmarks.md, "the synthetic checkpoint's routing").
+EMBED_STD = 1.0
 
 
 def decode_tok_s(

@@ -28,6 +28,7 @@ def write_qwen3_moe(
     top_k: int = 8,
     max_positions: int = 4096,
     shared_experts: bool = False,
+    embed_std: float = 0.02,
     fmt: WeightFormat = BF16,
 ) -> int:
     """One shard per layer; returns the total weight bytes written. ``shared_experts``: every expert of a
@@ -78,7 +79,8 @@ def write_qwen3_moe(
             weight_map[k] = name
             total += v.numel() * v.element_size()
 
-    flush({"model.embed_tokens.weight": rnd(vocab, hidden), "lm_head.weight": rnd(vocab, hidden),
+    embed = (torch.randn((vocab, hidden), generator=g) * embed_std).to(dtype)
+    flush({"model.embed_tokens.weight": embed, "lm_head.weight": rnd(vocab, hidden),
            "model.norm.weight": torch.ones(hidden, dtype=dtype)}, "model-embed.safetensors")
     for i in range(num_layers):
         p = f"model.layers.{i}."
