@@ -10,8 +10,9 @@ from freetoken.engine.request import Request
 from freetoken.engine.step_graph import StepGraphs
 from freetoken.engine.step_sampler import Choice, StepSampler
 from freetoken.experts.base import ExpertBackend
+from freetoken.experts.triton_support import triton_available
 from freetoken.layers.attention import AttnBatch, SeqAttn, build_mask
-from freetoken.layers.paged_attention import DecodeMeta
+from freetoken.layers.paged_attention import DecodeMeta, PrefillMeta
 from freetoken.models.decoder import DecoderModel
 
 SMALL_STEP_TOKENS = 16
@@ -41,13 +42,14 @@ class ModelRunner:
         seqs: list[SeqAttn] = []
         last_rows: list[int] = []
         decode = all(n == 1 for _, n in items)
+        varlen = not decode and self.device.type == "cuda" and triton_available()  # the Triton prefill kernel
         for req, n in items:
             start, end = req.num_computed_tokens, req.num_computed_tokens + n
             q_start = len(ids)
             ids += req.token_ids[start:end]
             positions += range(start, end)
             slots += self.kv.slots(req.pages, start, end)
-            if not decode:
+            if not decode and not varlen:
                 ctx_slots = torch.tensor(self.kv.slots(req.pages, 0, end), dtype=torch.int64, device=self.device)
                 seqs.append(SeqAttn(q_start, n, ctx_slots, build_mask(n, end, self.window, self.device)))
             last_rows.append(q_start + n - 1)
@@ -57,8 +59,23 @@ class ModelRunner:
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
             seqs=seqs,
             decode=self.decode_meta(items) if decode else None,
+            prefill=self.prefill_meta(items) if varlen else None,
         )
         return torch.tensor(ids, dtype=torch.int64, device=dev), batch, last_rows
+
+    def prefill_meta(self, items: list[tuple[Request, int]]) -> PrefillMeta:
+        """Per sequence: its rows of new tokens, its context after the step, its page table."""
+        width = max(len(req.pages) for req, _ in items)
+        table = torch.zeros((len(items), width), dtype=torch.int32)
+        starts, lens, ctx, at = [], [], [], 0
+        for b, (req, n) in enumerate(items):
+            table[b, : len(req.pages)] = torch.tensor(req.pages, dtype=torch.int32)
+            starts.append(at)
+            lens.append(n)
+            ctx.append(req.num_computed_tokens + n)
+            at += n
+        meta = torch.tensor([starts, lens, ctx], dtype=torch.int32).to(self.device)
+        return PrefillMeta(meta[0], meta[1], meta[2], table.to(self.device), self.kv.page_size, max(lens))
 
     def decode_meta(self, items: list[tuple[Request, int]]) -> DecodeMeta:
         """Page tables and context lengths of a decode step (the new token counted)."""

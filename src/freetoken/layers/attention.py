@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from freetoken.cache.kv_pool import KVPool
 from freetoken.layers.norm import rms_norm
-from freetoken.layers.paged_attention import DecodeMeta, decode_attention
+from freetoken.layers.paged_attention import DecodeMeta, PrefillMeta, decode_attention, prefill_attention
 from freetoken.layers.rope import Rotary
 
 
@@ -35,6 +35,7 @@ class AttnBatch:
     slot_mapping: torch.Tensor  # [T] int64 flat KV slot where each new token's K/V goes
     seqs: list[SeqAttn]  # prefill and mixed steps
     decode: DecodeMeta | None = None  # set when every sequence computes one token (seqs is then empty)
+    prefill: PrefillMeta | None = None  # other steps on CUDA: the Triton varlen kernel (seqs is then empty)
 
 
 def build_mask(q_len: int, ctx_len: int, window: int | None, device: torch.device) -> torch.Tensor | None:
@@ -103,6 +104,9 @@ class Attention:
         v_cache.index_copy_(0, batch.slot_mapping, vh.to(v_cache.dtype))
         if batch.decode is not None:
             out = decode_attention(qh.to(k_cache.dtype), k_cache, v_cache, batch.decode, self.scale, self.window)
+            return F.linear(out.to(x.dtype).reshape(x.shape[0], self.h * self.hd), w.o, w.o_bias)
+        if batch.prefill is not None:
+            out = prefill_attention(qh.to(k_cache.dtype), k_cache, v_cache, batch.prefill, self.scale, self.window)
             return F.linear(out.to(x.dtype).reshape(x.shape[0], self.h * self.hd), w.o, w.o_bias)
         out = torch.empty_like(qh)
         for s in batch.seqs:

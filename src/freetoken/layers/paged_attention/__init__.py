@@ -25,6 +25,33 @@ class DecodeMeta:
     page_size: int
 
 
+@dataclass
+class PrefillMeta:
+    """A prefill (or mixed) step's attention metadata: per sequence its rows of new tokens in the flattened
+    step and its context through the page table (the new tokens included, their K/V written already)."""
+
+    q_start: torch.Tensor  # [S] int32 first row of the sequence's new tokens
+    q_len: torch.Tensor  # [S] int32 new tokens
+    ctx_len: torch.Tensor  # [S] int32 context length after this step
+    block_table: torch.Tensor  # [S, P] int32
+    page_size: int
+    max_q_len: int  # host copy of q_len.max() (sizes the grid)
+
+
+def prefill_attention(
+    q: torch.Tensor,  # [T, H, hd]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: PrefillMeta,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of every new token over its sequence's context: the Triton kernel (CUDA)."""
+    from freetoken.layers.paged_attention.triton_prefill import paged_prefill_triton
+
+    return paged_prefill_triton(q, k_cache, v_cache, meta, scale, window)
+
+
 def decode_attention(
     q: torch.Tensor,  # [B, H, hd]
     k_cache: torch.Tensor,  # [slots, Hkv, hd] (slot = page * S + offset)
