@@ -39,8 +39,11 @@ MODELS = {
     "data": [
         {"id": "qwen3-moe", "object": "model", "context_length": 131072, "max_output_tokens": 8192},
         {"id": "small", "object": "model", "context_length": 32768},
+        {"id": "tiny", "object": "model", "context_length": 2048,
+         "capabilities": {"tool_calls": False, "reasoning": True}},
     ],
 }
+CHARS_PER_TOKEN = 4  # what the fake server's count_tokens counts
 # Runs only the launch subcommand (the full `ft` dispatcher imports every subcommand).
 LAUNCH_ONLY = (
     "import argparse, sys\n"
@@ -59,6 +62,17 @@ class _Models(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         body = json.dumps(MODELS).encode() if self.path == "/v1/models" else b"{}"
         self.send_response(200 if self.path == "/v1/models" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:  # noqa: N802
+        data = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        ok = self.path == "/v1/messages/count_tokens"
+        text = "".join(m["content"] for m in data.get("messages", [])) if ok else ""
+        body = json.dumps({"input_tokens": len(text) // CHARS_PER_TOKEN}).encode()
+        self.send_response(200 if ok else 404)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -140,7 +154,10 @@ def test_probe_reads_model_and_context_from_live_server(server: str, monkeypatch
     info = probe_server(server + "/v1/")  # a trailing /v1 is accepted and dropped
     assert info.reachable and info.base_url == server
     assert (info.model, info.context_length, info.max_output_tokens) == ("qwen3-moe", 131072, 8192)
-    assert info.models == ("qwen3-moe", "small") and info.openai_base == server + "/v1"
+    assert info.models == ("qwen3-moe", "small", "tiny") and info.openai_base == server + "/v1"
+    assert info.tool_calls and not info.reasoning  # no capabilities reported: tool calls assumed
+    tiny = probe_server(server, "tiny")
+    assert not tiny.tool_calls and tiny.reasoning
     small = probe_server(server, "small")
     assert (small.context_length, small.max_output_tokens) == (32768, default_output_tokens(32768))
     missing = probe_server(server, "nope")
@@ -359,6 +376,7 @@ def test_codex_writes_provider_and_profile(server: str, box: dict[str, Any], tmp
         "model_provider": "freetoken",
         "model_context_window": 32768,
         "model_auto_compact_token_limit": 32768 * 9 // 10,
+        "model_max_output_tokens": 32768 // 8,
     }
     (bak,) = backups(codex_home / "config.toml")
     assert bak.read_text() == CODEX_CONFIG
@@ -534,3 +552,39 @@ def test_symlinked_config_is_written_through(server: str, box: dict[str, Any], t
     ((_, backup),) = apply_plan(plan)
     assert link.is_symlink() and yaml.safe_load(real.read_text())["model"]["provider"] == "custom"
     assert backup is not None and backup.read_text() == "terminal:\n  backend: local\n"
+
+
+# ---------------------------------------------------------------------------- does it fit
+
+
+def test_output_limit_leaves_the_agent_room() -> None:
+    assert default_output_tokens(131072) == 16384 and default_output_tokens(2048) == 256
+    assert default_output_tokens(10**7) == 32768
+
+
+@pytest.mark.parametrize("agent", ["opencode", "codex", "claude"])
+def test_a_context_too_small_for_the_first_request_is_refused_at_once(
+    agent: str, server: str, box: dict[str, Any]
+) -> None:
+    fake_agent(box, agent)
+    first = load_agent(agent).FIRST_REQUEST_CHARS // CHARS_PER_TOKEN
+    res = ft_launch(box, agent, "--server", server, "--model", "tiny", "--", "run", "hi")
+    assert res.returncode == 1 and not box["record"].exists()  # the agent never started
+    (line,) = [ln for ln in res.stderr.splitlines() if ln.startswith("ft launch:")]
+    assert "has a context of 2048 tokens" in line and "--force" in line
+    estimate = int(line.split("about ")[1].split(" tokens")[0])
+    assert first <= estimate <= first * 1.2  # counted with the server's tokenizer, plus a margin
+    assert all_files(box["home"]) == []
+    dry = ft_launch(box, agent, "--dry-run", "--server", server, "--model", "tiny")
+    assert dry.returncode == 0 and "(does not fit)" in dry.stdout and "warning: " in dry.stdout
+    forced = ft_launch(box, agent, "--force", "--server", server, "--model", "tiny", "--", "x")
+    assert forced.returncode == 0 and recorded(box)["argv"][1:][-1] == "x"
+
+
+def test_opencode_limits_follow_the_server(server: str, box: dict[str, Any]) -> None:
+    fake_agent(box, "opencode")
+    assert ft_launch(box, "opencode", "--server", server, "--model", "small").returncode == 0
+    cfg = json.loads(recorded(box)["env"]["OPENCODE_CONFIG_CONTENT"])
+    model = cfg["provider"]["freetoken"]["models"]["small"]
+    assert model["limit"] == {"context": 32768, "output": 32768 // 8}
+    assert model["tool_call"] is True and model["reasoning"] is False

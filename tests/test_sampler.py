@@ -10,7 +10,8 @@ import torch
 
 from devices import DEVICES
 from freetoken.engine import noise
-from freetoken.engine.sampler import Features, PenaltyState, SamplingBatch, apply_token_bitmask, sample_batch
+from freetoken.engine.constraint import apply_bitmask
+from freetoken.engine.sampler import Features, PenaltyState, SamplingBatch, sample_batch
 from freetoken.engine.sampling_params import SamplingParams
 
 
@@ -112,7 +113,7 @@ def test_bitmask_keeps_only_allowed_tokens(device: str) -> None:
         mask[:, t // 32] |= 1 << (t % 32)
     mask = mask.to(torch.int32).to(device)  # int32 words: bit 31 makes a word negative
     x = torch.randn(2, V, device=device)
-    kept = torch.isfinite(apply_token_bitmask(x, mask))
+    kept = torch.isfinite(apply_bitmask(x, mask))
     assert kept[0].nonzero().flatten().tolist() == allowed
     ids = sample_batch(x, _batch(2, device, temperature=[0, 1.0]), bitmask=mask).ids.tolist()
     assert all(i in allowed for i in ids)

@@ -65,6 +65,8 @@ class EngineConfig:
             raise ValueError("max_batched_tokens must be >= 1")
         if self.page_size < 1:
             raise ValueError("page_size must be >= 1")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be at least 2 (a prompt token and a reply), got {self.max_model_len}")
         ec = self.expert_cache
         if isinstance(ec, float) and not (0.0 < ec <= 1.0):
             raise ValueError(f"expert_cache as a fraction must be in (0, 1], got {ec}")

@@ -15,6 +15,7 @@ BENCHMARKS: dict[str, str] = {
     "e2e": "freetoken.bench.e2e",
     "prefill": "freetoken.bench.prefill",
     "record-routing": "freetoken.bench.record_routing",
+    "structured": "freetoken.bench.structured",
 }
 
 

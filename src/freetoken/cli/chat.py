@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from freetoken.cli.common import add_engine_args, engine_config, run_guarded
+from freetoken.cli.common import add_engine_args, engine_config, load_engine, run_guarded
 from freetoken.engine.sampling_params import SamplingParams
 
 HELP = "Type a message; /reset clears the conversation, /exit (or Ctrl-D) quits."
@@ -39,9 +39,8 @@ def _turn(engine: Any, ids: list[int], params: SamplingParams, turn: int) -> str
 
 
 def _chat(args: argparse.Namespace) -> int:
-    from freetoken.engine.engine import LLMEngine
 
-    engine = LLMEngine(engine_config(args))
+    engine = load_engine(engine_config(args))
     tok = engine.tokenizer
     if tok is None or not getattr(tok, "chat_template", None):
         raise ValueError("the checkpoint has no tokenizer with a chat template")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from freetoken.config import MOE_BACKENDS, EngineConfig, field_docs
 from freetoken.errors import FreeTokenError
@@ -47,6 +48,16 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_running_requests=args.max_running_requests,
         cpu_threads=args.cpu_threads,
     )
+
+
+def load_engine(config: EngineConfig) -> Any:
+    """The engine, loaded under a spinner on stderr (weights, then the CPU kernel's build on first use)."""
+    from rich.console import Console
+
+    from freetoken.engine.engine import LLMEngine
+
+    with Console(stderr=True).status(f"loading {config.model or 'the default model'} …"):
+        return LLMEngine(config)
 
 
 def run_guarded(command: str, body: Callable[[], int]) -> int:

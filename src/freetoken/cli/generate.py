@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from freetoken.cli.common import add_engine_args, engine_config, run_guarded
+from freetoken.cli.common import add_engine_args, engine_config, load_engine, run_guarded
 from freetoken.engine.sampling_params import SamplingParams
 
 
@@ -27,12 +27,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from freetoken.engine.engine import LLMEngine
 
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
     )
-    engine = LLMEngine(engine_config(args))
+    engine = load_engine(engine_config(args))
     tok = engine.tokenizer
     if tok is None:
         raise ValueError(f"{args.model}: the checkpoint has no tokenizer; text prompts need one")

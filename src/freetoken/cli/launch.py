@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
-from freetoken.launch import AGENTS, load_agent
+from freetoken.launch import AGENTS, fit, load_agent
 from freetoken.launch.base import (
     DEFAULT_SERVER,
     LaunchError,
@@ -38,12 +39,18 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool = False) -> None:
         metavar="NAME",
         help="model id (default: the server's first model; 'freetoken' when it is down)",
     )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        default=argparse.SUPPRESS if suppress else False,
+        help="launch even when the agent's first request does not fit the model's context",
+    )
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "launch",
-        usage="ft launch [-h] [--dry-run] [--server URL] [--model NAME] AGENT [-- AGENT_ARGS ...]",
+        usage="ft launch [-h] [--dry-run] [--force] [--server URL] [--model NAME] AGENT [-- AGENT_ARGS ...]",
         help="point a coding agent at the FreeToken server and start it",
         description="Configure a coding agent for the FreeToken server (env vars and config files, "
         "each changed file backed up first) and start it. Arguments after `--` go to the agent. "
@@ -81,14 +88,26 @@ def run(args: argparse.Namespace) -> int:
         name, agent_args = _split_argv(args)
         agent = load_agent(name)
         server = probe_server(args.server, args.model)
+        verdict = None
+        if server.reachable:
+            verdict = fit.check(name, agent.FIRST_REQUEST_CHARS, server, fit.chars_per_token(server))
+            server = dataclasses.replace(server, max_output_tokens=verdict.output_tokens)
         plan = agent.plan(server, env, agent_args)
     except LaunchError as exc:
         print(f"ft launch: {exc}", file=sys.stderr)
         return 2
     print(render_plan(plan, server))
+    if verdict is not None:
+        print(f"first request: about {verdict.first_request_tokens} tokens of {server.context_length}"
+              + ("" if verdict.fits else " (does not fit)"))  # fmt: skip
     if args.dry_run:
+        if verdict is not None and not verdict.fits:
+            print(f"warning: {verdict.message}")
         print("dry run: nothing was changed")
         return 0
+    if verdict is not None and not verdict.fits and not args.force:
+        print(f"ft launch: {verdict.message}", file=sys.stderr)
+        return 1
     path = find_binary(plan.binary, env)
     if path is None:
         print(f"ft launch: {agent.INSTALL_HINT}", file=sys.stderr)

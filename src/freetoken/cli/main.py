@@ -22,7 +22,10 @@ SUBCOMMANDS: dict[str, str] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from freetoken import __version__
+
     parser = argparse.ArgumentParser(prog="ft", description="FreeToken: serve MoE LLMs on one machine.")
+    parser.add_argument("--version", action="version", version=f"ft (FreeToken) {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in SUBCOMMANDS.values():
         mod = importlib.import_module(module)

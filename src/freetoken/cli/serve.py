@@ -13,7 +13,10 @@ from freetoken.config import EngineConfig, field_docs
 from freetoken.server.settings import ServerConfig
 
 if TYPE_CHECKING:
+    from freetoken.engine.async_llm import AsyncLLM
     from freetoken.server.state import ServerState
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -29,10 +32,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--tool-parser", default=None, help=s["tool_parser"])
     p.add_argument("--reasoning-parser", default=None, help=s["reasoning_parser"])
     p.add_argument("--max-body-bytes", type=int, default=ServerConfig.max_body_bytes, help=s["max_body_bytes"])
+    p.add_argument("--responses-store", type=int, default=d.responses_store, help=s["responses_store"])
     p.add_argument(
         "--shutdown-timeout", type=float, default=ServerConfig.shutdown_timeout_s, help=s["shutdown_timeout_s"]
     )
-    p.add_argument("--log-level", default="warning", help="uvicorn log level")
+    p.add_argument("--log-level", default="info", choices=LOG_LEVELS,
+                   help="log level; info and below show one access-log line per request")  # fmt: skip
     return p
 
 
@@ -47,6 +52,7 @@ def configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
         reasoning_parser=args.reasoning_parser,
         max_body_bytes=args.max_body_bytes,
         shutdown_timeout_s=args.shutdown_timeout,
+        responses_store=args.responses_store,
     )
     return engine, server
 
@@ -73,12 +79,56 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from freetoken.engine.async_llm import AsyncLLM
+    """Settings checked, the port tried, the model loaded, and only then the port opened: a client never
+    meets a server that cannot answer, and a model that cannot load ends ``ft serve`` with one line."""
     from freetoken.server import runner
     from freetoken.server.app import build_app
 
     engine_cfg, server_cfg = configs(args)
-    app = build_app(lambda: AsyncLLM.start(engine_cfg), server_cfg, on_ready=announce)
-    print(f"FreeToken: loading {engine_cfg.model or 'the default model'} …", file=sys.stderr, flush=True)
+    check_port(server_cfg.host, server_cfg.port)
+    setup_logging(args.log_level)
+    engine = load(engine_cfg)
+    app = build_app(engine, server_cfg, on_ready=announce)
     runner.run(app, app.state.freetoken, log_level=args.log_level)
     return 0
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuses a port this process could not listen on, before minutes of loading."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def setup_logging(level: str) -> None:
+    import logging
+
+    name = "DEBUG" if level == "trace" else level.upper()
+    logging.basicConfig(level=name, format="%(levelname)s:     %(name)s: %(message)s", stream=sys.stderr)
+
+
+def load(config: EngineConfig) -> AsyncLLM:
+    """The engine, loaded (a spinner on a terminal); a model that cannot load raises ``EngineDeadError``."""
+    from rich.console import Console
+
+    from freetoken.engine.async_llm import AsyncLLM
+    from freetoken.engine.errors import EngineDeadError
+    from freetoken.errors import FreeTokenError
+
+    what = config.model or "the default model"
+    console = Console(stderr=True)
+    engine = AsyncLLM.start(config)
+    with console.status(f"FreeToken: loading {what} (weights, then the CPU kernel build on first use) …"):
+        engine.wait_loaded()
+    if engine.state != "ready":
+        why = engine.load_failure
+        said = str(why) if isinstance(why, (FreeTokenError, ValueError, OSError)) else engine.error
+        raise EngineDeadError(f"cannot load {what}: {said}")
+    console.print(f"FreeToken: loaded {what} (context {engine.max_model_len} tokens)", highlight=False)
+    return engine

@@ -34,6 +34,7 @@ class AsyncLLM:
         self.config = config
         self.state = "loading"  # loading | ready | dead | stopped
         self.error: str | None = None
+        self.load_failure: BaseException | None = None  # why loading failed (``error`` says it in words)
         self.engine: LLMEngine | None = None
         self._cmds: queue.Queue[Command] = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
@@ -81,6 +82,10 @@ class AsyncLLM:
     def eos_token_ids(self) -> list[int]:
         return list(self._eng().eos_token_ids)
 
+    def wait_loaded(self, timeout: float | None = None) -> bool:
+        """Blocks until loading ended (``state`` is then ready or dead); False on timeout."""
+        return self._ready.wait(timeout)
+
     async def wait_ready(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self._ready.wait)
         if self.state != "ready":
@@ -94,10 +99,13 @@ class AsyncLLM:
             raise EngineDeadError(self.error or f"the engine is {self.state}")
         rid = request_id or f"req-{next(self._ids)}"
         loop = asyncio.get_running_loop()
+        constraint = None
+        if params.grammar is not None:  # InputError (a bad grammar) surfaces here, before any output
+            constraint = await loop.run_in_executor(None, self._eng().grammars.compile, params.grammar)
         q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         added: cf.Future[None] = cf.Future()
         self._streams[rid] = (loop, q)
-        self._cmds.put(Add(rid, list(prompt_token_ids), params, added))
+        self._cmds.put(Add(rid, list(prompt_token_ids), params, added, constraint))
         finished = False
         try:
             await asyncio.wrap_future(added)  # InputError / QueueFullError surface here, before any output
@@ -148,9 +156,9 @@ class AsyncLLM:
             self.engine = LLMEngine(self.config)
             self._stats = self.engine.stats()
             self.state = "ready"
-        except BaseException as e:  # loading failed: report, never hang
-            self.state, self.error = "dead", f"{type(e).__name__}: {e}"
-            log.error("engine failed to load: %s", self.error)
+        except BaseException as e:  # loading failed: report, never hang (the caller says it, /health too)
+            self.state, self.error, self.load_failure = "dead", f"{type(e).__name__}: {e}", e
+            log.debug("engine failed to load: %s", self.error)
             self._ready.set()
             return
         self._ready.set()
@@ -213,7 +221,7 @@ class AsyncLLM:
             if not cmd.accepted.set_running_or_notify_cancel():
                 return  # the client gave up before the engine saw its request
             try:
-                eng.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params)
+                eng.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params, cmd.constraint)
             except Exception as e:
                 cmd.accepted.set_exception(e)
             else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 from dataclasses import dataclass
 
+from freetoken.engine.constraint import TokenConstraint
 from freetoken.engine.sampling_params import SamplingParams
 
 
@@ -16,6 +17,8 @@ class Add:
     params: SamplingParams
     accepted: cf.Future[None]
     """Resolved once the engine queued the request, or failed with why it refused it."""
+    constraint: TokenConstraint | None = None
+    """``params.grammar`` compiled (on the frontend's side: compiling never holds up the engine thread)."""
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,10 @@ import torch
 from freetoken.cache.kv_pool import KVPool
 from freetoken.cache.radix import RadixCache
 from freetoken.config import EngineConfig
+from freetoken.engine.constraint import TokenConstraint
 from freetoken.engine.detokenizer import IncrementalDetokenizer
 from freetoken.engine.errors import InputError, PromptTooLongError, QueueFullError
+from freetoken.engine.grammar import GrammarCompiler
 from freetoken.engine.kv_manager import KVManager
 from freetoken.engine.model_setup import ModelSetup, setup_model
 from freetoken.engine.outputs import RequestOutput
@@ -54,13 +56,22 @@ class LLMEngine:
             s.loaded.model, self.kv, s.device, s.loaded.backend, s.hf.sliding_window, self.sampler, graphs
         )
         self.requests: dict[str, Request] = {}
+        self.grammars = GrammarCompiler(s.tokenizer, s.hf.vocab_size, s.eos_token_ids)
         self._seeds = random.Random(config.seed)
         self._counters = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0, "requests_finished": 0}
         self._pending: list[RequestOutput] = []
         self.started_at = time.monotonic()
 
     # ---- requests -------------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        constraint: TokenConstraint | None = None,
+    ) -> None:
+        """``constraint``: ``params.grammar`` compiled already (``AsyncLLM`` compiles off the engine thread);
+        None compiles it here."""
         if request_id in self.requests:
             raise InputError(f"duplicate request id {request_id!r}")
         if not prompt_token_ids:
@@ -78,6 +89,8 @@ class LLMEngine:
             )
         if len(self.scheduler.waiting) >= self.config.max_queued_requests:
             raise QueueFullError(f"the queue is full ({self.config.max_queued_requests} requests waiting)")
+        if constraint is None and params.grammar is not None:
+            constraint = self.grammars.compile(params.grammar)
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
         req = Request(
             request_id=request_id,
@@ -88,6 +101,7 @@ class LLMEngine:
                 self.tokenizer, prompt_token_ids, params.stop_strings, params.skip_special_tokens
             ),
             seed=seed,
+            constraint=constraint,
         )
         self.requests[request_id] = req
         self.scheduler.add(req)
@@ -172,13 +186,16 @@ class LLMEngine:
 
     def _append_token(self, req: Request, choice: Choice) -> RequestOutput:
         token = choice.token
+        c = req.constraint
+        if c is not None and not c.accept(token):
+            raise ValueError(f"the grammar refused token {token}: {c.error() or 'no token was allowed'}")
         req.token_ids.append(token)
         p = req.params
         stop_token = (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids
         text, stop_str = ("", False) if stop_token else req.detok.add_token(token)
         reason = None
-        if stop_token or stop_str:
-            reason = "stop"
+        if stop_token or stop_str or (req.constraint is not None and req.constraint.is_done()):
+            reason = "stop"  # a finished grammar allows nothing but the end
         elif req.num_output_tokens >= p.max_tokens or req.num_tokens >= req.max_total_tokens:
             reason = "length"
         if reason is not None:

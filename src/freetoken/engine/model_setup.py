@@ -73,6 +73,20 @@ def _kv_pages(config: EngineConfig, hf: HFConfig, dtype: torch.dtype, device: to
     return max(1, min(wanted, budget // page_bytes))
 
 
+def context_length(config: EngineConfig, hf: HFConfig) -> int:
+    """``max_model_len``, or the checkpoint's limit; asking for more than the model was built for is
+    refused, not clamped."""
+    limit = hf.max_position_embeddings
+    if config.max_model_len is None:
+        return limit
+    if config.max_model_len > limit:
+        raise CheckpointError(
+            f"--max-model-len {config.max_model_len} is more than this model's context "
+            f"(max_position_embeddings = {limit}); use at most {limit}"
+        )
+    return config.max_model_len
+
+
 def setup_model(config: EngineConfig) -> ModelSetup:
     path = Path(config.model) if config.model else default_model_path()
     if config.model is None and not (path / "config.json").exists():
@@ -81,7 +95,7 @@ def setup_model(config: EngineConfig) -> ModelSetup:
     family = get_family(hf.architecture, str(path / "config.json"))
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
-    max_len = min(config.max_model_len or hf.max_position_embeddings, hf.max_position_embeddings)
+    max_len = context_length(config, hf)
     backend = lambda banks: create_backend(config, banks, device, dtype)  # noqa: E731
     loaded = build_model(hf, family, device, dtype, backend, max_len, config.routing_trace)
     tokenizer = load_tokenizer(path)

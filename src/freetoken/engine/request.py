@@ -11,6 +11,7 @@ from freetoken.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from freetoken.cache.radix import RadixNode
+    from freetoken.engine.constraint import TokenConstraint
 
 
 class Status(enum.Enum):
@@ -37,6 +38,7 @@ class Request:
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache at first admission
     sampling_row: int | None = None  # its row of the sampler's penalty state (step_sampler.py)
+    constraint: TokenConstraint | None = None  # structured output: which tokens may come next
 
     def __post_init__(self) -> None:
         if not self.token_ids:

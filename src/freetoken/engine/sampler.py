@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from freetoken.engine import noise
+from freetoken.engine.constraint import apply_bitmask
 
 MAX_TOP_LOGPROBS = 20
 
@@ -41,6 +42,7 @@ class SamplingBatch:
 class Features:
     """Which optional stages run. Eager steps turn off what no row asks for; graphs run them all."""
 
+    draw: bool = True  # any row samples (False: every row is greedy, no noise needed)
     cuts: bool = True  # top-k / top-p / min-p (a sort of every row)
     penalties: bool = True
     logprobs: bool = True
@@ -81,15 +83,6 @@ def apply_penalties(x: torch.Tensor, b: SamplingBatch, state: PenaltyState) -> t
     return x - b.presence[:, None] * (counts > 0).float() - b.frequency[:, None] * counts
 
 
-def apply_token_bitmask(x: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
-    """Keeps the tokens whose bit is set: ``bitmask [B, ceil(V/32)] int32``, token j at bit j % 32 of
-    word j // 32 (the grammar engines' layout)."""
-    V = x.shape[1]
-    j = torch.arange(V, device=x.device)
-    allowed = ((bitmask.long()[:, j // 32] >> (j % 32)) & 1).bool()
-    return x.masked_fill(~allowed, float("-inf"))
-
-
 def sample_batch(
     logits: torch.Tensor,
     b: SamplingBatch,
@@ -103,8 +96,10 @@ def sample_batch(
     if f.penalties and state is not None:
         x = apply_penalties(x, b, state)
     if bitmask is not None:
-        x = apply_token_bitmask(x, bitmask)
+        x = apply_bitmask(x, bitmask)
     greedy_ids = torch.argmax(x, dim=-1)
+    if not f.draw:
+        return _with_logprobs(Sampled(greedy_ids), logits, f)
     greedy = b.temperature < 1e-5
     temp = torch.where(greedy, torch.ones_like(b.temperature), b.temperature)
     z = (x - x.max(dim=-1, keepdim=True).values) / temp[:, None]  # shifted: the division cannot overflow
@@ -112,10 +107,13 @@ def sample_batch(
         z = _cut(z, b)
     gumbel = -torch.log(-torch.log(noise.uniform(noise.row_keys(b.seed_lo, b.seed_hi, b.step), x.shape[1])))
     ids = torch.where(greedy, greedy_ids, torch.argmax(z + gumbel, dim=-1))
-    out = Sampled(ids)
+    return _with_logprobs(Sampled(ids), logits, f)
+
+
+def _with_logprobs(out: Sampled, logits: torch.Tensor, f: Features) -> Sampled:
     if f.logprobs:
         lp = torch.log_softmax(logits, dim=-1)
-        out.logprob = lp.gather(1, ids[:, None])[:, 0]
+        out.logprob = lp.gather(1, out.ids[:, None])[:, 0]
         out.top_logprobs, out.top_ids = torch.topk(lp, min(MAX_TOP_LOGPROBS, lp.shape[1]), dim=-1)
     return out
 

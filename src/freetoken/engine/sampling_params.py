@@ -41,6 +41,9 @@ class SamplingParams:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     """Drop special tokens from the returned text."""
+    grammar: str | None = None
+    """Structured output: the text must follow this Lark grammar (llguidance's dialect: ``%json {...}``
+    embeds a JSON schema, ``<name>`` names a special token); generation ends where the grammar does."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -70,6 +73,8 @@ class SamplingParams:
             raise ValueError(f"seed must be an integer in [-2**63, 2**64), got {self.seed!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop strings must be non-empty strings")
+        if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()):
+            raise ValueError("grammar must be a non-empty string")
 
     @property
     def stop_strings(self) -> list[str]:

@@ -91,6 +91,9 @@ class StepGraphs:
         """A decode-only step whose size has a bucket and that the MoE backend can capture."""
         if not self.enabled or not items or any(n != 1 for _, n in items):
             return False
+        if any(req.constraint is not None for req, _ in items):
+            self._once("grammar", "decode steps with a grammar-constrained request run eagerly")
+            return False
         b = self.bucket(len(items))
         if b is None:
             self._once("past", f"decode batches past {self.buckets[-1]} rows run eagerly")

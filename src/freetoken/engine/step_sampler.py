@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from freetoken.engine import noise
+from freetoken.engine.constraint import new_bitmask
 from freetoken.engine.request import Request
 from freetoken.engine.sampler import Features, PenaltyState, Sampled, SamplingBatch, sample_batch
 
@@ -75,16 +76,28 @@ class StepSampler:
             repetition=floats[5], top_k=ints[0], seed_lo=ints[1], seed_hi=ints[2], step=ints[3], rows=ints[4],
         )  # fmt: skip
 
+    def bitmask(self, reqs: list[Request], vocab: int) -> torch.Tensor | None:
+        """The next token's allowed set of each constrained request ([B, words] int32; unconstrained rows
+        allow all), or None when no request is constrained."""
+        if all(r.constraint is None for r in reqs):
+            return None
+        mask = new_bitmask(len(reqs), vocab)
+        for i, r in enumerate(reqs):
+            if r.constraint is not None:
+                r.constraint.fill_bitmask(mask[i])
+        return mask.to(self.device, non_blocking=True)
+
     def sample(self, reqs: list[Request], logits: torch.Tensor) -> list[Choice]:
         """logits [len(reqs), V] float32 on the device -> one choice per request."""
         p = [r.params for r in reqs]
         features = Features(
+            draw=any(not x.greedy for x in p),
             cuts=any(not x.greedy and (x.top_k > 0 or x.top_p < 1 or x.min_p > 0) for x in p),
             penalties=any(x.has_penalties for x in p),
             logprobs=any(x.logprobs is not None for x in p),
         )
         b = self.batch(reqs)
-        out = sample_batch(logits, b, self.state, features)
+        out = sample_batch(logits, b, self.state, features, self.bitmask(reqs, logits.shape[1]))
         self.state.update(b.rows, out.ids)
         return _choices(reqs, out)
 

@@ -42,6 +42,8 @@ class ServerInfo:
     reachable: bool
     models: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    tool_calls: bool = True  # the server reads the model's tool calls
+    reasoning: bool = False  # the model writes a reasoning block
 
     @property
     def openai_base(self) -> str:
@@ -59,26 +61,27 @@ def normalize_server_url(url: str | None) -> str:
 
 
 def default_output_tokens(context_length: int) -> int:
-    """Output cap when the server names none: a quarter of the window, within [1k, 32k]."""
-    return max(1024, min(32768, context_length // 4))
+    """The output limit written for agents: an eighth of the window, within [256, 32k]. Agents compact
+    once the conversation passes the window less this, so a large share makes them compact after every
+    step (half the window did, in opencode)."""
+    return max(256, min(32768, context_length // 8))
 
 
 def fetch_models(base_url: str, timeout: float = 2.0) -> list[dict[str, object]]:
     """GET ``/v1/models``; raises ``OSError``/``ValueError`` when it cannot be read."""
     req = urllib.request.Request(base_url + "/v1/models", headers={"Accept": "application/json"})
-    # A loopback server is asked directly, even when http_proxy is set for the outside world.
-    local = urllib.parse.urlsplit(base_url).hostname in ("127.0.0.1", "localhost", "::1")
-    opener = (
-        urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        if local
-        else urllib.request.build_opener()
-    )
-    with opener.open(req, timeout=timeout) as resp:
+    with opener_for(base_url).open(req, timeout=timeout) as resp:
         body = json.loads(resp.read().decode("utf-8"))
     data = body.get("data") if isinstance(body, dict) else None
     if not isinstance(data, list):
         raise ValueError("/v1/models answered without a 'data' list")
     return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+
+def opener_for(base_url: str) -> urllib.request.OpenerDirector:
+    """A loopback server is asked directly, even when http_proxy is set for the outside world."""
+    local = urllib.parse.urlsplit(base_url).hostname in ("127.0.0.1", "localhost", "::1")
+    return urllib.request.build_opener(urllib.request.ProxyHandler({})) if local else urllib.request.build_opener()
 
 
 def _int_field(entry: Mapping[str, object], *names: str) -> int | None:
@@ -109,8 +112,20 @@ def probe_server(url: str | None, model: str | None = None, timeout: float = 2.0
     ctx = reported or DEFAULT_CONTEXT_LENGTH
     cap = _int_field(chosen, "max_output_tokens", "max_completion_tokens") if chosen else None
     name = model or (str(chosen["id"]) if chosen else DEFAULT_MODEL)
-    out = min(cap, ctx) if cap else default_output_tokens(ctx)
-    return ServerInfo(base, name, ctx, out, reachable=True, models=ids, warnings=tuple(warnings))
+    out = min(cap, default_output_tokens(ctx)) if cap else default_output_tokens(ctx)
+    caps = chosen.get("capabilities") if chosen else None
+    caps = caps if isinstance(caps, dict) else {}
+    return ServerInfo(
+        base,
+        name,
+        ctx,
+        out,
+        reachable=True,
+        models=ids,
+        warnings=tuple(warnings),
+        tool_calls=caps.get("tool_calls") is not False,
+        reasoning=caps.get("reasoning") is True,
+    )
 
 
 def _offline(base: str, model: str | None, reason: str) -> ServerInfo:
@@ -142,6 +157,7 @@ class AgentModule(Protocol):
 
     BINARY: str
     INSTALL_HINT: str
+    FIRST_REQUEST_CHARS: int
 
     def plan(self, server: ServerInfo, env: Mapping[str, str], args: Sequence[str]) -> LaunchPlan: ...
 

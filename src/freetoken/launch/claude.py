@@ -19,6 +19,8 @@ INSTALL_HINT = (
     "or see https://code.claude.com/docs for the native installer, then run this again."
 )
 
+# Text characters of its first request (system prompt, messages, 24 tool definitions): Claude Code 2.1.197.
+FIRST_REQUEST_CHARS = 66_945
 MODEL_VARS = (
     "ANTHROPIC_MODEL",
     "ANTHROPIC_DEFAULT_OPUS_MODEL",

@@ -30,6 +30,8 @@ PROVIDER = "freetoken"
 PROFILE = "freetoken"
 # Local prefill of a long context can take minutes before the first streamed byte.
 STREAM_IDLE_TIMEOUT_MS = 600_000
+# Text characters of its first request (instructions, input, 9 tool definitions): Codex 0.171.0.
+FIRST_REQUEST_CHARS = 34_143
 HEADER = "# Codex profile written by `ft launch codex` (used as `codex --profile freetoken`).\n"
 
 
@@ -53,6 +55,7 @@ def profile_settings(server: ServerInfo) -> dict[str, object]:
         "model_context_window": server.context_length,
         # Compact at 90% of the window (Codex's own rule for models it knows).
         "model_auto_compact_token_limit": server.context_length * 9 // 10,
+        "model_max_output_tokens": server.max_output_tokens,
     }
 
 

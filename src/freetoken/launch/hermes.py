@@ -28,6 +28,8 @@ INSTALL_HINT = (
     "then run this again."
 )
 PROVIDER = "freetoken"
+# Not measured (not installed here): taken as opencode's, an agent of the same kind.
+FIRST_REQUEST_CHARS = 27_440
 # Keys of the old `model:` section that belong to the previous provider and would
 # mislead Hermes about ours (`model` is an alias of `default`).
 STALE_MODEL_KEYS = ("model", "api_key", "api_mode", "key_env")

@@ -27,6 +27,8 @@ INSTALL_HINT = (
     "then run `openclaw onboard` once and run this again."
 )
 PROVIDER = "freetoken"
+# Not measured (not installed here): taken as opencode's, an agent of the same kind.
+FIRST_REQUEST_CHARS = 27_440
 
 
 def config_path(env: Mapping[str, str]) -> Path:
@@ -46,7 +48,7 @@ def provider_entry(server: ServerInfo) -> dict[str, Any]:
             {
                 "id": server.model,
                 "name": f"{server.model} (FreeToken)",
-                "reasoning": False,
+                "reasoning": server.reasoning,
                 "input": ["text"],
                 "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
                 "contextWindow": server.context_length,

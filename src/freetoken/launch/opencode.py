@@ -22,6 +22,8 @@ INSTALL_HINT = (
     "or see https://opencode.ai/docs, then run this again."
 )
 PROVIDER = "freetoken"
+# Text characters of its first request (system prompt, messages, 10 tool definitions): opencode 1.18.33.
+FIRST_REQUEST_CHARS = 27_440
 
 
 def config(server: ServerInfo) -> dict[str, object]:
@@ -35,7 +37,8 @@ def config(server: ServerInfo) -> dict[str, object]:
                 "models": {
                     server.model: {
                         "name": server.model,
-                        "tool_call": True,
+                        "tool_call": server.tool_calls,
+                        "reasoning": server.reasoning,
                         "limit": {"context": server.context_length, "output": server.max_output_tokens},
                     }
                 },

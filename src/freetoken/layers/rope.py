@@ -63,11 +63,21 @@ class Rotary:
         self.cos = (emb.cos() * scale).to(device)
         self.sin = (emb.sin() * scale).to(device)
         self.rot_dim = emb.shape[-1]
+        self._last: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
 
+    def _tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [T, 1, rot] at ``positions``. On a CPU looked up once per step (every layer passes the same
+        tensor); on CUDA each time (a graph's static positions are rewritten in place, and lookups are cheap)."""
+        last = self._last
+        if last is not None and last[0] is positions and last[1] == dtype:
+            return last[2], last[3]
+        cos = self.cos[positions].unsqueeze(1).to(dtype)
+        sin = self.sin[positions].unsqueeze(1).to(dtype)
+        self._last = None if positions.is_cuda else (positions, dtype, cos, sin)
+        return cos, sin
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [T, H, hd], positions [T] -> rotated x (same dtype)."""
-        cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # [T, 1, rot]
-        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+        cos, sin = self._tables(positions, x.dtype)
         rot, rest = x[..., : self.rot_dim], x[..., self.rot_dim :]
         half = self.rot_dim // 2
         rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)

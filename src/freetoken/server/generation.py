@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any, cast
 from freetoken.chat import events as ev
 from freetoken.chat import make_stream_parser, prompt_opens_reasoning
 from freetoken.chat.markup import MarkupError
+from freetoken.chat.reasoning.think import CLOSE as THINK_CLOSE
 from freetoken.chat.template import render_and_tokenize
-from freetoken.chat.tokenize import chars_per_token_bound, encode
+from freetoken.chat.tokenize import chars_per_token_bound
 from freetoken.engine.sampling_params import SamplingParams
 from freetoken.server.errors import APIError, context_overflow, from_engine_error
-from freetoken.server.forced_tools import forced_prefix
 from freetoken.server.internal import (
     ChatRequest,
     Completion,
@@ -34,6 +34,7 @@ from freetoken.server.internal import (
     ToolCall,
     merge_leading_system,
 )
+from freetoken.server.structured import parsers, reasoning_mode, request_grammar
 
 if TYPE_CHECKING:
     from freetoken.engine.async_llm import AsyncLLM
@@ -49,7 +50,7 @@ class Prepared:
     prompt_ids: list[int]
     params: SamplingParams
     starts_in_reasoning: bool
-    prefill: str = ""  # text already in the prompt that the parser must read first (forced tool call)
+    forced_calls: bool = False  # the grammar allows nothing but calls after the reasoning block
 
 
 class Generation:
@@ -90,14 +91,14 @@ class Generation:
         self._refuse_far_too_long(req)
         prompt_ids = self.render(req)
         starts_in_reasoning = self._starts_in_reasoning(prompt_ids)
-        prefill = forced_prefix(req.tool_choice, self.family, self.tool_parser, starts_in_reasoning)
-        if prefill:
-            prompt_ids = prompt_ids + encode(self.engine.tokenizer, prefill, special=True)
         limit = self.engine.max_model_len
         left = limit - len(prompt_ids)
         if left < 1:
             raise context_overflow(len(prompt_ids), limit - 1)
         max_tokens = left if req.max_tokens is None else min(req.max_tokens, left)
+        tool_parser, reasoning_parser = parsers(self.family, self.tool_parser, self.reasoning_parser)
+        mode = reasoning_mode(req, reasoning_parser, starts_in_reasoning)
+        grammar = request_grammar(req, self._prompt_tools(req), self.engine.tokenizer, tool_parser, mode, max_tokens)
         try:
             params = SamplingParams(
                 max_tokens=max_tokens,
@@ -113,10 +114,12 @@ class Generation:
                 seed=req.seed,
                 ignore_eos=req.ignore_eos,
                 skip_special_tokens=False,  # the parsers need <tool_call>/<think> markers
+                grammar=grammar,
             )
         except ValueError as exc:  # e.g. top_k < -1: the engine's own checks
             raise APIError.invalid(str(exc)) from exc
-        return Prepared(req, prompt_ids, params, starts_in_reasoning, prefill)
+        forced = grammar is not None and req.tool_choice.mode in ("required", "named")
+        return Prepared(req, prompt_ids, params, starts_in_reasoning, forced)
 
     def _refuse_far_too_long(self, req: ChatRequest) -> None:
         """A prompt with more characters than the context could hold tokens is refused before it is
@@ -157,7 +160,6 @@ class Generation:
             reasoning_parser=self.reasoning_parser,
         )
         shaper = _Shaper(req.parallel_tool_calls)
-        primed = parser.feed(prep.prefill) if prep.prefill else []  # events come once the call completes
         rid = request_id or f"req-{uuid.uuid4().hex}"
         start = time.perf_counter()
         first_at: float | None = None
@@ -165,6 +167,7 @@ class Generation:
         out_ids: list[int] = []
         reason, completion_tokens, prompt_tokens = "abort", 0, len(prep.prompt_ids)
         cached_tokens = 0
+        reasoning: list[str] = []
         saw_tool = False
         self.metrics.request_started()
         try:
@@ -179,9 +182,10 @@ class Generation:
                     text.append(out.new_text)
                     if out.logprobs:
                         yield TokenLogprobs(out.logprobs)
-                    fresh, primed = primed + (parser.feed(out.new_text) if out.new_text else []), []
-                    for e in shaper.apply(fresh):
+                    for e in shaper.apply(parser.feed(out.new_text) if out.new_text else []):
                         saw_tool = saw_tool or isinstance(e, ev.ToolCallStart)
+                        if isinstance(e, ev.ReasoningDelta):
+                            reasoning.append(e.text)
                         yield e
                     if out.finished:
                         if out.finish_reason == "error":
@@ -191,8 +195,13 @@ class Generation:
                         prompt_tokens = out.prompt_tokens or prompt_tokens
                         cached_tokens = getattr(out, "cached_tokens", 0)
                         break
-            for e in shaper.apply(parser.finish()):
+            tail = parser.finish()
+            if prep.forced_calls and reason == "length":  # a forced call cut short is no text: drop it
+                tail = [e for e in tail if not isinstance(e, ev.ContentDelta)]
+            for e in shaper.apply(tail):
                 saw_tool = saw_tool or isinstance(e, ev.ToolCallStart)
+                if isinstance(e, ev.ReasoningDelta):
+                    reasoning.append(e.text)
                 yield e
         except APIError:
             raise
@@ -202,6 +211,7 @@ class Generation:
             self.metrics.request_finished(len(out_ids), time.perf_counter() - start)
         fin = self._finish(prep, reason, saw_tool, "".join(text), out_ids, prompt_tokens, completion_tokens)
         fin.cached_tokens = cached_tokens
+        fin.reasoning_tokens = self._reasoning_tokens("".join(reasoning), out_ids, completion_tokens)
         yield fin
 
     def _finish(
@@ -226,6 +236,19 @@ class Generation:
             stop_seq = self._matched_stop(prep, text, out_ids)
             final = "stop_sequence" if stop_seq is not None else "stop"
         return Finish(final, prompt_tokens, completion_tokens, stop_seq)
+
+    def _reasoning_tokens(self, reasoning: str, out_ids: list[int], completion_tokens: int) -> int:
+        """Output tokens up to the end of the reasoning block: where the block's closing tag is one token,
+        up to that token; otherwise the reasoning text's own tokens (plus its two tags)."""
+        if not reasoning:
+            return 0
+        tok = self.engine.tokenizer
+        close = tok.convert_tokens_to_ids(THINK_CLOSE) if tok is not None else None
+        if isinstance(close, int) and close in out_ids and close != getattr(tok, "unk_token_id", None):
+            return out_ids.index(close) + 1
+        if tok is None:
+            return 0
+        return min(completion_tokens, len(tok.encode(reasoning, add_special_tokens=False)) + 2)
 
     def _matched_stop(self, prep: Prepared, text: str, out_ids: list[int]) -> str | None:
         """Which stop string ended generation (the engine drops it from the text)."""

@@ -26,6 +26,9 @@ class ToolSpec:
     parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
     custom: bool = False
     """A Responses-API ``custom`` (free-form) tool: shown to the model as one string argument ``input``."""
+    grammar_syntax: str | None = None
+    """A custom tool's input grammar: "lark" or "regex" (``grammar_definition`` holds it)."""
+    grammar_definition: str = ""
 
     def template_dict(self) -> dict[str, Any]:
         """The shape chat templates expect in ``tools=``."""
@@ -33,6 +36,13 @@ class ToolSpec:
             "type": "function",
             "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
         }
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    schema: dict[str, Any] | None = None  # json_schema
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,7 @@ class ChatRequest:
     stop: list[str] = field(default_factory=list)
     reasoning: bool | None = None  # None: the template's default (enable_thinking unset)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    response_format: ResponseFormat | None = None  # a JSON answer, enforced by grammar
 
     def text_chars(self) -> int:
         """Characters of every string in the messages and tools (what the prompt holds at least)."""
@@ -165,6 +176,7 @@ class Finish:
     completion_tokens: int
     stop_sequence: str | None = None
     cached_tokens: int = 0
+    reasoning_tokens: int = 0  # of the completion tokens, those of the reasoning block
 
 
 @dataclass

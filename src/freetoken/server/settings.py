@@ -24,6 +24,9 @@ class ServerConfig:
     """Reasoning parser family, or "none" to return reasoning as plain content. None: from the checkpoint."""
     max_body_bytes: int = 16 * 1024 * 1024
     """Largest request body accepted (413 past it). The default holds a 1M-token context of text."""
+    responses_store: int = 64
+    """Responses kept in memory for previous_response_id and GET /v1/responses/{id} (those not sent with
+    store: false; the least recently used go first); 0 keeps none."""
     shutdown_timeout_s: float = 15.0
     """On SIGTERM or Ctrl-C: seconds running requests may take to finish before each ends with an error."""
 
@@ -32,6 +35,8 @@ class ServerConfig:
             raise ValueError("the API key is empty: give a non-empty key, or none to serve without one")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
+        if self.responses_store < 0:
+            raise ValueError(f"responses_store must be >= 0, got {self.responses_store}")
         if self.shutdown_timeout_s < 0:
             raise ValueError(f"shutdown_timeout_s must be >= 0, got {self.shutdown_timeout_s}")
         if not 0 < self.port < 65536:

@@ -34,6 +34,9 @@ class ServerState:
         self.heavy_executor = ThreadPoolExecutor(1, thread_name_prefix="ft-prepare-heavy")
         self._heavy_gate: HeavyGate | None = None  # made on the server's event loop (asyncio.Lock)
         self._generation: Generation | None = None
+        from freetoken.server.openai.responses_store import ResponseStore
+
+        self.responses = ResponseStore(config.responses_store)
 
     @property
     def model_names(self) -> list[str]:
@@ -77,6 +80,14 @@ class ServerState:
         if int(getattr(request.state, "body_bytes", 0)) <= HEAVY_BYTES:
             return await loop.run_in_executor(self.executor, work)
         return await self.heavy_gate.run(loop.run_in_executor(self.heavy_executor, work))
+
+    def capabilities(self) -> dict[str, bool]:
+        """What clients may rely on: tool calls read from the model's output, a reasoning block."""
+        from freetoken.server.structured import parsers
+
+        gen = self.generation()
+        tool, reasoning = parsers(gen.family, gen.tool_parser, gen.reasoning_parser)
+        return {"tool_calls": tool is not None, "reasoning": reasoning is not None}
 
     def generation(self) -> Generation:
         """The serving core, once the engine is ready (503 while loading, 500 if it died)."""

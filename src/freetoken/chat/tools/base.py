@@ -12,15 +12,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from freetoken.chat.events import ContentDelta, Event, IdFactory, call_events, new_call_id
 from freetoken.chat.scan import TrimmedText, split_safe
 from freetoken.chat.tools.schema import Schemas, tool_schemas
 
+if TYPE_CHECKING:
+    from freetoken.chat.grammar.compose import CallTool
+    from freetoken.chat.grammar.lark import Rules, Tags
+
 # One parsed call: (function name, arguments as a JSON object text).
 Call = tuple[str, str]
 BodyParser = Callable[[str, Schemas], list[Call] | None]
+CallGrammar = Callable[["Rules", "Tags", "CallTool"], str]
+"""Lark for one whole call of a tool in the format (opener to closer), adding the rules it needs."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,9 @@ class CallFormat:
     section_open: str | None = None  # optional wrapper around a run of calls
     section_close: str | None = None
     bare_calls: bool = True  # the opener also counts outside a section
+    grammar: CallGrammar | None = None  # how a call is written, for forced calls (chat/grammar/)
+    separator: str = "\n"  # between parallel calls
+    section_separator: str = ""  # after the section opener and before its closer
 
 
 class ToolCallParser:

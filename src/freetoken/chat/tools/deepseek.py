@@ -12,9 +12,15 @@ from __future__ import annotations
 
 import json
 import re
+from typing import TYPE_CHECKING
 
+from freetoken.chat.grammar.lark import json_value, lit
 from freetoken.chat.tools.base import Call, CallFormat
 from freetoken.chat.tools.schema import Schemas, dump_args
+
+if TYPE_CHECKING:
+    from freetoken.chat.grammar.compose import CallTool
+    from freetoken.chat.grammar.lark import Rules, Tags
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALLS_END = "<｜tool▁calls▁end｜>"
@@ -49,6 +55,12 @@ def parse_body(body: str, schemas: Schemas) -> list[Call] | None:
     return [(name, args)]
 
 
+def call_grammar(rules: Rules, tags: Tags, tool: CallTool) -> str:
+    """The V3.1 form (NAME, separator, JSON)."""
+    args = json_value(tool.arguments_schema())
+    return f"{tags(CALL_BEGIN)} {lit(tool.name)} {tags(SEP)} {args} {tags(CALL_END)}"
+
+
 FORMAT = CallFormat(
     name="deepseek_v3",
     opener=CALL_BEGIN,
@@ -56,4 +68,6 @@ FORMAT = CallFormat(
     parse_body=parse_body,
     section_open=CALLS_BEGIN,
     section_close=CALLS_END,
+    grammar=call_grammar,
+    separator="",
 )

@@ -12,10 +12,17 @@ the schema says string and read as JSON otherwise (raw text when it is not JSON)
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
+from freetoken.chat.grammar.lark import lit
+from freetoken.chat.grammar.params import text_arguments
 from freetoken.chat.tools.base import Call, CallFormat
 from freetoken.chat.tools.hermes import parse_json_calls
 from freetoken.chat.tools.schema import Schemas, convert_value, dump_args, strip_one_newline
+
+if TYPE_CHECKING:
+    from freetoken.chat.grammar.compose import CallTool
+    from freetoken.chat.grammar.lark import Rules, Tags
 
 _NAME = re.compile(r"\s*([^\s<>]+)\s*")
 _PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
@@ -37,4 +44,14 @@ def parse_body(body: str, schemas: Schemas) -> list[Call] | None:
     return [(name, dump_args(args))]
 
 
-FORMAT = CallFormat(name="glm45", opener="<tool_call>", closer="</tool_call>", parse_body=parse_body)
+def call_grammar(rules: Rules, tags: Tags, tool: CallTool) -> str:
+    def before(key: str) -> str:
+        return f'{tags("<arg_key>")} {lit(key)} {tags("</arg_key>")} "\\n" {tags("<arg_value>")}'
+
+    args = text_arguments(rules, tags, tool, before, "</arg_value>", "\n")
+    return f"{tags('<tool_call>')} {lit(tool.name + chr(10))} {args} {tags('</tool_call>')}"
+
+
+FORMAT = CallFormat(
+    name="glm45", opener="<tool_call>", closer="</tool_call>", parse_body=parse_body, grammar=call_grammar
+)

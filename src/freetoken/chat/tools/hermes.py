@@ -7,9 +7,14 @@ block, `parameters` instead of `arguments`, and arguments given as a JSON-encode
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from freetoken.chat.grammar.lark import json_value
 from freetoken.chat.tools.base import Call, CallFormat
+
+if TYPE_CHECKING:
+    from freetoken.chat.grammar.compose import CallTool
+    from freetoken.chat.grammar.lark import Rules, Tags
 from freetoken.chat.tools.schema import Schemas, dump_args
 
 
@@ -40,4 +45,20 @@ def parse_json_calls(body: str, schemas: Schemas | None = None) -> list[Call] | 
     return [c for c in calls if c is not None]
 
 
-FORMAT = CallFormat(name="hermes", opener="<tool_call>", closer="</tool_call>", parse_body=parse_json_calls)
+def call_object(tool: CallTool) -> dict[str, Any]:
+    """The schema of one call's JSON: the name, then the arguments (in the templates' order)."""
+    return {
+        "type": "object",
+        "properties": {"name": {"const": tool.name}, "arguments": tool.arguments_schema()},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def call_grammar(rules: Rules, tags: Tags, tool: CallTool) -> str:
+    return f'{tags("<tool_call>")} "\\n" {json_value(call_object(tool))} "\\n" {tags("</tool_call>")}'
+
+
+FORMAT = CallFormat(
+    name="hermes", opener="<tool_call>", closer="</tool_call>", parse_body=parse_json_calls, grammar=call_grammar
+)

@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import json
 import re
+from typing import TYPE_CHECKING
 
+from freetoken.chat.grammar.lark import json_value, lit
 from freetoken.chat.tools.base import Call, CallFormat
 from freetoken.chat.tools.schema import Schemas, dump_args
+
+if TYPE_CHECKING:
+    from freetoken.chat.grammar.compose import CallTool
+    from freetoken.chat.grammar.lark import Rules, Tags
 
 ARGS = "<|tool_call_argument_begin|>"
 _ID = re.compile(r"\s*(?:functions\.)?([^\s:<>]+)(?::\d+)?\s*")
@@ -30,6 +36,12 @@ def parse_body(body: str, schemas: Schemas) -> list[Call] | None:
     return [(m.group(1), dump_args(args))] if isinstance(args, dict) else None
 
 
+def call_grammar(rules: Rules, tags: Tags, tool: CallTool) -> str:
+    call_id = f"{lit('functions.' + tool.name + ':')} /[0-9]{{1,3}}/"
+    args = json_value(tool.arguments_schema())
+    return f"{tags('<|tool_call_begin|>')} {call_id} {tags(ARGS)} {args} {tags('<|tool_call_end|>')}"
+
+
 FORMAT = CallFormat(
     name="kimi_k2",
     opener="<|tool_call_begin|>",
@@ -37,4 +49,6 @@ FORMAT = CallFormat(
     parse_body=parse_body,
     section_open="<|tool_calls_section_begin|>",
     section_close="<|tool_calls_section_end|>",
+    grammar=call_grammar,
+    separator="",
 )

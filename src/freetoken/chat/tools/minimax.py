@@ -10,9 +10,16 @@
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
+from freetoken.chat.grammar.lark import lit
+from freetoken.chat.grammar.params import text_arguments
 from freetoken.chat.tools.base import Call, CallFormat
 from freetoken.chat.tools.schema import Schemas, convert_value, dump_args, strip_one_newline
+
+if TYPE_CHECKING:
+    from freetoken.chat.grammar.compose import CallTool
+    from freetoken.chat.grammar.lark import Rules, Tags
 
 # The body starts right after `<invoke`.
 _HEAD = re.compile(r"\s+name=(?:\"([^\"]+)\"|'([^']+)'|([^\s>]+))\s*>")
@@ -32,6 +39,11 @@ def parse_body(body: str, schemas: Schemas) -> list[Call] | None:
     return [(name, dump_args(args))]
 
 
+def call_grammar(rules: Rules, tags: Tags, tool: CallTool) -> str:
+    args = text_arguments(rules, tags, tool, lambda k: lit(f'<parameter name="{k}">'), "</parameter>", "\n")
+    return f"{tags('<invoke')} {lit(f' name={chr(34)}{tool.name}{chr(34)}>' + chr(10))} {args} {tags('</invoke>')}"
+
+
 FORMAT = CallFormat(
     name="minimax_m2",
     opener="<invoke",
@@ -40,4 +52,6 @@ FORMAT = CallFormat(
     section_open="<minimax:tool_call>",
     section_close="</minimax:tool_call>",
     bare_calls=False,
+    grammar=call_grammar,
+    section_separator="\n",
 )

@@ -16,10 +16,17 @@ Hermes JSON body inside `<tool_call>` is accepted too.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
+from freetoken.chat.grammar.lark import lit
+from freetoken.chat.grammar.params import text_arguments
 from freetoken.chat.tools.base import Call, CallFormat
 from freetoken.chat.tools.hermes import parse_json_calls
 from freetoken.chat.tools.schema import Schemas, convert_value, dump_args, strip_one_newline
+
+if TYPE_CHECKING:
+    from freetoken.chat.grammar.compose import CallTool
+    from freetoken.chat.grammar.lark import Rules, Tags
 
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|\Z)", re.DOTALL)
 _PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
@@ -48,4 +55,13 @@ def parse_body(body: str, schemas: Schemas) -> list[Call] | None:
     return parse_json_calls(body.strip(), schemas)
 
 
-FORMAT = CallFormat(name="qwen3_coder", opener="<tool_call>", closer="</tool_call>", parse_body=parse_body)
+def call_grammar(rules: Rules, tags: Tags, tool: CallTool) -> str:
+    args = text_arguments(rules, tags, tool, lambda k: lit(f"<parameter={k}>\n"), "\n</parameter>", "\n")
+    head = lit(f"\n<function={tool.name}>\n")
+    tail = lit("</function>\n")
+    return f"{tags('<tool_call>')} {head} {args} {tail} {tags('</tool_call>')}"
+
+
+FORMAT = CallFormat(
+    name="qwen3_coder", opener="<tool_call>", closer="</tool_call>", parse_body=parse_body, grammar=call_grammar
+)

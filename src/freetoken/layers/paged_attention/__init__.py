@@ -9,7 +9,7 @@ P pages per sequence at most, S tokens per page.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,6 +23,8 @@ class DecodeMeta:
     block_table: torch.Tensor  # [B, P] int32 page ids (entries past a sequence's pages are ignored)
     seq_lens: torch.Tensor  # [B] int32 context length, the new token included
     page_size: int
+    gathered: dict[int | None, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    """The torch reference's slots and mask per window on a CPU, made by the first layer, reused by the others."""
 
 
 @dataclass

@@ -18,15 +18,10 @@ def paged_decode_reference(
 ) -> torch.Tensor:
     B, H, hd = q.shape
     hkv = k_cache.shape[1]
-    S = meta.page_size
-    n = meta.block_table.shape[1] * S  # positions 0..n-1 the page table can address
-    pos = torch.arange(n, device=q.device)
-    slots = meta.block_table.long()[:, pos // S] * S + pos % S  # [B, n]
-    lens = meta.seq_lens.long()[:, None]
-    valid = pos[None, :] < lens  # [B, n]
-    if window is not None:
-        valid &= pos[None, :] >= lens - window
-    slots = torch.where(valid, slots, torch.zeros_like(slots))
+    if meta.block_table.is_cuda:  # a graph's metadata is rewritten in place: nothing may be kept from it
+        slots, valid = _slots(meta, window)
+    else:
+        slots, valid = meta.gathered.get(window) or meta.gathered.setdefault(window, _slots(meta, window))
     k = k_cache[slots].float()  # [B, n, Hkv, hd]
     v = v_cache[slots].float()
     g = H // hkv
@@ -36,3 +31,16 @@ def paged_decode_reference(
     p = torch.softmax(s, dim=-1)
     out = torch.einsum("bkgn,bnkd->bkgd", p, v)
     return out.reshape(B, H, hd).to(q.dtype)
+
+
+def _slots(meta: DecodeMeta, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sequence's context slots [B, n] through its page table (0 where masked) and the mask [B, n]."""
+    S = meta.page_size
+    n = meta.block_table.shape[1] * S  # positions 0..n-1 the page table can address
+    pos = torch.arange(n, device=meta.block_table.device)
+    slots = meta.block_table.long()[:, pos // S] * S + pos % S
+    lens = meta.seq_lens.long()[:, None]
+    valid = pos[None, :] < lens
+    if window is not None:
+        valid &= pos[None, :] >= lens - window
+    return torch.where(valid, slots, torch.zeros_like(slots)), valid

@@ -7,7 +7,7 @@ from typing import Any
 
 from freetoken.server.anthropic.protocol import ContentBlock, Message, MessagesRequest, Part, _Conversation
 from freetoken.server.errors import APIError
-from freetoken.server.internal import ChatRequest, ToolChoice, ToolSpec
+from freetoken.server.internal import ChatRequest, ResponseFormat, ToolChoice, ToolSpec
 from freetoken.server.openai.convert import MEDIA_PARTS, media_placeholder, tool_call_dict
 
 # Claude Code puts a per-request checksum (cch=…) in a billing line at the top of the system
@@ -56,6 +56,8 @@ def to_internal(body: _Conversation) -> ChatRequest:
         req.top_p = 1.0 if body.top_p is None else body.top_p
         req.top_k = body.top_k or 0
         req.ignore_eos = body.ignore_eos
+        if body.output_format is not None:
+            req.response_format = ResponseFormat("json_schema", body.output_format.schema_)
     return req
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Open(BaseModel):
@@ -67,6 +67,11 @@ class _Conversation(_Open):
     thinking: Thinking | None = None
 
 
+class OutputFormat(_Open):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
 class MessagesRequest(_Conversation):
     max_tokens: int
     stop_sequences: list[str] | None = None
@@ -75,6 +80,7 @@ class MessagesRequest(_Conversation):
     top_p: float | None = None
     top_k: int | None = None
     ignore_eos: bool = False  # extension (vLLM's name): keep going past end-of-sequence
+    output_format: OutputFormat | None = None  # structured outputs: the answer is JSON of this schema
 
 
 class CountTokensRequest(_Conversation):

@@ -15,7 +15,15 @@ from freetoken.chat import events as ev
 from freetoken.server.body import parse_request
 from freetoken.server.errors import APIError
 from freetoken.server.generation import Generation, Prepared, until_finish
-from freetoken.server.internal import ChatRequest, Completion, Finish, TokenLogprobs, ToolChoice, ToolSpec
+from freetoken.server.internal import (
+    ChatRequest,
+    Completion,
+    Finish,
+    ResponseFormat,
+    TokenLogprobs,
+    ToolChoice,
+    ToolSpec,
+)
 from freetoken.server.openai.convert import text_of, tool_call_dict
 from freetoken.server.openai.protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice
 from freetoken.server.openai.sampling import logprobs_content, refuse_unsupported, top_logprobs
@@ -75,7 +83,21 @@ def to_internal(body: ChatCompletionRequest) -> ChatRequest:
         stop=stop,
         reasoning=reasoning,
         template_kwargs=kwargs,
+        response_format=_response_format(body),
     )
+
+
+def _response_format(body: ChatCompletionRequest) -> ResponseFormat | None:
+    fmt = body.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return ResponseFormat("json_object")
+    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        raise APIError.invalid(
+            "response_format json_schema needs json_schema.schema", param="response_format.json_schema"
+        )
+    return ResponseFormat("json_schema", fmt.json_schema.schema_, fmt.json_schema.name)
 
 
 def _message(m: ChatMessage, i: int) -> dict[str, Any]:
@@ -149,6 +171,7 @@ def _usage(f: Finish) -> dict[str, Any]:
         "completion_tokens": f.completion_tokens,
         "total_tokens": f.prompt_tokens + f.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": f.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": f.reasoning_tokens},
     }
 
 

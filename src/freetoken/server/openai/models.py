@@ -21,6 +21,7 @@ def _entry(state: ServerState, name: str) -> dict[str, object]:
         "owned_by": "freetoken",
         "context_length": length,
         "max_model_len": length,
+        "capabilities": state.capabilities() if state.engine.state == "ready" else None,
         # Anthropic's model-list fields, so `anthropic.Anthropic().models.list()` works too.
         "type": "model",
         "display_name": name,

@@ -59,6 +59,17 @@ class NamedToolChoice(_Open):
     function: NamedFunction
 
 
+class JsonSchemaFormat(_Open):
+    name: str = "response"
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Open):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class StreamOptions(_Open):
     include_usage: bool = False
 
@@ -88,6 +99,7 @@ class ChatCompletionRequest(_Open):
     reasoning_effort: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     ignore_eos: bool = False
+    response_format: ResponseFormat | None = None
 
 
 # ---- /v1/responses ----------------------------------------------------------------------

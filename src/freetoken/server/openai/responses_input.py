@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from freetoken.server.errors import APIError
-from freetoken.server.internal import ChatRequest, ToolChoice, ToolSpec
+from freetoken.server.internal import ChatRequest, ResponseFormat, ToolChoice, ToolSpec
 from freetoken.server.openai.convert import text_of, tool_call_dict
 from freetoken.server.openai.protocol import ResponsesItem, ResponsesRequest, ResponsesTool
 
@@ -20,12 +20,13 @@ CUSTOM_INPUT_SCHEMA: dict[str, Any] = {
 }
 
 
-def to_internal(body: ResponsesRequest) -> ChatRequest:
-    if body.previous_response_id or body.conversation:
+def to_internal(body: ResponsesRequest, earlier: list[dict[str, Any]] | None = None) -> ChatRequest:
+    """``earlier``: the conversation of ``previous_response_id`` (``responses_store.py``)."""
+    if body.conversation:
         raise APIError.invalid(
-            "previous_response_id / conversation are not supported: this server keeps no state; "
-            "send the whole conversation in `input` (store=false)",
-            param="previous_response_id" if body.previous_response_id else "conversation",
+            "conversation objects are not supported: send the conversation in `input`, or continue a "
+            "stored response with previous_response_id",
+            param="conversation",
         )
     extra = body.model_extra or {}
     if extra.get("top_logprobs") or "message.output_text.logprobs" in (extra.get("include") or []):
@@ -34,6 +35,7 @@ def to_internal(body: ResponsesRequest) -> ChatRequest:
     messages: list[dict[str, Any]] = []
     if body.instructions:
         messages.append({"role": "system", "content": body.instructions})
+    messages += earlier or []
     if isinstance(body.input, str):
         items = [ResponsesItem(type="message", role="user", content=body.input)]
     else:
@@ -55,6 +57,25 @@ def to_internal(body: ResponsesRequest) -> ChatRequest:
         seed=body.seed,
         ignore_eos=body.ignore_eos,
         reasoning=reasoning,
+        response_format=text_format(body.text),
+    )
+
+
+def text_format(text: dict[str, Any] | None) -> ResponseFormat | None:
+    """``text.format``: {"type": "text" | "json_object" | "json_schema", "name", "schema", "strict"}."""
+    fmt = (text or {}).get("format")
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return ResponseFormat("json_object")
+    if kind == "json_schema" and isinstance(fmt.get("schema"), dict):
+        return ResponseFormat("json_schema", fmt["schema"], str(fmt.get("name") or ""))
+    raise APIError.invalid(
+        "text.format must be {type: text}, {type: json_object} or {type: json_schema, schema: {...}}",
+        param="text.format",
     )
 
 
@@ -67,9 +88,17 @@ def _tool(d: ResponsesTool, i: int) -> ToolSpec | None:
         return ToolSpec(d.name, d.description or "", d.parameters or {"type": "object", "properties": {}})
     desc = d.description or ""
     fmt = d.format
+    syntax = None
     if fmt is not None and fmt.type == "grammar" and fmt.definition:
-        desc += f"\n\nThe input must follow this {fmt.syntax or ''} grammar:\n{fmt.definition}"
-    return ToolSpec(d.name, desc.strip(), CUSTOM_INPUT_SCHEMA, custom=True)
+        if fmt.syntax not in ("lark", "regex"):
+            raise APIError.invalid(
+                f"tools[{i}]: grammar syntax must be lark or regex, got {fmt.syntax!r}", param=f"tools.{i}.format"
+            )
+        syntax = fmt.syntax
+        desc += f"\n\nThe input must follow this {fmt.syntax} grammar:\n{fmt.definition}"
+    definition = fmt.definition or "" if fmt is not None else ""
+    return ToolSpec(d.name, desc.strip(), CUSTOM_INPUT_SCHEMA, custom=True, grammar_syntax=syntax,
+                    grammar_definition=definition if syntax else "")  # fmt: skip
 
 
 def _tool_choice(choice: str | dict[str, Any] | None) -> ToolChoice:

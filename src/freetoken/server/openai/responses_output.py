@@ -22,8 +22,20 @@ def _id(prefix: str) -> str:
 
 
 class ResponseBuilder:
-    def __init__(self, req: ChatRequest, model: str, tools_in: list[dict[str, Any]] | None) -> None:
+    def __init__(
+        self,
+        req: ChatRequest,
+        model: str,
+        tools_in: list[dict[str, Any]] | None,
+        echo: dict[str, Any] | None = None,
+        summary: bool = False,
+    ) -> None:
+        """``echo``: request fields the response object repeats (instructions, reasoning, text, store,
+        previous_response_id, metadata). ``summary``: the client asked for reasoning summaries; the
+        reasoning text is sent as the summary (there is no separate summariser)."""
         self.req = req
+        self.echo = echo or {}
+        self.summary = summary
         self.model = model
         self.id = _id("resp")
         self.created_at = int(time.time())
@@ -67,6 +79,7 @@ class ResponseBuilder:
             "truncation": "disabled",
             "store": False,
             "usage": self.usage,
+            **self.echo,
         }
 
     def emit(self, kind: str, payload: dict[str, Any]) -> None:
@@ -90,7 +103,12 @@ class ResponseBuilder:
         if isinstance(e, ev.ReasoningDelta):
             if self._open_type() != "reasoning":
                 self._open({"id": _id("rs"), "type": "reasoning", "summary": [], "content": []})
-            self._delta("response.reasoning_text.delta", e.text, content_index=0)
+                if self.summary:
+                    self._summary_part("response.reasoning_summary_part.added", "")
+            if self.summary:
+                self._delta("response.reasoning_summary_text.delta", e.text, summary_index=0)
+            else:
+                self._delta("response.reasoning_text.delta", e.text, content_index=0)
         elif isinstance(e, ev.ContentDelta):
             if self._open_type() != "message":
                 self._open(
@@ -138,7 +156,7 @@ class ResponseBuilder:
 
     def finish(self, f: Finish) -> None:
         self._close()
-        out_reasoning = 0
+        out_reasoning = f.reasoning_tokens
         self.usage = {
             "input_tokens": f.prompt_tokens,
             "input_tokens_details": {"cached_tokens": f.cached_tokens},
@@ -176,13 +194,23 @@ class ResponseBuilder:
             {"item_id": self.open["id"], "output_index": len(self.output), "content_index": 0, "part": part},
         )
 
+    def _summary_part(self, kind: str, text: str) -> None:
+        assert self.open is not None
+        part = {"type": "summary_text", "text": text}
+        where = {"item_id": self.open["id"], "output_index": len(self.output)}
+        self.emit(kind, {**where, "summary_index": 0, "part": part})
+
     def _close(self) -> None:
         item, text = self.open, self.buf
         if item is None:
             return
         where = {"item_id": item["id"], "output_index": len(self.output)}
         kind = item["type"]
-        if kind == "reasoning":
+        if kind == "reasoning" and self.summary:
+            item["summary"] = [{"type": "summary_text", "text": text}]
+            self.emit("response.reasoning_summary_text.done", {**where, "summary_index": 0, "text": text})
+            self._summary_part("response.reasoning_summary_part.done", text)
+        elif kind == "reasoning":
             item["content"] = [{"type": "reasoning_text", "text": text}]
             self.emit("response.reasoning_text.done", {**where, "content_index": 0, "text": text})
         elif kind == "message":

@@ -1,0 +1,77 @@
+"""Structured output through llguidance: a grammar (Lark in llguidance's dialect, where
+``%json {…}`` embeds a JSON schema and ``<name>`` a special token) compiled against the model's
+tokenizer into a per-request matcher, the engine's ``TokenConstraint``.
+
+Compiling (building the tokenizer's token trie once, then each grammar) runs on the caller's
+thread, not the engine's: ``AsyncLLM`` compiles before it queues the request.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+import llguidance
+import torch
+
+from freetoken.engine.errors import InputError
+
+
+class GrammarCompiler:
+    """Grammars for one tokenizer and vocabulary (the model's: the logits' width, which may exceed
+    the tokenizer's)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
+        self._source = tokenizer
+        self.vocab_size = vocab_size
+        self._eos = list(eos_token_ids)
+        self._lock = threading.Lock()
+        self._tok: llguidance.LLTokenizer | None = None
+
+    @property
+    def tokenizer(self) -> llguidance.LLTokenizer:
+        with self._lock:  # built once (about a second for a large vocabulary), on first use
+            if self._tok is None:
+                import llguidance.hf
+
+                if self._source is None:
+                    raise InputError("this model has no tokenizer, so it cannot follow a grammar")
+                self._tok = llguidance.hf.from_tokenizer(self._source, n_vocab=self.vocab_size, eos_token=self._eos)
+            return self._tok
+
+    def compile(self, grammar: str) -> GrammarConstraint:
+        """A fresh matcher for ``grammar``; ``InputError`` naming the fault when it is not valid."""
+        ll = _to_llguidance(grammar)
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(ll, self.tokenizer)
+        if is_error:
+            raise InputError(f"invalid grammar: {messages[0] if messages else 'rejected'}")
+        matcher = llguidance.LLMatcher(self.tokenizer, ll, log_level=0)
+        if matcher.is_error():
+            raise InputError(f"invalid grammar: {matcher.get_error()}")
+        return GrammarConstraint(matcher)
+
+
+@functools.lru_cache(maxsize=256)
+def _to_llguidance(grammar: str) -> str:
+    return str(llguidance.LLMatcher.grammar_from_lark(grammar))
+
+
+class GrammarConstraint:
+    """One request's position in its grammar (``TokenConstraint``)."""
+
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+        self._m = matcher
+
+    def fill_bitmask(self, bitmask: torch.Tensor) -> None:
+        assert bitmask.dtype == torch.int32 and bitmask.is_contiguous() and bitmask.device.type == "cpu"
+        self._m.unsafe_compute_mask_ptr(bitmask.data_ptr(), bitmask.numel() * 4)
+
+    def accept(self, token: int) -> bool:
+        return bool(self._m.consume_token(token)) and not self._m.is_error()
+
+    def is_done(self) -> bool:
+        return bool(self._m.is_stopped())
+
+    def error(self) -> str:
+        return str(self._m.get_error())
