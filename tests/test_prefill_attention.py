@@ -1,6 +1,7 @@
-"""Causal varlen prefill attention in Triton against a per-sequence float64 softmax: several sequences of
-different lengths in one step, chunks that start after an earlier chunk's context, GQA, sliding window
-(Triton's interpreter on the CPU, the kernel on CUDA)."""
+"""Causal varlen prefill attention, the Triton kernel and the torch reference, against a per-sequence float64
+softmax: several sequences of different lengths in one step, chunks that start after an earlier chunk's
+context, GQA, sliding window (the kernel in Triton's interpreter on the CPU and on CUDA; the reference on the
+CPU, in blocks of query rows small enough that every case spans several)."""
 
 from __future__ import annotations
 
@@ -57,15 +58,30 @@ def _naive(q, k, v, meta: PrefillMeta, scale: float, window: int | None) -> torc
 CASES = [[(5, 5)], [(40, 40), (3, 70), (17, 17)], [(33, 100)]]
 
 
-def _check(device: str, dtype: torch.dtype, h: int, hkv: int, hd: int, window: int | None, tol: float) -> None:
-    from freetoken.layers.paged_attention.triton_prefill import paged_prefill_triton
-
+def _check(
+    device: str, dtype: torch.dtype, h: int, hkv: int, hd: int, window: int | None, tol: float, fn=None
+) -> None:
+    """rel L2 <= tol; for bf16 also the worst element <= 2^-6 max|ref| (the decode kernel's tolerance)."""
+    if fn is None:
+        from freetoken.layers.paged_attention.triton_prefill import paged_prefill_triton as fn
     for seqs in CASES:
         q, k, v, meta = _case(seqs, h, hkv, hd, dtype, device)
-        out = paged_prefill_triton(q, k, v, meta, hd**-0.5, window).double().cpu()
+        out = fn(q, k, v, meta, hd**-0.5, window).double().cpu()
         ref = _naive(q.float(), k.float(), v.float(), meta, hd**-0.5, window)
         rel = (out - ref).norm() / ref.norm()
+        worst = (out - ref).abs().max() / ref.abs().max()
         assert rel < tol, (seqs, float(rel))
+        if dtype != torch.float32:
+            assert worst <= 2**-6, (seqs, float(worst))
+
+
+@pytest.mark.parametrize("h,hkv,hd,window", [(4, 2, 16, None), (2, 2, 32, 24)])
+def test_prefill_reference_in_row_blocks(monkeypatch, h: int, hkv: int, hd: int, window: int | None) -> None:
+    from freetoken.layers.paged_attention import prefill_reference as pr
+
+    monkeypatch.setattr(pr, "SCORE_ELEMENTS", 1)  # blocks of MIN_ROWS rows: every case but the first spans several
+    assert pr.rows_per_block(h, 100) == pr.MIN_ROWS
+    _check("cpu", torch.float32, h, hkv, hd, window, 1e-6, pr.paged_prefill_reference)
 
 
 @TRITON_INTERPRETER

@@ -10,8 +10,7 @@ from freetoken.engine.request import Request
 from freetoken.engine.step_graph import StepGraphs
 from freetoken.engine.step_sampler import Choice, StepSampler
 from freetoken.experts.base import ExpertBackend
-from freetoken.experts.triton_support import triton_available
-from freetoken.layers.attention import AttnBatch, SeqAttn, build_mask
+from freetoken.layers.attention import AttnBatch
 from freetoken.layers.paged_attention import DecodeMeta, PrefillMeta
 from freetoken.models.decoder import DecoderModel
 
@@ -35,46 +34,44 @@ class ModelRunner:
         self.graphs = graphs
         self._default_threads = torch.get_num_threads()
 
-    def build_batch(self, items: list[tuple[Request, int]]) -> tuple[torch.Tensor, AttnBatch, list[int]]:
+    def build_batch(
+        self, items: list[tuple[Request, int]], starts: list[int] | None = None
+    ) -> tuple[torch.Tensor, AttnBatch, list[int]]:
+        """``starts``: the first token of each item (None: its ``num_computed_tokens``; a layer-major
+        prefill's later chunks start further on)."""
+        starts = starts if starts is not None else [req.num_computed_tokens for req, _ in items]
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        seqs: list[SeqAttn] = []
         last_rows: list[int] = []
         decode = all(n == 1 for _, n in items)
-        varlen = not decode and self.device.type == "cuda" and triton_available()  # the Triton prefill kernel
-        for req, n in items:
-            start, end = req.num_computed_tokens, req.num_computed_tokens + n
-            q_start = len(ids)
+        for (req, n), start in zip(items, starts):
+            end = start + n
             ids += req.token_ids[start:end]
             positions += range(start, end)
             slots += self.kv.slots(req.pages, start, end)
-            if not decode and not varlen:
-                ctx_slots = torch.tensor(self.kv.slots(req.pages, 0, end), dtype=torch.int64, device=self.device)
-                seqs.append(SeqAttn(q_start, n, ctx_slots, build_mask(n, end, self.window, self.device)))
-            last_rows.append(q_start + n - 1)
+            last_rows.append(len(ids) - 1)
         dev = self.device
         batch = AttnBatch(
             positions=torch.tensor(positions, dtype=torch.int64, device=dev),
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            seqs=seqs,
             decode=self.decode_meta(items) if decode else None,
-            prefill=self.prefill_meta(items) if varlen else None,
+            prefill=None if decode else self.prefill_meta(items, starts),
         )
         return torch.tensor(ids, dtype=torch.int64, device=dev), batch, last_rows
 
-    def prefill_meta(self, items: list[tuple[Request, int]]) -> PrefillMeta:
+    def prefill_meta(self, items: list[tuple[Request, int]], starts: list[int]) -> PrefillMeta:
         """Per sequence: its rows of new tokens, its context after the step, its page table."""
         width = max(len(req.pages) for req, _ in items)
         table = torch.zeros((len(items), width), dtype=torch.int32)
-        starts, lens, ctx, at = [], [], [], 0
-        for b, (req, n) in enumerate(items):
+        q_starts, lens, ctx, at = [], [], [], 0
+        for b, ((req, n), start) in enumerate(zip(items, starts)):
             table[b, : len(req.pages)] = torch.tensor(req.pages, dtype=torch.int32)
-            starts.append(at)
+            q_starts.append(at)
             lens.append(n)
-            ctx.append(req.num_computed_tokens + n)
+            ctx.append(start + n)
             at += n
-        meta = torch.tensor([starts, lens, ctx], dtype=torch.int32).to(self.device)
+        meta = torch.tensor([q_starts, lens, ctx], dtype=torch.int32).to(self.device)
         return PrefillMeta(meta[0], meta[1], meta[2], table.to(self.device), self.kv.page_size, max(lens))
 
     def decode_meta(self, items: list[tuple[Request, int]]) -> DecodeMeta:

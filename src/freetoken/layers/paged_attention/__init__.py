@@ -1,10 +1,11 @@
-"""Decode attention over the paged KV pool, behind one interface.
+"""Paged attention over the KV pool, behind one interface: decode and (varlen, causal) prefill.
 
 ``decode_attention(q, k_cache, v_cache, meta, scale, window)``: one new token per sequence, each
 attending to its whole context through its page table, read in place. Backends: the in-repo Triton
 kernel (CUDA; split-KV, the path every GPU figure is measured on) and the torch reference (CPU, tests,
-and anywhere Triton is missing). Shapes: B sequences, H query heads, Hkv KV heads, hd head dim,
-P pages per sequence at most, S tokens per page.
+and anywhere Triton is missing). ``prefill_attention``: every new token of a prefill or mixed step over
+its sequence's context, the same two backends (``triton_prefill.py``, ``prefill_reference.py``). Shapes:
+B sequences, H query heads, Hkv KV heads, hd head dim, P pages per sequence at most, S tokens per page.
 """
 
 from __future__ import annotations
@@ -48,10 +49,15 @@ def prefill_attention(
     scale: float,
     window: int | None = None,
 ) -> torch.Tensor:
-    """Causal attention of every new token over its sequence's context: the Triton kernel (CUDA)."""
-    from freetoken.layers.paged_attention.triton_prefill import paged_prefill_triton
+    """Causal attention of every new token over its sequence's context, never T x T: the Triton kernel (CUDA),
+    else the torch reference in blocks of query rows."""
+    if q.is_cuda and triton_available():
+        from freetoken.layers.paged_attention.triton_prefill import paged_prefill_triton
 
-    return paged_prefill_triton(q, k_cache, v_cache, meta, scale, window)
+        return paged_prefill_triton(q, k_cache, v_cache, meta, scale, window)
+    from freetoken.layers.paged_attention.prefill_reference import paged_prefill_reference
+
+    return paged_prefill_reference(q, k_cache, v_cache, meta, scale, window)
 
 
 def decode_attention(
