@@ -55,7 +55,7 @@ class ModelRunner:
         batch = AttnBatch(
             positions=torch.tensor(positions, dtype=torch.int64, device=dev),
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            decode=self.decode_meta(items) if decode else None,
+            decode=self.decode_meta(items, starts) if decode else None,
             prefill=None if decode else self.prefill_meta(items, starts),
         )
         return torch.tensor(ids, dtype=torch.int64, device=dev), batch, last_rows
@@ -74,13 +74,14 @@ class ModelRunner:
         meta = torch.tensor([q_starts, lens, ctx], dtype=torch.int32).to(self.device)
         return PrefillMeta(meta[0], meta[1], meta[2], table.to(self.device), self.kv.page_size, max(lens))
 
-    def decode_meta(self, items: list[tuple[Request, int]]) -> DecodeMeta:
+    def decode_meta(self, items: list[tuple[Request, int]], starts: list[int] | None = None) -> DecodeMeta:
         """Page tables and context lengths of a decode step (the new token counted)."""
         width = max(len(req.pages) for req, _ in items)
         table = torch.zeros((len(items), width), dtype=torch.int32)
         for b, (req, _) in enumerate(items):
             table[b, : len(req.pages)] = torch.tensor(req.pages, dtype=torch.int32)
-        lens = torch.tensor([req.num_computed_tokens + 1 for req, _ in items], dtype=torch.int32)
+        starts = starts if starts is not None else [req.num_computed_tokens for req, _ in items]
+        lens = torch.tensor([start + 1 for start in starts], dtype=torch.int32)
         return DecodeMeta(table.to(self.device), lens.to(self.device), self.kv.page_size)
 
     def step(self, items: list[tuple[Request, int]], graphs: bool = True) -> list[tuple[Request, Choice]]:
