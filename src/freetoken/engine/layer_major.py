@@ -77,17 +77,20 @@ class LayerMajorJob:
         return self.pass_.done
 
     def advance(self, budget_s: float | None) -> None:
-        """Runs units until done, or (``budget_s`` set) until that much time has gone (at least one unit)."""
+        """Runs units until done, or (``budget_s`` set) while the next unit, as long as the last one took, still
+        ends within ``budget_s`` (at least one unit per call)."""
         backend = self.runner.backend
         if backend is not None:  # a safe point: other steps may have run since the last unit
             backend.begin_step(int(self.pass_.batches[self.pass_.chunk].positions.shape[0]), False)
         t0 = time.perf_counter()
         while not self.pass_.done:
+            t_unit = time.perf_counter()
             self.pass_.run_unit()
             if budget_s is not None:
                 if self.runner.device.type == "cuda":
                     torch.cuda.synchronize(self.runner.device)  # the budget is wall time, not enqueue time
-                if time.perf_counter() - t0 >= budget_s:
+                now = time.perf_counter()
+                if now - t0 + (now - t_unit) > budget_s:
                     return
 
     def finish(self) -> list[tuple[Request, Choice]]:
