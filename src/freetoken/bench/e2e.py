@@ -216,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
                 str(path), device=dev, dtype=dtype, moe_backend=policy, expert_cache=args.expert_cache,
                 cpu_threads=threads, max_running_requests=max(*batches, args.itl_streams + 1),
                 routing_trace=args.routing_trace, cuda_graphs=args.cuda_graphs, moe_cuda_graphs=args.cuda_graphs,
-                max_batched_tokens=args.max_batched_tokens,
+                max_batched_tokens=args.max_batched_tokens, prefill_order=args.prefill_order,
             )  # fmt: skip
             try:
                 for batch in batches if args.decode else []:
@@ -278,6 +278,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None, choices=sorted(_DTYPES))
     p.add_argument("--json", default=None)
     p.add_argument("--max-batched-tokens", type=int, default=8192, help="tokens per step (the prefill chunk)")
+    p.add_argument("--prefill-order", default="auto", choices=("auto", "layer", "chunk"),
+                   help="a prompt spanning several chunks: layer-major, chunk-major, or auto")  # fmt: skip
     p.add_argument("--decode", action=argparse.BooleanOptionalAction, default=True, help="the decode rows")
     e2e_prefill.add_arguments(p)
     return p
