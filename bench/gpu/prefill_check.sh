@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU box: issue 20's check — agent-sized prompts. Two device calls, ~5 minutes of device time in all:
-#   check (~3.5 min) llama.cpp's build starts in the background (it outlives the call on a warm machine); the GPU tests
+#   check (~3.5 min typical, timeouts total 7 min) llama.cpp's build starts in the background (it outlives the call on a warm machine); the GPU tests
 #         of the varlen prefill kernel and the streamer (tests/test_prefill_attention.py, test_prefill_stream.py -m gpu:
 #         attention vs the float64 softmax, bf16 rel L2 <= 8e-3 and worst <= 2^-6 max|ref|); then ft bench e2e --prefill
 #         on the 12-layer Qwen3-30B-A3B shape, cache 0.25, 16 CPU threads: TTFT cold and warm at 2k/8k/32k/64k,
@@ -32,10 +32,10 @@ check)
   echo "== layer-major exactness on the box's CPU"
   timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_layer_major_prefill.py 2>&1 | tail -1
   echo "== ft bench e2e --prefill (TTFT, bytes, PCIe bound; ITL beside a 32k prefill)"
-  timeout 150 $E2E --policies hybrid --no-decode --repeats 1 --prefill 2048,8192,32768,65536 --itl-prompt 32768 \
+  timeout 200 $E2E --policies hybrid --no-decode --repeats 1 --prefill 2048,8192,32768,65536 --itl-prompt 32768 \
     --json "$OUT/ttft_hybrid.json" > "$OUT/ttft_hybrid.log" 2> "$OUT/ttft_hybrid.err"
   cat "$OUT/ttft_hybrid.log" | grep "^|"; grep -iE "error|Traceback" -A3 "$OUT/ttft_hybrid.err" | head -8
-  timeout 60 $E2E --policies fused --no-decode --repeats 1 --prefill 8192,32768 \
+  timeout 70 $E2E --policies fused --no-decode --repeats 1 --prefill 8192,32768 \
     --json "$OUT/ttft_fused.json" > "$OUT/ttft_fused.log" 2> "$OUT/ttft_fused.err"
   cat "$OUT/ttft_fused.log" | grep "^|" | tail -2; grep -iE "error|Traceback" -A3 "$OUT/ttft_fused.err" | head -8
   echo "llama.cpp build: $(cat /tmp/lc/built 2>/dev/null || echo running)" ;;
