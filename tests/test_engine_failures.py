@@ -136,8 +136,8 @@ def test_engine_thread_lives_through_a_failed_step(ckpt: Any, monkeypatch: pytes
         real = sched.schedule
         state = {"armed": True}
 
-        def schedule() -> Any:
-            batch = real()
+        def schedule(*args: Any, **kwargs: Any) -> Any:
+            batch = real(*args, **kwargs)
             if state["armed"] and any(req.num_output_tokens == 2 for req, _ in batch.items):
                 state["armed"] = False
                 raise RuntimeError("injected scheduler fault")

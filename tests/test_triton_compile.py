@@ -25,7 +25,7 @@ def test_triton_kernels_compile(arch: int) -> None:
     from freetoken.experts.cpu import stage_triton
     from freetoken.experts.slots import copy_triton, gemm_fp8_triton, gemm_triton, plan_triton
     from freetoken.layers import norm_triton, qkv_rope_triton, router_triton
-    from freetoken.layers.paged_attention import triton_decode
+    from freetoken.layers.paged_attention import triton_decode, triton_prefill
 
     i64 = "*i64"
     plan_sig = dict.fromkeys(["ids_ptr", "slot_of", "eid_of", "stamp", "tick_ptr", "i64_out", "counters"], i64)
@@ -111,6 +111,12 @@ def test_triton_kernels_compile(arch: int) -> None:
         cases.append((router_triton._route_kernel, route, consts))
     grp = {"ids_ptr": i64, "K": "i32", "layer_off": "i32", "N": "i32", "i64_out": i64, "b_out": "*u8"}
     cases.append((plan_triton._group_kernel, grp, {"KB": 32}))
+    pre = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "BT": "*i32", "QSTART": "*i32", "QLEN": "*i32",
+           "CTX": "*i32", "scale": "fp32", "window": "i32"}  # fmt: skip
+    pre |= dict.fromkeys([f"stride_{n}" for n in ("qt", "qh", "kt", "kh", "vt", "vh", "ot", "oh", "bt")], "i32")
+    for hd, window in ((128, False), (64, True), (256, False)):
+        consts = {"PAGE": 16, "G": 8, "HD": hd, "BLOCK_M": 32, "BLOCK_N": 32, "HAS_WINDOW": window, "PREC": "tf32"}
+        cases.append((triton_prefill._paged_prefill_kernel, pre, consts))
     for fn, sig, consts in cases:
         signature: dict[str, str] = {**sig, **{k: "constexpr" for k in consts}}
         src = ASTSource(fn=fn, signature=signature, constexprs=consts)

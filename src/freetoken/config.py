@@ -33,6 +33,15 @@ class EngineConfig:
     """Requests that may wait; beyond this new requests are refused."""
     max_batched_tokens: int = 8192
     """Tokens computed in one step (prefill chunk size plus running decodes)."""
+    prefill_order: str = "auto"
+    """A prompt spanning several chunks: "layer" runs every chunk of a layer, then the next layer (a cold prompt
+    streams the expert pool once); "chunk" runs each chunk through all layers; "auto": layer where the MoE
+    backend streams whole layers through its slot cache."""
+    layer_major_tokens: int | None = None
+    """Most tokens one layer-major prefill keeps activations for (longer prompts run in several). None: as
+    half the free memory allows; 0: chunk-major always."""
+    prefill_interleave_ms: float = 40.0
+    """While a layer-major prefill runs, other running requests get a decode step at least this often."""
     page_size: int = 16
     """Tokens per KV page."""
     kv_pages: int | None = None
@@ -63,6 +72,8 @@ class EngineConfig:
             raise ValueError("max_running_requests must be >= 1")
         if self.max_batched_tokens < 1:
             raise ValueError("max_batched_tokens must be >= 1")
+        if self.prefill_interleave_ms < 0:
+            raise ValueError("prefill_interleave_ms must be >= 0")
         if self.page_size < 1:
             raise ValueError("page_size must be >= 1")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -17,6 +17,7 @@ from freetoken.engine.detokenizer import IncrementalDetokenizer
 from freetoken.engine.errors import InputError, PromptTooLongError, QueueFullError
 from freetoken.engine.grammar import GrammarCompiler
 from freetoken.engine.kv_manager import KVManager
+from freetoken.engine.layer_major import LayerMajorJob, LayerMajorPlanner
 from freetoken.engine.model_setup import ModelSetup, setup_model
 from freetoken.engine.outputs import RequestOutput
 from freetoken.engine.request import Request, Status
@@ -25,6 +26,7 @@ from freetoken.engine.sampling_params import SamplingParams
 from freetoken.engine.scheduler import Scheduler
 from freetoken.engine.step_graph import StepGraphs
 from freetoken.engine.step_sampler import Choice, StepSampler
+from freetoken.models.layer_major import LayerMajorPass
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,8 @@ class LLMEngine:
         self.runner = ModelRunner(
             s.loaded.model, self.kv, s.device, s.loaded.backend, s.hf.sliding_window, self.sampler, graphs
         )
+        self.layer_major = LayerMajorPlanner(config, self.pages, self.runner, s.hf.hidden_size, s.dtype)
+        self._job: LayerMajorJob | None = None  # a layer-major prefill in flight (it spans steps)
         self.requests: dict[str, Request] = {}
         self.grammars = GrammarCompiler(s.tokenizer, s.hf.vocab_size, s.eos_token_ids)
         self._seeds = random.Random(config.seed)
@@ -118,28 +122,59 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One scheduled step. A failure while computing or sampling one request finishes that request
         with an error (finish_reason "error"); the others carry on. Only a failure outside any one
-        request (the scheduler, the caches) propagates."""
+        request (the scheduler, the caches) propagates. A prefill spanning several chunks may run layer-major
+        over several steps (``layer_major.py``): each step then runs the other requests' decode first."""
         outputs, self._pending = self._pending, []
-        batch = self.scheduler.schedule()
+        batch = self.scheduler.schedule(admit=self._job is None)
         for req in batch.never_fit:
             self._finish(req, "error", error="the request does not fit the KV pool even alone")
-        if batch.items:
-            items, sampled = self._compute(batch.items)
+        items = batch.items
+        if self._job is None and items:
+            self._job, items = self.layer_major.plan(items)
+        if items:
+            items, sampled = self._compute(items)
             self._counters["steps"] += 1
             for req, n in items:
                 was_prefill = req.num_computed_tokens < req.num_prompt_tokens
                 req.num_computed_tokens += n
                 self._counters["prefill_tokens" if was_prefill else "decode_tokens"] += n
-            for req, choice in sampled:
-                try:
-                    outputs.append(self._append_token(req, choice))
-                except Exception as exc:
-                    self._fail(req, "sampling failed", exc)
+            outputs += self._append_all(sampled)
+        if self._job is not None:
+            outputs += self._advance_job(self._job)
         outputs += self._pending
         self._pending = []
         if _debug():
             self.check_integrity()
         return outputs
+
+    def _append_all(self, sampled: list[tuple[Request, Choice]]) -> list[RequestOutput]:
+        outputs = []
+        for req, choice in sampled:
+            try:
+                outputs.append(self._append_token(req, choice))
+            except Exception as exc:
+                self._fail(req, "sampling failed", exc)
+        return outputs
+
+    def _advance_job(self, job: LayerMajorJob) -> list[RequestOutput]:
+        """Runs the layer-major prefill on: within the interleave budget while other requests run (their
+        next decode step comes at the next ``step``), else to its end."""
+        others = any(not r.busy for r in self.scheduler.running)
+        try:
+            job.advance(self.config.prefill_interleave_ms / 1e3 if others else None)
+            if not job.done:
+                return []
+            self._job = None
+            sampled = job.finish()
+        except Exception as exc:
+            self._job = None
+            job.cancel()
+            for req in job.requests:
+                self._fail(req, "the layer-major prefill failed", exc)
+            return []
+        self._counters["steps"] += 1
+        self._counters["prefill_tokens"] += job.tokens
+        return self._append_all(sampled)
 
     def _compute(
         self, items: list[tuple[Request, int]]
@@ -220,6 +255,9 @@ class LLMEngine:
         )
 
     def _finish(self, req: Request, reason: str, emit: bool = True, error: str | None = None) -> None:
+        if req.busy and self._job is not None:  # its pages are about to go: the job cannot carry on
+            self._job.cancel()
+            self._job = None
         self.scheduler.finish(req)
         self.sampler.release(req)
         req.status = Status.FINISHED
@@ -231,10 +269,11 @@ class LLMEngine:
             text = req.detok.flush() if reason not in ("abort", "error") else ""
             self._pending.append(self._output(req, [], text, error))
 
-    def score(self, token_ids: list[int], chunk: int | None = None) -> torch.Tensor:
+    def score(self, token_ids: list[int], chunk: int | None = None, layer_major: bool = False) -> torch.Tensor:
         """Logits [n, V] (float32, CPU) at every position of ``token_ids``, computed by prefill in chunks of
-        ``chunk`` tokens (None: one shot), each attending to the K/V of the chunks before it, with temporary
-        pages (for tests and perplexity; does not touch other requests)."""
+        ``chunk`` tokens (None: one shot), each attending to the K/V of the chunks before it, chunk-major or
+        (``layer_major``) layer by layer over all chunks, with temporary pages (for tests and perplexity; does
+        not touch other requests)."""
         n = len(token_ids)
         if not 0 < n < self.max_model_len:
             raise PromptTooLongError(n, self.max_model_len) if n else InputError("the prompt is empty")
@@ -243,17 +282,23 @@ class LLMEngine:
             raise InputError(f"{n} tokens do not fit the free KV pages now")
         pages = self.kv.allocate(self.kv.pages_for(n), rid)
         step = chunk or n
+        runner = self.runner
         try:
             req = Request(rid, list(token_ids), SamplingParams(), n + 1, IncrementalDetokenizer(None, [], [], True))
             req.pages = pages
+            chunks = [([(req, min(step, n - start))], [start]) for start in range(0, n, step)]
+            if layer_major:
+                if runner.backend is not None:
+                    runner.backend.begin_step(chunks[0][0][0][1], False)
+                built = [runner.build_batch(items, starts)[:2] for items, starts in chunks]
+                hidden = LayerMajorPass(runner.model, built, self.kv).run()
+                return torch.cat([runner.model.logits(h).cpu() for h in hidden])
             out = []
-            for start in range(0, n, step):
-                m = min(step, n - start)
-                req.num_computed_tokens = start
-                if self.runner.backend is not None:
-                    self.runner.backend.begin_step(m, False)
-                input_ids, batch, _ = self.runner.build_batch([(req, m)])
-                out.append(self.runner.model.logits(self.runner.model.forward(input_ids, batch, self.kv)).cpu())
+            for items, starts in chunks:
+                if runner.backend is not None:
+                    runner.backend.begin_step(items[0][1], False)
+                input_ids, batch, _ = runner.build_batch(items, starts)
+                out.append(runner.model.logits(runner.model.forward(input_ids, batch, self.kv)).cpu())
             return torch.cat(out)
         finally:
             self.kv.free(pages, rid)
@@ -273,6 +318,7 @@ class LLMEngine:
             "radix_pages": self.tree.num_pages if self.tree is not None else 0,
             "radix_evictions": self.tree.num_evictions if self.tree is not None else 0,
             "preemptions": self.scheduler.num_preemptions,
+            "layer_major_prefills": self.layer_major.jobs,
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
             "kv_pages_total": self.kv.num_pages,

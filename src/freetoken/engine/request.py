@@ -39,6 +39,7 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache at first admission
     sampling_row: int | None = None  # its row of the sampler's penalty state (step_sampler.py)
     constraint: TokenConstraint | None = None  # structured output: which tokens may come next
+    busy: bool = False  # a layer-major prefill spanning steps computes its tokens: the scheduler leaves it be
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -10,8 +10,8 @@ from freetoken.engine.request import Request
 from freetoken.engine.step_graph import StepGraphs
 from freetoken.engine.step_sampler import Choice, StepSampler
 from freetoken.experts.base import ExpertBackend
-from freetoken.layers.attention import AttnBatch, SeqAttn, build_mask
-from freetoken.layers.paged_attention import DecodeMeta
+from freetoken.layers.attention import AttnBatch
+from freetoken.layers.paged_attention import DecodeMeta, PrefillMeta
 from freetoken.models.decoder import DecoderModel
 
 SMALL_STEP_TOKENS = 16
@@ -34,39 +34,54 @@ class ModelRunner:
         self.graphs = graphs
         self._default_threads = torch.get_num_threads()
 
-    def build_batch(self, items: list[tuple[Request, int]]) -> tuple[torch.Tensor, AttnBatch, list[int]]:
+    def build_batch(
+        self, items: list[tuple[Request, int]], starts: list[int] | None = None
+    ) -> tuple[torch.Tensor, AttnBatch, list[int]]:
+        """``starts``: the first token of each item (None: its ``num_computed_tokens``; a layer-major
+        prefill's later chunks start further on)."""
+        starts = starts if starts is not None else [req.num_computed_tokens for req, _ in items]
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        seqs: list[SeqAttn] = []
         last_rows: list[int] = []
         decode = all(n == 1 for _, n in items)
-        for req, n in items:
-            start, end = req.num_computed_tokens, req.num_computed_tokens + n
-            q_start = len(ids)
+        for (req, n), start in zip(items, starts):
+            end = start + n
             ids += req.token_ids[start:end]
             positions += range(start, end)
             slots += self.kv.slots(req.pages, start, end)
-            if not decode:
-                ctx_slots = torch.tensor(self.kv.slots(req.pages, 0, end), dtype=torch.int64, device=self.device)
-                seqs.append(SeqAttn(q_start, n, ctx_slots, build_mask(n, end, self.window, self.device)))
-            last_rows.append(q_start + n - 1)
+            last_rows.append(len(ids) - 1)
         dev = self.device
         batch = AttnBatch(
             positions=torch.tensor(positions, dtype=torch.int64, device=dev),
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            seqs=seqs,
-            decode=self.decode_meta(items) if decode else None,
+            decode=self.decode_meta(items, starts) if decode else None,
+            prefill=None if decode else self.prefill_meta(items, starts),
         )
         return torch.tensor(ids, dtype=torch.int64, device=dev), batch, last_rows
 
-    def decode_meta(self, items: list[tuple[Request, int]]) -> DecodeMeta:
+    def prefill_meta(self, items: list[tuple[Request, int]], starts: list[int]) -> PrefillMeta:
+        """Per sequence: its rows of new tokens, its context after the step, its page table."""
+        width = max(len(req.pages) for req, _ in items)
+        table = torch.zeros((len(items), width), dtype=torch.int32)
+        q_starts, lens, ctx, at = [], [], [], 0
+        for b, ((req, n), start) in enumerate(zip(items, starts)):
+            table[b, : len(req.pages)] = torch.tensor(req.pages, dtype=torch.int32)
+            q_starts.append(at)
+            lens.append(n)
+            ctx.append(start + n)
+            at += n
+        meta = torch.tensor([q_starts, lens, ctx], dtype=torch.int32).to(self.device)
+        return PrefillMeta(meta[0], meta[1], meta[2], table.to(self.device), self.kv.page_size, max(lens))
+
+    def decode_meta(self, items: list[tuple[Request, int]], starts: list[int] | None = None) -> DecodeMeta:
         """Page tables and context lengths of a decode step (the new token counted)."""
         width = max(len(req.pages) for req, _ in items)
         table = torch.zeros((len(items), width), dtype=torch.int32)
         for b, (req, _) in enumerate(items):
             table[b, : len(req.pages)] = torch.tensor(req.pages, dtype=torch.int32)
-        lens = torch.tensor([req.num_computed_tokens + 1 for req, _ in items], dtype=torch.int32)
+        starts = starts if starts is not None else [req.num_computed_tokens for req, _ in items]
+        lens = torch.tensor([start + 1 for start in starts], dtype=torch.int32)
         return DecodeMeta(table.to(self.device), lens.to(self.device), self.kv.page_size)
 
     def step(self, items: list[tuple[Request, int]], graphs: bool = True) -> list[tuple[Request, Choice]]:

@@ -139,7 +139,7 @@ class StepGraphs:
         ids, pos, slots, lens = (ints[i * B : (i + 1) * B] for i in range(_INTS))
         table = ints[_INTS * B : _INTS * B + B * P].view(B, P)
         srows = ints[_INTS * B + B * P :].view(5, B)
-        batch = AttnBatch(pos, slots, [], DecodeMeta(table.to(torch.int32), lens.to(torch.int32), self.kv.page_size))
+        batch = AttnBatch(pos, slots, DecodeMeta(table.to(torch.int32), lens.to(torch.int32), self.kv.page_size))
         sampling = SamplingBatch(
             temperature=floats[0], top_p=floats[1], min_p=floats[2], presence=floats[3], frequency=floats[4],
             repetition=floats[5], top_k=srows[0], seed_lo=srows[1], seed_hi=srows[2], step=srows[3], rows=srows[4],

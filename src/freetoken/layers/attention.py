@@ -1,9 +1,8 @@
 """Attention over the paged KV pool (GQA, optional q/k norm, sliding window).
 
-Decode steps (one new token per sequence) read the pages in place through ``paged_attention``
-(Triton on CUDA, the torch reference elsewhere); other steps gather each sequence's pages and run SDPA
-per sequence. T = new tokens in the step (all sequences, flattened), H / Hkv = query / KV heads,
-hd = head dim.
+Decode steps (one new token per sequence) and the others (prefill, mixed) read the pages in place through
+``paged_attention`` (Triton on CUDA, the torch reference elsewhere; never T x T). T = new tokens in the step
+(all sequences, flattened), H / Hkv = query / KV heads, hd = head dim.
 """
 
 from __future__ import annotations
@@ -16,16 +15,8 @@ import torch.nn.functional as F
 from freetoken.cache.kv_pool import KVPool
 from freetoken.experts.triton_support import triton_available
 from freetoken.layers.norm import rms_norm
-from freetoken.layers.paged_attention import DecodeMeta, decode_attention
+from freetoken.layers.paged_attention import DecodeMeta, PrefillMeta, decode_attention, prefill_attention
 from freetoken.layers.rope import Rotary
-
-
-@dataclass
-class SeqAttn:
-    q_start: int  # first row of this sequence's new tokens in the flattened step
-    q_len: int
-    kv_slots: torch.Tensor  # [ctx_len] flat KV slots of positions 0..ctx_len-1 (device, int64)
-    mask: torch.Tensor | None  # [q_len, ctx_len] bool (True = attend), None = all visible
 
 
 @dataclass
@@ -34,19 +25,8 @@ class AttnBatch:
 
     positions: torch.Tensor  # [T] int64
     slot_mapping: torch.Tensor  # [T] int64 flat KV slot where each new token's K/V goes
-    seqs: list[SeqAttn]  # prefill and mixed steps
-    decode: DecodeMeta | None = None  # set when every sequence computes one token (seqs is then empty)
-
-
-def build_mask(q_len: int, ctx_len: int, window: int | None, device: torch.device) -> torch.Tensor | None:
-    if q_len == 1 and (window is None or ctx_len <= window):
-        return None
-    q_pos = torch.arange(ctx_len - q_len, ctx_len, device=device)[:, None]
-    k_pos = torch.arange(ctx_len, device=device)[None, :]
-    mask = k_pos <= q_pos
-    if window is not None:
-        mask &= (q_pos - k_pos) < window
-    return mask
+    decode: DecodeMeta | None = None  # set when every sequence computes one token
+    prefill: PrefillMeta | None = None  # set on the other steps (prefill chunks, mixed steps)
 
 
 @dataclass
@@ -136,13 +116,6 @@ class Attention:
         if batch.decode is not None:
             out = decode_attention(qh.to(k_cache.dtype), k_cache, v_cache, batch.decode, self.scale, self.window)
             return F.linear(out.to(x.dtype).reshape(x.shape[0], self.h * self.hd), w.o, w.o_bias)
-        out = torch.empty_like(qh)
-        for s in batch.seqs:
-            qs = qh[s.q_start : s.q_start + s.q_len].transpose(0, 1)  # [H, q, hd]
-            ks = k_cache[s.kv_slots].transpose(0, 1)  # [Hkv, ctx, hd]
-            vs = v_cache[s.kv_slots].transpose(0, 1)
-            o = F.scaled_dot_product_attention(
-                qs, ks, vs, attn_mask=s.mask, scale=self.scale, enable_gqa=self.h != self.hkv
-            )
-            out[s.q_start : s.q_start + s.q_len] = o.transpose(0, 1)
-        return F.linear(out.reshape(x.shape[0], self.h * self.hd), w.o, w.o_bias)
+        assert batch.prefill is not None, "a step is a decode step or has prefill metadata"
+        out = prefill_attention(qh.to(k_cache.dtype), k_cache, v_cache, batch.prefill, self.scale, self.window)
+        return F.linear(out.to(x.dtype).reshape(x.shape[0], self.h * self.hd), w.o, w.o_bias)
