@@ -16,6 +16,7 @@ from freetoken.engine.constraint import TokenConstraint
 from freetoken.engine.detokenizer import IncrementalDetokenizer
 from freetoken.engine.errors import InputError, PromptTooLongError, QueueFullError
 from freetoken.engine.grammar import GrammarCompiler
+from freetoken.engine.hybrid_build import make_state_pool
 from freetoken.engine.kv_manager import KVManager
 from freetoken.engine.model_setup import ModelSetup, setup_model
 from freetoken.engine.outputs import RequestOutput
@@ -39,10 +40,12 @@ class LLMEngine:
         self.max_model_len = s.max_model_len
         self.eos_token_ids = s.eos_token_ids
         self.kv = KVPool(
-            s.hf.num_layers, s.kv_pages, config.page_size, s.hf.num_kv_heads, s.hf.head_dim, s.dtype, s.device
+            s.loaded.kv_layers, s.kv_pages, config.page_size, s.hf.num_kv_heads, s.hf.head_dim, s.dtype, s.device
         )
-        self.tree = RadixCache(self.kv) if config.prefix_cache else None
-        self.pages = KVManager(self.kv, self.tree)
+        self.states = make_state_pool(s.loaded, config.max_running_requests, s.dtype, s.device)
+        # a recurrent state cannot resume from a KV-only prefix: no prefix reuse until states are checkpointed
+        self.tree = RadixCache(self.kv) if config.prefix_cache and self.states is None else None
+        self.pages = KVManager(self.kv, self.tree, self.states)
         self.scheduler = Scheduler(self.pages, config.max_running_requests, config.max_batched_tokens)
         self.sampler = StepSampler(config.max_running_requests, s.hf.vocab_size, s.device)
         graphs = None
@@ -162,12 +165,24 @@ class LLMEngine:
         sampled: list[tuple[Request, Choice]] = []
         for item in items:
             try:
-                sampled += self.runner.step([item], graphs=False)
+                sampled += self._step_alone(*item)
             except Exception as exc:
                 self._fail(item[0], "the model step failed", exc)
                 continue
             done.append(item)
         return done, sampled
+
+    def _step_alone(self, req: Request, n: int) -> list[tuple[Request, Choice]]:
+        """One request's step, eagerly. With linear-attention layers the failed batched step may have advanced its
+        recurrent state already: it is recomputed from position 0 (its KV pages cover that already)."""
+        done = req.num_computed_tokens
+        if self.states is None or done == 0:
+            return self.runner.step([(req, n)], graphs=False)
+        req.num_computed_tokens = 0
+        try:
+            return self.runner.step([(req, done + n)], graphs=False)
+        finally:
+            req.num_computed_tokens = done
 
     def _fail(self, req: Request, what: str, exc: BaseException) -> None:
         log.error("request %s: %s: %s: %s", req.request_id, what, type(exc).__name__, exc)
@@ -243,8 +258,9 @@ class LLMEngine:
             raise InputError(f"{n} tokens do not fit the free KV pages now")
         pages = self.kv.allocate(self.kv.pages_for(n), rid)
         step = chunk or n
+        req = Request(rid, list(token_ids), SamplingParams(), n + 1, IncrementalDetokenizer(None, [], [], True))
         try:
-            req = Request(rid, list(token_ids), SamplingParams(), n + 1, IncrementalDetokenizer(None, [], [], True))
+            req.state_slot = self.states.allocate(rid) if self.states is not None else None
             req.pages = pages
             out = []
             for start in range(0, n, step):
@@ -257,6 +273,8 @@ class LLMEngine:
             return torch.cat(out)
         finally:
             self.kv.free(pages, rid)
+            if self.states is not None and req.state_slot is not None:
+                self.states.free(req.state_slot, rid)
 
     # ---- introspection --------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 A request's page table is ``pages[:num_shared_pages]`` (owned by the tree, read-only, locked through
 ``prefix_node``) followed by pages it owns and writes. The shared part is a multiple of the page
 size, so a request never writes into a tree page. Without a tree (``prefix_cache=False``) every page
-is private and this reduces to allocate / free.
+is private and this reduces to allocate / free. With linear-attention layers a request also holds one
+recurrent-state slot (``states``) from admission until it gives its pages back.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from collections.abc import Iterable
 
 from freetoken.cache.kv_pool import KVPool
 from freetoken.cache.radix import RadixCache
+from freetoken.cache.state_pool import StatePool
 from freetoken.engine.request import Request
 
 
 class KVManager:
-    def __init__(self, kv: KVPool, tree: RadixCache | None) -> None:
-        self.kv, self.tree = kv, tree
+    def __init__(self, kv: KVPool, tree: RadixCache | None, states: StatePool | None = None) -> None:
+        self.kv, self.tree, self.states = kv, tree, states
         self.num_prefix_tokens_reused = 0  # tokens admitted as already computed thanks to the tree
 
     def admit(self, req: Request, budget: int) -> int:
@@ -35,6 +37,8 @@ class KVManager:
         if not self.grow(req, n):
             self.release(req, cache=False)
             return 0
+        if self.states is not None:  # one slot per running request: the pool has more than can run
+            req.state_slot = self.states.allocate(req.request_id)
         self.num_prefix_tokens_reused += req.num_computed_tokens
         if req.num_preemptions == 0:
             req.num_cached_tokens = req.num_computed_tokens
@@ -81,7 +85,10 @@ class KVManager:
         if req.prefix_node is not None:
             assert self.tree is not None
             self.tree.unlock(req.prefix_node)
-        req.pages, req.num_shared_pages, req.prefix_node = [], 0, None
+        if req.state_slot is not None:
+            assert self.states is not None
+            self.states.free(req.state_slot, rid)
+        req.pages, req.num_shared_pages, req.prefix_node, req.state_slot = [], 0, None, None
         req.num_computed_tokens = 0
 
     # ---- introspection --------------------------------------------------------------------------
@@ -100,6 +107,8 @@ class KVManager:
     def check_integrity(self, requests: Iterable[Request]) -> None:
         reqs = list(requests)
         self.kv.check_integrity(self.page_tables(reqs))
+        if self.states is not None:
+            self.states.check_integrity({r.request_id: r.state_slot for r in reqs if r.state_slot is not None})
         if self.tree is None:
             assert all(r.num_shared_pages == 0 and r.prefix_node is None for r in reqs), "shared pages without a tree"
             return

@@ -49,7 +49,8 @@ class ModelRunner:
             slots += self.kv.slots(req.pages, start, end)
             if not decode:
                 ctx_slots = torch.tensor(self.kv.slots(req.pages, 0, end), dtype=torch.int64, device=self.device)
-                seqs.append(SeqAttn(q_start, n, ctx_slots, build_mask(n, end, self.window, self.device)))
+                mask = build_mask(n, end, self.window, self.device)
+                seqs.append(SeqAttn(q_start, n, ctx_slots, mask, req.state_slot or 0))
             last_rows.append(q_start + n - 1)
         dev = self.device
         batch = AttnBatch(
@@ -57,6 +58,7 @@ class ModelRunner:
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
             seqs=seqs,
             decode=self.decode_meta(items) if decode else None,
+            state_slots=_state_slots(items, dev),
         )
         return torch.tensor(ids, dtype=torch.int64, device=dev), batch, last_rows
 
@@ -102,3 +104,10 @@ class ModelRunner:
             return [], hidden.new_empty((0, 0), dtype=torch.float32)
         rows = torch.tensor([row for _, row in sampling], dtype=torch.int64, device=self.device)
         return [req for req, _ in sampling], self.model.logits(hidden[rows])
+
+
+def _state_slots(items: list[tuple[Request, int]], device: torch.device) -> torch.Tensor | None:
+    """The requests' recurrent-state slots [B] (models with linear-attention layers), else None."""
+    if items[0][0].state_slot is None:
+        return None
+    return torch.tensor([req.state_slot for req, _ in items], dtype=torch.int64, device=device)

@@ -25,6 +25,7 @@ class SeqAttn:
     q_len: int
     kv_slots: torch.Tensor  # [ctx_len] flat KV slots of positions 0..ctx_len-1 (device, int64)
     mask: torch.Tensor | None  # [q_len, ctx_len] bool (True = attend), None = all visible
+    state_slot: int = 0  # its recurrent-state slot (models with linear-attention layers)
 
 
 @dataclass
@@ -35,6 +36,7 @@ class AttnBatch:
     slot_mapping: torch.Tensor  # [T] int64 flat KV slot where each new token's K/V goes
     seqs: list[SeqAttn]  # prefill and mixed steps
     decode: DecodeMeta | None = None  # set when every sequence computes one token (seqs is then empty)
+    state_slots: torch.Tensor | None = None  # [B] int64 each sequence's recurrent-state slot (linear-attention layers)
 
 
 def build_mask(q_len: int, ctx_len: int, window: int | None, device: torch.device) -> torch.Tensor | None:
@@ -60,6 +62,7 @@ class AttentionWeights:
     v_bias: torch.Tensor | None = None
     q_norm: torch.Tensor | None = None  # [hd] (per head) or [H*hd] (whole projection)
     k_norm: torch.Tensor | None = None
+    gate: torch.Tensor | None = None  # [H*hd, D]: a sigmoid gate on the attention output (Qwen3-Next)
 
 
 class Attention:
@@ -103,7 +106,7 @@ class Attention:
         v_cache.index_copy_(0, batch.slot_mapping, vh.to(v_cache.dtype))
         if batch.decode is not None:
             out = decode_attention(qh.to(k_cache.dtype), k_cache, v_cache, batch.decode, self.scale, self.window)
-            return F.linear(out.to(x.dtype).reshape(x.shape[0], self.h * self.hd), w.o, w.o_bias)
+            return self._out(x, out.to(x.dtype))
         out = torch.empty_like(qh)
         for s in batch.seqs:
             qs = qh[s.q_start : s.q_start + s.q_len].transpose(0, 1)  # [H, q, hd]
@@ -113,4 +116,12 @@ class Attention:
                 qs, ks, vs, attn_mask=s.mask, scale=self.scale, enable_gqa=self.h != self.hkv
             )
             out[s.q_start : s.q_start + s.q_len] = o.transpose(0, 1)
-        return F.linear(out.reshape(x.shape[0], self.h * self.hd), w.o, w.o_bias)
+        return self._out(x, out)
+
+    def _out(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """out [T, H, hd] -> [T, D]: the output gate if any, then o_proj."""
+        w = self.w
+        flat = out.reshape(x.shape[0], self.h * self.hd)
+        if w.gate is not None:
+            flat = flat * torch.sigmoid(F.linear(x, w.gate))
+        return F.linear(flat, w.o, w.o_bias)
