@@ -153,3 +153,19 @@ def test_vision_tower_skipped_said_once(tmp_path, caplog):
         LLM(model=str(tmp_path), device="cpu", dtype="float32")
     said = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
     assert len(said) == 1 and "model.visual.*" in said[0]
+
+
+def test_synthetic_hybrid_checkpoint_loads(tmp_path):
+    """``ft bench e2e --preset qwen3.6-35b-a3b`` writes a Qwen3.5-MoE at the real 3 : 1 ratio (small dims here)."""
+    from freetoken.bench.presets import PRESETS, HybridShape
+    from freetoken.bench.synthetic_checkpoint import write_qwen3_moe
+
+    assert PRESETS["qwen3.6-35b-a3b"].hybrid == HybridShape()
+    h = HybridShape(heads=4, kv_heads=2, head_dim=32, linear_k_heads=2, linear_v_heads=4, linear_k_dim=32,
+                    linear_v_dim=32, shared_inter=64)  # fmt: skip
+    write_qwen3_moe(tmp_path, num_layers=8, hidden=128, num_experts=8, moe_inter=64, vocab=512, top_k=2, hybrid=h,
+                    dtype=torch.float32)  # fmt: skip
+    llm = LLM(model=str(tmp_path), device="cpu", dtype="float32")
+    assert llm.engine.kv.k.shape[0] == 2 and llm.engine.states is not None and llm.engine.states.ssm.shape[0] == 6
+    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))[0]
+    assert len(out.token_ids) == 4
