@@ -5,7 +5,8 @@ Shapes: L = linear-attention layers, S = slots, C = conv channels, K = conv kern
 value head dims. ``conv[l]`` is ``[S, C, K-1]`` (the last K-1 conv inputs, the model dtype), ``ssm[l]`` is
 ``[S, H, dk, dv]`` (float32). The layers read and write a slot in place, so a decode step captured in a CUDA graph
 reads the slot ids from a static buffer; a slot's contents are valid only for its owner's computed tokens (a request
-starting at position 0 starts from zeros, whatever the slot held). ``free + used == total`` always.
+starting at position 0 starts from zeros, whatever the slot held). ``free + used == total`` always. Slots past
+``num_slots`` hold checkpoints (``state_checkpoints.py``), copied from and to request slots (``copy``).
 """
 
 from __future__ import annotations
@@ -33,14 +34,15 @@ class StateShape:
 
 
 class StatePool:
-    def __init__(self, shape: StateShape, num_slots: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, shape: StateShape, num_slots: int, dtype: torch.dtype, device: torch.device, num_checkpoints: int = 0
+    ) -> None:
         if num_slots < 1:
             raise ValueError("the state pool needs at least one slot")
-        self.shape, self.num_slots = shape, num_slots
-        L = shape.num_layers
-        self.conv = torch.zeros((L, num_slots, shape.conv_channels, shape.conv_len), dtype=dtype, device=device)
-        self.ssm = torch.zeros((L, num_slots, shape.heads, shape.k_dim, shape.v_dim), dtype=torch.float32,
-                               device=device)  # fmt: skip
+        self.shape, self.num_slots, self.num_checkpoints = shape, num_slots, num_checkpoints
+        L, n = shape.num_layers, num_slots + num_checkpoints
+        self.conv = torch.zeros((L, n, shape.conv_channels, shape.conv_len), dtype=dtype, device=device)
+        self.ssm = torch.zeros((L, n, shape.heads, shape.k_dim, shape.v_dim), dtype=torch.float32, device=device)
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
         self._owner: dict[int, object] = {}
 
@@ -51,6 +53,15 @@ class StatePool:
     @property
     def bytes(self) -> int:
         return self.conv.numel() * self.conv.element_size() + self.ssm.numel() * 4
+
+    @property
+    def checkpoint_slots(self) -> range:
+        return range(self.num_slots, self.num_slots + self.num_checkpoints)
+
+    def copy(self, src: int, dst: int) -> None:
+        """Slot ``src``'s state into slot ``dst``, every layer (a checkpoint taken or restored)."""
+        for t in (self.conv, self.ssm):
+            t[:, dst].copy_(t[:, src])
 
     def allocate(self, owner: object) -> int:
         if not self._free:

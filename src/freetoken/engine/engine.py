@@ -16,7 +16,7 @@ from freetoken.engine.constraint import TokenConstraint
 from freetoken.engine.detokenizer import IncrementalDetokenizer
 from freetoken.engine.errors import InputError, PromptTooLongError, QueueFullError
 from freetoken.engine.grammar import GrammarCompiler
-from freetoken.engine.hybrid_build import make_state_pool
+from freetoken.engine.hybrid_build import make_state_pool, state_checkpoints
 from freetoken.engine.kv_manager import KVManager
 from freetoken.engine.model_setup import ModelSetup, setup_model
 from freetoken.engine.outputs import RequestOutput
@@ -42,10 +42,12 @@ class LLMEngine:
         self.kv = KVPool(
             s.loaded.kv_layers, s.kv_pages, config.page_size, s.hf.num_kv_heads, s.hf.head_dim, s.dtype, s.device
         )
-        self.states = make_state_pool(s.loaded, config.max_running_requests, s.dtype, s.device)
-        # a recurrent state cannot resume from a KV-only prefix: no prefix reuse until states are checkpointed
-        self.tree = RadixCache(self.kv) if config.prefix_cache and self.states is None else None
-        self.pages = KVManager(self.kv, self.tree, self.states)
+        checkpoints = config.state_checkpoints if config.prefix_cache else 0
+        self.states = make_state_pool(s.loaded, config.max_running_requests, s.dtype, s.device, checkpoints)
+        # a recurrent state resumes only from a checkpoint: without any, no prefix reuse
+        self.tree = RadixCache(self.kv) if config.prefix_cache and (self.states is None or checkpoints) else None
+        ckpts, anchors = state_checkpoints(self.states, self.tree, s)
+        self.pages = KVManager(self.kv, self.tree, self.states, ckpts, anchors)
         self.scheduler = Scheduler(self.pages, config.max_running_requests, config.max_batched_tokens)
         self.sampler = StepSampler(config.max_running_requests, s.hf.vocab_size, s.device)
         graphs = None
@@ -290,6 +292,7 @@ class LLMEngine:
             "prefix_tokens_reused": self.pages.num_prefix_tokens_reused,
             "radix_pages": self.tree.num_pages if self.tree is not None else 0,
             "radix_evictions": self.tree.num_evictions if self.tree is not None else 0,
+            **self._checkpoint_stats(),
             "preemptions": self.scheduler.num_preemptions,
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
@@ -298,6 +301,12 @@ class LLMEngine:
             "moe_backend": backend.name if backend is not None else "none",
             "uptime_s": time.monotonic() - self.started_at,
         }
+
+    def _checkpoint_stats(self) -> dict[str, int]:
+        c = self.pages.checkpoints
+        if c is None:
+            return {}
+        return {"state_checkpoints": c.size, "state_restores": c.num_restored, "state_recycled": c.num_recycled}
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()

@@ -7,15 +7,20 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from freetoken.cache.radix import RadixCache
+from freetoken.cache.state_checkpoints import StateCheckpoints
 from freetoken.cache.state_pool import StatePool, StateShape
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.hf_config import HFConfig
 from freetoken.checkpoint.weights import CheckpointWeights
+from freetoken.engine.anchors import Anchors, resolve_anchors
 from freetoken.layers.deltanet import DeltaNetWeights, GatedDeltaNet
 from freetoken.models.base import Family
+from freetoken.models.registry import get_family
 
 if TYPE_CHECKING:
     from freetoken.engine.model_build import LoadedModel
+    from freetoken.engine.model_setup import ModelSetup
 
 FULL, LINEAR = "full_attention", "linear_attention"
 
@@ -92,12 +97,22 @@ def split_gated_q(q: torch.Tensor, heads: int, head_dim: int) -> tuple[torch.Ten
 
 
 def make_state_pool(
-    loaded: LoadedModel, max_running: int, dtype: torch.dtype, device: torch.device
+    loaded: LoadedModel, max_running: int, dtype: torch.dtype, device: torch.device, checkpoints: int = 0
 ) -> StatePool | None:
     """The state slots of a model with linear-attention layers (None without): one per running request and one for
-    ``LLMEngine.score``; handed to the model."""
+    ``LLMEngine.score``, then ``checkpoints`` checkpoint slots; handed to the model."""
     if loaded.states is None:
         return None
-    pool = StatePool(loaded.states, max_running + 1, dtype, device)
+    pool = StatePool(loaded.states, max_running + 1, dtype, device, checkpoints)
     loaded.model.states = pool
     return pool
+
+
+def state_checkpoints(
+    states: StatePool | None, tree: RadixCache | None, setup: ModelSetup
+) -> tuple[StateCheckpoints | None, Anchors | None]:
+    """The checkpoint pool over the state pool's checkpoint slots and the family's anchors, where both exist."""
+    if states is None or tree is None or states.num_checkpoints == 0:
+        return None, None
+    family = get_family(setup.hf.architecture)
+    return StateCheckpoints(states, tree), resolve_anchors(setup.tokenizer, family.anchor_starts, family.anchor_ends)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from freetoken.cache.kv_pool import KVPool
+from freetoken.engine.anchors import captures_in, due_captures
 from freetoken.engine.request import Request
 from freetoken.engine.step_graph import StepGraphs
 from freetoken.engine.step_sampler import Choice, StepSampler
@@ -40,7 +41,7 @@ class ModelRunner:
         slots: list[int] = []
         seqs: list[SeqAttn] = []
         last_rows: list[int] = []
-        decode = all(n == 1 for _, n in items)
+        decode = all(n == 1 for _, n in items) and not any(due_captures(items))  # a capture runs per sequence
         for req, n in items:
             start, end = req.num_computed_tokens, req.num_computed_tokens + n
             q_start = len(ids)
@@ -50,7 +51,8 @@ class ModelRunner:
             if not decode:
                 ctx_slots = torch.tensor(self.kv.slots(req.pages, 0, end), dtype=torch.int64, device=self.device)
                 mask = build_mask(n, end, self.window, self.device)
-                seqs.append(SeqAttn(q_start, n, ctx_slots, mask, req.state_slot or 0))
+                caps = captures_in(req.captures, start, end)
+                seqs.append(SeqAttn(q_start, n, ctx_slots, mask, req.state_slot or 0, caps))
             last_rows.append(q_start + n - 1)
         dev = self.device
         batch = AttnBatch(

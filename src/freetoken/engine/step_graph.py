@@ -24,6 +24,7 @@ import torch
 
 from freetoken.cache.kv_pool import KVPool
 from freetoken.engine import noise
+from freetoken.engine.anchors import due_captures
 from freetoken.engine.request import Request
 from freetoken.engine.sampler import MAX_TOP_LOGPROBS, Features, SamplingBatch, sample_batch
 from freetoken.engine.step_sampler import Choice, StepSampler, choices
@@ -90,6 +91,8 @@ class StepGraphs:
     def can_run(self, items: list[tuple[Request, int]]) -> bool:
         """A decode-only step whose size has a bucket and that the MoE backend can capture."""
         if not self.enabled or not items or any(n != 1 for _, n in items):
+            return False
+        if due_captures(items):  # a state checkpoint is taken per sequence, eagerly
             return False
         if any(req.constraint is not None for req, _ in items):
             self._once("grammar", "decode steps with a grammar-constrained request run eagerly")

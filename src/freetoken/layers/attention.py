@@ -8,7 +8,7 @@ hd = head dim.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +26,7 @@ class SeqAttn:
     kv_slots: torch.Tensor  # [ctx_len] flat KV slots of positions 0..ctx_len-1 (device, int64)
     mask: torch.Tensor | None  # [q_len, ctx_len] bool (True = attend), None = all visible
     state_slot: int = 0  # its recurrent-state slot (models with linear-attention layers)
+    captures: list[tuple[int, int]] = field(default_factory=list)  # (new tokens, checkpoint slot): states to save
 
 
 @dataclass

@@ -74,13 +74,30 @@ class GatedDeltaNet:
     def _sequence(
         self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, s: SeqAttn, states: StatePool
     ) -> torch.Tensor:
-        """One sequence's new tokens; it continues from its slot unless it starts at position 0."""
-        conv, ssm = states.conv[self.layer, s.state_slot], states.ssm[self.layer, s.state_slot]
+        """One sequence's new tokens; it continues from its slot unless it starts at position 0. The states after
+        the tokens ``s.captures`` name go into their checkpoint slots on the way."""
+        L = self.layer
+        conv, ssm = states.conv[L, s.state_slot], states.ssm[L, s.state_slot]
         fresh = s.kv_slots.shape[0] == s.q_len  # ctx_len == q_len: position 0 is among the new tokens
         prev = torch.zeros_like(conv) if fresh else conv
         out, last = causal_conv(mixed, prev, self.w.conv)
         q, k, v = self._heads(out)
-        core, state = chunk_gated_delta(q, k, v, g, beta, torch.zeros_like(ssm) if fresh else ssm)
+        state = torch.zeros_like(ssm) if fresh else ssm
+        if not s.captures:
+            core, state = chunk_gated_delta(q, k, v, g, beta, state)
+        else:  # in segments cut at the captures (the conv inputs kept before each: xs[:, off : off + K-1])
+            xs = torch.cat([prev.to(mixed.dtype), mixed.transpose(0, 1)], dim=1)
+            parts, start = [], 0
+            for off, slot in [*sorted(s.captures), (s.q_len, -1)]:
+                if off > start:
+                    part, state = chunk_gated_delta(q[start:off], k[start:off], v[start:off], g[start:off],
+                                                    beta[start:off], state)  # fmt: skip
+                    parts.append(part)
+                    start = off
+                if slot >= 0:
+                    states.conv[L, slot].copy_(xs[:, off : off + conv.shape[1]])
+                    states.ssm[L, slot].copy_(state)
+            core = torch.cat(parts)
         conv.copy_(last)
         ssm.copy_(state)
         return core

@@ -52,3 +52,11 @@ class Family:
     attn_output_gate: bool = False  # q_proj also yields a per-head sigmoid gate on the attention output
     deltanet_proj: str | None = None  # None: no linear-attention layers; "qkvz" (Qwen3-Next) | "split" (Qwen3.5)
     full_attention_interval: int = 4  # layer_types when config.json gives none: every n-th layer full attention
+    # Special tokens where agent harnesses edit the context (``engine/anchors.py``): opening and closing ones.
+    anchor_starts: tuple[str, ...] = ()
+    anchor_ends: tuple[str, ...] = ()
+
+
+# ChatML with Qwen's thinking and tool markup
+QWEN_ANCHOR_STARTS = ("<think>", "<tool_call>", "<tool_response>", "<|im_start|>")
+QWEN_ANCHOR_ENDS = ("</think>", "</tool_call>", "</tool_response>", "<|im_end|>")

@@ -5,7 +5,7 @@ not used (text-only positions make its multimodal rotary the plain partial rotar
 
 from dataclasses import replace
 
-from freetoken.models.base import Family, Naming
+from freetoken.models.base import QWEN_ANCHOR_ENDS, QWEN_ANCHOR_STARTS, Family, Naming
 
 FAMILY = Family(
     architectures=("Qwen3_5MoeForCausalLM",),
@@ -16,6 +16,8 @@ FAMILY = Family(
     norm_offset=1.0,
     attn_output_gate=True,
     deltanet_proj="split",
+    anchor_starts=QWEN_ANCHOR_STARTS,
+    anchor_ends=QWEN_ANCHOR_ENDS,
 )
 
 VL_FAMILY = replace(

@@ -2,7 +2,7 @@
 ``(1+w)`` RMSNorms, partial rotary, routed experts plus a shared expert behind a sigmoid gate. The multi-token
 prediction head (``mtp.*``) is not used."""
 
-from freetoken.models.base import Family, Naming
+from freetoken.models.base import QWEN_ANCHOR_ENDS, QWEN_ANCHOR_STARTS, Family, Naming
 
 FAMILY = Family(
     architectures=("Qwen3NextForCausalLM",),
@@ -12,4 +12,6 @@ FAMILY = Family(
     norm_offset=1.0,
     attn_output_gate=True,
     deltanet_proj="qkvz",
+    anchor_starts=QWEN_ANCHOR_STARTS,
+    anchor_ends=QWEN_ANCHOR_ENDS,
 )
