@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-MAX_PER_REQUEST = 4  # the deepest anchors of a prompt: the pool is small and LRU-recycled
+MAX_PER_REQUEST = 16  # the deepest anchors of a prompt (the pool is budgeted and LRU-recycled)
 
 
 @dataclass(frozen=True)

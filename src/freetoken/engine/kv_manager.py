@@ -119,8 +119,8 @@ class KVManager:
         if self.checkpoints is None or self.anchors is None:
             return
         S = self.kv.page_size
-        for p in self.anchors.positions(req.token_ids, req.num_computed_tokens, req.num_tokens, S):
-            slot = self.checkpoints.take()
+        for p in reversed(self.anchors.positions(req.token_ids, req.num_computed_tokens, req.num_tokens, S)):
+            slot = self.checkpoints.take()  # the deepest first, while the pool has slots
             if slot is None:
                 break
             req.captures.append((p, slot))
