@@ -175,3 +175,10 @@ def test_synthetic_hybrid_checkpoint_loads(tmp_path):
     assert llm.engine.kv.k.shape[0] == 2 and llm.engine.states is not None and llm.engine.states.ssm.shape[0] == 6
     out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))[0]
     assert len(out.token_ids) == 4
+
+
+def test_chat_family_of_the_hybrid_model_types():
+    from freetoken.chat.registry import detect_family
+
+    assert detect_family("qwen3_next") == "qwen3"
+    assert detect_family("qwen3_5_moe") == detect_family("qwen3_5_moe_text") == "qwen3_coder"

@@ -18,6 +18,8 @@ from reference import assert_close_logits
 from tiny_models import save_checkpoint, save_tokenizer
 
 PAGE = 4
+_ANCHOR_TOKENS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
+                  "</tool_response>")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +27,7 @@ def ckpt(tmp_path_factory):
     d = tmp_path_factory.mktemp("ckpt_hybrid")
     save_checkpoint("qwen3_5_moe", d, seed=2)
     tok = save_tokenizer(d)
-    return d, {t: tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>", "<think>", "</think>",
-                                                          "<tool_call>", "</tool_call>", "<tool_response>",
-                                                          "</tool_response>")}  # fmt: skip
+    return d, {t: tok.convert_tokens_to_ids(t) for t in _ANCHOR_TOKENS}
 
 
 def _text(g: torch.Generator, n: int) -> list[int]:
