@@ -19,7 +19,8 @@ python3 -c "import transformers.models.qwen3_next, transformers.models.qwen3_5_m
 for stage in ${*:-tests graph}; do case $stage in
 tests)
   echo "== tests/test_reference_hybrid.py (CUDA and CPU), tests/test_engine_failures.py"
-  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_reference_hybrid.py tests/test_engine_failures.py \
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_reference_hybrid.py tests/test_state_checkpoints.py \
+    tests/test_engine_failures.py \
     > "$OUT/hybrid_tests.log" 2>&1
   echo "hybrid tests: $(tail -1 "$OUT/hybrid_tests.log")" | tee -a "$SUMMARY"
   grep -E "^(FAILED|ERROR)" "$OUT/hybrid_tests.log" | head -10 ;;
