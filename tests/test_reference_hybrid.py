@@ -182,3 +182,16 @@ def test_chat_family_of_the_hybrid_model_types():
 
     assert detect_family("qwen3_next") == "qwen3"
     assert detect_family("qwen3_5_moe") == detect_family("qwen3_5_moe_text") == "qwen3_coder"
+
+
+def test_preempted_requests_keep_their_tokens(hybrid_ckpt, monkeypatch):
+    """A KV pool too small for the batch: requests are preempted (their written checkpoints hung, the rest given
+    back), resumed from checkpoints or recomputed, every cache checked after every step."""
+    monkeypatch.setenv("FREETOKEN_DEBUG", "1")
+    family, d, refs, _ = hybrid_ckpt
+    llm = LLM(model=str(d), device="cpu", dtype="float32", page_size=4, kv_pages=18, max_batched_tokens=16)
+    outs = llm.generate([r.prompt for r in refs], SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [r.tokens for r in refs]
+    s = llm.stats()
+    assert s["preemptions"] > 0 and s["state_restores"] > 0
+    llm.check_integrity()

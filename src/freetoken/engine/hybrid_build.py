@@ -3,6 +3,7 @@ DeltaNet layers' weights in one layout, the gated attention's query/gate split, 
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,6 +22,8 @@ from freetoken.models.registry import get_family
 if TYPE_CHECKING:
     from freetoken.engine.model_build import LoadedModel
     from freetoken.engine.model_setup import ModelSetup
+
+log = logging.getLogger(__name__)
 
 FULL, LINEAR = "full_attention", "linear_attention"
 
@@ -105,6 +108,8 @@ def make_state_pool(
         return None
     pool = StatePool(loaded.states, max_running + 1, dtype, device, checkpoints)
     loaded.model.states = pool
+    log.info("recurrent state pool: %d request slots + %d checkpoints, %.0f MiB on %s (not yet in the memory plan)",
+             pool.num_slots, checkpoints, pool.bytes / 2**20, device)  # fmt: skip
     return pool
 
 

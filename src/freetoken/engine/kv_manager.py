@@ -51,13 +51,13 @@ class KVManager:
                 self.tree.lock(node)
                 req.prefix_node, req.pages, req.num_shared_pages = node, list(pages), len(pages)
                 req.num_computed_tokens = len(pages) * self.kv.page_size
-                if self.checkpoints is not None:
-                    assert req.state_slot is not None
-                    self.checkpoints.restore(node, req.state_slot)
         n = min(req.num_tokens - req.num_computed_tokens, budget)
         if not self.grow(req, n):
             self.release(req, cache=False)
             return 0
+        if self.checkpoints is not None and req.prefix_node is not None:
+            assert req.state_slot is not None
+            self.checkpoints.restore(req.prefix_node, req.state_slot)
         self._plan_checkpoints(req)
         self.num_prefix_tokens_reused += req.num_computed_tokens
         if req.num_preemptions == 0:
