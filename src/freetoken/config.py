@@ -48,6 +48,9 @@ class EngineConfig:
     """KV pages to allocate. None: derived from the memory budget (CPU: enough for max_model_len x running)."""
     prefix_cache: bool = True
     """Reuse the KV of prompt prefixes computed before (radix tree over KV pages, shared by all requests)."""
+    state_checkpoints: int = 16
+    """Models with linear-attention layers: recurrent-state checkpoints kept for prefix reuse (taken at the
+    special tokens where agents edit the context, and at prompt ends); 0: no prefix reuse for them."""
     max_model_len: int | None = None
     """Context length limit. None: the checkpoint's max_position_embeddings."""
     cpu_threads: int | None = None
@@ -70,6 +73,8 @@ class EngineConfig:
             raise ValueError(f"moe_backend must be one of {', '.join(MOE_BACKENDS)}, got {self.moe_backend!r}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
+        if self.state_checkpoints < 0:
+            raise ValueError("state_checkpoints must be >= 0")
         if self.max_batched_tokens < 1:
             raise ValueError("max_batched_tokens must be >= 1")
         if self.prefill_interleave_ms < 0:

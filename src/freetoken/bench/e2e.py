@@ -3,7 +3,8 @@ MoE layers alone on the same backend in the same process.
 
 ``ft bench e2e`` (``python -m freetoken.bench.e2e``). Writes (or reuses) a synthetic checkpoint whose
 ``qwen3-30b-a3b`` preset is the model of ``shared/baselines/make_gguf_qwen3moe.py`` (32 heads, 4 KV
-heads, head dim 128, vocab 32000; every layer real), or takes ``--model DIR`` (``--model default``: the
+heads, head dim 128, vocab 32000; every layer real; ``qwen3.6-35b-a3b``: its own hybrid layers, 3 gated DeltaNet
+to 1 gated attention, and shared expert, vocab 32000), or takes ``--model DIR`` (``--model default``: the
 embedded model). Per CPU-thread count, policy and batch size: B requests with random prompts decode
 greedily through ``LLM``'s engine; the timed tokens are those after a warm-up (which includes the CUDA
 graph captures). ``--prefill`` / ``--itl-prompt``: time to first token of long prompts and running streams'
@@ -74,6 +75,7 @@ def checkpoint(args: argparse.Namespace) -> Path:
             d, num_layers=args.layers, hidden=shape.hidden, num_experts=shape.experts, moe_inter=shape.inter,
             vocab=a["vocab"], heads=a["heads"], kv_heads=a["kv_heads"], hd=a["hd"], top_k=shape.top_k,
             max_positions=a["max_positions"], shared_experts=True, fmt=shape.fmt, embed_std=EMBED_STD,
+            hybrid=shape.hybrid,
         )  # fmt: skip
         print(f"# wrote {d} ({written / 1e9:.1f} GB) in {time.perf_counter() - t0:.0f} s", flush=True)
     _allow_positions(d, _positions_needed(args))

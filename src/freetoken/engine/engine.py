@@ -16,6 +16,7 @@ from freetoken.engine.constraint import TokenConstraint
 from freetoken.engine.detokenizer import IncrementalDetokenizer
 from freetoken.engine.errors import InputError, PromptTooLongError, QueueFullError
 from freetoken.engine.grammar import GrammarCompiler
+from freetoken.engine.hybrid_build import make_state_pool, state_checkpoints
 from freetoken.engine.kv_manager import KVManager
 from freetoken.engine.layer_major import LayerMajorJob, LayerMajorPlanner
 from freetoken.engine.model_setup import ModelSetup, setup_model
@@ -41,10 +42,14 @@ class LLMEngine:
         self.max_model_len = s.max_model_len
         self.eos_token_ids = s.eos_token_ids
         self.kv = KVPool(
-            s.hf.num_layers, s.kv_pages, config.page_size, s.hf.num_kv_heads, s.hf.head_dim, s.dtype, s.device
+            s.loaded.kv_layers, s.kv_pages, config.page_size, s.hf.num_kv_heads, s.hf.head_dim, s.dtype, s.device
         )
-        self.tree = RadixCache(self.kv) if config.prefix_cache else None
-        self.pages = KVManager(self.kv, self.tree)
+        checkpoints = config.state_checkpoints if config.prefix_cache else 0
+        self.states = make_state_pool(s.loaded, config.max_running_requests, s.dtype, s.device, checkpoints)
+        # a recurrent state resumes only from a checkpoint: without any, no prefix reuse
+        self.tree = RadixCache(self.kv) if config.prefix_cache and (self.states is None or checkpoints) else None
+        ckpts, anchors = state_checkpoints(self.states, self.tree, s)
+        self.pages = KVManager(self.kv, self.tree, self.states, ckpts, anchors)
         self.scheduler = Scheduler(self.pages, config.max_running_requests, config.max_batched_tokens)
         self.sampler = StepSampler(config.max_running_requests, s.hf.vocab_size, s.device)
         graphs = None
@@ -197,12 +202,24 @@ class LLMEngine:
         sampled: list[tuple[Request, Choice]] = []
         for item in items:
             try:
-                sampled += self.runner.step([item], graphs=False)
+                sampled += self._step_alone(*item)
             except Exception as exc:
                 self._fail(item[0], "the model step failed", exc)
                 continue
             done.append(item)
         return done, sampled
+
+    def _step_alone(self, req: Request, n: int) -> list[tuple[Request, Choice]]:
+        """One request's step, eagerly. With linear-attention layers the failed batched step may have advanced its
+        recurrent state already: it is recomputed from position 0 (its KV pages cover that already)."""
+        done = req.num_computed_tokens
+        if self.states is None or done == 0:
+            return self.runner.step([(req, n)], graphs=False)
+        req.num_computed_tokens = 0
+        try:
+            return self.runner.step([(req, done + n)], graphs=False)
+        finally:
+            req.num_computed_tokens = done
 
     def _fail(self, req: Request, what: str, exc: BaseException) -> None:
         log.error("request %s: %s: %s: %s", req.request_id, what, type(exc).__name__, exc)
@@ -283,8 +300,9 @@ class LLMEngine:
         pages = self.kv.allocate(self.kv.pages_for(n), rid)
         step = chunk or n
         runner = self.runner
+        req = Request(rid, list(token_ids), SamplingParams(), n + 1, IncrementalDetokenizer(None, [], [], True))
         try:
-            req = Request(rid, list(token_ids), SamplingParams(), n + 1, IncrementalDetokenizer(None, [], [], True))
+            req.state_slot = self.states.allocate(rid) if self.states is not None else None
             req.pages = pages
             chunks = [([(req, min(step, n - start))], [start]) for start in range(0, n, step)]
             if layer_major:
@@ -302,6 +320,8 @@ class LLMEngine:
             return torch.cat(out)
         finally:
             self.kv.free(pages, rid)
+            if self.states is not None and req.state_slot is not None:
+                self.states.free(req.state_slot, rid)
 
     # ---- introspection --------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -317,6 +337,7 @@ class LLMEngine:
             "prefix_tokens_reused": self.pages.num_prefix_tokens_reused,
             "radix_pages": self.tree.num_pages if self.tree is not None else 0,
             "radix_evictions": self.tree.num_evictions if self.tree is not None else 0,
+            **self._checkpoint_stats(),
             "preemptions": self.scheduler.num_preemptions,
             "layer_major_prefills": self.layer_major.jobs,
             "running": len(self.scheduler.running),
@@ -326,6 +347,12 @@ class LLMEngine:
             "moe_backend": backend.name if backend is not None else "none",
             "uptime_s": time.monotonic() - self.started_at,
         }
+
+    def _checkpoint_stats(self) -> dict[str, int]:
+        c = self.pages.checkpoints
+        if c is None:
+            return {}
+        return {"state_checkpoints": c.size, "state_restores": c.num_restored, "state_recycled": c.num_recycled}
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()

@@ -58,10 +58,12 @@ def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
-def _kv_pages(config: EngineConfig, hf: HFConfig, dtype: torch.dtype, device: torch.device, max_len: int) -> int:
+def _kv_pages(
+    config: EngineConfig, hf: HFConfig, kv_layers: int, dtype: torch.dtype, device: torch.device, max_len: int
+) -> int:
     if config.kv_pages is not None:
         return config.kv_pages
-    page_bytes = 2 * hf.num_layers * config.page_size * hf.num_kv_heads * hf.head_dim * dtype.itemsize
+    page_bytes = 2 * max(kv_layers, 1) * config.page_size * hf.num_kv_heads * hf.head_dim * dtype.itemsize
     wanted = -(-max_len // config.page_size) * config.max_running_requests
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
@@ -102,6 +104,6 @@ def setup_model(config: EngineConfig) -> ModelSetup:
     eos = list(hf.eos_token_ids)
     if tokenizer is not None and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
         eos.append(int(tokenizer.eos_token_id))
-    pages = _kv_pages(config, hf, dtype, device, max_len)
+    pages = _kv_pages(config, hf, loaded.kv_layers, dtype, device, max_len)
     log.info("loaded %s (%s) on %s as %s; %d KV pages", path.name, hf.architecture, device, dtype, pages)
     return ModelSetup(path, hf, device, dtype, loaded, tokenizer, max_len, pages, eos)

@@ -33,6 +33,8 @@ class Request:
     pages: list[int] = field(default_factory=list)  # page table: shared prefix pages, then private ones
     num_shared_pages: int = 0  # leading pages read from the radix tree (owned by it, locked via prefix_node)
     prefix_node: RadixNode | None = None  # the locked radix node whose path is pages[:num_shared_pages]
+    state_slot: int | None = None  # its recurrent-state slot while it holds KV (models with linear attention)
+    captures: list[tuple[int, int]] = field(default_factory=list)  # (position, checkpoint slot) planned this admission
     status: Status = Status.WAITING
     finish_reason: str | None = None
     num_preemptions: int = 0

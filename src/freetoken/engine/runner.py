@@ -6,11 +6,12 @@ from __future__ import annotations
 import torch
 
 from freetoken.cache.kv_pool import KVPool
+from freetoken.engine.anchors import captures_in, due_captures
 from freetoken.engine.request import Request
 from freetoken.engine.step_graph import StepGraphs
 from freetoken.engine.step_sampler import Choice, StepSampler
 from freetoken.experts.base import ExpertBackend
-from freetoken.layers.attention import AttnBatch
+from freetoken.layers.attention import AttnBatch, SeqAttn
 from freetoken.layers.paged_attention import DecodeMeta, PrefillMeta
 from freetoken.models.decoder import DecoderModel
 
@@ -44,12 +45,17 @@ class ModelRunner:
         positions: list[int] = []
         slots: list[int] = []
         last_rows: list[int] = []
-        decode = all(n == 1 for _, n in items)
+        seqs: list[SeqAttn] = []
+        # a state checkpoint is taken per sequence: a step that takes one runs as a prefill step
+        decode = all(n == 1 for _, n in items) and not any(due_captures(items, starts))
         for (req, n), start in zip(items, starts):
             end = start + n
+            q_start = len(ids)
             ids += req.token_ids[start:end]
             positions += range(start, end)
             slots += self.kv.slots(req.pages, start, end)
+            if not decode:
+                seqs.append(SeqAttn(q_start, n, start, req.state_slot or 0, captures_in(req.captures, start, end)))
             last_rows.append(len(ids) - 1)
         dev = self.device
         batch = AttnBatch(
@@ -57,6 +63,8 @@ class ModelRunner:
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
             decode=self.decode_meta(items, starts) if decode else None,
             prefill=None if decode else self.prefill_meta(items, starts),
+            seqs=seqs,
+            state_slots=_state_slots(items, dev),
         )
         return torch.tensor(ids, dtype=torch.int64, device=dev), batch, last_rows
 
@@ -117,3 +125,10 @@ class ModelRunner:
             return [], hidden.new_empty((0, 0), dtype=torch.float32)
         rows = torch.tensor([row for _, row in sampling], dtype=torch.int64, device=self.device)
         return [req for req, _ in sampling], self.model.logits(hidden[rows])
+
+
+def _state_slots(items: list[tuple[Request, int]], device: torch.device) -> torch.Tensor | None:
+    """The requests' recurrent-state slots [B] (models with linear-attention layers), else None."""
+    if items[0][0].state_slot is None:
+        return None
+    return torch.tensor([req.state_slot for req, _ in items], dtype=torch.int64, device=device)

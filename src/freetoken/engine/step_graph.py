@@ -26,6 +26,7 @@ import torch
 
 from freetoken.cache.kv_pool import KVPool
 from freetoken.engine import noise
+from freetoken.engine.anchors import due_captures
 from freetoken.engine.request import Request
 from freetoken.engine.sampler import MAX_TOP_LOGPROBS, Features, SamplingBatch, sample_batch
 from freetoken.engine.step_sampler import Choice, StepSampler, choices, features_of
@@ -36,7 +37,7 @@ from freetoken.models.decoder import DecoderModel
 
 log = logging.getLogger(__name__)
 
-_INTS = 4  # ids, positions, KV slots, lengths; then the page table; then the sampler's 5 integer rows
+_INTS = 5  # ids, positions, KV slots, lengths, state slots; then the page table; then the sampler's 5 integer rows
 _FLOATS = 6  # temperature, top_p, min_p, presence, frequency, repetition
 
 
@@ -92,6 +93,8 @@ class StepGraphs:
         """A decode-only step whose size has a bucket and that the MoE backend can capture."""
         if not self.enabled or not items or any(n != 1 for _, n in items):
             return False
+        if due_captures(items):  # a state checkpoint is taken per sequence, eagerly
+            return False
         if any(req.constraint is not None for req, _ in items):
             self._once("grammar", "decode steps with a grammar-constrained request run eagerly")
             return False
@@ -136,10 +139,11 @@ class StepGraphs:
         n_ints = _INTS * B + B * P + 5 * B
         ints = torch.zeros(n_ints, dtype=torch.int64, device=dev)
         floats = torch.ones((_FLOATS, B), dtype=torch.float32, device=dev)
-        ids, pos, slots, lens = (ints[i * B : (i + 1) * B] for i in range(_INTS))
+        ids, pos, slots, lens, states = (ints[i * B : (i + 1) * B] for i in range(_INTS))
         table = ints[_INTS * B : _INTS * B + B * P].view(B, P)
         srows = ints[_INTS * B + B * P :].view(5, B)
-        batch = AttnBatch(pos, slots, DecodeMeta(table.to(torch.int32), lens.to(torch.int32), self.kv.page_size))
+        meta = DecodeMeta(table.to(torch.int32), lens.to(torch.int32), self.kv.page_size)
+        batch = AttnBatch(pos, slots, meta, state_slots=states if self.model.states is not None else None)
         sampling = SamplingBatch(
             temperature=floats[0], top_p=floats[1], min_p=floats[2], presence=floats[3], frequency=floats[4],
             repetition=floats[5], top_k=srows[0], seed_lo=srows[1], seed_hi=srows[2], step=srows[3], rows=srows[4],
@@ -164,6 +168,7 @@ class StepGraphs:
             hi[B + b] = pos
             hi[2 * B + b] = self.kv.slots(req.pages, pos, pos + 1)[0]
             hi[3 * B + b] = pos + 1
+            hi[4 * B + b] = req.state_slot or 0
             base = _INTS * B + b * P
             hi[base : base + P] = 0
             hi[base : base + len(req.pages)] = req.pages

@@ -7,7 +7,7 @@ Decode steps (one new token per sequence) and the others (prefill, mixed) read t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,17 @@ from freetoken.layers.rope import Rotary
 
 
 @dataclass
+class SeqAttn:
+    """One sequence of a prefill or mixed step, as the linear-attention layers read it (per sequence, on the host)."""
+
+    q_start: int  # first row of this sequence's new tokens in the flattened step
+    q_len: int
+    start: int = 0  # the position of its first new token
+    state_slot: int = 0  # its recurrent-state slot (models with linear-attention layers)
+    captures: list[tuple[int, int]] = field(default_factory=list)  # (new tokens, checkpoint slot): states to save
+
+
+@dataclass
 class AttnBatch:
     """Per-step metadata shared by all layers."""
 
@@ -27,6 +38,8 @@ class AttnBatch:
     slot_mapping: torch.Tensor  # [T] int64 flat KV slot where each new token's K/V goes
     decode: DecodeMeta | None = None  # set when every sequence computes one token
     prefill: PrefillMeta | None = None  # set on the other steps (prefill chunks, mixed steps)
+    seqs: list[SeqAttn] = field(default_factory=list)  # the other steps' sequences (linear-attention layers)
+    state_slots: torch.Tensor | None = None  # [B] int64 each sequence's recurrent-state slot (linear-attention layers)
 
 
 @dataclass
@@ -41,6 +54,7 @@ class AttentionWeights:
     v_bias: torch.Tensor | None = None
     q_norm: torch.Tensor | None = None  # [hd] (per head) or [H*hd] (whole projection)
     k_norm: torch.Tensor | None = None
+    gate: torch.Tensor | None = None  # [H*hd, D]: a sigmoid gate on the attention output (Qwen3-Next)
 
 
 class Attention:
@@ -115,7 +129,15 @@ class Attention:
             qh = self._qkv_torch(qkv, batch, k_cache, v_cache)
         if batch.decode is not None:
             out = decode_attention(qh.to(k_cache.dtype), k_cache, v_cache, batch.decode, self.scale, self.window)
-            return F.linear(out.to(x.dtype).reshape(x.shape[0], self.h * self.hd), w.o, w.o_bias)
+            return self._out(x, out.to(x.dtype))
         assert batch.prefill is not None, "a step is a decode step or has prefill metadata"
         out = prefill_attention(qh.to(k_cache.dtype), k_cache, v_cache, batch.prefill, self.scale, self.window)
-        return F.linear(out.to(x.dtype).reshape(x.shape[0], self.h * self.hd), w.o, w.o_bias)
+        return self._out(x, out.to(x.dtype))
+
+    def _out(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """out [T, H, hd] -> [T, D]: the output gate if any, then o_proj."""
+        w = self.w
+        flat = out.reshape(x.shape[0], self.h * self.hd)
+        if w.gate is not None:
+            flat = flat * torch.sigmoid(F.linear(x, w.gate))
+        return F.linear(flat, w.o, w.o_bias)

@@ -56,7 +56,7 @@ class LayerMajorPass:
             self.h.append(h)
             self.x.append(rms_norm(h, m.layers[0].attn_norm, m.eps))
         i, layer = self.layer, m.layers[self.layer]
-        h, x = add_rms_norm(self.h[c], layer.attn.forward(self.x[c], self.batches[c], self.kv), layer.ffn_norm, m.eps)
+        h, x = add_rms_norm(self.h[c], m.mix(layer, self.x[c], self.batches[c], self.kv), layer.ffn_norm, m.eps)
         after = m.layers[i + 1].attn_norm if i + 1 < len(m.layers) else m.final_norm
         self.h[c], self.x[c] = add_rms_norm(h, layer.ffn.forward(x), after, m.eps)
         self.chunk += 1
