@@ -78,6 +78,7 @@ class _Opened:
     def __init__(self, path: Path, direct: bool) -> None:
         self.path, self.lock = path, threading.Lock()
         self.direct = direct and hasattr(os, "O_DIRECT")
+        self._old: list[int] = []
         self.fd = self._open()
 
     def _open(self) -> int:
@@ -99,20 +100,22 @@ class _Opened:
                         self.path.parent)  # fmt: skip
 
     def pread_into(self, dst: memoryview, offset: int) -> int:
+        fd, direct = self.fd, self.direct
         try:
-            return os.preadv(self.fd, [dst], offset)
+            return os.preadv(fd, [dst], offset)
         except OSError as e:
-            if e.errno != errno.EINVAL or not self.direct:
+            if e.errno != errno.EINVAL or not direct:
                 raise CheckpointError(f"{self.path}: read failed at byte {offset} ({e.strerror})") from e
-        with self.lock:  # O_DIRECT opened but not honoured: the same file, buffered
-            if self.direct:
-                old, self.fd = self.fd, os.open(self.path, os.O_RDONLY)
+        with self.lock:  # O_DIRECT opened but not honoured: the same file, buffered (other threads may still
+            if self.direct:  # be reading through the direct descriptor: it is closed with the file)
+                self._old.append(self.fd)
+                self.fd = os.open(self.path, os.O_RDONLY)
                 self._to_buffered()
-                os.close(old)
         return os.preadv(self.fd, [dst], offset)
 
     def close(self) -> None:
-        os.close(self.fd)
+        for fd in [self.fd, *self._old]:
+            os.close(fd)
 
 
 def read_parts(
