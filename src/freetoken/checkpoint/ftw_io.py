@@ -3,17 +3,14 @@
 ``aligned_empty`` maps anonymous memory (nothing written to it: the kernel hands out pages as the reads land,
 advised onto transparent huge pages) whose start is on a huge-page boundary and whose end has slack up to the next
 ``ALIGNMENT``, so the last, padded block of a file can be read in place. ``read_parts`` reads every (file, memory)
-pair in ``CHUNK``-sized pieces on a few threads with ``pread`` (the GIL is released in the syscall), each piece's
-pages allocated by one ``MADV_POPULATE_WRITE`` first instead of a fault per 4 KiB page inside the read; each file is
+pair in ``CHUNK``-sized pieces on a few threads with ``pread`` (the GIL is released in the syscall); each file is
 opened with ``O_DIRECT`` (no page cache: no second copy of the bytes, no eviction of the user's cache), and where
 the filesystem refuses it (tmpfs, some network filesystems) read buffered instead, said once.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import functools
 import logging
 import mmap
 import os
@@ -139,32 +136,8 @@ def read_parts(
             f.close()
 
 
-_MADV_POPULATE_WRITE = 23  # Linux 5.14+
-
-
-@functools.cache
-def _madvise() -> Callable[[int, int, int], int] | None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-    return fn
-
-
-def _populate(dst: memoryview) -> None:
-    """Have the kernel allocate ``dst``'s pages in one call (huge pages where advised) before a direct read pins
-    them: the same zeroed pages the read's faults would take one 4 KiB page at a time (ctypes drops the GIL).
-    A kernel without MADV_POPULATE_WRITE refuses it and the read faults them as before."""
-    fn = _madvise()
-    if fn is not None and len(dst):
-        fn(ctypes.addressof(ctypes.c_char.from_buffer(dst)), len(dst), _MADV_POPULATE_WRITE)
-
-
 def _read_chunk(f: _Opened, r: Read, off: int, on_bytes: Callable[[int], None] | None) -> None:
     end = min(off + CHUNK, len(r.dst))
-    _populate(r.dst[off:end])
     at = off
     while at < end:
         got = f.pread_into(r.dst[at:end], at)
