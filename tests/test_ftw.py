@@ -146,3 +146,17 @@ def test_progress_is_quiet_off_a_terminal_and_one_at_a_time(capsys) -> None:
             pass
     assert ftw_progress.current() is None
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("which", ["bf16", "fp8"])
+def test_ftw_pool_is_pinned_in_place_and_serves_the_same_tokens_on_cuda(which: str, request) -> None:
+    src, dst = request.getfixturevalue(f"{which}_pair")
+    a = LLM(str(src), device="cuda", dtype="bfloat16", moe_backend="offload", expert_cache=0.5)
+    b = LLM(str(dst), device="cuda", dtype="bfloat16", moe_backend="offload", expert_cache=0.5)
+    pool = b.engine.setup.loaded.backend.pool
+    banks = b.engine.setup.loaded.banks
+    assert pool.pinned and pool.gate_up.data_ptr() == banks.gate_up.data_ptr()  # registered where it was read
+    outs_a, outs_b = a.generate(list(PROMPTS), GREEDY), b.generate(list(PROMPTS), GREEDY)
+    assert [o.token_ids for o in outs_a] == [o.token_ids for o in outs_b]
