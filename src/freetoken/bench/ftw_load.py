@@ -194,10 +194,10 @@ def run(args: argparse.Namespace) -> int:
             for f in files:
                 drop_page_cache(f)
             rows[name].append(_spawn(d, device, args))
-        f, st, raw = rows["ftw"][-1], rows["safetensors"][-1], rows["raw"][-1]
+        fw, st, raw = rows["ftw"][-1], rows["safetensors"][-1], rows["raw"][-1]
         print(f"# repeat {rep + 1}: raw {secs:.2f} s (into fresh memory {raw['fresh_s']:.2f} s); FTW bank read "
-              f"{f['bank_read_s']:.2f} s, load {f['load_s']:.2f} s; to the first token: safetensors {st['ttft_s']:.2f} "
-              f"s, FTW {f['ttft_s']:.2f} s", flush=True)  # fmt: skip
+              f"{fw['bank_read_s']:.2f} s, load {fw['load_s']:.2f} s; to the first token: safetensors "
+              f"{st['ttft_s']:.2f} s, FTW {fw['ttft_s']:.2f} s", flush=True)  # fmt: skip
     report(rows, src, ftw, device, args)
     return 0
 
