@@ -36,6 +36,7 @@ def _convert(args: argparse.Namespace) -> int:
     with console.status(f"converting {args.src} to FTW …"):
         m = convert(args.src, args.dst, args.dtype, args.layers_per_file)
     files = sum(len(b.parts) for b in m.banks) + len(m.files)
-    print(f"wrote {args.dst}: {m.bank_bytes / 1e9:.2f} GB of {m.expert_format} expert banks in {files} files "
+    kind = m.expert_format if m.expert_format != "bf16" else f"unquantised ({m.banks[0].dtype})"
+    print(f"wrote {args.dst}: {m.bank_bytes / 1e9:.2f} GB of {kind} expert banks in {files} files "
           f"(serve it with: ft serve --model {args.dst})", file=sys.stderr)  # fmt: skip
     return 0
