@@ -141,6 +141,8 @@ def _read_chunk(f: _Opened, r: Read, off: int, on_bytes: Callable[[int], None] |
     at = off
     while at < end:
         got = f.pread_into(r.dst[at:end], at)
+        if got <= 0 and at >= r.nbytes:  # the data is in; a file may end before its padding
+            break
         if got <= 0:
             raise CheckpointError(f"{r.path}: ends at byte {at}, expected {len(r.dst)} (truncated?)")
         at += got
