@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MOE_BACKENDS = ("auto", "fused", "offload", "cpu", "hybrid", "static-layers", "static-freq")
+VERIFY_WEIGHTS = ("background", "load", "off")
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,13 @@ class EngineConfig:
     routing_trace: str | None = None
     """Benchmarks only: MoE layers route by this recorded trace (``[tokens, layers, k]`` uint8 .npy) instead of
     their routers (``layers/routing_trace.py``)."""
+    verify_weights: str = "background"
+    """FTW checkpoints: check the files' checksums in the background once serving starts ("background"), before
+    serving ("load": a corrupt file is refused) or never ("off")."""
 
     def __post_init__(self) -> None:
+        if self.verify_weights not in VERIFY_WEIGHTS:
+            raise ValueError(f"verify_weights must be one of {', '.join(VERIFY_WEIGHTS)}, got {self.verify_weights!r}")
         if self.moe_backend not in MOE_BACKENDS:
             raise ValueError(f"moe_backend must be one of {', '.join(MOE_BACKENDS)}, got {self.moe_backend!r}")
         if self.max_running_requests < 1:

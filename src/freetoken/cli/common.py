@@ -35,6 +35,11 @@ def add_engine_args(p: argparse.ArgumentParser, model_required: bool = False) ->
     p.add_argument("--max-running-requests", type=int, default=d.max_running_requests,
                    help=e["max_running_requests"])  # fmt: skip
     p.add_argument("--cpu-threads", type=int, default=d.cpu_threads, help=e["cpu_threads"])
+    p.add_argument("--verify", dest="verify_weights", action="store_const", const="load", default=d.verify_weights,
+                   help="FTW checkpoints: check every checksum before serving (default: in the background once "
+                        "serving starts)")  # fmt: skip
+    p.add_argument("--no-verify", dest="verify_weights", action="store_const", const="off",
+                   help="FTW checkpoints: do not check the checksums")  # fmt: skip
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -47,6 +52,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_model_len=args.max_model_len,
         max_running_requests=args.max_running_requests,
         cpu_threads=args.cpu_threads,
+        verify_weights=args.verify_weights,
     )
 
 
@@ -54,9 +60,10 @@ def load_engine(config: EngineConfig) -> Any:
     """The engine, loaded under a spinner on stderr (weights, then the CPU kernel's build on first use)."""
     from rich.console import Console
 
+    from freetoken.checkpoint.ftw_progress import shown_elsewhere
     from freetoken.engine.engine import LLMEngine
 
-    with Console(stderr=True).status(f"loading {config.model or 'the default model'} …"):
+    with Console(stderr=True).status(f"loading {config.model or 'the default model'} …"), shown_elsewhere():
         return LLMEngine(config)
 
 

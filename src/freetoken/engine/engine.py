@@ -70,6 +70,9 @@ class LLMEngine:
         self._counters = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0, "requests_finished": 0}
         self._pending: list[RequestOutput] = []
         self.started_at = time.monotonic()
+        self.weights_check = s.loaded.weights_check  # an FTW checkpoint's checksums: checked now that serving starts
+        if self.weights_check is not None and config.verify_weights == "background":
+            self.weights_check.start()
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(
@@ -346,6 +349,7 @@ class LLMEngine:
             "kv_pages_used": self.pages.num_pinned,  # not reclaimable now: unlocked tree pages do not count
             "moe_backend": backend.name if backend is not None else "none",
             "uptime_s": time.monotonic() - self.started_at,
+            **({"weights_check": self.weights_check.status} if self.weights_check is not None else {}),
         }
 
     def _checkpoint_stats(self) -> dict[str, int]:

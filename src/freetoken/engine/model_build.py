@@ -18,10 +18,13 @@ import torch
 
 from freetoken.cache.state_pool import StateShape
 from freetoken.checkpoint.errors import CheckpointError
+from freetoken.checkpoint.ftw_manifest import read_manifest
+from freetoken.checkpoint.ftw_verify import WeightsCheck
 from freetoken.checkpoint.hf_config import HFConfig
 from freetoken.checkpoint.quantization import check_supported
 from freetoken.checkpoint.safetensors_io import SafetensorsReader
 from freetoken.checkpoint.weights import CheckpointWeights
+from freetoken.engine.ftw_load import read_ftw_banks
 from freetoken.engine.hybrid_build import LINEAR, deltanet, layer_kinds, split_gated_q, state_shape
 from freetoken.experts.base import ExpertBackend, ExpertBanks
 from freetoken.layers.attention import Attention, AttentionWeights
@@ -43,6 +46,7 @@ class LoadedModel:
     backend: ExpertBackend | None
     kv_layers: int  # layers with a KV cache (full attention)
     states: StateShape | None = None  # the recurrent state of the linear-attention layers, if any
+    weights_check: WeightsCheck | None = None  # an FTW directory's checksums (``engine/ftw_load.py``)
 
 
 @dataclass
@@ -177,7 +181,9 @@ def build_model(
     make_backend: Callable[[ExpertBanks], ExpertBackend],
     max_positions: int,
     routing_trace: str | None = None,
+    verify: str = "background",
 ) -> LoadedModel:
+    ftw = read_manifest(hf.path)  # FTW: the routed experts come pre-banked, the rest is safetensors as usual
     reader = SafetensorsReader(hf.path)
     fmt = _weight_format(reader, hf)
     check_supported(hf.raw, reader, family.skippable, fmt)
@@ -195,7 +201,7 @@ def build_model(
         ffn: DenseMLP | _MoEParts
         if i in moe_ids:
             ffn = _moe_parts(w, family, hf, i)
-            reads += _expert_reads(w, family, hf, i, moe_ids.index(i))
+            reads += _expert_reads(w, family, hf, i, moe_ids.index(i)) if ftw is None else []
         else:
             ffn = _dense(w, lp + n.mlp, D, hf.intermediate_size, bool(hf.raw.get("mlp_bias", False)))
         mixer: Attention | GatedDeltaNet
@@ -211,8 +217,11 @@ def build_model(
     w.claim([r[0] for r in reads] + scales + ([n.lm_head] if n.lm_head in w else []))  # a tied head's copy is not read
     final_norm = _norm(w, family, n.final_norm, (D,))
     w.check_all_used(hf.architecture, family.skippable)
-    banks = backend = None
-    if moe_ids:
+    banks = backend = check = None
+    if moe_ids and ftw is not None:
+        banks, check = read_ftw_banks(ftw, hf, dtype, verify)
+        backend = make_backend(banks)
+    elif moe_ids:
         efmt = _expert_format(w, fmt, reads, hf)
         banks = ExpertBanks.empty(len(moe_ids), hf.num_experts, D, hf.moe_intermediate_size, dtype, efmt)
         banks.top_k = hf.top_k
@@ -237,4 +246,4 @@ def build_model(
             layers.append(DecoderLayer(attn_norm, attn, ffn_norm, ffn))
     states = state_shape(hf, linear_layers) if linear_layers else None
     model = DecoderModel(embed, layers, final_norm, lm_head, hf.rms_eps)
-    return LoadedModel(hf, model, banks, backend, kv_layers, states)
+    return LoadedModel(hf, model, banks, backend, kv_layers, states, check)

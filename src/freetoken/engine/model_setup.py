@@ -99,7 +99,7 @@ def setup_model(config: EngineConfig) -> ModelSetup:
     dtype = resolve_dtype(config.dtype, device)
     max_len = context_length(config, hf)
     backend = lambda banks: create_backend(config, banks, device, dtype)  # noqa: E731
-    loaded = build_model(hf, family, device, dtype, backend, max_len, config.routing_trace)
+    loaded = build_model(hf, family, device, dtype, backend, max_len, config.routing_trace, config.verify_weights)
     tokenizer = load_tokenizer(path)
     eos = list(hf.eos_token_ids)
     if tokenizer is not None and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
