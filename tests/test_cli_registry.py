@@ -25,7 +25,7 @@ def test_help_lists_them(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         parser.parse_args(["--help"])
     out = capsys.readouterr().out
-    assert all(name in out for name in SUBCOMMANDS) and "convert" not in out
+    assert all(name in out for name in SUBCOMMANDS) and "quantize" not in out
     with pytest.raises(SystemExit):
         parser.parse_args(["bench", "--help"])
     out = capsys.readouterr().out

@@ -21,10 +21,10 @@ PROMPTS = [[5 + i, 40 + 3 * i, 77, 100 + i, 9] for i in range(3)]
 POISON = 444  # a token id the injected failures key on
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Any:
+@pytest.fixture(scope="module", params=["qwen3_moe", "qwen3_next"])  # qwen3_next: recurrent states too
+def ckpt(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Any:
     d = tmp_path_factory.mktemp("failures")
-    save_checkpoint("qwen3_moe", d, seed=1)
+    save_checkpoint(request.param, d, seed=1)
     return d
 
 
@@ -78,7 +78,7 @@ def test_a_failing_sampler_fails_only_its_request(ckpt: Any, monkeypatch: pytest
     real_sample = sampler_mod.sample_batch
 
     def sample_batch(logits: torch.Tensor, b: Any, *args: Any, **kwargs: Any) -> Any:
-        if bool((b.seed_lo == 13).any()):
+        if bool(((b.seed_lo == 13) & (b.step >= 2)).any()):  # after the batch's forward advanced every state
             raise RuntimeError("injected sampler fault")
         return real_sample(logits, b, *args, **kwargs)
 
@@ -136,8 +136,8 @@ def test_engine_thread_lives_through_a_failed_step(ckpt: Any, monkeypatch: pytes
         real = sched.schedule
         state = {"armed": True}
 
-        def schedule() -> Any:
-            batch = real()
+        def schedule(*args: Any, **kwargs: Any) -> Any:
+            batch = real(*args, **kwargs)
             if state["armed"] and any(req.num_output_tokens == 2 for req, _ in batch.items):
                 state["armed"] = False
                 raise RuntimeError("injected scheduler fault")

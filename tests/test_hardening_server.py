@@ -172,7 +172,10 @@ def test_sigterm_ends_every_request_in_its_shape_and_exits_0(served: tuple[subpr
             "responses": pool.submit(stream, RESP, resp),
             "plain": pool.submit(lambda: httpx.post(url + CHAT, json=chat, timeout=60)),
         }
-        time.sleep(1.0)  # all four are generating (1,500 tokens take the embedded model far longer on a CPU)
+        deadline = time.monotonic() + 60  # all four are generating (1,500 tokens take far longer on a CPU)
+        while httpx.get(url + "/v1/engine/stats", timeout=10).json()["engine"].get("running", 0) < 4:
+            assert time.monotonic() < deadline, "the four requests never ran together"
+            time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
         got = {name: f.result() for name, f in futures.items()}
     out, err = proc.communicate(timeout=60)

@@ -66,7 +66,8 @@ def test_streamed_prefill_equals_reference_and_seeds_decode(name: str) -> None:
     assert s1["expert_cpu_runs"] == s0["expert_cpu_runs"]  # hybrid: no CPU branch for streamed layers
     assert 0 < s1["prefill_experts_streamed"] <= L * E
     backend.check_integrity()
-    # The last two layers stay resident (2E slots = the whole cache here) with the newest stamps.
+    # At the next safe point the last two layers stay resident (2E slots = the whole cache here), newest stamps.
+    backend.streamer.finish()
     cache = backend.cache
     last = list(range((L - 2) * E, L * E))
     slots = cache.lookup(last)
@@ -136,12 +137,13 @@ def test_buffers_are_the_least_recently_used_slots() -> None:
     cache.insert(old)
     cache.insert(keep)
     where = cache.lookup(keep).tolist()
-    # The 16 LRU slots: the 8 free ones, then layer 0's; layer 2 stays where it is and is not copied.
+    # Buffer 0 holds layer 0 first: its experts are used in place (not copied); the other buffer takes the
+    # 8 free slots; layer 2 stays where it is and is not copied.
     g = torch.Generator().manual_seed(6)
     assert step(backend, banks, 30, False, g) < 1e-5
-    assert stats(backend)["prefill_experts_streamed"] == L * E - len(keep)
+    assert stats(backend)["prefill_experts_streamed"] == L * E - len(keep) - len(old)
     assert cache.lookup(keep).tolist() == where
-    assert bool((cache.lookup(old) < 0).all())  # layer 0's slots were taken as a buffer
+    assert bool((cache.lookup(old) < 0).all())  # layer 0's slots were buffer 0's: it moved on to layer 2
     backend.check_integrity()
 
 
@@ -151,7 +153,9 @@ def test_free_room_keeps_every_layer_and_a_warm_pool_fills_on_demand(name: str) 
     g = torch.Generator().manual_seed(11)
     assert step(backend, banks, 30, False, g) < 1e-5
     s1 = stats(backend)
-    assert backend.streamer.num_buffers == 0 and s1["prefill_layers_streamed"] == L  # closed after layer L-1
+    assert s1["prefill_layers_streamed"] == L
+    backend.begin_step(1, True)  # the next safe point closes the stream
+    assert backend.streamer.num_buffers == 0
     assert s1["prefill_experts_streamed"] == L * E
     assert backend.cache.size() == L * E  # L free layers of room: L buffers, every layer stays resident
     backend.check_integrity()
@@ -294,8 +298,57 @@ def test_bench_prefill_plumbing() -> None:
         # chunk 1 (24 tokens x 2 >= 16): whole layers; chunk 2 (16 tokens x 2 = 32 >= 16) too
         assert r.layers_streamed == (0 if mode == "ondemand" else 2 * 3)
         assert r.pcie_gb_per_chunk > 0
-    # 32 slots = the two buffers: every chunk copies each of the 3 x 16 experts once (nothing else fits).
+    # 32 slots = the two buffers: chunk 1 copies each of the 3 x 16 experts once; chunk 2 finds layer 1 (one of
+    # the last two, left resident) where its buffer wants it and copies layers 0 and 2 only.
     for mode in ("stream", "serial"):
         r = res[mode][0][0]
-        assert r.pcie_gb_per_chunk == pytest.approx(48 * banks.expert_bytes / 1e9)
-        assert r.stats["prefill_experts_streamed"] == 48 * 3  # + the one-chunk warm-up prompt
+        assert r.pcie_gb_per_chunk == pytest.approx((48 + 32) / 2 * banks.expert_bytes / 1e9)
+        assert r.stats["prefill_experts_streamed"] == 48 + 48 + 32  # the one-chunk warm-up prompt, then 2 chunks
+
+
+def _pass(backend: SlotBackend, banks: Any, layers: list[int], T: int, g: torch.Generator) -> float:
+    """``forward`` over ``layers`` in order (no begin_step: the caller's), the worst relative error."""
+    worst = 0.0
+    for layer in layers:
+        x = torch.randn(T, D, generator=g)
+        ids, w = random_routing(T, E, g, CPU)
+        ref = moe_reference(x, ids + layer * E, w, banks.gate_up, banks.down)
+        worst = max(worst, float((backend.forward(layer, x, ids, w) - ref).abs().max() / ref.abs().max()))
+    return worst
+
+
+def test_layer_major_passes_stream_the_pool_once() -> None:
+    """Every layer computed in three passes (three chunks, layer-major): each layer is copied once."""
+    backend, banks = make("offload", 0.5)
+    g = torch.Generator().manual_seed(12)
+    backend.begin_step(20, False)
+    assert _pass(backend, banks, [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3], 20, g) < 1e-5
+    s = stats(backend)
+    assert s["prefill_layers_streamed"] == L and s["prefill_experts_streamed"] == L * E and s["expert_fills"] == 0
+    backend.begin_step(1, True)
+    backend.check_integrity()
+
+
+def test_restarted_stream_keeps_the_next_layers_in_place_and_decode_hot_experts() -> None:
+    """A layer-major prefill paused after layer 1 (decode steps ran) restarts at layer 2: the experts of layers
+    2 and 3 already resident are used where they are, and decode's most recent experts are taken last."""
+    backend, banks = make("offload", 24)  # three layers of room
+    cache = backend.cache
+    g = torch.Generator().manual_seed(13)
+    backend.begin_step(20, False)
+    assert _pass(backend, banks, [0, 1, 2], 20, g) < 1e-5  # the pause: layer 2 was prefetched already
+    backend.begin_step(1, True)  # a decode step's safe point closes the stream: layers 1 and 2 stay resident
+    t = cache.tables
+    stamps = t.stamp.clone()
+    assert step(backend, banks, 1, True, g) < 1e-5  # decode: one token, its experts newest
+    moved = (t.stamp != stamps).tolist()
+    hot = [int(e) for e, m in zip(t.eid_of.tolist(), moved) if 0 <= e < 2 * E and m]
+    assert len(hot) >= 2  # the decode step's routes in layers 0 and 1 (hits: stamped this step)
+    before = stats(backend)["prefill_experts_streamed"]
+    backend.begin_step(20, False)  # the prefill resumes at layer 2
+    assert _pass(backend, banks, [2, 3], 20, g) < 1e-5
+    copied = stats(backend)["prefill_experts_streamed"] - before
+    assert copied <= E + 2  # layer 3, and what the decode step evicted of layer 2 (2 routes per token)
+    assert bool((cache.lookup(hot) >= 0).all())  # decode's experts of the done layers 0 and 1 stay
+    backend.begin_step(1, True)
+    backend.check_integrity()

@@ -24,8 +24,8 @@ def test_triton_kernels_compile(arch: int) -> None:
         pytest.skip("the interpreter replaces compilation")
     from freetoken.experts.cpu import stage_triton
     from freetoken.experts.slots import copy_triton, gemm_fp8_triton, gemm_triton, plan_triton
-    from freetoken.layers import norm_triton
-    from freetoken.layers.paged_attention import triton_decode
+    from freetoken.layers import norm_triton, qkv_rope_triton, router_triton
+    from freetoken.layers.paged_attention import triton_decode, triton_prefill
 
     i64 = "*i64"
     plan_sig = dict.fromkeys(["ids_ptr", "slot_of", "eid_of", "stamp", "tick_ptr", "i64_out", "counters"], i64)
@@ -96,6 +96,27 @@ def test_triton_kernels_compile(arch: int) -> None:
             "stride": "i32"}  # fmt: skip
     for add, block in ((True, 2048), (False, 128)):
         cases.append((norm_triton._rms_norm_kernel, norm, {"HAS_ADD": add, "BLOCK": block}))
+    # the decode step's small fused kernels: q/k norm + rotary + KV write, split merge, router, grouping
+    qkv = {"QKV": "*bf16", "POS": i64, "SLOT": i64, "COS": "*fp32", "SIN": "*fp32", "QW": "*bf16", "KW": "*bf16",
+           "QOUT": "*bf16", "KC": "*bf16", "VC": "*bf16", "stride_t": "i32", "stride_kc": "i32", "stride_vc": "i32",
+           "eps": "fp32"}  # fmt: skip
+    for hd, rot, norms in ((128, 128, True), (256, 64, True), (64, 64, False)):
+        consts = {"H": 32, "HKV": 4, "HD": hd, "ROT": rot, "HAS_QN": norms, "HAS_KN": norms}
+        cases.append((qkv_rope_triton._qkv_rope_kernel, qkv, consts))
+    merge = {"ACC": "*fp32", "MAX": "*fp32", "SUM": "*fp32", "OUT": "*bf16"}
+    cases.append((triton_decode._merge_kernel, merge, {"S": 8, "BLOCK_S": 8, "HD": 128}))
+    route = {"L": "*bf16", "IDS": i64, "W": "*fp32", "E": "i32"}
+    for e, k in ((128, 8), (512, 10)):
+        consts = {"K": k, "BLOCK_E": e, "BLOCK_K": 16 if k > 8 else 8, "NORM": True, "ACT": triton.language.bfloat16}
+        cases.append((router_triton._route_kernel, route, consts))
+    grp = {"ids_ptr": i64, "K": "i32", "layer_off": "i32", "N": "i32", "i64_out": i64, "b_out": "*u8"}
+    cases.append((plan_triton._group_kernel, grp, {"KB": 32}))
+    pre = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "BT": "*i32", "QSTART": "*i32", "QLEN": "*i32",
+           "CTX": "*i32", "scale": "fp32", "window": "i32"}  # fmt: skip
+    pre |= dict.fromkeys([f"stride_{n}" for n in ("qt", "qh", "kt", "kh", "vt", "vh", "ot", "oh", "bt")], "i32")
+    for hd, window in ((128, False), (64, True), (256, False)):
+        consts = {"PAGE": 16, "G": 8, "HD": hd, "BLOCK_M": 32, "BLOCK_N": 32, "HAS_WINDOW": window, "PREC": "tf32"}
+        cases.append((triton_prefill._paged_prefill_kernel, pre, consts))
     for fn, sig, consts in cases:
         signature: dict[str, str] = {**sig, **{k: "constexpr" for k in consts}}
         src = ASTSource(fn=fn, signature=signature, constexprs=consts)

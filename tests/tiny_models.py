@@ -23,6 +23,15 @@ COMMON: dict[str, Any] = dict(
 
 FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "qwen3", "llama"]
 MOE_FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"]
+# gated DeltaNet + gated attention; "qwen3_5_moe_vl" is the text part of Qwen3_5MoeForConditionalGeneration
+HYBRID_FAMILIES = ["qwen3_next", "qwen3_5_moe", "qwen3_5_moe_vl"]
+# 4 layers, 3 DeltaNet : 1 full attention (the real ratio); 2 value heads per key head; head dims 16 (rotary 4)
+HYBRID: dict[str, Any] = dict(
+    COMMON, num_hidden_layers=4, head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+    shared_expert_intermediate_size=48, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+    linear_value_head_dim=16, linear_conv_kernel_dim=4,
+)
+VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
 
 
 def make_config(family: str) -> Any:
@@ -49,6 +58,13 @@ def make_config(family: str) -> Any:
         return tf.Qwen3Config(**COMMON, num_hidden_layers=2, head_dim=16)
     if family == "llama":
         return tf.LlamaConfig(**COMMON, num_hidden_layers=2, attention_bias=True, mlp_bias=True)
+    if family == "qwen3_next":
+        return tf.Qwen3NextConfig(**HYBRID, norm_topk_prob=True)
+    if family == "qwen3_5_moe":
+        return tf.Qwen3_5MoeTextConfig(**{k: v for k, v in HYBRID.items() if k != "intermediate_size"})
+    if family == "qwen3_5_moe_vl":
+        text = {k: v for k, v in HYBRID.items() if k not in ("intermediate_size", "tie_word_embeddings")}
+        return tf.Qwen3_5MoeConfig(text_config=text, vision_config=VISION, tie_word_embeddings=False)
     raise ValueError(family)
 
 
@@ -60,7 +76,12 @@ def _random_model(cfg: Any, seed: int) -> Any:
     import transformers as tf
 
     torch.manual_seed(seed)
-    model = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    if isinstance(cfg, tf.Qwen3_5MoeConfig):  # the multimodal wrapper (AutoModelForCausalLM has no entry for it)
+        model = tf.Qwen3_5MoeForConditionalGeneration(cfg).float()
+    elif isinstance(cfg, tf.Qwen3_5MoeTextConfig):
+        model = tf.Qwen3_5MoeForCausalLM(cfg).float()
+    else:
+        model = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():

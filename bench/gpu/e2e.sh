@@ -25,7 +25,7 @@ check)
       nice cmake --build build --target llama-bench -j 12 > /tmp/lc/build.log 2>&1; echo done > /tmp/lc/built" \
       > /dev/null 2>&1 < /dev/null &)
   fi
-  timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_attention.py tests/test_sampler.py \
+  timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_attention.py tests/test_prefill_attention.py tests/test_norm.py tests/test_sampler.py \
     tests/test_step_graph_gpu.py tests/test_layer_graphs_gpu.py tests/test_backends.py tests/test_reference_models.py \
     tests/test_slot_cache.py tests/test_cpu_stream_gpu.py > "$OUT/gpu_tests.log" 2>&1
   tail -1 "$OUT/gpu_tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -20

@@ -38,11 +38,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top", type=int, default=0, help="also print the N kernels of most launches per step")
     args = ap.parse_args()
     llm = LLM(args.checkpoint, device="cuda", moe_backend=args.backend, expert_cache=args.expert_cache,
               max_running_requests=max(4, args.batch), cuda_graphs=args.cuda_graphs)  # fmt: skip
     eng = llm.engine
-    params = SamplingParams(max_tokens=args.steps + 40, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=args.steps + 40, temperature=args.temperature, ignore_eos=True, seed=1)
     for b in range(args.batch):
         eng.add_request(f"p{b}", [5 + b, 6, 7, 8, 9, 10, 11, 12], params)
     for _ in range(20):
@@ -60,6 +62,13 @@ def main() -> None:
         if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start
     ]
     busy = busy_fraction(kernels, wall_us)
+    if args.top:
+        per: dict[str, list[float]] = {}
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start:
+                per.setdefault(e.name[:70], []).append(e.time_range.end - e.time_range.start)
+        for name, ts in sorted(per.items(), key=lambda kv: -sum(kv[1]))[: args.top]:
+            print(f"  {len(ts) / args.steps:6.1f}/step {sum(ts) / args.steps:8.1f} us/step  {name}")
     graphs = llm.stats().get("step_graph_replays", 0)
     ms = wall_us / args.steps / 1e3
     print(f"{args.backend} batch {args.batch} graphs {args.cuda_graphs}: {ms:.2f} ms/step, "

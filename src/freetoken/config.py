@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MOE_BACKENDS = ("auto", "fused", "offload", "cpu", "hybrid", "static-layers", "static-freq")
+VERIFY_WEIGHTS = ("background", "load", "off")
 
 
 @dataclass(frozen=True)
@@ -33,12 +34,24 @@ class EngineConfig:
     """Requests that may wait; beyond this new requests are refused."""
     max_batched_tokens: int = 8192
     """Tokens computed in one step (prefill chunk size plus running decodes)."""
+    prefill_order: str = "auto"
+    """A prompt spanning several chunks: "layer" runs every chunk of a layer, then the next layer (a cold prompt
+    streams the expert pool once); "chunk" runs each chunk through all layers; "auto": layer where the MoE
+    backend streams whole layers through its slot cache."""
+    layer_major_tokens: int | None = None
+    """Most tokens one layer-major prefill keeps activations for (longer prompts run in several). None: as
+    half the free memory allows; 0: chunk-major always."""
+    prefill_interleave_ms: float = 40.0
+    """While a layer-major prefill runs, other running requests get a decode step at least this often."""
     page_size: int = 16
     """Tokens per KV page."""
     kv_pages: int | None = None
     """KV pages to allocate. None: derived from the memory budget (CPU: enough for max_model_len x running)."""
     prefix_cache: bool = True
     """Reuse the KV of prompt prefixes computed before (radix tree over KV pages, shared by all requests)."""
+    state_checkpoints: int = 16
+    """Models with linear-attention layers: recurrent-state checkpoints kept for prefix reuse (taken at the
+    special tokens where agents edit the context, and at prompt ends); 0: no prefix reuse for them."""
     max_model_len: int | None = None
     """Context length limit. None: the checkpoint's max_position_embeddings."""
     cpu_threads: int | None = None
@@ -69,14 +82,23 @@ class EngineConfig:
     routing_trace: str | None = None
     """Benchmarks only: MoE layers route by this recorded trace (``[tokens, layers, k]`` uint8 .npy) instead of
     their routers (``layers/routing_trace.py``)."""
+    verify_weights: str = "background"
+    """FTW checkpoints: check the files' checksums in the background once serving starts ("background"), before
+    serving ("load": a corrupt file is refused) or never ("off")."""
 
     def __post_init__(self) -> None:
+        if self.verify_weights not in VERIFY_WEIGHTS:
+            raise ValueError(f"verify_weights must be one of {', '.join(VERIFY_WEIGHTS)}, got {self.verify_weights!r}")
         if self.moe_backend not in MOE_BACKENDS:
             raise ValueError(f"moe_backend must be one of {', '.join(MOE_BACKENDS)}, got {self.moe_backend!r}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
+        if self.state_checkpoints < 0:
+            raise ValueError("state_checkpoints must be >= 0")
         if self.max_batched_tokens < 1:
             raise ValueError("max_batched_tokens must be >= 1")
+        if self.prefill_interleave_ms < 0:
+            raise ValueError("prefill_interleave_ms must be >= 0")
         if self.page_size < 1:
             raise ValueError("page_size must be >= 1")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -3,10 +3,13 @@ MoE layers alone on the same backend in the same process.
 
 ``ft bench e2e`` (``python -m freetoken.bench.e2e``). Writes (or reuses) a synthetic checkpoint whose
 ``qwen3-30b-a3b`` preset is the model of ``shared/baselines/make_gguf_qwen3moe.py`` (32 heads, 4 KV
-heads, head dim 128, vocab 32000; every layer real), or takes ``--model DIR`` (``--model default``: the
+heads, head dim 128, vocab 32000; every layer real; ``qwen3.6-35b-a3b``: its own hybrid layers, 3 gated DeltaNet
+to 1 gated attention, and shared expert, vocab 32000), or takes ``--model DIR`` (``--model default``: the
 embedded model). Per CPU-thread count, policy and batch size: B requests with random prompts decode
 greedily through ``LLM``'s engine; the timed tokens are those after a warm-up (which includes the CUDA
-graph captures). The MoE-only figure drives the same backend with ``ft bench decode``'s step (routing
+graph captures). ``--prefill`` / ``--itl-prompt``: time to first token of long prompts and running streams'
+inter-token latency beside a long prefill (``e2e_prefill.py``; ``--no-decode`` leaves the decode rows out). The
+MoE-only figure drives the same backend with ``ft bench decode``'s step (routing
 from a synthetic router, or the same trace). ``--transformers``: transformers' own ``generate`` on the
 same checkpoint, interleaved (CPU).
 
@@ -28,11 +31,12 @@ from typing import Any
 
 import torch
 
+from freetoken.bench import e2e_prefill
 from freetoken.bench.presets import PRESETS, MoEShape, get_preset
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # the peer's model (shared/baselines/make_gguf_qwen3moe.py): attention and vocabulary of Qwen3-30B-A3B
-ATTENTION = {"heads": 32, "kv_heads": 4, "hd": 128, "vocab": 32000, "max_positions": 32768}
+ATTENTION = {"heads": 32, "kv_heads": 4, "hd": 128, "vocab": 32000, "max_positions": 131072}
 
 
 @dataclass
@@ -61,7 +65,7 @@ def checkpoint(args: argparse.Namespace) -> Path:
         return Path(args.model)
     shape = get_preset(args.preset)
     cache = Path(os.environ.get("FREETOKEN_CACHE", Path.home() / ".cache" / "freetoken"))
-    d = Path(args.dir) if args.dir else cache / "bench" / f"{shape.name}-{args.layers}layers"
+    d = Path(args.dir) if args.dir else cache / "bench" / f"{shape.name}-{args.layers}layers-v2"
     if not (d / "model.safetensors.index.json").exists():
         from freetoken.bench.synthetic_checkpoint import write_qwen3_moe
 
@@ -70,20 +74,51 @@ def checkpoint(args: argparse.Namespace) -> Path:
         written = write_qwen3_moe(
             d, num_layers=args.layers, hidden=shape.hidden, num_experts=shape.experts, moe_inter=shape.inter,
             vocab=a["vocab"], heads=a["heads"], kv_heads=a["kv_heads"], hd=a["hd"], top_k=shape.top_k,
-            max_positions=a["max_positions"], shared_experts=True, fmt=shape.fmt,
+            max_positions=a["max_positions"], shared_experts=True, fmt=shape.fmt, embed_std=EMBED_STD,
+            hybrid=shape.hybrid,
         )  # fmt: skip
         print(f"# wrote {d} ({written / 1e9:.1f} GB) in {time.perf_counter() - t0:.0f} s", flush=True)
+    _allow_positions(d, _positions_needed(args))
     return d
 
 
-def decode_tok_s(llm: Any, batch: int, prompt: int, tokens: int, warmup: int, seed: int) -> float:
-    """Generated tokens per second of ``batch`` concurrent greedy requests, after ``warmup`` tokens each."""
+def _positions_needed(args: argparse.Namespace) -> int:
+    from freetoken.bench.e2e_prefill import WARM_SUFFIX
+
+    lengths = [int(n) for n in str(args.prefill).split(",")] if args.prefill else []
+    return max([*lengths, args.itl_prompt, 0]) + WARM_SUFFIX + 8
+
+
+def _allow_positions(d: Path, positions: int) -> None:
+    """A synthetic checkpoint written for a shorter context (an older preset) gets the positions the prompts need:
+    only the rotary tables depend on it."""
+    cfg_path = d / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    if cfg.get("max_position_embeddings", positions) < positions:
+        cfg["max_position_embeddings"] = positions
+        cfg_path.write_text(json.dumps(cfg, indent=1))
+        print(f"# {d}: max_position_embeddings raised to {positions}", flush=True)
+
+
+# Embeddings of this scale keep each token's own part of the residual above the attention's slowly varying part:
+# consecutive sampled tokens then route to nearly independent experts, as uniform routing (BENCH.md) has it; at the
+# usual 0.02 a random model's deeper layers route consecutive tokens to mostly the same experts
+# (docs/benchmarks.md, "the synthetic checkpoint's routing").
+EMBED_STD = 1.0
+
+
+def decode_tok_s(
+    llm: Any, batch: int, prompt: int, tokens: int, warmup: int, seed: int, temperature: float = 0.0
+) -> float:
+    """Generated tokens per second of ``batch`` concurrent requests, after ``warmup`` tokens each: greedy, or
+    sampled at ``temperature`` (seeded: a random-weight model then emits varied tokens, as llama-bench feeds
+    random tokens, where greedy decoding repeats a few tokens and so their experts)."""
     from freetoken.engine.sampling_params import SamplingParams
 
     eng = llm.engine
     vocab = eng.hf.vocab_size
     g = torch.Generator().manual_seed(seed)
-    params = SamplingParams(max_tokens=warmup + tokens, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=warmup + tokens, temperature=temperature, ignore_eos=True, seed=seed)
     for b in range(batch):
         ids = torch.randint(3, vocab, (prompt,), generator=g).tolist()
         eng.add_request(f"bench-{seed}-{b}", ids, params)
@@ -143,6 +178,29 @@ def transformers_tok_s(path: Path, tokens: int, prompt: int, seed: int) -> float
     return (out.shape[1] - prompt) / (time.perf_counter() - t0)
 
 
+def decode_row(
+    llm: Any, path: Path, args: argparse.Namespace, policy: str, threads: int | None, batch: int,
+    threads_list: list[int | None], policies: list[str], peer: list[float],
+) -> Row:  # fmt: skip
+    """One row of the decode table (and transformers' figure beside the first, when asked)."""
+    runs = []
+    before = llm.stats()
+    for rep in range(args.repeats):
+        runs.append(decode_tok_s(llm, batch, args.prompt_tokens, args.tokens, args.warmup, rep, args.temperature))
+        if args.transformers and batch == 1 and threads is threads_list[0] and policy == policies[0]:
+            peer.append(transformers_tok_s(path, args.tokens, args.prompt_tokens, rep))
+    st = {k: v - before.get(k, 0) for k, v in llm.stats().items() if isinstance(v, (int, float))}
+    seen = st.get("expert_hits", 0) + st.get("expert_fills", 0) + st.get("expert_cpu_runs", 0)
+    hits = st.get("expert_hits", 0) / seen if seen else None
+    moe = moe_only_tok_s(llm, batch, args.moe_steps, args.routing_trace, 0) if args.moe_only else None
+    replays = int(llm.stats().get("step_graph_replays", 0))
+    r = Row(policy, threads, batch, statistics.median(runs), moe, replays, runs, hits)
+    shown = [round(x, 1) for x in runs]
+    print(f"#   threads {threads} {policy} batch {batch}: e2e {r.e2e_tok_s:.1f} tok/s {shown}, "
+          f"MoE only {moe or 0:.1f}", file=sys.stderr, flush=True)  # fmt: skip
+    return r
+
+
 def _sync(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -162,52 +220,51 @@ def run(args: argparse.Namespace) -> int:
           f"tokens per request after {args.warmup}; medians of {args.repeats}", flush=True)  # fmt: skip
     rows: list[Row] = []
     peer: list[float] = []
+    ttft: list[Any] = []
+    itl: list[Any] = []
+    lengths = [int(n) for n in str(args.prefill).split(",")] if args.prefill else []
     for threads in threads_list:
         for policy in policies:
             llm = LLM(
                 str(path), device=dev, dtype=dtype, moe_backend=policy, expert_cache=args.expert_cache,
-                cpu_threads=threads, max_running_requests=max(batches), routing_trace=args.routing_trace,
-                cuda_graphs=args.cuda_graphs, moe_cuda_graphs=args.cuda_graphs,
+                cpu_threads=threads, max_running_requests=max(*batches, args.itl_streams + 1),
+                routing_trace=args.routing_trace, cuda_graphs=args.cuda_graphs, moe_cuda_graphs=args.cuda_graphs,
+                max_batched_tokens=args.max_batched_tokens, prefill_order=args.prefill_order,
             )  # fmt: skip
             try:
-                for batch in batches:
-                    runs = []
-                    before = llm.stats()
-                    for rep in range(args.repeats):
-                        runs.append(decode_tok_s(llm, batch, args.prompt_tokens, args.tokens, args.warmup, rep))
-                        if args.transformers and batch == 1 and threads is threads_list[0] and policy == policies[0]:
-                            peer.append(transformers_tok_s(path, args.tokens, args.prompt_tokens, rep))
-                    st = {k: v - before.get(k, 0) for k, v in llm.stats().items() if isinstance(v, (int, float))}
-                    seen = st.get("expert_hits", 0) + st.get("expert_fills", 0) + st.get("expert_cpu_runs", 0)
-                    hits = st.get("expert_hits", 0) / seen if seen else None
-                    moe = moe_only_tok_s(llm, batch, args.moe_steps, args.routing_trace, 0) if args.moe_only else None
-                    replays = int(llm.stats().get("step_graph_replays", 0))
-                    rows.append(Row(policy, threads, batch, statistics.median(runs), moe, replays, runs, hits))
-                    r = rows[-1]
-                    shown = [round(x, 1) for x in runs]
-                    print(f"#   threads {threads} {policy} batch {batch}: e2e {r.e2e_tok_s:.1f} tok/s {shown}, "
-                          f"MoE only {moe or 0:.1f}", file=sys.stderr, flush=True)  # fmt: skip
+                for batch in batches if args.decode else []:
+                    rows.append(decode_row(llm, path, args, policy, threads, batch, threads_list, policies, peer))
+                if lengths:
+                    ttft += e2e_prefill.ttft_rows(llm, policy, lengths, args.repeats)
+                if args.itl_prompt:
+                    itl.append(e2e_prefill.itl_row(llm, policy, args.itl_prompt, args.itl_streams,
+                                                   args.itl_solo_tokens, 0))  # fmt: skip
             finally:
                 close = getattr(llm.engine.setup.loaded.backend, "close", None)
                 if close is not None:
                     close()
                 del llm
-    print("| threads | policy | batch | end to end tok/s (runs) | MoE layers alone tok/s | e2e / MoE-only "
-          "| step graph replays | expert hit rate |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        runs_s = ", ".join(f"{x:.1f}" for x in r.runs)
-        moe_s = f"{r.moe_tok_s:.1f}" if r.moe_tok_s else "–"
-        ratio = f"{r.ratio:.2f}" if r.ratio else "–"
-        print(f"| {r.threads or 'default'} | {r.policy} | {r.batch} | {r.e2e_tok_s:.1f} ({runs_s}) | {moe_s} | {ratio} "
-              f"| {r.step_graph_replays} | {'–' if r.hit_rate is None else f'{r.hit_rate:.2f}'} |")  # fmt: skip
+    if rows:
+        print("| threads | policy | batch | end to end tok/s (runs) | MoE layers alone tok/s | e2e / MoE-only "
+              "| step graph replays | expert hit rate |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            runs_s = ", ".join(f"{x:.1f}" for x in r.runs)
+            moe_s = f"{r.moe_tok_s:.1f}" if r.moe_tok_s else "–"
+            ratio = f"{r.ratio:.2f}" if r.ratio else "–"
+            hit = "–" if r.hit_rate is None else f"{r.hit_rate:.2f}"
+            print(f"| {r.threads or 'default'} | {r.policy} | {r.batch} | {r.e2e_tok_s:.1f} ({runs_s}) | {moe_s} "
+                  f"| {ratio} | {r.step_graph_replays} | {hit} |")  # fmt: skip
+    e2e_prefill.print_tables(ttft, itl)
     if peer:
         ours = statistics.median(next(r for r in rows if r.batch == 1).runs)
         theirs = statistics.median(peer)
         print(f"transformers generate, batch 1: {theirs:.1f} tok/s ({', '.join(f'{x:.1f}' for x in peer)}); "
               f"ours / transformers {ours / theirs:.2f}x")  # fmt: skip
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": [asdict(r) for r in rows], "transformers": peer}, indent=1))
+        out = {"rows": [asdict(r) for r in rows], "transformers": peer, "ttft": [asdict(r) for r in ttft],
+               "itl": [asdict(r) for r in itl]}  # fmt: skip
+        Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
 
 
@@ -223,6 +280,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=64, help="timed tokens per request")
     p.add_argument("--warmup", type=int, default=16, help="untimed tokens per request first")
     p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0: greedy; > 0: seeded sampling (varied tokens, so varied routing, on random weights)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--routing-trace", default=None, help="replay [tokens, layers, k] uint8 routing (.npy)")
     p.add_argument("--moe-only", action=argparse.BooleanOptionalAction, default=True,
@@ -233,6 +292,11 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, choices=sorted(_DTYPES))
     p.add_argument("--json", default=None)
+    p.add_argument("--max-batched-tokens", type=int, default=8192, help="tokens per step (the prefill chunk)")
+    p.add_argument("--prefill-order", default="auto", choices=("auto", "layer", "chunk"),
+                   help="a prompt spanning several chunks: layer-major, chunk-major, or auto")  # fmt: skip
+    p.add_argument("--decode", action=argparse.BooleanOptionalAction, default=True, help="the decode rows")
+    e2e_prefill.add_arguments(p)
     return p
 
 

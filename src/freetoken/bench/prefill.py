@@ -87,6 +87,7 @@ def run_prompt(
 ) -> tuple[list[float], dict[str, int | float], dict[str, int | float]]:
     """A cold cache, then the prompt's chunks; per-chunk seconds and the stats before and after."""
     dev, D = backend.device, backend.pool.banks.hidden_size
+    backend.streamer.finish()  # the last prompt's stream is still open: close it before touching the cache
     backend.cache.evict(list(range(backend.pool.num_rows)))
     x = torch.randn(n, D, generator=g, device=dev).to(backend.dtype)
     s0 = backend.stats()

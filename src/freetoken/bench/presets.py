@@ -13,6 +13,24 @@ from freetoken.quant import WeightFormat, format_by_name
 
 
 @dataclass(frozen=True)
+class HybridShape:
+    """The token mixers of a hybrid model (Qwen3.5/3.6-MoE): gated DeltaNet layers, every ``interval``-th layer gated
+    full attention; and its shared expert."""
+
+    heads: int = 16
+    kv_heads: int = 2
+    head_dim: int = 256
+    linear_k_heads: int = 16
+    linear_v_heads: int = 32
+    linear_k_dim: int = 128
+    linear_v_dim: int = 128
+    conv_kernel: int = 4
+    interval: int = 4  # 3 DeltaNet : 1 full attention
+    shared_inter: int = 512
+    partial_rotary: float = 0.25
+
+
+@dataclass(frozen=True)
 class MoEShape:
     name: str
     hidden: int  # D
@@ -22,6 +40,7 @@ class MoEShape:
     layers: int  # MoE layers of the real model
     note: str = ""
     weights: str = "bf16"  # the routed experts' format (``quant.format_by_name``)
+    hybrid: HybridShape | None = None  # synthetic checkpoints: a Qwen3.5-MoE with these mixers (None: Qwen3-MoE)
 
     @property
     def fmt(self) -> WeightFormat:
@@ -41,9 +60,10 @@ PRESETS: dict[str, MoEShape] = {
     for s in (
         MoEShape("qwen3-30b-a3b", 2048, 768, 128, 8, 48),
         MoEShape("qwen3-30b-a3b-fp8", 2048, 768, 128, 8, 48, "Qwen3-30B-A3B-FP8's experts", "fp8_block"),
-        MoEShape("qwen3.6-35b-a3b", 2048, 512, 256, 8, 40, "its shared expert is not modelled"),
-        MoEShape("qwen3.6-35b-a3b-fp8", 2048, 512, 256, 8, 40, "the FP8 release's experts; shared expert not modelled",
-                 "fp8_block"),
+        MoEShape("qwen3.6-35b-a3b", 2048, 512, 256, 8, 40, "e2e: DeltaNet 3 : 1 gated attention, shared expert",
+                 hybrid=HybridShape()),
+        MoEShape("qwen3.6-35b-a3b-fp8", 2048, 512, 256, 8, 40, "the FP8 release's experts; e2e: hybrid as above",
+                 "fp8_block", HybridShape()),
         MoEShape("gpt-oss-20b", 2880, 2880, 32, 4, 24, "bf16 experts here (the checkpoint ships MXFP4)"),
     )
 }

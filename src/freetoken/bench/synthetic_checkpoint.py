@@ -1,6 +1,7 @@
 """Write a synthetic Qwen3-MoE checkpoint of a chosen size to disk, shard by shard (bounded memory); with a
 quantised ``fmt`` (a preset's, e.g. ``qwen3-30b-a3b-fp8``) every projection of whole blocks is written packed
-with its scales and ``quantization_config``, as the FP8 releases ship it."""
+with its scales and ``quantization_config``, as the FP8 releases ship it; with ``hybrid`` a Qwen3.5-MoE
+(``synthetic_hybrid.py``: gated DeltaNet and gated attention layers, a shared expert)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from freetoken.bench.presets import HybridShape
+from freetoken.bench.synthetic_hybrid import hybrid_config, layer_tensors
 from freetoken.quant import BF16, FP8_BLOCK_128, WeightFormat
 
 
@@ -28,7 +31,9 @@ def write_qwen3_moe(
     top_k: int = 8,
     max_positions: int = 4096,
     shared_experts: bool = False,
+    embed_std: float = 0.02,
     fmt: WeightFormat = BF16,
+    hybrid: HybridShape | None = None,
 ) -> int:
     """One shard per layer; returns the total weight bytes written. ``shared_experts``: every expert of a
     layer gets the same random values (speed does not depend on them; writing is then disk-bound)."""
@@ -41,6 +46,8 @@ def write_qwen3_moe(
         "norm_topk_prob": True, "rms_norm_eps": 1e-6, "rope_theta": 1e6, "max_position_embeddings": max_positions,
         "tie_word_embeddings": False, "dtype": str(dtype).removeprefix("torch."),
     }
+    if hybrid is not None:
+        cfg |= hybrid_config(hybrid, num_layers)
     if fmt == FP8_BLOCK_128:
         cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
                                       "activation_scheme": "dynamic"}  # fmt: skip
@@ -78,21 +85,28 @@ def write_qwen3_moe(
             weight_map[k] = name
             total += v.numel() * v.element_size()
 
-    flush({"model.embed_tokens.weight": rnd(vocab, hidden), "lm_head.weight": rnd(vocab, hidden),
-           "model.norm.weight": torch.ones(hidden, dtype=dtype)}, "model-embed.safetensors")
+    norm = torch.zeros if hybrid is not None else torch.ones  # Qwen3.5's norms scale by 1 + w
+    embed = (torch.randn((vocab, hidden), generator=g) * embed_std).to(dtype)
+    flush({"model.embed_tokens.weight": embed, "lm_head.weight": rnd(vocab, hidden),
+           "model.norm.weight": norm(hidden, dtype=dtype)}, "model-embed.safetensors")
     for i in range(num_layers):
         p = f"model.layers.{i}."
         t = {
-            p + "input_layernorm.weight": torch.ones(hidden, dtype=dtype),
-            p + "post_attention_layernorm.weight": torch.ones(hidden, dtype=dtype),
-            p + "self_attn.q_proj.weight": rnd(heads * hd, hidden),
-            p + "self_attn.k_proj.weight": rnd(kv_heads * hd, hidden),
-            p + "self_attn.v_proj.weight": rnd(kv_heads * hd, hidden),
-            p + "self_attn.o_proj.weight": rnd(hidden, heads * hd),
-            p + "self_attn.q_norm.weight": torch.ones(hd, dtype=dtype),
-            p + "self_attn.k_norm.weight": torch.ones(hd, dtype=dtype),
+            p + "input_layernorm.weight": norm(hidden, dtype=dtype),
+            p + "post_attention_layernorm.weight": norm(hidden, dtype=dtype),
             p + "mlp.gate.weight": rnd(num_experts, hidden),
         }
+        if hybrid is not None:
+            t |= layer_tensors(hybrid, p, i, hidden, rnd, dtype)
+        else:
+            t |= {
+                p + "self_attn.q_proj.weight": rnd(heads * hd, hidden),
+                p + "self_attn.k_proj.weight": rnd(kv_heads * hd, hidden),
+                p + "self_attn.v_proj.weight": rnd(kv_heads * hd, hidden),
+                p + "self_attn.o_proj.weight": rnd(hidden, heads * hd),
+                p + "self_attn.q_norm.weight": torch.ones(hd, dtype=dtype),
+                p + "self_attn.k_norm.weight": torch.ones(hd, dtype=dtype),
+            }
         one = (rnd(moe_inter, hidden), rnd(moe_inter, hidden), rnd(hidden, moe_inter)) if shared_experts else None
         one_packed = [fmt.quantize(w) for w in one] if one is not None and fmt.quantized else None  # once a layer
         for e in range(num_experts):

@@ -17,6 +17,9 @@ Contract (the shape every cache shares: lookup / lock / insert / evict / size / 
   unlocked leaf first (a leaf may shrink page by page; an emptied leaf goes, its parent may follow).
 - ``remap(moves)``: the pool resized and moved pages; the tree renames them (no page is lost).
 - Only the engine thread mutates the tree (no lock around the Python object).
+- A node may carry a recurrent-state checkpoint taken where its path ends (``checkpoint``, a slot of
+  ``state_checkpoints.py``): a split keeps it on the tail (its end does not move); when eviction shortens or
+  removes the node, ``on_drop(node)`` is told first.
 
 Invariants (``check_integrity``):
 1. Every non-root node has ``len(key) == len(pages) * S > 0`` and is its parent's child under the
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -49,6 +52,7 @@ class RadixNode:
     children: dict[tuple[int, ...], RadixNode] = field(default_factory=dict)  # by the first page's tokens
     lock_ref: int = 0  # requests whose locked path runs through this node
     last_access: int = 0  # logical clock of the last lookup/insert touching this node
+    checkpoint: int | None = None  # a state checkpoint taken at the end of this node's path
 
 
 @dataclass
@@ -71,6 +75,7 @@ class RadixCache:
         self._num_pages = 0
         self._num_locked_pages = 0
         self.num_evictions = 0  # pages evicted since start
+        self.on_drop: Callable[[RadixNode], None] | None = None  # a node with a checkpoint shrinks or goes
 
     def __repr__(self) -> str:
         return "<radix tree>"
@@ -174,6 +179,8 @@ class RadixCache:
             _, _, leaf = heapq.heappop(heap)
             take = min(num_pages - len(freed), len(leaf.pages))
             keep = len(leaf.pages) - take
+            if leaf.checkpoint is not None and self.on_drop is not None:
+                self.on_drop(leaf)
             freed += reversed(leaf.pages[keep:])  # deepest page first
             if keep:
                 del leaf.pages[keep:], leaf.key[keep * self.page_size :]

@@ -59,6 +59,8 @@ MODEL_TYPES: dict[str, str] = {
     "qwen3": "qwen3",
     "qwen3_moe": "qwen3",
     "qwen3_next": "qwen3",
+    "qwen3_5_moe": "qwen3_coder",  # Qwen3.5/3.6 call tools in Qwen3-Coder's XML form
+    "qwen3_5_moe_text": "qwen3_coder",
     "deepseek_v3": "deepseek_v3",
     "deepseek_v32": "deepseek_v3",
     "glm4_moe": "glm45",

@@ -48,6 +48,7 @@ class HFConfig:
     eos_token_ids: tuple[int, ...]
     dtype: str | None
     raw: dict[str, Any]
+    layer_types: tuple[str, ...] | None = None  # per layer ("full_attention", "linear_attention", ...); None: unsaid
 
     def is_moe_layer(self, i: int) -> bool:
         return (
@@ -135,11 +136,23 @@ def load_hf_config(directory: str | Path) -> HFConfig:
             eos_token_ids=_eos(d, raw),
             dtype=raw.get("dtype", raw.get("torch_dtype")),
             raw=raw,
+            layer_types=_layer_types(raw),
         )
     except KeyError as e:
         raise CheckpointError(f"{path}: required field {e.args[0]!r} is missing") from None
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: a field has the wrong type ({e})") from None
+
+
+def _layer_types(raw: dict[str, Any]) -> tuple[str, ...] | None:
+    types = raw.get("layer_types")
+    if types is not None:
+        return tuple(str(t) for t in types)
+    interval = raw.get("full_attention_interval")
+    if interval:
+        n = int(raw["num_hidden_layers"])
+        return tuple("full_attention" if (i + 1) % int(interval) == 0 else "linear_attention" for i in range(n))
+    return None
 
 
 def _sliding_window(raw: dict[str, Any]) -> int | None:

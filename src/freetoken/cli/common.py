@@ -39,6 +39,11 @@ def add_engine_args(p: argparse.ArgumentParser, model_required: bool = False) ->
     p.add_argument("--vram-reserve", type=float, default=d.vram_reserve, metavar="GIB", help=e["vram_reserve"])
     p.add_argument("--no-vram-watch", dest="vram_watch", action="store_false", help=e["vram_watch"])
     p.add_argument("--pinned-budget", type=float, default=d.pinned_budget, metavar="GIB", help=e["pinned_budget"])
+    p.add_argument("--verify", dest="verify_weights", action="store_const", const="load", default=d.verify_weights,
+                   help="FTW checkpoints: check every checksum before serving (default: in the background once "
+                        "serving starts)")  # fmt: skip
+    p.add_argument("--no-verify", dest="verify_weights", action="store_const", const="off",
+                   help="FTW checkpoints: do not check the checksums")  # fmt: skip
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -55,6 +60,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         vram_reserve=args.vram_reserve,
         vram_watch=args.vram_watch,
         pinned_budget=args.pinned_budget,
+        verify_weights=args.verify_weights,
     )
 
 
@@ -62,9 +68,10 @@ def load_engine(config: EngineConfig) -> Any:
     """The engine, loaded under a spinner on stderr (weights, then the CPU kernel's build on first use)."""
     from rich.console import Console
 
+    from freetoken.checkpoint.ftw_progress import shown_elsewhere
     from freetoken.engine.engine import LLMEngine
 
-    with Console(stderr=True).status(f"loading {config.model or 'the default model'} …"):
+    with Console(stderr=True).status(f"loading {config.model or 'the default model'} …"), shown_elsewhere():
         return LLMEngine(config)
 
 

@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, str] = {
     "bench": "freetoken.cli.bench",
     "launch": "freetoken.cli.launch",
     "ctl": "freetoken.cli.ctl",
+    "convert": "freetoken.cli.convert",
 }
 
 

@@ -117,15 +117,19 @@ def load(config: EngineConfig) -> AsyncLLM:
     """The engine, loaded (a spinner on a terminal); a model that cannot load raises ``EngineDeadError``."""
     from rich.console import Console
 
+    from freetoken.checkpoint import ftw_progress
     from freetoken.engine.async_llm import AsyncLLM
     from freetoken.engine.errors import EngineDeadError
     from freetoken.errors import FreeTokenError
 
     what = config.model or "the default model"
     console = Console(stderr=True)
-    engine = AsyncLLM.start(config)
-    with console.status(f"FreeToken: loading {what} (weights, then the CPU kernel build on first use) …"):
-        engine.wait_loaded()
+    text = f"FreeToken: loading {what} (weights, then the CPU kernel build on first use) …"
+    with console.status(text) as status, ftw_progress.shown_elsewhere():  # FTW bank reads show in the spinner
+        engine = AsyncLLM.start(config)
+        while not engine.wait_loaded(timeout=0.25):
+            p = ftw_progress.current()
+            status.update(f"FreeToken: loading {what}: {p.describe()}" if p is not None else text)
     if engine.state != "ready":
         why = engine.load_failure
         said = str(why) if isinstance(why, (FreeTokenError, ValueError, OSError)) else engine.error

@@ -48,6 +48,7 @@ class AsyncLLM:
         self._stats: dict[str, Any] = {}
         self._ids = itertools.count()
         self.watcher: VramWatcher | None = None
+        self._deferred: list[SetMemory] = []  # budgets that wait for a safe point (a layer-major prefill runs)
         self._thread = threading.Thread(target=self._main, name="freetoken-engine", daemon=True)
 
     @classmethod
@@ -213,6 +214,9 @@ class AsyncLLM:
                 self._dispatch(eng.step() if eng.has_unfinished() else [])
                 self.state = "stopped"
                 self._fail_all(ShuttingDownError("the server is shutting down"))
+                for c in self._deferred:
+                    if c.done.set_running_or_notify_cancel():
+                        c.done.set_exception(ShuttingDownError("the server is shutting down"))
                 return
             block = not eng.has_unfinished() and not self._stop
             try:
@@ -229,6 +233,10 @@ class AsyncLLM:
                     outputs = self._recover(eng, exc)
                 self._stats = eng.stats()  # before dispatch: a finished stream sees its pages freed
                 self._dispatch(outputs)
+                if self._deferred and eng.can_resize():
+                    waiting, self._deferred = self._deferred, []
+                    for c in waiting:
+                        self._handle(eng, c)
             else:
                 self._stats = eng.stats()  # after aborts, and while idle
 
@@ -269,6 +277,9 @@ class AsyncLLM:
             eng.take_pending()  # the streams raise the error instead
             self._fail_all(cmd.error)
         elif isinstance(cmd, SetMemory):
+            if not eng.can_resize():
+                self._deferred.append(cmd)  # run after the step that ends the layer-major prefill
+                return
             if not cmd.done.set_running_or_notify_cancel():
                 return
             try:

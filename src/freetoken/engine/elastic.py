@@ -22,6 +22,7 @@ from freetoken.engine.vram_watch import STREAK_S, watch_decision
 from freetoken.hardware.device_memory import uses_driver_memory
 
 if TYPE_CHECKING:
+    from freetoken.cache.kv_pool import KVPool
     from freetoken.engine.scheduler import Scheduler
     from freetoken.engine.step_graph import StepGraphs
     from freetoken.experts.base import ExpertBackend
@@ -45,6 +46,16 @@ class ResizeRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def memory_facts(backend: ExpertBackend | None, kv: KVPool, context: int, reserve_gib: float) -> MemoryFacts:
+    """What a slot and a page cost and the fewest of each the engine runs with (one layer's top-k, one context)."""
+    lo, hi = backend.slot_range if backend is not None else (0, 0)
+    return MemoryFacts(
+        slot_bytes=backend.slot_bytes if backend is not None else 0, page_bytes=kv.page_bytes, min_slots=lo,
+        max_slots=hi, min_pages=kv.pages_for(context), reserve_bytes=int(reserve_gib * GIB),
+        page_size=kv.page_size, context=context,
+    )  # fmt: skip
 
 
 class ElasticMemory:

@@ -14,11 +14,13 @@ from freetoken.cache.radix import RadixCache
 from freetoken.config import EngineConfig
 from freetoken.engine.constraint import TokenConstraint
 from freetoken.engine.detokenizer import IncrementalDetokenizer
-from freetoken.engine.elastic import ElasticMemory
+from freetoken.engine.elastic import ElasticMemory, memory_facts
 from freetoken.engine.errors import InputError, PromptTooLongError, QueueFullError
 from freetoken.engine.grammar import GrammarCompiler
+from freetoken.engine.hybrid_build import make_state_pool, state_checkpoints
 from freetoken.engine.kv_manager import KVManager
-from freetoken.engine.memory import GIB, MemoryFacts, parse_budget_gib
+from freetoken.engine.layer_major import LayerMajorJob, LayerMajorPlanner
+from freetoken.engine.memory import parse_budget_gib
 from freetoken.engine.model_setup import ModelSetup, setup_model
 from freetoken.engine.outputs import RequestOutput
 from freetoken.engine.request import Request, Status
@@ -27,6 +29,7 @@ from freetoken.engine.sampling_params import SamplingParams
 from freetoken.engine.scheduler import Scheduler
 from freetoken.engine.step_graph import StepGraphs
 from freetoken.engine.step_sampler import Choice, StepSampler
+from freetoken.models.layer_major import LayerMajorPass
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +44,14 @@ class LLMEngine:
         self.max_model_len = s.max_model_len
         self.eos_token_ids = s.eos_token_ids
         self.kv = KVPool(
-            s.hf.num_layers, s.kv_pages, config.page_size, s.hf.num_kv_heads, s.hf.head_dim, s.dtype, s.device
+            s.loaded.kv_layers, s.kv_pages, config.page_size, s.hf.num_kv_heads, s.hf.head_dim, s.dtype, s.device
         )
-        self.tree = RadixCache(self.kv) if config.prefix_cache else None
-        self.pages = KVManager(self.kv, self.tree)
+        checkpoints = config.state_checkpoints if config.prefix_cache else 0
+        self.states = make_state_pool(s.loaded, config.max_running_requests, s.dtype, s.device, checkpoints)
+        # a recurrent state resumes only from a checkpoint: without any, no prefix reuse
+        self.tree = RadixCache(self.kv) if config.prefix_cache and (self.states is None or checkpoints) else None
+        ckpts, anchors = state_checkpoints(self.states, self.tree, s)
+        self.pages = KVManager(self.kv, self.tree, self.states, ckpts, anchors)
         self.scheduler = Scheduler(self.pages, config.max_running_requests, config.max_batched_tokens)
         self.sampler = StepSampler(config.max_running_requests, s.hf.vocab_size, s.device)
         graphs = None
@@ -58,38 +65,43 @@ class LLMEngine:
             s.loaded.model, self.kv, s.device, s.loaded.backend, s.hf.sliding_window, self.sampler, graphs
         )
         budget = config.vram_budget
-        self.memory = ElasticMemory(self._memory_facts(), self.scheduler, s.loaded.backend, graphs, s.device,
-                                    follow=budget is not None)  # fmt: skip
+        facts = memory_facts(s.loaded.backend, self.kv, self.max_model_len, config.vram_reserve)
+        self.memory = ElasticMemory(facts, self.scheduler, s.loaded.backend, graphs, s.device, budget is not None)
         if budget is not None:
             wanted = config.kv_pages or self.kv.pages_for(self.max_model_len) * config.max_running_requests
             self.memory.set_budget(parse_budget_gib(budget), "--vram-budget", "start", kv_wanted=wanted)
+        self.layer_major = LayerMajorPlanner(config, self.pages, self.runner, s.hf.hidden_size, s.dtype)
+        self._job: LayerMajorJob | None = None  # a layer-major prefill in flight (it spans steps)
         self.requests: dict[str, Request] = {}
         self.grammars = GrammarCompiler(s.tokenizer, s.hf.vocab_size, s.eos_token_ids)
         self._seeds = random.Random(config.seed)
         self._counters = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0, "requests_finished": 0}
         self._pending: list[RequestOutput] = []
         self.started_at = time.monotonic()
-
-    def _memory_facts(self) -> MemoryFacts:
-        backend = self.setup.loaded.backend
-        lo, hi = backend.slot_range if backend is not None else (0, 0)
-        return MemoryFacts(
-            slot_bytes=backend.slot_bytes if backend is not None else 0, page_bytes=self.kv.page_bytes,
-            min_slots=lo, max_slots=hi, min_pages=self.kv.pages_for(self.max_model_len),
-            reserve_bytes=int(self.config.vram_reserve * GIB), page_size=self.kv.page_size,
-            context=self.max_model_len,
-        )  # fmt: skip
+        self.weights_check = s.loaded.weights_check  # an FTW checkpoint's checksums: checked now that serving starts
+        if self.weights_check is not None and config.verify_weights == "background":
+            self.weights_check.start()
 
     # ---- elastic memory (safe points only: between steps, on the engine thread) ---------------------------
+    def can_resize(self) -> bool:
+        """A safe point for elastic memory: between steps, and no layer-major prefill in flight (its batches
+        name KV slots and it streams layers through the slot pool across steps)."""
+        return self._job is None
+
     def set_vram_budget(self, budget_gib: object, reason: str = "set by hand") -> dict[str, Any]:
         """Resizes the expert slots and KV pages to a new budget (GiB); ``BudgetError`` (nothing changes) below
-        the minimum. Returns the memory split (``stats()["memory"]``)."""
-        self.memory.set_budget(parse_budget_gib(budget_gib), reason)
+        the minimum. Returns the memory split (``stats()["memory"]``). Only where ``can_resize()``."""
+        budget = parse_budget_gib(budget_gib)
+        if not self.can_resize():
+            raise RuntimeError("a layer-major prefill is in flight: resize after it (AsyncLLM waits for it)")
+        self.memory.set_budget(budget, reason)
         return self.memory.stats()
 
     def observe_free_memory(self, free_bytes: int) -> None:
-        """The VRAM watcher's reading: shrink or grow at this safe point when the policy says so."""
-        self.memory.on_free_memory(free_bytes)
+        """The VRAM watcher's reading: shrink or grow at this safe point when the policy says so (a reading
+        during a layer-major prefill is dropped: the watcher reads again)."""
+        if self.can_resize():
+            self.memory.on_free_memory(free_bytes)
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(
@@ -147,29 +159,61 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One scheduled step. A failure while computing or sampling one request finishes that request
         with an error (finish_reason "error"); the others carry on. Only a failure outside any one
-        request (the scheduler, the caches) propagates."""
+        request (the scheduler, the caches) propagates. A prefill spanning several chunks may run layer-major
+        over several steps (``layer_major.py``): each step then runs the other requests' decode first."""
         outputs, self._pending = self._pending, []
-        batch = self.scheduler.schedule()
+        batch = self.scheduler.schedule(admit=self._job is None)
         for req in batch.never_fit:
             self._finish(req, "error", error="the request does not fit the KV pool even alone")
-        if batch.items:
-            items, sampled = self._compute(batch.items)
+        items = batch.items
+        if self._job is None and items:
+            self._job, items = self.layer_major.plan(items)
+        if items:
+            items, sampled = self._compute(items)
             self._counters["steps"] += 1
             for req, n in items:
                 was_prefill = req.num_computed_tokens < req.num_prompt_tokens
                 req.num_computed_tokens += n
                 self._counters["prefill_tokens" if was_prefill else "decode_tokens"] += n
-            for req, choice in sampled:
-                try:
-                    outputs.append(self._append_token(req, choice))
-                except Exception as exc:
-                    self._fail(req, "sampling failed", exc)
+            outputs += self._append_all(sampled)
+        if self._job is not None:
+            outputs += self._advance_job(self._job)
         outputs += self._pending
         self._pending = []
-        self.memory.follow()  # a safe point: the split may follow the session's KV
+        if self.can_resize():
+            self.memory.follow()  # a safe point: the split may follow the session's KV
         if _debug():
             self.check_integrity()
         return outputs
+
+    def _append_all(self, sampled: list[tuple[Request, Choice]]) -> list[RequestOutput]:
+        outputs = []
+        for req, choice in sampled:
+            try:
+                outputs.append(self._append_token(req, choice))
+            except Exception as exc:
+                self._fail(req, "sampling failed", exc)
+        return outputs
+
+    def _advance_job(self, job: LayerMajorJob) -> list[RequestOutput]:
+        """Runs the layer-major prefill on: within the interleave budget while other requests run (their
+        next decode step comes at the next ``step``), else to its end."""
+        others = any(not r.busy for r in self.scheduler.running)
+        try:
+            job.advance(self.config.prefill_interleave_ms / 1e3 if others else None)
+            if not job.done:
+                return []
+            self._job = None
+            sampled = job.finish()
+        except Exception as exc:
+            self._job = None
+            job.cancel()
+            for req in job.requests:
+                self._fail(req, "the layer-major prefill failed", exc)
+            return []
+        self._counters["steps"] += 1
+        self._counters["prefill_tokens"] += job.tokens
+        return self._append_all(sampled)
 
     def _compute(
         self, items: list[tuple[Request, int]]
@@ -192,12 +236,24 @@ class LLMEngine:
         sampled: list[tuple[Request, Choice]] = []
         for item in items:
             try:
-                sampled += self.runner.step([item], graphs=False)
+                sampled += self._step_alone(*item)
             except Exception as exc:
                 self._fail(item[0], "the model step failed", exc)
                 continue
             done.append(item)
         return done, sampled
+
+    def _step_alone(self, req: Request, n: int) -> list[tuple[Request, Choice]]:
+        """One request's step, eagerly. With linear-attention layers the failed batched step may have advanced its
+        recurrent state already: it is recomputed from position 0 (its KV pages cover that already)."""
+        done = req.num_computed_tokens
+        if self.states is None or done == 0:
+            return self.runner.step([(req, n)], graphs=False)
+        req.num_computed_tokens = 0
+        try:
+            return self.runner.step([(req, done + n)], graphs=False)
+        finally:
+            req.num_computed_tokens = done
 
     def _fail(self, req: Request, what: str, exc: BaseException) -> None:
         log.error("request %s: %s: %s: %s", req.request_id, what, type(exc).__name__, exc)
@@ -250,6 +306,9 @@ class LLMEngine:
         )
 
     def _finish(self, req: Request, reason: str, emit: bool = True, error: str | None = None) -> None:
+        if req.busy and self._job is not None:  # its pages are about to go: the job cannot carry on
+            self._job.cancel()
+            self._job = None
         self.scheduler.finish(req)
         self.sampler.release(req)
         req.status = Status.FINISHED
@@ -261,10 +320,11 @@ class LLMEngine:
             text = req.detok.flush() if reason not in ("abort", "error") else ""
             self._pending.append(self._output(req, [], text, error))
 
-    def score(self, token_ids: list[int], chunk: int | None = None) -> torch.Tensor:
+    def score(self, token_ids: list[int], chunk: int | None = None, layer_major: bool = False) -> torch.Tensor:
         """Logits [n, V] (float32, CPU) at every position of ``token_ids``, computed by prefill in chunks of
-        ``chunk`` tokens (None: one shot), each attending to the K/V of the chunks before it, with temporary
-        pages (for tests and perplexity; does not touch other requests)."""
+        ``chunk`` tokens (None: one shot), each attending to the K/V of the chunks before it, chunk-major or
+        (``layer_major``) layer by layer over all chunks, with temporary pages (for tests and perplexity; does
+        not touch other requests)."""
         n = len(token_ids)
         if not 0 < n < self.max_model_len:
             raise PromptTooLongError(n, self.max_model_len) if n else InputError("the prompt is empty")
@@ -273,20 +333,29 @@ class LLMEngine:
             raise InputError(f"{n} tokens do not fit the free KV pages now")
         pages = self.kv.allocate(self.kv.pages_for(n), rid)
         step = chunk or n
+        runner = self.runner
+        req = Request(rid, list(token_ids), SamplingParams(), n + 1, IncrementalDetokenizer(None, [], [], True))
         try:
-            req = Request(rid, list(token_ids), SamplingParams(), n + 1, IncrementalDetokenizer(None, [], [], True))
+            req.state_slot = self.states.allocate(rid) if self.states is not None else None
             req.pages = pages
+            chunks = [([(req, min(step, n - start))], [start]) for start in range(0, n, step)]
+            if layer_major:
+                if runner.backend is not None:
+                    runner.backend.begin_step(chunks[0][0][0][1], False)
+                built = [runner.build_batch(items, starts)[:2] for items, starts in chunks]
+                hidden = LayerMajorPass(runner.model, built, self.kv).run()
+                return torch.cat([runner.model.logits(h).cpu() for h in hidden])
             out = []
-            for start in range(0, n, step):
-                m = min(step, n - start)
-                req.num_computed_tokens = start
-                if self.runner.backend is not None:
-                    self.runner.backend.begin_step(m, False)
-                input_ids, batch, _ = self.runner.build_batch([(req, m)])
-                out.append(self.runner.model.logits(self.runner.model.forward(input_ids, batch, self.kv)).cpu())
+            for items, starts in chunks:
+                if runner.backend is not None:
+                    runner.backend.begin_step(items[0][1], False)
+                input_ids, batch, _ = runner.build_batch(items, starts)
+                out.append(runner.model.logits(runner.model.forward(input_ids, batch, self.kv)).cpu())
             return torch.cat(out)
         finally:
             self.kv.free(pages, rid)
+            if self.states is not None and req.state_slot is not None:
+                self.states.free(req.state_slot, rid)
 
     # ---- introspection --------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -302,7 +371,9 @@ class LLMEngine:
             "prefix_tokens_reused": self.pages.num_prefix_tokens_reused,
             "radix_pages": self.tree.num_pages if self.tree is not None else 0,
             "radix_evictions": self.tree.num_evictions if self.tree is not None else 0,
+            **self._checkpoint_stats(),
             "preemptions": self.scheduler.num_preemptions,
+            "layer_major_prefills": self.layer_major.jobs,
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
             "kv_pages_total": self.kv.num_pages,
@@ -310,7 +381,14 @@ class LLMEngine:
             "moe_backend": backend.name if backend is not None else "none",
             "memory": self.memory.stats(),
             "uptime_s": time.monotonic() - self.started_at,
+            **({"weights_check": self.weights_check.status} if self.weights_check is not None else {}),
         }
+
+    def _checkpoint_stats(self) -> dict[str, int]:
+        c = self.pages.checkpoints
+        if c is None:
+            return {}
+        return {"state_checkpoints": c.size, "state_restores": c.num_restored, "state_recycled": c.num_recycled}
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()

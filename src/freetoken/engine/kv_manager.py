@@ -3,7 +3,10 @@
 A request's page table is ``pages[:num_shared_pages]`` (owned by the tree, read-only, locked through
 ``prefix_node``) followed by pages it owns and writes. The shared part is a multiple of the page
 size, so a request never writes into a tree page. Without a tree (``prefix_cache=False``) every page
-is private and this reduces to allocate / free.
+is private and this reduces to allocate / free. With linear-attention layers a request also holds one
+recurrent-state slot (``states``) from admission until it gives its pages back, and it resumes only from a
+prefix whose state was checkpointed (``checkpoints``): the deepest checkpointed node of its match; while it
+prefills it takes checkpoints at its anchors, hung on the tree's nodes when it gives its pages to the tree.
 """
 
 from __future__ import annotations
@@ -12,12 +15,23 @@ from collections.abc import Iterable
 
 from freetoken.cache.kv_pool import KVPool
 from freetoken.cache.radix import RadixCache
+from freetoken.cache.state_checkpoints import StateCheckpoints
+from freetoken.cache.state_pool import StatePool
+from freetoken.engine.anchors import Anchors
 from freetoken.engine.request import Request
 
 
 class KVManager:
-    def __init__(self, kv: KVPool, tree: RadixCache | None) -> None:
-        self.kv, self.tree = kv, tree
+    def __init__(
+        self,
+        kv: KVPool,
+        tree: RadixCache | None,
+        states: StatePool | None = None,
+        checkpoints: StateCheckpoints | None = None,
+        anchors: Anchors | None = None,
+    ) -> None:
+        self.kv, self.tree, self.states = kv, tree, states
+        self.checkpoints, self.anchors = checkpoints, anchors
         self.num_prefix_tokens_reused = 0  # tokens admitted as already computed thanks to the tree
 
     def admit(self, req: Request, budget: int) -> int:
@@ -25,16 +39,26 @@ class KVManager:
         left to compute so the step yields logits) and pages for its next chunk of at most ``budget``
         tokens. Returns the tokens to compute this step; 0 when the pool is short (then it holds nothing)."""
         assert not req.pages and req.num_computed_tokens == 0, "admit: the request already holds KV"
+        if self.states is not None:  # one slot per running request: the pool has more than can run
+            req.state_slot = self.states.allocate(req.request_id)
         if self.tree is not None:
             m = self.tree.lookup(req.token_ids[: req.num_tokens - 1])
-            if m.pages:
-                self.tree.lock(m.node)
-                req.prefix_node, req.pages, req.num_shared_pages = m.node, list(m.pages), m.num_pages
-                req.num_computed_tokens = m.num_pages * self.kv.page_size
+            node, pages = m.node, m.pages
+            if self.checkpoints is not None:  # a recurrent state resumes only where one was saved
+                node = self.checkpoints.deepest(node)
+                pages = self.tree.path_pages(node)
+            if pages:
+                self.tree.lock(node)
+                req.prefix_node, req.pages, req.num_shared_pages = node, list(pages), len(pages)
+                req.num_computed_tokens = len(pages) * self.kv.page_size
         n = min(req.num_tokens - req.num_computed_tokens, budget)
         if not self.grow(req, n):
             self.release(req, cache=False)
             return 0
+        if self.checkpoints is not None and req.prefix_node is not None:
+            assert req.state_slot is not None
+            self.checkpoints.restore(req.prefix_node, req.state_slot)
+        self._plan_checkpoints(req)
         self.num_prefix_tokens_reused += req.num_computed_tokens
         if req.num_preemptions == 0:
             req.num_cached_tokens = req.num_computed_tokens
@@ -77,11 +101,16 @@ class KVManager:
                 # the locked shared path is in the tree with the same tokens, so it is found again
                 assert cached >= shared, "the tree lost a locked prefix"
                 to_free = req.pages[shared:cached] + req.pages[full:]  # duplicates of cached pages + the tail
+                self._hang_checkpoints(req, full * S)
+        self._give_checkpoints(req)
         self.kv.free(to_free, rid)
         if req.prefix_node is not None:
             assert self.tree is not None
             self.tree.unlock(req.prefix_node)
-        req.pages, req.num_shared_pages, req.prefix_node = [], 0, None
+        if req.state_slot is not None:
+            assert self.states is not None
+            self.states.free(req.state_slot, rid)
+        req.pages, req.num_shared_pages, req.prefix_node, req.state_slot = [], 0, None, None
         req.num_computed_tokens = 0
 
     def evict_for_shrink(self, num_pages: int) -> int:
@@ -103,6 +132,39 @@ class KVManager:
         if self.tree is not None:
             self.tree.remap(moves)
 
+    # ---- state checkpoints ----------------------------------------------------------------------
+    def _plan_checkpoints(self, req: Request) -> None:
+        """Checkpoint slots for the anchors past the resume point (the layers write them while prefilling)."""
+        if self.checkpoints is None or self.anchors is None:
+            return
+        S = self.kv.page_size
+        for p in reversed(self.anchors.positions(req.token_ids, req.num_computed_tokens, req.num_tokens, S)):
+            slot = self.checkpoints.take()  # the deepest first, while the pool has slots
+            if slot is None:
+                break
+            req.captures.append((p, slot))
+
+    def _hang_checkpoints(self, req: Request, cached_tokens: int) -> None:
+        """The checkpoints req has written, onto the tree nodes ending at their positions."""
+        assert self.tree is not None
+        left = []
+        for p, slot in req.captures:
+            if self.checkpoints is None or p > min(cached_tokens, req.num_computed_tokens):
+                left.append((p, slot))
+                continue
+            m = self.tree.lookup(req.token_ids[:p])
+            if m.num_pages * self.kv.page_size == p:
+                self.checkpoints.hang(slot, m.node)
+            else:
+                left.append((p, slot))
+        req.captures = left
+
+    def _give_checkpoints(self, req: Request) -> None:
+        if self.checkpoints is not None:
+            for _, slot in req.captures:
+                self.checkpoints.give(slot)
+        req.captures = []
+
     # ---- introspection --------------------------------------------------------------------------
     @property
     def num_pinned(self) -> int:
@@ -119,6 +181,12 @@ class KVManager:
     def check_integrity(self, requests: Iterable[Request]) -> None:
         reqs = list(requests)
         self.kv.check_integrity(self.page_tables(reqs))
+        if self.states is not None:
+            self.states.check_integrity({r.request_id: r.state_slot for r in reqs if r.state_slot is not None})
+        if self.checkpoints is not None:
+            self.checkpoints.check_integrity()
+            pending = sorted(slot for r in reqs for _, slot in r.captures)
+            assert pending == sorted(self.checkpoints.pending), "pending state checkpoints without a request"
         if self.tree is None:
             assert all(r.num_shared_pages == 0 and r.prefix_node is None for r in reqs), "shared pages without a tree"
             return

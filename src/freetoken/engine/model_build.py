@@ -16,13 +16,19 @@ from dataclasses import dataclass
 
 import torch
 
+from freetoken.cache.state_pool import StateShape
 from freetoken.checkpoint.errors import CheckpointError
+from freetoken.checkpoint.ftw_manifest import read_manifest
+from freetoken.checkpoint.ftw_verify import WeightsCheck
 from freetoken.checkpoint.hf_config import HFConfig
 from freetoken.checkpoint.quantization import check_supported
 from freetoken.checkpoint.safetensors_io import SafetensorsReader
 from freetoken.checkpoint.weights import CheckpointWeights
+from freetoken.engine.ftw_load import read_ftw_banks
+from freetoken.engine.hybrid_build import LINEAR, deltanet, layer_kinds, split_gated_q, state_shape
 from freetoken.experts.base import ExpertBackend, ExpertBanks
 from freetoken.layers.attention import Attention, AttentionWeights
+from freetoken.layers.deltanet import GatedDeltaNet
 from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.moe import MoELayer
 from freetoken.layers.rope import Rotary
@@ -38,6 +44,9 @@ class LoadedModel:
     model: DecoderModel
     banks: ExpertBanks | None
     backend: ExpertBackend | None
+    kv_layers: int  # layers with a KV cache (full attention)
+    states: StateShape | None = None  # the recurrent state of the linear-attention layers, if any
+    weights_check: WeightsCheck | None = None  # an FTW directory's checksums (``engine/ftw_load.py``)
 
 
 @dataclass
@@ -49,7 +58,7 @@ class _MoEParts:
     shared_gate: torch.Tensor | None
 
 
-def _attention(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, rotary: Rotary) -> Attention:
+def _attention(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, kv_index: int, rotary: Rotary) -> Attention:
     p = fam.naming.layer.format(i=i) + fam.naming.attn
     D, H, Hkv, hd = hf.hidden_size, hf.num_heads, hf.num_kv_heads, hf.head_dim
     # Llama's attention_bias covers o_proj too; Qwen2's qkv_bias only q/k/v.
@@ -57,20 +66,34 @@ def _attention(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, rotary: 
     o_bias = bool(hf.raw.get("attention_bias", False)) and fam.qkv_bias_key is None
     norm_q = {"none": None, "head": (hd,), "full": (H * hd,)}[fam.qk_norm]
     norm_k = {"none": None, "head": (hd,), "full": (Hkv * hd,)}[fam.qk_norm]
+    gated = fam.attn_output_gate
+    q, gate = w.get(p + "q_proj.weight", (H * hd * (2 if gated else 1), D)), None
+    if gated:
+        q, gate = split_gated_q(q, H, hd)
+    q_bias = w.get(p + "q_proj.bias", (H * hd * (2 if gated else 1),)) if bias else None
+    if gated and q_bias is not None:
+        q_bias = split_gated_q(q_bias, H, hd)[0]  # a gate bias is not read: no family has one
     aw = AttentionWeights(
-        q=w.get(p + "q_proj.weight", (H * hd, D)),
+        q=q,
         k=w.get(p + "k_proj.weight", (Hkv * hd, D)),
         v=w.get(p + "v_proj.weight", (Hkv * hd, D)),
         o=w.get(p + "o_proj.weight", (D, H * hd)),
         o_bias=w.get(p + "o_proj.bias", (D,)) if o_bias else None,
-        q_bias=w.get(p + "q_proj.bias", (H * hd,)) if bias else None,
+        q_bias=q_bias,
         k_bias=w.get(p + "k_proj.bias", (Hkv * hd,)) if bias else None,
         v_bias=w.get(p + "v_proj.bias", (Hkv * hd,)) if bias else None,
-        q_norm=w.get(p + fam.naming.q_norm, norm_q) if norm_q else None,
-        k_norm=w.get(p + fam.naming.k_norm, norm_k) if norm_k else None,
+        q_norm=_norm(w, fam, p + fam.naming.q_norm, norm_q) if norm_q else None,
+        k_norm=_norm(w, fam, p + fam.naming.k_norm, norm_k) if norm_k else None,
+        gate=gate,
     )
     clip = hf.raw.get(fam.clip_qkv_key) if fam.clip_qkv_key else None
-    return Attention(aw, i, H, Hkv, hd, hf.rms_eps, rotary, float(clip) if clip else None, hf.sliding_window)
+    return Attention(aw, kv_index, H, Hkv, hd, hf.rms_eps, rotary, float(clip) if clip else None, hf.sliding_window)
+
+
+def _norm(w: CheckpointWeights, fam: Family, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """An RMSNorm weight as our norm applies it: ``1 + w`` for families whose norms scale by it."""
+    t = w.get(name, shape)
+    return t + fam.norm_offset if fam.norm_offset else t
 
 
 def _dense(w: CheckpointWeights, prefix: str, D: int, inter: int, bias: bool = False) -> DenseMLP:
@@ -158,7 +181,9 @@ def build_model(
     make_backend: Callable[[ExpertBanks], ExpertBackend],
     max_positions: int,
     routing_trace: str | None = None,
+    verify: str = "background",
 ) -> LoadedModel:
+    ftw = read_manifest(hf.path)  # FTW: the routed experts come pre-banked, the rest is safetensors as usual
     reader = SafetensorsReader(hf.path)
     fmt = _weight_format(reader, hf)
     check_supported(hf.raw, reader, family.skippable, fmt)
@@ -167,27 +192,36 @@ def build_model(
     D, V = hf.hidden_size, hf.vocab_size
     rotary = Rotary(hf.rope, hf.head_dim, max_positions, device)
     moe_ids = hf.moe_layer_ids
-    parts: list[tuple[torch.Tensor, Attention, torch.Tensor, DenseMLP | _MoEParts]] = []
+    parts: list[tuple[torch.Tensor, Attention | GatedDeltaNet, torch.Tensor, DenseMLP | _MoEParts]] = []
     reads: list[_ExpertRead] = []
+    kinds = layer_kinds(hf, family)
+    kv_layers, linear_layers = 0, 0
     for i in range(hf.num_layers):
         lp = n.layer.format(i=i)
         ffn: DenseMLP | _MoEParts
         if i in moe_ids:
             ffn = _moe_parts(w, family, hf, i)
-            reads += _expert_reads(w, family, hf, i, moe_ids.index(i))
+            reads += _expert_reads(w, family, hf, i, moe_ids.index(i)) if ftw is None else []
         else:
             ffn = _dense(w, lp + n.mlp, D, hf.intermediate_size, bool(hf.raw.get("mlp_bias", False)))
-        attn = _attention(w, family, hf, i, rotary)
-        parts.append((w.get(lp + n.attn_norm, (D,)), attn, w.get(lp + n.ffn_norm, (D,)), ffn))
+        mixer: Attention | GatedDeltaNet
+        if kinds[i] == LINEAR:
+            mixer, linear_layers = deltanet(w, family, hf, i, linear_layers), linear_layers + 1
+        else:
+            mixer, kv_layers = _attention(w, family, hf, i, kv_layers, rotary), kv_layers + 1
+        parts.append((_norm(w, family, lp + n.attn_norm, (D,)), mixer, _norm(w, family, lp + n.ffn_norm, (D,)), ffn))
     embed = w.get(n.embed, (V, D))
     tied = hf.tie_word_embeddings or n.lm_head not in w
     lm_head = embed if tied else w.get(n.lm_head, (V, D))
     scales = [w.layout.scale_name(r[0]) for r in reads if w.is_packed(r[0])] if w.layout is not None else []
     w.claim([r[0] for r in reads] + scales + ([n.lm_head] if n.lm_head in w else []))  # a tied head's copy is not read
-    final_norm = w.get(n.final_norm, (D,))
+    final_norm = _norm(w, family, n.final_norm, (D,))
     w.check_all_used(hf.architecture, family.skippable)
-    banks = backend = None
-    if moe_ids:
+    banks = backend = check = None
+    if moe_ids and ftw is not None:
+        banks, check = read_ftw_banks(ftw, hf, dtype, verify)
+        backend = make_backend(banks)
+    elif moe_ids:
         efmt = _expert_format(w, fmt, reads, hf)
         banks = ExpertBanks.empty(len(moe_ids), hf.num_experts, D, hf.moe_intermediate_size, dtype, efmt)
         banks.top_k = hf.top_k
@@ -210,4 +244,6 @@ def build_model(
             layers.append(DecoderLayer(attn_norm, attn, ffn_norm, moe))
         else:
             layers.append(DecoderLayer(attn_norm, attn, ffn_norm, ffn))
-    return LoadedModel(hf, DecoderModel(embed, layers, final_norm, lm_head, hf.rms_eps), banks, backend)
+    states = state_shape(hf, linear_layers) if linear_layers else None
+    model = DecoderModel(embed, layers, final_norm, lm_head, hf.rms_eps)
+    return LoadedModel(hf, model, banks, backend, kv_layers, states, check)

@@ -58,12 +58,14 @@ def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
-def _kv_pages(config: EngineConfig, hf: HFConfig, dtype: torch.dtype, device: torch.device, max_len: int) -> int:
+def _kv_pages(
+    config: EngineConfig, hf: HFConfig, kv_layers: int, dtype: torch.dtype, device: torch.device, max_len: int
+) -> int:
     if config.kv_pages is not None:
         return config.kv_pages
     if config.vram_budget is not None:  # one whole context now; the engine sizes the pool to the budget
         return -(-max_len // config.page_size)
-    page_bytes = 2 * hf.num_layers * config.page_size * hf.num_kv_heads * hf.head_dim * dtype.itemsize
+    page_bytes = 2 * max(kv_layers, 1) * config.page_size * hf.num_kv_heads * hf.head_dim * dtype.itemsize
     wanted = -(-max_len // config.page_size) * config.max_running_requests
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
@@ -102,11 +104,11 @@ def setup_model(config: EngineConfig) -> ModelSetup:
     if config.vram_budget is not None and config.expert_cache is None:  # the engine grows it to the budget
         first = config.replace(expert_cache=max(1, hf.top_k))
     backend = lambda banks: create_backend(first, banks, device, dtype)  # noqa: E731
-    loaded = build_model(hf, family, device, dtype, backend, max_len, config.routing_trace)
+    loaded = build_model(hf, family, device, dtype, backend, max_len, config.routing_trace, config.verify_weights)
     tokenizer = load_tokenizer(path)
     eos = list(hf.eos_token_ids)
     if tokenizer is not None and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
         eos.append(int(tokenizer.eos_token_id))
-    pages = _kv_pages(config, hf, dtype, device, max_len)
+    pages = _kv_pages(config, hf, loaded.kv_layers, dtype, device, max_len)
     log.info("loaded %s (%s) on %s as %s; %d KV pages", path.name, hf.architecture, device, dtype, pages)
     return ModelSetup(path, hf, device, dtype, loaded, tokenizer, max_len, pages, eos)

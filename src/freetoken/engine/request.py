@@ -33,12 +33,15 @@ class Request:
     pages: list[int] = field(default_factory=list)  # page table: shared prefix pages, then private ones
     num_shared_pages: int = 0  # leading pages read from the radix tree (owned by it, locked via prefix_node)
     prefix_node: RadixNode | None = None  # the locked radix node whose path is pages[:num_shared_pages]
+    state_slot: int | None = None  # its recurrent-state slot while it holds KV (models with linear attention)
+    captures: list[tuple[int, int]] = field(default_factory=list)  # (position, checkpoint slot) planned this admission
     status: Status = Status.WAITING
     finish_reason: str | None = None
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache at first admission
     sampling_row: int | None = None  # its row of the sampler's penalty state (step_sampler.py)
     constraint: TokenConstraint | None = None  # structured output: which tokens may come next
+    busy: bool = False  # a layer-major prefill spanning steps computes its tokens: the scheduler leaves it be
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import torch
 
 from freetoken.cache.kv_pool import KVPool
+from freetoken.engine.anchors import captures_in, due_captures
 from freetoken.engine.request import Request
 from freetoken.engine.step_graph import StepGraphs
 from freetoken.engine.step_sampler import Choice, StepSampler
 from freetoken.experts.base import ExpertBackend
-from freetoken.layers.attention import AttnBatch, SeqAttn, build_mask
-from freetoken.layers.paged_attention import DecodeMeta
+from freetoken.layers.attention import AttnBatch, SeqAttn
+from freetoken.layers.paged_attention import DecodeMeta, PrefillMeta
 from freetoken.models.decoder import DecoderModel
 
 SMALL_STEP_TOKENS = 16
@@ -34,39 +35,61 @@ class ModelRunner:
         self.graphs = graphs
         self._default_threads = torch.get_num_threads()
 
-    def build_batch(self, items: list[tuple[Request, int]]) -> tuple[torch.Tensor, AttnBatch, list[int]]:
+    def build_batch(
+        self, items: list[tuple[Request, int]], starts: list[int] | None = None
+    ) -> tuple[torch.Tensor, AttnBatch, list[int]]:
+        """``starts``: the first token of each item (None: its ``num_computed_tokens``; a layer-major
+        prefill's later chunks start further on)."""
+        starts = starts if starts is not None else [req.num_computed_tokens for req, _ in items]
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        seqs: list[SeqAttn] = []
         last_rows: list[int] = []
-        decode = all(n == 1 for _, n in items)
-        for req, n in items:
-            start, end = req.num_computed_tokens, req.num_computed_tokens + n
+        seqs: list[SeqAttn] = []
+        # a state checkpoint is taken per sequence: a step that takes one runs as a prefill step
+        decode = all(n == 1 for _, n in items) and not any(due_captures(items, starts))
+        for (req, n), start in zip(items, starts):
+            end = start + n
             q_start = len(ids)
             ids += req.token_ids[start:end]
             positions += range(start, end)
             slots += self.kv.slots(req.pages, start, end)
             if not decode:
-                ctx_slots = torch.tensor(self.kv.slots(req.pages, 0, end), dtype=torch.int64, device=self.device)
-                seqs.append(SeqAttn(q_start, n, ctx_slots, build_mask(n, end, self.window, self.device)))
-            last_rows.append(q_start + n - 1)
+                seqs.append(SeqAttn(q_start, n, start, req.state_slot or 0, captures_in(req.captures, start, end)))
+            last_rows.append(len(ids) - 1)
         dev = self.device
         batch = AttnBatch(
             positions=torch.tensor(positions, dtype=torch.int64, device=dev),
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            decode=self.decode_meta(items, starts) if decode else None,
+            prefill=None if decode else self.prefill_meta(items, starts),
             seqs=seqs,
-            decode=self.decode_meta(items) if decode else None,
+            state_slots=_state_slots(items, dev),
         )
         return torch.tensor(ids, dtype=torch.int64, device=dev), batch, last_rows
 
-    def decode_meta(self, items: list[tuple[Request, int]]) -> DecodeMeta:
+    def prefill_meta(self, items: list[tuple[Request, int]], starts: list[int]) -> PrefillMeta:
+        """Per sequence: its rows of new tokens, its context after the step, its page table."""
+        width = max(len(req.pages) for req, _ in items)
+        table = torch.zeros((len(items), width), dtype=torch.int32)
+        q_starts, lens, ctx, at = [], [], [], 0
+        for b, ((req, n), start) in enumerate(zip(items, starts)):
+            table[b, : len(req.pages)] = torch.tensor(req.pages, dtype=torch.int32)
+            q_starts.append(at)
+            lens.append(n)
+            ctx.append(start + n)
+            at += n
+        meta = torch.tensor([q_starts, lens, ctx], dtype=torch.int32).to(self.device)
+        return PrefillMeta(meta[0], meta[1], meta[2], table.to(self.device), self.kv.page_size, max(lens))
+
+    def decode_meta(self, items: list[tuple[Request, int]], starts: list[int] | None = None) -> DecodeMeta:
         """Page tables and context lengths of a decode step (the new token counted)."""
         width = max(len(req.pages) for req, _ in items)
         table = torch.zeros((len(items), width), dtype=torch.int32)
         for b, (req, _) in enumerate(items):
             table[b, : len(req.pages)] = torch.tensor(req.pages, dtype=torch.int32)
-        lens = torch.tensor([req.num_computed_tokens + 1 for req, _ in items], dtype=torch.int32)
+        starts = starts if starts is not None else [req.num_computed_tokens for req, _ in items]
+        lens = torch.tensor([start + 1 for start in starts], dtype=torch.int32)
         return DecodeMeta(table.to(self.device), lens.to(self.device), self.kv.page_size)
 
     def step(self, items: list[tuple[Request, int]], graphs: bool = True) -> list[tuple[Request, Choice]]:
@@ -102,3 +125,10 @@ class ModelRunner:
             return [], hidden.new_empty((0, 0), dtype=torch.float32)
         rows = torch.tensor([row for _, row in sampling], dtype=torch.int64, device=self.device)
         return [req for req, _ in sampling], self.model.logits(hidden[rows])
+
+
+def _state_slots(items: list[tuple[Request, int]], device: torch.device) -> torch.Tensor | None:
+    """The requests' recurrent-state slots [B] (models with linear-attention layers), else None."""
+    if items[0][0].state_slot is None:
+        return None
+    return torch.tensor([req.state_slot for req, _ in items], dtype=torch.int64, device=device)

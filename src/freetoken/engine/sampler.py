@@ -38,9 +38,9 @@ class SamplingBatch:
     repetition: torch.Tensor  # [B] float32 (HF repetition_penalty; 1: off)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Features:
-    """Which optional stages run. Eager steps turn off what no row asks for; graphs run them all."""
+    """Which optional stages run: a step turns off what no row asks for (a step graph per set)."""
 
     draw: bool = True  # any row samples (False: every row is greedy, no noise needed)
     cuts: bool = True  # top-k / top-p / min-p (a sort of every row)

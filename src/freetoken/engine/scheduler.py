@@ -51,16 +51,18 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self, admit: bool = True) -> ScheduledBatch:
+        """``admit=False``: running requests only (a layer-major prefill is in flight). Busy requests (that
+        prefill's) are neither scheduled nor preempted."""
         budget = self.max_batched_tokens
         items: list[tuple[Request, int]] = []
         never_fit: list[Request] = []
         for req in list(self.running):
-            if req not in self.running or budget <= 0:
+            if req not in self.running or budget <= 0 or req.busy:
                 continue
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             while not self.pages.grow(req, n):
-                victim = self.running[-1]
+                victim = next(r for r in reversed(self.running) if not r.busy)  # req itself at the latest
                 if victim is req and len(self.running) == 1:
                     never_fit.append(req)
                     break
@@ -71,7 +73,7 @@ class Scheduler:
             else:
                 items.append((req, n))
                 budget -= n
-        while self.waiting and len(self.running) < self.max_running and budget > 0:
+        while admit and self.waiting and len(self.running) < self.max_running and budget > 0:
             req = self.waiting[0]
             n = self.pages.admit(req, budget)
             if n == 0:

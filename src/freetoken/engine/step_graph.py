@@ -8,25 +8,28 @@ pinned tensors, copies them over in two transfers, does the MoE backend's host s
 logprobs) back once.
 
 A batch of n rows runs in the smallest bucket B ≥ n; rows n..B-1 repeat row 0 (same token, position and
-KV slot: they write the same K/V, and their samples are dropped). A bucket is captured on its second
-use: that step runs eagerly on the static buffers first (its result is the step's), then the capture
-records it. Batches past the largest bucket, and steps the backend cannot capture, run eagerly
+KV slot: they write the same K/V, and their samples are dropped). Each bucket has a graph per set of
+sampler stages its rows need (``Features``: an all-greedy step without penalties or logprobs is an
+argmax, not a sort, a noise draw and two softmaxes over the vocabulary). A (bucket, stages) graph is
+captured on its second use: that step runs eagerly on the static buffers first (its result is the
+step's), then the capture records it. Batches past the largest bucket, and steps the backend cannot capture, run eagerly
 (``ModelRunner``), said once.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from freetoken.cache.kv_pool import KVPool
 from freetoken.engine import noise
+from freetoken.engine.anchors import due_captures
 from freetoken.engine.request import Request
 from freetoken.engine.sampler import MAX_TOP_LOGPROBS, Features, SamplingBatch, sample_batch
-from freetoken.engine.step_sampler import Choice, StepSampler, choices
+from freetoken.engine.step_sampler import Choice, StepSampler, choices, features_of
 from freetoken.experts.base import ExpertBackend
 from freetoken.layers.attention import AttnBatch
 from freetoken.layers.paged_attention import DecodeMeta
@@ -34,7 +37,7 @@ from freetoken.models.decoder import DecoderModel
 
 log = logging.getLogger(__name__)
 
-_INTS = 4  # ids, positions, KV slots, lengths; then the page table; then the sampler's 5 integer rows
+_INTS = 5  # ids, positions, KV slots, lengths, state slots; then the page table; then the sampler's 5 integer rows
 _FLOATS = 6  # temperature, top_p, min_p, presence, frequency, repetition
 
 
@@ -57,10 +60,9 @@ class _Static:
     batch: AttnBatch
     sampling: SamplingBatch
     ids: torch.Tensor  # [B] the model's input tokens
-    out: torch.Tensor | None = None  # [B, 2 + 2*MAX_TOP_LOGPROBS] float64: id, logprob, top ids, top logprobs
-    host_out: torch.Tensor | None = None
-    graph: torch.cuda.CUDAGraph | None = None
-    uses: int = 0
+    host_out: torch.Tensor  # [B, 2 + 2*MAX_TOP_LOGPROBS] float64: id, logprob, top ids, top logprobs
+    graphs: dict[Features, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = field(default_factory=dict)  # graph, out
+    uses: dict[Features, int] = field(default_factory=dict)
 
 
 class StepGraphs:
@@ -91,6 +93,8 @@ class StepGraphs:
         """A decode-only step whose size has a bucket and that the MoE backend can capture."""
         if not self.enabled or not items or any(n != 1 for _, n in items):
             return False
+        if due_captures(items):  # a state checkpoint is taken per sequence, eagerly
+            return False
         if any(req.constraint is not None for req, _ in items):
             self._once("grammar", "decode steps with a grammar-constrained request run eagerly")
             return False
@@ -108,25 +112,26 @@ class StepGraphs:
         B = self.bucket(len(reqs))
         assert B is not None
         st = self._static.get(B) or self._make(B)
+        f = features_of(reqs)
         self._fill(st, reqs)
-        st.uses += 1
+        st.uses[f] = st.uses.get(f, 0) + 1
         if self.backend is not None:
             self.backend.begin_step(B, True)
-        if st.graph is None:
-            out = self._body(st)  # this step's result; a second use captures the bucket
-            if st.uses >= 2:
-                self._capture(st, B)
+        captured = st.graphs.get(f)
+        if captured is None:
+            out = self._body(st, f)  # this step's result; a second use captures the graph
+            if st.uses[f] >= 2:
+                self._capture(st, B, f)
         else:
             if self.backend is not None:
                 self.backend.before_step_replay(B)
-            st.graph.replay()
+            captured[0].replay()
             self.replays += 1
-            assert st.out is not None
-            out = st.out
-        assert st.host_out is not None
-        st.host_out.copy_(out, non_blocking=True)
+            out = captured[1]
+        host = st.host_out[:, : out.shape[1]]
+        host.copy_(out, non_blocking=True)
         torch.cuda.current_stream().synchronize()
-        return list(zip(reqs, self._choices(reqs, st.host_out)))
+        return list(zip(reqs, self._choices(reqs, host)))
 
     # -- buffers ---------------------------------------------------------------------------------------
     def _make(self, B: int) -> _Static:
@@ -134,10 +139,11 @@ class StepGraphs:
         n_ints = _INTS * B + B * P + 5 * B
         ints = torch.zeros(n_ints, dtype=torch.int64, device=dev)
         floats = torch.ones((_FLOATS, B), dtype=torch.float32, device=dev)
-        ids, pos, slots, lens = (ints[i * B : (i + 1) * B] for i in range(_INTS))
+        ids, pos, slots, lens, states = (ints[i * B : (i + 1) * B] for i in range(_INTS))
         table = ints[_INTS * B : _INTS * B + B * P].view(B, P)
         srows = ints[_INTS * B + B * P :].view(5, B)
-        batch = AttnBatch(pos, slots, [], DecodeMeta(table.to(torch.int32), lens.to(torch.int32), self.kv.page_size))
+        meta = DecodeMeta(table.to(torch.int32), lens.to(torch.int32), self.kv.page_size)
+        batch = AttnBatch(pos, slots, meta, state_slots=states if self.model.states is not None else None)
         sampling = SamplingBatch(
             temperature=floats[0], top_p=floats[1], min_p=floats[2], presence=floats[3], frequency=floats[4],
             repetition=floats[5], top_k=srows[0], seed_lo=srows[1], seed_hi=srows[2], step=srows[3], rows=srows[4],
@@ -145,8 +151,8 @@ class StepGraphs:
         st = _Static(
             ints, floats, torch.zeros(n_ints, dtype=torch.int64).pin_memory(),
             torch.ones((_FLOATS, B), dtype=torch.float32).pin_memory(), batch, sampling, ids,
+            torch.zeros((B, 2 + 2 * MAX_TOP_LOGPROBS), dtype=torch.float64).pin_memory(),
         )  # fmt: skip
-        st.host_out = torch.zeros((B, 2 + 2 * MAX_TOP_LOGPROBS), dtype=torch.float64).pin_memory()
         self._static[B] = st
         return st
 
@@ -162,6 +168,7 @@ class StepGraphs:
             hi[B + b] = pos
             hi[2 * B + b] = self.kv.slots(req.pages, pos, pos + 1)[0]
             hi[3 * B + b] = pos + 1
+            hi[4 * B + b] = req.state_slot or 0
             base = _INTS * B + b * P
             hi[base : base + P] = 0
             hi[base : base + len(req.pages)] = req.pages
@@ -178,7 +185,8 @@ class StepGraphs:
         st.floats.copy_(st.host_floats, non_blocking=True)
 
     # -- the step itself -------------------------------------------------------------------------------
-    def _body(self, st: _Static) -> torch.Tensor:
+    def _body(self, st: _Static, f: Features) -> torch.Tensor:
+        """The step; returns [B, 1] float64 sampled ids, or with logprobs [B, 2 + 2*MAX_TOP_LOGPROBS]."""
         meta = st.batch.decode
         assert meta is not None
         B = st.ids.shape[0]
@@ -187,15 +195,18 @@ class StepGraphs:
         meta.seq_lens.copy_(st.ints[3 * B : 4 * B])
         hidden = self.model.forward(st.ids, st.batch, self.kv)
         logits = self.model.logits(hidden)
-        s = sample_batch(logits, st.sampling, self.sampler.state, Features())
-        self.sampler.state.update(st.sampling.rows, s.ids)
+        s = sample_batch(logits, st.sampling, self.sampler.state, f)
+        if f.penalties:  # without, every row is the shared row, whose counts nothing reads
+            self.sampler.state.update(st.sampling.rows, s.ids)
+        if not f.logprobs:
+            return s.ids[:, None].double()
         assert s.logprob is not None and s.top_ids is not None and s.top_logprobs is not None
         return torch.cat(
             [s.ids[:, None].double(), s.logprob[:, None].double(), s.top_ids.double(), s.top_logprobs.double()],
             dim=1,
         )
 
-    def _capture(self, st: _Static, B: int) -> None:
+    def _capture(self, st: _Static, B: int, f: Features) -> None:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
@@ -204,7 +215,7 @@ class StepGraphs:
             self.backend.begin_step_capture()
         try:
             with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                st.out = self._body(st)
+                out = self._body(st, f)
         except Exception as exc:  # noqa: BLE001 - any capture failure: decode runs eagerly from now on
             torch.cuda.set_stream(stream)
             self.enabled = False
@@ -214,13 +225,15 @@ class StepGraphs:
         finally:
             if self.backend is not None:
                 self.backend.end_step_capture(B)
-        st.graph = graph
+        st.graphs[f] = (graph, out)
         self.captures += 1
 
     def _choices(self, reqs: list[Request], host_out: torch.Tensor) -> list[Choice]:
         rows = host_out[: len(reqs)]
         n = MAX_TOP_LOGPROBS
         ids = rows[:, 0].long()
+        if rows.shape[1] == 1:  # no row asked for logprobs
+            return choices(reqs, ids, None, None, None)
         return choices(reqs, ids, rows[:, 1].float(), rows[:, 2 : 2 + n].long(), rows[:, 2 + n :].float())
 
     def _once(self, key: str, message: str) -> None:
@@ -234,5 +247,5 @@ class StepGraphs:
         self._static.clear()
 
     def stats(self) -> dict[str, int]:
-        return {"step_graphs": sum(s.graph is not None for s in self._static.values()),
+        return {"step_graphs": sum(len(s.graphs) for s in self._static.values()),
                 "step_graph_replays": self.replays}  # fmt: skip

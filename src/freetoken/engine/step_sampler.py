@@ -89,17 +89,22 @@ class StepSampler:
 
     def sample(self, reqs: list[Request], logits: torch.Tensor) -> list[Choice]:
         """logits [len(reqs), V] float32 on the device -> one choice per request."""
-        p = [r.params for r in reqs]
-        features = Features(
-            draw=any(not x.greedy for x in p),
-            cuts=any(not x.greedy and (x.top_k > 0 or x.top_p < 1 or x.min_p > 0) for x in p),
-            penalties=any(x.has_penalties for x in p),
-            logprobs=any(x.logprobs is not None for x in p),
-        )
+        features = features_of(reqs)
         b = self.batch(reqs)
         out = sample_batch(logits, b, self.state, features, self.bitmask(reqs, logits.shape[1]))
         self.state.update(b.rows, out.ids)
         return _choices(reqs, out)
+
+
+def features_of(reqs: list[Request]) -> Features:
+    """The sampler's stages some row of the step needs."""
+    p = [r.params for r in reqs]
+    return Features(
+        draw=any(not x.greedy for x in p),
+        cuts=any(not x.greedy and (x.top_k > 0 or x.top_p < 1 or x.min_p > 0) for x in p),
+        penalties=any(x.has_penalties for x in p),
+        logprobs=any(x.logprobs is not None for x in p),
+    )
 
 
 def _choices(reqs: list[Request], out: Sampled) -> list[Choice]:

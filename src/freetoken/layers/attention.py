@@ -1,30 +1,33 @@
 """Attention over the paged KV pool (GQA, optional q/k norm, sliding window).
 
-Decode steps (one new token per sequence) read the pages in place through ``paged_attention``
-(Triton on CUDA, the torch reference elsewhere); other steps gather each sequence's pages and run SDPA
-per sequence. T = new tokens in the step (all sequences, flattened), H / Hkv = query / KV heads,
-hd = head dim.
+Decode steps (one new token per sequence) and the others (prefill, mixed) read the pages in place through
+``paged_attention`` (Triton on CUDA, the torch reference elsewhere; never T x T). T = new tokens in the step
+(all sequences, flattened), H / Hkv = query / KV heads, hd = head dim.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from freetoken.cache.kv_pool import KVPool
+from freetoken.experts.triton_support import triton_available
 from freetoken.layers.norm import rms_norm
-from freetoken.layers.paged_attention import DecodeMeta, decode_attention
+from freetoken.layers.paged_attention import DecodeMeta, PrefillMeta, decode_attention, prefill_attention
 from freetoken.layers.rope import Rotary
 
 
 @dataclass
 class SeqAttn:
+    """One sequence of a prefill or mixed step, as the linear-attention layers read it (per sequence, on the host)."""
+
     q_start: int  # first row of this sequence's new tokens in the flattened step
     q_len: int
-    kv_slots: torch.Tensor  # [ctx_len] flat KV slots of positions 0..ctx_len-1 (device, int64)
-    mask: torch.Tensor | None  # [q_len, ctx_len] bool (True = attend), None = all visible
+    start: int = 0  # the position of its first new token
+    state_slot: int = 0  # its recurrent-state slot (models with linear-attention layers)
+    captures: list[tuple[int, int]] = field(default_factory=list)  # (new tokens, checkpoint slot): states to save
 
 
 @dataclass
@@ -33,19 +36,10 @@ class AttnBatch:
 
     positions: torch.Tensor  # [T] int64
     slot_mapping: torch.Tensor  # [T] int64 flat KV slot where each new token's K/V goes
-    seqs: list[SeqAttn]  # prefill and mixed steps
-    decode: DecodeMeta | None = None  # set when every sequence computes one token (seqs is then empty)
-
-
-def build_mask(q_len: int, ctx_len: int, window: int | None, device: torch.device) -> torch.Tensor | None:
-    if q_len == 1 and (window is None or ctx_len <= window):
-        return None
-    q_pos = torch.arange(ctx_len - q_len, ctx_len, device=device)[:, None]
-    k_pos = torch.arange(ctx_len, device=device)[None, :]
-    mask = k_pos <= q_pos
-    if window is not None:
-        mask &= (q_pos - k_pos) < window
-    return mask
+    decode: DecodeMeta | None = None  # set when every sequence computes one token
+    prefill: PrefillMeta | None = None  # set on the other steps (prefill chunks, mixed steps)
+    seqs: list[SeqAttn] = field(default_factory=list)  # the other steps' sequences (linear-attention layers)
+    state_slots: torch.Tensor | None = None  # [B] int64 each sequence's recurrent-state slot (linear-attention layers)
 
 
 @dataclass
@@ -60,6 +54,7 @@ class AttentionWeights:
     v_bias: torch.Tensor | None = None
     q_norm: torch.Tensor | None = None  # [hd] (per head) or [H*hd] (whole projection)
     k_norm: torch.Tensor | None = None
+    gate: torch.Tensor | None = None  # [H*hd, D]: a sigmoid gate on the attention output (Qwen3-Next)
 
 
 class Attention:
@@ -79,6 +74,18 @@ class Attention:
         self.h, self.hkv, self.hd, self.eps = num_heads, num_kv_heads, head_dim, eps
         self.rotary, self.clip = rotary, clip_qkv
         self.scale = head_dim**-0.5
+        # One projection for q, k and v (one GEMM instead of three); w.q/k/v become views of its rows.
+        self.qkv_w = torch.cat((w.q, w.k, w.v))
+        nq, nk = w.q.shape[0], w.k.shape[0]
+        w.q, w.k, w.v = self.qkv_w[:nq], self.qkv_w[nq : nq + nk], self.qkv_w[nq + nk :]
+        biases = (w.q_bias, w.k_bias, w.v_bias)
+        self.qkv_b = None if all(b is None for b in biases) else torch.cat(
+            [b if b is not None else torch.zeros(n, dtype=w.q.dtype, device=w.q.device)
+             for b, n in zip(biases, (nq, nk, nk), strict=True)]
+        )  # fmt: skip
+        # The fused q/k-norm + rotary + KV-write kernel takes per-head norms (or none) and no clipping.
+        per_head = all(n is None or n.numel() == head_dim for n in (w.q_norm, w.k_norm))
+        self._fused_rope = per_head and clip_qkv is None
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor | None, heads: int) -> torch.Tensor:
         """x [T, heads*hd] -> [T, heads, hd], normalised per head or over the whole projection."""
@@ -89,28 +96,48 @@ class Attention:
             x = rms_norm(x, weight, self.eps)
         return x
 
-    def forward(self, x: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
-        w = self.w
-        qh = self._norm(F.linear(x, w.q, w.q_bias), w.q_norm, self.h)
-        kh = self._norm(F.linear(x, w.k, w.k_bias), w.k_norm, self.hkv)
-        vh = F.linear(x, w.v, w.v_bias).view(x.shape[0], self.hkv, self.hd)
+    def _qkv_torch(
+        self, qkv: torch.Tensor, batch: AttnBatch, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """q/k norms, rotary, the new K/V rows into the pool; returns q [T, H, hd] (the torch path)."""
+        w, T = self.w, qkv.shape[0]
+        nq, nk = self.h * self.hd, self.hkv * self.hd
+        qh = self._norm(qkv[:, :nq], w.q_norm, self.h)
+        kh = self._norm(qkv[:, nq : nq + nk], w.k_norm, self.hkv)
+        vh = qkv[:, nq + nk :].reshape(T, self.hkv, self.hd)
         if self.clip is not None:  # OLMoE clamps after the q/k norms
             qh, kh, vh = (t.clamp(-self.clip, self.clip) for t in (qh, kh, vh))
         qh = self.rotary.apply(qh, batch.positions)
         kh = self.rotary.apply(kh, batch.positions)
-        k_cache, v_cache = kv.k[self.layer], kv.v[self.layer]
         k_cache.index_copy_(0, batch.slot_mapping, kh.to(k_cache.dtype))
         v_cache.index_copy_(0, batch.slot_mapping, vh.to(v_cache.dtype))
+        return qh
+
+    def forward(self, x: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
+        w = self.w
+        qkv = F.linear(x, self.qkv_w, self.qkv_b)
+        k_cache, v_cache = kv.k[self.layer], kv.v[self.layer]
+        if self._fused_rope and x.is_cuda and triton_available():
+            from freetoken.layers.qkv_rope_triton import qkv_rope_triton
+
+            r = self.rotary
+            qh = qkv_rope_triton(
+                qkv, batch.positions, batch.slot_mapping, r.cos, r.sin, w.q_norm, w.k_norm,
+                k_cache, v_cache, self.h, self.hkv, self.hd, self.eps,
+            )  # fmt: skip
+        else:
+            qh = self._qkv_torch(qkv, batch, k_cache, v_cache)
         if batch.decode is not None:
             out = decode_attention(qh.to(k_cache.dtype), k_cache, v_cache, batch.decode, self.scale, self.window)
-            return F.linear(out.to(x.dtype).reshape(x.shape[0], self.h * self.hd), w.o, w.o_bias)
-        out = torch.empty_like(qh)
-        for s in batch.seqs:
-            qs = qh[s.q_start : s.q_start + s.q_len].transpose(0, 1)  # [H, q, hd]
-            ks = k_cache[s.kv_slots].transpose(0, 1)  # [Hkv, ctx, hd]
-            vs = v_cache[s.kv_slots].transpose(0, 1)
-            o = F.scaled_dot_product_attention(
-                qs, ks, vs, attn_mask=s.mask, scale=self.scale, enable_gqa=self.h != self.hkv
-            )
-            out[s.q_start : s.q_start + s.q_len] = o.transpose(0, 1)
-        return F.linear(out.reshape(x.shape[0], self.h * self.hd), w.o, w.o_bias)
+            return self._out(x, out.to(x.dtype))
+        assert batch.prefill is not None, "a step is a decode step or has prefill metadata"
+        out = prefill_attention(qh.to(k_cache.dtype), k_cache, v_cache, batch.prefill, self.scale, self.window)
+        return self._out(x, out.to(x.dtype))
+
+    def _out(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """out [T, H, hd] -> [T, D]: the output gate if any, then o_proj."""
+        w = self.w
+        flat = out.reshape(x.shape[0], self.h * self.hd)
+        if w.gate is not None:
+            flat = flat * torch.sigmoid(F.linear(x, w.gate))
+        return F.linear(flat, w.o, w.o_bias)

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from freetoken.experts.base import ExpertBackend
+from freetoken.experts.triton_support import triton_available
 from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.routing_trace import RoutingTrace
 
@@ -25,15 +26,15 @@ class MoELayer:
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, D] -> (topk_ids [T, k] int64, topk_w [T, k] float32)."""
-        probs = F.softmax(F.linear(x, self.router), dim=-1, dtype=torch.float32)  # [T, E]
+        if self.trace is None and x.is_cuda and triton_available():
+            from freetoken.layers.router_triton import route_triton
+
+            return route_triton(F.linear(x, self.router), self.top_k, self.norm_topk_prob, x.dtype)
         if self.trace is not None:
+            probs = F.softmax(F.linear(x, self.router), dim=-1, dtype=torch.float32)  # [T, E]
             ids, w = self.trace.route(self.moe_index, probs, self.norm_topk_prob)
             return ids, w.to(x.dtype).to(torch.float32)
-        w, ids = torch.topk(probs, self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            w = w / w.sum(dim=-1, keepdim=True)
-        # The reference casts routing weights to the activation dtype before use.
-        return ids, w.to(x.dtype).to(torch.float32)
+        return route_reference(F.linear(x, self.router), self.top_k, self.norm_topk_prob, x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ids, w = self.route(x)
@@ -44,3 +45,15 @@ class MoELayer:
                 s = torch.sigmoid(F.linear(x, self.shared_gate)) * s
             out = out + s
         return out
+
+
+def route_reference(
+    logits: torch.Tensor, top_k: int, norm_topk: bool, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [T, E] -> (ids [T, k] int64, weights [T, k] float32): softmax in float32, top-k, renormalised
+    when the model says so; the weights rounded to the activation dtype, as the reference casts them before use."""
+    probs = F.softmax(logits, dim=-1, dtype=torch.float32)
+    w, ids = torch.topk(probs, top_k, dim=-1)
+    if norm_topk:
+        w = w / w.sum(dim=-1, keepdim=True)
+    return ids, w.to(dtype).to(torch.float32)

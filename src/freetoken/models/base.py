@@ -34,6 +34,7 @@ class Naming:
     fused_experts: tuple[str, str] = ("experts.gate_up_proj", "experts.down_proj")
     shared_expert: str | None = None
     shared_expert_gate: str | None = None
+    linear_attn: str = "linear_attn."  # gated DeltaNet prefix (hybrid families)
 
 
 @dataclass(frozen=True)
@@ -46,3 +47,16 @@ class Family:
     clip_qkv_key: str | None = None  # config key of a q/k/v clamp (OLMoE: "clip_qkv")
     # Checkpoint tensors the family does not read (fnmatch patterns); any other unread tensor is refused.
     skippable: tuple[str, ...] = ("*.rotary_emb.inv_freq",)  # rotary tables older checkpoints saved
+    # Hybrid families (gated DeltaNet + gated attention, ``layers/deltanet.py``):
+    norm_offset: float = 0.0  # 1.0: RMSNorms scale by (1 + w) (the norms around layers, q/k norms, final norm)
+    attn_output_gate: bool = False  # q_proj also yields a per-head sigmoid gate on the attention output
+    deltanet_proj: str | None = None  # None: no linear-attention layers; "qkvz" (Qwen3-Next) | "split" (Qwen3.5)
+    full_attention_interval: int = 4  # layer_types when config.json gives none: every n-th layer full attention
+    # Special tokens where agent harnesses edit the context (``engine/anchors.py``): opening and closing ones.
+    anchor_starts: tuple[str, ...] = ()
+    anchor_ends: tuple[str, ...] = ()
+
+
+# ChatML with Qwen's thinking and tool markup
+QWEN_ANCHOR_STARTS = ("<think>", "<tool_call>", "<tool_response>", "<|im_start|>")
+QWEN_ANCHOR_ENDS = ("</think>", "</tool_call>", "</tool_response>", "<|im_end|>")

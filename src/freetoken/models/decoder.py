@@ -8,7 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from freetoken.cache.kv_pool import KVPool
+from freetoken.cache.state_pool import StatePool
 from freetoken.layers.attention import Attention, AttnBatch
+from freetoken.layers.deltanet import GatedDeltaNet
 from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.moe import MoELayer
 from freetoken.layers.norm import add_rms_norm, rms_norm
@@ -17,7 +19,7 @@ from freetoken.layers.norm import add_rms_norm, rms_norm
 @dataclass
 class DecoderLayer:
     attn_norm: torch.Tensor
-    attn: Attention
+    attn: Attention | GatedDeltaNet  # the token mixer: full attention over KV pages, or linear attention
     ffn_norm: torch.Tensor
     ffn: DenseMLP | MoELayer
 
@@ -32,6 +34,7 @@ class DecoderModel:
         eps: float,
     ) -> None:
         self.embed, self.layers, self.final_norm, self.lm_head, self.eps = embed, layers, final_norm, lm_head, eps
+        self.states: StatePool | None = None  # the linear-attention layers' state slots, set by the engine
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
@@ -39,10 +42,15 @@ class DecoderModel:
         h = F.embedding(input_ids, self.embed)
         x = rms_norm(h, self.layers[0].attn_norm, self.eps) if self.layers else h
         for i, layer in enumerate(self.layers):
-            h, x = add_rms_norm(h, layer.attn.forward(x, batch, kv), layer.ffn_norm, self.eps)
+            h, x = add_rms_norm(h, self.mix(layer, x, batch, kv), layer.ffn_norm, self.eps)
             after = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.final_norm
             h, x = add_rms_norm(h, layer.ffn.forward(x), after, self.eps)
         return x if self.layers else rms_norm(h, self.final_norm, self.eps)
+
+    def mix(self, layer: DecoderLayer, x: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
+        """A layer's token mixer: full attention over the KV pages, or linear attention over its state slots."""
+        m = layer.attn
+        return m.forward(x, batch, kv) if isinstance(m, Attention) else m.forward(x, batch, self.states)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

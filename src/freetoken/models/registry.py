@@ -7,7 +7,11 @@ import importlib
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.models.base import Family
 
+# "module" (its FAMILY) or "module:NAME"
 _FAMILIES: dict[str, str] = {
+    "Qwen3NextForCausalLM": "freetoken.models.qwen3_next",
+    "Qwen3_5MoeForCausalLM": "freetoken.models.qwen3_5_moe",
+    "Qwen3_5MoeForConditionalGeneration": "freetoken.models.qwen3_5_moe:VL_FAMILY",
     "Qwen3MoeForCausalLM": "freetoken.models.qwen3_moe",
     "Qwen2MoeForCausalLM": "freetoken.models.qwen2_moe",
     "MixtralForCausalLM": "freetoken.models.mixtral",
@@ -27,5 +31,6 @@ def get_family(architecture: str, where: str = "config.json") -> Family:
         raise CheckpointError(
             f"{where}: unsupported architecture {architecture!r}; supported: {', '.join(supported_architectures())}"
         )
-    family: Family = importlib.import_module(module).FAMILY
+    path, _, name = module.partition(":")
+    family: Family = getattr(importlib.import_module(path), name or "FAMILY")
     return family

@@ -6,7 +6,7 @@ import asyncio
 import hmac
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -96,7 +96,11 @@ def _add_control_routes(app: FastAPI, state: ServerState) -> None:
         if state.draining:
             return JSONResponse({"status": "shutting down"}, status_code=503)
         if eng.state == "ready":
-            return JSONResponse({"status": "ok", "model": state.model_names[0]} if detail else {"status": "ok"})
+            body: dict[str, Any] = {"status": "ok", "model": state.model_names[0]} if detail else {"status": "ok"}
+            check = eng.stats().get("weights_check", "ok")  # an FTW checkpoint's checksums
+            if detail and check != "ok":
+                body["weights_check"] = check
+            return JSONResponse(body)
         if eng.state == "loading":
             return JSONResponse({"status": "loading"}, status_code=503)
         body = {"status": "unhealthy", "error": eng.error} if detail else {"status": "unhealthy"}

@@ -33,6 +33,8 @@ _GATHER_MAX_ROUTES = 32
 # On a CPU device, steps of up to this many routes per expert of a layer run the C++ kernel, torch's matmuls
 # above: where the two cross (docs/benchmarks.md, "`fused` on a CPU device").
 _KERNEL_ROUTES_PER_EXPERT = 4
+# Up to this many routes (``plan_triton.MAX_ROUTES``), CUDA groups a step's routes in one launch.
+_ONE_LAUNCH_GROUPING = 64
 
 
 class FusedBackend(StepCapture, ExpertBackend):
@@ -95,8 +97,15 @@ class FusedBackend(StepCapture, ExpertBackend):
         """The slot backends' grouped GEMM over the banks themselves (slot = eid; every expert is resident): the
         routed experts' weights are read once, in place, where a gather would copy them first (fixed shapes,
         no host sync on CUDA: capturable). Quantised banks always take it (they dequantise in its kernel)."""
-        groups = group_routes(topk_ids.reshape(-1) + layer * self.num_experts, int(self.gate_up.shape[0]))
-        slot = torch.where(groups.valid, groups.eid, torch.full_like(groups.eid, -1))
+        rows, off = int(self.gate_up.shape[0]), layer * self.num_experts
+        if x.is_cuda and triton_available() and topk_ids.numel() <= _ONE_LAUNCH_GROUPING:
+            from freetoken.experts.slots.plan_triton import group_routes_triton
+
+            groups = group_routes_triton(topk_ids, off, rows)
+            slot = groups.eid  # padding groups (eid = rows) are past n_groups: the kernels skip them
+        else:
+            groups = group_routes(topk_ids.reshape(-1) + off, rows)
+            slot = torch.where(groups.valid, groups.eid, torch.full_like(groups.eid, -1))
         return grouped_experts(x, groups, slot, topk_w, self.weights, self.num_experts).to(x.dtype)
 
     def _on_kernel(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:

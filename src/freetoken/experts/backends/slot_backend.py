@@ -221,12 +221,14 @@ class SlotBackend(StepCapture, ExpertBackend):
 
     # -- reporting -------------------------------------------------------------------------------------
     def stats(self) -> dict[str, int | float]:
-        return {
+        out = {
             **self.counters.expert_stats(self.pool.expert_bytes, self.cache.num_slots),
             "pinned_experts": self.pool.pinned_rows,
             **self.streamer.stats(),
             **(self.graphs.stats() if self.graphs is not None else {}),
         }
+        out["expert_bytes_copied"] = out["pcie_bytes"] + out["prefill_stream_bytes"]  # fills and streamed layers
+        return out
 
     def check_integrity(self) -> None:
         self.cache.check_integrity()

@@ -12,8 +12,15 @@ dedicated copy stream loads layer l+1 into the next buffer. CUDA events order co
     compute stream: waits copy(l) -> layer l experts -> records release(l)
 
 Experts of a layer already resident outside the buffers are used where they are (not copied twice).
-When the step ends the last layers stay registered with fresh LRU stamps: they seed decode. On the CPU
-the same logic runs with plain synchronous copies (no streams, no events), which is what CI tests.
+A layer may be computed in several passes (a layer-major prefill runs every chunk of layer l, then layer
+l+1: ``engine/layer_major.py``): a layer's later passes find it loaded and copy nothing, so a cold prompt
+streams the pool once. The stream stays open until the next safe point (``begin_step`` / ``finish``: call it
+before any host-side change to the slot cache); then
+the held layers stay registered with fresh LRU stamps: they seed decode. A stream restarted at a later layer
+(a layer-major prefill resumed after decode steps ran in between) takes as buffers the slots it needs least:
+experts of layers still to come last (they would be copied again), then the least recently used (decode's
+hot experts last). On the CPU the same logic runs with plain synchronous copies (no streams, no events),
+which is what CI tests.
 
 Falls back to on-demand fills (the caller's normal path) when the pool cannot spare two layers
 (``2 * E`` > unlocked slots), the step routes few experts (``T * k < E``), or fewer than ``E`` experts
@@ -66,6 +73,7 @@ class LayerStreamer:
         self._active = False
         self._bufs: list[_Buffer] = []
         self._resident: dict[int, int] = {}  # eid -> slot of residents outside the buffers (step start)
+        self._kept: set[tuple[int, int]] = set()  # (eid, slot) in a buffer that held the expert already
         self._stream: torch.cuda.Stream | None = None
         self.steps_streamed = 0
         self.steps_ondemand = 0  # prefill steps that fell back to on-demand fills
@@ -106,8 +114,9 @@ class LayerStreamer:
         E = self.num_experts
         return num_routes >= E and self.min_buffers * E <= unlocked and absent >= E
 
-    def _start(self, num_routes: int) -> bool:
-        """Take the buffers (LRU unlocked slots, one host sync), or decline (on-demand fills)."""
+    def _start(self, num_routes: int, layer: int) -> bool:
+        """Take the buffers (unlocked slots, one host sync), or decline (on-demand fills); ``layer``: the
+        first layer this stream computes."""
         t, S, E = self.cache.tables, self.cache.num_slots, self.num_experts
         locked, stamp, eid_of = torch.stack((t.locked[:S].long(), t.stamp[:S], t.eid_of[:S])).tolist()  # [3, S]
         unlocked = [s for s in range(S) if not locked[s]]
@@ -119,16 +128,38 @@ class LayerStreamer:
         # with room keeps more of the prompt's layers resident afterwards, at no eviction.
         free = sum(1 for s in unlocked if eid_of[s] < 0)
         nbuf = max(self.min_buffers, min(self.num_layers, free // E))
-        take = sorted(sorted(unlocked, key=lambda s: (stamp[s], s))[: nbuf * E])  # ascending: runs
-        gone = [eid_of[s] for s in take if eid_of[s] >= 0]
+        # Buffer b first holds the b-th of the next nbuf layers (l % nbuf == b): those of their experts already
+        # resident stay where they are, as part of their buffer (kept: registered, never copied); the other
+        # positions take the slots needed least (not an expert of a layer to come, then oldest).
+        bufs: list[list[int]] = [[-1] * E for _ in range(nbuf)]
+        kept: set[tuple[int, int]] = set()
+        for s in unlocked:
+            e = eid_of[s]
+            if layer * E <= e < min(layer + nbuf, self.num_layers) * E:
+                bufs[(e // E) % nbuf][e % E] = s
+                kept.add((e, s))
+        kept_slots = {s for _, s in kept}
+
+        def cost(s: int) -> tuple[bool, int, int]:  # an expert of a layer still to come would be copied again
+            return eid_of[s] >= layer * E, stamp[s], s
+
+        rest = sorted(sorted((s for s in unlocked if s not in kept_slots), key=cost)[: nbuf * E - len(kept)])
+        take = iter(rest)  # ascending: runs
+        for buf_slots in bufs:
+            for e in range(E):
+                if buf_slots[e] < 0:
+                    buf_slots[e] = next(take)
+        gone = [eid_of[s] for s in rest if eid_of[s] >= 0]
         if gone:
             self._set(t.slot_of, gone, -1)
-        self._set(t.eid_of, take, -1)
-        self._set(t.stamp, take, -1)
-        taken = set(take)
+        if rest:
+            self._set(t.eid_of, rest, -1)
+            self._set(t.stamp, rest, -1)
+        taken = set(rest) | kept_slots
         self._resident = {e: s for s, e in enumerate(eid_of) if e >= 0 and s not in taken}
+        self._kept = kept
         start = self._record()  # kernels of earlier steps that read the taken slots
-        self._bufs = [_Buffer(take[b * E : (b + 1) * E], released=start) for b in range(nbuf)]
+        self._bufs = [_Buffer(b, released=start) for b in bufs]
         self._active = True
         self.steps_streamed += 1
         return True
@@ -144,14 +175,14 @@ class LayerStreamer:
             slots = [s for _, s in buf.placed]
             if slots:
                 self._stamp(slots)
-        self._bufs, self._resident, self._active = [], {}, False
+        self._bufs, self._resident, self._kept, self._active = [], {}, set(), False
 
     # -- per layer -------------------------------------------------------------------------------------
     def before_layer(self, layer: int, topk_ids: torch.Tensor) -> bool:
         """True when every expert of ``layer`` is resident for this step (the plan will only hit)."""
         if self._armed:
             self._armed = False
-            self._start(topk_ids.numel())
+            self._start(topk_ids.numel(), layer)
         if not self._active:
             return False
         buf = self._bufs[layer % self.num_buffers]
@@ -170,12 +201,11 @@ class LayerStreamer:
         return True
 
     def after_layer(self, layer: int) -> None:
-        """The layer's kernels are enqueued: its buffer may be overwritten once they are done."""
+        """The layer's kernels (of this pass) are enqueued: its buffer may be overwritten once they are done.
+        The stream stays open past the last layer: a layer-major prefill runs it once per chunk."""
         if not self._active:
             return
         self._bufs[layer % self.num_buffers].released = self._record()
-        if layer == self.num_layers - 1:
-            self.finish()
 
     # -- mechanics -------------------------------------------------------------------------------------
     def _load(self, layer: int, buf: _Buffer) -> None:
@@ -186,10 +216,10 @@ class LayerStreamer:
             self._set(t.slot_of, old_e, -1)
             self._set(t.eid_of, old_s, -1)
             self._set(t.stamp, old_s, -1)
+            self._kept.difference_update(buf.placed)
         pairs = [(layer * E + e, buf.slots[e]) for e in range(E) if layer * E + e not in self._resident]
         buf.layer, buf.placed = layer, pairs
         self.layers_streamed += 1
-        self.experts_copied += len(pairs)
         if not pairs:
             return
         eids, slots = [p[0] for p in pairs], [p[1] for p in pairs]
@@ -197,7 +227,9 @@ class LayerStreamer:
         t.slot_of.index_copy_(0, idx_e, idx_s)
         t.eid_of.index_copy_(0, idx_s, idx_e)
         self._stamp(slots)
-        runs = copy_runs(pairs)
+        copies = [p for p in pairs if p not in self._kept]  # kept ones hold their expert already
+        self.experts_copied += len(copies)
+        runs = copy_runs(copies)
         if not self._cuda:  # synchronous: plain copies
             for src, dst, n in runs:
                 for bank, pool_bank in zip(c.slots, c.pool.tensors):  # every bank: weights and scales alike

@@ -25,20 +25,9 @@ _STAMP_CAP = tl.constexpr(1 << 40)  # as in plan.py: recent victim keys sit abov
 _RECENT_BASE = tl.constexpr(1 << 61)
 
 
-@triton.jit(do_not_specialize=["K", "layer_off", "N", "S", "KV", "protect", "fill_rows"])
-def _plan_kernel(
-    ids_ptr, K, layer_off, N, S, KV, protect, fill_rows,
-    slot_of, eid_of, stamp, locked, tick_ptr, share_ptr,
-    i64_out, b_out, counters,
-    MIN_FILL: tl.constexpr, RECENT_LAST: tl.constexpr, KB: tl.constexpr, BS: tl.constexpr, COUNT: tl.constexpr,
-):  # fmt: skip
-    r = tl.arange(0, KB)
-    rv = r < K
-    n64 = N.to(tl.int64)
-    s64 = S.to(tl.int64)
-    e = tl.load(ids_ptr + r, mask=rv, other=0).to(tl.int64) + layer_off
-    e = tl.where(rv, e, n64)
-    # -- group the routes: axis 0 = route i, axis 1 = route j ------------------------------------------
+@triton.jit
+def _group(e, r, rv, K, n64):
+    """Group routes e (padding: n64) by eid, as ``plan.group_routes``: axis 0 = route i, axis 1 = route j."""
     vj = rv[None, :]
     eq = (e[:, None] == e[None, :]) & rv[:, None] & vj
     less = (e[None, :] < e[:, None]) & vj
@@ -55,6 +44,57 @@ def _plan_kernel(
     gcount = tl.sum(tl.where(gsel, cnt[None, :], 0), axis=1).to(tl.int64)
     gstart = tl.where(gvalid, tl.sum(tl.where(gsel, n_less[None, :], 0), axis=1), K).to(tl.int64)
     order = tl.sum(tl.where((pos[None, :] == r[:, None]) & vj, r[None, :], 0), axis=1).to(tl.int64)
+    return order, g_of, gstart, gcount, geid, gvalid, n_groups
+
+
+@triton.jit(do_not_specialize=["K", "layer_off", "N"])
+def _group_kernel(ids_ptr, K, layer_off, N, i64_out, b_out, KB: tl.constexpr):
+    """``group_routes`` alone (the fused backend: every expert resident, nothing to plan)."""
+    r = tl.arange(0, KB)
+    rv = r < K
+    n64 = N.to(tl.int64)
+    e = tl.load(ids_ptr + r, mask=rv, other=0).to(tl.int64) + layer_off
+    e = tl.where(rv, e, n64)
+    order, g_of, gstart, gcount, geid, gvalid, n_groups = _group(e, r, rv, K, n64)
+    kk = K.to(tl.int64)  # i64_out = [eids, order, route_group, start, count, eid | n_groups]
+    tl.store(i64_out + r, e, mask=rv)
+    tl.store(i64_out + kk + r, order, mask=rv)
+    tl.store(i64_out + 2 * kk + r, g_of.to(tl.int64), mask=rv)
+    tl.store(i64_out + 3 * kk + r, gstart, mask=rv)
+    tl.store(i64_out + 4 * kk + r, gcount, mask=rv)
+    tl.store(i64_out + 5 * kk + r, geid, mask=rv)
+    tl.store(i64_out + 6 * kk, n_groups.to(tl.int64))
+    tl.store(b_out + r, gvalid.to(tl.int8), mask=rv)
+
+
+def group_routes_triton(topk_ids: torch.Tensor, layer_offset: int, num_rows: int) -> RouteGroups:
+    """``group_routes(topk_ids.reshape(-1) + layer_offset, num_rows)`` in one launch, for T*k <= MAX_ROUTES."""
+    ids = topk_ids.reshape(-1)
+    K = ids.numel()
+    if not 0 < K <= MAX_ROUTES:
+        raise ValueError(f"the fused grouping takes 1..{MAX_ROUTES} routes, got {K}")
+    i64 = torch.empty(6 * K + 1, dtype=torch.long, device=ids.device)
+    b = torch.empty(K, dtype=torch.bool, device=ids.device)
+    KB = max(16, triton.next_power_of_2(K))
+    _group_kernel[(1,)](ids, K, layer_offset, num_rows, i64, b.view(torch.uint8), KB=KB)
+    eids, order, rgroup, start, count, geid = i64[: 6 * K].view(6, K)
+    return RouteGroups(eids, order, rgroup, start, count, geid, b, i64[6 * K])
+
+
+@triton.jit(do_not_specialize=["K", "layer_off", "N", "S", "KV", "protect", "fill_rows"])
+def _plan_kernel(
+    ids_ptr, K, layer_off, N, S, KV, protect, fill_rows,
+    slot_of, eid_of, stamp, locked, tick_ptr, share_ptr,
+    i64_out, b_out, counters,
+    MIN_FILL: tl.constexpr, RECENT_LAST: tl.constexpr, KB: tl.constexpr, BS: tl.constexpr, COUNT: tl.constexpr,
+):  # fmt: skip
+    r = tl.arange(0, KB)
+    rv = r < K
+    n64 = N.to(tl.int64)
+    s64 = S.to(tl.int64)
+    e = tl.load(ids_ptr + r, mask=rv, other=0).to(tl.int64) + layer_off
+    e = tl.where(rv, e, n64)
+    order, g_of, gstart, gcount, geid, gvalid, n_groups = _group(e, r, rv, K, n64)
     # -- lookup, quota ---------------------------------------------------------------------------------
     gslot = tl.load(slot_of + geid, mask=gvalid, other=-1)
     hit = gvalid & (gslot >= 0)

@@ -1,6 +1,7 @@
 """Paged decode attention in Triton, split-KV (flash-decoding): program (b, kv head, split) reads its
 share of sequence b's context through the page table, in place, for the G query heads of that KV
-head at once (GQA), with an online softmax; a few torch ops then merge the splits exactly. The grid
+head at once (GQA), with an online softmax; a second launch merges the splits exactly (``merge_splits``
+is its torch reference). The grid
 is fixed for a batch size, whatever the lengths (each split takes 1/SPLITS of its sequence's context),
 so a CUDA graph captures it once."""
 
@@ -98,7 +99,25 @@ def paged_decode_triton(
         BLOCK_N=BLOCK_N, SPLITS=s, HAS_WINDOW=window is not None,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",  # float32 exact (TF32 would round it)
     )  # fmt: skip
-    return merge_splits(acc, mx, sm).to(q.dtype)
+    out = torch.empty((B, H, hd), dtype=q.dtype, device=q.device)
+    _merge_kernel[(B * H,)](acc, mx, sm, out, S=s, BLOCK_S=max(2, triton.next_power_of_2(s)), HD=hd)
+    return out
+
+
+@triton.jit
+def _merge_kernel(ACC, MAX, SUM, OUT, S: tl.constexpr, BLOCK_S: tl.constexpr, HD: tl.constexpr):
+    """Program (b, h): the splits' partial sums weighted by exp(max - top), over the weighted sums."""
+    bh = tl.program_id(0).to(tl.int64)
+    sp = tl.arange(0, BLOCK_S)
+    smask = sp < S
+    d = tl.arange(0, HD)
+    mx = tl.load(MAX + bh * S + sp, mask=smask, other=float("-inf"))
+    w = tl.exp(mx - tl.max(mx, 0))  # an empty split: exp(-inf) = 0
+    w = tl.where(smask, w, 0.0)
+    sm = tl.load(SUM + bh * S + sp, mask=smask, other=0.0)
+    acc = tl.load(ACC + (bh * S + sp)[:, None] * HD + d[None, :], mask=smask[:, None], other=0.0)
+    o = tl.sum(acc * w[:, None], 0) / tl.sum(sm * w, 0)
+    tl.store(OUT + bh * HD + d, o.to(OUT.dtype.element_ty))
 
 
 def merge_splits(acc: torch.Tensor, mx: torch.Tensor, sm: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,166 @@
+"""Layer-major prefill: a scheduled prefill that spans several chunks runs layer by layer over all of them
+(``models/layer_major.py``), so a cold prompt streams the expert pool through the slot pool once, not once
+per chunk. Between any two units (layer, chunk) the engine may stop and run other requests' decode steps,
+within a latency budget; the job carries on at the next step.
+
+Planning: when a scheduled prefill item was cut by the step's token budget, every prefill item of the step
+is extended to its whole remaining prompt, as far as the activations (``h`` and ``x`` of every token kept
+per layer) fit the memory budget and the KV pool has the pages; the result is cut into chunks of at most
+``max_batched_tokens``. When fewer than two chunks come of it the step stays chunk-major. While a job runs
+its requests are ``busy``: the scheduler neither schedules nor preempts them, and admits no new request.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from freetoken.config import EngineConfig
+from freetoken.engine.kv_manager import KVManager
+from freetoken.engine.request import Request
+from freetoken.engine.runner import ModelRunner
+from freetoken.engine.step_sampler import Choice
+from freetoken.models.layer_major import LayerMajorPass, activation_bytes
+
+ORDERS = ("auto", "layer", "chunk")
+MEMORY_SHARE = 0.5  # of the free device memory (CPU: of the available RAM / 4) the activations may take
+
+
+@dataclass
+class Chunk:
+    items: list[tuple[Request, int]]  # (request, tokens) in this chunk
+    starts: list[int]  # first token of each item
+
+
+def cut_chunks(extents: list[tuple[Request, int, int]], chunk_tokens: int) -> list[Chunk]:
+    """(request, first token, tokens) runs -> chunks of at most ``chunk_tokens`` tokens, in order."""
+    chunks: list[Chunk] = [Chunk([], [])]
+    room = chunk_tokens
+    for req, start, n in extents:
+        while n > 0:
+            if room == 0:
+                chunks.append(Chunk([], []))
+                room = chunk_tokens
+            k = min(n, room)
+            chunks[-1].items.append((req, k))
+            chunks[-1].starts.append(start)
+            start, n, room = start + k, n - k, room - k
+    return chunks
+
+
+class LayerMajorJob:
+    """One layer-major prefill in flight: its requests' extents, the pass, and where each one samples."""
+
+    def __init__(self, runner: ModelRunner, extents: list[tuple[Request, int, int]], chunk_tokens: int) -> None:
+        self.runner = runner
+        self.extents = extents
+        self.chunks = cut_chunks(extents, chunk_tokens)
+        built = [runner.build_batch(c.items, c.starts) for c in self.chunks]
+        self.sample_at: list[tuple[Request, int, int]] = []  # (request, chunk, row) of a request's last token
+        for c, (chunk, (_, _, rows)) in enumerate(zip(self.chunks, built)):
+            for (req, n), start, row in zip(chunk.items, chunk.starts, rows):
+                if start + n == req.num_tokens:
+                    self.sample_at.append((req, c, row))
+        self.tokens = sum(n for _, _, n in extents)
+        self.pass_ = LayerMajorPass(runner.model, [(ids, batch) for ids, batch, _ in built], runner.kv)
+        for req, _, _ in extents:
+            req.busy = True
+
+    @property
+    def requests(self) -> list[Request]:
+        return [req for req, _, _ in self.extents]
+
+    @property
+    def done(self) -> bool:
+        return self.pass_.done
+
+    def advance(self, budget_s: float | None) -> None:
+        """Runs units until done, or (``budget_s`` set) while the next unit, as long as the last one took, still
+        ends within ``budget_s`` (at least one unit per call)."""
+        backend = self.runner.backend
+        if backend is not None:  # a safe point: other steps may have run since the last unit
+            backend.begin_step(int(self.pass_.batches[self.pass_.chunk].positions.shape[0]), False)
+        t0 = time.perf_counter()
+        while not self.pass_.done:
+            t_unit = time.perf_counter()
+            self.pass_.run_unit()
+            if budget_s is not None:
+                if self.runner.device.type == "cuda":
+                    torch.cuda.synchronize(self.runner.device)  # the budget is wall time, not enqueue time
+                now = time.perf_counter()
+                if now - t0 + (now - t_unit) > budget_s:
+                    return
+
+    def finish(self) -> list[tuple[Request, Choice]]:
+        """The pass is done: the requests' tokens count as computed; a choice for each that reached its end."""
+        for req, start, n in self.extents:
+            req.num_computed_tokens = start + n
+            req.busy = False
+        if not self.sample_at:
+            return []
+        hidden = self.pass_.hidden()
+        rows = torch.stack([hidden[c][row] for _, c, row in self.sample_at])
+        reqs = [req for req, _, _ in self.sample_at]
+        logits = self.runner.model.logits(rows)
+        return list(zip(reqs, self.runner.sampler.sample(reqs, logits)))
+
+    def cancel(self) -> None:
+        """Dropped before done (one of its requests finished): the others recompute these tokens later."""
+        for req, _, _ in self.extents:
+            req.busy = False
+
+
+class LayerMajorPlanner:
+    def __init__(self, config: EngineConfig, pages: KVManager, runner: ModelRunner, hidden: int, dtype: torch.dtype):
+        if config.prefill_order not in ORDERS:
+            raise ValueError(f"prefill_order must be one of {ORDERS}, got {config.prefill_order!r}")
+        self.config, self.pages, self.runner = config, pages, runner
+        self.hidden, self.dtype = hidden, dtype
+        self.jobs = 0
+
+    @property
+    def enabled(self) -> bool:
+        """auto: where the MoE backend streams whole layers through its slot pool (there it saves copies)."""
+        order = self.config.prefill_order
+        if order != "auto":
+            return order == "layer"
+        streamer = getattr(self.runner.backend, "streamer", None)
+        return streamer is not None and streamer.mode != "off"
+
+    def token_limit(self) -> int:
+        """Tokens whose activations fit: the config's, else a share of the free memory now."""
+        if self.config.layer_major_tokens is not None:
+            return self.config.layer_major_tokens
+        dev = self.runner.device
+        if dev.type == "cuda":
+            free = torch.cuda.mem_get_info(dev)[0]
+        else:
+            import psutil
+
+            free = psutil.virtual_memory().available // 4
+        return int(free * MEMORY_SHARE) // activation_bytes(1, self.hidden, self.dtype)
+
+    def plan(self, items: list[tuple[Request, int]]) -> tuple[LayerMajorJob | None, list[tuple[Request, int]]]:
+        """Takes the step's prefill items into a job when one of them was cut by the token budget and the
+        extended prefill fills at least two chunks; returns (job or None, the items left to run now)."""
+        prefill = [(r, n) for r, n in items if r.num_tokens - r.num_computed_tokens > 1]
+        if not self.enabled or not any(n < r.num_tokens - r.num_computed_tokens for r, n in prefill):
+            return None, items
+        chunk = self.config.max_batched_tokens
+        left = self.token_limit()
+        extents: list[tuple[Request, int, int]] = []
+        for req, n in prefill:
+            want = max(n, min(req.num_tokens - req.num_computed_tokens, left))
+            if want > n and not self.pages.grow(req, want):
+                want = n  # the KV pool is short: this one stays at its scheduled chunk
+            extents.append((req, req.num_computed_tokens, want))
+            left -= want
+        total = sum(n for _, _, n in extents)
+        if total <= chunk:
+            return None, items
+        self.jobs += 1
+        job = LayerMajorJob(self.runner, extents, chunk)
+        taken = {id(r) for r, _ in prefill}
+        return job, [(r, n) for r, n in items if id(r) not in taken]

@@ -1,0 +1,81 @@
+"""The gated delta rule in torch (the reference every faster kernel is checked against), and the short causal conv.
+
+Per value head, with a state S [dk, dv] (float32): ``S <- exp(g) * S``; ``S <- S + k ⊗ beta * (v - S^T k)``;
+``o = S^T q``. ``chunk_gated_delta`` computes a whole sequence in chunks of ``chunk`` tokens (a UT transform
+inside a chunk, a scan over chunks); ``recurrent_gated_delta`` advances a batch of sequences by one token each.
+Shapes: n tokens, B sequences, H value heads, dk / dv key / value head dims; q and k already repeated to H heads,
+L2-normalised, q scaled by dk^-0.5.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def chunk_gated_delta(
+    q: torch.Tensor,  # [n, H, dk] float32
+    k: torch.Tensor,  # [n, H, dk]
+    v: torch.Tensor,  # [n, H, dv]
+    g: torch.Tensor,  # [n, H] log decay (<= 0)
+    beta: torch.Tensor,  # [n, H]
+    state: torch.Tensor,  # [H, dk, dv] the state before the first token
+    chunk: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:  # out [n, H, dv], the state after the last token
+    n = q.shape[0]
+    pad = (-n) % chunk
+    q, k, v = (F.pad(t.transpose(0, 1), (0, 0, 0, pad)) for t in (q, k, v))  # [H, n+pad, d]
+    g, beta = (F.pad(t.transpose(0, 1), (0, pad)) for t in (g, beta))  # [H, n+pad]
+    H, dv = q.shape[0], v.shape[-1]
+    k_beta, v_beta = k * beta[..., None], v * beta[..., None]
+    q, k, k_beta, v_beta = (t.reshape(H, -1, chunk, t.shape[-1]) for t in (q, k, k_beta, v_beta))  # [H, C, c, d]
+    cum = g.reshape(H, -1, chunk).cumsum(dim=-1)  # [H, C, c] log decay from the chunk's start
+    upper = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)
+    pair = (cum[..., :, None] - cum[..., None, :]).masked_fill(upper, float("-inf")).exp()  # [H, C, c, c]
+    ut = (k_beta @ k.transpose(-1, -2)) * pair
+    intra = (q @ k.transpose(-1, -2)) * pair
+    new_v = torch.linalg.solve_triangular(ut, v_beta, upper=False, unitriangular=True)
+    k_cum = torch.linalg.solve_triangular(ut, k_beta * cum.exp()[..., None], upper=False, unitriangular=True)
+    q = q * cum.exp()[..., None]
+    k = k * (cum[..., -1:] - cum).exp()[..., None]
+    decay = cum[..., -1].exp()[..., None, None]  # [H, C, 1, 1]
+    out = torch.empty_like(new_v)
+    s = state
+    for i in range(new_v.shape[1]):
+        u = new_v[:, i] - k_cum[:, i] @ s
+        out[:, i] = q[:, i] @ s + intra[:, i] @ u
+        s = s * decay[:, i] + k[:, i].transpose(-1, -2) @ u
+    return out.reshape(H, -1, dv)[:, :n].transpose(0, 1), s
+
+
+def recurrent_gated_delta(
+    q: torch.Tensor,  # [B, H, dk] float32
+    k: torch.Tensor,  # [B, H, dk]
+    v: torch.Tensor,  # [B, H, dv]
+    g: torch.Tensor,  # [B, H]
+    beta: torch.Tensor,  # [B, H]
+    state: torch.Tensor,  # [B, H, dk, dv]
+) -> tuple[torch.Tensor, torch.Tensor]:  # out [B, H, dv], the new state
+    s = state * g.exp()[..., None, None]
+    kv = (s * k[..., None]).sum(dim=-2)  # [B, H, dv]
+    delta = (v - kv) * beta[..., None]
+    s = s + k[..., None] * delta[..., None, :]
+    return (s * q[..., None]).sum(dim=-2), s
+
+
+def causal_conv(x: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv of one sequence, SiLU after: x [n, C] new inputs, prev [C, K-1] the inputs before them,
+    weight [C, K] -> (out [n, C], the last K-1 inputs [C, K-1])."""
+    xs = torch.cat([prev.to(x.dtype), x.transpose(0, 1)], dim=1)  # [C, K-1+n]
+    out = F.conv1d(xs[None], weight[:, None, :], groups=weight.shape[0])[0]  # [C, n]
+    return F.silu(out).transpose(0, 1), xs[:, xs.shape[1] - prev.shape[1] :]
+
+
+def causal_conv_step(x: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per sequence: x [B, C], prev [B, C, K-1], weight [C, K] -> (out [B, C], new prev [B, C, K-1])."""
+    window = torch.cat([prev.to(x.dtype), x[:, :, None]], dim=-1)  # [B, C, K]
+    return F.silu((window * weight).sum(dim=-1)), window[:, :, 1:]
