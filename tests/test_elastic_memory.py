@@ -231,3 +231,14 @@ def test_a_size_the_device_refuses_falls_back_and_keeps_everything(
     while eng.has_unfinished():
         eng.step()
     eng.check_integrity()
+
+
+def test_a_hybrid_deltanet_model_resizes_mid_generation(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Qwen3-Next (gated DeltaNet + attention): KV pages only for its attention layers, recurrent states and
+    their checkpoints beside them; resizing (preemptions included) keeps the greedy tokens."""
+    d = tmp_path_factory.mktemp("elastic_next")
+    save_checkpoint("qwen3_next", d, seed=16)
+    kw = dict(model=str(d), device="cpu", dtype="float32", moe_backend="hybrid", page_size=PAGE, max_model_len=128)
+    base, _ = _generate(LLM(expert_cache=8, kv_pages=64, **kw), {})
+    got, preempted = _generate(LLM(expert_cache=8, kv_pages=64, **kw), {3: (4, 24), 6: (16, 100), 9: (3, 14)})
+    assert got == base and preempted > 0
