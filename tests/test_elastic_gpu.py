@@ -117,3 +117,23 @@ def test_nvml_source_reads_the_device() -> None:
         pytest.skip("nvidia-ml-py is not installed here")
     free, _ = torch.cuda.mem_get_info()
     assert abs(src.free_bytes() - free) < GIB
+
+
+def test_a_capture_that_runs_out_of_memory_is_tried_again(ckpt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Right after a shrink another program may hold every free byte: a step capture that runs out of memory
+    leaves graphs on, the bucket runs eagerly for a while, then is captured."""
+    real, calls = torch.cuda.graph, {"n": 0}
+
+    def flaky(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise torch.OutOfMemoryError("the other program took it")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.cuda, "graph", flaky)
+    llm = LLM(str(ckpt), device="cuda", dtype="float32", moe_backend="offload", expert_cache=8)
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    assert len(llm.generate([[5, 6, 7, 8]], params)[0].token_ids) == 48
+    s = llm.stats()
+    assert calls["n"] >= 2 and llm.engine.runner.graphs.enabled  # type: ignore[union-attr]
+    assert s["step_graphs"] >= 1 and s["step_graph_replays"] > 0
