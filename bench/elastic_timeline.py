@@ -371,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["runs"].append(s)
         ok &= s["same_tokens"] and not s["oom_log"]
         print(json.dumps({k: v for k, v in s.items() if k != "split_at_start"}, indent=1), flush=True)
+        (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))  # kept if a later run dies
     if args.pinned_half:
         summary["pinned_half"] = pinned_half(args, ckpt)
         print(json.dumps(summary["pinned_half"]), flush=True)
