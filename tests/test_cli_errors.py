@@ -84,6 +84,14 @@ def test_prompt_longer_than_context(ckpt):
     assert "prompt is too long" in line and "16" in line
 
 
+def test_a_vram_budget_below_the_minimum(ckpt):
+    r = ft("generate", "--model", str(ckpt), "--prompt", "hi", "--device", "cpu", "--moe-backend", "hybrid",
+           "--max-model-len", "64", "--vram-budget", "0.00001", "--vram-reserve", "0")  # fmt: skip
+    line = _error_line(r)
+    assert "below the minimum this model needs" in line and "expert slots x" in line
+    assert "KV pages x" in line and "one 64-token context" in line
+
+
 def test_chat_streams_replies_and_exits(ckpt):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     r = subprocess.run(

@@ -95,7 +95,7 @@ def test_greedy_tokens_batched_match(hybrid_ckpt, device, backend, cache, fill):
 def test_kv_pages_only_for_full_attention(hybrid_ckpt):
     family, d, refs, _ = hybrid_ckpt
     llm = LLM(model=str(d), device="cpu", dtype="float32", state_checkpoints=0)
-    assert llm.engine.kv.k.shape[0] == 1  # 1 full-attention layer of 4
+    assert len(llm.engine.kv.k) == 1  # 1 full-attention layer of 4 (one K tensor per layer)
     assert llm.engine.states is not None and llm.engine.states.conv.shape[0] == 3
     assert llm.engine.tree is None  # no checkpoints: a recurrent state cannot resume from KV alone
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
@@ -172,7 +172,7 @@ def test_synthetic_hybrid_checkpoint_loads(tmp_path):
     write_qwen3_moe(tmp_path, num_layers=8, hidden=128, num_experts=8, moe_inter=64, vocab=512, top_k=2, hybrid=h,
                     dtype=torch.float32)  # fmt: skip
     llm = LLM(model=str(tmp_path), device="cpu", dtype="float32")
-    assert llm.engine.kv.k.shape[0] == 2 and llm.engine.states is not None and llm.engine.states.ssm.shape[0] == 6
+    assert len(llm.engine.kv.k) == 2 and llm.engine.states is not None and llm.engine.states.ssm.shape[0] == 6
     out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))[0]
     assert len(out.token_ids) == 4
 

@@ -278,7 +278,7 @@ def test_fused_triton_plan_equals_torch_plan(num_slots: int) -> None:
         protect = (0, 1, layers)[step_i % 3]
         recent_last = step_i % 4 >= 2
         groups = group_routes(ids.reshape(-1) + layer * experts, layers * experts)
-        rule = FillRule(min_fill, protect, recent_last)
+        rule = FillRule(min_fill, protect, recent_last, fill_rows=(None, experts + 3)[step_i % 5 == 1])
         want = plan_fills(a, groups, groups.valid, share, rule)
         off = layer * experts
         got = plan_step_triton(b, ids, off, share, rule, cb.vector, True)
@@ -343,12 +343,31 @@ def test_resize_keeps_locked_then_newest() -> None:
     assert cache.tables.locked.tolist() == [True, False, False]
     slots_hold_their_experts(cache)
     cache.check_integrity()
-    cache.resize(5)  # grow: everything stays, new slots are free
-    assert cache.resident() == {1: 0, 0: 1} and cache.free() == 3
-    step(cache, 1, [[0, 1]])  # eids 4, 5 fill the free slots 2, 3
-    assert cache.resident() == {1: 0, 0: 1, 4: 2, 5: 3}
+    cache.resize(5)  # grow: everything stays, and what the shrink let go comes back (as the oldest residents)
+    assert cache.resident() == {1: 0, 0: 1, 2: 2, 3: 3} and cache.free() == 1
+    slots_hold_their_experts(cache)
+    step(cache, 1, [[0, 1]])  # eids 4, 5: the free slot 4, then the oldest victim (a brought-back expert)
+    assert cache.resident() == {1: 0, 0: 1, 5: 2, 3: 3, 4: 4}
     slots_hold_their_experts(cache)
     cache.check_integrity()
     with pytest.raises(ValueError):
         cache.lock([0])
         cache.resize(1)  # two locked experts cannot fit one slot
+
+
+def test_fill_rows_keeps_unpinned_experts_out_of_the_cache() -> None:
+    """A pool pinned up to row 10: misses of eids >= 10 are never filled (they run on the CPU), the others
+    fill as the share says."""
+    t = SlotTables.empty(16, 8)
+    rule = FillRule(min_fill=1, fill_rows=10)
+    for step_i in range(6):
+        ids = torch.tensor([[step_i, 8 + step_i], [9, 15]])
+        groups = group_routes(ids.reshape(-1), 16)
+        plan = plan_fills(t, groups, groups.valid, torch.tensor(1.0), rule)
+        filled = plan.copy_src[: int(plan.copy_count)].tolist()
+        assert all(e < 10 for e in filled)
+        assert step_i == 0 or 9 not in filled  # eid 9 filled once, then it hits
+        codes = plan.route_code.tolist()
+        assert codes[3] == -1 - 15  # eid 15 always runs on the CPU
+    resident = [e for e in t.eid_of.tolist() if e >= 0]
+    assert resident and max(resident) < 10

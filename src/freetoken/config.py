@@ -63,6 +63,20 @@ class EngineConfig:
     cuda_graphs: bool = True
     """Replay each decode step whole (model, MoE layers, sampling) as one CUDA graph per batch-size bucket
     (on CUDA; False: eager steps, with the MoE layers' own graphs)."""
+    vram_budget: float | None = None
+    """GiB of device memory for the expert-slot cache, the KV pages and the reserve (the other weights come on
+    top), split by the memory planner and resized at run time (``ft ctl memory``); the split then follows the
+    session (the fused backend keeps every expert on the device: there the budget sizes the KV pages). None: the
+    sizes of expert_cache and kv_pages."""
+    vram_reserve: float = 1.0
+    """GiB of the budget left free for activations and graphs; the VRAM watcher keeps this much free."""
+    vram_watch: bool = True
+    """On CUDA, watch the device's free memory (NVML, ``nvidia-ml-py``) and shrink the caches when other
+    programs take it, growing back when they free it."""
+    pinned_budget: float | None = None
+    """GiB of the host expert pool to page-lock, for systems that cap pinned memory (WSL: about half the RAM).
+    Experts beyond it stay pageable and run on the CPU branch, never copied to the GPU (hybrid backend).
+    None: pin the whole pool."""
     seed: int = 0
     """Seed for requests that set none."""
     routing_trace: str | None = None
@@ -94,6 +108,12 @@ class EngineConfig:
             raise ValueError(f"expert_cache as a fraction must be in (0, 1], got {ec}")
         if isinstance(ec, int) and not isinstance(ec, bool) and ec < 0:
             raise ValueError(f"expert_cache as a slot count must be >= 0, got {ec}")
+        if self.vram_budget is not None and not self.vram_budget > 0:
+            raise ValueError(f"vram_budget must be a positive number of GiB, got {self.vram_budget}")
+        if not self.vram_reserve >= 0:
+            raise ValueError(f"vram_reserve must be >= 0 GiB, got {self.vram_reserve}")
+        if self.pinned_budget is not None and not self.pinned_budget >= 0:
+            raise ValueError(f"pinned_budget must be >= 0 GiB, got {self.pinned_budget}")
         if self.fill_fraction is not None and not (0.0 <= self.fill_fraction <= 1.0):
             raise ValueError(f"fill_fraction must be in [0, 1], got {self.fill_fraction}")
 

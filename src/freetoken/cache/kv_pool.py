@@ -1,8 +1,8 @@
 """Paged KV pool: fixed-size pages of K/V slots for every attention layer, and their owners.
 
 Shapes: L = attention layers, P = pages, S = page_size, H = KV heads, hd = head dim.
-``k[l]`` / ``v[l]`` are ``[P * S, H, hd]``: token slot ``page * S + offset``. Page tables live
-with the requests (a list of page ids per request); this pool only hands pages out and back.
+``k[l]`` / ``v[l]`` are ``[P * S, H, hd]``, one tensor per layer: token slot ``page * S + offset``. Page
+tables live with the requests (a list of page ids per request); this pool only hands pages out and back.
 
 A page is in one of three states: free; owned by a request (its private tail, by request id); or
 owned by the radix prefix tree (shared, possibly locked by several requests that read it). Owners
@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
+
+from freetoken.hardware.device_memory import device_zeros, uses_driver_memory
 
 
 class KVPool:
@@ -31,9 +33,12 @@ class KVPool:
             raise ValueError("the KV pool needs at least one page")
         self.num_pages = num_pages
         self.page_size = page_size
-        shape = (num_layers, num_pages * page_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.device = torch.device(device)
+        self.num_layers = num_layers
+        self.page_bytes = 2 * num_layers * page_size * num_kv_heads * head_dim * dtype.itemsize
+        shape = (num_pages * page_size, num_kv_heads, head_dim)
+        self.k = [device_zeros(shape, dtype, self.device) for _ in range(num_layers)]
+        self.v = [device_zeros(shape, dtype, self.device) for _ in range(num_layers)]
         # LIFO free list: recently freed pages are reused first (warm in caches).
         self._free: list[int] = list(range(num_pages - 1, -1, -1))
         self._owner: dict[int, object] = {}  # page -> request id or the radix tree
@@ -48,7 +53,7 @@ class KVPool:
 
     @property
     def bytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        return self.num_pages * self.page_bytes
 
     def pages_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
@@ -83,6 +88,52 @@ class KVPool:
     def _check_owner(self, page: int, owner: object, what: str) -> None:
         if page not in self._owner or self._owner[page] != owner:
             raise AssertionError(f"KV page {page} {what} by {owner!r} but owned by {self._owner.get(page)!r}")
+
+    def resize(self, num_pages: int, floor: int | None = None) -> dict[int, int]:
+        """Safe points only: the pool becomes ``num_pages`` pages. Growing adds free pages; shrinking needs
+        every used page to fit (the caller evicts or preempts first) and moves the used pages at or above
+        ``num_pages`` into free pages below it, K/V copied. Returns the moves {old page: new page}; the
+        caller rewrites the page tables that name them (requests, the radix tree). When the device refuses
+        the new layers (another program took the memory meanwhile), ``floor`` pages (at least the used ones)
+        are tried instead, else ``torch.OutOfMemoryError``; ``num_pages`` says what the pool became."""
+        if num_pages < 1:
+            raise ValueError("the KV pool needs at least one page")
+        if self.num_used > num_pages:
+            raise ValueError(f"{self.num_used} KV pages are in use; the pool cannot shrink to {num_pages}")
+        S = self.page_size
+        used = sorted(self._owner)
+        src = torch.tensor([p * S + i for p in used for i in range(S)], dtype=torch.long, device=self.device)
+        # On a GPU the used pages wait in host memory while the old layers go (their memory returns to the
+        # device: ``device_zeros``): the peak is the old pool, and a shrink really frees memory for other programs.
+        host = self.device.type == "cuda"
+        staged = [[t[src].to("cpu") if host else t[src] for t in bank] for bank in (self.k, self.v)]
+        shapes = [(tuple(t.shape[1:]), t.dtype) for t in self.k]
+        self.k, self.v = [], []
+        if host and not uses_driver_memory(self.device):
+            torch.cuda.empty_cache()
+        try:
+            self.k, self.v = self._layers(num_pages, shapes), self._layers(num_pages, shapes)
+        except torch.OutOfMemoryError:
+            self.k, self.v = [], []
+            if floor is None or max(floor, len(used)) >= num_pages:
+                raise
+            num_pages = max(floor, len(used), 1)
+            self.k, self.v = self._layers(num_pages, shapes), self._layers(num_pages, shapes)
+        high = [p for p in used if p >= num_pages]
+        low_free = sorted(p for p in range(num_pages) if p not in self._owner)
+        moves = dict(zip(high, low_free))  # empty when growing
+        dst = torch.tensor([moves.get(p, p) * S + i for p in used for i in range(S)], dtype=torch.long)
+        dst = dst.to(self.device)
+        for bank, rows in zip((self.k, self.v), staged):
+            for layer, kept in zip(bank, rows):
+                layer[dst] = kept.to(self.device)
+        self._owner = {moves.get(p, p): o for p, o in self._owner.items()}
+        self._free = sorted((p for p in range(num_pages) if p not in self._owner), reverse=True)
+        self.num_pages = num_pages
+        return moves
+
+    def _layers(self, num_pages: int, shapes: list[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor]:
+        return [device_zeros((num_pages * self.page_size, *shape), dt, self.device) for shape, dt in shapes]
 
     def slots(self, pages: list[int], start: int, end: int) -> list[int]:
         """Flat slot ids of token positions [start, end) of a sequence with page table ``pages``."""

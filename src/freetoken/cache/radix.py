@@ -15,6 +15,7 @@ Contract (the shape every cache shares: lookup / lock / insert / evict / size / 
   of that part is returned); the other pages change owner from ``owner`` to the tree in the pool.
 - ``evict(n)``: frees up to n pages back to the pool, tail pages of the least recently used
   unlocked leaf first (a leaf may shrink page by page; an emptied leaf goes, its parent may follow).
+- ``remap(moves)``: the pool resized and moved pages; the tree renames them (no page is lost).
 - Only the engine thread mutates the tree (no lock around the Python object).
 - A node may carry a recurrent-state checkpoint taken where its path ends (``checkpoint``, a slot of
   ``state_checkpoints.py``): a split keeps it on the tail (its end does not move); when eviction shortens or
@@ -194,6 +195,13 @@ class RadixCache:
         self._num_pages -= len(freed)
         self.num_evictions += len(freed)
         return freed
+
+    def remap(self, moves: dict[int, int]) -> None:
+        """The KV pool moved pages (``KVPool.resize``): rename them in every node, keeping every page."""
+        if not moves:
+            return
+        for node in self._nodes():
+            node.pages = [moves.get(p, p) for p in node.pages]
 
     # ---- integrity ------------------------------------------------------------------------------
     def check_integrity(self) -> None:

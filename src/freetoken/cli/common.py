@@ -35,6 +35,10 @@ def add_engine_args(p: argparse.ArgumentParser, model_required: bool = False) ->
     p.add_argument("--max-running-requests", type=int, default=d.max_running_requests,
                    help=e["max_running_requests"])  # fmt: skip
     p.add_argument("--cpu-threads", type=int, default=d.cpu_threads, help=e["cpu_threads"])
+    p.add_argument("--vram-budget", type=float, default=d.vram_budget, metavar="GIB", help=e["vram_budget"])
+    p.add_argument("--vram-reserve", type=float, default=d.vram_reserve, metavar="GIB", help=e["vram_reserve"])
+    p.add_argument("--no-vram-watch", dest="vram_watch", action="store_false", help=e["vram_watch"])
+    p.add_argument("--pinned-budget", type=float, default=d.pinned_budget, metavar="GIB", help=e["pinned_budget"])
     p.add_argument("--verify", dest="verify_weights", action="store_const", const="load", default=d.verify_weights,
                    help="FTW checkpoints: check every checksum before serving (default: in the background once "
                         "serving starts)")  # fmt: skip
@@ -52,6 +56,10 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_model_len=args.max_model_len,
         max_running_requests=args.max_running_requests,
         cpu_threads=args.cpu_threads,
+        vram_budget=args.vram_budget,
+        vram_reserve=args.vram_reserve,
+        vram_watch=args.vram_watch,
+        pinned_budget=args.pinned_budget,
         verify_weights=args.verify_weights,
     )
 

@@ -19,19 +19,23 @@ from pathlib import Path
 from typing import Any
 
 from freetoken.config import EngineConfig
-from freetoken.engine.commands import Abort, Add, Check, Command, FailAll, Wake
+from freetoken.engine.commands import Abort, Add, Check, Command, FailAll, FreeMemory, SetMemory, Wake
 from freetoken.engine.engine import LLMEngine
 from freetoken.engine.errors import EngineDeadError, RequestFailedError, ShuttingDownError
 from freetoken.engine.outputs import RequestOutput
 from freetoken.engine.sampling_params import SamplingParams
+from freetoken.engine.vram_watch import FreeMemorySource, NvmlSource, VramWatcher, watch_decision
 
 log = logging.getLogger(__name__)
 DEFAULT_MODEL_NAME = "freetoken-default"
 
 
 class AsyncLLM:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, free_memory: FreeMemorySource | None = None) -> None:
+        """``free_memory``: what the VRAM watcher reads (tests pass a fake one, on any device); None: NVML on
+        CUDA when ``vram_watch`` is on."""
         self.config = config
+        self._free_memory = free_memory
         self.state = "loading"  # loading | ready | dead | stopped
         self.error: str | None = None
         self.load_failure: BaseException | None = None  # why loading failed (``error`` says it in words)
@@ -43,11 +47,13 @@ class AsyncLLM:
         self._drain = True
         self._stats: dict[str, Any] = {}
         self._ids = itertools.count()
+        self.watcher: VramWatcher | None = None
+        self._deferred: list[SetMemory] = []  # budgets that wait for a safe point (a layer-major prefill runs)
         self._thread = threading.Thread(target=self._main, name="freetoken-engine", daemon=True)
 
     @classmethod
-    def start(cls, config: EngineConfig) -> AsyncLLM:
-        self = cls(config)
+    def start(cls, config: EngineConfig, free_memory: FreeMemorySource | None = None) -> AsyncLLM:
+        self = cls(config, free_memory)
         self._thread.start()
         return self
 
@@ -125,7 +131,7 @@ class AsyncLLM:
     def stats(self) -> dict[str, Any]:
         """The engine's counters as of its last safe point (refreshed after every step and command,
         and every half second while idle), with the uptime as of now."""
-        stats = {**self._stats, "state": self.state}
+        stats = {**self._stats, "state": self.state, "vram_watcher": "on" if self.watcher is not None else "off"}
         if self.engine is not None:
             stats["uptime_s"] = time.monotonic() - self.engine.started_at
         return stats
@@ -139,6 +145,15 @@ class AsyncLLM:
         done: cf.Future[None] = cf.Future()
         self._cmds.put(Check(done))
         await asyncio.wrap_future(done)
+
+    async def set_vram_budget(self, budget_gib: object, reason: str = "set by hand") -> dict[str, Any]:
+        """Resizes the engine to a VRAM budget (GiB) at its next safe point; returns the new memory split, or
+        raises ``BudgetError`` (with the numbers) and changes nothing."""
+        if self.state != "ready":
+            raise EngineDeadError(self.error or f"the engine is {self.state}")
+        done: cf.Future[dict[str, Any]] = cf.Future()
+        self._cmds.put(SetMemory(budget_gib, reason, done))  # type: ignore[arg-type]  # checked on the thread
+        return await asyncio.wrap_future(done)
 
     def fail_all(self, error: Exception) -> None:
         """Finish every request now; each stream raises ``error``. New requests still run."""
@@ -161,6 +176,7 @@ class AsyncLLM:
             log.debug("engine failed to load: %s", self.error)
             self._ready.set()
             return
+        self.watcher = self._start_watcher(self.engine)  # before ready: callers may look at it at once
         self._ready.set()
         try:
             self._loop(self.engine)
@@ -168,6 +184,27 @@ class AsyncLLM:
             self.state, self.error = "dead", f"{type(e).__name__}: {e}"
             log.exception("engine thread died")
             self._fail_all(EngineDeadError(self.error))
+        finally:
+            if self.watcher is not None:
+                self.watcher.stop()
+
+    def _start_watcher(self, eng: LLMEngine) -> VramWatcher | None:
+        """The VRAM watcher on CUDA (``vram_watch``), when NVML sees the device (or on the source given)."""
+        source = self._free_memory
+        if source is None:
+            if not self.config.vram_watch or eng.device.type != "cuda":
+                return None
+            source = NvmlSource.open(eng.device)
+        if source is None:
+            return None
+        mem = eng.memory
+
+        def wants(free: int) -> bool:  # the watcher's thread reads the engine's ints: a stale one only delays
+            f = mem.facts
+            return watch_decision(free, f.reserve_bytes, mem.split.budget_bytes, mem.target_bytes,
+                                  f.minimum_budget) is not None  # fmt: skip
+
+        return VramWatcher(source, wants, lambda free: self._cmds.put(FreeMemory(free))).start()
 
     def _loop(self, eng: LLMEngine) -> None:
         while True:
@@ -177,6 +214,9 @@ class AsyncLLM:
                 self._dispatch(eng.step() if eng.has_unfinished() else [])
                 self.state = "stopped"
                 self._fail_all(ShuttingDownError("the server is shutting down"))
+                for c in self._deferred:
+                    if c.done.set_running_or_notify_cancel():
+                        c.done.set_exception(ShuttingDownError("the server is shutting down"))
                 return
             block = not eng.has_unfinished() and not self._stop
             try:
@@ -193,6 +233,10 @@ class AsyncLLM:
                     outputs = self._recover(eng, exc)
                 self._stats = eng.stats()  # before dispatch: a finished stream sees its pages freed
                 self._dispatch(outputs)
+                if self._deferred and eng.can_resize():
+                    waiting, self._deferred = self._deferred, []
+                    for c in waiting:
+                        self._handle(eng, c)
             else:
                 self._stats = eng.stats()  # after aborts, and while idle
 
@@ -232,6 +276,24 @@ class AsyncLLM:
             eng.fail_all(str(cmd.error))
             eng.take_pending()  # the streams raise the error instead
             self._fail_all(cmd.error)
+        elif isinstance(cmd, SetMemory):
+            if not eng.can_resize():
+                self._deferred.append(cmd)  # run after the step that ends the layer-major prefill
+                return
+            if not cmd.done.set_running_or_notify_cancel():
+                return
+            try:
+                split = eng.set_vram_budget(cmd.budget_gib, cmd.reason)
+            except Exception as e:
+                cmd.done.set_exception(e)
+            else:
+                cmd.done.set_result(split)
+        elif isinstance(cmd, FreeMemory):
+            try:
+                eng.observe_free_memory(cmd.free_bytes)
+            finally:
+                if self.watcher is not None:
+                    self.watcher.done()
         elif isinstance(cmd, Check):
             if not cmd.done.set_running_or_notify_cancel():
                 return

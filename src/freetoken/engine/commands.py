@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 from dataclasses import dataclass
+from typing import Any
 
 from freetoken.engine.constraint import TokenConstraint
 from freetoken.engine.sampling_params import SamplingParams
@@ -40,8 +41,25 @@ class Check:
 
 
 @dataclass(frozen=True)
+class SetMemory:
+    """A VRAM budget set by hand (``POST /v1/engine/memory``, ``ft ctl memory``)."""
+
+    budget_gib: float
+    reason: str
+    done: cf.Future[dict[str, Any]]
+    """Resolved with the memory split after the resize, or failed with why the budget was refused."""
+
+
+@dataclass(frozen=True)
+class FreeMemory:
+    """The VRAM watcher's reading of the device's free memory (the engine shrinks or grows on it)."""
+
+    free_bytes: int
+
+
+@dataclass(frozen=True)
 class Wake:
     """Nothing to do: makes an idle engine thread look at its stop flag."""
 
 
-Command = Add | Abort | FailAll | Check | Wake
+Command = Add | Abort | FailAll | Check | SetMemory | FreeMemory | Wake

@@ -14,11 +14,13 @@ from freetoken.cache.radix import RadixCache
 from freetoken.config import EngineConfig
 from freetoken.engine.constraint import TokenConstraint
 from freetoken.engine.detokenizer import IncrementalDetokenizer
+from freetoken.engine.elastic import ElasticMemory, memory_facts
 from freetoken.engine.errors import InputError, PromptTooLongError, QueueFullError
 from freetoken.engine.grammar import GrammarCompiler
 from freetoken.engine.hybrid_build import make_state_pool, state_checkpoints
 from freetoken.engine.kv_manager import KVManager
 from freetoken.engine.layer_major import LayerMajorJob, LayerMajorPlanner
+from freetoken.engine.memory import parse_budget_gib
 from freetoken.engine.model_setup import ModelSetup, setup_model
 from freetoken.engine.outputs import RequestOutput
 from freetoken.engine.request import Request, Status
@@ -62,6 +64,12 @@ class LLMEngine:
         self.runner = ModelRunner(
             s.loaded.model, self.kv, s.device, s.loaded.backend, s.hf.sliding_window, self.sampler, graphs
         )
+        budget = config.vram_budget
+        facts = memory_facts(s.loaded.backend, self.kv, self.max_model_len, config.vram_reserve)
+        self.memory = ElasticMemory(facts, self.scheduler, s.loaded.backend, graphs, s.device, budget is not None)
+        if budget is not None:
+            wanted = config.kv_pages or self.kv.pages_for(self.max_model_len) * config.max_running_requests
+            self.memory.set_budget(parse_budget_gib(budget), "--vram-budget", "start", kv_wanted=wanted)
         self.layer_major = LayerMajorPlanner(config, self.pages, self.runner, s.hf.hidden_size, s.dtype)
         self._job: LayerMajorJob | None = None  # a layer-major prefill in flight (it spans steps)
         self.requests: dict[str, Request] = {}
@@ -73,6 +81,27 @@ class LLMEngine:
         self.weights_check = s.loaded.weights_check  # an FTW checkpoint's checksums: checked now that serving starts
         if self.weights_check is not None and config.verify_weights == "background":
             self.weights_check.start()
+
+    # ---- elastic memory (safe points only: between steps, on the engine thread) ---------------------------
+    def can_resize(self) -> bool:
+        """A safe point for elastic memory: between steps, and no layer-major prefill in flight (its batches
+        name KV slots and it streams layers through the slot pool across steps)."""
+        return self._job is None
+
+    def set_vram_budget(self, budget_gib: object, reason: str = "set by hand") -> dict[str, Any]:
+        """Resizes the expert slots and KV pages to a new budget (GiB); ``BudgetError`` (nothing changes) below
+        the minimum. Returns the memory split (``stats()["memory"]``). Only where ``can_resize()``."""
+        budget = parse_budget_gib(budget_gib)
+        if not self.can_resize():
+            raise RuntimeError("a layer-major prefill is in flight: resize after it (AsyncLLM waits for it)")
+        self.memory.set_budget(budget, reason)
+        return self.memory.stats()
+
+    def observe_free_memory(self, free_bytes: int) -> None:
+        """The VRAM watcher's reading: shrink or grow at this safe point when the policy says so (a reading
+        during a layer-major prefill is dropped: the watcher reads again)."""
+        if self.can_resize():
+            self.memory.on_free_memory(free_bytes)
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(
@@ -151,6 +180,8 @@ class LLMEngine:
             outputs += self._advance_job(self._job)
         outputs += self._pending
         self._pending = []
+        if self.can_resize():
+            self.memory.follow()  # a safe point: the split may follow the session's KV
         if _debug():
             self.check_integrity()
         return outputs
@@ -348,6 +379,7 @@ class LLMEngine:
             "kv_pages_total": self.kv.num_pages,
             "kv_pages_used": self.pages.num_pinned,  # not reclaimable now: unlocked tree pages do not count
             "moe_backend": backend.name if backend is not None else "none",
+            "memory": self.memory.stats(),
             "uptime_s": time.monotonic() - self.started_at,
             **({"weights_check": self.weights_check.status} if self.weights_check is not None else {}),
         }

@@ -113,6 +113,25 @@ class KVManager:
         req.pages, req.num_shared_pages, req.prefix_node, req.state_slot = [], 0, None, None
         req.num_computed_tokens = 0
 
+    def evict_for_shrink(self, num_pages: int) -> int:
+        """Evicts unlocked tree pages (LRU first) until the used pages would fit a pool of ``num_pages``, or
+        nothing unlocked is left; returns the pages still over (0: the pool can shrink now)."""
+        over = self.kv.num_used - num_pages
+        if over > 0 and self.tree is not None and self.tree.num_evictable_pages:
+            self.tree.evict(min(over, self.tree.num_evictable_pages))
+        return max(0, self.kv.num_used - num_pages)
+
+    def resize(self, num_pages: int, requests: Iterable[Request], floor: int | None = None) -> None:
+        """``KVPool.resize`` (the used pages must fit; ``floor``: its fallback), then the moved pages renamed in
+        every request's page table and in the tree."""
+        moves = self.kv.resize(num_pages, floor)
+        if not moves:
+            return
+        for r in requests:
+            r.pages = [moves.get(p, p) for p in r.pages]
+        if self.tree is not None:
+            self.tree.remap(moves)
+
     # ---- state checkpoints ----------------------------------------------------------------------
     def _plan_checkpoints(self, req: Request) -> None:
         """Checkpoint slots for the anchors past the resume point (the layers write them while prefilling)."""

@@ -63,6 +63,8 @@ def _kv_pages(
 ) -> int:
     if config.kv_pages is not None:
         return config.kv_pages
+    if config.vram_budget is not None:  # one whole context now; the engine sizes the pool to the budget
+        return -(-max_len // config.page_size)
     page_bytes = 2 * max(kv_layers, 1) * config.page_size * hf.num_kv_heads * hf.head_dim * dtype.itemsize
     wanted = -(-max_len // config.page_size) * config.max_running_requests
     if device.type == "cuda":
@@ -98,7 +100,10 @@ def setup_model(config: EngineConfig) -> ModelSetup:
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     max_len = context_length(config, hf)
-    backend = lambda banks: create_backend(config, banks, device, dtype)  # noqa: E731
+    first = config
+    if config.vram_budget is not None and config.expert_cache is None:  # the engine grows it to the budget
+        first = config.replace(expert_cache=max(1, hf.top_k))
+    backend = lambda banks: create_backend(first, banks, device, dtype)  # noqa: E731
     loaded = build_model(hf, family, device, dtype, backend, max_len, config.routing_trace, config.verify_weights)
     tokenizer = load_tokenizer(path)
     eos = list(hf.eos_token_ids)

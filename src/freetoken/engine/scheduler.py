@@ -89,6 +89,20 @@ class Scheduler:
             budget -= n
         return ScheduledBatch(items, never_fit)
 
+    def resize_kv(self, num_pages: int, floor: int | None = None) -> int:
+        """A safe point: the KV pool becomes ``num_pages`` pages. Shrinking evicts unlocked prefix-cache pages
+        first (LRU); only when none is left are running requests preempted, newest first (their computed pages
+        enter the tree and are evicted in turn; they resume by recomputing). ``floor``: the size to fall back to
+        when the device refuses this one (``KVPool.resize``). Returns the preemptions."""
+        preempted = 0
+        while self.pages.evict_for_shrink(num_pages) > 0:
+            if not self.running:
+                raise AssertionError("KV pages are in use with no running request to give them back")
+            self._preempt(self.running[-1])
+            preempted += 1
+        self.pages.resize(num_pages, self.running, floor)
+        return preempted
+
     def finish(self, req: Request) -> None:
         if req in self.running:
             self.running.remove(req)

@@ -36,6 +36,7 @@ from freetoken.layers.paged_attention import DecodeMeta
 from freetoken.models.decoder import DecoderModel
 
 log = logging.getLogger(__name__)
+RETRY_AFTER = 32  # steps before a capture that ran out of device memory is tried again (elastic memory)
 
 _INTS = 5  # ids, positions, KV slots, lengths, state slots; then the page table; then the sampler's 5 integer rows
 _FLOATS = 6  # temperature, top_p, min_p, presence, frequency, repetition
@@ -79,7 +80,7 @@ class StepGraphs:
         self.model, self.kv, self.backend, self.sampler = model, kv, backend, sampler
         self.max_pages, self.top_k = max_pages, top_k
         self.buckets = buckets(max_batch)
-        self.device = kv.k.device
+        self.device = kv.device
         self._static: dict[int, _Static] = {}
         self._pool: Any = None
         self.enabled = True
@@ -218,6 +219,11 @@ class StepGraphs:
                 out = self._body(st, f)
         except Exception as exc:  # noqa: BLE001 - any capture failure: decode runs eagerly from now on
             torch.cuda.set_stream(stream)
+            if isinstance(exc, torch.OutOfMemoryError):  # another program holds the memory now: try again later
+                st.uses[f] = -RETRY_AFTER
+                log.warning("CUDA graph capture of the %d-row decode step ran out of memory; eager for the next "
+                            "%d steps", B, RETRY_AFTER)  # fmt: skip
+                return
             self.enabled = False
             log.warning("CUDA graph capture of the %d-row decode step failed, running eagerly: %s: %s",
                         B, type(exc).__name__, exc)  # fmt: skip

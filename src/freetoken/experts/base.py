@@ -134,6 +134,27 @@ class ExpertBackend(ABC):
     def check_integrity(self) -> None:  # noqa: B027 - optional hook
         """Raise AssertionError when an internal invariant is broken (slot tables, counts)."""
 
+    # -- elastic memory (``engine/elastic.py``): backends with a device slot cache override these -------------
+    @property
+    def num_slots(self) -> int:
+        """Device expert slots that a resize can change (0: none, e.g. fused keeps every expert)."""
+        return 0
+
+    @property
+    def slot_bytes(self) -> int:
+        """Device bytes of one slot."""
+        return 0
+
+    @property
+    def slot_range(self) -> tuple[int, int]:
+        """(fewest, most) slots ``resize_expert_cache`` takes: one layer's top-k, the pool."""
+        return (0, 0)
+
+    def resize_expert_cache(self, num_slots: int, floor: int | None = None) -> None:
+        """A safe point between steps: the slot cache becomes ``num_slots`` slots (LRU slots go first), or
+        ``floor`` slots when the device refuses that many."""
+        raise NotImplementedError(f"the {self.name} backend has no expert cache to resize")
+
     # -- the whole decode step as one CUDA graph (``engine/step_graph.py``) -------------------------------
     def step_capturable(self, tokens: int, top_k: int) -> bool:
         """Whether a decode step of ``tokens`` can be captured into the engine's step graph."""

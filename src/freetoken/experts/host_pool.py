@@ -112,7 +112,12 @@ def mapped_device_view(host: torch.Tensor, device: torch.device) -> torch.Tensor
 class HostExpertPool:
     """Owns the host banks; pins them when CUDA is present; serves row gathers to the CPU and GPU."""
 
-    def __init__(self, banks: ExpertBanks, dtype: torch.dtype | None = None, pin: bool = True) -> None:
+    def __init__(
+        self, banks: ExpertBanks, dtype: torch.dtype | None = None, pin: bool = True, pin_limit: int | None = None
+    ) -> None:
+        """``pin_limit``: bytes of the pool that may be page-locked (systems that cap pinned memory, e.g. WSL):
+        the first ``pinned_rows`` experts (eid order) are pinned and may be copied to the GPU, the rest stay
+        pageable and only the CPU reads them. None: the whole pool."""
         if dtype is not None and not banks.fmt.quantized and banks.gate_up.dtype != dtype:
             # The slots hold the compute dtype and fills are raw copies, so the pool must match (a quantised
             # pool stays packed: kernels dequantise).
@@ -127,7 +132,9 @@ class HostExpertPool:
         self.num_experts = banks.num_experts
         self._registered: list[int] = []
         self.pinned = False
-        if pin and torch.cuda.is_available():
+        rows = self.num_rows
+        self.pinned_rows = rows if pin_limit is None else max(0, min(rows, pin_limit // max(1, self.expert_bytes)))
+        if pin and torch.cuda.is_available() and self.pinned_rows > 0:  # nothing pinned: the caller runs 'cpu'
             check_pool_fits(banks.pool_bytes)
             self.pinned = self._pin()
             if not self.pinned:
@@ -160,15 +167,22 @@ class HostExpertPool:
         return self.banks.expert_bytes
 
     # -- pinning -------------------------------------------------------------------------------------
+    @property
+    def partly_pinned(self) -> bool:
+        """Only the first ``pinned_rows`` experts are pinned (``pin_limit``)."""
+        return self.pinned_rows < self.num_rows
+
     def _pin(self) -> bool:
-        """Register every bank in place; else copy into pinned storage if 2x fits; else give up."""
+        """Register every bank in place (its first ``pinned_rows`` rows under a pin limit); else copy into pinned
+        storage if 2x fits and there is no limit; else give up."""
         for t in self.tensors:
-            if t.numel() == 0:
+            part = t[: self.pinned_rows]
+            if part.numel() == 0:
                 continue
-            how = _register(t)
+            how = _register(part)
             if how == "failed":
                 self._unregister()
-                return self._pin_by_copy()
+                return False if self.partly_pinned else self._pin_by_copy()
             if how == "registered":
                 self._registered.append(t.data_ptr())
         return True
@@ -220,4 +234,4 @@ class HostExpertPool:
             return self.tensors
         if not self.pinned:
             raise RuntimeError("the expert pool is not pinned; GPU kernels cannot read it")
-        return tuple(mapped_device_view(t, device) for t in self.tensors)
+        return tuple(mapped_device_view(t[: self.pinned_rows], device) for t in self.tensors)

@@ -11,9 +11,11 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from freetoken.server.errors import APIError, flavor_for_path
+from freetoken.server.body import parse_request
+from freetoken.server.errors import APIError, flavor_for_path, from_engine_error
 from freetoken.server.guard import Guard
 from freetoken.server.settings import ServerConfig
 from freetoken.server.sse import ClientGone
@@ -70,6 +72,7 @@ def build_app(
     app.include_router(openai_router(), dependencies=auth)
     app.include_router(anthropic_router(), dependencies=auth)
     _add_control_routes(app, state)
+    _add_memory_route(app, state)
     _add_error_handlers(app, state)
     app.add_middleware(Guard, state=state)
     return app
@@ -121,6 +124,29 @@ def _add_control_routes(app: FastAPI, state: ServerState) -> None:
             "tokens_per_second": state.metrics.tokens_per_second(),
         }
         return JSONResponse({"state": eng.state, "error": eng.error, "engine": stats, "server": server})
+
+
+class MemoryBody(BaseModel):
+    """``POST /v1/engine/memory``: the new VRAM budget (slots + KV pages + reserve), in GiB."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    vram_budget: float = Field(description="GiB")
+    reason: str = Field(default="set through the API", max_length=200)
+
+
+def _add_memory_route(app: FastAPI, state: ServerState) -> None:
+    @app.post("/v1/engine/memory", dependencies=[Depends(check_api_key)])
+    async def engine_memory(request: Request) -> JSONResponse:
+        """Resizes the expert slots and KV pages to a new budget at the engine's next safe point; a budget
+        below the minimum is a 400 that names the numbers (nothing changes)."""
+        body = await parse_request(request, MemoryBody)
+        if state.engine.state != "ready":
+            raise APIError("unavailable", f"the engine is {state.engine.state}")
+        try:
+            split = await state.engine.set_vram_budget(body.vram_budget, body.reason)
+        except Exception as exc:
+            raise from_engine_error(exc) from exc
+        return JSONResponse({"memory": split})
 
 
 def _add_error_handlers(app: FastAPI, state: ServerState) -> None:

@@ -36,6 +36,7 @@ class _CopyRecord:
 
 class HybridBackend(SlotBackend):
     name = "hybrid"
+    partly_pinned_ok = True
 
     def __init__(
         self,
@@ -50,7 +51,7 @@ class HybridBackend(SlotBackend):
         self.policy = SplitPolicy.create(config.fill_fraction, prof)
         self.share.fill_(self.policy.share)
         self._published = self.policy.share
-        self.rule = streaming_rule(pool.num_layers)
+        self.rule = streaming_rule(pool.num_layers, pool.pinned_rows if pool.partly_pinned else None)
         self._decode = True
         self._records: list[_CopyRecord] = []
         self._copy_calls, self._timed = 0, 0

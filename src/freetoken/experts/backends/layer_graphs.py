@@ -10,7 +10,8 @@ time on one stream), so an output is valid until the next replay of any of them:
 adds it to the residual at once, in stream order. The body must be capturable: the device-side plan (no
 host sync), fills and GEMMs, and the stream-ordered CPU branch on its toggle flags.
 
-A capture that fails turns graphs off for the backend with one warning (the caller's stream restored);
+A capture that fails turns graphs off for the backend with one warning (the caller's stream restored), but
+one that ran out of device memory (another program took it: elastic memory) is tried again later;
 a replay that fails lets the backend release the batch it queued (``replay_failed``) and re-raises.
 ``clear()`` drops the graphs when the slot cache is resized. Each capture synchronises the device once
 (torch does): keys are few in decode (layers x batch sizes seen), and each is captured once.
@@ -26,6 +27,7 @@ from typing import Any, Protocol
 import torch
 
 log = logging.getLogger(__name__)
+RETRY_AFTER = 32  # eager calls before a capture that ran out of device memory is tried again (elastic memory)
 
 Body = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (layer, x, ids, w) -> out
 
@@ -108,8 +110,13 @@ class LayerGraphs:
                 out = body(key[0], sx, sids, sw)
         except Exception as exc:  # noqa: BLE001 - any capture failure: run eagerly from now on
             torch.cuda.set_stream(stream)  # a failed capture can leave the capture stream current
-            self.enabled = False
             self.failures += 1
+            if isinstance(exc, torch.OutOfMemoryError):  # another program holds the memory now: try again later
+                self._seen[key] = -RETRY_AFTER
+                log.warning("CUDA graph capture of MoE layer %d (%d tokens) ran out of memory; eager for the next "
+                            "%d calls", key[0], key[1], RETRY_AFTER)  # fmt: skip
+                return None
+            self.enabled = False
             log.warning("CUDA graph capture of MoE layer %d (%d tokens) failed, running eagerly: %s: %s",
                         key[0], key[1], type(exc).__name__, exc)
             return None

@@ -34,12 +34,14 @@ RECENT_STEPS = 1
 FROZEN = FillRule(min_fill=0)  # static placements: the share stays 0, nothing is ever filled
 
 
-def streaming_rule(num_layers: int) -> FillRule:
-    return FillRule(min_fill=1, protect=RECENT_STEPS * num_layers, recent_last=True)
+def streaming_rule(num_layers: int, fill_rows: int | None = None) -> FillRule:
+    """``fill_rows``: only the pinned part of a partly pinned pool is ever filled."""
+    return FillRule(min_fill=1, protect=RECENT_STEPS * num_layers, recent_last=True, fill_rows=fill_rows)
 
 
 class SlotBackend(StepCapture, ExpertBackend):
     name = "slots"
+    partly_pinned_ok = False  # hybrid: the experts past a pinned budget run on its CPU branch
 
     def __init__(
         self,
@@ -54,6 +56,11 @@ class SlotBackend(StepCapture, ExpertBackend):
         self.pool = pool
         self.device = device
         self.dtype = dtype
+        if pool.partly_pinned and not self.partly_pinned_ok:
+            raise ValueError(
+                f"a pinned budget below the pool ({pool.pinned_rows} of {pool.num_rows} experts) needs the hybrid "
+                f"backend: {self.name} would copy unpinned experts"
+            )
         if num_slots is None:
             num_slots = resolve_slots(config.expert_cache, pool.num_rows, pool.expert_bytes, device)
         if pool.banks.top_k:  # refuse a cache too small for one token's experts now, not at the first step
@@ -64,7 +71,8 @@ class SlotBackend(StepCapture, ExpertBackend):
         self.share = torch.zeros((), dtype=torch.float32, device=device)  # device scalar read by plans
         self._one = torch.ones((), dtype=torch.float32, device=device)
         self._zero = torch.zeros((), dtype=torch.long, device=device)
-        self.streamer = LayerStreamer(self.cache, pool.num_layers)  # prefill: whole layers, double-buffered
+        # prefill: whole layers, double-buffered (not from a partly pinned pool: fills take only pinned rows)
+        self.streamer = LayerStreamer(self.cache, pool.num_layers, "off" if pool.partly_pinned else "stream")
         cuda_graphs = config.moe_cuda_graphs and device.type == "cuda"
         self.graphs = LayerGraphs(STREAMED_MAX_TOKENS) if cuda_graphs else None
         self._decode = True
@@ -77,7 +85,8 @@ class SlotBackend(StepCapture, ExpertBackend):
     ) -> ExpertBackend:
         """The registry's factory: the pool, pinned for a GPU. A GPU backend over an unpinned pool would copy at
         pageable speed: then the ``cpu`` backend serves instead (one warning)."""
-        pool = HostExpertPool(banks, dtype=dtype, pin=device.type == "cuda")
+        limit = None if config.pinned_budget is None else int(config.pinned_budget * (1 << 30))
+        pool = HostExpertPool(banks, dtype=dtype, pin=device.type == "cuda", pin_limit=limit)
         if device.type == "cuda" and not pool.pinned:
             log.warning("moe backend %r needs a pinned expert pool; falling back to 'cpu'", cls.name)
             return CpuBackend(config, pool, device, dtype)
@@ -185,17 +194,36 @@ class SlotBackend(StepCapture, ExpertBackend):
     def _after_cpu(self, experts: int, seconds: float) -> None:  # noqa: B027 - optional hook
         """Hook: timing of the CPU branch."""
 
-    def resize_expert_cache(self, num_slots: int) -> None:
-        """Elastic memory, at a safe point between steps: see ``SlotCache.resize``."""
+    @property
+    def num_slots(self) -> int:
+        return self.cache.num_slots
+
+    @property
+    def slot_bytes(self) -> int:
+        return self.pool.expert_bytes
+
+    @property
+    def slot_range(self) -> tuple[int, int]:
+        return (max(1, self.pool.banks.top_k), self.pool.num_rows)
+
+    def resize_expert_cache(self, num_slots: int, floor: int | None = None) -> None:
+        """Elastic memory, at a safe point between steps: see ``SlotCache.resize`` (locked, then the most
+        recently used experts stay; ``floor``: the fallback when the device refuses). The layer graphs read the
+        old slot banks: they are dropped and captured again on later steps (the engine drops its step graphs
+        too)."""
+        lo, hi = self.slot_range
+        if not lo <= num_slots <= hi:
+            raise ValueError(f"{num_slots} expert slots: the {self.name} backend takes {lo} to {hi}")
         self.streamer.finish()
         if self.graphs is not None:
             self.graphs.clear()
-        self.cache.resize(num_slots)
+        self.cache.resize(num_slots, floor)
 
     # -- reporting -------------------------------------------------------------------------------------
     def stats(self) -> dict[str, int | float]:
         out = {
             **self.counters.expert_stats(self.pool.expert_bytes, self.cache.num_slots),
+            "pinned_experts": self.pool.pinned_rows,
             **self.streamer.stats(),
             **(self.graphs.stats() if self.graphs is not None else {}),
         }

@@ -39,16 +39,27 @@ class StaticFreqBackend(SlotBackend):
             self.place()
         self.tokens_seen += num_tokens
 
+    def resize_expert_cache(self, num_slots: int, floor: int | None = None) -> None:
+        """Unlock, resize, then (once profiled) place each layer's ``C = S // L`` most-routed experts again."""
+        self.cache.unlock(list(self.cache.resident()))
+        super().resize_expert_cache(num_slots, floor)
+        self.per_layer = min(self.pool.num_experts, self.cache.num_slots // self.pool.num_layers)
+        if self.placed:
+            self.place()
+
     def place(self) -> None:
-        """Make each layer's C most-routed experts resident and locked (a safe point: may sync)."""
+        """Make each layer's C most-routed experts resident and locked, nothing else (a safe point: may sync)."""
         L, E, C = self.pool.num_layers, self.pool.num_experts, self.per_layer
         self.placed = True
         if C == 0:
+            self.cache.evict(list(self.cache.resident()))
             return
         counts = self.route_counts.view(L, E)
         key = counts * E + (E - 1 - torch.arange(E, device=counts.device))  # ties: lower expert id
         top = torch.topk(key, C, dim=1).indices + torch.arange(L, device=counts.device)[:, None] * E
         eids = top.reshape(-1)
+        keep = set(eids.tolist())
+        self.cache.evict([e for e in self.cache.resident() if e not in keep])
         self.cache.insert(eids)
         self.cache.lock(eids)
 

@@ -20,6 +20,7 @@ from freetoken.experts.slots.copy import batched_fill
 from freetoken.experts.slots.gemm import SlotWeights
 from freetoken.experts.slots.plan import WARM, FillRule, RouteGroups, SlotTables, StepPlan, group_routes, plan_fills
 from freetoken.experts.triton_support import triton_available
+from freetoken.hardware.device_memory import device_zeros, uses_driver_memory
 
 
 class SlotCache:
@@ -34,9 +35,10 @@ class SlotCache:
         # One slot = one whole expert: a row of every bank (``pool.tensors``: gate_up [S+1, 2I, D'], down
         # [S+1, D, I'], then the format's scale banks). Zero-filled so that masked work reading the scratch slot
         # stays finite.
-        self.slots = tuple(torch.zeros((S + 1, *t.shape[1:]), dtype=t.dtype, device=device) for t in pool.tensors)
+        self.slots = self._banks(S)
         self.tables = SlotTables.empty(N, S, device)
         self._src = pool.device_views(device)
+        self._dropped: list[int] = []  # eids a shrink let go, newest first: a grow brings them back
 
     @property
     def slot_gate_up(self) -> torch.Tensor:  # [S+1, 2I, D']
@@ -154,10 +156,15 @@ class SlotCache:
         t.stamp[slots] = -1
         t.locked[slots] = False
 
-    def resize(self, num_slots: int) -> None:
+    def resize(self, num_slots: int, floor: int | None = None) -> None:
         """Safe points only (no step in flight): change the slot count, keeping the residents that fit
-        (locked ones first, then the most recently used). Kept experts move to slots 0..n-1 in that
-        order. Old and new banks coexist during the copy: the peak is old + new."""
+        (locked ones first, then the most recently used). Kept experts move to slots 0..n-1 in that order.
+        A grow after a shrink brings back the experts the shrink let go (newest first, as the oldest residents),
+        so the cache is warm again at once.
+        The pool holds every expert, so the old banks are dropped before the new ones are made and the kept
+        experts are copied again from the pool: the peak is the larger of old and new, never their sum. When the
+        device refuses the new banks (another program took the memory meanwhile), ``floor`` slots are tried
+        instead (the caller's fallback), else ``torch.OutOfMemoryError``."""
         t, S, N = self.tables, self.num_slots, self.pool.num_rows
         if not 1 <= num_slots <= N:
             raise ValueError(f"slot count must be in [1, {N}], got {num_slots}")
@@ -166,21 +173,41 @@ class SlotCache:
             raise ValueError(f"{int(locked.sum())} locked experts do not fit in {num_slots} slots")
         used = torch.nonzero(t.eid_of[:S] >= 0).flatten()
         key = t.stamp[used] + locked[used].long() * (1 << 62)  # locked first, then newest
-        keep = used[torch.sort(key, descending=True, stable=True).indices][:num_slots]
-        n, dev = keep.numel(), self.device
-        new_slots = []
-        for old in self.slots:
-            b = torch.zeros((num_slots + 1, *old.shape[1:]), dtype=old.dtype, device=dev)
-            b[:n] = old[keep]
-            new_slots.append(b)
-        self.slots = tuple(new_slots)
+        ranked = used[torch.sort(key, descending=True, stable=True).indices]
+        resident = set(t.eid_of[:S].tolist())
+        dev = self.device
+        self.slots = ()  # the old banks go first (their memory returns to the device: ``device_zeros``)
+        if dev.type == "cuda" and not uses_driver_memory(dev):
+            torch.cuda.empty_cache()
+        try:
+            self.slots = self._banks(num_slots)
+        except torch.OutOfMemoryError:
+            if floor is None or not int(locked.sum()) <= floor < num_slots:
+                raise
+            num_slots = floor
+            self.slots = self._banks(num_slots)
+        keep = ranked[:num_slots]
+        n = keep.numel()
+        back = [e for e in self._dropped if e not in resident][: num_slots - n]
+        gone = set(back)
+        self._dropped = (t.eid_of[ranked[num_slots:]].tolist() + [e for e in self._dropped if e not in gone])[:N]
         new = SlotTables.empty(N, num_slots, dev)
         new.tick = t.tick
         new.eid_of[:n] = t.eid_of[keep]
         new.stamp[:n] = t.stamp[keep]
         new.locked[:n] = t.locked[keep]
-        new.slot_of[new.eid_of[:n]] = torch.arange(n, device=dev)
+        m = len(back)
+        new.eid_of[n : n + m] = torch.tensor(back, dtype=torch.long, device=dev)
+        new.stamp[n : n + m] = 0  # older than every resident: the first victims again
+        new.slot_of[new.eid_of[: n + m]] = torch.arange(n + m, device=dev)
         self.tables = new
+        if n + m:
+            count = torch.tensor(n + m, dtype=torch.long, device=dev)
+            batched_fill(self._src, self.slots, new.eid_of[: n + m].clone(), torch.arange(n + m, device=dev), count)
+
+    def _banks(self, num_slots: int) -> tuple[torch.Tensor, ...]:
+        """Zeroed banks of ``num_slots`` + 1 slots, one per pool bank (all or none)."""
+        return tuple(device_zeros((num_slots + 1, *t.shape[1:]), t.dtype, self.device) for t in self.pool.tensors)
 
     def resident(self) -> dict[int, int]:
         """eid -> slot for every resident expert."""

@@ -93,6 +93,7 @@ class FillRule:
     min_fill: int = 1  # 1: at least one fill when a step misses (the cache keeps warming); 0: frozen residency
     protect: int = 0  # > 0: slots used in the last `protect` plans are "recent"
     recent_last: bool = False  # recent slots: False = never victims, True = victims last, newest first
+    fill_rows: int | None = None  # only eids below this are ever filled (the pinned part of the pool); None: all
 
 
 WARM = FillRule()  # fill as the share says, plain LRU victims
@@ -160,12 +161,16 @@ def plan_fills(
         blocked = blocked | recent
     available = S - blocked.sum()
     q = fill_quota(m, share, available, rule.min_fill)
+    fillable = miss
+    if rule.fill_rows is not None:  # misses of unpinned experts stay on the CPU
+        fillable = miss & (groups.eid < rule.fill_rows)
+        q = torch.minimum(q, fillable.sum())
     # Fill the misses the most routes want first (ties: the lower eid), one descending sort.
-    key = torch.where(miss, groups.count * (N + 1) + (N - groups.eid), torch.full_like(groups.count, -1))
+    key = torch.where(fillable, groups.count * (N + 1) + (N - groups.eid), torch.full_like(groups.count, -1))
     ranked = torch.sort(key, descending=True, stable=True).indices  # [K] groups by fill priority
     pos = torch.arange(K, device=dev)
     rank = torch.empty_like(ranked).scatter_(0, ranked, pos)
-    fill = miss & (rank < q)
+    fill = fillable & (rank < q)
     # Victims: the Kv oldest unblocked slots (free slots have stamp -1: oldest, lowest slot first).
     sidx = torch.arange(S, device=dev)
     skey = stamp * (S + 1) + sidx

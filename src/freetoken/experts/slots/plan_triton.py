@@ -81,9 +81,9 @@ def group_routes_triton(topk_ids: torch.Tensor, layer_offset: int, num_rows: int
     return RouteGroups(eids, order, rgroup, start, count, geid, b, i64[6 * K])
 
 
-@triton.jit(do_not_specialize=["K", "layer_off", "N", "S", "KV", "protect"])
+@triton.jit(do_not_specialize=["K", "layer_off", "N", "S", "KV", "protect", "fill_rows"])
 def _plan_kernel(
-    ids_ptr, K, layer_off, N, S, KV, protect,
+    ids_ptr, K, layer_off, N, S, KV, protect, fill_rows,
     slot_of, eid_of, stamp, locked, tick_ptr, share_ptr,
     i64_out, b_out, counters,
     MIN_FILL: tl.constexpr, RECENT_LAST: tl.constexpr, KB: tl.constexpr, BS: tl.constexpr, COUNT: tl.constexpr,
@@ -122,11 +122,13 @@ def _plan_kernel(
     q = tl.ceil((m + 1).to(tl.float32) * tl.load(share_ptr)).to(tl.int64) - 1  # ``slots/plan.py: fill_quota``
     q = tl.maximum(tl.minimum(q, m), tl.minimum(m, MIN_FILL))
     q = tl.minimum(q, available)
+    fillable = miss & (geid < fill_rows.to(tl.int64))  # misses of unpinned experts stay on the CPU
+    q = tl.minimum(q, tl.sum(fillable.to(tl.int64), axis=0))
     # -- which misses: most routes first, then the lower eid (stable descending order) ---------------
-    key = tl.where(miss, gcount * (n64 + 1) + (n64 - geid), -1)
+    key = tl.where(fillable, gcount * (n64 + 1) + (n64 - geid), -1)
     above = (key[None, :] > key[:, None]) | ((key[None, :] == key[:, None]) & (r[None, :] < r[:, None]))
     rank = tl.sum(above.to(tl.int32), axis=1)
-    fill = miss & (rank < q)
+    fill = fillable & (rank < q)
     # -- victims: the q oldest unlocked slots no hit uses ----------------------------------------------
     sp1 = s64 + 1
     hslots = tl.where(hit, gslot, -1)
@@ -222,7 +224,7 @@ def plan_step_triton(
     b = torch.empty(4 * K, dtype=torch.bool, device=dev)
     KB = max(16, triton.next_power_of_2(K))
     _plan_kernel[(1,)](
-        ids, K, layer_offset, N, S, KV, rule.protect,
+        ids, K, layer_offset, N, S, KV, rule.protect, N if rule.fill_rows is None else rule.fill_rows,
         tables.slot_of, tables.eid_of, tables.stamp, tables.locked.view(torch.uint8), tables.tick,
         share.to(torch.float32), i64, b.view(torch.uint8), i64 if counters is None else counters,
         MIN_FILL=rule.min_fill, RECENT_LAST=rule.recent_last, KB=KB, BS=_BS,

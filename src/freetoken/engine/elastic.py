@@ -1,0 +1,188 @@
+"""Elastic memory: resizes the expert-slot cache and the KV pool to a budget, at a safe point between steps.
+
+Only the engine thread calls this, between steps (``AsyncLLM`` runs commands there; ``LLMEngine.step``
+calls ``follow`` after its step). A resize: waits for the device, drops the step graphs (they captured
+the old tensors' addresses; the buckets are captured again on later steps), shrinks before it grows (so a
+grow finds the memory a shrink gave back), and returns freed memory to the device. Slots shrink LRU first
+(``SlotCache.resize``); KV pages shrink by evicting LRU prefix-cache pages first, then by preempting the
+newest running requests (``Scheduler.resize_kv``); the radix tree keeps every page that survives.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from freetoken.engine.memory import GIB, MemoryFacts, MemorySplit, follow_kv, split_budget
+from freetoken.engine.vram_watch import STREAK_S, watch_decision
+from freetoken.hardware.device_memory import uses_driver_memory
+
+if TYPE_CHECKING:
+    from freetoken.cache.kv_pool import KVPool
+    from freetoken.engine.scheduler import Scheduler
+    from freetoken.engine.step_graph import StepGraphs
+    from freetoken.experts.base import ExpertBackend
+
+log = logging.getLogger(__name__)
+HISTORY = 256
+
+
+@dataclass(frozen=True)
+class ResizeRecord:
+    at: float  # unix time
+    source: str  # start | api | watcher | session
+    reason: str
+    budget_gib: float
+    slots_before: int
+    slots_after: int
+    kv_pages_before: int
+    kv_pages_after: int
+    preempted: int
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def memory_facts(backend: ExpertBackend | None, kv: KVPool, context: int, reserve_gib: float) -> MemoryFacts:
+    """What a slot and a page cost and the fewest of each the engine runs with (one layer's top-k, one context)."""
+    lo, hi = backend.slot_range if backend is not None else (0, 0)
+    return MemoryFacts(
+        slot_bytes=backend.slot_bytes if backend is not None else 0, page_bytes=kv.page_bytes, min_slots=lo,
+        max_slots=hi, min_pages=kv.pages_for(context), reserve_bytes=int(reserve_gib * GIB),
+        page_size=kv.page_size, context=context,
+    )  # fmt: skip
+
+
+class ElasticMemory:
+    def __init__(
+        self,
+        facts: MemoryFacts,
+        scheduler: Scheduler,
+        backend: ExpertBackend | None,
+        graphs: StepGraphs | None,
+        device: torch.device,
+        follow: bool,
+    ) -> None:
+        self.facts = facts
+        self.scheduler, self.backend, self.graphs, self.device = scheduler, backend, graphs, device
+        self.follow_session = follow
+        kv = scheduler.kv.num_pages
+        budget = self.num_slots * facts.slot_bytes + kv * facts.page_bytes + facts.reserve_bytes
+        self.split = MemorySplit(budget, self.num_slots, kv, facts.reserve_bytes)
+        self.target_bytes = budget  # the budget set by hand (or at start): the watcher grows back up to it
+        self.base_kv = kv  # KV pages of that budget: the session's split returns to it
+        self.last: ResizeRecord | None = None
+        self.num_resizes = 0
+        self.history: list[ResizeRecord] = []  # the last HISTORY resizes (benchmarks read them)
+        self._streak, self._last_shrink = 0, -1e9  # the watcher's shrinks in a row (vram_watch.STREAK_S)
+
+    @property
+    def num_slots(self) -> int:
+        return self.backend.num_slots if self.backend is not None else 0
+
+    # ---- what asks for a resize -----------------------------------------------------------------------
+    def set_budget(
+        self, budget_bytes: int, reason: str, source: str = "api", kv_wanted: int | None = None
+    ) -> ResizeRecord:
+        """A budget set by hand (or at start): the slots take the change first (the KV pages stay as they are,
+        or ``kv_wanted``, where they fit). Refused (``BudgetError``, with the numbers) below the minimum;
+        nothing changes then."""
+        want = self.scheduler.kv.num_pages if kv_wanted is None else kv_wanted
+        split = split_budget(budget_bytes, self.facts, want)
+        self.target_bytes, self.base_kv = budget_bytes, split.kv_pages
+        return self.apply(split, reason, source)
+
+    def on_free_memory(self, free_bytes: int) -> ResizeRecord | None:
+        """The VRAM watcher's reading: shrink when the device's free memory fell under the reserve, grow
+        back (hysteresis) towards the budget set by hand when it freed."""
+        f = self.facts
+        streak = self._streak + 1 if time.monotonic() - self._last_shrink < STREAK_S else 0
+        decision = watch_decision(free_bytes, f.reserve_bytes, self.split.budget_bytes, self.target_bytes,
+                                  f.minimum_budget, streak)  # fmt: skip
+        if decision is None:
+            return None
+        budget, why = decision
+        shrink = budget < self.split.budget_bytes
+        rec = self.apply(split_budget(budget, f, self.split.kv_pages), why, "watcher")
+        if shrink:  # the streak counts from the end of the resize
+            self._streak, self._last_shrink = streak, time.monotonic()
+        return rec
+
+    def follow(self) -> ResizeRecord | None:
+        """The split follows the session (``memory.follow_kv``); a no-op unless it moves something."""
+        if not self.follow_session:
+            return None
+        kv = self.scheduler.kv
+        want = follow_kv(kv.num_pages, self.scheduler.pages.num_pinned, self.base_kv)
+        if want is None:
+            return None
+        split = split_budget(self.split.budget_bytes, self.facts, want)
+        if split.kv_pages == kv.num_pages:
+            return None  # the slots cannot give more (or the pool is where it should be)
+        pinned = self.scheduler.pages.num_pinned
+        why = f"running requests hold {pinned} of {kv.num_pages} KV pages"
+        return self.apply(split, why, "session")
+
+    # ---- doing it -------------------------------------------------------------------------------------
+    def apply(self, split: MemorySplit, reason: str, source: str) -> ResizeRecord:
+        t0 = time.perf_counter()
+        slots0, kv0 = self.num_slots, self.scheduler.kv.num_pages
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        if (split.slots != slots0 or split.kv_pages != kv0) and self.graphs is not None:
+            self.graphs.clear()
+        preempted = 0
+        f = self.facts
+        # a size the device refuses (another program took the memory meanwhile) falls back: a grow to where it
+        # was, a shrink to the fewest slots or pages
+        if split.slots < slots0:
+            self._resize_slots(split.slots, f.min_slots)
+        if split.kv_pages != kv0:
+            floor = kv0 if split.kv_pages > kv0 else f.min_pages
+            preempted = self.scheduler.resize_kv(split.kv_pages, floor)
+        if split.slots > slots0:
+            self._resize_slots(split.slots, slots0)
+        if self.device.type == "cuda" and not uses_driver_memory(self.device):
+            torch.cuda.empty_cache()  # freed slots and pages go back to the device, for other programs
+        got = (self.num_slots, self.scheduler.kv.num_pages)
+        if got != (split.slots, split.kv_pages):
+            log.warning("memory %s: the device refused %d slots / %d KV pages; now %d / %d", source, split.slots,
+                        split.kv_pages, *got)  # fmt: skip
+            used = got[0] * f.slot_bytes + got[1] * f.page_bytes
+            split = MemorySplit(used + f.reserve_bytes, got[0], got[1], f.reserve_bytes)
+        self.split = split
+        rec = ResizeRecord(time.time(), source, reason, round(split.budget_bytes / GIB, 4), slots0, split.slots,
+                           kv0, split.kv_pages, preempted, time.perf_counter() - t0)  # fmt: skip
+        if (slots0, kv0) != (split.slots, split.kv_pages):
+            self.last = rec
+            self.num_resizes += 1
+            self.history = [*self.history[-(HISTORY - 1) :], rec]
+            log.info("memory %s: %d -> %d expert slots, %d -> %d KV pages (%s)%s", source, slots0, split.slots,
+                     kv0, split.kv_pages, reason, f", {preempted} preempted" if preempted else "")  # fmt: skip
+        return rec
+
+    def _resize_slots(self, n: int, floor: int) -> None:
+        assert self.backend is not None
+        self.backend.resize_expert_cache(n, floor)
+
+    # ---- introspection --------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        f, s = self.facts, self.split
+        return {
+            "budget_gib": s.budget_bytes / GIB,
+            "target_gib": self.target_bytes / GIB,
+            "minimum_gib": f.minimum_budget / GIB,
+            "slots": self.num_slots,
+            "slots_gib": self.num_slots * f.slot_bytes / GIB,
+            "kv_pages": self.scheduler.kv.num_pages,
+            "kv_gib": self.scheduler.kv.num_pages * f.page_bytes / GIB,
+            "reserve_gib": f.reserve_bytes / GIB,
+            "follows_session": self.follow_session,
+            "resizes": self.num_resizes,
+            "last_resize": self.last.to_dict() if self.last is not None else None,
+        }
