@@ -13,7 +13,7 @@
 #       bash bench/gpu/elastic_check.sh timeline   (one)
 # Knobs: LAYERS=6 BUDGET=40 BACKENDS=offload,hybrid TOKENS=512
 set -uo pipefail
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+export PYTHONPATH=src:.carry/pylib PYTHONUNBUFFERED=1  # .carry/pylib: nvidia-ml-py, llguidance, xxhash (the box lacks them)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LAYERS=${LAYERS:-6}
 CK=/tmp/ft-elastic-qwen3-$LAYERS
