@@ -85,8 +85,9 @@ def checkpoint(args: argparse.Namespace) -> Path:
 def _positions_needed(args: argparse.Namespace) -> int:
     from freetoken.bench.e2e_prefill import WARM_SUFFIX
 
-    lengths = [int(n) for n in str(args.prefill).split(",")] if args.prefill else []
-    return max([*lengths, args.itl_prompt, 0]) + WARM_SUFFIX + 8
+    prefill, itl = getattr(args, "prefill", None), getattr(args, "itl_prompt", 0) or 0  # other benches' args lack them
+    lengths = [int(n) for n in str(prefill).split(",")] if prefill else []
+    return max([*lengths, itl, 0]) + WARM_SUFFIX + 8
 
 
 def _allow_positions(d: Path, positions: int) -> None:
