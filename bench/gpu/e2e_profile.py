@@ -40,6 +40,8 @@ def main() -> None:
     ap.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--top", type=int, default=0, help="also print the N kernels of most launches per step")
+    ap.add_argument("--host-ops", action="store_true",
+                    help="also record the host's torch ops (their recording slows the host: the busy share drops)")
     args = ap.parse_args()
     llm = LLM(args.checkpoint, device="cuda", moe_backend=args.backend, expert_cache=args.expert_cache,
               max_running_requests=max(4, args.batch), cuda_graphs=args.cuda_graphs)  # fmt: skip
@@ -50,7 +52,8 @@ def main() -> None:
     for _ in range(20):
         eng.step()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if args.host_ops else [ProfilerActivity.CUDA]
+    with profile(activities=acts) as prof:
         t0 = time.perf_counter()
         for _ in range(args.steps):
             eng.step()
