@@ -29,7 +29,7 @@ def test_triton_kernels_compile(arch: int) -> None:
 
     i64 = "*i64"
     plan_sig = dict.fromkeys(["ids_ptr", "slot_of", "eid_of", "stamp", "tick_ptr", "i64_out", "counters"], i64)
-    plan_sig |= dict.fromkeys(["K", "layer_off", "N", "S", "KV", "protect"], "i32")
+    plan_sig |= dict.fromkeys(["K", "layer_off", "N", "S", "KV", "protect", "fill_rows"], "i32")
     plan_sig |= {"locked": "*u8", "share_ptr": "*fp32", "b_out": "*u8"}
     groups = dict.fromkeys(["order", "gstart", "gcount", "gslot", "ngroups_ptr"], i64)
     cases: list[tuple[object, dict[str, str], dict[str, object]]] = [
