@@ -77,3 +77,26 @@ def test_routing_trace_replays_inside_the_graph(ckpt: Path, tmp_path: Path) -> N
     eager, _ = _run(ckpt, False, "offload", PROMPTS[:2], params, routing_trace=str(path))
     graphed, _ = _run(ckpt, True, "offload", PROMPTS[:2], params, routing_trace=str(path))
     assert graphed == eager
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_grammar_constrained_rows_replay_from_the_graph(tmp_path: Path, temperature: float) -> None:
+    """A grammar-constrained request's decode steps replay from the step graph (the allowed-token bitmask is a
+    graph input) and give the eager steps' tokens; a free request beside it is unaffected."""
+    d = tmp_path / "grammar"
+    save_checkpoint("qwen3_moe", d, seed=0, tokenizer=True)
+    grammar = 'start: "ID-" /[0-9]{3}/ ("-" ("ok" | "no"))?'
+    constrained = SamplingParams(max_tokens=40, temperature=temperature, seed=1, grammar=grammar)
+    free = SamplingParams(max_tokens=12, temperature=temperature, seed=2, ignore_eos=True)
+
+    def run(graphs: bool) -> tuple[list[Any], dict[str, Any]]:
+        llm = LLM(str(d), device="cuda", dtype="float32", moe_backend="fused", max_running_requests=4,
+                  cuda_graphs=graphs)  # fmt: skip
+        outs = llm.generate([[5, 6, 7], [5, 6, 8]], [constrained, free])
+        assert outs[0].text.startswith("ID-"), outs[0].text
+        return [r.token_ids for r in outs], llm.stats()
+
+    eager, _ = run(False)
+    graphed, stats = run(True)
+    assert graphed == eager
+    assert stats["step_graph_replays"] > 0

@@ -44,12 +44,14 @@ def new_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
     return torch.full((rows, bitmask_words(vocab_size)), -1, dtype=torch.int32)
 
 
-_BITS = torch.arange(32, dtype=torch.int32)
+_BITS: dict[torch.device, torch.Tensor] = {}  # per device: made once, outside any CUDA graph capture
 
 
 def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Bool ``[..., V]``: the bits of ``bitmask [..., W]`` unpacked (token t: bit t % 32 of word t // 32)."""
-    bits = _BITS.to(bitmask.device)
+    bits = _BITS.get(bitmask.device)
+    if bits is None:
+        bits = _BITS[bitmask.device] = torch.arange(32, dtype=torch.int32, device=bitmask.device)
     unpacked = (bitmask.unsqueeze(-1) >> bits) & 1  # [..., W, 32]
     return unpacked.flatten(-2)[..., :vocab_size].bool()
 

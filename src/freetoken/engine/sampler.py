@@ -46,6 +46,7 @@ class Features:
     cuts: bool = True  # top-k / top-p / min-p (a sort of every row)
     penalties: bool = True
     logprobs: bool = True
+    mask: bool = False  # a row is grammar-constrained: the allowed-token bitmask applies (a step-graph input)
 
 
 @dataclass

@@ -10,7 +10,8 @@ logprobs) back once.
 A batch of n rows runs in the smallest bucket B ≥ n; rows n..B-1 repeat row 0 (same token, position and
 KV slot: they write the same K/V, and their samples are dropped). Each bucket has a graph per set of
 sampler stages its rows need (``Features``: an all-greedy step without penalties or logprobs is an
-argmax, not a sort, a noise draw and two softmaxes over the vocabulary). A (bucket, stages) graph is
+argmax, not a sort, a noise draw and two softmaxes over the vocabulary; a step with a grammar-constrained row
+adds the allowed-token bitmask, a third host→device copy of the rows' masks). A (bucket, stages) graph is
 captured on its second use: that step runs eagerly on the static buffers first (its result is the
 step's), then the capture records it. Batches past the largest bucket, and steps the backend cannot capture, run eagerly
 (``ModelRunner``), said once.
@@ -27,6 +28,7 @@ import torch
 from freetoken.cache.kv_pool import KVPool
 from freetoken.engine import noise
 from freetoken.engine.anchors import due_captures
+from freetoken.engine.constraint import new_bitmask
 from freetoken.engine.request import Request
 from freetoken.engine.sampler import MAX_TOP_LOGPROBS, Features, SamplingBatch, sample_batch
 from freetoken.engine.step_sampler import Choice, StepSampler, choices, features_of
@@ -62,6 +64,8 @@ class _Static:
     sampling: SamplingBatch
     ids: torch.Tensor  # [B] the model's input tokens
     host_out: torch.Tensor  # [B, 2 + 2*MAX_TOP_LOGPROBS] float64: id, logprob, top ids, top logprobs
+    mask: torch.Tensor  # [B, ceil(V/32)] int32 the allowed-token bitmask of grammar-constrained rows
+    host_mask: torch.Tensor
     graphs: dict[Features, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = field(default_factory=dict)  # graph, out
     uses: dict[Features, int] = field(default_factory=dict)
 
@@ -80,6 +84,7 @@ class StepGraphs:
         self.model, self.kv, self.backend, self.sampler = model, kv, backend, sampler
         self.max_pages, self.top_k = max_pages, top_k
         self.buckets = buckets(max_batch)
+        self.vocab = int(model.lm_head.shape[0])  # the logits' width (the allowed-token bitmask's)
         self.device = kv.device
         self._static: dict[int, _Static] = {}
         self._pool: Any = None
@@ -95,9 +100,6 @@ class StepGraphs:
         if not self.enabled or not items or any(n != 1 for _, n in items):
             return False
         if due_captures(items):  # a state checkpoint is taken per sequence, eagerly
-            return False
-        if any(req.constraint is not None for req, _ in items):
-            self._once("grammar", "decode steps with a grammar-constrained request run eagerly")
             return False
         b = self.bucket(len(items))
         if b is None:
@@ -153,6 +155,7 @@ class StepGraphs:
             ints, floats, torch.zeros(n_ints, dtype=torch.int64).pin_memory(),
             torch.ones((_FLOATS, B), dtype=torch.float32).pin_memory(), batch, sampling, ids,
             torch.zeros((B, 2 + 2 * MAX_TOP_LOGPROBS), dtype=torch.float64).pin_memory(),
+            new_bitmask(B, self.vocab).to(dev), new_bitmask(B, self.vocab).pin_memory(),  # mask, host_mask
         )  # fmt: skip
         self._static[B] = st
         return st
@@ -184,6 +187,12 @@ class StepGraphs:
             hf[:, b] = (p.temperature, p.top_p, p.min_p, p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
         st.ints.copy_(st.host_ints, non_blocking=True)
         st.floats.copy_(st.host_floats, non_blocking=True)
+        if any(r.constraint is not None for r in reqs):  # the next token's allowed set, row by row (pads: all)
+            st.host_mask.fill_(-1)
+            for b, req in enumerate(reqs):
+                if req.constraint is not None:
+                    req.constraint.fill_bitmask(st.host_mask[b])
+            st.mask.copy_(st.host_mask, non_blocking=True)
 
     # -- the step itself -------------------------------------------------------------------------------
     def _body(self, st: _Static, f: Features) -> torch.Tensor:
@@ -196,7 +205,7 @@ class StepGraphs:
         meta.seq_lens.copy_(st.ints[3 * B : 4 * B])
         hidden = self.model.forward(st.ids, st.batch, self.kv)
         logits = self.model.logits(hidden)
-        s = sample_batch(logits, st.sampling, self.sampler.state, f)
+        s = sample_batch(logits, st.sampling, self.sampler.state, f, st.mask if f.mask else None)
         if f.penalties:  # without, every row is the shared row, whose counts nothing reads
             self.sampler.state.update(st.sampling.rows, s.ids)
         if not f.logprobs:

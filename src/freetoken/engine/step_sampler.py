@@ -104,6 +104,7 @@ def features_of(reqs: list[Request]) -> Features:
         cuts=any(not x.greedy and (x.top_k > 0 or x.top_p < 1 or x.min_p > 0) for x in p),
         penalties=any(x.has_penalties for x in p),
         logprobs=any(x.logprobs is not None for x in p),
+        mask=any(r.constraint is not None for r in reqs),
     )
 
 
