@@ -10,6 +10,7 @@
 #   bench  (~9 min) ft bench e2e: fused, offload, hybrid, static-layers at 6 and 16 threads, batch 1 and 4,
 #          model routing, then hybrid and offload on the trace; GPU busy of a fused step; llama-bench
 set -uo pipefail
+source bench/gpu/lib.sh
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 CK=/tmp/ft-e2e-qwen3-12
@@ -17,14 +18,7 @@ TRACE=.carry/traces/locality-48x128x8.npy
 E2E="python3 -m freetoken.bench.e2e --preset qwen3-30b-a3b --layers 12 --dir $CK --expert-cache 0.25"
 for stage in ${*:-check bench}; do case $stage in
 check)
-  if [ ! -x /tmp/lc/build/bin/llama-bench ]; then
-    (setsid bash -c "mkdir -p /tmp/lc && tar xzf .carry/lcpp-src.tgz -C /tmp/lc && cd /tmp/lc/llama.cpp && \
-      cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF -DLLAMA_CURL=OFF \
-      -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-      -DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release > /tmp/lc/cmake.log 2>&1 && \
-      nice cmake --build build --target llama-bench -j 12 > /tmp/lc/build.log 2>&1; echo done > /tmp/lc/built" \
-      > /dev/null 2>&1 < /dev/null &)
-  fi
+  build_llama 12
   timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_attention.py tests/test_prefill_attention.py tests/test_norm.py tests/test_sampler.py \
     tests/test_step_graph_gpu.py tests/test_layer_graphs_gpu.py tests/test_backends.py tests/test_reference_models.py \
     tests/test_slot_cache.py tests/test_cpu_stream_gpu.py > "$OUT/gpu_tests.log" 2>&1
@@ -37,14 +31,9 @@ bench)
   timeout 300 $E2E --policies fused,offload,hybrid,static-layers --cpu-threads 6,16 --batch 1,4 --json "$OUT/e2e.json" \
     > "$OUT/e2e.log" 2> "$OUT/e2e.err"; cat "$OUT/e2e.log" | tail -18; grep -iE "error|Traceback" "$OUT/e2e.err" | head -5
   timeout 45 python3 bench/gpu/e2e_profile.py $CK --backend fused 2>&1 | tail -1
-  for i in $(seq 1 60); do [ -f /tmp/lc/built ] && break; sleep 5; done
-  if [ -x /tmp/lc/llama.cpp/build/bin/llama-bench ]; then
-    PYTHONPATH=/tmp/lc/llama.cpp/gguf-py python3 .carry/baselines/make_gguf_qwen3moe.py /tmp/m.gguf 12 | tail -1
-    B=/tmp/lc/llama.cpp/build/bin/llama-bench
-    for ncm in 9 0; do for th in 6 16; do
-      timeout 40 $B -m /tmp/m.gguf -ngl 99 --n-cpu-moe $ncm -t $th -p 0 -n 64 -r 3 -o csv 2>/dev/null | tail -n 1 |
-        awk -v n=$ncm -v t=$th -F, '{gsub(/"/,""); print "llama.cpp decode n_cpu_moe=" n " threads=" t ": " $(NF-1) " tok/s (sd " $NF ")"}'
-    done; done
+  if wait_llama 60; then
+    PYTHONPATH=/tmp/lc/llama.cpp/gguf-py python3 bench/gpu/make_gguf.py /tmp/m.gguf 12 | tail -1
+    peer_decode /tmp/m.gguf 9:6 9:16 0:6 0:16
   else echo "llama.cpp not built: $(tail -3 /tmp/lc/build.log 2>/dev/null)"; fi ;;
 trace)
   timeout 300 $E2E --policies offload,hybrid --cpu-threads 6,16 --batch 1,4 --repeats 2 --routing-trace $TRACE \

@@ -12,20 +12,14 @@
 # Run:  run(command="bash bench/gpu/prefill_check.sh check", carry=[".carry"]) then the same with "peer".
 # The synthetic checkpoint is written once (~23 s) to $CK and reused.
 set -uo pipefail
+source bench/gpu/lib.sh
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 CK=/tmp/ft-e2e-qwen3-12
 E2E="python3 -m freetoken.bench.e2e --preset qwen3-30b-a3b --layers 12 --dir $CK --expert-cache 0.25 --cpu-threads 16"
 for stage in ${*:-check peer}; do case $stage in
 check)
-  if [ ! -x /tmp/lc/llama.cpp/build/bin/llama-bench ] && [ -f .carry/lcpp-src.tgz ]; then
-    (setsid bash -c "mkdir -p /tmp/lc && tar xzf .carry/lcpp-src.tgz -C /tmp/lc && cd /tmp/lc/llama.cpp && \
-      cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF -DLLAMA_CURL=OFF \
-      -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-      -DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release > /tmp/lc/cmake.log 2>&1 && \
-      nice cmake --build build --target llama-bench -j 8 > /tmp/lc/build.log 2>&1; echo done > /tmp/lc/built" \
-      > /dev/null 2>&1 < /dev/null &)
-  fi
+  build_llama 8
   echo "== GPU tests: prefill attention, streamer"
   timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_prefill_attention.py tests/test_prefill_stream.py \
     > "$OUT/prefill_tests.log" 2>&1; tail -1 "$OUT/prefill_tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/prefill_tests.log" | head
@@ -42,7 +36,7 @@ check)
 peer)
   for i in $(seq 1 36); do [ -f /tmp/lc/built ] && break; sleep 5; done
   if [ -x /tmp/lc/llama.cpp/build/bin/llama-bench ]; then
-    [ -f /tmp/m.gguf ] || PYTHONPATH=/tmp/lc/llama.cpp/gguf-py python3 .carry/baselines/make_gguf_qwen3moe.py /tmp/m.gguf 12 | tail -1
+    [ -f /tmp/m.gguf ] || PYTHONPATH=/tmp/lc/llama.cpp/gguf-py python3 bench/gpu/make_gguf.py /tmp/m.gguf 12 | tail -1
     for p in 8192 32768; do
       timeout 70 /tmp/lc/llama.cpp/build/bin/llama-bench -m /tmp/m.gguf -ngl 99 --n-cpu-moe 12 -t 16 -p $p -n 0 -r 1 \
         -o csv 2>/dev/null | tail -n 1 | awk -v p=$p -F, '{gsub(/"/,""); print "llama.cpp prompt " p ": " $(NF-1) " tok/s"}'

@@ -8,28 +8,10 @@
 set -uo pipefail
 export PYTHONPATH=src:.carry/pylib PYTHONUNBUFFERED=1 FREETOKEN_CACHE=/tmp/ftc
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-LB=/tmp/lc/llama.cpp/build/bin/llama-bench
-E2E="python3 -m freetoken.bench.e2e --layers 12 --expert-cache 0.25"
-build_llama() {
-  [ -x $LB ] && return
-  (setsid bash -c "mkdir -p /tmp/lc && tar xzf .carry/lcpp-src.tgz -C /tmp/lc && cd /tmp/lc/llama.cpp && \
-    cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF -DLLAMA_CURL=OFF \
-    -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-    -DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release > /tmp/lc/cmake.log 2>&1 && \
-    nice cmake --build build --target llama-bench -j 12 > /tmp/lc/build.log 2>&1; echo done > /tmp/lc/built" \
-    > /dev/null 2>&1 < /dev/null &)
-}
-wait_llama() { for i in $(seq 1 ${1:-60}); do [ -f /tmp/lc/built ] && return 0; sleep 5; done; return 1; }
-peer() {  # $1 gguf, then "ncm:threads" pairs
-  local m=$1; shift
-  for nt in "$@"; do ncm=${nt%%:*}; th=${nt##*:}
-    timeout 45 $LB -m $m -ngl 99 --n-cpu-moe $ncm -t $th -p 0 -n 64 -r 3 -o csv 2>/dev/null | tail -n 1 |
-      awk -v n=$ncm -v t=$th -v f=$(basename $m) -F, '{gsub(/"/,""); print "llama.cpp " f " decode n_cpu_moe=" n " threads=" t ": " $(NF-1) " tok/s (sd " $NF ")"}'
-  done
-}
+source bench/gpu/lib.sh
 for stage in ${*:-fp8 step}; do case $stage in
 fp8)
-  build_llama
+  build_llama 12
   timeout 170 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_experts.py tests/test_fp8_checkpoint.py \
     > "$OUT/fp8_gpu_tests.log" 2>&1; echo "fp8 GPU tests: $(tail -1 "$OUT/fp8_gpu_tests.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/fp8_gpu_tests.log" | head -5
@@ -42,10 +24,10 @@ fp8)
   rm -rf /tmp/ftc/bench/*fp8*
   if wait_llama 12; then
     PYTHONPATH=/tmp/lc/llama.cpp/gguf-py timeout 120 python3 bench/gpu/make_gguf.py /tmp/q8.gguf 12 q8_0 | tail -1
-    peer /tmp/q8.gguf 9:6 9:16 0:6; rm -f /tmp/q8.gguf
+    peer_decode /tmp/q8.gguf 9:6 9:16 0:6; rm -f /tmp/q8.gguf
   else echo "llama.cpp not built: $(tail -3 /tmp/lc/build.log 2>/dev/null)"; fi ;;
 step)
-  build_llama
+  build_llama 12
   timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_prefill_attention.py tests/test_prefill_stream.py \
     tests/test_reference_models.py tests/test_reference_hybrid.py tests/test_state_checkpoints.py tests/test_step_graph_gpu.py \
     tests/test_ftw.py tests/test_step_kernels.py > "$OUT/gpu_tests.log" 2>&1
@@ -55,7 +37,7 @@ step)
   grep "^|" "$OUT/e2e_v2.log"; grep -iE "error|Traceback" -A3 "$OUT/e2e_v2.err" | head -6
   if wait_llama 6; then
     PYTHONPATH=/tmp/lc/llama.cpp/gguf-py timeout 60 python3 bench/gpu/make_gguf.py /tmp/m.gguf 12 bf16 | tail -1
-    peer /tmp/m.gguf 9:6 9:16 0:6
+    peer_decode /tmp/m.gguf 9:6 9:16 0:6
   fi
   timeout 170 $E2E --preset qwen3-30b-a3b --policies hybrid --cpu-threads 16 --no-decode --repeats 1 \
     --prefill 2048,8192,32768 --itl-prompt 32768 --json "$OUT/ttft.json" > "$OUT/ttft.log" 2> "$OUT/ttft.err"
