@@ -159,3 +159,28 @@ def test_an_empty_checkpoint_pool_is_refused():
         _pools(0)
     with pytest.raises(ValueError, match="state_checkpoints must be >= 0"):
         EngineConfig(state_checkpoints=-1)
+
+
+def test_next_turn_resumes_after_the_reply(ckpt):
+    """The state after the request's own reply (to its last whole page) is checkpointed when it finishes: the next
+    turn, which sends the reply back, re-prefills only its new suffix (and less than a page), with the logits of a
+    fresh full prefill."""
+    d, sp = ckpt
+    first, _ = _turns(sp)
+    llm = LLM(model=str(d), device="cpu", dtype="float32", page_size=PAGE)
+    reply = llm.generate([first], SamplingParams(temperature=0.0, max_tokens=23, ignore_eos=True))[0].token_ids
+    g = torch.Generator().manual_seed(5)
+    S, E = sp["<|im_start|>"], sp["<|im_end|>"]
+    prompt = first + reply + [E, S, *_text(g, 9), E, S]
+    fresh = llm.engine.score(prompt)[-1]
+    seen: list[torch.Tensor] = []
+    model = llm.engine.runner.model
+    real_logits = model.logits
+    model.logits = lambda h: seen.append(real_logits(h)) or seen[-1]  # type: ignore[method-assign]
+    before = llm.stats()
+    llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+    refilled = llm.stats()["prefill_tokens"] - before["prefill_tokens"]
+    suffix = len(prompt) - len(first) - len(reply)
+    assert refilled <= suffix + PAGE, (refilled, suffix)
+    assert_close_logits(seen[-1][0].cpu(), fresh)
+    llm.check_integrity()

@@ -174,6 +174,7 @@ class LLMEngine:
             for req, n in items:
                 was_prefill = req.num_computed_tokens < req.num_prompt_tokens
                 req.num_computed_tokens += n
+                self.pages.roll(req)
                 self._counters["prefill_tokens" if was_prefill else "decode_tokens"] += n
             outputs += self._append_all(sampled)
         if self._job is not None:
