@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from freetoken import LLM, SamplingParams
+from freetoken.bench.agent_edits import common_prefix
 from freetoken.cache.kv_pool import KVPool
 from freetoken.cache.radix import RadixCache
 from freetoken.cache.state_checkpoints import StateCheckpoints
@@ -57,10 +58,6 @@ def _turns(sp: dict[str, int]) -> tuple[list[int], dict[str, list[int]]]:
     return first, edits
 
 
-def _common(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
 @pytest.mark.parametrize("edit", ["openclaw: thinking dropped", "opencode: tool output replaced",
                                   "swe-agent: old observation dropped"])  # fmt: skip
 def test_resumed_request_equals_fresh_prefill(ckpt, edit):
@@ -82,7 +79,7 @@ def test_resumed_request_equals_fresh_prefill(ckpt, edit):
     assert after["state_restores"] == before["state_restores"] + 1
     reused = after["prefix_tokens_reused"] - before["prefix_tokens_reused"]
     refilled = after["prefill_tokens"] - before["prefill_tokens"]
-    suffix = len(prompt) - _common(first, prompt)  # the minimum: what the edit changed or added
+    suffix = len(prompt) - common_prefix(first, prompt)  # the minimum: what the edit changed or added
     assert refilled == len(prompt) - reused and refilled <= suffix + PAGE, (edit, refilled, suffix)
     assert_close_logits(seen[-1][0].cpu(), fresh)
     llm.check_integrity()
