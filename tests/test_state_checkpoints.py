@@ -98,8 +98,9 @@ def test_no_checkpoints_no_reuse(ckpt):
 def test_anchor_positions():
     a = Anchors(starts=frozenset({7}), ends=frozenset({8}))
     tokens = [1, 1, 1, 7, 1, 1, 1, 1, 8, 1, 1, 1, 1, 1]
-    # 7 at 3 -> state before it (3 -> page 0: dropped, not > lo); 8 at 8 -> after it (9 -> 8); the end 14 -> 12
-    assert a.positions(tokens, 0, 14, 4) == [8, 12]
+    # 7 at 3 -> the states before it (3 -> page 0: dropped, not > lo) and after it (4); 8 at 8 -> after it (9 -> 8);
+    # the end 14 -> 12
+    assert a.positions(tokens, 0, 14, 4) == [4, 8, 12]
     assert a.positions(tokens, 8, 14, 4) == [12]  # past the resume point only
 
 

@@ -16,7 +16,7 @@ MAX_PER_REQUEST = 16  # the deepest anchors of a prompt (the pool is budgeted an
 
 @dataclass(frozen=True)
 class Anchors:
-    starts: frozenset[int]  # token ids that open an editable region: the state before them
+    starts: frozenset[int]  # token ids that open an editable region: the states before and after them
     ends: frozenset[int]  # token ids that close one: the state after them
     every: int = 0  # > 0: a fixed grid of positions every this many tokens instead of the special tokens
 
@@ -29,9 +29,11 @@ class Anchors:
             return sorted(p for p in found if lo < p <= hi)[-MAX_PER_REQUEST:]
         for i in range(lo, min(hi, len(tokens))):
             t = tokens[i]
-            p = i if t in self.starts else i + 1 if t in self.ends else -1
-            if p > 0:
-                found.add((p // page_size) * page_size)
+            # an opening token: the state before it (the region is dropped whole) and after it (its content is
+            # replaced: the token stays); a closing one: after it
+            for p in (i, i + 1) if t in self.starts else (i + 1,) if t in self.ends else ():
+                if p > 0:
+                    found.add((p // page_size) * page_size)
         return sorted(p for p in found if lo < p <= hi)[-MAX_PER_REQUEST:]
 
 
