@@ -14,7 +14,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from freetoken import LLM, SamplingParams  # noqa: E402
-from test_state_checkpoints import _ANCHOR_TOKENS, PAGE, _common, _turns  # noqa: E402
+from freetoken.bench.agent_edits import common_prefix  # noqa: E402
+from test_state_checkpoints import _ANCHOR_TOKENS, PAGE, _turns  # noqa: E402
 from tiny_models import save_checkpoint, save_tokenizer  # noqa: E402
 
 
@@ -34,7 +35,7 @@ def main() -> None:
             before = llm.stats()["prefill_tokens"]
             llm.generate([prompt], p)
             row.append(llm.stats()["prefill_tokens"] - before)
-        print(f"| {name} | {len(prompt)} | {len(prompt) - _common(first, prompt)} | {row[0]} | {row[1]} |")
+        print(f"| {name} | {len(prompt)} | {len(prompt) - common_prefix(first, prompt)} | {row[0]} | {row[1]} |")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from freetoken import LLM, SamplingParams
+from freetoken.bench.agent_edits import common_prefix
 from freetoken.cache.kv_pool import KVPool
 from freetoken.cache.radix import RadixCache
 from freetoken.cache.state_checkpoints import StateCheckpoints
@@ -57,10 +58,6 @@ def _turns(sp: dict[str, int]) -> tuple[list[int], dict[str, list[int]]]:
     return first, edits
 
 
-def _common(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
 @pytest.mark.parametrize("edit", ["openclaw: thinking dropped", "opencode: tool output replaced",
                                   "swe-agent: old observation dropped"])  # fmt: skip
 def test_resumed_request_equals_fresh_prefill(ckpt, edit):
@@ -82,7 +79,7 @@ def test_resumed_request_equals_fresh_prefill(ckpt, edit):
     assert after["state_restores"] == before["state_restores"] + 1
     reused = after["prefix_tokens_reused"] - before["prefix_tokens_reused"]
     refilled = after["prefill_tokens"] - before["prefill_tokens"]
-    suffix = len(prompt) - _common(first, prompt)  # the minimum: what the edit changed or added
+    suffix = len(prompt) - common_prefix(first, prompt)  # the minimum: what the edit changed or added
     assert refilled == len(prompt) - reused and refilled <= suffix + PAGE, (edit, refilled, suffix)
     assert_close_logits(seen[-1][0].cpu(), fresh)
     llm.check_integrity()
@@ -101,8 +98,9 @@ def test_no_checkpoints_no_reuse(ckpt):
 def test_anchor_positions():
     a = Anchors(starts=frozenset({7}), ends=frozenset({8}))
     tokens = [1, 1, 1, 7, 1, 1, 1, 1, 8, 1, 1, 1, 1, 1]
-    # 7 at 3 -> state before it (3 -> page 0: dropped, not > lo); 8 at 8 -> after it (9 -> 8); the end 14 -> 12
-    assert a.positions(tokens, 0, 14, 4) == [8, 12]
+    # 7 at 3 -> the states before it (3 -> page 0: dropped, not > lo) and after it (4); 8 at 8 -> after it (9 -> 8);
+    # the end 14 -> 12
+    assert a.positions(tokens, 0, 14, 4) == [4, 8, 12]
     assert a.positions(tokens, 8, 14, 4) == [12]  # past the resume point only
 
 
@@ -159,3 +157,28 @@ def test_an_empty_checkpoint_pool_is_refused():
         _pools(0)
     with pytest.raises(ValueError, match="state_checkpoints must be >= 0"):
         EngineConfig(state_checkpoints=-1)
+
+
+def test_next_turn_resumes_after_the_reply(ckpt):
+    """The state after the request's own reply (to its last whole page) is checkpointed when it finishes: the next
+    turn, which sends the reply back, re-prefills only its new suffix (and less than a page), with the logits of a
+    fresh full prefill."""
+    d, sp = ckpt
+    first, _ = _turns(sp)
+    llm = LLM(model=str(d), device="cpu", dtype="float32", page_size=PAGE)
+    reply = llm.generate([first], SamplingParams(temperature=0.0, max_tokens=23, ignore_eos=True))[0].token_ids
+    g = torch.Generator().manual_seed(5)
+    S, E = sp["<|im_start|>"], sp["<|im_end|>"]
+    prompt = first + reply + [E, S, *_text(g, 9), E, S]
+    fresh = llm.engine.score(prompt)[-1]
+    seen: list[torch.Tensor] = []
+    model = llm.engine.runner.model
+    real_logits = model.logits
+    model.logits = lambda h: seen.append(real_logits(h)) or seen[-1]  # type: ignore[method-assign]
+    before = llm.stats()
+    llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+    refilled = llm.stats()["prefill_tokens"] - before["prefill_tokens"]
+    suffix = len(prompt) - len(first) - len(reply)
+    assert refilled <= suffix + PAGE, (refilled, suffix)
+    assert_close_logits(seen[-1][0].cpu(), fresh)
+    llm.check_integrity()

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from freetoken.bench.tiny_hybrid import randomize
+
 COMMON: dict[str, Any] = dict(
     vocab_size=512,
     hidden_size=64,
@@ -82,14 +84,7 @@ def _random_model(cfg: Any, seed: int) -> Any:
         model = tf.Qwen3_5MoeForCausalLM(cfg).float()
     else:
         model = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
-    return model.eval()
+    return randomize(model, seed)
 
 
 def save_checkpoint(

@@ -52,6 +52,9 @@ class EngineConfig:
     state_checkpoints: int = 16
     """Models with linear-attention layers: recurrent-state checkpoints kept for prefix reuse (taken at the
     special tokens where agents edit the context, and at prompt ends); 0: no prefix reuse for them."""
+    state_checkpoint_every: int | None = None
+    """Where those checkpoints are taken. None: at the model's special-token anchors (and prompt ends); N: on a
+    fixed grid every N tokens (and prompt ends) instead, like llama.cpp's --checkpoint-every-nb (for comparison)."""
     max_model_len: int | None = None
     """Context length limit. None: the checkpoint's max_position_embeddings."""
     cpu_threads: int | None = None
@@ -95,6 +98,8 @@ class EngineConfig:
             raise ValueError("max_running_requests must be >= 1")
         if self.state_checkpoints < 0:
             raise ValueError("state_checkpoints must be >= 0")
+        if self.state_checkpoint_every is not None and self.state_checkpoint_every < 1:
+            raise ValueError(f"state_checkpoint_every must be >= 1 token, got {self.state_checkpoint_every}")
         if self.max_batched_tokens < 1:
             raise ValueError("max_batched_tokens must be >= 1")
         if self.prefill_interleave_ms < 0:

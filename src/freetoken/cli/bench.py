@@ -10,6 +10,7 @@ import importlib
 from typing import Any
 
 BENCHMARKS: dict[str, str] = {
+    "agent-edits": "freetoken.bench.agent_edits",
     "bw": "freetoken.bench.bw",
     "decode": "freetoken.bench.decode",
     "e2e": "freetoken.bench.e2e",

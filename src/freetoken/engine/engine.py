@@ -50,7 +50,7 @@ class LLMEngine:
         self.states = make_state_pool(s.loaded, config.max_running_requests, s.dtype, s.device, checkpoints)
         # a recurrent state resumes only from a checkpoint: without any, no prefix reuse
         self.tree = RadixCache(self.kv) if config.prefix_cache and (self.states is None or checkpoints) else None
-        ckpts, anchors = state_checkpoints(self.states, self.tree, s)
+        ckpts, anchors = state_checkpoints(self.states, self.tree, s, config.state_checkpoint_every)
         self.pages = KVManager(self.kv, self.tree, self.states, ckpts, anchors)
         self.scheduler = Scheduler(self.pages, config.max_running_requests, config.max_batched_tokens)
         self.sampler = StepSampler(config.max_running_requests, s.hf.vocab_size, s.device)
@@ -174,6 +174,7 @@ class LLMEngine:
             for req, n in items:
                 was_prefill = req.num_computed_tokens < req.num_prompt_tokens
                 req.num_computed_tokens += n
+                self.pages.roll(req)
                 self._counters["prefill_tokens" if was_prefill else "decode_tokens"] += n
             outputs += self._append_all(sampled)
         if self._job is not None:

@@ -114,10 +114,13 @@ def make_state_pool(
 
 
 def state_checkpoints(
-    states: StatePool | None, tree: RadixCache | None, setup: ModelSetup
+    states: StatePool | None, tree: RadixCache | None, setup: ModelSetup, every: int | None = None
 ) -> tuple[StateCheckpoints | None, Anchors | None]:
-    """The checkpoint pool over the state pool's checkpoint slots and the family's anchors, where both exist."""
+    """The checkpoint pool over the state pool's checkpoint slots and the family's anchors (``every``: a fixed
+    grid instead), where both exist."""
     if states is None or tree is None or states.num_checkpoints == 0:
         return None, None
     family = get_family(setup.hf.architecture)
-    return StateCheckpoints(states, tree), resolve_anchors(setup.tokenizer, family.anchor_starts, family.anchor_ends)
+    return StateCheckpoints(states, tree), resolve_anchors(
+        setup.tokenizer, family.anchor_starts, family.anchor_ends, every or 0
+    )

@@ -6,7 +6,9 @@ size, so a request never writes into a tree page. Without a tree (``prefix_cache
 is private and this reduces to allocate / free. With linear-attention layers a request also holds one
 recurrent-state slot (``states``) from admission until it gives its pages back, and it resumes only from a
 prefix whose state was checkpointed (``checkpoints``): the deepest checkpointed node of its match; while it
-prefills it takes checkpoints at its anchors, hung on the tree's nodes when it gives its pages to the tree.
+prefills it takes checkpoints at its anchors, hung on the tree's nodes when it gives its pages to the tree; while
+it decodes one more checkpoint rolls along its reply (rewritten at each page boundary it crosses: ``roll``), so
+the state after its own reply, up to the last whole page, is there for the next turn.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class KVManager:
             assert req.state_slot is not None
             self.checkpoints.restore(req.prefix_node, req.state_slot)
         self._plan_checkpoints(req)
+        self._plan_rolling(req)
         self.num_prefix_tokens_reused += req.num_computed_tokens
         if req.num_preemptions == 0:
             req.num_cached_tokens = req.num_computed_tokens
@@ -111,7 +114,7 @@ class KVManager:
             assert self.states is not None
             self.states.free(req.state_slot, rid)
         req.pages, req.num_shared_pages, req.prefix_node, req.state_slot = [], 0, None, None
-        req.num_computed_tokens = 0
+        req.num_computed_tokens, req.rolling = 0, None
 
     def evict_for_shrink(self, num_pages: int) -> int:
         """Evicts unlocked tree pages (LRU first) until the used pages would fit a pool of ``num_pages``, or
@@ -144,9 +147,34 @@ class KVManager:
                 break
             req.captures.append((p, slot))
 
+    def _plan_rolling(self, req: Request) -> None:
+        """The decode checkpoint: planned at the first page boundary past the prompt (``roll`` moves it on)."""
+        if self.checkpoints is None or self.anchors is None:
+            return
+        slot = self.checkpoints.take()
+        if slot is not None:
+            S = self.kv.page_size
+            req.captures.append(((req.num_tokens // S + 1) * S, slot))
+            req.rolling = (slot, 0)
+
+    def roll(self, req: Request) -> None:
+        """After a step: the decode checkpoint, once its page boundary is computed (written), is planned at the
+        next boundary (the slot is rewritten there; until then it holds the state at the last one)."""
+        if req.rolling is None:
+            return
+        slot = req.rolling[0]
+        i = next(i for i, (_, s) in enumerate(req.captures) if s == slot)
+        p = req.captures[i][0]
+        if p <= req.num_computed_tokens:
+            req.captures[i], req.rolling = (p + self.kv.page_size, slot), (slot, p)
+
     def _hang_checkpoints(self, req: Request, cached_tokens: int) -> None:
-        """The checkpoints req has written, onto the tree nodes ending at their positions."""
+        """The checkpoints req has written, onto the tree nodes ending at their positions (the decode checkpoint at
+        the last boundary it was written at)."""
         assert self.tree is not None
+        if req.rolling is not None and req.rolling[1] > 0:
+            slot, written = req.rolling
+            req.captures = [(written if s == slot else p, s) for p, s in req.captures]
         left = []
         for p, slot in req.captures:
             if self.checkpoints is None or p > min(cached_tokens, req.num_computed_tokens):
