@@ -154,10 +154,10 @@ def test_hybrid_prefill_fills_every_miss_that_fits() -> None:
         EngineConfig(moe_backend="hybrid", expert_cache=1.0), banks, torch.device("cpu"), torch.float32
     )
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(12, D, generator=g)
-    ids, w = random_routing(12, 16, g, torch.device("cpu"))
+    x = torch.randn(24, D, generator=g)
+    ids, w = random_routing(24, 16, g, torch.device("cpu"))
     backend.streamer.mode = "off"  # on-demand prefill (whole-layer streaming: tests/test_prefill_stream.py)
-    backend.begin_step(12, False)  # prefill: share 1
+    backend.begin_step(24, False)  # prefill of >= stream_min_tokens(16, 2) = 21 tokens: share 1
     out = backend.forward(0, x, ids, w)
     torch.testing.assert_close(out, moe_reference(x, ids, w, banks.gate_up, banks.down), rtol=1e-5, atol=1e-6)
     s = backend.stats()

@@ -105,7 +105,7 @@ def test_running_stream_keeps_decoding_while_a_long_prompt_prefills(ckpt) -> Non
             during += len(out.new_token_ids) if busy and out.request_id == "a" else 0
         eng.check_integrity()
     assert got["a"] == want_a and got["b"] == want_b
-    assert eng.stats()["layer_major_prefills"] == 1
+    assert eng.stats()["layer_major_prefills"] == eng.stats()["layer_major_balanced"] == 1  # beside a stream
     assert during >= 20  # 13 chunks x 4 layers of prefill units, a decode step between them
 
 
@@ -127,3 +127,41 @@ def test_aborting_a_request_mid_prefill_cancels_the_job(ckpt) -> None:
         eng.check_integrity()
     assert tokens == _solo(path, short, 30)
     assert eng.stats()["layer_major_prefills"] == 1
+
+
+def test_balanced_chunks_cost_at_most_a_first_chunk() -> None:
+    from freetoken.engine.layer_major import balanced_chunks, chunk_cost, cut_chunks
+
+    a, b = object(), object()
+    extents = [(a, 0, 3000), (b, 500, 700)]  # b: a warm prompt's suffix, from its token 500
+    chunk, cross = 512, 300.0
+    got = balanced_chunks(extents, chunk, cross)  # type: ignore[arg-type]
+    target = chunk_cost(chunk, 0, cross)
+    pieces = [(r, s, n) for c in got for (r, n), s in zip(c.items, c.starts)]
+    assert [p[2] for p in pieces if p[0] is a] and sum(p[2] for p in pieces if p[0] is a) == 3000
+    assert sum(p[2] for p in pieces if p[0] is b) == 700
+    for r in (a, b):  # each request's pieces follow on from each other
+        mine = [(s, n) for q, s, n in pieces if q is r]
+        assert all(s0 + n0 == s1 for (s0, n0), (s1, _) in zip(mine, mine[1:]))
+    for c in got:
+        assert sum(n for _, n in c.items) <= chunk
+        assert sum(chunk_cost(n, s, cross) for (_, n), s in zip(c.items, c.starts)) <= target
+    sizes = [sum(n for _, n in c.items) for c in got]
+    assert sizes[0] == chunk and sizes[1] < chunk and sizes[len(cut_chunks(extents[:1], chunk)) - 1] < chunk / 2
+    assert len(got) > len(cut_chunks(extents, chunk))  # the price: more, smaller units
+
+
+def test_balanced_layer_major_logits_equal_chunk_major(ckpt) -> None:
+    from freetoken.engine.layer_major import balanced_chunks
+
+    llm = _llm(ckpt[0])
+    ids = _ids(90, 9)
+    cross = llm.engine.layer_major.crossover
+    assert 0 < cross < 1e6
+    req = object()
+    sizes = [n for c in balanced_chunks([(req, 0, len(ids))], CHUNK, cross / 4) for _, n in c.items]  # type: ignore[list-item]
+    assert len(set(sizes)) > 1 and sizes[0] == CHUNK
+    got = llm.engine.score(ids, chunk=sizes, layer_major=True)
+    ref = llm.engine.score(ids, chunk=CHUNK)
+    err = float((got - ref).abs().max()) / max(1.0, float(ref.abs().max()))
+    assert err <= 1e-5, err

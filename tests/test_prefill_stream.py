@@ -85,17 +85,17 @@ def test_streamed_prefill_equals_reference_and_seeds_decode(name: str) -> None:
 def test_on_demand_when_few_routes_or_no_room(name: str) -> None:
     g = torch.Generator().manual_seed(4)
     backend, banks = make(name, 0.5, L=2, E=16)
-    assert step(backend, banks, 7, False, g) < 1e-5  # 7 x 2 = 14 routes < E = 16
+    assert step(backend, banks, 20, False, g) < 1e-5  # 20 tokens < stream_min_tokens(16, 2) = 21
     s = stats(backend)
     assert s["prefill_steps_ondemand"] == 1 and s["prefill_layers_streamed"] == 0 and s["expert_fills"] > 0
-    assert step(backend, banks, 8, False, g) < 1e-5  # 16 routes >= E, but 16 slots < 2E = 32
+    assert step(backend, banks, 21, False, g) < 1e-5  # 21 tokens = stream_min_tokens(16, 2), but 16 slots < 2E
     assert stats(backend)["prefill_layers_streamed"] == 0
     small, banks = make(name, 0.25)  # 8 slots < 2E
     assert step(small, banks, 30, False, g) < 1e-5
     s = stats(small)
     assert s["prefill_steps_ondemand"] == 1 and s["prefill_layers_streamed"] == 0
     big, banks = make(name, 0.5)
-    assert step(big, banks, 8, False, g) < 1e-5  # 16 routes >= E = 8, 16 slots = 2E: streamed
+    assert step(big, banks, 8, False, g) < 1e-5  # 8 tokens = stream_min_tokens(8, 2), 16 slots = 2E: streamed
     assert stats(big)["prefill_layers_streamed"] == L
     small.check_integrity()
     big.check_integrity()
@@ -289,13 +289,13 @@ def test_bench_prefill_plumbing() -> None:
 
     shape = MoEShape("tiny", hidden=64, inter=32, experts=16, top_k=2, layers=3)
     args = add_arguments(argparse.ArgumentParser()).parse_args(["--layers", "3", "--chunk", "24"])
-    args.token_list, args.slots = [40], 2 * shape.experts
+    args.token_list, args.slots = [48], 2 * shape.experts
     banks = random_banks(shape, 3, torch.float32)
     res = {m: run_mode(m, shape, banks, args, CPU, torch.float32) for m in ("stream", "serial", "ondemand")}
     for mode, (rs, bw) in res.items():
         (r,) = rs
-        assert bw > 0 and r.tokens == 40 and r.chunks == 2 and len(r.chunk_ms_each) == 2
-        # chunk 1 (24 tokens x 2 >= 16): whole layers; chunk 2 (16 tokens x 2 = 32 >= 16) too
+        assert bw > 0 and r.tokens == 48 and r.chunks == 2 and len(r.chunk_ms_each) == 2
+        # both chunks of 24 tokens >= stream_min_tokens(16, 2) = 21: whole layers
         assert r.layers_streamed == (0 if mode == "ondemand" else 2 * 3)
         assert r.pcie_gb_per_chunk > 0
     # 32 slots = the two buffers: chunk 1 copies each of the 3 x 16 experts once; chunk 2 finds layer 1 (one of

@@ -231,6 +231,7 @@ def run(args: argparse.Namespace) -> int:
                 cpu_threads=threads, max_running_requests=max(*batches, args.itl_streams + 1),
                 routing_trace=args.routing_trace, cuda_graphs=args.cuda_graphs, moe_cuda_graphs=args.cuda_graphs,
                 max_batched_tokens=args.max_batched_tokens, prefill_order=args.prefill_order,
+                **({} if args.prefill_interleave_ms is None else {"prefill_interleave_ms": args.prefill_interleave_ms}),
             )  # fmt: skip
             try:
                 for batch in batches if args.decode else []:
@@ -297,6 +298,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--prefill-order", default="auto", choices=("auto", "layer", "chunk"),
                    help="a prompt spanning several chunks: layer-major, chunk-major, or auto")  # fmt: skip
     p.add_argument("--decode", action=argparse.BooleanOptionalAction, default=True, help="the decode rows")
+    p.add_argument("--prefill-interleave-ms", type=float, default=None,
+                   help="prefill work between two decode steps of other streams (default: the engine's)")  # fmt: skip
     e2e_prefill.add_arguments(p)
     return p
 

@@ -14,6 +14,7 @@ BENCHMARKS: dict[str, str] = {
     "bw": "freetoken.bench.bw",
     "decode": "freetoken.bench.decode",
     "e2e": "freetoken.bench.e2e",
+    "http": "freetoken.bench.http_ttft",
     "load": "freetoken.bench.ftw_load",
     "prefill": "freetoken.bench.prefill",
     "record-routing": "freetoken.bench.record_routing",

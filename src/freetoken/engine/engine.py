@@ -70,7 +70,7 @@ class LLMEngine:
         if budget is not None:
             wanted = config.kv_pages or self.kv.pages_for(self.max_model_len) * config.max_running_requests
             self.memory.set_budget(parse_budget_gib(budget), "--vram-budget", "start", kv_wanted=wanted)
-        self.layer_major = LayerMajorPlanner(config, self.pages, self.runner, s.hf.hidden_size, s.dtype)
+        self.layer_major = LayerMajorPlanner(config, self.pages, self.runner, s.hf, s.dtype)
         self._job: LayerMajorJob | None = None  # a layer-major prefill in flight (it spans steps)
         self.requests: dict[str, Request] = {}
         self.grammars = GrammarCompiler(s.tokenizer, s.hf.vocab_size, s.eos_token_ids)
@@ -321,25 +321,31 @@ class LLMEngine:
             text = req.detok.flush() if reason not in ("abort", "error") else ""
             self._pending.append(self._output(req, [], text, error))
 
-    def score(self, token_ids: list[int], chunk: int | None = None, layer_major: bool = False) -> torch.Tensor:
+    def score(
+        self, token_ids: list[int], chunk: int | list[int] | None = None, layer_major: bool = False
+    ) -> torch.Tensor:
         """Logits [n, V] (float32, CPU) at every position of ``token_ids``, computed by prefill in chunks of
-        ``chunk`` tokens (None: one shot), each attending to the K/V of the chunks before it, chunk-major or
-        (``layer_major``) layer by layer over all chunks, with temporary pages (for tests and perplexity; does
-        not touch other requests)."""
+        ``chunk`` tokens (a list: these sizes in turn; None: one shot), each attending to the K/V of the chunks
+        before it, chunk-major or (``layer_major``) layer by layer over all chunks, with temporary pages (for tests
+        and perplexity; does not touch other requests)."""
         n = len(token_ids)
         if not 0 < n < self.max_model_len:
             raise PromptTooLongError(n, self.max_model_len) if n else InputError("the prompt is empty")
+        step = chunk if isinstance(chunk, int) and chunk > 0 else n
+        sizes = list(chunk) if isinstance(chunk, list) else [min(step, n - s) for s in range(0, n, step)]
+        if sum(sizes) != n or min(sizes) < 1:
+            raise InputError(f"chunk sizes {sizes} do not cut {n} tokens")
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
         rid = f"score-{time.monotonic_ns()}"
         if not self.pages.reserve(self.kv.pages_for(n)):
             raise InputError(f"{n} tokens do not fit the free KV pages now")
         pages = self.kv.allocate(self.kv.pages_for(n), rid)
-        step = chunk or n
         runner = self.runner
         req = Request(rid, list(token_ids), SamplingParams(), n + 1, IncrementalDetokenizer(None, [], [], True))
         try:
             req.state_slot = self.states.allocate(rid) if self.states is not None else None
             req.pages = pages
-            chunks = [([(req, min(step, n - start))], [start]) for start in range(0, n, step)]
+            chunks = [([(req, size)], [start]) for size, start in zip(sizes, starts)]
             if layer_major:
                 if runner.backend is not None:
                     runner.backend.begin_step(chunks[0][0][0][1], False)
@@ -375,6 +381,7 @@ class LLMEngine:
             **self._checkpoint_stats(),
             "preemptions": self.scheduler.num_preemptions,
             "layer_major_prefills": self.layer_major.jobs,
+            "layer_major_balanced": self.layer_major.balanced_jobs,
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
             "kv_pages_total": self.kv.num_pages,

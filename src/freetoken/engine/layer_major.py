@@ -8,15 +8,22 @@ is extended to its whole remaining prompt, as far as the activations (``h`` and 
 per layer) fit the memory budget and the KV pool has the pages; the result is cut into chunks of at most
 ``max_batched_tokens``. When fewer than two chunks come of it the step stays chunk-major. While a job runs
 its requests are ``busy``: the scheduler neither schedules nor preempts them, and admits no new request.
+
+Beside running streams (the step had decode items) the chunks are balanced instead (``balanced_chunks``): a unit's
+cost grows with its chunk's context (attention reads every earlier token), so with equal chunks the last chunks'
+units are the longest and set the other streams' worst inter-token gap; balanced chunks cost at most what a full
+chunk at context 0 costs, the later ones holding fewer tokens.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
 import torch
 
+from freetoken.checkpoint.hf_config import HFConfig
 from freetoken.config import EngineConfig
 from freetoken.engine.kv_manager import KVManager
 from freetoken.engine.request import Request
@@ -50,13 +57,54 @@ def cut_chunks(extents: list[tuple[Request, int, int]], chunk_tokens: int) -> li
     return chunks
 
 
+def attention_crossover(hf: HFConfig) -> float:
+    """Context length at which a token's attention flops in a layer (QK and PV: 4 * heads * head_dim per earlier
+    token) equal its projections' and MLP's (2 per weight it reads: q/k/v/o, the routed experts' top-k or the dense
+    MLP, the shared expert): a unit of ``n`` tokens starting at context ``s`` costs ~ n * (crossover + s + n / 2)."""
+    d, hd = hf.hidden_size, hf.head_dim
+    weights = d * (hf.num_heads + 2 * hf.num_kv_heads) * hd + hf.num_heads * hd * d
+    if hf.num_experts:
+        weights += hf.top_k * 3 * d * hf.moe_intermediate_size + 3 * d * hf.shared_expert_intermediate_size
+    else:
+        weights += 3 * d * hf.intermediate_size
+    return 2 * weights / (4 * hf.num_heads * hd)
+
+
+def chunk_cost(n: int, start: int, crossover: float) -> float:
+    """The cost model of ``attention_crossover``: ``n`` tokens at context ``start``."""
+    return n * (crossover + start + n / 2)
+
+
+def balanced_chunks(extents: list[tuple[Request, int, int]], chunk_tokens: int, crossover: float) -> list[Chunk]:
+    """Like ``cut_chunks``, but each chunk also costs (``chunk_cost``) at most a full chunk at context 0: later
+    pieces of a long prompt get fewer tokens, so no unit of the pass takes much longer than its first."""
+    target = chunk_cost(chunk_tokens, 0, crossover)
+    chunks: list[Chunk] = [Chunk([], [])]
+    room, budget = chunk_tokens, target
+    for req, start, n in extents:
+        while n > 0:
+            b = crossover + start  # k * (b + k / 2) <= budget
+            k = min(n, room, math.floor(-b + math.sqrt(b * b + 2 * budget)))
+            if k <= 0:
+                if chunks[-1].items:  # full: the next chunk
+                    chunks.append(Chunk([], []))
+                    room, budget = chunk_tokens, target
+                    continue
+                k = 1  # a lone token costs more than a chunk at 0 (no such crossover in practice): progress
+            chunks[-1].items.append((req, k))
+            chunks[-1].starts.append(start)
+            room, budget = room - k, budget - chunk_cost(k, start, crossover)
+            start, n = start + k, n - k
+    return chunks
+
+
 class LayerMajorJob:
     """One layer-major prefill in flight: its requests' extents, the pass, and where each one samples."""
 
-    def __init__(self, runner: ModelRunner, extents: list[tuple[Request, int, int]], chunk_tokens: int) -> None:
+    def __init__(self, runner: ModelRunner, extents: list[tuple[Request, int, int]], chunks: list[Chunk]) -> None:
         self.runner = runner
         self.extents = extents
-        self.chunks = cut_chunks(extents, chunk_tokens)
+        self.chunks = chunks
         built = [runner.build_batch(c.items, c.starts) for c in self.chunks]
         self.sample_at: list[tuple[Request, int, int]] = []  # (request, chunk, row) of a request's last token
         for c, (chunk, (_, _, rows)) in enumerate(zip(self.chunks, built)):
@@ -113,12 +161,14 @@ class LayerMajorJob:
 
 
 class LayerMajorPlanner:
-    def __init__(self, config: EngineConfig, pages: KVManager, runner: ModelRunner, hidden: int, dtype: torch.dtype):
+    def __init__(self, config: EngineConfig, pages: KVManager, runner: ModelRunner, hf: HFConfig, dtype: torch.dtype):
         if config.prefill_order not in ORDERS:
             raise ValueError(f"prefill_order must be one of {ORDERS}, got {config.prefill_order!r}")
         self.config, self.pages, self.runner = config, pages, runner
-        self.hidden, self.dtype = hidden, dtype
+        self.hidden, self.dtype = hf.hidden_size, dtype
+        self.crossover = attention_crossover(hf)
         self.jobs = 0
+        self.balanced_jobs = 0  # jobs cut into balanced chunks (beside running streams)
 
     @property
     def enabled(self) -> bool:
@@ -161,6 +211,12 @@ class LayerMajorPlanner:
         if total <= chunk:
             return None, items
         self.jobs += 1
-        job = LayerMajorJob(self.runner, extents, chunk)
+        beside_decode = len(prefill) < len(items)  # the step also decodes other requests
+        if beside_decode:
+            self.balanced_jobs += 1
+            chunks = balanced_chunks(extents, chunk, self.crossover)
+        else:
+            chunks = cut_chunks(extents, chunk)
+        job = LayerMajorJob(self.runner, extents, chunks)
         taken = {id(r) for r, _ in prefill}
         return job, [(r, n) for r, n in items if id(r) not in taken]

@@ -4,8 +4,9 @@
 ``slots/plan.py: fill_quota``), capped by the slots this step does not read; victims by ``streaming_rule``
 (recent slots last: blocking them outright would push misses to the CPU beyond the balanced split,
 ``bench/cache_sim.py`` compares both). The share comes from ``SplitPolicy`` (fill_fraction, machine profile,
-online refinement); prefill steps stream whole layers when the cache can spare two
-(``experts/prefill/streamer.py``), else use share 1. Branch bandwidths are measured without host syncs: the
+online refinement); prefill steps of at least ``stream_min_tokens`` tokens stream whole layers when the cache can
+spare two (``experts/prefill/streamer.py``), else use share 1; shorter prefill steps (a warm prompt's new suffix)
+split like decode. Branch bandwidths are measured without host syncs: the
 CPU worker times itself; on CUDA the fills are bracketed by events whose times (and q, copied to pinned
 memory) are read at the next ``begin_step`` once done.
 """
@@ -21,6 +22,7 @@ from freetoken.config import EngineConfig
 from freetoken.experts.backends.slot_backend import SlotBackend, streaming_rule
 from freetoken.experts.backends.split_policy import SplitPolicy, load_machine_profile
 from freetoken.experts.host_pool import HostExpertPool
+from freetoken.experts.prefill.streamer import stream_min_tokens
 from freetoken.experts.slots.plan import StepPlan
 
 _MAX_PENDING_RECORDS = 4096
@@ -70,8 +72,9 @@ class HybridBackend(SlotBackend):
     def begin_step(self, num_tokens: int, is_decode: bool) -> None:
         """Safe point: fold finished measurements into the split and publish this step's share.
 
-        Prefill steps fill every miss that fits (share 1): many tokens per expert make the CPU branch
-        compute-bound, while a copied expert serves them all on the GPU. A fixed fill_fraction holds always.
+        Long prefill steps fill every miss that fits (share 1): many tokens per expert make the CPU branch
+        compute-bound, while a copied expert serves them all on the GPU. Below ``stream_min_tokens`` a prefill step
+        has few tokens per expert: it splits like decode. A fixed fill_fraction holds always.
         """
         super().begin_step(num_tokens, is_decode)
         self._decode = is_decode
@@ -79,7 +82,8 @@ class HybridBackend(SlotBackend):
         if self._copy_bytes or self._cpu_bytes:
             self.policy.observe(self._copy_bytes, self._copy_s, self._cpu_bytes, self._cpu_s)
             self._copy_bytes, self._copy_s, self._cpu_bytes, self._cpu_s = 0, 0.0, 0, 0.0
-        share = self.policy.share if is_decode or self.policy.fixed else 1.0
+        long_prefill = not is_decode and num_tokens >= stream_min_tokens(self.pool.num_experts, self.pool.banks.top_k)
+        share = 1.0 if long_prefill and not self.policy.fixed else self.policy.share
         if share != self._published:
             self.share.fill_(share)
             self._published = share

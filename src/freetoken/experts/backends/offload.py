@@ -3,8 +3,8 @@
 A round fills as many misses as the slots this round does not read allow; when a step's misses exceed
 them (a small cache, a long prefill chunk), further rounds serve the rest after the earlier rounds'
 kernels (same stream), so every slot becomes a victim candidate again. The round count is a host
-bound from shapes only: ceil(min(T*k, E) / S); rounds with nothing left do no work. Prefill steps that
-route at least E experts stream whole layers instead when the cache can spare two (``prefill/streamer.py``).
+bound from shapes only: ceil(min(T*k, E) / S); rounds with nothing left do no work. Prefill steps of at
+least ``stream_min_tokens`` tokens stream whole layers instead when the cache can spare two (``prefill/streamer.py``).
 """
 
 from __future__ import annotations

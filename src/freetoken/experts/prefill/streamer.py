@@ -22,14 +22,16 @@ experts of layers still to come last (they would be copied again), then the leas
 hot experts last). On the CPU the same logic runs with plain synchronous copies (no streams, no events),
 which is what CI tests.
 
-Falls back to on-demand fills (the caller's normal path) when the pool cannot spare two layers
-(``2 * E`` > unlocked slots), the step routes few experts (``T * k < E``), or fewer than ``E`` experts
-are absent from the cache (it holds nearly the whole pool: streaming would displace more than it brings).
+Falls back to on-demand fills (the caller's normal path, as decode: fills of the routed misses, and the CPU branch
+for hybrid) when the pool cannot spare two layers (``2 * E`` > unlocked slots), the step has fewer tokens than
+``stream_min_tokens`` (a short prompt, or a warm prompt's short new suffix), or fewer than ``E`` experts are absent
+from the cache (it holds nearly the whole pool: streaming would displace more than it brings).
 Modes: ``stream`` (overlap), ``serial`` (copy a layer, then compute it: no prefetch), ``off``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -37,6 +39,23 @@ import torch
 from freetoken.experts.slots.cache import SlotCache
 
 MODES = ("stream", "serial", "off")
+
+
+def stream_min_tokens(num_experts: int, top_k: int) -> int:
+    """Fewest tokens of a prefill step for which whole layers stream.
+
+    Bandwidth model, per layer: a stream copies every absent expert of the layer (A at B_P, overlapped with the
+    layer before); on-demand fills copy only the routed misses (offload: all at B_P; hybrid: a share, the CPU
+    branch reads the rest at B_H alongside). T tokens routed uniformly leave A * (1 - k/E)^T of the absent experts
+    unrouted: while that is one expert or more per layer, a stream copies weights no token reads, and what it buys
+    in return (hiding the copies behind the compute of a few tokens, and hybrid's CPU branch, still bandwidth-bound
+    at T*k/E tokens per expert, left idle) is small. So: stream when E * (1 - k/E)^T < 1, i.e.
+    T >= ln E / -ln(1 - k/E) (about E ln E / k: 76 tokens for 128 experts, top-8)."""
+    if top_k <= 0 or num_experts <= 1:
+        return 1
+    if top_k >= num_experts:
+        return 1
+    return max(1, math.ceil(math.log(num_experts) / -math.log1p(-top_k / num_experts)))
 
 
 @dataclass
@@ -108,20 +127,21 @@ class LayerStreamer:
         self.finish()
         self._armed = not is_decode and self.mode != "off"
 
-    def wants_stream(self, num_routes: int, unlocked: int, absent: int) -> bool:
-        """Whole layers pay off: the step routes at least E experts, the pool spares the buffers, and at
-        least a layer's worth of experts is absent (a warm cache that holds the pool fills on demand)."""
+    def wants_stream(self, num_tokens: int, top_k: int, unlocked: int, absent: int) -> bool:
+        """Whole layers pay off: the step has enough tokens (``stream_min_tokens``), the pool spares the buffers,
+        and at least a layer's worth of experts is absent (a warm cache that holds the pool fills on demand)."""
         E = self.num_experts
-        return num_routes >= E and self.min_buffers * E <= unlocked and absent >= E
+        enough = num_tokens >= stream_min_tokens(E, top_k)
+        return enough and self.min_buffers * E <= unlocked and absent >= E
 
-    def _start(self, num_routes: int, layer: int) -> bool:
+    def _start(self, num_tokens: int, top_k: int, layer: int) -> bool:
         """Take the buffers (unlocked slots, one host sync), or decline (on-demand fills); ``layer``: the
         first layer this stream computes."""
         t, S, E = self.cache.tables, self.cache.num_slots, self.num_experts
         locked, stamp, eid_of = torch.stack((t.locked[:S].long(), t.stamp[:S], t.eid_of[:S])).tolist()  # [3, S]
         unlocked = [s for s in range(S) if not locked[s]]
         absent = self.cache.pool.num_rows - sum(1 for e in eid_of if e >= 0)
-        if not self.wants_stream(num_routes, len(unlocked), absent):
+        if not self.wants_stream(num_tokens, top_k, len(unlocked), absent):
             self.steps_ondemand += 1
             return False
         # Free slots beyond two layers become further buffers (a ring: layer l in buffer l % B), so a cache
@@ -182,7 +202,7 @@ class LayerStreamer:
         """True when every expert of ``layer`` is resident for this step (the plan will only hit)."""
         if self._armed:
             self._armed = False
-            self._start(topk_ids.numel(), layer)
+            self._start(int(topk_ids.shape[0]), int(topk_ids.shape[1]), layer)
         if not self._active:
             return False
         buf = self._bufs[layer % self.num_buffers]
