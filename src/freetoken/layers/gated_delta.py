@@ -71,8 +71,13 @@ def causal_conv(x: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor) -> tu
     """Depthwise causal conv of one sequence, SiLU after: x [n, C] new inputs, prev [C, K-1] the inputs before them,
     weight [C, K] -> (out [n, C], the last K-1 inputs [C, K-1])."""
     xs = torch.cat([prev.to(x.dtype), x.transpose(0, 1)], dim=1)  # [C, K-1+n]
-    out = F.conv1d(xs[None], weight[:, None, :], groups=weight.shape[0])[0]  # [C, n]
-    return F.silu(out).transpose(0, 1), xs[:, xs.shape[1] - prev.shape[1] :]
+    n, K = x.shape[0], weight.shape[1]
+    # K shifted products summed in float32, rounded once (as a convolution accumulates), not F.conv1d: cuDNN runs
+    # float32 convolutions in TF32 unless torch.backends.cudnn.allow_tf32 is turned off (on by default).
+    acc = torch.zeros((xs.shape[0], n), dtype=torch.float32, device=x.device)
+    for j in range(K):
+        acc += weight[:, j : j + 1].float() * xs[:, j : j + n].float()
+    return F.silu(acc.to(x.dtype)).transpose(0, 1), xs[:, xs.shape[1] - prev.shape[1] :]
 
 
 def causal_conv_step(x: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
