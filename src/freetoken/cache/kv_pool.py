@@ -11,11 +11,12 @@ are compared by equality, so the tree passes itself. ``free + used == total`` al
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
 import torch
 
-from freetoken.hardware.device_memory import device_zeros, uses_driver_memory
+from freetoken.hardware.device_memory import device_zeros, remake, uses_driver_memory
 
 
 class KVPool:
@@ -89,13 +90,16 @@ class KVPool:
         if page not in self._owner or self._owner[page] != owner:
             raise AssertionError(f"KV page {page} {what} by {owner!r} but owned by {self._owner.get(page)!r}")
 
-    def resize(self, num_pages: int, floor: int | None = None) -> dict[int, int]:
+    def resize(self, num_pages: int, fallback: Sequence[int] = ()) -> dict[int, int]:
         """Safe points only: the pool becomes ``num_pages`` pages. Growing adds free pages; shrinking needs
         every used page to fit (the caller evicts or preempts first) and moves the used pages at or above
         ``num_pages`` into free pages below it, K/V copied. Returns the moves {old page: new page}; the
         caller rewrites the page tables that name them (requests, the radix tree). When the device refuses
-        the new layers (another program took the memory meanwhile), ``floor`` pages (at least the used ones)
-        are tried instead, else ``torch.OutOfMemoryError``; ``num_pages`` says what the pool became."""
+        the new layers (another program took the memory meanwhile), the ``fallback`` sizes are tried in turn,
+        then the used pages alone (``remake``: a shrink makes its layers beside the old ones where they fit):
+        every used page is kept whatever size the device grants;
+        ``num_pages`` says what the pool became. ``torch.OutOfMemoryError`` only if the device refuses even
+        the used pages, again and again."""
         if num_pages < 1:
             raise ValueError("the KV pool needs at least one page")
         if self.num_used > num_pages:
@@ -103,22 +107,28 @@ class KVPool:
         S = self.page_size
         used = sorted(self._owner)
         src = torch.tensor([p * S + i for p in used for i in range(S)], dtype=torch.long, device=self.device)
-        # On a GPU the used pages wait in host memory while the old layers go (their memory returns to the
-        # device: ``device_zeros``): the peak is the old pool, and a shrink really frees memory for other programs.
-        host = self.device.type == "cuda"
-        staged = [[t[src].to("cpu") if host else t[src] for t in bank] for bank in (self.k, self.v)]
         shapes = [(tuple(t.shape[1:]), t.dtype) for t in self.k]
-        self.k, self.v = [], []
-        if host and not uses_driver_memory(self.device):
-            torch.cuda.empty_cache()
-        try:
-            self.k, self.v = self._layers(num_pages, shapes), self._layers(num_pages, shapes)
-        except torch.OutOfMemoryError:
+        old = [self.k, self.v]
+        staged: list[list[torch.Tensor]] = []
+
+        def drop() -> None:
+            # On a GPU the used pages wait in host memory while the old layers go (their memory returns to the
+            # device: ``device_zeros``): the peak is the old pool, and a shrink really frees memory.
+            host = self.device.type == "cuda"
+            staged.extend([t[src].to("cpu") if host else t[src] for t in bank] for bank in old)
+            old.clear()
             self.k, self.v = [], []
-            if floor is None or max(floor, len(used)) >= num_pages:
-                raise
-            num_pages = max(floor, len(used), 1)
-            self.k, self.v = self._layers(num_pages, shapes), self._layers(num_pages, shapes)
+            if host and not uses_driver_memory(self.device):
+                torch.cuda.empty_cache()
+
+        floor = max(len(used), 1)
+        sizes = [num_pages, *(n for n in fallback if n >= floor), floor]
+        make = functools.partial(self._banks, shapes=shapes)
+        num_pages, (k, v) = remake(make, sizes, self.num_pages, drop, "the KV pages")
+        if not staged:  # made beside the old layers: the used pages are copied on the device
+            staged = [[t[src] for t in bank] for bank in old]
+            old.clear()
+        self.k, self.v = k, v
         high = [p for p in used if p >= num_pages]
         low_free = sorted(p for p in range(num_pages) if p not in self._owner)
         moves = dict(zip(high, low_free))  # empty when growing
@@ -132,8 +142,17 @@ class KVPool:
         self.num_pages = num_pages
         return moves
 
-    def _layers(self, num_pages: int, shapes: list[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor]:
-        return [device_zeros((num_pages * self.page_size, *shape), dt, self.device) for shape, dt in shapes]
+    def _banks(
+        self, num_pages: int, shapes: list[tuple[tuple[int, ...], torch.dtype]]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """K and V layers of ``num_pages`` pages, all or none (a refused one drops those made before it)."""
+        try:
+            made = [device_zeros((num_pages * self.page_size, *shape), dt, self.device) for shape, dt in shapes * 2]
+        except torch.OutOfMemoryError:
+            if self.device.type == "cuda" and not uses_driver_memory(self.device):
+                torch.cuda.empty_cache()  # what was made before the refusal goes back to the device
+            raise
+        return made[: len(shapes)], made[len(shapes) :]
 
     def slots(self, pages: list[int], start: int, end: int) -> list[int]:
         """Flat slot ids of token positions [start, end) of a sequence with page table ``pages``."""

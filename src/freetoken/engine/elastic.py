@@ -108,7 +108,12 @@ class ElasticMemory:
             return None
         budget, why = decision
         shrink = budget < self.split.budget_bytes
-        rec = self.apply(split_budget(budget, f, self.split.kv_pages), why, "watcher")
+        split = split_budget(budget, f, self.split.kv_pages)
+        if shrink and split.kv_pages > self.split.kv_pages:
+            # the slots took the shrink and left a few pages' bytes over: the pool stays (a grow would re-make it,
+            # and free it for a moment, while another program is taking memory)
+            split = MemorySplit(budget, split.slots, self.split.kv_pages, split.reserve_bytes)
+        rec = self.apply(split, why, "watcher")
         if shrink:  # the streak counts from the end of the resize
             self._streak, self._last_shrink = streak, time.monotonic()
         return rec
@@ -138,15 +143,25 @@ class ElasticMemory:
             self.graphs.clear()
         preempted = 0
         f = self.facts
-        # a size the device refuses (another program took the memory meanwhile) falls back: a grow to where it
-        # was, a shrink to the fewest slots or pages
+        # a size the device refuses (another program took the memory between the free and the new allocation)
+        # falls back: a grow to where it was, then (a shrink at once) to the fewest slots or pages; the KV pool
+        # keeps every used page at any size
         if split.slots < slots0:
-            self._resize_slots(split.slots, f.min_slots)
-        if split.kv_pages != kv0:
-            floor = kv0 if split.kv_pages > kv0 else f.min_pages
-            preempted = self.scheduler.resize_kv(split.kv_pages, floor)
+            try:
+                self._resize_slots(split.slots, (f.min_slots,))
+            except torch.OutOfMemoryError:
+                # another program took what the slots freed and still wants more: the KV pages give way (to the
+                # fewest; every used page is kept), and the slots ask again in what that freed
+                fewest = max(min(split.kv_pages, f.min_pages), self.scheduler.pages.num_pinned, 1)
+                preempted += self.scheduler.resize_kv(fewest)
+                split = MemorySplit(split.budget_bytes, split.slots, self.scheduler.kv.num_pages, split.reserve_bytes)
+                self._resize_slots(f.min_slots, ())
+        if split.kv_pages != self.scheduler.kv.num_pages:
+            cur = self.scheduler.kv.num_pages
+            back = (cur, f.min_pages) if split.kv_pages > cur else (f.min_pages,)
+            preempted += self.scheduler.resize_kv(split.kv_pages, back)
         if split.slots > slots0:
-            self._resize_slots(split.slots, slots0)
+            self._resize_slots(split.slots, (slots0, f.min_slots))
         if self.device.type == "cuda" and not uses_driver_memory(self.device):
             torch.cuda.empty_cache()  # freed slots and pages go back to the device, for other programs
         got = (self.num_slots, self.scheduler.kv.num_pages)
@@ -156,6 +171,7 @@ class ElasticMemory:
             used = got[0] * f.slot_bytes + got[1] * f.page_bytes
             split = MemorySplit(used + f.reserve_bytes, got[0], got[1], f.reserve_bytes)
         self.split = split
+        self.scheduler.kv_ceiling = self.base_kv
         rec = ResizeRecord(time.time(), source, reason, round(split.budget_bytes / GIB, 4), slots0, split.slots,
                            kv0, split.kv_pages, preempted, time.perf_counter() - t0)  # fmt: skip
         if (slots0, kv0) != (split.slots, split.kv_pages):
@@ -166,9 +182,9 @@ class ElasticMemory:
                      kv0, split.kv_pages, reason, f", {preempted} preempted" if preempted else "")  # fmt: skip
         return rec
 
-    def _resize_slots(self, n: int, floor: int) -> None:
+    def _resize_slots(self, n: int, fallback: tuple[int, ...]) -> None:
         assert self.backend is not None
-        self.backend.resize_expert_cache(n, floor)
+        self.backend.resize_expert_cache(n, fallback)
 
     # ---- introspection --------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

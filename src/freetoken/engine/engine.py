@@ -124,10 +124,9 @@ class LLMEngine:
         n = len(prompt_token_ids)
         if n >= self.max_model_len:
             raise PromptTooLongError(n, self.max_model_len)
-        if self.kv.pages_for(n + 1) > self.kv.num_pages:
-            raise InputError(
-                f"prompt of {n} tokens can never fit the KV pool ({self.kv.num_pages * self.kv.page_size} tokens)"
-            )
+        if self.kv.pages_for(n + 1) > self.scheduler.most_pages:
+            raise InputError(f"prompt of {n} tokens can never fit the KV pool "
+                             f"({self.scheduler.most_pages * self.kv.page_size} tokens)")  # fmt: skip
         if len(self.scheduler.waiting) >= self.config.max_queued_requests:
             raise QueueFullError(f"the queue is full ({self.config.max_queued_requests} requests waiting)")
         if constraint is None and params.grammar is not None:

@@ -1,0 +1,141 @@
+"""Elastic memory when the device refuses a size: another program takes the memory between a cache's free and
+its new allocation (the race the GPU box showed). A refused size falls back (``first_granted``), every used KV
+page and its K/V are kept at any size the device grants, and a stream running through the resize gets every
+token, the same as an undisturbed run (fp32, greedy). The fake device (``fake_device.py``) refuses what does
+not fit and lets the other program take what the engine frees."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+import torch
+
+from fake_device import FakeDevice
+from freetoken import LLM, SamplingParams
+from freetoken.cache.kv_pool import KVPool
+from freetoken.config import EngineConfig
+from freetoken.engine import vram_watch
+from freetoken.engine.async_llm import AsyncLLM
+from freetoken.engine.memory import GIB
+from freetoken.hardware import device_memory
+from freetoken.hardware.device_memory import first_granted
+from tiny_models import save_checkpoint
+
+S = 2  # page size of the unit test: one page of the pool below is 2 layers x (K, V) x S x 1 x 2 fp32
+
+
+def _page_bytes(kv: KVPool) -> int:
+    return kv.page_bytes
+
+
+@pytest.fixture(autouse=True)
+def _no_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device_memory, "RETRY_WAIT_S", 0.0)
+
+
+def test_first_granted_falls_to_the_next_size_and_asks_the_last_again() -> None:
+    asked: list[int] = []
+
+    def make(n: int) -> int:
+        asked.append(n)
+        if n > 3 or len(asked) < 5:
+            raise torch.OutOfMemoryError("taken")
+        return n * 10
+
+    assert first_granted(make, [9, 12, 5, 5, 3], "things") == (3, 30)
+    assert asked == [9, 5, 3, 3, 3]  # 12 and the second 5 are not below the size before them
+    with pytest.raises(torch.OutOfMemoryError, match="refused things at every size down to 2"):
+        first_granted(lambda n: (_ for _ in ()).throw(torch.OutOfMemoryError("no")), [4, 2], "things")
+
+
+def test_a_kv_grow_refused_at_every_size_keeps_the_used_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU failure: a grow whose target and old size were both taken meanwhile (and the fewest pages too)
+    ends with the used pages alone, each with its K/V."""
+    dev = FakeDevice(1 << 30)
+    dev.install(monkeypatch)
+    kv = KVPool(2, 16, S, 1, 2, torch.float32, torch.device("cpu"))
+    dev.capacity = dev.live  # nothing free: the pool's own bytes only
+    a = kv.allocate(3, "a")
+    b = kv.allocate(2, "b")
+    kv.free(b, "b")  # used pages 0..2 (a), free pages in between
+    for layer in range(2):
+        for p in a:
+            kv.k[layer][p * S : (p + 1) * S] = float(p + 1)
+            kv.v[layer][p * S : (p + 1) * S] = -float(p + 1)
+    want = {p: kv.k[0][p * S].clone() for p in a}
+    dev.take(dev.capacity - 4 * kv.page_bytes)  # whatever the pool frees, up to all but 4 pages
+    moves = kv.resize(20, fallback=(16, 8))
+    assert dev.refusals == 3 and kv.num_pages == 3  # 20, 16 and 8 refused: the 3 used pages came
+    kept = [moves.get(p, p) for p in a]
+    assert all(torch.equal(kv.k[0][q * S], want[p]) for p, q in zip(a, kept))
+    assert all(torch.equal(kv.v[1][q * S], -want[p]) for p, q in zip(a, kept))
+    kv.check_integrity({"a": kept})
+
+
+# ---- a stream through a refused resize ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> str:
+    d = tmp_path_factory.mktemp("refusal")
+    save_checkpoint("qwen3_moe", d, seed=1)
+    return str(d)
+
+
+def _kw(ckpt: str) -> dict:
+    return dict(model=ckpt, device="cpu", dtype="float32", moe_backend="hybrid", page_size=8, max_model_len=128,
+                vram_reserve=0.0)  # fmt: skip
+
+
+def test_a_stream_survives_a_resize_the_device_refuses(ckpt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    probe = LLM(expert_cache=2, kv_pages=16, **_kw(ckpt))
+    f = probe.engine.memory.facts
+    prompt = torch.randint(3, 500, (40,), generator=torch.Generator().manual_seed(8)).tolist()
+    params = SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True)
+    want = probe.generate([prompt], params)[0].token_ids
+    R = 4 * f.slot_bytes  # the reserve; the hysteresis band is as large
+    monkeypatch.setattr(vram_watch, "MIN_HYSTERESIS", 0)
+    dev = FakeDevice(1 << 40)
+    dev.install(monkeypatch)
+    cfg = EngineConfig(**_kw(ckpt), vram_budget=(16 * f.slot_bytes + 32 * f.page_bytes + R) / GIB, kv_pages=32)
+    llm = AsyncLLM.start(cfg.replace(vram_reserve=R / GIB), free_memory=dev)
+    dev.llm = llm  # type: ignore[assignment]
+    assert llm.wait_loaded(120) and llm.state == "ready"
+    assert dev.live is not None
+    dev.capacity = dev.live + R + R // 2  # 1.5 R free: inside the band
+    seen: list[tuple[int, int]] = []
+    # the other program wants all but the fewest slots (2 + a scratch slot) and 18 pages (a 128-token context is
+    # 16): it takes whatever the engine frees, so each size the watcher plans from its reading is refused
+    hog = dev.capacity - dev.live + 14 * f.slot_bytes + 14 * f.page_bytes
+
+    def mover() -> None:
+        time.sleep(0.3)
+        dev.take(hog)
+        time.sleep(1.0)
+        dev.take(0)
+        dev.other = 0
+
+    async def run() -> list[int]:
+        toks: list[int] = []
+        async for out in llm.generate(prompt, params):
+            toks += out.new_token_ids
+            seen.append((llm.engine.memory.num_slots, llm.engine.kv.num_pages))  # type: ignore[union-attr]
+            await asyncio.sleep(0.02)
+        return toks
+
+    t = threading.Thread(target=mover)
+    t.start()
+    try:
+        assert asyncio.run(run()) == want  # every token, the same ones
+        t.join()
+        deadline = time.time() + 10
+        while llm.stats()["memory"]["kv_pages"] != 32 and time.time() < deadline:
+            time.sleep(0.05)
+        assert dev.refusals > 0  # the race happened
+        assert min(kv for _, kv in seen) < 32 and min(s for s, _ in seen) < 16
+        assert (llm.stats()["memory"]["slots"], llm.stats()["memory"]["kv_pages"]) == (16, 32)  # grew back
+        llm.check_integrity()
+    finally:
+        asyncio.run(llm.shutdown())
+
