@@ -19,7 +19,7 @@ from freetoken.cache.kv_pool import KVPool
 from freetoken.config import EngineConfig
 from freetoken.engine import vram_watch
 from freetoken.engine.async_llm import AsyncLLM
-from freetoken.engine.memory import GIB
+from freetoken.engine.memory import GIB, MemorySplit
 from freetoken.hardware import device_memory
 from freetoken.hardware.device_memory import first_granted
 from tiny_models import save_checkpoint
@@ -139,3 +139,41 @@ def test_a_stream_survives_a_resize_the_device_refuses(ckpt: str, monkeypatch: p
     finally:
         asyncio.run(llm.shutdown())
 
+
+
+def test_kv_pages_refused_at_every_size_make_the_slots_give_way(ckpt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A KV shrink whose every size (the used pages too) the other program took: the slots go to the fewest,
+    the pool asks again in what that freed, and generation goes on with the same tokens."""
+    prompt = torch.randint(3, 500, (40,), generator=torch.Generator().manual_seed(8)).tolist()
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    want = LLM(expert_cache=16, kv_pages=32, **_kw(ckpt)).generate([prompt], params)[0].token_ids
+    dev = FakeDevice(1 << 40)
+    dev.install(monkeypatch)
+    llm = LLM(expert_cache=16, kv_pages=32, **_kw(ckpt))
+    eng = llm.engine
+    f = eng.memory.facts
+    assert dev.live is not None
+    dev.capacity = dev.live
+    eng.add_request("a", prompt, params)
+    got: list[int] = []
+    for _ in range(3):
+        for o in eng.step():
+            got += o.new_token_ids
+    # the other program wants all but the fewest slots (2 + scratch) and 10 pages: the KV shrink frees the pool,
+    # the other program takes it (no size of the pool fits after), the slots give way
+    dev.take(dev.live - 3 * f.slot_bytes - 10 * f.page_bytes)
+    rec = eng.memory.apply(MemorySplit(0, 16, 24, 0), "test", "test")
+    assert (rec.slots_after, eng.memory.num_slots) == (2, 2) and 6 <= eng.kv.num_pages <= 10
+    assert dev.refusals > 0
+    eng.check_integrity()
+    for o in eng.step():  # the pool holds the used pages and few more: the request waits for it to grow
+        got += o.new_token_ids
+    dev.take(0)
+    dev.other = 0  # the other program went: the pool and the slots grow back
+    eng.memory.apply(MemorySplit(0, 16, 32, 0), "test", "test")
+    assert (eng.memory.num_slots, eng.kv.num_pages) == (16, 32)
+    while eng.has_unfinished():
+        for o in eng.step():
+            got += o.new_token_ids
+    assert got == want
+    eng.check_integrity()

@@ -12,11 +12,11 @@ are compared by equality, so the tree passes itself. ``free + used == total`` al
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from freetoken.hardware.device_memory import device_zeros, remake, uses_driver_memory
+from freetoken.hardware.device_memory import device_zeros, first_granted, remake, uses_driver_memory
 
 
 class KVPool:
@@ -90,7 +90,9 @@ class KVPool:
         if page not in self._owner or self._owner[page] != owner:
             raise AssertionError(f"KV page {page} {what} by {owner!r} but owned by {self._owner.get(page)!r}")
 
-    def resize(self, num_pages: int, fallback: Sequence[int] = ()) -> dict[int, int]:
+    def resize(
+        self, num_pages: int, fallback: Sequence[int] = (), make_room: Callable[[], bool] | None = None
+    ) -> dict[int, int]:
         """Safe points only: the pool becomes ``num_pages`` pages. Growing adds free pages; shrinking needs
         every used page to fit (the caller evicts or preempts first) and moves the used pages at or above
         ``num_pages`` into free pages below it, K/V copied. Returns the moves {old page: new page}; the
@@ -98,8 +100,9 @@ class KVPool:
         the new layers (another program took the memory meanwhile), the ``fallback`` sizes are tried in turn,
         then the used pages alone (``remake``: a shrink makes its layers beside the old ones where they fit):
         every used page is kept whatever size the device grants;
-        ``num_pages`` says what the pool became. ``torch.OutOfMemoryError`` only if the device refuses even
-        the used pages, again and again."""
+        ``num_pages`` says what the pool became. If the device refuses even the used pages, again and again,
+        ``make_room()`` (when given) frees other memory of the caller's and says whether it did; the used pages
+        are asked for once more. ``torch.OutOfMemoryError`` only then."""
         if num_pages < 1:
             raise ValueError("the KV pool needs at least one page")
         if self.num_used > num_pages:
@@ -124,7 +127,12 @@ class KVPool:
         floor = max(len(used), 1)
         sizes = [num_pages, *(n for n in fallback if n >= floor), floor]
         make = functools.partial(self._banks, shapes=shapes)
-        num_pages, (k, v) = remake(make, sizes, self.num_pages, drop, "the KV pages")
+        try:
+            num_pages, (k, v) = remake(make, sizes, self.num_pages, drop, "the KV pages")
+        except torch.OutOfMemoryError:
+            if make_room is None or not make_room():
+                raise
+            num_pages, (k, v) = first_granted(make, [floor], "the KV pages")  # in what the caller freed
         if not staged:  # made beside the old layers: the used pages are copied on the device
             staged = [[t[src] for t in bank] for bank in old]
             old.clear()

@@ -159,7 +159,7 @@ class ElasticMemory:
         if split.kv_pages != self.scheduler.kv.num_pages:
             cur = self.scheduler.kv.num_pages
             back = (cur, f.min_pages) if split.kv_pages > cur else (f.min_pages,)
-            preempted += self.scheduler.resize_kv(split.kv_pages, back)
+            preempted += self.scheduler.resize_kv(split.kv_pages, back, self._slots_give_way)
         if split.slots > slots0:
             self._resize_slots(split.slots, (slots0, f.min_slots))
         if self.device.type == "cuda" and not uses_driver_memory(self.device):
@@ -181,6 +181,14 @@ class ElasticMemory:
             log.info("memory %s: %d -> %d expert slots, %d -> %d KV pages (%s)%s", source, slots0, split.slots,
                      kv0, split.kv_pages, reason, f", {preempted} preempted" if preempted else "")  # fmt: skip
         return rec
+
+    def _slots_give_way(self) -> bool:
+        """The KV pool was refused at every size (another program took what it freed and wants more): the slots
+        go to the fewest, so the pool can ask again. False when they are there already."""
+        if self.backend is None or self.num_slots <= self.facts.min_slots:
+            return False
+        self._resize_slots(self.facts.min_slots, ())
+        return True
 
     def _resize_slots(self, n: int, fallback: tuple[int, ...]) -> None:
         assert self.backend is not None

@@ -11,7 +11,7 @@ prefills it takes checkpoints at its anchors, hung on the tree's nodes when it g
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from freetoken.cache.kv_pool import KVPool
 from freetoken.cache.radix import RadixCache
@@ -121,10 +121,16 @@ class KVManager:
             self.tree.evict(min(over, self.tree.num_evictable_pages))
         return max(0, self.kv.num_used - num_pages)
 
-    def resize(self, num_pages: int, requests: Iterable[Request], fallback: Sequence[int] = ()) -> None:
-        """``KVPool.resize`` (the used pages must fit; ``fallback``: the sizes it falls to), then the moved
-        pages renamed in every request's page table and in the tree."""
-        moves = self.kv.resize(num_pages, fallback)
+    def resize(
+        self,
+        num_pages: int,
+        requests: Iterable[Request],
+        fallback: Sequence[int] = (),
+        make_room: Callable[[], bool] | None = None,
+    ) -> None:
+        """``KVPool.resize`` (the used pages must fit; ``fallback``, ``make_room``: what it falls to), then the
+        moved pages renamed in every request's page table and in the tree."""
+        moves = self.kv.resize(num_pages, fallback, make_room)
         if not moves:
             return
         for r in requests:

@@ -11,7 +11,7 @@ deadlock. Which pages a request holds is the KV manager's business (kv_manager.p
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from freetoken.engine.kv_manager import KVManager
@@ -100,18 +100,21 @@ class Scheduler:
             budget -= n
         return ScheduledBatch(items, never_fit)
 
-    def resize_kv(self, num_pages: int, fallback: Sequence[int] = ()) -> int:
+    def resize_kv(
+        self, num_pages: int, fallback: Sequence[int] = (), make_room: Callable[[], bool] | None = None
+    ) -> int:
         """A safe point: the KV pool becomes ``num_pages`` pages. Shrinking evicts unlocked prefix-cache pages
         first (LRU); only when none is left are running requests preempted, newest first (their computed pages
         enter the tree and are evicted in turn; they resume by recomputing). ``fallback``: the sizes to fall to
-        when the device refuses this one (``KVPool.resize``; every used page is kept). Returns the preemptions."""
+        when the device refuses this one, ``make_room`` when it refuses them all (``KVPool.resize``; every used page
+        is kept). Returns the preemptions."""
         preempted = 0
         while self.pages.evict_for_shrink(num_pages) > 0:
             if not self.running:
                 raise AssertionError("KV pages are in use with no running request to give them back")
             self._preempt(self.running[-1])
             preempted += 1
-        self.pages.resize(num_pages, self.running, fallback)
+        self.pages.resize(num_pages, self.running, fallback, make_room)
         return preempted
 
     def finish(self, req: Request) -> None:
