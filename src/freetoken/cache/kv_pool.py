@@ -133,18 +133,16 @@ class KVPool:
             if make_room is None or not make_room():
                 raise
             num_pages, (k, v) = first_granted(make, [floor], "the KV pages")  # in what the caller freed
-        if not staged:  # made beside the old layers: the used pages are copied on the device
-            staged = [[t[src] for t in bank] for bank in old]
-            old.clear()
-        self.k, self.v = k, v
         high = [p for p in used if p >= num_pages]
         low_free = sorted(p for p in range(num_pages) if p not in self._owner)
         moves = dict(zip(high, low_free))  # empty when growing
         dst = torch.tensor([moves.get(p, p) * S + i for p in used for i in range(S)], dtype=torch.long)
         dst = dst.to(self.device)
-        for bank, rows in zip((self.k, self.v), staged):
-            for layer, kept in zip(bank, rows):
-                layer[dst] = kept.to(self.device)
+        for new_bank, rows in zip((k, v), staged or old):  # staged rows, or the old layers (made beside them)
+            for layer, kept in zip(new_bank, rows):
+                layer[dst] = kept.to(self.device) if staged else kept[src]
+        old.clear()
+        self.k, self.v = k, v
         self._owner = {moves.get(p, p): o for p, o in self._owner.items()}
         self._free = sorted((p for p in range(num_pages) if p not in self._owner), reverse=True)
         self.num_pages = num_pages

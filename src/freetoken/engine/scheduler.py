@@ -72,10 +72,10 @@ class Scheduler:
             while not self.pages.grow(req, n):
                 victim = next(r for r in reversed(self.running) if not r.busy)  # req itself at the latest
                 if victim is req and len(self.running) == 1:
-                    if self.kv.pages_for(req.num_computed_tokens + n) > self.most_pages:
+                    if self.kv.num_pages < self.kv_ceiling >= self.kv.pages_for(req.num_computed_tokens + n):
+                        self._preempt(req)  # a pool the device shrank under it: it waits for the pool to grow back
+                    else:
                         never_fit.append(req)
-                    else:  # a pool the device shrank under it: it waits for the pool to grow back
-                        self._preempt(req)
                     break
                 self._preempt(victim)
                 items = [(r, k) for r, k in items if r is not victim]
