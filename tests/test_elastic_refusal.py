@@ -51,6 +51,26 @@ def test_first_granted_falls_to_the_next_size_and_asks_the_last_again() -> None:
         first_granted(lambda n: (_ for _ in ()).throw(torch.OutOfMemoryError("no")), [4, 2], "things")
 
 
+def test_remake_shrinks_beside_the_old_allocation_where_it_fits() -> None:
+    free = [5]  # units the device has free; the old allocation holds 8
+    dropped: list[int] = []
+
+    def make(n: int) -> int:
+        if n > free[0]:
+            raise torch.OutOfMemoryError("taken")
+        return n
+
+    def drop() -> None:
+        dropped.append(1)
+        free[0] += 8
+
+    assert device_memory.remake(make, [4, 2], 8, drop, "units") == (4, 4) and not dropped  # made before the break
+    assert device_memory.remake(make, [6, 2], 8, drop, "units") == (6, 6) and dropped  # not beside: dropped first
+    dropped.clear()
+    free[0] = 0
+    assert device_memory.remake(make, [9, 8, 2], 8, drop, "units") == (8, 8) and dropped  # a grow drops first
+
+
 def test_a_kv_grow_refused_at_every_size_keeps_the_used_pages(monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU failure: a grow whose target and old size were both taken meanwhile (and the fewest pages too)
     ends with the used pages alone, each with its K/V."""

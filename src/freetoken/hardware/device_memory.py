@@ -138,14 +138,14 @@ def remake(
     make: Callable[[int], T], sizes: Sequence[int], current: int, drop: Callable[[], None], what: str
 ) -> tuple[int, T]:
     """A cache of ``current`` units re-made at the first of ``sizes`` the device grants (``first_granted``). A
-    shrink first tries its sizes below ``current`` beside the old allocation (make before break: no moment
-    where the freed memory waits for another program to take it); a grow, or a shrink for which nothing fits
-    beside the old one, calls ``drop()`` (the old allocation goes) and then asks."""
+    shrink first asks for its size beside the old allocation (make before break: no moment where the freed memory
+    waits for another program to take it); a grow, or a shrink that does not fit beside the old one, calls
+    ``drop()`` (the old allocation goes) and then asks. Only the first size is tried beside: a smaller fallback
+    that fits there would shrink the cache further than asked whenever free memory is short."""
     if sizes and sizes[0] < current:
-        for n in sizes:
-            try:
-                return n, make(n)
-            except torch.OutOfMemoryError:
-                pass
+        try:
+            return sizes[0], make(sizes[0])
+        except torch.OutOfMemoryError:
+            pass
     drop()
     return first_granted(make, sizes, what)
