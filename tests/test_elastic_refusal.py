@@ -108,7 +108,10 @@ def _kw(ckpt: str) -> dict:
                 vram_reserve=0.0)  # fmt: skip
 
 
-def test_a_stream_survives_a_resize_the_device_refuses(ckpt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("takes", ["all but the fewest", "everything"])
+def test_a_stream_survives_a_resize_the_device_refuses(ckpt: str, takes: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other program takes whatever the engine frees: all but the fewest slots and pages (the slots' refusal
+    makes the KV pages give way), or everything (the engine waits, and the watcher's grow resumes it)."""
     probe = LLM(expert_cache=2, kv_pages=16, **_kw(ckpt))
     f = probe.engine.memory.facts
     prompt = torch.randint(3, 500, (40,), generator=torch.Generator().manual_seed(8)).tolist()
@@ -124,10 +127,9 @@ def test_a_stream_survives_a_resize_the_device_refuses(ckpt: str, monkeypatch: p
     assert llm.wait_loaded(120) and llm.state == "ready"
     assert dev.live is not None
     dev.capacity = dev.live + R + R // 2  # 1.5 R free: inside the band
-    seen: list[tuple[int, int]] = []
     # the other program wants all but the fewest slots (2 + a scratch slot) and 18 pages (a 128-token context is
     # 16): it takes whatever the engine frees, so each size the watcher plans from its reading is refused
-    hog = dev.capacity - dev.live + 14 * f.slot_bytes + 14 * f.page_bytes
+    hog = dev.capacity - dev.live + 14 * f.slot_bytes + 14 * f.page_bytes if takes != "everything" else dev.capacity
 
     def mover() -> None:
         time.sleep(0.3)
@@ -140,7 +142,6 @@ def test_a_stream_survives_a_resize_the_device_refuses(ckpt: str, monkeypatch: p
         toks: list[int] = []
         async for out in llm.generate(prompt, params):
             toks += out.new_token_ids
-            seen.append((llm.engine.memory.num_slots, llm.engine.kv.num_pages))  # type: ignore[union-attr]
             await asyncio.sleep(0.02)
         return toks
 
@@ -153,12 +154,14 @@ def test_a_stream_survives_a_resize_the_device_refuses(ckpt: str, monkeypatch: p
         while llm.stats()["memory"]["kv_pages"] != 32 and time.time() < deadline:
             time.sleep(0.05)
         assert dev.refusals > 0  # the race happened
-        assert min(kv for _, kv in seen) < 32 and min(s for s, _ in seen) < 16
+        history = llm.engine.memory.history  # type: ignore[union-attr]
+        assert min(r.kv_pages_after for r in history) < 32 and min(r.slots_after for r in history) < 16
+        if takes == "everything":  # it waited: nothing of its caches on the device, for a while
+            assert any(r.slots_after == r.kv_pages_after == 0 for r in history)
         assert (llm.stats()["memory"]["slots"], llm.stats()["memory"]["kv_pages"]) == (16, 32)  # grew back
         llm.check_integrity()
     finally:
         asyncio.run(llm.shutdown())
-
 
 
 def test_kv_pages_refused_at_every_size_make_the_slots_give_way(ckpt: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -191,6 +194,49 @@ def test_kv_pages_refused_at_every_size_make_the_slots_give_way(ckpt: str, monke
     dev.take(0)
     dev.other = 0  # the other program went: the pool and the slots grow back
     eng.memory.apply(MemorySplit(0, 16, 32, 0), "test", "test")
+    assert (eng.memory.num_slots, eng.kv.num_pages) == (16, 32)
+    while eng.has_unfinished():
+        for o in eng.step():
+            got += o.new_token_ids
+    assert got == want
+    eng.check_integrity()
+
+
+def test_a_device_that_refuses_even_the_fewest_makes_the_engine_wait(ckpt: str, monkeypatch) -> None:
+    """The other program takes everything the engine frees and more: even the fewest slots and the used pages are
+    refused. The engine keeps every request and its pages (the used pages in host memory), runs no step while it
+    waits, and resumes when the memory comes back: the same tokens."""
+    import freetoken.engine.engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "RESUME_S", 0.0)
+    prompt = torch.randint(3, 500, (40,), generator=torch.Generator().manual_seed(8)).tolist()
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    want = LLM(expert_cache=16, kv_pages=32, **_kw(ckpt)).generate([prompt], params)[0].token_ids
+    dev = FakeDevice(1 << 40)
+    dev.install(monkeypatch)
+    eng = LLM(expert_cache=16, kv_pages=32, **_kw(ckpt)).engine
+    assert dev.live is not None
+    dev.capacity = dev.live
+    eng.add_request("a", prompt, params)
+    got: list[int] = []
+    for _ in range(3):
+        for o in eng.step():
+            got += o.new_token_ids
+    dev.take(dev.capacity)  # everything
+    eng.memory.apply(MemorySplit(0, 8, 24, 0), "test", "test")
+    assert eng.memory.waiting and eng.stats()["memory"]["waiting_for_device_memory"]
+    assert eng.memory.split.slots == 0 and eng.memory.split.kv_pages == 0  # what the engine holds on the device
+    eng.check_integrity()
+    n = len(got)
+    for _ in range(3):
+        assert eng.step() == [] and eng.memory.waiting  # no step runs; the request keeps its place
+    assert eng.has_unfinished() and len(got) == n
+    dev.take(0)
+    dev.other = 0  # the memory came back
+    for o in eng.step():  # asks again (the fewest slots and the used pages), then steps
+        got += o.new_token_ids
+    assert not eng.memory.waiting and eng.memory.num_slots == 2
+    eng.memory.apply(MemorySplit(0, 16, 32, 0), "test", "test")  # the watcher's grow
     assert (eng.memory.num_slots, eng.kv.num_pages) == (16, 32)
     while eng.has_unfinished():
         for o in eng.step():

@@ -43,6 +43,10 @@ class KVPool:
         # LIFO free list: recently freed pages are reused first (warm in caches).
         self._free: list[int] = list(range(num_pages - 1, -1, -1))
         self._owner: dict[int, object] = {}  # page -> request id or the radix tree
+        # a resize refused at every size: (used pages, their K/V per bank and layer in host memory, layer shapes)
+        self._waiting: tuple[list[int], list[list[torch.Tensor]], list[tuple[tuple[int, ...], torch.dtype]]] | None = (
+            None
+        )
 
     @property
     def num_free(self) -> int:
@@ -102,7 +106,8 @@ class KVPool:
         every used page is kept whatever size the device grants;
         ``num_pages`` says what the pool became. If the device refuses even the used pages, again and again,
         ``make_room()`` (when given) frees other memory of the caller's and says whether it did; the used pages
-        are asked for once more. ``torch.OutOfMemoryError`` only then."""
+        are asked for once more. Only then ``torch.OutOfMemoryError``, the pool ``waiting`` (its used pages
+        kept in host memory) until a ``resume`` is granted."""
         if num_pages < 1:
             raise ValueError("the KV pool needs at least one page")
         if self.num_used > num_pages:
@@ -130,18 +135,62 @@ class KVPool:
         try:
             num_pages, (k, v) = remake(make, sizes, self.num_pages, drop, "the KV pages")
         except torch.OutOfMemoryError:
-            if make_room is None or not make_room():
+            try:
+                if make_room is None or not make_room():
+                    raise
+                num_pages, (k, v) = first_granted(make, [floor], "the KV pages")  # in what the caller freed
+            except torch.OutOfMemoryError:
+                self._waiting = (used, staged, shapes)  # the used pages wait in host memory for ``resume``
                 raise
-            num_pages, (k, v) = first_granted(make, [floor], "the KV pages")  # in what the caller freed
+        # staged rows, or (made beside the old layers) the old layers themselves, read at ``src`` layer by layer
+        moves = self._install(num_pages, k, v, used, staged or old, None if staged else src)
+        old.clear()
+        return moves
+
+    @property
+    def waiting(self) -> bool:
+        """A resize the device refused at every size: the pool has no layers and its used pages wait in host
+        memory until ``resume`` (nothing may read or write the pool until then)."""
+        return self._waiting is not None
+
+    def resume(self) -> dict[int, int] | None:
+        """One more ask for a waiting pool, at its used pages (the pages freed meanwhile are dropped): the moves,
+        as ``resize`` returns them; None while the device still refuses."""
+        if self._waiting is None:
+            return {}
+        used0, staged, shapes = self._waiting
+        used = sorted(self._owner)  # requests that ended meanwhile gave pages back: never new ones
+        try:
+            k, v = self._banks(max(len(used), 1), shapes)
+        except torch.OutOfMemoryError:
+            return None
+        self._waiting = None
+        S, at = self.page_size, {p: i for i, p in enumerate(used0)}
+        keep = torch.tensor([at[p] * S + i for p in used for i in range(S)], dtype=torch.long)
+        rows = [[t[keep.to(t.device)] for t in bank] for bank in staged]
+        return self._install(max(len(used), 1), k, v, used, rows)
+
+    def _install(
+        self,
+        num_pages: int,
+        k: list[torch.Tensor],
+        v: list[torch.Tensor],
+        used: list[int],
+        rows: list[list[torch.Tensor]],
+        src: torch.Tensor | None = None,
+    ) -> dict[int, int]:
+        """The new layers in place, with ``rows`` (per bank and layer, the used pages' K/V in ``used`` order; or,
+        with ``src``, tensors to read them from at ``src``) copied in: the used pages at or above ``num_pages``
+        move into free pages below it."""
+        S = self.page_size
         high = [p for p in used if p >= num_pages]
         low_free = sorted(p for p in range(num_pages) if p not in self._owner)
         moves = dict(zip(high, low_free))  # empty when growing
         dst = torch.tensor([moves.get(p, p) * S + i for p in used for i in range(S)], dtype=torch.long)
         dst = dst.to(self.device)
-        for new_bank, rows in zip((k, v), staged or old):  # staged rows, or the old layers (made beside them)
-            for layer, kept in zip(new_bank, rows):
-                layer[dst] = kept.to(self.device) if staged else kept[src]
-        old.clear()
+        for new_bank, bank_rows in zip((k, v), rows):
+            for layer, kept in zip(new_bank, bank_rows):
+                layer[dst] = kept[src] if src is not None else kept.to(self.device)
         self.k, self.v = k, v
         self._owner = {moves.get(p, p): o for p, o in self._owner.items()}
         self._free = sorted((p for p in range(num_pages) if p not in self._owner), reverse=True)

@@ -130,7 +130,17 @@ class KVManager:
     ) -> None:
         """``KVPool.resize`` (the used pages must fit; ``fallback``, ``make_room``: what it falls to), then the
         moved pages renamed in every request's page table and in the tree."""
-        moves = self.kv.resize(num_pages, fallback, make_room)
+        self._rename(self.kv.resize(num_pages, fallback, make_room), requests)
+
+    def resume(self, requests: Iterable[Request]) -> bool:
+        """``KVPool.resume`` (a pool that waits for device memory asks again); whether it has layers now."""
+        moves = self.kv.resume()
+        if moves is None:
+            return False
+        self._rename(moves, requests)
+        return True
+
+    def _rename(self, moves: dict[int, int], requests: Iterable[Request]) -> None:
         if not moves:
             return
         for r in requests:

@@ -117,6 +117,10 @@ class Scheduler:
         self.pages.resize(num_pages, self.running, fallback, make_room)
         return preempted
 
+    def resume_kv(self) -> bool:
+        """A KV pool that waits for device memory (``KVPool.waiting``) asks again; whether it has layers now."""
+        return self.pages.resume([*self.running, *self.waiting])
+
     def finish(self, req: Request) -> None:
         if req in self.running:
             self.running.remove(req)

@@ -197,7 +197,8 @@ class SlotBackend(StepCapture, ExpertBackend):
 
     @property
     def num_slots(self) -> int:
-        return self.cache.num_slots
+        """0 while the cache has no banks (a resize the device refused at every size: elastic memory resumes it)."""
+        return self.cache.num_slots if self.cache.slots else 0
 
     @property
     def slot_bytes(self) -> int:
