@@ -7,9 +7,9 @@
 Per backend: the engine starts with ``--budget`` GiB (expert slots + KV pages + reserve) on a synthetic
 checkpoint of the preset's shape (``ft bench e2e``'s, ``--layers`` layers), warms up, and runs greedy requests
 of ``--tokens`` tokens back to back (one prompt; no prefix cache, so each computes as the first), undisturbed
-for ``--base-seconds``. Then a second process (``--hog`` mode of this file, torch allocations of 256 MiB,
-retried while the device refuses them — a program that grows until it has what it wants) takes the rest of
-the card but ``--free-left`` GiB, and the timeline starts: requests back to back for ``--seconds`` (the last
+for ``--base-seconds``. Then a second process (``bench/elastic_hog.py``: torch allocations of 256 MiB, retried
+while the device refuses them — a program that grows until it has what it wants) takes the rest of the card but
+``--free-left`` GiB, and the timeline starts: requests back to back for ``--seconds`` (the last
 one ends), while the other process follows ``--plan`` (at fixed seconds, GiB over what it took at first).
 Recorded every 50 ms: the engine's slots and KV pages, the other process's memory, the device's free memory
 (NVML); per token its time, so tok/s over 0.5 s windows. Checks (``runs[].checks``, PASS only if all hold):
@@ -31,7 +31,6 @@ import json
 import logging
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -39,83 +38,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from elastic_hog import CHUNK, Hog  # noqa: E402
+
 GIB = 1 << 30
-CHUNK = 256 << 20
 WINDOW_S = 0.5
 # The near-tie rule (DESIGN §8, tests/reference.py: LOGIT_MARGIN = 1e-3 on fp32 logits) carried to bf16: its logits
 # carry 8 significant bits, so two within one bf16 ulp of a logit in [4, 8) (2**-5) are a tie; the bench reports
 # every divergence with its margin either way.
 TIE_MARGIN = 2**-5
-
-
-# ---- the other program ---------------------------------------------------------------------------------------
-def hog_main() -> int:
-    """Reads target byte counts on stdin; grows (chunks, retrying while refused) or shrinks to each; prints
-    ``held <bytes> <refusals>`` every 50 ms."""
-    import torch
-
-    target, refused = [0], 0
-    held: list[Any] = []
-    torch.cuda.init()
-
-    def reader() -> None:
-        for line in sys.stdin:
-            target[0] = int(line.strip() or 0)
-
-    threading.Thread(target=reader, daemon=True).start()
-    last = 0.0
-    while True:
-        want, have = target[0], len(held) * CHUNK
-        if want < 0:
-            return 0
-        if have + CHUNK <= want:
-            try:
-                held.append(torch.empty(CHUNK, dtype=torch.uint8, device="cuda"))
-            except torch.OutOfMemoryError:
-                refused += 1
-                time.sleep(0.01)
-        elif have > want:
-            while len(held) * CHUNK > want:
-                held.pop()
-            torch.cuda.empty_cache()
-        else:
-            time.sleep(0.005)
-        now = time.monotonic()
-        if now - last > 0.05:
-            print(f"held {len(held) * CHUNK} {refused}", flush=True)
-            last = now
-
-
-class Hog:
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, __file__, "--hog"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, bufsize=1)  # fmt: skip
-        self.held, self.refused, self.target = 0, 0, 0
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            _, held, refused = line.split()
-            self.held, self.refused = int(held), int(refused)
-
-    def want(self, nbytes: int) -> None:
-        self.target = nbytes
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(f"{nbytes}\n")
-        self.proc.stdin.flush()
-
-    def wait_held(self, timeout: float) -> bool:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if abs(self.held - self.target) < CHUNK:
-                return True
-            time.sleep(0.02)
-        return False
-
-    def close(self) -> None:
-        self.want(-1)
-        self.proc.wait(10)
 
 
 # ---- the engine side -----------------------------------------------------------------------------------------
@@ -239,7 +170,7 @@ def run_backend(args: argparse.Namespace, ckpt: Path, backend: str, out: Path, o
     def sample() -> None:
         while not stop.is_set():
             samples.append({"t": time.perf_counter() - start, "slots": eng.memory.num_slots,
-                            "kv_pages": eng.kv.num_pages, "hog_gib": hog.held / GIB,
+                            "kv_pages": eng.memory.kv_pages, "hog_gib": hog.held / GIB,
                             "free_gib": nvml.free_bytes() / GIB})  # fmt: skip
             time.sleep(0.05)
 
@@ -395,7 +326,6 @@ def pinned_half(args: argparse.Namespace, ckpt: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--hog", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     ap.add_argument("--backends", default="offload,hybrid")
     ap.add_argument("--preset", default="qwen3-30b-a3b")
@@ -416,8 +346,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pinned-half", action="store_true")
     ap.add_argument("--plot", metavar="DIR", help="only draw the PNGs from DIR's CSVs and summary.json")
     args = ap.parse_args(argv)
-    if args.hog:
-        return hog_main()
     if args.plot:
         d = Path(args.plot)
         runs = json.loads((d / "summary.json").read_text())["runs"]
@@ -434,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = checkpoint(argparse.Namespace(model=None, preset=args.preset, layers=args.layers, dir=args.dir))
     shape = get_preset(args.preset)
     args.pool_gib = args.layers * shape.experts * 3 * shape.hidden * shape.inter * 2 / GIB
-    summary: dict[str, Any] = {"args": {k: v for k, v in vars(args).items() if k != "hog"}, "runs": []}
+    summary: dict[str, Any] = {"args": vars(args), "runs": []}
     ok = True
     for backend in args.backends.split(","):
         s = run_backend(args, ckpt, backend, out, oom)
