@@ -4,7 +4,7 @@
 #             step and layer graphs keep greedy tokens, a budget's shrink frees device memory, half-pinned pool,
 #             NVML), the slot cache's GPU tests and the layer graphs' resize test, then the CPU-side elastic
 #             tests on the box
-#   timeline  (~2.5 min) bench/elastic_timeline.py: a 6-layer qwen3-30b-a3b-shaped synthetic checkpoint (written
+#   timeline  (~1.5 min, cut at 4) bench/elastic_timeline.py: a 6-layer qwen3-30b-a3b-shaped synthetic checkpoint (written
 #             once under /tmp), engine budget 40 GiB (reserve 1.5); per backend (offload, hybrid) 3 s of 512-token
 #             greedy requests back to back undisturbed, then another process leaves 2 GiB free and, during 14 s
 #             of the same requests back to back, takes 8 GiB more at 2 s, gives it back at 5 s, takes 30 GiB at
@@ -29,7 +29,7 @@ tests)
     tests/test_pinned_budget.py tests/test_elastic_refusal.py > "$OUT/cpu_tests.log" 2>&1
   tail -1 "$OUT/cpu_tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/cpu_tests.log" | head -10 ;;
 timeline)
-  timeout 300 python3 bench/elastic_timeline.py --out "$OUT" --layers "$LAYERS" --dir "$CK" \
+  timeout 240 python3 bench/elastic_timeline.py --out "$OUT" --layers "$LAYERS" --dir "$CK" \
     --budget "${BUDGET:-40}" --reserve 1.5 --free-left 2 --tokens "${TOKENS:-512}" \
     --plan "${PLAN:-2:8,5:0,8:30,11:0}" --seconds "${SECONDS_:-14}" --base-seconds 3 \
     --backends "${BACKENDS:-offload,hybrid}" --pinned-half > "$OUT/timeline.log" 2> "$OUT/timeline.err"
