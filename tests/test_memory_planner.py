@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+from fake_device import FakeDevice
 from freetoken import LLM, SamplingParams
 from freetoken.config import EngineConfig
 from freetoken.engine import vram_watch
@@ -174,19 +175,6 @@ def test_the_split_follows_the_session_and_keeps_the_tokens(ckpt: str) -> None:
     assert seen[-1] == (12, 20)  # ... and went back once the requests gave their pages back
     assert llm.stats()["memory"]["last_resize"]["source"] == "session"
     llm.check_integrity()
-
-
-class FakeDevice:
-    """A device of ``capacity`` bytes shared by the engine's slots and KV pages and another program's ``other``
-    bytes: what the watcher reads, as NVML would."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity, self.other, self.llm = capacity, 0, None
-
-    def free_bytes(self) -> int:
-        eng = self.llm.engine if self.llm is not None else None
-        used = eng.memory.split.used_bytes(eng.memory.facts) if eng is not None else 0
-        return self.capacity - used - self.other
 
 
 def test_a_fake_free_memory_source_drives_the_engine_while_a_request_runs(

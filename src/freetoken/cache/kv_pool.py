@@ -11,11 +11,12 @@ are compared by equality, so the tree passes itself. ``free + used == total`` al
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from freetoken.hardware.device_memory import device_zeros, uses_driver_memory
+from freetoken.hardware.device_memory import device_zeros, first_granted, remake, uses_driver_memory
 
 
 class KVPool:
@@ -42,6 +43,10 @@ class KVPool:
         # LIFO free list: recently freed pages are reused first (warm in caches).
         self._free: list[int] = list(range(num_pages - 1, -1, -1))
         self._owner: dict[int, object] = {}  # page -> request id or the radix tree
+        # a resize refused at every size: (used pages, their K/V per bank and layer in host memory, layer shapes)
+        self._waiting: tuple[list[int], list[list[torch.Tensor]], list[tuple[tuple[int, ...], torch.dtype]]] | None = (
+            None
+        )
 
     @property
     def num_free(self) -> int:
@@ -89,13 +94,20 @@ class KVPool:
         if page not in self._owner or self._owner[page] != owner:
             raise AssertionError(f"KV page {page} {what} by {owner!r} but owned by {self._owner.get(page)!r}")
 
-    def resize(self, num_pages: int, floor: int | None = None) -> dict[int, int]:
+    def resize(
+        self, num_pages: int, fallback: Sequence[int] = (), make_room: Callable[[], bool] | None = None
+    ) -> dict[int, int]:
         """Safe points only: the pool becomes ``num_pages`` pages. Growing adds free pages; shrinking needs
         every used page to fit (the caller evicts or preempts first) and moves the used pages at or above
         ``num_pages`` into free pages below it, K/V copied. Returns the moves {old page: new page}; the
         caller rewrites the page tables that name them (requests, the radix tree). When the device refuses
-        the new layers (another program took the memory meanwhile), ``floor`` pages (at least the used ones)
-        are tried instead, else ``torch.OutOfMemoryError``; ``num_pages`` says what the pool became."""
+        the new layers (another program took the memory meanwhile), the ``fallback`` sizes are tried in turn,
+        then the used pages alone (``remake``: a shrink makes its layers beside the old ones where they fit):
+        every used page is kept whatever size the device grants;
+        ``num_pages`` says what the pool became. If the device refuses even the used pages, again and again,
+        ``make_room()`` (when given) frees other memory of the caller's and says whether it did; the used pages
+        are asked for once more. Only then ``torch.OutOfMemoryError``, the pool ``waiting`` (its used pages
+        kept in host memory) until a ``resume`` is granted."""
         if num_pages < 1:
             raise ValueError("the KV pool needs at least one page")
         if self.num_used > num_pages:
@@ -103,37 +115,99 @@ class KVPool:
         S = self.page_size
         used = sorted(self._owner)
         src = torch.tensor([p * S + i for p in used for i in range(S)], dtype=torch.long, device=self.device)
-        # On a GPU the used pages wait in host memory while the old layers go (their memory returns to the
-        # device: ``device_zeros``): the peak is the old pool, and a shrink really frees memory for other programs.
-        host = self.device.type == "cuda"
-        staged = [[t[src].to("cpu") if host else t[src] for t in bank] for bank in (self.k, self.v)]
         shapes = [(tuple(t.shape[1:]), t.dtype) for t in self.k]
-        self.k, self.v = [], []
-        if host and not uses_driver_memory(self.device):
-            torch.cuda.empty_cache()
-        try:
-            self.k, self.v = self._layers(num_pages, shapes), self._layers(num_pages, shapes)
-        except torch.OutOfMemoryError:
+        old = [self.k, self.v]
+        staged: list[list[torch.Tensor]] = []
+
+        def drop() -> None:
+            # On a GPU the used pages wait in host memory while the old layers go (their memory returns to the
+            # device: ``device_zeros``): the peak is the old pool, and a shrink really frees memory.
+            host = self.device.type == "cuda"
+            staged.extend([t[src].to("cpu") if host else t[src] for t in bank] for bank in old)
+            old.clear()
             self.k, self.v = [], []
-            if floor is None or max(floor, len(used)) >= num_pages:
+            if host and not uses_driver_memory(self.device):
+                torch.cuda.empty_cache()
+
+        floor = max(len(used), 1)
+        sizes = [num_pages, *(n for n in fallback if n >= floor), floor]
+        make = functools.partial(self._banks, shapes=shapes)
+        try:
+            num_pages, (k, v) = remake(make, sizes, self.num_pages, drop, "the KV pages")
+        except torch.OutOfMemoryError:
+            try:
+                if make_room is None or not make_room():
+                    raise
+                num_pages, (k, v) = first_granted(make, [floor], "the KV pages")  # in what the caller freed
+            except torch.OutOfMemoryError:
+                self._waiting = (used, staged, shapes)  # the used pages wait in host memory for ``resume``
                 raise
-            num_pages = max(floor, len(used), 1)
-            self.k, self.v = self._layers(num_pages, shapes), self._layers(num_pages, shapes)
+        # staged rows, or (made beside the old layers) the old layers themselves, read at ``src`` layer by layer
+        moves = self._install(num_pages, k, v, used, staged or old, None if staged else src)
+        old.clear()
+        return moves
+
+    @property
+    def waiting(self) -> bool:
+        """A resize the device refused at every size: the pool has no layers and its used pages wait in host
+        memory until ``resume`` (nothing may read or write the pool until then)."""
+        return self._waiting is not None
+
+    def resume(self) -> dict[int, int] | None:
+        """One more ask for a waiting pool, at its used pages (the pages freed meanwhile are dropped): the moves,
+        as ``resize`` returns them; None while the device still refuses."""
+        if self._waiting is None:
+            return {}
+        used0, staged, shapes = self._waiting
+        used = sorted(self._owner)  # requests that ended meanwhile gave pages back: never new ones
+        try:
+            k, v = self._banks(max(len(used), 1), shapes)
+        except torch.OutOfMemoryError:
+            return None
+        self._waiting = None
+        S, at = self.page_size, {p: i for i, p in enumerate(used0)}
+        keep = torch.tensor([at[p] * S + i for p in used for i in range(S)], dtype=torch.long)
+        rows = [[t[keep.to(t.device)] for t in bank] for bank in staged]
+        return self._install(max(len(used), 1), k, v, used, rows)
+
+    def _install(
+        self,
+        num_pages: int,
+        k: list[torch.Tensor],
+        v: list[torch.Tensor],
+        used: list[int],
+        rows: list[list[torch.Tensor]],
+        src: torch.Tensor | None = None,
+    ) -> dict[int, int]:
+        """The new layers in place, with ``rows`` (per bank and layer, the used pages' K/V in ``used`` order; or,
+        with ``src``, tensors to read them from at ``src``) copied in: the used pages at or above ``num_pages``
+        move into free pages below it."""
+        S = self.page_size
         high = [p for p in used if p >= num_pages]
         low_free = sorted(p for p in range(num_pages) if p not in self._owner)
         moves = dict(zip(high, low_free))  # empty when growing
         dst = torch.tensor([moves.get(p, p) * S + i for p in used for i in range(S)], dtype=torch.long)
         dst = dst.to(self.device)
-        for bank, rows in zip((self.k, self.v), staged):
-            for layer, kept in zip(bank, rows):
-                layer[dst] = kept.to(self.device)
+        for new_bank, bank_rows in zip((k, v), rows):
+            for layer, kept in zip(new_bank, bank_rows):
+                layer[dst] = kept[src] if src is not None else kept.to(self.device)
+        self.k, self.v = k, v
         self._owner = {moves.get(p, p): o for p, o in self._owner.items()}
         self._free = sorted((p for p in range(num_pages) if p not in self._owner), reverse=True)
         self.num_pages = num_pages
         return moves
 
-    def _layers(self, num_pages: int, shapes: list[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor]:
-        return [device_zeros((num_pages * self.page_size, *shape), dt, self.device) for shape, dt in shapes]
+    def _banks(
+        self, num_pages: int, shapes: list[tuple[tuple[int, ...], torch.dtype]]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """K and V layers of ``num_pages`` pages, all or none (a refused one drops those made before it)."""
+        try:
+            made = [device_zeros((num_pages * self.page_size, *shape), dt, self.device) for shape, dt in shapes * 2]
+        except torch.OutOfMemoryError:
+            if self.device.type == "cuda" and not uses_driver_memory(self.device):
+                torch.cuda.empty_cache()  # what was made before the refusal goes back to the device
+            raise
+        return made[: len(shapes)], made[len(shapes) :]
 
     def slots(self, pages: list[int], start: int, end: int) -> list[int]:
         """Flat slot ids of token positions [start, end) of a sequence with page table ``pages``."""

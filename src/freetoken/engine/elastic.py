@@ -108,7 +108,12 @@ class ElasticMemory:
             return None
         budget, why = decision
         shrink = budget < self.split.budget_bytes
-        rec = self.apply(split_budget(budget, f, self.split.kv_pages), why, "watcher")
+        split = split_budget(budget, f, self.split.kv_pages)
+        if shrink and split.kv_pages > self.split.kv_pages:
+            # the slots took the shrink and left a few pages' bytes over: the pool stays (a grow would re-make it,
+            # and free it for a moment, while another program is taking memory)
+            split = MemorySplit(budget, split.slots, self.split.kv_pages, split.reserve_bytes)
+        rec = self.apply(split, why, "watcher")
         if shrink:  # the streak counts from the end of the resize
             self._streak, self._last_shrink = streak, time.monotonic()
         return rec
@@ -131,31 +136,30 @@ class ElasticMemory:
     # ---- doing it -------------------------------------------------------------------------------------
     def apply(self, split: MemorySplit, reason: str, source: str) -> ResizeRecord:
         t0 = time.perf_counter()
-        slots0, kv0 = self.num_slots, self.scheduler.kv.num_pages
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        if self.waiting:
+            self.resume()
+        slots0, kv0 = self.num_slots, self.kv_pages
         if (split.slots != slots0 or split.kv_pages != kv0) and self.graphs is not None:
             self.graphs.clear()
         preempted = 0
-        f = self.facts
-        # a size the device refuses (another program took the memory meanwhile) falls back: a grow to where it
-        # was, a shrink to the fewest slots or pages
-        if split.slots < slots0:
-            self._resize_slots(split.slots, f.min_slots)
-        if split.kv_pages != kv0:
-            floor = kv0 if split.kv_pages > kv0 else f.min_pages
-            preempted = self.scheduler.resize_kv(split.kv_pages, floor)
-        if split.slots > slots0:
-            self._resize_slots(split.slots, slots0)
+        if not self.waiting:  # (still waiting: the device refused the fewest again; nothing else can change now)
+            try:
+                preempted = self._resize(split, slots0, kv0)
+            except torch.OutOfMemoryError as exc:
+                log.warning("memory %s: %s; the engine waits for device memory (every request keeps its place)",
+                            source, exc)  # fmt: skip
         if self.device.type == "cuda" and not uses_driver_memory(self.device):
             torch.cuda.empty_cache()  # freed slots and pages go back to the device, for other programs
-        got = (self.num_slots, self.scheduler.kv.num_pages)
+        got, f = (self.num_slots, self.kv_pages), self.facts
         if got != (split.slots, split.kv_pages):
             log.warning("memory %s: the device refused %d slots / %d KV pages; now %d / %d", source, split.slots,
                         split.kv_pages, *got)  # fmt: skip
             used = got[0] * f.slot_bytes + got[1] * f.page_bytes
             split = MemorySplit(used + f.reserve_bytes, got[0], got[1], f.reserve_bytes)
         self.split = split
+        self.scheduler.kv_ceiling = self.base_kv
         rec = ResizeRecord(time.time(), source, reason, round(split.budget_bytes / GIB, 4), slots0, split.slots,
                            kv0, split.kv_pages, preempted, time.perf_counter() - t0)  # fmt: skip
         if (slots0, kv0) != (split.slots, split.kv_pages):
@@ -166,9 +170,71 @@ class ElasticMemory:
                      kv0, split.kv_pages, reason, f", {preempted} preempted" if preempted else "")  # fmt: skip
         return rec
 
-    def _resize_slots(self, n: int, floor: int) -> None:
+    def _resize(self, split: MemorySplit, slots0: int, kv0: int) -> int:
+        """The slots and the KV pool to ``split``; returns the preemptions. ``torch.OutOfMemoryError`` only when
+        the device refused even the fewest (a cache then waits: ``waiting``)."""
+        preempted = 0
+        f = self.facts
+        # a size the device refuses (another program took the memory between the free and the new allocation)
+        # falls back: a grow to where it was, then (a shrink at once) to the fewest slots or pages; the KV pool
+        # keeps every used page at any size
+        if split.slots < slots0:
+            try:
+                self._resize_slots(split.slots, (f.min_slots,))
+            except torch.OutOfMemoryError:
+                # another program took what the slots freed and still wants more: the KV pages give way (to the
+                # fewest; every used page is kept), and the slots ask again in what that freed
+                fewest = max(min(split.kv_pages, f.min_pages), self.scheduler.pages.num_pinned, 1)
+                preempted += self.scheduler.resize_kv(fewest)
+                split = MemorySplit(split.budget_bytes, split.slots, self.scheduler.kv.num_pages, split.reserve_bytes)
+                self._resize_slots(f.min_slots, ())
+        if split.kv_pages != self.scheduler.kv.num_pages:
+            cur = self.scheduler.kv.num_pages
+            back = (cur, f.min_pages) if split.kv_pages > cur else (f.min_pages,)
+            preempted += self.scheduler.resize_kv(split.kv_pages, back, self._slots_give_way)
+        if split.slots > slots0:
+            self._resize_slots(split.slots, (slots0, f.min_slots) if slots0 else (f.min_slots,))
+        return preempted
+
+    @property
+    def waiting(self) -> bool:
+        """A cache without its device memory: a resize the device refused at every size, even the fewest. The
+        engine runs no step until ``resume`` is granted (its requests wait in place)."""
+        return self.scheduler.kv.waiting or (self.backend is not None and self.backend.slot_range[0] > 0
+                                             and self.backend.num_slots == 0)  # fmt: skip
+
+    def resume(self) -> bool:
+        """A waiting cache asks again: the fewest slots, the KV pool's used pages. Whether nothing waits now."""
+        if self.backend is not None and self.backend.slot_range[0] > 0 and self.backend.num_slots == 0:
+            try:
+                self._resize_slots(self.facts.min_slots, ())
+            except torch.OutOfMemoryError:
+                return False
+        if self.scheduler.kv.waiting and not self.scheduler.resume_kv():
+            return False
+        f = self.facts
+        used = self.num_slots * f.slot_bytes + self.kv_pages * f.page_bytes
+        self.split = MemorySplit(used + f.reserve_bytes, self.num_slots, self.kv_pages, f.reserve_bytes)
+        log.info("memory: the device granted the fewest again: %d expert slots, %d KV pages", self.num_slots,
+                 self.kv_pages)  # fmt: skip
+        return True
+
+    @property
+    def kv_pages(self) -> int:
+        """The KV pool's pages (0 while it waits for device memory)."""
+        return 0 if self.scheduler.kv.waiting else self.scheduler.kv.num_pages
+
+    def _slots_give_way(self) -> bool:
+        """The KV pool was refused at every size (another program took what it freed and wants more): the slots
+        go to the fewest, so the pool can ask again. False when they are there already."""
+        if self.backend is None or self.num_slots <= self.facts.min_slots:
+            return False
+        self._resize_slots(self.facts.min_slots, ())
+        return True
+
+    def _resize_slots(self, n: int, fallback: tuple[int, ...]) -> None:
         assert self.backend is not None
-        self.backend.resize_expert_cache(n, floor)
+        self.backend.resize_expert_cache(n, fallback)
 
     # ---- introspection --------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -179,8 +245,9 @@ class ElasticMemory:
             "minimum_gib": f.minimum_budget / GIB,
             "slots": self.num_slots,
             "slots_gib": self.num_slots * f.slot_bytes / GIB,
-            "kv_pages": self.scheduler.kv.num_pages,
-            "kv_gib": self.scheduler.kv.num_pages * f.page_bytes / GIB,
+            "kv_pages": self.kv_pages,
+            "kv_gib": self.kv_pages * f.page_bytes / GIB,
+            "waiting_for_device_memory": self.waiting,
             "reserve_gib": f.reserve_bytes / GIB,
             "follows_session": self.follow_session,
             "resizes": self.num_resizes,

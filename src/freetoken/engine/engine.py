@@ -32,6 +32,7 @@ from freetoken.engine.step_sampler import Choice, StepSampler
 from freetoken.models.layer_major import LayerMajorPass
 
 log = logging.getLogger(__name__)
+RESUME_S = 1.0  # a cache waiting for device memory asks again this often from ``step`` (and at each resize)
 
 
 class LLMEngine:
@@ -77,6 +78,7 @@ class LLMEngine:
         self._seeds = random.Random(config.seed)
         self._counters = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0, "requests_finished": 0}
         self._pending: list[RequestOutput] = []
+        self._resumed_at = 0.0  # the last time a cache waiting for device memory asked again (``step``)
         self.started_at = time.monotonic()
         self.weights_check = s.loaded.weights_check  # an FTW checkpoint's checksums: checked now that serving starts
         if self.weights_check is not None and config.verify_weights == "background":
@@ -124,10 +126,9 @@ class LLMEngine:
         n = len(prompt_token_ids)
         if n >= self.max_model_len:
             raise PromptTooLongError(n, self.max_model_len)
-        if self.kv.pages_for(n + 1) > self.kv.num_pages:
-            raise InputError(
-                f"prompt of {n} tokens can never fit the KV pool ({self.kv.num_pages * self.kv.page_size} tokens)"
-            )
+        if self.kv.pages_for(n + 1) > self.scheduler.most_pages:
+            raise InputError(f"prompt of {n} tokens can never fit the KV pool "
+                             f"({self.scheduler.most_pages * self.kv.page_size} tokens)")  # fmt: skip
         if len(self.scheduler.waiting) >= self.config.max_queued_requests:
             raise QueueFullError(f"the queue is full ({self.config.max_queued_requests} requests waiting)")
         if constraint is None and params.grammar is not None:
@@ -162,6 +163,14 @@ class LLMEngine:
         request (the scheduler, the caches) propagates. A prefill spanning several chunks may run layer-major
         over several steps (``layer_major.py``): each step then runs the other requests' decode first."""
         outputs, self._pending = self._pending, []
+        if self.memory.waiting:  # a cache without device memory (``ElasticMemory.waiting``): no step can run
+            now = time.monotonic()
+            if now - self._resumed_at >= RESUME_S:
+                self._resumed_at = now
+                self.memory.resume()
+            if self.memory.waiting:
+                time.sleep(0.01)  # the requests wait in place; the watcher's next grow asks again too
+                return outputs
         batch = self.scheduler.schedule(admit=self._job is None)
         for req in batch.never_fit:
             self._finish(req, "error", error="the request does not fit the KV pool even alone")

@@ -13,7 +13,7 @@ the state after its own reply, up to the last whole page, is there for the next 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from freetoken.cache.kv_pool import KVPool
 from freetoken.cache.radix import RadixCache
@@ -124,10 +124,26 @@ class KVManager:
             self.tree.evict(min(over, self.tree.num_evictable_pages))
         return max(0, self.kv.num_used - num_pages)
 
-    def resize(self, num_pages: int, requests: Iterable[Request], floor: int | None = None) -> None:
-        """``KVPool.resize`` (the used pages must fit; ``floor``: its fallback), then the moved pages renamed in
-        every request's page table and in the tree."""
-        moves = self.kv.resize(num_pages, floor)
+    def resize(
+        self,
+        num_pages: int,
+        requests: Iterable[Request],
+        fallback: Sequence[int] = (),
+        make_room: Callable[[], bool] | None = None,
+    ) -> None:
+        """``KVPool.resize`` (the used pages must fit; ``fallback``, ``make_room``: what it falls to), then the
+        moved pages renamed in every request's page table and in the tree."""
+        self._rename(self.kv.resize(num_pages, fallback, make_room), requests)
+
+    def resume(self, requests: Iterable[Request]) -> bool:
+        """``KVPool.resume`` (a pool that waits for device memory asks again); whether it has layers now."""
+        moves = self.kv.resume()
+        if moves is None:
+            return False
+        self._rename(moves, requests)
+        return True
+
+    def _rename(self, moves: dict[int, int], requests: Iterable[Request]) -> None:
         if not moves:
             return
         for r in requests:

@@ -11,6 +11,7 @@ deadlock. Which pages a request holds is the KV manager's business (kv_manager.p
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from freetoken.engine.kv_manager import KVManager
@@ -36,6 +37,13 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        # the KV pages the pool returns to (elastic memory sets it): a request that fits them but not the pool of
+        # the moment (shrunk while another program holds the memory) waits instead of failing
+        self.kv_ceiling = 0
+
+    @property
+    def most_pages(self) -> int:
+        return max(self.kv.num_pages, self.kv_ceiling)
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -64,7 +72,10 @@ class Scheduler:
             while not self.pages.grow(req, n):
                 victim = next(r for r in reversed(self.running) if not r.busy)  # req itself at the latest
                 if victim is req and len(self.running) == 1:
-                    never_fit.append(req)
+                    if self.kv.num_pages < self.kv_ceiling >= self.kv.pages_for(req.num_computed_tokens + n):
+                        self._preempt(req)  # a pool the device shrank under it: it waits for the pool to grow back
+                    else:
+                        never_fit.append(req)
                     break
                 self._preempt(victim)
                 items = [(r, k) for r, k in items if r is not victim]
@@ -77,7 +88,7 @@ class Scheduler:
             req = self.waiting[0]
             n = self.pages.admit(req, budget)
             if n == 0:
-                if not self.running and self.kv.pages_for(req.num_tokens + 1) > self.kv.num_pages:
+                if not self.running and self.kv.pages_for(req.num_tokens + 1) > self.most_pages:
                     self.waiting.popleft()
                     never_fit.append(req)
                     continue
@@ -89,19 +100,26 @@ class Scheduler:
             budget -= n
         return ScheduledBatch(items, never_fit)
 
-    def resize_kv(self, num_pages: int, floor: int | None = None) -> int:
+    def resize_kv(
+        self, num_pages: int, fallback: Sequence[int] = (), make_room: Callable[[], bool] | None = None
+    ) -> int:
         """A safe point: the KV pool becomes ``num_pages`` pages. Shrinking evicts unlocked prefix-cache pages
         first (LRU); only when none is left are running requests preempted, newest first (their computed pages
-        enter the tree and are evicted in turn; they resume by recomputing). ``floor``: the size to fall back to
-        when the device refuses this one (``KVPool.resize``). Returns the preemptions."""
+        enter the tree and are evicted in turn; they resume by recomputing). ``fallback``: the sizes to fall to
+        when the device refuses this one, ``make_room`` when it refuses them all (``KVPool.resize``; every used page
+        is kept). Returns the preemptions."""
         preempted = 0
         while self.pages.evict_for_shrink(num_pages) > 0:
             if not self.running:
                 raise AssertionError("KV pages are in use with no running request to give them back")
             self._preempt(self.running[-1])
             preempted += 1
-        self.pages.resize(num_pages, self.running, floor)
+        self.pages.resize(num_pages, self.running, fallback, make_room)
         return preempted
+
+    def resume_kv(self) -> bool:
+        """A KV pool that waits for device memory (``KVPool.waiting``) asks again; whether it has layers now."""
+        return self.pages.resume([*self.running, *self.waiting])
 
     def finish(self, req: Request) -> None:
         if req in self.running:

@@ -7,6 +7,7 @@ L = MoE layers, E = routed experts per layer, N = L * E pool rows (``eid = moe_l
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -150,9 +151,9 @@ class ExpertBackend(ABC):
         """(fewest, most) slots ``resize_expert_cache`` takes: one layer's top-k, the pool."""
         return (0, 0)
 
-    def resize_expert_cache(self, num_slots: int, floor: int | None = None) -> None:
+    def resize_expert_cache(self, num_slots: int, fallback: Sequence[int] = ()) -> None:
         """A safe point between steps: the slot cache becomes ``num_slots`` slots (LRU slots go first), or
-        ``floor`` slots when the device refuses that many."""
+        the ``fallback`` sizes in turn when the device refuses that many."""
         raise NotImplementedError(f"the {self.name} backend has no expert cache to resize")
 
     # -- the whole decode step as one CUDA graph (``engine/step_graph.py``) -------------------------------

@@ -15,13 +15,19 @@ import ctypes
 import functools
 import logging
 import math
-from typing import Any
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 
 log = logging.getLogger(__name__)
 
 _OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
+T = TypeVar("T")
+# first_granted: the last (smallest) size is asked again this many times, waiting RETRY_WAIT_S, then twice as long
+RETRIES = 6
+RETRY_WAIT_S = 0.05
 
 
 class _Driver:
@@ -100,3 +106,46 @@ def device_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devic
 @functools.lru_cache(maxsize=1)
 def _say_fallback(rc: int) -> None:
     log.warning("cuMemAlloc failed with CUresult %d: resizable caches use torch's allocator", rc)
+
+
+def first_granted(make: Callable[[int], T], sizes: Sequence[int], what: str) -> tuple[int, T]:
+    """``make(n)`` for the first size ``n`` the device grants, largest first (``sizes`` in the caller's order of
+    preference; a size not below the one before it is skipped). Between a cache's free and its new allocation
+    another program may take the memory: a refused size falls to the next, and the last one (the smallest the
+    cache can be, holding everything it keeps) is asked again ``RETRIES`` times with a doubling wait (a program
+    that takes memory usually leaves some, or gives some back). ``torch.OutOfMemoryError`` only when every
+    ask was refused."""
+    order: list[int] = []
+    for n in sizes:
+        if not order or n < order[-1]:
+            order.append(n)
+    wait, refused = RETRY_WAIT_S, 0
+    for i, n in enumerate(order):
+        last = i == len(order) - 1
+        for attempt in range(RETRIES + 1 if last else 1):
+            try:
+                return n, make(n)
+            except torch.OutOfMemoryError:
+                refused += 1
+                if last and attempt < RETRIES:
+                    log.warning("the device refused %s of %d; asking again in %.2f s", what, n, wait)
+                    time.sleep(wait)
+                    wait *= 2
+    raise torch.OutOfMemoryError(f"the device refused {what} at every size down to {order[-1]} ({refused} asks)")
+
+
+def remake(
+    make: Callable[[int], T], sizes: Sequence[int], current: int, drop: Callable[[], None], what: str
+) -> tuple[int, T]:
+    """A cache of ``current`` units re-made at the first of ``sizes`` the device grants (``first_granted``). A
+    shrink first asks for its size beside the old allocation (make before break: no moment where the freed memory
+    waits for another program to take it); a grow, or a shrink that does not fit beside the old one, calls
+    ``drop()`` (the old allocation goes) and then asks. Only the first size is tried beside: a smaller fallback
+    that fits there would shrink the cache further than asked whenever free memory is short."""
+    if sizes and sizes[0] < current:
+        try:
+            return sizes[0], make(sizes[0])
+        except torch.OutOfMemoryError:
+            pass
+    drop()
+    return first_granted(make, sizes, what)

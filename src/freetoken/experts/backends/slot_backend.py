@@ -9,6 +9,7 @@ Subclasses choose the share of misses to fill and the residency policy.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import torch
 
@@ -196,7 +197,8 @@ class SlotBackend(StepCapture, ExpertBackend):
 
     @property
     def num_slots(self) -> int:
-        return self.cache.num_slots
+        """0 while the cache has no banks (a resize the device refused at every size: elastic memory resumes it)."""
+        return self.cache.num_slots if self.cache.slots else 0
 
     @property
     def slot_bytes(self) -> int:
@@ -206,18 +208,18 @@ class SlotBackend(StepCapture, ExpertBackend):
     def slot_range(self) -> tuple[int, int]:
         return (max(1, self.pool.banks.top_k), self.pool.num_rows)
 
-    def resize_expert_cache(self, num_slots: int, floor: int | None = None) -> None:
+    def resize_expert_cache(self, num_slots: int, fallback: Sequence[int] = ()) -> None:
         """Elastic memory, at a safe point between steps: see ``SlotCache.resize`` (locked, then the most
-        recently used experts stay; ``floor``: the fallback when the device refuses). The layer graphs read the
-        old slot banks: they are dropped and captured again on later steps (the engine drops its step graphs
-        too)."""
+        recently used experts stay; ``fallback``: the sizes to fall to when the device refuses). The layer
+        graphs read the old slot banks: they are dropped and captured again on later steps (the engine drops its
+        step graphs too)."""
         lo, hi = self.slot_range
         if not lo <= num_slots <= hi:
             raise ValueError(f"{num_slots} expert slots: the {self.name} backend takes {lo} to {hi}")
         self.streamer.finish()
         if self.graphs is not None:
             self.graphs.clear()
-        self.cache.resize(num_slots, floor)
+        self.cache.resize(num_slots, fallback)
 
     # -- reporting -------------------------------------------------------------------------------------
     def stats(self) -> dict[str, int | float]:

@@ -7,6 +7,8 @@ while routing counts accumulate on the device; at the first safe point after tha
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from freetoken.config import EngineConfig
@@ -39,10 +41,10 @@ class StaticFreqBackend(SlotBackend):
             self.place()
         self.tokens_seen += num_tokens
 
-    def resize_expert_cache(self, num_slots: int, floor: int | None = None) -> None:
+    def resize_expert_cache(self, num_slots: int, fallback: Sequence[int] = ()) -> None:
         """Unlock, resize, then (once profiled) place each layer's ``C = S // L`` most-routed experts again."""
         self.cache.unlock(list(self.cache.resident()))
-        super().resize_expert_cache(num_slots, floor)
+        super().resize_expert_cache(num_slots, fallback)
         self.per_layer = min(self.pool.num_experts, self.cache.num_slots // self.pool.num_layers)
         if self.placed:
             self.place()

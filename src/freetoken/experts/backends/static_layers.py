@@ -6,6 +6,8 @@ The baseline of llama.cpp's ``--n-cpu-moe N``: the first layers' experts stay on
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from freetoken.config import EngineConfig
@@ -32,10 +34,10 @@ class StaticLayersBackend(SlotBackend):
             self.cache.insert(eids)
             self.cache.lock(eids)
 
-    def resize_expert_cache(self, num_slots: int, floor: int | None = None) -> None:
+    def resize_expert_cache(self, num_slots: int, fallback: Sequence[int] = ()) -> None:
         """Whole layers again: unlock, resize (the newest layers' experts stay), then place ``S // E`` layers."""
         self.cache.unlock(list(self.cache.resident()))
-        super().resize_expert_cache(num_slots, floor)
+        super().resize_expert_cache(num_slots, fallback)
         self._place()
 
     def forward(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,8 @@ Contract (like the KV page pool and the state-checkpoint pool):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from freetoken.experts.host_pool import HostExpertPool
@@ -20,7 +22,7 @@ from freetoken.experts.slots.copy import batched_fill
 from freetoken.experts.slots.gemm import SlotWeights
 from freetoken.experts.slots.plan import WARM, FillRule, RouteGroups, SlotTables, StepPlan, group_routes, plan_fills
 from freetoken.experts.triton_support import triton_available
-from freetoken.hardware.device_memory import device_zeros, uses_driver_memory
+from freetoken.hardware.device_memory import device_zeros, remake, uses_driver_memory
 
 
 class SlotCache:
@@ -156,15 +158,16 @@ class SlotCache:
         t.stamp[slots] = -1
         t.locked[slots] = False
 
-    def resize(self, num_slots: int, floor: int | None = None) -> None:
+    def resize(self, num_slots: int, fallback: Sequence[int] = ()) -> None:
         """Safe points only (no step in flight): change the slot count, keeping the residents that fit
         (locked ones first, then the most recently used). Kept experts move to slots 0..n-1 in that order.
         A grow after a shrink brings back the experts the shrink let go (newest first, as the oldest residents),
         so the cache is warm again at once.
-        The pool holds every expert, so the old banks are dropped before the new ones are made and the kept
-        experts are copied again from the pool: the peak is the larger of old and new, never their sum. When the
-        device refuses the new banks (another program took the memory meanwhile), ``floor`` slots are tried
-        instead (the caller's fallback), else ``torch.OutOfMemoryError``."""
+        The pool holds every expert, so the kept experts are copied again from the pool into the new banks. A
+        shrink makes its banks beside the old ones where they fit (``remake``); else (and for a grow) the old
+        banks are dropped before the new ones are made: the peak is the larger of old and new, never their sum.
+        When the device refuses the new banks (another program took the memory meanwhile), the ``fallback``
+        sizes are tried in turn (the last one again and again), else ``torch.OutOfMemoryError``."""
         t, S, N = self.tables, self.num_slots, self.pool.num_rows
         if not 1 <= num_slots <= N:
             raise ValueError(f"slot count must be in [1, {N}], got {num_slots}")
@@ -176,16 +179,9 @@ class SlotCache:
         ranked = used[torch.sort(key, descending=True, stable=True).indices]
         resident = set(t.eid_of[:S].tolist())
         dev = self.device
-        self.slots = ()  # the old banks go first (their memory returns to the device: ``device_zeros``)
-        if dev.type == "cuda" and not uses_driver_memory(dev):
-            torch.cuda.empty_cache()
-        try:
-            self.slots = self._banks(num_slots)
-        except torch.OutOfMemoryError:
-            if floor is None or not int(locked.sum()) <= floor < num_slots:
-                raise
-            num_slots = floor
-            self.slots = self._banks(num_slots)
+        least = max(int(locked.sum()), 1)
+        sizes = [num_slots, *(n for n in fallback if n >= least)]
+        num_slots, self.slots = remake(self._banks, sizes, S, self._drop_banks, "the expert slots")
         keep = ranked[:num_slots]
         n = keep.numel()
         back = [e for e in self._dropped if e not in resident][: num_slots - n]
@@ -205,9 +201,19 @@ class SlotCache:
             count = torch.tensor(n + m, dtype=torch.long, device=dev)
             batched_fill(self._src, self.slots, new.eid_of[: n + m].clone(), torch.arange(n + m, device=dev), count)
 
+    def _drop_banks(self) -> None:
+        self.slots = ()  # their memory returns to the device (``device_zeros``)
+        if self.device.type == "cuda" and not uses_driver_memory(self.device):
+            torch.cuda.empty_cache()
+
     def _banks(self, num_slots: int) -> tuple[torch.Tensor, ...]:
         """Zeroed banks of ``num_slots`` + 1 slots, one per pool bank (all or none)."""
-        return tuple(device_zeros((num_slots + 1, *t.shape[1:]), t.dtype, self.device) for t in self.pool.tensors)
+        try:
+            return tuple(device_zeros((num_slots + 1, *t.shape[1:]), t.dtype, self.device) for t in self.pool.tensors)
+        except torch.OutOfMemoryError:
+            if self.device.type == "cuda" and not uses_driver_memory(self.device):
+                torch.cuda.empty_cache()  # the banks made before the refusal go back to the device
+            raise
 
     def resident(self) -> dict[int, int]:
         """eid -> slot for every resident expert."""
