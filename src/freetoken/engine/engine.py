@@ -27,9 +27,9 @@ from freetoken.engine.request import Request, Status
 from freetoken.engine.runner import ModelRunner
 from freetoken.engine.sampling_params import SamplingParams
 from freetoken.engine.scheduler import Scheduler
+from freetoken.engine.scoring import score
 from freetoken.engine.step_graph import StepGraphs
 from freetoken.engine.step_sampler import Choice, StepSampler
-from freetoken.models.layer_major import LayerMajorPass
 
 log = logging.getLogger(__name__)
 RESUME_S = 1.0  # a cache waiting for device memory asks again this often from ``step`` (and at each resize)
@@ -333,45 +333,8 @@ class LLMEngine:
     def score(
         self, token_ids: list[int], chunk: int | list[int] | None = None, layer_major: bool = False
     ) -> torch.Tensor:
-        """Logits [n, V] (float32, CPU) at every position of ``token_ids``, computed by prefill in chunks of
-        ``chunk`` tokens (a list: these sizes in turn; None: one shot), each attending to the K/V of the chunks
-        before it, chunk-major or (``layer_major``) layer by layer over all chunks, with temporary pages (for tests
-        and perplexity; does not touch other requests)."""
-        n = len(token_ids)
-        if not 0 < n < self.max_model_len:
-            raise PromptTooLongError(n, self.max_model_len) if n else InputError("the prompt is empty")
-        step = chunk if isinstance(chunk, int) and chunk > 0 else n
-        sizes = list(chunk) if isinstance(chunk, list) else [min(step, n - s) for s in range(0, n, step)]
-        if sum(sizes) != n or min(sizes) < 1:
-            raise InputError(f"chunk sizes {sizes} do not cut {n} tokens")
-        starts = [sum(sizes[:i]) for i in range(len(sizes))]
-        rid = f"score-{time.monotonic_ns()}"
-        if not self.pages.reserve(self.kv.pages_for(n)):
-            raise InputError(f"{n} tokens do not fit the free KV pages now")
-        pages = self.kv.allocate(self.kv.pages_for(n), rid)
-        runner = self.runner
-        req = Request(rid, list(token_ids), SamplingParams(), n + 1, IncrementalDetokenizer(None, [], [], True))
-        try:
-            req.state_slot = self.states.allocate(rid) if self.states is not None else None
-            req.pages = pages
-            chunks = [([(req, size)], [start]) for size, start in zip(sizes, starts)]
-            if layer_major:
-                if runner.backend is not None:
-                    runner.backend.begin_step(chunks[0][0][0][1], False)
-                built = [runner.build_batch(items, starts)[:2] for items, starts in chunks]
-                hidden = LayerMajorPass(runner.model, built, self.kv).run()
-                return torch.cat([runner.model.logits(h).cpu() for h in hidden])
-            out = []
-            for items, starts in chunks:
-                if runner.backend is not None:
-                    runner.backend.begin_step(items[0][1], False)
-                input_ids, batch, _ = runner.build_batch(items, starts)
-                out.append(runner.model.logits(runner.model.forward(input_ids, batch, self.kv)).cpu())
-            return torch.cat(out)
-        finally:
-            self.kv.free(pages, rid)
-            if self.states is not None and req.state_slot is not None:
-                self.states.free(req.state_slot, rid)
+        """Logits [n, V] at every position of ``token_ids`` by prefill in chunks (``scoring.score``)."""
+        return score(self, token_ids, chunk, layer_major)
 
     # ---- introspection --------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
