@@ -4,6 +4,8 @@ most the new suffix and one page; the pool's contract (take / hang / recycle / d
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -182,3 +184,22 @@ def test_next_turn_resumes_after_the_reply(ckpt):
     assert refilled <= suffix + PAGE, (refilled, suffix)
     assert_close_logits(seen[-1][0].cpu(), fresh)
     llm.check_integrity()
+
+
+def test_the_default_pool_is_what_fits_the_budget(tmp_path: Path) -> None:
+    """Without a number, as many checkpoints as fit ``state_checkpoint_gib`` (at least 16, at most 256); a number given
+    is kept; a model without recurrent state gets none."""
+    from freetoken.engine.hybrid_build import MAX_CHECKPOINTS, MIN_CHECKPOINTS, checkpoint_count
+
+    d = tmp_path / "m"
+    save_checkpoint("qwen3_5_moe", d, seed=0)
+    llm = LLM(model=str(d), device="cpu", dtype="float32")
+    loaded = llm.engine.setup.loaded
+    assert loaded.states is not None
+    one = loaded.states.slot_bytes(torch.float32)
+    assert llm.engine.states is not None and llm.engine.states.num_checkpoints == MAX_CHECKPOINTS  # tiny states
+    assert checkpoint_count(loaded, torch.float32, None, 40 * one / 2**30) == 40
+    assert checkpoint_count(loaded, torch.float32, None, 0.0) == MIN_CHECKPOINTS
+    assert checkpoint_count(loaded, torch.float32, 3, 1.0) == 3
+    with pytest.raises(ValueError, match="state_checkpoint_gib"):
+        EngineConfig(state_checkpoint_gib=-1.0)

@@ -49,9 +49,12 @@ class EngineConfig:
     """KV pages to allocate. None: derived from the memory budget (CPU: enough for max_model_len x running)."""
     prefix_cache: bool = True
     """Reuse the KV of prompt prefixes computed before (radix tree over KV pages, shared by all requests)."""
-    state_checkpoints: int = 16
+    state_checkpoints: int | None = None
     """Models with linear-attention layers: recurrent-state checkpoints kept for prefix reuse (taken at the
-    special tokens where agents edit the context, and at prompt ends); 0: no prefix reuse for them."""
+    special tokens where agents edit the context, and at prompt ends); 0: no prefix reuse for them. None: as many
+    as fit in ``state_checkpoint_gib``, at least 16 and at most 256."""
+    state_checkpoint_gib: float = 1.0
+    """Device memory for those checkpoints when their number is not given."""
     state_checkpoint_every: int | None = None
     """Where those checkpoints are taken. None: at the model's special-token anchors (and prompt ends); N: on a
     fixed grid every N tokens (and prompt ends) instead, like llama.cpp's --checkpoint-every-nb (for comparison)."""
@@ -96,8 +99,10 @@ class EngineConfig:
             raise ValueError(f"moe_backend must be one of {', '.join(MOE_BACKENDS)}, got {self.moe_backend!r}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
-        if self.state_checkpoints < 0:
+        if self.state_checkpoints is not None and self.state_checkpoints < 0:
             raise ValueError("state_checkpoints must be >= 0")
+        if not self.state_checkpoint_gib >= 0:
+            raise ValueError("state_checkpoint_gib must be >= 0")
         if self.state_checkpoint_every is not None and self.state_checkpoint_every < 1:
             raise ValueError(f"state_checkpoint_every must be >= 1 token, got {self.state_checkpoint_every}")
         if self.max_batched_tokens < 1:

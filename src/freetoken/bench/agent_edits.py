@@ -48,9 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", default=",".join(sessions.POLICIES), help="comma-separated harness edits")
     p.add_argument("--grid", type=int, default=512, help="the fixed grid's spacing in tokens (mode grid)")
     p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--state-checkpoints", type=int, default=64,
-                   help="the checkpoint pool (both modes; the engine's default 16 recycles the checkpoint OpenCode's "
-                        "deep prunes need: docs/benchmarks.md)")  # fmt: skip
+    p.add_argument("--state-checkpoints", type=int, default=None,
+                   help="the checkpoint pool (both modes; default: the engine's, what fits its budget; 16 recycles "
+                        "the checkpoint OpenCode's deep prunes need: docs/benchmarks.md)")  # fmt: skip
     p.add_argument("--json", default=None, help="also write every row to this file")
 
 

@@ -17,7 +17,7 @@ from freetoken.engine.detokenizer import IncrementalDetokenizer
 from freetoken.engine.elastic import ElasticMemory, memory_facts
 from freetoken.engine.errors import InputError, PromptTooLongError, QueueFullError
 from freetoken.engine.grammar import GrammarCompiler
-from freetoken.engine.hybrid_build import make_state_pool, state_checkpoints
+from freetoken.engine.hybrid_build import checkpoint_count, make_state_pool, state_checkpoints
 from freetoken.engine.kv_manager import KVManager
 from freetoken.engine.layer_major import LayerMajorJob, LayerMajorPlanner
 from freetoken.engine.memory import parse_budget_gib
@@ -47,7 +47,8 @@ class LLMEngine:
         self.kv = KVPool(
             s.loaded.kv_layers, s.kv_pages, config.page_size, s.hf.num_kv_heads, s.hf.head_dim, s.dtype, s.device
         )
-        checkpoints = config.state_checkpoints if config.prefix_cache else 0
+        asked, gib = config.state_checkpoints, config.state_checkpoint_gib
+        checkpoints = checkpoint_count(s.loaded, s.dtype, asked, gib) if config.prefix_cache else 0
         self.states = make_state_pool(s.loaded, config.max_running_requests, s.dtype, s.device, checkpoints)
         # a recurrent state resumes only from a checkpoint: without any, no prefix reuse
         self.tree = RadixCache(self.kv) if config.prefix_cache and (self.states is None or checkpoints) else None

@@ -113,6 +113,21 @@ def make_state_pool(
     return pool
 
 
+# The default number of checkpoints: what fits in the budget, within these bounds (OpenCode's deep prunes, an edit
+# ~2k tokens back, need more than a turn's 16 anchors kept: docs/benchmarks.md, "agent edits").
+MIN_CHECKPOINTS, MAX_CHECKPOINTS = 16, 256
+
+
+def checkpoint_count(loaded: LoadedModel, dtype: torch.dtype, asked: int | None, budget_gib: float) -> int:
+    """``asked``, or as many checkpoints as ``budget_gib`` holds (within MIN/MAX_CHECKPOINTS); 0 without states."""
+    if loaded.states is None:
+        return 0
+    if asked is not None:
+        return asked
+    fit = int(budget_gib * 2**30 // max(1, loaded.states.slot_bytes(dtype)))
+    return max(MIN_CHECKPOINTS, min(MAX_CHECKPOINTS, fit))
+
+
 def state_checkpoints(
     states: StatePool | None, tree: RadixCache | None, setup: ModelSetup, every: int | None = None
 ) -> tuple[StateCheckpoints | None, Anchors | None]:
