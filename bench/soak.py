@@ -32,6 +32,8 @@ from typing import Any
 import httpx
 import psutil
 
+from freetoken.bench.http_ttft import wait_ready
+
 CHAT, RESP, MSGS, COUNT = "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"
 MODEL = "soak"
 TOKEN = "<|im_start|>system"
@@ -291,18 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     url = f"http://127.0.0.1:{port}"
     proc = start_server(args.model, port, args.max_body_bytes)
     try:
-        deadline = time.time() + 300
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"ft serve exited: {proc.stderr.read().decode() if proc.stderr else ''}")
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError("ft serve did not become ready")
-            time.sleep(0.2)
+        wait_ready(url, proc, 300)
         server = psutil.Process(proc.pid)
         warm = asyncio.run(run_mix(url, 40, args.concurrency, args.max_body_bytes, args.seed + 1))
         wait_idle(url)
