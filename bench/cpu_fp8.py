@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_kernel import OMP_SETTLE_S, Routes, StreamRead, strip_threads, timed  # noqa: E402
+from cpu_kernel import OMP_SETTLE_S, Routes, StreamRead, queued_run, strip_threads, timed  # noqa: E402
 from freetoken.experts.cpu.kernel import CpuExpertKernel  # noqa: E402
 from freetoken.hardware.cpus import physical_cores  # noqa: E402
 from freetoken.hardware.huge_pages import advise_huge_pages  # noqa: E402
@@ -84,14 +84,19 @@ def run_threads(args: argparse.Namespace, n: int) -> list[str]:
     advise_huge_pages(buf)
     buf.fill_(1)
     kern = CpuExpertKernel(num_threads=n, isa=args.isa, caller_helps=False)
+    # as decode drives it (cpu_threads = n): n - 1 workers + the helping feeder, every layer's batch queued at once
+    queue = CpuExpertKernel(num_threads=max(1, n - 1), isa=args.isa)
     torch.set_num_threads(n)
     stream = StreamRead(kern, buf)
     for _ in range(buf.numel() // stream.chunk // 2):  # warm-up: touch the whole buffer once
         stream.gbps()
 
-    def gbps(walk: Routes, x: torch.Tensor, fn: Callable[..., object], nbytes_per_expert: int) -> float:
+    def gbps(walk: Routes, x: torch.Tensor, fn: Callable[..., object], nbytes_per_expert: int,
+             queued: bool = False) -> float:  # fmt: skip
         calls = [walk.next(x.shape[0]) for _ in range(args.seq)]
         nbytes = sum(torch.unique(row).numel() for _, row, _ in calls) * nbytes_per_expert
+        if queued:
+            return nbytes / timed(queued_run(queue, x, calls, (gu8, dn8), scales)) / 1e9
 
         def run() -> None:
             for tok, row, w in calls:
@@ -104,20 +109,22 @@ def run_threads(args: argparse.Namespace, n: int) -> list[str]:
     for batch in (1, 4):
         w8, w16 = Routes(experts, args.top_k, seed=batch), Routes(bf16_experts, args.top_k, seed=batch)
         x = torch.randn(batch, D)
-        k8, k16, base, reads = [], [], [], []
+        k8, k16, q8, base, reads = [], [], [], [], []
         for it in range(args.iters):
             kernels = [(k8, w8, lambda x, t, r, w: kern.run(x, t, r, w, gu8, dn8, scales=scales), fp8_bytes),
                        (k16, w16, lambda x, t, r, w: kern.run(x, t, r, w, *bf16), bf16_bytes)]  # fmt: skip
             for vals, walk, fn, nb in kernels[:: 1 if it % 2 else -1]:  # alternate: no variant always runs first
                 vals.append(gbps(walk, x, fn, nb))
+            q8.append(gbps(w8, x, kern.run, fp8_bytes, queued=True))
             base.append(gbps(w8, x, lambda x, t, r, w: torch_dequant_experts(x, t, r, w, fp8), fp8_bytes))
             time.sleep(OMP_SETTLE_S)
             reads.append(stream.gbps())
-        g8, g16, b, r = (statistics.median(v) for v in (k8, k16, base, reads))
+        g8, g16, gq, b, r = (statistics.median(v) for v in (k8, k16, q8, base, reads))
         cells = [str(n), kern.isa, str(batch), f"{g8:.1f}", f"{b:.2f}", f"{g8 / b:.1f}x", f"{r:.1f}", f"{g8 / r:.0%}",
-                 f"{g16:.1f}", f"{(g8 / fp8_bytes) / (g16 / bf16_bytes):.2f}x"]  # fmt: skip
+                 f"{gq:.1f}", f"{gq / r:.0%}", f"{g16:.1f}", f"{(g8 / fp8_bytes) / (g16 / bf16_bytes):.2f}x"]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     kern.close()
+    queue.close()
     return lines
 
 
@@ -140,8 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# expert {args.hidden}x{args.inter}, fp8 e4m3 + 128x128 scales vs bf16; top-{args.top_k}; "
               f"{args.iters} iters (median), {args.seq} calls each")  # fmt: skip
         print("| threads | isa | batch | fp8 kernel GB/s | torch dequant+F.linear GB/s | kernel/torch "
-              "| stream read GB/s | fp8 kernel/stream | bf16 kernel GB/s | fp8/bf16 experts/s |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
+              "| stream read GB/s | fp8 kernel/stream | fp8 queued GB/s | queued/stream | bf16 kernel GB/s "
+              "| fp8/bf16 experts/s |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     if len(threads) > 1 or not args.one:
         for n in threads:  # one process per thread count (torch's OpenMP team must not linger)
             cmd = [sys.executable, __file__, *strip_threads(argv), "--threads", str(n), "--one"]

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from freetoken.experts.cpu.kernel import CpuExpertKernel
+from freetoken.experts.cpu.kernel import CpuExpertKernel, Scales
 from freetoken.hardware.cpus import physical_cores
 from freetoken.hardware.huge_pages import advise_huge_pages
 
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def queued_run(kern: CpuExpertKernel, x: torch.Tensor, calls: Sequence[tuple[torch.Tensor, ...]],
-               b: Banks) -> Callable[[], None]:  # fmt: skip
+               b: Banks, scales: Scales | None = None) -> Callable[[], None]:  # fmt: skip
     """Every call queued with its ready flag already reached (decode's stream-ordered branch, minus the GPU):
     the feeder starts each batch as soon as the previous one is done; returns when all are."""
     ready = torch.ones(1, dtype=torch.int32)
@@ -236,7 +236,7 @@ def queued_run(kern: CpuExpertKernel, x: torch.Tensor, calls: Sequence[tuple[tor
 
     def run() -> None:
         for i, (codes, w, out) in enumerate(prepared):
-            kern.enqueue(x, codes, w, b[0], b[1], out, ready=(ready, 1), done=(done[i : i + 1], 1))
+            kern.enqueue(x, codes, w, b[0], b[1], out, ready=(ready, 1), done=(done[i : i + 1], 1), scales=scales)
         kern.drain()
 
     return run
