@@ -18,12 +18,14 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from freetoken.bench import agent_session as sessions
-from freetoken.bench.loopback import MODEL, Running, serve
+
+if TYPE_CHECKING:  # the server's packages are imported only when a session runs (not on the GPU box's tests)
+    from freetoken.bench.loopback import Running
 
 MODES = ("anchors", "grid")
 
@@ -71,6 +73,8 @@ def replay(
     running: Running, session: sessions.Session, messages: Callable[[int], list[dict[str, Any]]], policy: str,
     mode: str, turns: int,
 ) -> list[TurnRow]:  # fmt: skip
+    from freetoken.bench.loopback import MODEL
+
     rows: list[TurnRow] = []
     earlier: list[list[int]] = []
     with httpx.Client(base_url=running.url, timeout=600) as client:
@@ -104,6 +108,8 @@ def engine_factory(model: str, mode: str, args: argparse.Namespace) -> Callable[
 
 
 def measure(model: str, session: sessions.Session, args: argparse.Namespace) -> list[TurnRow]:
+    from freetoken.bench.loopback import serve
+
     rows: list[TurnRow] = []
     for policy in args.policies.split(","):
         for mode in MODES:
