@@ -9,8 +9,11 @@ namespace {
 constexpr int64_t kHBlock = 16;   // h indices per phase-1 unit: 2 runs of 16 rows (2 x 64 KiB at D=2048 bf16)
 constexpr int64_t kDBlock = 32;   // down rows per phase-2 unit (48 KiB at I=768 bf16)
 constexpr int64_t kOBlock = 512;  // output columns per phase-3 unit
-static_assert(kHBlock <= kMaxHBlock, "phase 1 keeps a block of gate/up values on the stack");
-static_assert(kFp8Block % kHBlock == 0 && kFp8Block % kDBlock == 0, "a phase unit's rows share one fp8 block row");
+// fp8 rows are half a bf16 row's bytes: twice the rows per unit keep a unit's contiguous runs as long (the
+// prefetcher's ramp per run) and halve the per-unit operand scaling
+constexpr int64_t kHBlockFp8 = 2 * kHBlock, kDBlockFp8 = 2 * kDBlock;
+static_assert(kHBlockFp8 <= kMaxHBlock, "phase 1 keeps a block of gate/up values on the stack");
+static_assert(kFp8Block % kHBlockFp8 == 0 && kFp8Block % kDBlockFp8 == 0, "a phase unit's rows share one fp8 block row");
 
 int check(const FtMoeArgs& a) {
   if (a.T < 0 || a.D <= 0 || a.I <= 0 || a.R < 0 || a.N < 0 || (a.T > 0 && (!a.x || !a.out))) return -2;
@@ -86,8 +89,9 @@ void PlanBuilder::build_chunk(const FtMoeArgs& a, int64_t t0, int64_t t1, Chunk&
   p.group_row = c.group_row.data(), p.group_start = c.group_start.data();
   p.s_tok = c.s_tok.data(), p.s_w = c.s_w.data();
   p.tok_start = c.tok_start.data(), p.tok_route = c.tok_route.data();
-  p.hblock = kHBlock, p.units1 = p.G * ((a.I + kHBlock - 1) / kHBlock);
-  p.dblock = kDBlock, p.units2 = p.G * ((a.D + kDBlock - 1) / kDBlock);
+  const bool fp8 = a.fmt == FMT_FP8_BLOCK;
+  p.hblock = fp8 ? kHBlockFp8 : kHBlock, p.units1 = p.G * ((a.I + p.hblock - 1) / p.hblock);
+  p.dblock = fp8 ? kDBlockFp8 : kDBlock, p.units2 = p.G * ((a.D + p.dblock - 1) / p.dblock);
   p.oblock = kOBlock, p.units3 = (t1 - t0) * ((a.D + kOBlock - 1) / kOBlock);
 }
 
