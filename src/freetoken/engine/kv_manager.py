@@ -155,14 +155,14 @@ class KVManager:
     # ---- state checkpoints ----------------------------------------------------------------------
     def _plan_checkpoints(self, req: Request) -> None:
         """Checkpoint slots for the anchors past the resume point (the layers write them while prefilling). Without
-        a host tier: the deepest first, while the pool has slots. With one: all wait, in order, for slots that
+        a host tier: the deepest first, while the pool has slots. With one: all wait, in order, for the slots that
         ``chunk`` gives them as the prefill reaches them (``spill`` frees the ones written)."""
         if self.checkpoints is None or self.anchors is None:
             return
         S = self.kv.page_size
         positions = self.anchors.positions(req.token_ids, req.num_computed_tokens, req.num_tokens, S)
         if self.checkpoints.host is not None:
-            req.capture_wait = positions
+            req.capture_wait = positions  # the decode checkpoint's slot first (``_plan_rolling``), then ``chunk``
             return
         for p in reversed(positions):
             slot = self.checkpoints.take()  # the deepest first, while the pool has slots
