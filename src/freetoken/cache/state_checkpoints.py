@@ -9,13 +9,15 @@ while it prefills: pending), then ``hang`` on the radix node whose path ends at 
 its pages to the tree), or ``give`` back. A hung checkpoint is what a later request with that prefix resumes from
 (``restore``: a device copy, or host -> device). When the device tier has no free slot, ``take`` evicts its least
 recently used hung checkpoint: into the host tier when there is one (``demote``: an asynchronous device -> host copy;
-the host tier, when full, drops its own least recently used checkpoint first), else dropped. When the tree evicts a
-node's pages, the tree drops its checkpoint (``dropped``), whichever tier holds it. LRU order is one clock over both
-tiers (a hang or a restore touches a checkpoint; a demotion keeps its time).
+the host tier, when full, drops its own least recently used checkpoint first), else dropped. A request prefilling
+past more anchors than the device tier has slots moves each written pending checkpoint to a host slot, still pending
+(``spill``), and its device slot takes the next anchor. When the tree evicts a node's pages, the tree drops its
+checkpoint (``dropped``), whichever tier holds it. LRU order is one clock over both tiers (a hang or a restore
+touches a checkpoint; a demotion keeps its time).
 
 Contract (like the other caches): lookup (``deepest``) / insert (``take`` + ``hang``) / evict (LRU in ``take``,
-``dropped``) / size / ``check_integrity`` (device: ``free + pending + hung == total``; host: ``free + hung ==
-total``; a hung key and its node point at each other). Only the engine thread mutates it.
+``dropped``) / size / ``check_integrity`` (``free + pending + hung == total`` in each tier; a hung key and its node
+point at each other). Only the engine thread mutates it.
 """
 
 from __future__ import annotations

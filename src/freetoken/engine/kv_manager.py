@@ -8,7 +8,10 @@ recurrent-state slot (``states``) from admission until it gives its pages back, 
 prefix whose state was checkpointed (``checkpoints``): the deepest checkpointed node of its match; while it
 prefills it takes checkpoints at its anchors, hung on the tree's nodes when it gives its pages to the tree; while
 it decodes one more checkpoint rolls along its reply (rewritten at each page boundary it crosses: ``roll``), so
-the state after its own reply, up to the last whole page, is there for the next turn.
+the state after its own reply, up to the last whole page, is there for the next turn. With the checkpoints' host
+tier the anchors wait for device slots (``chunk`` gives them as the prefill reaches them and ends a step before one
+it cannot give; ``spill`` moves the written ones to the host after each step), so a device tier smaller than a
+prompt's anchors still takes them all.
 """
 
 from __future__ import annotations
