@@ -2,7 +2,8 @@
 slots) evicts move here, and a request resumes from one by copying it back into its state slot.
 
 Layout: slot-major, ``conv`` ``[n, L, C, K-1]`` (the model dtype) and ``ssm`` ``[n, L, H, dk, dv]`` (float32), so a
-checkpoint is one contiguous block per tensor; pinned on a CUDA device (copies are DMA, asynchronous to the host
+checkpoint is one contiguous block per tensor; allocated empty (a slot is read only after a save wrote it: on the CPU
+the pages are committed as they are written); pinned on a CUDA device (copies are DMA, asynchronous to the host
 thread). Ordering on CUDA: ``save`` copies device -> host on a copy stream of its own, after everything the compute
 stream has queued (the state was written there; earlier ``load`` reads of the host slot were queued there too), and
 records an event; ``load`` makes the compute stream wait for the host slot's event, then copies host -> device on the
@@ -32,13 +33,13 @@ class HostStates:
         ssm = (num_slots, s.num_layers, s.heads, s.k_dim, s.v_dim)
         self.pinned = device.type == "cuda"
         try:
-            self.conv = torch.zeros(conv, dtype=pool.conv.dtype, pin_memory=self.pinned)
-            self.ssm = torch.zeros(ssm, dtype=torch.float32, pin_memory=self.pinned)
+            self.conv = torch.empty(conv, dtype=pool.conv.dtype, pin_memory=self.pinned)
+            self.ssm = torch.empty(ssm, dtype=torch.float32, pin_memory=self.pinned)
         except RuntimeError as e:  # a system that caps page-locked memory: pageable (the copies wait for the host)
             log.warning("state checkpoints: the host tier could not be pinned (%s); pageable instead", e)
             self.pinned = False
-            self.conv = torch.zeros(conv, dtype=pool.conv.dtype)
-            self.ssm = torch.zeros(ssm, dtype=torch.float32)
+            self.conv = torch.empty(conv, dtype=pool.conv.dtype)
+            self.ssm = torch.empty(ssm, dtype=torch.float32)
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._saved: dict[int, torch.cuda.Event] = {}  # host slot -> its device -> host copy is done
         self._read: dict[int, torch.cuda.Event] = {}  # device slot -> the copy reading it is done
