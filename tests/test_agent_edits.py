@@ -26,9 +26,9 @@ def setup(tmp_path_factory):
     return str(model), session, p.parse_args(["--turns", str(TURNS), "--grid", "64"])
 
 
-def _replay(setup, policy: str, mode: str) -> list[agent_edits.TurnRow]:
-    model, session, args = setup
-    with serve(agent_edits.engine_factory(model, mode, args)) as running:
+def _replay(setup, policy: str, mode: str, args: argparse.Namespace | None = None) -> list[agent_edits.TurnRow]:
+    model, session, default = setup
+    with serve(agent_edits.engine_factory(model, mode, args or default)) as running:
         return agent_edits.replay(running, session, agent_session.POLICIES[policy](session), policy, mode, TURNS)
 
 
@@ -39,6 +39,24 @@ def test_anchors_reprefill_only_the_new_suffix(setup, policy):
     # the edits are real: some turn's new suffix starts before the end of the previous prompt
     assert any(r.suffix > r.prompt - prev.prompt for prev, r in zip(rows, rows[1:])), rows
     assert all(r.prefilled >= r.suffix for r in rows)  # nothing below the minimum: the figures are honest
+
+
+def test_a_small_device_tier_with_the_host_tier_keeps_the_bound(setup):
+    """Four device checkpoint slots (fewer than one turn's anchors), the host tier holding the rest: the bound
+    holds for OpenCode's deep prunes, as with a device tier large enough; both tiers' figures in the server's stats."""
+    import httpx
+
+    model, session, default = setup
+    args = argparse.Namespace(**{**vars(default), "state_checkpoints": 4, "state_checkpoint_host_gib": 0.05})
+    with serve(agent_edits.engine_factory(model, "anchors", args)) as running:
+        rows = agent_edits.replay(running, session, agent_session.POLICIES["opencode"](session), "opencode",
+                                  "anchors", TURNS)  # fmt: skip
+        stats = httpx.get(running.url + "/v1/engine/stats").json()
+    assert agent_edits.over_bound(rows, default.page_size) == [], rows
+    engine = stats["engine"]
+    assert engine["state_checkpoint_slots_device"] == 4 and engine["state_checkpoint_slots_host"] > 4, engine
+    assert engine["state_checkpoints_host"] > 4 and engine["state_demoted"] > 0 and engine["state_spilled"] > 0
+    assert engine["state_restores_host"] > 0, engine
 
 
 def test_grid_reprefills_at_least_as_much(setup):

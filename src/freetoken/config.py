@@ -55,6 +55,11 @@ class EngineConfig:
     as fit in ``state_checkpoint_gib``, at least 16 and at most 256."""
     state_checkpoint_gib: float = 1.0
     """Device memory for those checkpoints when their number is not given."""
+    state_checkpoint_host_gib: float | None = None
+    """Host RAM (pinned on a GPU) for a second tier of those checkpoints: the ones the device tier evicts (least
+    recently used) move there, and a request resumes from one by copying it back. None: an eighth of the RAM free
+    once the model is loaded, at most 8 GiB (and 1024 checkpoints); 0: no host tier (evicted checkpoints are
+    dropped)."""
     state_checkpoint_every: int | None = None
     """Where those checkpoints are taken. None: at the model's special-token anchors (and prompt ends); N: on a
     fixed grid every N tokens (and prompt ends) instead, like llama.cpp's --checkpoint-every-nb (for comparison)."""
@@ -103,6 +108,9 @@ class EngineConfig:
             raise ValueError("state_checkpoints must be >= 0")
         if not self.state_checkpoint_gib >= 0:
             raise ValueError("state_checkpoint_gib must be >= 0")
+        if self.state_checkpoint_host_gib is not None and not self.state_checkpoint_host_gib >= 0:
+            raise ValueError(f"state_checkpoint_host_gib must be >= 0 (0: no host tier), got "
+                             f"{self.state_checkpoint_host_gib}")  # fmt: skip
         if self.state_checkpoint_every is not None and self.state_checkpoint_every < 1:
             raise ValueError(f"state_checkpoint_every must be >= 1 token, got {self.state_checkpoint_every}")
         if self.max_batched_tokens < 1:

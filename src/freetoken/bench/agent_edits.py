@@ -53,6 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-checkpoints", type=int, default=None,
                    help="the checkpoint pool (both modes; default: the engine's, what fits its budget; 16 recycles "
                         "the checkpoint OpenCode's deep prunes need: docs/benchmarks.md)")  # fmt: skip
+    p.add_argument("--state-checkpoint-host-gib", type=float, default=None,
+                   help="the checkpoints' host-RAM tier (both modes; default: the engine's; 0: none)")
     p.add_argument("--json", default=None, help="also write every row to this file")
 
 
@@ -101,7 +103,8 @@ def engine_factory(model: str, mode: str, args: argparse.Namespace) -> Callable[
 
     cfg = EngineConfig(
         model=model, device=args.device, dtype=args.dtype, page_size=args.page_size, max_model_len=16384,
-        state_checkpoints=args.state_checkpoints, state_checkpoint_every=args.grid if mode == "grid" else None,
+        state_checkpoints=args.state_checkpoints, state_checkpoint_host_gib=args.state_checkpoint_host_gib,
+        state_checkpoint_every=args.grid if mode == "grid" else None,
         max_running_requests=1,
     )  # fmt: skip
     return lambda: AsyncLLM.start(cfg)

@@ -40,6 +40,8 @@ def add_engine_args(p: argparse.ArgumentParser, model_required: bool = False) ->
     p.add_argument("--no-vram-watch", dest="vram_watch", action="store_false", help=e["vram_watch"])
     p.add_argument("--pinned-budget", type=float, default=d.pinned_budget, metavar="GIB", help=e["pinned_budget"])
     p.add_argument("--state-checkpoints", type=int, default=d.state_checkpoints, help=e["state_checkpoints"])
+    p.add_argument("--state-checkpoint-host-gib", type=float, default=d.state_checkpoint_host_gib, metavar="GIB",
+                   help=e["state_checkpoint_host_gib"])  # fmt: skip
     p.add_argument("--state-checkpoint-every", type=int, default=d.state_checkpoint_every, metavar="TOKENS",
                    help=e["state_checkpoint_every"])  # fmt: skip
     p.add_argument("--verify", dest="verify_weights", action="store_const", const="load", default=d.verify_weights,
@@ -65,6 +67,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         pinned_budget=args.pinned_budget,
         verify_weights=args.verify_weights,
         state_checkpoints=args.state_checkpoints,
+        state_checkpoint_host_gib=args.state_checkpoint_host_gib,
         state_checkpoint_every=args.state_checkpoint_every,
     )
 

@@ -52,7 +52,9 @@ class LLMEngine:
         self.states = make_state_pool(s.loaded, config.max_running_requests, s.dtype, s.device, checkpoints)
         # a recurrent state resumes only from a checkpoint: without any, no prefix reuse
         self.tree = RadixCache(self.kv) if config.prefix_cache and (self.states is None or checkpoints) else None
-        ckpts, anchors = state_checkpoints(self.states, self.tree, s, config.state_checkpoint_every)
+        ckpts, anchors = state_checkpoints(
+            self.states, self.tree, s, config.state_checkpoint_every, config.state_checkpoint_host_gib
+        )
         self.pages = KVManager(self.kv, self.tree, self.states, ckpts, anchors)
         self.scheduler = Scheduler(self.pages, config.max_running_requests, config.max_batched_tokens)
         self.sampler = StepSampler(config.max_running_requests, s.hf.vocab_size, s.device)
@@ -367,9 +369,7 @@ class LLMEngine:
 
     def _checkpoint_stats(self) -> dict[str, int]:
         c = self.pages.checkpoints
-        if c is None:
-            return {}
-        return {"state_checkpoints": c.size, "state_restores": c.num_restored, "state_recycled": c.num_recycled}
+        return {} if c is None else c.stats()
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()

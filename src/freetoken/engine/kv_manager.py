@@ -8,7 +8,10 @@ recurrent-state slot (``states``) from admission until it gives its pages back, 
 prefix whose state was checkpointed (``checkpoints``): the deepest checkpointed node of its match; while it
 prefills it takes checkpoints at its anchors, hung on the tree's nodes when it gives its pages to the tree; while
 it decodes one more checkpoint rolls along its reply (rewritten at each page boundary it crosses: ``roll``), so
-the state after its own reply, up to the last whole page, is there for the next turn.
+the state after its own reply, up to the last whole page, is there for the next turn. With the checkpoints' host
+tier the anchors wait for device slots (``chunk`` gives them as the prefill reaches them and ends a step before one
+it cannot give; ``spill`` moves the written ones to the host after each step), so a device tier smaller than a
+prompt's anchors still takes them all.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class KVManager:
             self.checkpoints.restore(req.prefix_node, req.state_slot)
         self._plan_checkpoints(req)
         self._plan_rolling(req)
+        n = self.chunk(req, n)
         self.num_prefix_tokens_reused += req.num_computed_tokens
         if req.num_preemptions == 0:
             req.num_cached_tokens = req.num_computed_tokens
@@ -153,15 +157,59 @@ class KVManager:
 
     # ---- state checkpoints ----------------------------------------------------------------------
     def _plan_checkpoints(self, req: Request) -> None:
-        """Checkpoint slots for the anchors past the resume point (the layers write them while prefilling)."""
+        """Checkpoint slots for the anchors past the resume point (the layers write them while prefilling). Without
+        a host tier: the deepest first, while the pool has slots. With one: all wait, in order, for the slots that
+        ``chunk`` gives them as the prefill reaches them (``spill`` frees the ones written)."""
         if self.checkpoints is None or self.anchors is None:
             return
         S = self.kv.page_size
-        for p in reversed(self.anchors.positions(req.token_ids, req.num_computed_tokens, req.num_tokens, S)):
+        positions = self.anchors.positions(req.token_ids, req.num_computed_tokens, req.num_tokens, S)
+        if self.checkpoints.host is not None:
+            req.capture_wait = positions  # the decode checkpoint's slot first (``_plan_rolling``), then ``chunk``
+            return
+        for p in reversed(positions):
             slot = self.checkpoints.take()  # the deepest first, while the pool has slots
             if slot is None:
                 break
             req.captures.append((p, slot))
+
+    def chunk(self, req: Request, n: int) -> int:
+        """The tokens of req's next step, at most ``n``: the anchors waiting for a slot that the step reaches get one;
+        when the device tier has none left, the step stops just before the first such anchor (the captures it writes
+        are spilled to the host tier after it and their slots come free), or, with nothing of its own to free,
+        that anchor is not checkpointed."""
+        wait, start = req.capture_wait, req.num_computed_tokens
+        while wait and wait[0] <= start:  # passed without a slot (a layer-major prefill's chunks)
+            wait.pop(0)
+        while wait and wait[0] <= start + n:
+            assert self.checkpoints is not None
+            slot = self.checkpoints.take()
+            if slot is not None:
+                req.captures.append((wait.pop(0), slot))
+                continue
+            devices, rolling = self.checkpoints.states.checkpoint_slots, self._rolling(req)
+            if wait[0] - 1 > start and any(start < p and s in devices and s != rolling for p, s in req.captures):
+                return wait[0] - 1 - start
+            wait.pop(0)
+        return n
+
+    def spill(self, req: Request) -> None:
+        """After a step: req's written anchor checkpoints move to the host tier's pending slots (a host tier only),
+        giving their device slots to the anchors still ahead."""
+        ck = self.checkpoints
+        if ck is None or ck.host is None or not req.capture_wait:
+            return
+        devices, rolling = ck.states.checkpoint_slots, self._rolling(req)
+        for i, (p, slot) in enumerate(req.captures):
+            if slot in devices and slot != rolling and p <= req.num_computed_tokens:
+                key = ck.spill(slot)
+                if key is None:
+                    return
+                req.captures[i] = (p, key)
+
+    @staticmethod
+    def _rolling(req: Request) -> int | None:
+        return req.rolling[0] if req.rolling is not None else None
 
     def _plan_rolling(self, req: Request) -> None:
         """The decode checkpoint: planned at the first page boundary past the prompt (``roll`` moves it on)."""
@@ -175,7 +223,9 @@ class KVManager:
 
     def roll(self, req: Request) -> None:
         """After a step: the decode checkpoint, once its page boundary is computed (written), is planned at the
-        next boundary (the slot is rewritten there; until then it holds the state at the last one)."""
+        next boundary (the slot is rewritten there; until then it holds the state at the last one); the anchor
+        checkpoints written are spilled to the host tier while anchors wait for slots (``spill``)."""
+        self.spill(req)
         if req.rolling is None:
             return
         slot = req.rolling[0]
@@ -207,7 +257,7 @@ class KVManager:
         if self.checkpoints is not None:
             for _, slot in req.captures:
                 self.checkpoints.give(slot)
-        req.captures = []
+        req.captures, req.capture_wait = [], []
 
     # ---- introspection --------------------------------------------------------------------------
     @property

@@ -202,7 +202,7 @@ class LayerMajorPlanner:
         left = self.token_limit()
         extents: list[tuple[Request, int, int]] = []
         for req, n in prefill:
-            want = max(n, min(req.num_tokens - req.num_computed_tokens, left))
+            want = self.pages.chunk(req, max(n, min(req.num_tokens - req.num_computed_tokens, left)))  # >= n
             if want > n and not self.pages.grow(req, want):
                 want = n  # the KV pool is short: this one stays at its scheduled chunk
             extents.append((req, req.num_computed_tokens, want))

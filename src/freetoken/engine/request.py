@@ -35,6 +35,7 @@ class Request:
     prefix_node: RadixNode | None = None  # the locked radix node whose path is pages[:num_shared_pages]
     state_slot: int | None = None  # its recurrent-state slot while it holds KV (models with linear attention)
     captures: list[tuple[int, int]] = field(default_factory=list)  # (position, checkpoint slot) planned this admission
+    capture_wait: list[int] = field(default_factory=list)  # anchors still without a slot (host tier), ascending
     rolling: tuple[int, int] | None = None  # (slot, position written) of its decode checkpoint (0: none yet)
     status: Status = Status.WAITING
     finish_reason: str | None = None

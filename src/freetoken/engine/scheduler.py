@@ -68,7 +68,7 @@ class Scheduler:
         for req in list(self.running):
             if req not in self.running or budget <= 0 or req.busy:
                 continue
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            n = self.pages.chunk(req, min(req.num_tokens - req.num_computed_tokens, budget))
             while not self.pages.grow(req, n):
                 victim = next(r for r in reversed(self.running) if not r.busy)  # req itself at the latest
                 if victim is req and len(self.running) == 1:
