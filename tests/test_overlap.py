@@ -31,8 +31,8 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReques
 
 
 def _llm(d: Path, overlap: bool, **kw: Any) -> LLM:
-    kw = {"max_running_requests": 4, "page_size": 4, **kw}
-    return LLM(model=str(d), device="cpu", dtype="float32", overlap_steps=overlap, **kw)
+    kw = {"device": "cpu", "dtype": "float32", "max_running_requests": 4, "page_size": 4, **kw}
+    return LLM(model=str(d), overlap_steps=overlap, **kw)
 
 
 def _summary(out: RequestOutput) -> tuple[Any, ...]:
@@ -74,10 +74,10 @@ def _mixed(stop: int, stop_str: str) -> list[tuple[list[int], SamplingParams]]:
     ]
 
 
-def _stops(d: Path) -> tuple[int, str]:
+def _stops(d: Path, **kw: Any) -> tuple[int, str]:
     """A stop token that request 2 reaches mid-stream, a stop string that request 4 reaches mid-stream (serial)."""
     free = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    outs = _llm(d, False).generate([PROMPTS[2], PROMPTS[4]], free)
+    outs = _llm(d, False, **kw).generate([PROMPTS[2], PROMPTS[4]], free)
     text = outs[1].text
     assert len(text) > 12, text
     return outs[0].token_ids[6], text[len(text) // 2 : len(text) // 2 + 3]
@@ -85,25 +85,35 @@ def _stops(d: Path) -> tuple[int, str]:
 
 def test_overlap_gives_the_serial_steps(ckpt: Path) -> None:
     """Five requests at once (more than run together: one joins when another leaves), each step's outputs equal."""
-    stop, stop_str = _stops(ckpt)
-    serial, s_lp, s_stats = _stream(_llm(ckpt, False), _mixed(stop, stop_str))
-    overlapped, o_lp, o_stats = _stream(_llm(ckpt, True), _mixed(stop, stop_str))
+    check_mixed(ckpt)
+
+
+def check_mixed(ckpt: Path, **kw: Any) -> dict[str, Any]:
+    """``test_overlap_gives_the_serial_steps`` on ``_llm(**kw)``; the overlapped engine's stats."""
+    stop, stop_str = _stops(ckpt, **kw)
+    serial, s_lp, s_stats = _stream(_llm(ckpt, False, **kw), _mixed(stop, stop_str))
+    overlapped, o_lp, o_stats = _stream(_llm(ckpt, True, **kw), _mixed(stop, stop_str))
     assert sorted(x for s in overlapped for x in s) == sorted(x for s in serial for x in s)
     assert o_lp == pytest.approx(s_lp, abs=1e-4) and len(s_lp) == 14 * 3  # batches differ: fp32 rounding only
     ends = {o[0]: o[4] for s in serial for o in s if o[3]}
     assert ends == {"r0": "length", "r1": "length", "r2": "stop", "r3": "length", "r4": "stop"}
     assert s_stats["steps_launched_ahead"] == 0 and o_stats["steps_launched_ahead"] > 10
     assert o_stats["decode_tokens"] == s_stats["decode_tokens"]
+    return o_stats
 
 
 @pytest.mark.parametrize("abort_step", [3, 6])
 def test_aborts_mid_stream(ckpt: Path, abort_step: int) -> None:
     """An abort between steps (a launched row of it in flight) drops its row; the others' steps are the serial ones,
     step by step (no request joins here)."""
+    check_aborts(ckpt, abort_step)
+
+
+def check_aborts(ckpt: Path, abort_step: int, **kw: Any) -> None:
     reqs = [(p, SamplingParams(temperature=0.7, max_tokens=10, seed=i, ignore_eos=True)) for i, p in
             enumerate(PROMPTS[:3])]  # fmt: skip
-    serial, _, _ = _stream(_llm(ckpt, False), reqs, {abort_step: "r1"})
-    overlapped, _, stats = _stream(_llm(ckpt, True), reqs, {abort_step: "r1"})
+    serial, _, _ = _stream(_llm(ckpt, False, **kw), reqs, {abort_step: "r1"})
+    overlapped, _, stats = _stream(_llm(ckpt, True, **kw), reqs, {abort_step: "r1"})
     assert overlapped == serial
     assert stats["steps_launched_ahead"] > 0
     assert sum(len(o[1]) for s in serial for o in s if o[0] == "r1") < 10
@@ -152,17 +162,21 @@ def _one(llm: LLM, rid: str, prompt: list[int], params: SamplingParams) -> dict[
 def test_prefix_reuse_after_a_request_finished_under_overlap(ckpt: Path, stop_at: int) -> None:
     """A request stops on a token with its next row launched; the next turn reuses its pages (and state checkpoint):
     its logprobs equal a fresh engine's. The discarded row's K/V (and state) never reach the prefix cache."""
+    check_prefix_reuse(ckpt, stop_at)
+
+
+def check_prefix_reuse(ckpt: Path, stop_at: int, **kw: Any) -> None:
     free = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    first = _llm(ckpt, False).generate([PROMPTS[0]], free)[0].token_ids
+    first = _llm(ckpt, False, **kw).generate([PROMPTS[0]], free)[0].token_ids
     params = SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=[first[stop_at]])
     probe = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3)
-    llm = _llm(ckpt, True)
+    llm = _llm(ckpt, True, **kw)
     a = _one(llm, "a", PROMPTS[0], params)
     assert a["reason"] == "stop" and a["tokens"] == first[: first.index(first[stop_at]) + 1]
     assert llm.engine.stats()["steps_launched_ahead"] > 0
     turn = PROMPTS[0] + a["tokens"] + [11, 12, 13, 14, 15]
     b = _one(llm, "b", turn, probe)
-    fresh = _one(_llm(ckpt, False, prefix_cache=False), "b", turn, probe)
+    fresh = _one(_llm(ckpt, False, prefix_cache=False, **kw), "b", turn, probe)
     assert b["cached"] > 0
     assert b["tokens"] == fresh["tokens"]
     for (t, p, top), (tf, pf, topf) in zip(b["logprobs"], fresh["logprobs"], strict=True):
@@ -183,3 +197,27 @@ def test_grammar_rows_force_serial_steps(ckpt: Path) -> None:
     assert text.startswith("ID-"), text
     _, _, alone = _stream(_llm(ckpt, True), [constrained])
     assert alone["steps_launched_ahead"] == 0 and alone["decode_tokens"] > 3
+
+
+def test_scoring_mid_stream_reads_the_step_in_flight(ckpt: Path) -> None:
+    """``score`` between steps first reads the launched step (its outputs come with the next ``step``, and
+    ``has_unfinished`` stays true until they do); the streams are the serial ones."""
+
+    def run(overlap: bool) -> dict[str, list[int]]:
+        llm = _llm(ckpt, overlap)
+        eng = llm.engine
+        for i in range(2):
+            eng.add_request(f"r{i}", PROMPTS[i], SamplingParams(temperature=0.0, max_tokens=5 + i, ignore_eos=True))
+        tokens: dict[str, list[int]] = {"r0": [], "r1": []}
+        k = 0
+        while eng.has_unfinished():
+            if k in (3, 5):
+                eng.score(PROMPTS[3])
+            for o in eng.step():
+                tokens[o.request_id] += o.new_token_ids
+            k += 1
+        llm.check_integrity()
+        return tokens
+
+    serial = run(False)
+    assert run(True) == serial and [len(t) for t in serial.values()] == [5, 6]

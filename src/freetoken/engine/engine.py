@@ -29,6 +29,7 @@ from freetoken.engine.runner import ModelRunner
 from freetoken.engine.sampling_params import SamplingParams
 from freetoken.engine.scheduler import Scheduler
 from freetoken.engine.scoring import score
+from freetoken.engine.stats import engine_stats
 from freetoken.engine.step_graph import StepGraphs
 from freetoken.engine.step_sampler import Choice, StepSampler
 
@@ -77,6 +78,7 @@ class LLMEngine:
         self._job: LayerMajorJob | None = None  # a layer-major prefill in flight (it spans steps)
         overlap = config.overlap_steps if config.overlap_steps is not None else s.device.type == "cuda"
         self.overlap = StepOverlap(self, overlap)  # decode step N+1 launched before step N is read
+        self._deliver = False
         self.requests: dict[str, Request] = {}
         self.grammars = GrammarCompiler(s.tokenizer, s.hf.vocab_size, s.eos_token_ids)
         self._seeds = random.Random(config.seed)
@@ -97,7 +99,9 @@ class LLMEngine:
     def _quiet(self) -> None:
         """Reads the overlapped step in flight (its outputs come with the next ``step``): the caches are
         changed or read outside the step next."""
-        self._pending += self.overlap.drain()
+        drained = self.overlap.drain()
+        self._pending += drained
+        self._deliver = self._deliver or bool(drained)  # ``has_unfinished`` until a ``step`` returns them
 
     def set_vram_budget(self, budget_gib: object, reason: str = "set by hand") -> dict[str, Any]:
         """Resizes the expert slots and KV pages to a new budget (GiB); ``BudgetError`` (nothing changes) below
@@ -165,7 +169,7 @@ class LLMEngine:
             self._finish(req, "abort")
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work() or self.overlap.inflight is not None  # a launched step is read too
+        return self.scheduler.has_work() or self.overlap.inflight is not None or self._deliver
 
     # ---- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -174,7 +178,7 @@ class LLMEngine:
         request (the scheduler, the caches) propagates. A prefill spanning several chunks may run layer-major
         over several steps (``layer_major.py``): each step then runs the other requests' decode first. A decode
         step may be launched before the previous one is read (``overlap.py``): each call reads one step."""
-        outputs, self._pending = self._pending, []
+        outputs, self._pending, self._deliver = self._pending, [], False
         if self.overlap.inflight is None:
             outputs += self._schedule_and_run()
         if self.overlap.inflight is not None:
@@ -373,38 +377,7 @@ class LLMEngine:
 
     # ---- introspection --------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        backend = self.setup.loaded.backend
-        expert = backend.stats() if backend is not None else {}
-        return {
-            "expert_hits": 0,
-            "expert_fills": 0,
-            "expert_cpu_runs": 0,
-            **expert,
-            **(self.runner.graphs.stats() if self.runner.graphs is not None else {}),
-            "steps_launched_ahead": self.overlap.launched_ahead,
-            **self._counters,
-            "prefix_tokens_reused": self.pages.num_prefix_tokens_reused,
-            "radix_pages": self.tree.num_pages if self.tree is not None else 0,
-            "radix_evictions": self.tree.num_evictions if self.tree is not None else 0,
-            **self._checkpoint_stats(),
-            "preemptions": self.scheduler.num_preemptions,
-            "layer_major_prefills": self.layer_major.jobs,
-            "layer_major_balanced": self.layer_major.balanced_jobs,
-            "running": len(self.scheduler.running),
-            "waiting": len(self.scheduler.waiting),
-            "kv_pages_total": self.kv.num_pages,
-            "kv_pages_used": self.pages.num_pinned,  # not reclaimable now: unlocked tree pages do not count
-            "moe_backend": backend.name if backend is not None else "none",
-            "memory": self.memory.stats(),
-            "uptime_s": time.monotonic() - self.started_at,
-            **({"weights_check": self.weights_check.status} if self.weights_check is not None else {}),
-        }
-
-    def _checkpoint_stats(self) -> dict[str, int]:
-        c = self.pages.checkpoints
-        if c is None:
-            return {}
-        return {"state_checkpoints": c.size, "state_restores": c.num_restored, "state_recycled": c.num_recycled}
+        return engine_stats(self)
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()

@@ -62,7 +62,8 @@ class _Host:
 
     ints: torch.Tensor  # the device ``ints``' twin
     floats: torch.Tensor
-    out: torch.Tensor  # [B, 2 + 2*MAX_TOP_LOGPROBS] float64: id, logprob, top ids, top logprobs
+    out: torch.Tensor  # [B * (2 + 2*MAX_TOP_LOGPROBS)] float64: the step's [B, w] rows (id, logprob, top ids,
+    # top logprobs), contiguous: a strided destination would make the copy back a synchronous one
     done: torch.cuda.Event | None = None
 
 
@@ -165,7 +166,7 @@ class StepGraphs:
             captured[0].replay()
             self.replays += 1
             out = captured[1]
-        step = launched(items, starts, out, host.out[:, : out.shape[1]])
+        step = launched(items, starts, out, host.out[: out.numel()].view(out.shape))
         host.done = step.done
         return step
 
@@ -187,7 +188,7 @@ class StepGraphs:
         hosts = [
             _Host(torch.zeros(n_ints, dtype=torch.int64).pin_memory(),
                   torch.ones((_FLOATS, B), dtype=torch.float32).pin_memory(),
-                  torch.zeros((B, 2 + 2 * MAX_TOP_LOGPROBS), dtype=torch.float64).pin_memory())
+                  torch.zeros(B * (2 + 2 * MAX_TOP_LOGPROBS), dtype=torch.float64).pin_memory())
             for _ in range(2)
         ]  # fmt: skip
         st = _Static(
