@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from freetoken import LLM, SamplingParams
 from freetoken.engine.outputs import RequestOutput
@@ -221,3 +222,46 @@ def test_scoring_mid_stream_reads_the_step_in_flight(ckpt: Path) -> None:
 
     serial = run(False)
     assert run(True) == serial and [len(t) for t in serial.values()] == [5, 6]
+
+
+def test_step_graphs_host_side_on_cpu(ckpt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step graphs' host side on a CPU device (every step runs the graph's body eagerly on the static buffers;
+    no capture): the padded buckets, the double-buffered metadata, rows one token ahead whose ids are gathered from
+    the previous step's samples, rows dropping to a smaller bucket. Outputs equal the serial eager engine's (the
+    CPU attention and rope keep per-step lookups keyed on the step's tensors: dropped here, as CUDA does)."""
+    from freetoken.engine.step_graph import StepGraphs
+    from freetoken.layers.rope import Rotary
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
+    monkeypatch.setattr(StepGraphs, "_capture", lambda self, *a: None)
+    body = StepGraphs._body
+
+    def fresh_body(self: StepGraphs, st: Any, f: Any) -> torch.Tensor:
+        st.batch.decode.gathered.clear()  # the CPU attention's per-step gather, made once per (eager) step
+        return body(self, st, f)
+
+    monkeypatch.setattr(StepGraphs, "_body", fresh_body)
+    tables = Rotary._tables
+
+    def fresh_tables(self: Rotary, positions: torch.Tensor, dtype: torch.dtype) -> Any:
+        self._last = None  # its per-step cache too (keyed on the positions tensor: the graphs' is static)
+        return tables(self, positions, dtype)
+
+    monkeypatch.setattr(Rotary, "_tables", fresh_tables)
+
+    def graphed(overlap: bool) -> tuple[LLM, StepGraphs]:
+        llm = _llm(ckpt, overlap)
+        eng = llm.engine
+        backend = eng.setup.loaded.backend
+        monkeypatch.setattr(backend, "step_capturable", lambda tokens, top_k: True)
+        eng.runner.graphs = StepGraphs(eng.setup.loaded.model, eng.kv, backend, eng.sampler, 4,
+                                       eng.kv.pages_for(eng.max_model_len), eng.hf.top_k)  # fmt: skip
+        return llm, eng.runner.graphs
+
+    stop, stop_str = _stops(ckpt)
+    serial, s_lp, _ = _stream(_llm(ckpt, False), _mixed(stop, stop_str))
+    llm, graphs = graphed(True)
+    overlapped, o_lp, stats = _stream(llm, _mixed(stop, stop_str))
+    assert sorted(x for s in overlapped for x in s) == sorted(x for s in serial for x in s)
+    assert o_lp == pytest.approx(s_lp, abs=1e-4)
+    assert stats["steps_launched_ahead"] > 10 and sorted(graphs._static) == [1, 2, 4]
