@@ -265,3 +265,34 @@ def test_step_graphs_host_side_on_cpu(ckpt: Path, monkeypatch: pytest.MonkeyPatc
     assert sorted(x for s in overlapped for x in s) == sorted(x for s in serial for x in s)
     assert o_lp == pytest.approx(s_lp, abs=1e-4)
     assert stats["steps_launched_ahead"] > 10 and sorted(graphs._static) == [1, 2, 4]
+
+
+def test_a_failed_launch_ahead_falls_back_to_serial_steps(ckpt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch ahead that fails part of the way through the model (its rows' recurrent states may be advanced by
+    some layers) turns overlap off; the rows are computed again serially (hybrid: recomputed from their cached
+    prefix), and every request's tokens are the serial ones."""
+    reqs = [(p, SamplingParams(temperature=0.7, max_tokens=12, seed=i, ignore_eos=True)) for i, p in
+            enumerate(PROMPTS[:3])]  # fmt: skip
+    serial, _, _ = _stream(_llm(ckpt, False), reqs)
+    llm = _llm(ckpt, True)
+    runner = llm.engine.runner
+    launch, model = runner.launch, runner.model
+    calls = {"ahead": 0}
+
+    def failing(items: Any, starts: Any = None, prev: Any = None, src_rows: Any = None) -> Any:
+        if prev is not None:
+            calls["ahead"] += 1
+            if calls["ahead"] == 4:  # half the layers run, then the step fails
+                layers = model.layers
+                monkeypatch.setattr(model, "layers", layers[: len(layers) // 2])
+                try:
+                    launch(items, starts, prev, src_rows)
+                finally:
+                    monkeypatch.setattr(model, "layers", layers)
+                raise RuntimeError("injected: the launch ahead failed")
+        return launch(items, starts, prev, src_rows)
+
+    monkeypatch.setattr(runner, "launch", failing)
+    overlapped, _, stats = _stream(llm, reqs)
+    assert sorted(x for s in overlapped for x in s) == sorted(x for s in serial for x in s)
+    assert stats["steps_launched_ahead"] == 3 and not llm.engine.overlap.enabled

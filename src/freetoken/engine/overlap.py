@@ -24,7 +24,9 @@ waiting for room to join, no layer-major prefill in flight, no memory resize wan
 host work may run ahead (``ExpertBackend.runs_ahead``) and KV pages for the extra position allocated first. A
 request known to finish at the step in flight (its length limit) is left out of the next launch. Otherwise the
 in-flight step is read alone, and the engine's next step is a serial boundary: scheduling (requests join,
-prefill chunks, preemption) happens only there.
+prefill chunks, preemption) happens only there. A launch ahead that fails turns overlap off; its rows are computed
+again by serial steps (with recurrent states, which the failure may have advanced part of the way, each of its
+requests is preempted once the step in flight is read: recomputed from its cached prefix and checkpoint).
 """
 
 from __future__ import annotations
@@ -72,8 +74,15 @@ class StepOverlap:
         """Launches the next step behind the one in flight when it can, then reads the one in flight."""
         step, self.inflight = self.inflight, None
         assert step is not None
-        self.inflight = self._chain(step)
-        return self._read(step)
+        self.inflight, failed = self._chain(step)
+        outputs = self._read(step)
+        if failed and self.engine.states is not None:
+            # the failed launch may have advanced their recurrent states part of the way: they are recomputed from
+            # their cached prefix and checkpoint (their own slots only were touched), as after a preemption
+            for req in failed:
+                if not req.finished:
+                    self.engine.scheduler.preempt(req)
+        return outputs
 
     def drain(self) -> list[RequestOutput]:
         """Reads the step in flight, if any (before anything that needs the caches quiet: a resize, scoring)."""
@@ -82,36 +91,38 @@ class StepOverlap:
         step, self.inflight = self.inflight, None
         return self._read(step)
 
-    def _chain(self, step: Launch) -> Launch | None:
+    def _chain(self, step: Launch) -> tuple[Launch | None, list[Request]]:
+        """The next step launched behind ``step`` (None where it cannot be), and the requests of a launch that
+        failed (their next steps are serial ones, from then on every step is)."""
         e = self.engine
         if e.scheduler.waiting and len(e.scheduler.running) < e.scheduler.max_running:
-            return None  # a request may join: a serial boundary
+            return None, []  # a request may join: a serial boundary
         if e._job is not None or e.memory.waiting or e.memory.wants_follow():
-            return None
+            return None, []
         rows: list[int] = []
         for i, (req, _) in enumerate(step.items):
             if req.finished or _finishes_by_length(req):
                 continue
             if req.constraint is not None:
-                return None  # its bitmask needs the token in flight
+                return None, []  # its bitmask needs the token in flight
             rows.append(i)
         if not rows:
-            return None
+            return None, []
         items = [(step.items[i][0], 1) for i in rows]
         starts = [step.starts[i] + 1 for i in rows]
         if due_captures(items, starts):
-            return None  # a state checkpoint: taken by an eager step at the serial boundary
+            return None, []  # a state checkpoint: taken by an eager step at the serial boundary
         if not all(e.pages.grow(req, 2) for req, _ in items):  # the page for the position after (no preemption)
-            return None
+            return None, []
         try:
             nxt = e.runner.launch(items, starts, step, rows)
-        except Exception as exc:  # noqa: BLE001 - nothing was replayed: serial steps carry on
+        except Exception as exc:  # noqa: BLE001 - its rows are computed again by serial steps
             log.warning("launching a decode step ahead failed (%s: %s); serial steps from now on",
                         type(exc).__name__, exc)  # fmt: skip
             self.enabled = False
-            return None
+            return None, [req for req, _ in items]
         self.launched_ahead += 1
-        return nxt
+        return nxt, []
 
     def _read(self, step: Launch) -> list[RequestOutput]:
         """Waits for ``step``, commits its surviving rows and appends their tokens."""
