@@ -137,7 +137,7 @@ class StepOverlap:
             e.pages.roll(req)
             e._counters["decode_tokens"] += n
             sampled.append((req, choice))
-        e._counters["steps"] += 1
+        e._counters["steps"] += bool(sampled)  # a step whose rows were all discarded computed nothing of use
         return e._append_all(sampled)
 
 
