@@ -296,3 +296,23 @@ def test_a_failed_launch_ahead_falls_back_to_serial_steps(ckpt: Path, monkeypatc
     overlapped, _, stats = _stream(llm, reqs)
     assert sorted(x for s in overlapped for x in s) == sorted(x for s in serial for x in s)
     assert stats["steps_launched_ahead"] == 3 and not llm.engine.overlap.enabled
+
+
+def test_a_discarded_rows_penalty_counts_do_not_reach_the_next_owner(ckpt: Path) -> None:
+    """A request with penalties stops on a token while its next row (counted into its penalty row) is in flight;
+    the next request with penalties takes that row over and samples as in the serial engine."""
+    pen = {"presence_penalty": 1.5, "frequency_penalty": 1.0, "repetition_penalty": 1.3}
+    free = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, **pen)
+    first = _llm(ckpt, False).generate([PROMPTS[0]], free)[0].token_ids
+    a = SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=[first[5]], **pen)
+    b = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, **pen)
+
+    def run(overlap: bool) -> tuple[list[list[int]], dict[str, Any]]:
+        llm = _llm(ckpt, overlap, max_running_requests=1)
+        outs = [_one(llm, "a", PROMPTS[0], a)["tokens"], _one(llm, "b", PROMPTS[0], b)["tokens"]]
+        return outs, llm.engine.stats()
+
+    serial, _ = run(False)
+    overlapped, stats = run(True)
+    assert overlapped == serial and serial[0] == first[: first.index(first[5]) + 1] and serial[1] == first
+    assert stats["steps_launched_ahead"] > 0
