@@ -1,7 +1,10 @@
 """How busy the GPU is during decode steps through the engine: the union of the device's kernel intervals
 (torch profiler, CUPTI: kernels inside CUDA graphs included) over the steps' wall time.
 
-    python3 bench/gpu/e2e_profile.py CHECKPOINT [--backend fused] [--steps 50] [--batch 1]
+    python3 bench/gpu/e2e_profile.py CHECKPOINT [--backend fused] [--steps 50] [--batch 1] [--no-overlap]
+
+Each ``LLMEngine.step`` reads one decode step; with overlap (the engine's default on CUDA) it launches the next
+one first, so the wall time of the steps counts the host's work only where the device waited for it.
 """
 
 from __future__ import annotations
@@ -38,13 +41,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
+                    help="launch decode step N+1 before reading step N (EngineConfig.overlap_steps)")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--top", type=int, default=0, help="also print the N kernels of most launches per step")
     ap.add_argument("--host-ops", action="store_true",
                     help="also record the host's torch ops (their recording slows the host: the busy share drops)")
     args = ap.parse_args()
     llm = LLM(args.checkpoint, device="cuda", moe_backend=args.backend, expert_cache=args.expert_cache,
-              max_running_requests=max(4, args.batch), cuda_graphs=args.cuda_graphs)  # fmt: skip
+              max_running_requests=max(4, args.batch), cuda_graphs=args.cuda_graphs,
+              overlap_steps=args.overlap)  # fmt: skip
     eng = llm.engine
     params = SamplingParams(max_tokens=args.steps + 40, temperature=args.temperature, ignore_eos=True, seed=1)
     for b in range(args.batch):
@@ -72,10 +78,12 @@ def main() -> None:
                 per.setdefault(e.name[:70], []).append(e.time_range.end - e.time_range.start)
         for name, ts in sorted(per.items(), key=lambda kv: -sum(kv[1]))[: args.top]:
             print(f"  {len(ts) / args.steps:6.1f}/step {sum(ts) / args.steps:8.1f} us/step  {name}")
-    graphs = llm.stats().get("step_graph_replays", 0)
+    stats = llm.stats()
+    graphs, ahead = stats.get("step_graph_replays", 0), stats.get("steps_launched_ahead", 0)
     ms = wall_us / args.steps / 1e3
-    print(f"{args.backend} batch {args.batch} graphs {args.cuda_graphs}: {ms:.2f} ms/step, "
-          f"{len(kernels) / args.steps:.0f} kernels/step, GPU busy {busy:.1%} (graph replays {graphs})")  # fmt: skip
+    print(f"{args.backend} batch {args.batch} graphs {args.cuda_graphs} overlap {args.overlap}: {ms:.2f} ms/step, "
+          f"{len(kernels) / args.steps:.0f} kernels/step, GPU busy {busy:.1%} (graph replays {graphs}, "
+          f"launched ahead {ahead})")  # fmt: skip
 
 
 if __name__ == "__main__":

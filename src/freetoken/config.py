@@ -74,6 +74,11 @@ class EngineConfig:
     cuda_graphs: bool = True
     """Replay each decode step whole (model, MoE layers, sampling) as one CUDA graph per batch-size bucket
     (on CUDA; False: eager steps, with the MoE layers' own graphs)."""
+    overlap_steps: bool | None = None
+    """Launch decode step N+1 (its input ids taken from step N's samples on the device) before the host reads
+    step N's tokens, so the host's work for a step hides behind the device's (``engine/overlap.py``); outputs
+    stay the serial step's. None: on a CUDA device; True / False: always / never (a CPU device computes each
+    step as it is launched, so there it only exercises the same bookkeeping)."""
     vram_budget: float | None = None
     """GiB of device memory for the expert-slot cache, the KV pages and the reserve (the other weights come on
     top), split by the memory planner and resized at run time (``ft ctl memory``); the split then follows the

@@ -230,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
                 str(path), device=dev, dtype=dtype, moe_backend=policy, expert_cache=args.expert_cache,
                 cpu_threads=threads, max_running_requests=max(*batches, args.itl_streams + 1),
                 routing_trace=args.routing_trace, cuda_graphs=args.cuda_graphs, moe_cuda_graphs=args.cuda_graphs,
+                overlap_steps=args.overlap,
                 max_batched_tokens=args.max_batched_tokens, prefill_order=args.prefill_order,
                 **({} if args.prefill_interleave_ms is None else {"prefill_interleave_ms": args.prefill_interleave_ms}),
             )  # fmt: skip
@@ -291,6 +292,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--moe-steps", type=int, default=128)
     p.add_argument("--transformers", action="store_true", help="also time transformers' generate (batch 1)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
+                   help="launch decode step N+1 before reading step N (default: the engine's, on for CUDA)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, choices=sorted(_DTYPES))
     p.add_argument("--json", default=None)

@@ -120,6 +120,18 @@ class ElasticMemory:
 
     def follow(self) -> ResizeRecord | None:
         """The split follows the session (``memory.follow_kv``); a no-op unless it moves something."""
+        split = self._follow_split()
+        if split is None:
+            return None
+        pinned = self.scheduler.pages.num_pinned
+        why = f"running requests hold {pinned} of {self.scheduler.kv.num_pages} KV pages"
+        return self.apply(split, why, "session")
+
+    def wants_follow(self) -> bool:
+        """Whether ``follow`` would resize now (the engine then reads its overlapped step first)."""
+        return self._follow_split() is not None
+
+    def _follow_split(self) -> MemorySplit | None:
         if not self.follow_session:
             return None
         kv = self.scheduler.kv
@@ -129,9 +141,7 @@ class ElasticMemory:
         split = split_budget(self.split.budget_bytes, self.facts, want)
         if split.kv_pages == kv.num_pages:
             return None  # the slots cannot give more (or the pool is where it should be)
-        pinned = self.scheduler.pages.num_pinned
-        why = f"running requests hold {pinned} of {kv.num_pages} KV pages"
-        return self.apply(split, why, "session")
+        return split
 
     # ---- doing it -------------------------------------------------------------------------------------
     def apply(self, split: MemorySplit, reason: str, source: str) -> ResizeRecord:

@@ -23,11 +23,13 @@ from freetoken.engine.layer_major import LayerMajorJob, LayerMajorPlanner
 from freetoken.engine.memory import parse_budget_gib
 from freetoken.engine.model_setup import ModelSetup, setup_model
 from freetoken.engine.outputs import RequestOutput
+from freetoken.engine.overlap import StepOverlap
 from freetoken.engine.request import Request, Status
 from freetoken.engine.runner import ModelRunner
 from freetoken.engine.sampling_params import SamplingParams
 from freetoken.engine.scheduler import Scheduler
 from freetoken.engine.scoring import score
+from freetoken.engine.stats import engine_stats
 from freetoken.engine.step_graph import StepGraphs
 from freetoken.engine.step_sampler import Choice, StepSampler
 
@@ -76,6 +78,9 @@ class LLMEngine:
             self.memory.set_budget(parse_budget_gib(budget), "--vram-budget", "start", kv_wanted=wanted)
         self.layer_major = LayerMajorPlanner(config, self.pages, self.runner, s.hf, s.dtype)
         self._job: LayerMajorJob | None = None  # a layer-major prefill in flight (it spans steps)
+        overlap = config.overlap_steps if config.overlap_steps is not None else s.device.type == "cuda"
+        self.overlap = StepOverlap(self, overlap)  # decode step N+1 launched before step N is read
+        self._deliver = False
         self.requests: dict[str, Request] = {}
         self.grammars = GrammarCompiler(s.tokenizer, s.hf.vocab_size, s.eos_token_ids)
         self._seeds = random.Random(config.seed)
@@ -93,12 +98,20 @@ class LLMEngine:
         name KV slots and it streams layers through the slot pool across steps)."""
         return self._job is None
 
+    def _quiet(self) -> None:
+        """Reads the overlapped step in flight (its outputs come with the next ``step``): the caches are
+        changed or read outside the step next."""
+        drained = self.overlap.drain()
+        self._pending += drained
+        self._deliver = self._deliver or bool(drained)  # ``has_unfinished`` until a ``step`` returns them
+
     def set_vram_budget(self, budget_gib: object, reason: str = "set by hand") -> dict[str, Any]:
         """Resizes the expert slots and KV pages to a new budget (GiB); ``BudgetError`` (nothing changes) below
         the minimum. Returns the memory split (``stats()["memory"]``). Only where ``can_resize()``."""
         budget = parse_budget_gib(budget_gib)
         if not self.can_resize():
             raise RuntimeError("a layer-major prefill is in flight: resize after it (AsyncLLM waits for it)")
+        self._quiet()
         self.memory.set_budget(budget, reason)
         return self.memory.stats()
 
@@ -106,6 +119,7 @@ class LLMEngine:
         """The VRAM watcher's reading: shrink or grow at this safe point when the policy says so (a reading
         during a layer-major prefill is dropped: the watcher reads again)."""
         if self.can_resize():
+            self._quiet()
             self.memory.on_free_memory(free_bytes)
 
     # ---- requests -------------------------------------------------------------------------------
@@ -157,15 +171,31 @@ class LLMEngine:
             self._finish(req, "abort")
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self.overlap.inflight is not None or self._deliver
 
     # ---- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One scheduled step. A failure while computing or sampling one request finishes that request
         with an error (finish_reason "error"); the others carry on. Only a failure outside any one
         request (the scheduler, the caches) propagates. A prefill spanning several chunks may run layer-major
-        over several steps (``layer_major.py``): each step then runs the other requests' decode first."""
-        outputs, self._pending = self._pending, []
+        over several steps (``layer_major.py``): each step then runs the other requests' decode first. A decode
+        step may be launched before the previous one is read (``overlap.py``): each call reads one step."""
+        outputs, self._pending, self._deliver = self._pending, [], False
+        if self.overlap.inflight is None:
+            outputs += self._schedule_and_run()
+        if self.overlap.inflight is not None:
+            outputs += self.overlap.advance()
+        outputs += self._pending
+        self._pending = []
+        if self.can_resize() and self.overlap.inflight is None:
+            self.memory.follow()  # a safe point: the split may follow the session's KV
+        if _debug():
+            self.check_integrity()
+        return outputs
+
+    def _schedule_and_run(self) -> list[RequestOutput]:
+        """A serial boundary: schedule, then compute the batch, or launch it (``overlap.py``: ``step`` reads it)."""
+        outputs: list[RequestOutput] = []
         if self.memory.waiting:  # a cache without device memory (``ElasticMemory.waiting``): no step can run
             now = time.monotonic()
             if now - self._resumed_at >= RESUME_S:
@@ -180,24 +210,28 @@ class LLMEngine:
         items = batch.items
         if self._job is None and items:
             self._job, items = self.layer_major.plan(items)
+        if items and self.overlap.can_start(items):
+            if self.overlap.start(items):
+                items = []  # read by ``step``
+            else:
+                outputs += self._commit(*self._compute(items, batched=False))
+                items = []
         if items:
-            items, sampled = self._compute(items)
-            self._counters["steps"] += 1
-            for req, n in items:
-                was_prefill = req.num_computed_tokens < req.num_prompt_tokens
-                req.num_computed_tokens += n
-                self.pages.roll(req)
-                self._counters["prefill_tokens" if was_prefill else "decode_tokens"] += n
-            outputs += self._append_all(sampled)
+            outputs += self._commit(*self._compute(items))
         if self._job is not None:
             outputs += self._advance_job(self._job)
-        outputs += self._pending
-        self._pending = []
-        if self.can_resize():
-            self.memory.follow()  # a safe point: the split may follow the session's KV
-        if _debug():
-            self.check_integrity()
         return outputs
+
+    def _commit(self, items: list[tuple[Request, int]], sampled: list[tuple[Request, Choice]]) -> list[RequestOutput]:
+        """A computed step's bookkeeping, then its tokens appended."""
+        if items:
+            self._counters["steps"] += 1
+        for req, n in items:
+            was_prefill = req.num_computed_tokens < req.num_prompt_tokens
+            req.num_computed_tokens += n
+            self.pages.roll(req)
+            self._counters["prefill_tokens" if was_prefill else "decode_tokens"] += n
+        return self._append_all(sampled)
 
     def _append_all(self, sampled: list[tuple[Request, Choice]]) -> list[RequestOutput]:
         outputs = []
@@ -229,12 +263,14 @@ class LLMEngine:
         return self._append_all(sampled)
 
     def _compute(
-        self, items: list[tuple[Request, int]]
+        self, items: list[tuple[Request, int]], batched: bool = True
     ) -> tuple[list[tuple[Request, int]], list[tuple[Request, Choice]]]:
-        """Runs and samples the batch; if that fails, runs each request alone (eagerly) so that only the
-        requests that fail alone are finished with an error. Returns the items computed and the choices."""
+        """Runs and samples the batch; if that fails (or not ``batched``: a launch of it failed), runs each
+        request alone (eagerly) so that only the requests that fail alone are finished with an error. Returns
+        the items computed and the choices."""
         try:
-            return items, self.runner.step(items)
+            if batched:
+                return items, self.runner.step(items)
         except Exception as exc:
             if len(items) == 1:
                 self._fail(items[0][0], "the model step failed", exc)
@@ -275,6 +311,7 @@ class LLMEngine:
     def fail_all(self, error: str) -> None:
         """Finishes every request with ``error`` (server shutdown, or recovery after a failed step);
         their last outputs wait in ``take_pending()``."""
+        self.overlap.inflight = None  # every row is discarded (after a failed step it may not be readable)
         for req in list(self.requests.values()):
             self._finish(req, "error", error=error)
 
@@ -337,39 +374,12 @@ class LLMEngine:
         self, token_ids: list[int], chunk: int | list[int] | None = None, layer_major: bool = False
     ) -> torch.Tensor:
         """Logits [n, V] at every position of ``token_ids`` by prefill in chunks (``scoring.score``)."""
+        self._quiet()
         return score(self, token_ids, chunk, layer_major)
 
     # ---- introspection --------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        backend = self.setup.loaded.backend
-        expert = backend.stats() if backend is not None else {}
-        return {
-            "expert_hits": 0,
-            "expert_fills": 0,
-            "expert_cpu_runs": 0,
-            **expert,
-            **(self.runner.graphs.stats() if self.runner.graphs is not None else {}),
-            **self._counters,
-            "prefix_tokens_reused": self.pages.num_prefix_tokens_reused,
-            "radix_pages": self.tree.num_pages if self.tree is not None else 0,
-            "radix_evictions": self.tree.num_evictions if self.tree is not None else 0,
-            **self._checkpoint_stats(),
-            "preemptions": self.scheduler.num_preemptions,
-            "layer_major_prefills": self.layer_major.jobs,
-            "layer_major_balanced": self.layer_major.balanced_jobs,
-            "running": len(self.scheduler.running),
-            "waiting": len(self.scheduler.waiting),
-            "kv_pages_total": self.kv.num_pages,
-            "kv_pages_used": self.pages.num_pinned,  # not reclaimable now: unlocked tree pages do not count
-            "moe_backend": backend.name if backend is not None else "none",
-            "memory": self.memory.stats(),
-            "uptime_s": time.monotonic() - self.started_at,
-            **({"weights_check": self.weights_check.status} if self.weights_check is not None else {}),
-        }
-
-    def _checkpoint_stats(self) -> dict[str, int]:
-        c = self.pages.checkpoints
-        return {} if c is None else c.stats()
+        return engine_stats(self)
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()

@@ -1,5 +1,7 @@
 """Model runner: turns a scheduled batch into tensors, runs the model and samples where a request reaches its
-last token: decode steps from one CUDA graph per batch bucket where it can (``step_graph.py``), else eagerly."""
+last token: decode steps from one CUDA graph per batch bucket where it can (``step_graph.py``), else eagerly.
+``launch`` queues a decode step without reading its samples back (``engine/overlap.py``), its rows' input ids
+optionally gathered from the previous launch's samples on the device."""
 
 from __future__ import annotations
 
@@ -7,9 +9,10 @@ import torch
 
 from freetoken.cache.kv_pool import KVPool
 from freetoken.engine.anchors import captures_in, due_captures
+from freetoken.engine.inflight import Launch, launched
 from freetoken.engine.request import Request
 from freetoken.engine.step_graph import StepGraphs
-from freetoken.engine.step_sampler import Choice, StepSampler
+from freetoken.engine.step_sampler import Choice, StepSampler, pack
 from freetoken.experts.base import ExpertBackend
 from freetoken.layers.attention import AttnBatch, SeqAttn
 from freetoken.layers.paged_attention import DecodeMeta, PrefillMeta
@@ -39,7 +42,8 @@ class ModelRunner:
         self, items: list[tuple[Request, int]], starts: list[int] | None = None
     ) -> tuple[torch.Tensor, AttnBatch, list[int]]:
         """``starts``: the first token of each item (None: its ``num_computed_tokens``; a layer-major
-        prefill's later chunks start further on)."""
+        prefill's later chunks start further on; a decode row launched ahead, one past its ``token_ids``: its
+        input id is a placeholder the caller replaces)."""
         starts = starts if starts is not None else [req.num_computed_tokens for req, _ in items]
         ids: list[int] = []
         positions: list[int] = []
@@ -51,7 +55,7 @@ class ModelRunner:
         for (req, n), start in zip(items, starts):
             end = start + n
             q_start = len(ids)
-            ids += req.token_ids[start:end]
+            ids += req.token_ids[start:end] if end <= req.num_tokens else [0] * n
             positions += range(start, end)
             slots += self.kv.slots(req.pages, start, end)
             if not decode:
@@ -101,6 +105,41 @@ class ModelRunner:
             self._cpu_threads(sum(n for _, n in items))
         reqs, logits = self.run(items)
         return list(zip(reqs, self.sampler.sample(reqs, logits))) if reqs else []
+
+    def can_run_ahead(self) -> bool:
+        """Whether decode steps may be launched before the previous one is read: the MoE backend's per-step
+        host work does not need the previous step's outcome (``ExpertBackend.runs_ahead``)."""
+        return self.backend is None or self.backend.runs_ahead
+
+    def launch(
+        self,
+        items: list[tuple[Request, int]],
+        starts: list[int] | None = None,
+        prev: Launch | None = None,
+        src_rows: list[int] | None = None,
+    ) -> Launch:
+        """Queues a decode step (one token per row) and returns it unread. ``starts``: each row's position
+        (None: its ``num_computed_tokens``); with ``prev``, every row is one token ahead of its ``token_ids``,
+        its input id ``prev``'s sample at row ``src_rows[i]``, gathered on the device. On a CPU device the step
+        is computed here; the rows' outputs are read by ``Launch.read``."""
+        assert all(n == 1 for _, n in items), "launch: decode rows only"
+        starts = starts if starts is not None else [req.num_computed_tokens for req, _ in items]
+        if self.graphs is not None and self.graphs.can_run(items, starts):
+            return self.graphs.launch(items, starts, prev, src_rows)
+        if self.device.type == "cpu":
+            self._cpu_threads(len(items))
+        input_ids, batch, _ = self.build_batch(items, starts)
+        if prev is not None:
+            assert src_rows is not None
+            rows = torch.tensor(src_rows, dtype=torch.int64, device=self.device)
+            input_ids = prev.ids.index_select(0, rows).long()
+        if self.backend is not None:
+            self.backend.begin_step(len(items), True)
+        logits = self.model.logits(self.model.forward(input_ids, batch, self.kv))
+        reqs = [req for req, _ in items]
+        ahead = 0 if prev is None else 1
+        sampled = self.sampler.sample_on_device(reqs, logits, ahead)
+        return launched(items, starts, pack(sampled, sampled.logprob is not None))
 
     def _cpu_threads(self, tokens: int) -> None:
         """On a CPU device, steps of a few tokens use one intra-op thread: their ops are too small to

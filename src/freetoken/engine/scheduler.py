@@ -51,6 +51,11 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def preempt(self, req: Request) -> None:
+        """Sends a running request back to the front of the queue: its computed pages go to the tree, it is
+        recomputed from there (a failed overlapped launch may have advanced its recurrent state: ``overlap.py``)."""
+        self._preempt(req)
+
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
         self.pages.release(req)

@@ -4,8 +4,11 @@ embeddings → every layer (attention over the page table, router, the MoE backe
 CPU branch's flags) → final norm → logits → sampling, replayed from static buffers. Per step the host
 packs the step's metadata (ids, positions, KV slots, page table, lengths, sampling settings) into two
 pinned tensors, copies them over in two transfers, does the MoE backend's host share of every layer
-(``before_step_replay``: queue the CPU branch's batches), replays, and copies the sampled ids (and
-logprobs) back once.
+(``before_step_replay``: queue the CPU branch's batches), replays, and queues the copy of the sampled ids (and
+logprobs) back, with an event after it (``launch``; ``inflight.Launch.read`` waits for it). A step launched
+before the previous one was read (``engine/overlap.py``) gathers its input ids from that step's sampled ids on
+the device, stream-ordered before its replay; the host buffers are double-buffered so that filling the next
+step never overwrites a copy still queued.
 
 A batch of n rows runs in the smallest bucket B ≥ n; rows n..B-1 repeat row 0 (same token, position and
 KV slot: they write the same K/V, and their samples are dropped). Each bucket has a graph per set of
@@ -29,9 +32,10 @@ from freetoken.cache.kv_pool import KVPool
 from freetoken.engine import noise
 from freetoken.engine.anchors import due_captures
 from freetoken.engine.constraint import new_bitmask
+from freetoken.engine.inflight import Launch, launched
 from freetoken.engine.request import Request
 from freetoken.engine.sampler import MAX_TOP_LOGPROBS, Features, SamplingBatch, sample_batch
-from freetoken.engine.step_sampler import Choice, StepSampler, choices, features_of
+from freetoken.engine.step_sampler import Choice, StepSampler, features_of, pack
 from freetoken.experts.base import ExpertBackend
 from freetoken.layers.attention import AttnBatch
 from freetoken.layers.paged_attention import DecodeMeta
@@ -53,21 +57,32 @@ def buckets(max_batch: int) -> list[int]:
 
 
 @dataclass
+class _Host:
+    """One of a bucket's two sets of pinned host buffers, and the event after the last step that used it."""
+
+    ints: torch.Tensor  # the device ``ints``' twin
+    floats: torch.Tensor
+    out: torch.Tensor  # [B * (2 + 2*MAX_TOP_LOGPROBS)] float64: the step's [B, w] rows (id, logprob, top ids,
+    # top logprobs), contiguous: a strided destination would make the copy back a synchronous one
+    done: torch.cuda.Event | None = None
+
+
+@dataclass
 class _Static:
-    """One bucket's input and output buffers (device), their pinned host twins, and its graph."""
+    """One bucket's input and output buffers (device), their pinned host twins (two sets, used in turn), and
+    its graphs."""
 
     ints: torch.Tensor  # [_INTS*B + B*P + 5*B] int64
     floats: torch.Tensor  # [_FLOATS, B] float32
-    host_ints: torch.Tensor
-    host_floats: torch.Tensor
+    hosts: list[_Host]
     batch: AttnBatch
     sampling: SamplingBatch
     ids: torch.Tensor  # [B] the model's input tokens
-    host_out: torch.Tensor  # [B, 2 + 2*MAX_TOP_LOGPROBS] float64: id, logprob, top ids, top logprobs
     mask: torch.Tensor  # [B, ceil(V/32)] int32 the allowed-token bitmask of grammar-constrained rows
-    host_mask: torch.Tensor
+    host_mask: torch.Tensor  # (a constrained step is never launched ahead: one is enough)
     graphs: dict[Features, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = field(default_factory=dict)  # graph, out
     uses: dict[Features, int] = field(default_factory=dict)
+    turn: int = 0  # which of ``hosts`` the next step fills
 
 
 class StepGraphs:
@@ -95,11 +110,12 @@ class StepGraphs:
     def bucket(self, n: int) -> int | None:
         return next((b for b in self.buckets if b >= n), None)
 
-    def can_run(self, items: list[tuple[Request, int]]) -> bool:
-        """A decode-only step whose size has a bucket and that the MoE backend can capture."""
+    def can_run(self, items: list[tuple[Request, int]], starts: list[int] | None = None) -> bool:
+        """A decode-only step whose size has a bucket and that the MoE backend can capture (``starts``: as
+        ``launch``'s)."""
         if not self.enabled or not items or any(n != 1 for _, n in items):
             return False
-        if due_captures(items):  # a state checkpoint is taken per sequence, eagerly
+        if due_captures(items, starts):  # a state checkpoint is taken per sequence, eagerly
             return False
         b = self.bucket(len(items))
         if b is None:
@@ -111,12 +127,31 @@ class StepGraphs:
         return True
 
     def run(self, items: list[tuple[Request, int]]) -> list[tuple[Request, Choice]]:
+        return list(zip([req for req, _ in items], self.launch(items).read()))
+
+    def launch(
+        self,
+        items: list[tuple[Request, int]],
+        starts: list[int] | None = None,
+        prev: Launch | None = None,
+        src_rows: list[int] | None = None,
+    ) -> Launch:
+        """Queues the step (nothing waits for the device). ``starts``: each row's position (None: its
+        ``num_computed_tokens``); a row further on is a token ahead of its ``token_ids``, whose input id is
+        ``prev``'s sampled id at row ``src_rows[i]``."""
         reqs = [req for req, _ in items]
+        starts = starts if starts is not None else [req.num_computed_tokens for req in reqs]
         B = self.bucket(len(reqs))
         assert B is not None
         st = self._static.get(B) or self._make(B)
         f = features_of(reqs)
-        self._fill(st, reqs)
+        host = st.hosts[st.turn]
+        st.turn ^= 1
+        if host.done is not None:  # the last step that used these buffers has copied them (it was read already)
+            host.done.synchronize()
+        self._fill(st, host, reqs, starts, src_rows or [0] * len(reqs))
+        if prev is not None:  # the rows' input ids: the previous step's samples, gathered on the device
+            st.ids.copy_(prev.ids.index_select(0, st.ids))
         st.uses[f] = st.uses.get(f, 0) + 1
         if self.backend is not None:
             self.backend.begin_step(B, True)
@@ -131,10 +166,9 @@ class StepGraphs:
             captured[0].replay()
             self.replays += 1
             out = captured[1]
-        host = st.host_out[:, : out.shape[1]]
-        host.copy_(out, non_blocking=True)
-        torch.cuda.current_stream().synchronize()
-        return list(zip(reqs, self._choices(reqs, host)))
+        step = launched(items, starts, out, host.out[: out.numel()].view(out.shape))
+        host.done = step.done
+        return step
 
     # -- buffers ---------------------------------------------------------------------------------------
     def _make(self, B: int) -> _Static:
@@ -151,24 +185,31 @@ class StepGraphs:
             temperature=floats[0], top_p=floats[1], min_p=floats[2], presence=floats[3], frequency=floats[4],
             repetition=floats[5], top_k=srows[0], seed_lo=srows[1], seed_hi=srows[2], step=srows[3], rows=srows[4],
         )  # fmt: skip
+        hosts = [
+            _Host(torch.zeros(n_ints, dtype=torch.int64).pin_memory(),
+                  torch.ones((_FLOATS, B), dtype=torch.float32).pin_memory(),
+                  torch.zeros(B * (2 + 2 * MAX_TOP_LOGPROBS), dtype=torch.float64).pin_memory())
+            for _ in range(2)
+        ]  # fmt: skip
         st = _Static(
-            ints, floats, torch.zeros(n_ints, dtype=torch.int64).pin_memory(),
-            torch.ones((_FLOATS, B), dtype=torch.float32).pin_memory(), batch, sampling, ids,
-            torch.zeros((B, 2 + 2 * MAX_TOP_LOGPROBS), dtype=torch.float64).pin_memory(),
+            ints, floats, hosts, batch, sampling, ids,
             new_bitmask(B, self.vocab).to(dev), new_bitmask(B, self.vocab).pin_memory(),  # mask, host_mask
         )  # fmt: skip
         self._static[B] = st
         return st
 
-    def _fill(self, st: _Static, reqs: list[Request]) -> None:
+    def _fill(self, st: _Static, host: _Host, reqs: list[Request], starts: list[int], src_rows: list[int]) -> None:
         """The step's metadata into the pinned twins, then two copies to the device buffers (the int32
-        page table and lengths are converted on the device, inside the step)."""
+        page table and lengths are converted on the device, inside the step). A row ahead of its request's
+        ``token_ids`` gets ``src_rows``' entry as its id: the row of the previous step that ``launch`` gathers."""
         B, P = st.floats.shape[1], self.max_pages
-        rows = reqs + [reqs[0]] * (B - len(reqs))
-        hi, hf = st.host_ints.numpy(), st.host_floats.numpy()
+        pad = B - len(reqs)
+        rows, starts, src_rows = reqs + [reqs[0]] * pad, starts + [starts[0]] * pad, src_rows + [src_rows[0]] * pad
+        hi, hf = host.ints.numpy(), host.floats.numpy()
         for b, req in enumerate(rows):
-            pos = req.num_computed_tokens
-            hi[b] = req.token_ids[pos]
+            pos = starts[b]
+            ahead = pos - req.num_computed_tokens  # sampled tokens not in token_ids yet (0 or 1)
+            hi[b] = req.token_ids[pos] if ahead == 0 else src_rows[b]
             hi[B + b] = pos
             hi[2 * B + b] = self.kv.slots(req.pages, pos, pos + 1)[0]
             hi[3 * B + b] = pos + 1
@@ -177,16 +218,15 @@ class StepGraphs:
             hi[base : base + P] = 0
             hi[base : base + len(req.pages)] = req.pages
             s = _INTS * B + B * P
-            pad = b >= len(reqs)
             p = req.params
             lo, h = noise.split_seed(req.seed)
             hi[s + b] = max(p.top_k, 0)
             hi[s + B + b], hi[s + 2 * B + b] = lo, h
-            hi[s + 3 * B + b] = req.num_output_tokens
-            hi[s + 4 * B + b] = self.sampler.shared_row if pad else self.sampler.row_of(req)
+            hi[s + 3 * B + b] = req.num_output_tokens + ahead
+            hi[s + 4 * B + b] = self.sampler.shared_row if b >= len(reqs) else self.sampler.row_of(req)
             hf[:, b] = (p.temperature, p.top_p, p.min_p, p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
-        st.ints.copy_(st.host_ints, non_blocking=True)
-        st.floats.copy_(st.host_floats, non_blocking=True)
+        st.ints.copy_(host.ints, non_blocking=True)
+        st.floats.copy_(host.floats, non_blocking=True)
         if any(r.constraint is not None for r in reqs):  # the next token's allowed set, row by row (pads: all)
             st.host_mask.fill_(-1)
             for b, req in enumerate(reqs):
@@ -208,13 +248,7 @@ class StepGraphs:
         s = sample_batch(logits, st.sampling, self.sampler.state, f, st.mask if f.mask else None)
         if f.penalties:  # without, every row is the shared row, whose counts nothing reads
             self.sampler.state.update(st.sampling.rows, s.ids)
-        if not f.logprobs:
-            return s.ids[:, None].double()
-        assert s.logprob is not None and s.top_ids is not None and s.top_logprobs is not None
-        return torch.cat(
-            [s.ids[:, None].double(), s.logprob[:, None].double(), s.top_ids.double(), s.top_logprobs.double()],
-            dim=1,
-        )
+        return pack(s, f.logprobs)
 
     def _capture(self, st: _Static, B: int, f: Features) -> None:
         if self._pool is None:
@@ -242,14 +276,6 @@ class StepGraphs:
                 self.backend.end_step_capture(B)
         st.graphs[f] = (graph, out)
         self.captures += 1
-
-    def _choices(self, reqs: list[Request], host_out: torch.Tensor) -> list[Choice]:
-        rows = host_out[: len(reqs)]
-        n = MAX_TOP_LOGPROBS
-        ids = rows[:, 0].long()
-        if rows.shape[1] == 1:  # no row asked for logprobs
-            return choices(reqs, ids, None, None, None)
-        return choices(reqs, ids, rows[:, 1].float(), rows[:, 2 : 2 + n].long(), rows[:, 2 + n :].float())
 
     def _once(self, key: str, message: str) -> None:
         if key not in self._said:

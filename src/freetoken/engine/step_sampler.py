@@ -11,7 +11,7 @@ import torch
 from freetoken.engine import noise
 from freetoken.engine.constraint import new_bitmask
 from freetoken.engine.request import Request
-from freetoken.engine.sampler import Features, PenaltyState, Sampled, SamplingBatch, sample_batch
+from freetoken.engine.sampler import MAX_TOP_LOGPROBS, Features, PenaltyState, Sampled, SamplingBatch, sample_batch
 
 
 @dataclass
@@ -49,12 +49,14 @@ class StepSampler:
             self._free.append(req.sampling_row)
         req.sampling_row = None
 
-    def batch(self, reqs: list[Request]) -> SamplingBatch:
+    def batch(self, reqs: list[Request], ahead: int = 0) -> SamplingBatch:
+        """``ahead``: tokens each request has sampled that its ``token_ids`` do not hold yet (a step launched
+        before the previous one's outputs were read: ``engine/overlap.py``); the noise's step counts them."""
         ints = torch.tensor(
             [
                 [r.params.top_k if r.params.top_k > 0 else 0 for r in reqs],
                 *zip(*[noise.split_seed(r.seed) for r in reqs]),
-                [r.num_output_tokens for r in reqs],
+                [r.num_output_tokens + ahead for r in reqs],
                 [self.row_of(r) for r in reqs],
             ],
             dtype=torch.int64,
@@ -89,11 +91,15 @@ class StepSampler:
 
     def sample(self, reqs: list[Request], logits: torch.Tensor) -> list[Choice]:
         """logits [len(reqs), V] float32 on the device -> one choice per request."""
+        return _choices(reqs, self.sample_on_device(reqs, logits))
+
+    def sample_on_device(self, reqs: list[Request], logits: torch.Tensor, ahead: int = 0) -> Sampled:
+        """The sampler's outputs, left on the device (nothing read back; ``ahead``: ``batch``)."""
         features = features_of(reqs)
-        b = self.batch(reqs)
+        b = self.batch(reqs, ahead)
         out = sample_batch(logits, b, self.state, features, self.bitmask(reqs, logits.shape[1]))
         self.state.update(b.rows, out.ids)
-        return _choices(reqs, out)
+        return out
 
 
 def features_of(reqs: list[Request]) -> Features:
@@ -110,6 +116,27 @@ def features_of(reqs: list[Request]) -> Features:
 
 def _choices(reqs: list[Request], out: Sampled) -> list[Choice]:
     return choices(reqs, out.ids, out.logprob, out.top_ids, out.top_logprobs)
+
+
+def pack(s: Sampled, logprobs: bool) -> torch.Tensor:
+    """One step's samples as one tensor, read back in one copy: [B, 1] float64 ids, or with ``logprobs``
+    [B, 2 + 2*MAX_TOP_LOGPROBS] (id, logprob, top ids, top logprobs). Column 0 feeds a step launched ahead."""
+    if not logprobs:
+        return s.ids[:, None].double()
+    assert s.logprob is not None and s.top_ids is not None and s.top_logprobs is not None
+    return torch.cat(
+        [s.ids[:, None].double(), s.logprob[:, None].double(), s.top_ids.double(), s.top_logprobs.double()], dim=1
+    )
+
+
+def unpack(reqs: list[Request], host_out: torch.Tensor) -> list[Choice]:
+    """``pack``'s rows (on the host; padded rows past ``len(reqs)`` ignored) as the requests' choices."""
+    rows = host_out[: len(reqs)]
+    n = MAX_TOP_LOGPROBS
+    ids = rows[:, 0].long()
+    if rows.shape[1] == 1:  # no row asked for logprobs
+        return choices(reqs, ids, None, None, None)
+    return choices(reqs, ids, rows[:, 1].float(), rows[:, 2 : 2 + n].long(), rows[:, 2 + n :].float())
 
 
 def choices(

@@ -114,6 +114,9 @@ class ExpertBackend(ABC):
     """
 
     name: str = "base"
+    # whether the engine may launch decode step N+1 before reading step N (engine/overlap.py): ``begin_step`` and
+    # ``before_step_replay`` do no host work that needs step N done (a CPU branch collecting N's batches does)
+    runs_ahead: bool = False
 
     @abstractmethod
     def forward(

@@ -39,6 +39,7 @@ _ONE_LAUNCH_GROUPING = 64
 
 class FusedBackend(StepCapture, ExpertBackend):
     name = "fused"
+    runs_ahead = True  # no per-step host work
 
     def __init__(
         self,
