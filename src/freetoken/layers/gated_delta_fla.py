@@ -104,12 +104,13 @@ def recurrent(
 def warm(fla: FlaKernels, device: torch.device, dtype: torch.dtype, hk: int, h: int, dk: int, dv: int) -> None:
     """Compile (and autotune) the kernels for one layer shape before any step, so the first prefill does not pay
     for it and the decode kernel is built before the step graph captures it: one sequence and two (varlen)."""
+    rng = torch.Generator(device).manual_seed(0)  # not the default generator: sampling may draw from it
     for lengths in ([70], [5, 70]):
         T = sum(lengths)
-        q, k = (torch.randn(T, hk, dk, device=device, dtype=dtype) for _ in range(2))
-        v = torch.randn(T, h, dv, device=device, dtype=dtype)
-        g = -torch.rand(T, h, device=device)
-        beta = torch.rand(T, h, device=device)
+        q, k = (torch.randn(T, hk, dk, device=device, dtype=dtype, generator=rng) for _ in range(2))
+        v = torch.randn(T, h, dv, device=device, dtype=dtype, generator=rng)
+        g = -torch.rand(T, h, device=device, generator=rng)
+        beta = torch.rand(T, h, device=device, generator=rng)
         state = torch.zeros(len(lengths), h, dk, dv, device=device)
         chunk(fla, q, k, v, g, beta, state, lengths)
         n = len(lengths)
