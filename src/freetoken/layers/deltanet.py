@@ -129,6 +129,8 @@ class GatedDeltaNet:
         ssm, dev = states.ssm[self.layer], convolved.device
         q, k, v = self._split(convolved)
         core = torch.zeros((convolved.shape[0], self.h, self.dv), dtype=convolved.dtype, device=dev)
+        if not seqs:
+            return core
         slots = torch.tensor([s.state_slot for s in seqs], device=dev)
         fresh = torch.tensor([s.start == 0 for s in seqs], device=dev)[:, None, None, None]
         state = torch.where(fresh, 0.0, ssm.index_select(0, slots))  # [N, H, dk, dv]
