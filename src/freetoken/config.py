@@ -156,12 +156,15 @@ class Env:
     """Where built kernels and machine profiles are kept (FREETOKEN_CACHE; default ~/.cache/freetoken)."""
     debug: bool
     """Check cache invariants after every step (FREETOKEN_DEBUG=1)."""
+    fla: bool
+    """Gated DeltaNet layers on CUDA use flash-linear-attention's kernels where importable (FREETOKEN_FLA=0: off)."""
 
     @classmethod
     def read(cls) -> Env:
         default_cache = os.path.join(os.path.expanduser("~"), ".cache", "freetoken")
         return cls(cache_dir=os.environ.get("FREETOKEN_CACHE", default_cache),
-                   debug=os.environ.get("FREETOKEN_DEBUG", "") == "1")  # fmt: skip
+                   debug=os.environ.get("FREETOKEN_DEBUG", "") == "1",
+                   fla=os.environ.get("FREETOKEN_FLA", "1") != "0")  # fmt: skip
 
 
 @functools.cache
