@@ -22,7 +22,7 @@ import pytest
 from freetoken.engine.model_setup import default_model_path
 from freetoken.server.settings import ServerConfig
 from scripted_engine import ScriptedEngine
-from server_harness import MODEL, Running, real_engine, serve
+from server_harness import Running, real_engine, serve
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = Path("/tmp/freetoken-chat-page")
@@ -55,7 +55,7 @@ def browser() -> Iterator[Any]:
 def open_page(browser: Any, url: str, **context: Any) -> tuple[Any, list[str]]:
     """The chat page, loaded and with its model list filled; the list collects console errors (a CSP violation
     or a script error shows there)."""
-    ctx = browser.new_context(viewport={"width": 1000, "height": 760}, **context)
+    ctx = browser.new_context(viewport={"width": 1000, "height": 900}, **context)
     page = ctx.new_page()
     page.set_default_timeout(WAIT_MS)
     errors: list[str] = []
@@ -129,11 +129,12 @@ def test_default_model_chat(browser: Any, default_server: Running) -> None:
     assert history[3]["tool_calls"][0]["function"]["name"] == "get_weather"
     assert history[4]["tool_call_id"] == history[3]["tool_calls"][0]["id"]
 
-    page.locator("details.think").first.click()  # one fold opened, to show it in the picture
+    page.click("#toggle-settings")  # closed, and one thinking fold opened, for the picture
+    page.locator("details.think").first.click()
     check_png(shoot(page, "default-model-light.png"))
     page.emulate_media(color_scheme="dark")
     check_png(shoot(page, "default-model-dark.png"))
-    page.set_viewport_size({"width": 390, "height": 760})
+    page.set_viewport_size({"width": 390, "height": 800})
     check_png(shoot(page, "default-model-narrow.png"))
     assert errors == []
 
@@ -255,6 +256,7 @@ def test_errors_show_as_bubbles_and_the_page_goes_on(browser: Any, scripted: Run
 def shoot(page: Any, name: str) -> Path:
     SHOTS.mkdir(parents=True, exist_ok=True)
     path = SHOTS / name
+    page.evaluate("() => { const s = document.getElementById('scroller'); s.scrollTop = s.scrollHeight; }")
     page.screenshot(path=str(path))
     return path
 
