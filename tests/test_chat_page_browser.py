@@ -1,6 +1,7 @@
 """The chat page at ``/`` in a real browser (Debian's Chromium, headless, driven by Playwright) against the real
-HTTP server on loopback: the embedded default model answers, thinks and calls a demo tool; a scripted engine
-streams markdown with hostile markup in it, is stopped mid-answer and fails mid-stream.
+HTTP server on loopback: the embedded default model behind a real ``ft serve`` answers, thinks and calls a demo
+tool; a scripted engine (in-process, so the test can count its aborts) streams markdown with hostile markup in it,
+is stopped mid-answer and fails mid-stream.
 
 Screenshots go to ``/tmp/freetoken-chat-page/`` (CI keeps them as artifacts) and are checked to be real pictures.
 """
@@ -9,7 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import struct
+import subprocess
+import sys
 import time
 import zlib
 from collections import Counter
@@ -17,12 +21,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from freetoken.engine.model_setup import default_model_path
-from freetoken.server.settings import ServerConfig
 from scripted_engine import ScriptedEngine
-from server_harness import Running, real_engine, serve
+from server_harness import Running, free_port, serve
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = Path("/tmp/freetoken-chat-page")
@@ -34,18 +37,21 @@ ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-NAME = "freetoken-default"
 WAIT_MS = 180_000  # one default-model answer on a loaded 2-core machine takes seconds; this is only a bound
 
-pytestmark = [
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"no {CHROMIUM} (apt-get install chromium)"),
-    pytest.mark.slow,
-]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")
+    """Chromium through Playwright; absent, the tests skip, except in CI (.ci/run installs both)."""
+    missing = None if os.path.exists(CHROMIUM) else f"no {CHROMIUM} (apt-get install chromium)"
+    try:
+        from playwright import sync_api
+    except ImportError:
+        missing = missing or "no playwright (pip install -e '.[test]')"
+    if missing:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(missing)
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         yield b
@@ -93,16 +99,33 @@ def wait_turn(page: Any, n: int, state: str = "done") -> Any:
     return page.locator(".msg.assistant").nth(n - 1)
 
 
-# ---- the embedded default model -------------------------------------------------------------------------------
+# ---- the embedded default model, behind a real `ft serve` process ---------------------------------------------
 @pytest.fixture(scope="module")
-def default_server() -> Iterator[Running]:
-    with serve(real_engine(str(default_model_path())), ServerConfig(served_model_names=(NAME,))) as running:
-        yield running
+def ft_serve() -> Iterator[str]:
+    """``ft serve`` with its defaults (the embedded model) on a free loopback port; the URL its banner prints
+    for the chat page."""
+    port = free_port()
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "freetoken.cli", "serve", "--port", str(port), "--device", "cpu", "--dtype", "float32"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        banner = [proc.stdout.readline() for _ in range(3)]
+        assert banner[2].strip() == f"chat in a browser: http://127.0.0.1:{port}/", banner
+        yield banner[2].split(": ", 1)[1].strip().rstrip("/")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
-def test_default_model_chat(browser: Any, default_server: Running) -> None:
-    page, errors = open_page(browser, default_server.url)
-    assert page.input_value("#model") == NAME
+def test_default_model_chat(browser: Any, ft_serve: str) -> None:
+    page, errors = open_page(browser, ft_serve)
+    assert page.input_value("#model") == httpx.get(ft_serve + "/v1/models").json()["data"][0]["id"]
     set_setting(page, "#temperature", "0")
     set_setting(page, "#max-tokens", "160")
 
