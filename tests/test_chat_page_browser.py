@@ -179,8 +179,13 @@ Some **bold**, *italic*, `x < y` and [a link](https://example.com/a?b=1) but [no
 print("<b>not bold</b>")
 ```
 
+| tool | calls |
+|:-----|------:|
+| `read_file` | 3 |
+| <i>x</i> | 1 |
+
 <img src=x onerror="window.pwned = 1"><script>window.pwned = 2</script> & done"""
-LONG = "word " * 600
+LONG = "word " * 2000
 
 
 def script(tokenizer: Any) -> Any:
@@ -211,10 +216,14 @@ def test_markdown_is_rendered_and_markup_stays_text(browser: Any, scripted: Runn
     assert "[no script](javascript:alert(1))" in body.inner_text()  # an unsafe link stays visible text
     assert body.locator("ol > li").count() == 2 and body.locator("ol li ul li").text_content() == "nested"
     # The hostile markup is shown as text; nothing of it became an element or ran.
-    assert body.locator("img, script, b").count() == 0
+    assert body.locator("img, script, b, i").count() == 0
     assert '<img src=x onerror="window.pwned = 1"><script>window.pwned = 2</script> & done' in body.inner_text()
     assert page.evaluate("window.pwned") is None
     assert turn.locator("details.think .text").text_content() == "plan the answer"
+    cells = body.locator("table td")
+    assert body.locator("table th").all_text_contents() == ["tool", "calls"] and cells.count() == 4
+    assert cells.nth(0).locator("code").text_content() == "read_file" and cells.nth(2).text_content() == "<i>x</i>"
+    assert cells.nth(1).get_attribute("class") == "right"
     code = turn.locator(".codeblock")
     assert code.locator(".head span").text_content() == "python"
     assert code.locator("code").text_content() == 'print("<b>not bold</b>")'
@@ -234,16 +243,31 @@ def test_stop_aborts_the_server_request(browser: Any, scripted: Running) -> None
     assert page.text_content("#send") == "Stop"
     page.click("#send")
     turn = wait_turn(page, 1, "stopped")
-    deadline = time.time() + 10
-    while scripted.engine.aborted == aborted and time.time() < deadline:
-        time.sleep(0.05)
-    assert scripted.engine.aborted == aborted + 1 and scripted.engine.running == 0  # cancelled, not run out
+    assert_cancelled(scripted, aborted)
     kept = page.evaluate("window.FT.messages")[-1]
-    assert kept["role"] == "assistant" and 0 < kept["content"].count("word") < 600
+    assert kept["role"] == "assistant" and 0 < kept["content"].count("word") < 300
     assert turn.locator(".meta").text_content() == "stopped"
     # the page goes on: the next turn streams to its end
     assert "Title" in say(page, "now markdown").locator("h1").text_content()
+    # a new chat in the middle of an answer aborts it, and nothing of it comes back into the new conversation
+    page.fill("#prompt", "another long one")
+    page.press("#prompt", "Enter")
+    page.wait_for_function("() => document.querySelector('.msg.assistant .body')?.textContent.includes('word')")
+    aborted = scripted.engine.aborted
+    page.click("#new-chat")
+    assert_cancelled(scripted, aborted)
+    page.wait_for_function("() => document.getElementById('send').textContent === 'Send'")
+    assert page.evaluate("window.FT.messages") == [] and page.locator(".msg").count() == 0
     assert errors == []
+
+
+def assert_cancelled(server: Running, aborted_before: int) -> None:
+    """The engine request ends within 3 s of the click: cancelled, not run out (the long reply takes the page's
+    1024 max tokens at 10 ms a token)."""
+    deadline = time.time() + 3
+    while (server.engine.running or server.engine.aborted == aborted_before) and time.time() < deadline:
+        time.sleep(0.02)
+    assert server.engine.running == 0 and server.engine.aborted == aborted_before + 1
 
 
 def test_errors_show_as_bubbles_and_the_page_goes_on(browser: Any, scripted: Running) -> None:
