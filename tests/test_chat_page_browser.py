@@ -24,8 +24,9 @@ from typing import Any
 import httpx
 import pytest
 
+from freetoken.server.settings import ServerConfig
 from scripted_engine import ScriptedEngine
-from server_harness import Running, free_port, serve
+from server_harness import MODEL, Running, free_port, serve
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = Path("/tmp/freetoken-chat-page")
@@ -232,6 +233,20 @@ def test_markdown_is_rendered_and_markup_stays_text(browser: Any, scripted: Runn
     assert page.evaluate("navigator.clipboard.readText()") == 'print("<b>not bold</b>")'
     check_png(shoot(page, "markdown.png"))
     assert errors == []
+
+
+def test_think_tags_in_the_content_fold_too(browser: Any, tokenizer: Any) -> None:
+    """A server without a reasoning parser streams ``<think>…</think>`` as content: the page folds it the same way."""
+    engine = ScriptedEngine(tokenizer, script=lambda ids: REPLY)
+    with serve(engine, ServerConfig(served_model_names=(MODEL,), reasoning_parser="none")) as s:
+        page, errors = open_page(browser, s.url)
+        turn = say(page, "hi")
+        assert turn.locator("details.think .text").text_content() == "plan the answer"
+        assert "think>" not in turn.locator(".body").inner_text()
+        assert turn.locator("h1").text_content() == "Title"
+        history = page.evaluate("window.FT.messages")
+        assert history[-1]["reasoning_content"] == "plan the answer" and history[-1]["content"].startswith("# Title")
+        assert errors == []
 
 
 def test_stop_aborts_the_server_request(browser: Any, scripted: Running) -> None:
