@@ -1,56 +1,58 @@
-"""``GET /``: the chat page (``assets/chat/index.html``), one self-contained file that talks to this server's own
-``/v1/models`` and streaming ``/v1/chat/completions``.
+"""``GET /``: the chat page, and ``GET /chat/<file>`` for its style and scripts: static files in ``assets/chat/``
+(package data) that talk only to this server's own ``/v1/models`` and streaming ``/v1/chat/completions``.
 
 The page is open without the API key (it holds nothing; its requests carry the key the user types in). Its
-Content-Security-Policy lets the browser run only the page's own inline script and style (by hash) and connect only
-to this origin: no external asset can load, and markup that ever reached the DOM from model text could not run.
+Content-Security-Policy lets the browser load script and style from this origin only (no inline script, no
+``eval``) and connect only to this origin: no external asset can load, and markup that ever reached the DOM from
+model text could not run.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import re
 from functools import lru_cache
 from importlib import resources
 
 from fastapi import FastAPI
-from fastapi.responses import HTMLResponse
+from fastapi.responses import Response
 
-_INLINE = re.compile(r"<(script|style)>(.*?)</\1>", re.S)
+FILES = {
+    "index.html": "text/html; charset=utf-8",
+    "chat.css": "text/css; charset=utf-8",
+    "chat.js": "text/javascript; charset=utf-8",
+    "markdown.js": "text/javascript; charset=utf-8",
+}
+CSP = "; ".join(
+    [
+        "default-src 'none'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "connect-src 'self'",
+        "img-src 'self' data:",
+        "base-uri 'none'",
+        "form-action 'none'",
+        "frame-ancestors 'none'",
+    ]
+)
+HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
 
 
-@lru_cache(maxsize=1)
-def page() -> tuple[bytes, str]:
-    """The page's bytes and its Content-Security-Policy header."""
-    html = resources.files("freetoken").joinpath("assets/chat/index.html").read_text(encoding="utf-8")
-    hashes: dict[str, list[str]] = {"script": [], "style": []}
-    for kind, body in _INLINE.findall(html):
-        digest = base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()
-        hashes[kind].append(f"'sha256-{digest}'")
-    csp = "; ".join(
-        [
-            "default-src 'none'",
-            "script-src " + " ".join(hashes["script"]),
-            "style-src " + " ".join(hashes["style"]),
-            "connect-src 'self'",
-            "img-src 'self' data:",
-            "base-uri 'none'",
-            "form-action 'none'",
-            "frame-ancestors 'none'",
-        ]
-    )
-    return html.encode(), csp
+@lru_cache(maxsize=len(FILES))
+def asset(name: str) -> bytes:
+    return resources.files("freetoken").joinpath("assets/chat", name).read_bytes()
 
 
 def add_chat_page(app: FastAPI) -> None:
-    @app.get("/", include_in_schema=False)
-    async def chat_page() -> HTMLResponse:
-        body, csp = page()
-        headers = {
-            "Content-Security-Policy": csp,
-            "X-Content-Type-Options": "nosniff",
-            "Referrer-Policy": "no-referrer",
-            "Cache-Control": "no-cache",
-        }
-        return HTMLResponse(body, headers=headers)
+    def route(name: str) -> None:
+        async def serve_file() -> Response:
+            return Response(asset(name), media_type=FILES[name], headers=HEADERS)
+
+        path = "/" if name == "index.html" else f"/chat/{name}"
+        app.add_api_route(path, serve_file, methods=["GET"], include_in_schema=False, name=f"chat_{name}")
+
+    for name in FILES:
+        route(name)
