@@ -37,6 +37,7 @@ ARGS = [
     "--disable-component-update",
     "--disable-sync",
     "--no-first-run",
+    "--disable-dev-shm-usage",  # a container's small /dev/shm would crash the renderer
 ]
 WAIT_MS = 180_000  # one default-model answer on a loaded 2-core machine takes seconds; this is only a bound
 

@@ -12,14 +12,16 @@ let epoch = 0;  // a new chat: what a request of the old one still brings back i
 
 const DEMO_TOOLS = [
   {type: "function", function: {name: "get_weather", description: "Get the current weather for a city.",
-    parameters: {type: "object", properties: {city: {type: "string", description: "The city name."}}, required: ["city"]}}},
+    parameters: {type: "object", properties: {city: {type: "string", description: "The city name."}},
+      required: ["city"]}}},
   {type: "function", function: {name: "read_file", description: "Read a text file from the user's machine.",
-    parameters: {type: "object", properties: {path: {type: "string", description: "The file's path."}}, required: ["path"]}}},
+    parameters: {type: "object", properties: {path: {type: "string", description: "The file's path."}},
+      required: ["path"]}}},
 ];
 function demoResult(name, args) {
   // spaced like Python's json.dumps, the shape of the tool results the embedded model was trained on
-  if (name === "get_weather") return `{"city": ${JSON.stringify(args.city)}, "temperature": 21, "unit": "celsius", "condition": "sunny"}`;
-  return "";
+  if (name !== "get_weather") return "";
+  return `{"city": ${JSON.stringify(args.city)}, "temperature": 21, "unit": "celsius", "condition": "sunny"}`;
 }
 
 const settings = {
@@ -127,7 +129,9 @@ class AssistantView {
       this.fold = d;  // kept across renders, so an opened fold stays open
       const summary = this.root.dataset.state === "streaming" && !text && !this.calls.length
         ? "Thinking" : "Thought" + (this.thought ? " for " + this.thought : "");
-      if (!this.thought && (text || this.calls.length)) this.thought = ((performance.now() - this.started) / 1000).toFixed(1) + " s";
+      if (!this.thought && (text || this.calls.length)) {
+        this.thought = ((performance.now() - this.started) / 1000).toFixed(1) + " s";
+      }
       d.replaceChildren(el("summary", "", summary), el("div", "text", thinking));
       parts.push(d);
     }
@@ -148,7 +152,10 @@ class AssistantView {
     const card = this.cards[i] || el("div", "toolcall");
     this.cards[i] = card;
     let args = call.arguments, parsed = null;
-    try { parsed = JSON.parse(args); args = JSON.stringify(parsed, null, 2); } catch (e) { /* partial JSON while streaming */ }
+    try {
+      parsed = JSON.parse(args);
+      args = JSON.stringify(parsed, null, 2);
+    } catch (e) { /* partial JSON while streaming: shown as it is */ }
     const head = el("div");
     head.append(el("span", "name", call.name || "?"), el("span", "id", call.id || ""));
     const kids = [head, el("pre", "args", args)];
@@ -169,7 +176,8 @@ class AssistantView {
 }
 
 async function stream(view, body, signal) {
-  const r = await fetch("/v1/chat/completions", {method: "POST", headers: headers(), body: JSON.stringify(body), signal});
+  const init = {method: "POST", headers: headers(), body: JSON.stringify(body), signal};
+  const r = await fetch("/v1/chat/completions", init);
   if (!r.ok) throw new ServerError("The server refused the request (HTTP " + r.status + ")", await errorText(r));
   const reader = r.body.getReader();
   const decoder = new TextDecoder();
@@ -186,7 +194,9 @@ async function stream(view, body, signal) {
       if (!data) continue;  // a keep-alive comment
       if (data === "[DONE]") return {usage, finish};
       const chunk = JSON.parse(data);
-      if (chunk.error) throw new ServerError("The server stopped with an error", chunk.error.message || JSON.stringify(chunk.error));
+      if (chunk.error) {
+        throw new ServerError("The server stopped with an error", chunk.error.message || JSON.stringify(chunk.error));
+      }
       if (chunk.usage) usage = chunk.usage;
       const choice = (chunk.choices || [])[0];
       if (!choice) continue;
@@ -274,7 +284,9 @@ function keep(view) {
   const m = {role: "assistant", content: text};
   if (thinking) m.reasoning_content = thinking;
   if (view.calls.length) {
-    m.tool_calls = view.calls.map((c) => ({id: c.id, type: "function", function: {name: c.name, arguments: c.arguments}}));
+    m.tool_calls = view.calls.map((c) => ({
+      id: c.id, type: "function", function: {name: c.name, arguments: c.arguments},
+    }));
     view.calls.forEach((c, i) => resultBox(view, c, i));
   }
   messages.push(m);
@@ -308,7 +320,9 @@ function closePendingCalls() {
       break;
     }
   }
-  for (const id of open) messages.push({role: "tool", tool_call_id: id, content: "(not run: the user replied instead)"});
+  for (const id of open) {
+    messages.push({role: "tool", tool_call_id: id, content: "(not run: the user replied instead)"});
+  }
   log.querySelectorAll(".toolcall .result").forEach((r) => r.replaceWith(el("div", "sent", "not run")));
 }
 

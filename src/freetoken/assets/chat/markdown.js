@@ -8,7 +8,14 @@ export const el = (tag, cls, text) => {
 };
 
 const SAFE_URL = /^(https?:|mailto:)/i;
-const INLINE = /(`+)([^`][\s\S]*?)\1(?!`)|\*\*(?=\S)([\s\S]+?)\*\*|__(?=\S)([\s\S]+?)__|~~(?=\S)([\s\S]+?)~~|\*(?=[^\s*])([\s\S]+?)\*|(?<![\w])_(?=[^\s_])([\s\S]+?)_(?![\w])|\[([^\]\n]+)\]\(([^()\s]+)\)/g;
+// One alternative per inline form; the groups: 1-2 code, 3-4 bold, 5 strikethrough, 6-7 italic, 8-9 link.
+const INLINE = new RegExp([
+  /(`+)([^`][\s\S]*?)\1(?!`)/,
+  /\*\*(?=\S)([\s\S]+?)\*\*/, /__(?=\S)([\s\S]+?)__/,
+  /~~(?=\S)([\s\S]+?)~~/,
+  /\*(?=[^\s*])([\s\S]+?)\*/, /(?<![\w])_(?=[^\s_])([\s\S]+?)_(?![\w])/,
+  /\[([^\]\n]+)\]\(([^()\s]+)\)/,
+].map((r) => r.source).join("|"), "g");
 
 function inline(text, parent) {
   let last = 0;
