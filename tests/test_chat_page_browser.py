@@ -157,9 +157,14 @@ def test_default_model_chat(browser: Any, ft_serve: str) -> None:
     page.click("#toggle-settings")  # closed, and one thinking fold opened, for the picture
     page.locator("details.think").first.click()
     check_png(shoot(page, "default-model-light.png"))
+    background = "() => getComputedStyle(document.body).backgroundColor"
+    assert page.evaluate(background) == "rgb(247, 247, 248)"
     page.emulate_media(color_scheme="dark")
+    assert page.evaluate(background) == "rgb(22, 23, 26)"  # prefers-color-scheme: dark
     check_png(shoot(page, "default-model-dark.png"))
     page.set_viewport_size({"width": 390, "height": 800})
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= 390  # nothing sticks out sideways
+    assert page.locator("#send").bounding_box()["x"] + page.locator("#send").bounding_box()["width"] <= 390
     check_png(shoot(page, "default-model-narrow.png"))
     assert errors == []
 
@@ -248,6 +253,23 @@ def test_think_tags_in_the_content_fold_too(browser: Any, tokenizer: Any) -> Non
         history = page.evaluate("window.FT.messages")
         assert history[-1]["reasoning_content"] == "plan the answer" and history[-1]["content"].startswith("# Title")
         assert errors == []
+
+
+def test_api_key_typed_into_the_page(browser: Any, tokenizer: Any) -> None:
+    """Behind ``--api-key`` the page still loads; the model list asks for the key, and with it typed in the
+    settings the page lists the models and chats."""
+    config = ServerConfig(served_model_names=(MODEL,), api_key="k1")
+    with serve(ScriptedEngine(tokenizer, script=lambda ids: "# Title"), config) as s:
+        ctx = browser.new_context()
+        page = ctx.new_page()
+        page.set_default_timeout(WAIT_MS)
+        page.goto(s.url + "/")
+        page.locator(".msg.error").wait_for()
+        assert "401" in page.locator(".msg.error").inner_text()
+        set_setting(page, "#api-key", "k1")
+        page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+        assert say(page, "hi").locator("h1").text_content() == "Title"
+        ctx.close()
 
 
 def test_stop_aborts_the_server_request(browser: Any, scripted: Running) -> None:
