@@ -94,6 +94,15 @@ async function loadModels() {
   }
 }
 
+// The end of a line, cut at its start when it is too long (an rtl box clips on the left; the text stays ltr).
+function peek(line) {
+  const box = el("span", "peek");
+  box.dir = "rtl";
+  const text = box.appendChild(el("bdi", "", line));
+  text.dir = "ltr";
+  return box;
+}
+
 // One assistant turn as it streams in: thinking fold, markdown body, tool-call cards.
 class AssistantView {
   constructor() {
@@ -127,17 +136,20 @@ class AssistantView {
     if (thinking) {
       const d = this.fold || el("details", "think");
       this.fold = d;  // kept across renders, so an opened fold stays open
-      const summary = this.root.dataset.state === "streaming" && !text && !this.calls.length
-        ? "Thinking" : "Thought" + (this.thought ? " for " + this.thought : "");
       if (!this.thought && (text || this.calls.length)) {
         this.thought = ((performance.now() - this.started) / 1000).toFixed(1) + " s";
       }
-      d.replaceChildren(el("summary", "", summary), el("div", "text", thinking));
+      const summary = el("summary");
+      if (this.root.dataset.state === "streaming" && !text && !this.calls.length) {
+        // still thinking: the fold's title shows its latest line
+        summary.append("Thinking…", peek(thinking.split("\n").pop().slice(-200)));
+      } else summary.append("Thought" + (this.thought ? " for " + this.thought : ""));
+      d.replaceChildren(summary, el("div", "text", thinking));
       parts.push(d);
     }
     const body = el("div", "body");
     body.append(renderMarkdown(text));
-    if (this.root.dataset.state === "streaming" && !this.calls.length) {
+    if (this.root.dataset.state === "streaming" && !this.calls.length && (text || !thinking)) {
       const tail = body.lastElementChild;
       (tail && !tail.classList.contains("codeblock") ? tail : body).classList.add("cursor");
     }
