@@ -70,8 +70,8 @@ def announce(state: ServerState) -> None:
     print(
         f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
         f"-d {shlex.quote(json.dumps(body))}",
-        flush=True,
     )
+    print(f"  chat in a browser: {url}/", flush=True)
 
 
 def run(args: argparse.Namespace) -> int:

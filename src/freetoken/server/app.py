@@ -1,4 +1,4 @@
-"""The FastAPI app: protocol routers, health, metrics, engine stats, auth and error shapes."""
+"""The FastAPI app: protocol routers, health, metrics, engine stats, the chat page, auth and error shapes."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from freetoken.server.body import parse_request
+from freetoken.server.chat_page import add_chat_page
 from freetoken.server.errors import APIError, flavor_for_path, from_engine_error
 from freetoken.server.guard import Guard
 from freetoken.server.settings import ServerConfig
@@ -73,6 +74,7 @@ def build_app(
     app.include_router(anthropic_router(), dependencies=auth)
     _add_control_routes(app, state)
     _add_memory_route(app, state)
+    add_chat_page(app)
     _add_error_handlers(app, state)
     app.add_middleware(Guard, state=state)
     return app
