@@ -24,7 +24,7 @@ b1)
       | grep "^| 16" | sed "s|^|$src |"
   done ;;
 b2)
-  export FREETOKEN_CACHE=/tmp/ftc
+  export FREETOKEN_CACHE=/tmp/ftc PYTHONFAULTHANDLER=1  # the load child inherits it: a crash prints every thread
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_ftw.py tests/test_ftw_refusals.py > "$OUT/ftw_tests.log" 2>&1
   echo "FTW tests: $(tail -1 "$OUT/ftw_tests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/ftw_tests.log" | head
   timeout 330 python3 -X faulthandler -m freetoken.bench.ftw_load --preset qwen3-30b-a3b --layers 12 --repeats 1 \

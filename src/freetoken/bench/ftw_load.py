@@ -153,7 +153,7 @@ def _spawn(model: Path, device: str, args: argparse.Namespace) -> dict[str, Any]
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ}, timeout=1800)
     if r.returncode != 0:
-        raise RuntimeError(f"load of {model} failed: {r.stderr[-2000:]}")
+        raise RuntimeError(f"load of {model} failed: {r.stderr[-8000:]}")
     res = json.loads(r.stdout.strip().splitlines()[-1])
     res["ttft_s"] = res["t_first"] - t0
     res["load_s"] = res["t_loaded"] - res["t_imports"]
