@@ -4,6 +4,7 @@ pool."""
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,17 @@ def context_length(config: EngineConfig, hf: HFConfig) -> int:
     return config.max_model_len
 
 
+def _close_backend(backend: Any) -> None:
+    """Stops the backend's CPU branch in order (queued batches drained, workers joined, pool unpinned) instead of
+    leaving it to the interpreter's exit, whose finalizers know no order between the feeder, the kernel pool and
+    the pinned pool (a hybrid CUDA process that never closed its backend aborted at exit on the GPU box:
+    "terminate called without an active exception")."""
+    try:
+        backend.close()
+    except Exception as exc:  # noqa: BLE001 - closed already, or CUDA torn down: nothing left to release
+        log.debug("closing the expert backend: %s: %s", type(exc).__name__, exc)
+
+
 def setup_model(config: EngineConfig) -> ModelSetup:
     path = Path(config.model) if config.model else default_model_path()
     if config.model is None and not (path / "config.json").exists():
@@ -105,6 +117,8 @@ def setup_model(config: EngineConfig) -> ModelSetup:
         first = config.replace(expert_cache=max(1, hf.top_k))
     backend = lambda banks: create_backend(first, banks, device, dtype)  # noqa: E731
     loaded = build_model(hf, family, device, dtype, backend, max_len, config.routing_trace, config.verify_weights)
+    if loaded.backend is not None:  # when the model goes, or at exit if it never does: before the kernels' own
+        weakref.finalize(loaded, _close_backend, loaded.backend)  # finalizers (registered earlier, run later)
     tokenizer = load_tokenizer(path)
     eos = list(hf.eos_token_ids)
     if tokenizer is not None and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
