@@ -14,7 +14,7 @@
 #   mkdir -p .carry/wheels && cd .carry/wheels && for p in fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 \
 #     pydantic==2.13.4 pydantic-core==2.46.4 h11==0.16.0 anyio==4.16.0 sniffio==1.3.1 httpx==0.28.1 httpcore==1.0.9 \
 #     idna==3.20 certifi==2026.5.20 typing-extensions==4.16.0 typing-inspection==0.4.2 annotated-types==0.7.0 \
-#     annotated-doc==0.0.7 click==8.5.1 xxhash==4.1.0 rich psutil pyyaml markdown-it-py mdurl pygments; do
+#     annotated-doc==0.0.7 opentelemetry-api==1.45.2 click==8.5.1 xxhash==4.1.0 rich psutil pyyaml markdown-it-py mdurl pygments; do
 #     pip download --only-binary=:all: --platform manylinux_2_17_x86_64 --python-version 3.12 --no-deps -d . "$p"; done
 #   pip download --only-binary=:all: --platform manylinux_2_31_x86_64 --python-version 3.12 --no-deps -d . \
 #     llguidance==1.9.1; cd ../..                                                        # (~10 MB)

@@ -32,6 +32,11 @@ b2)
     || tail -40 "$OUT/ftw_load.err"
   cat "$OUT/ftw_load.md"
   rm -rf /tmp/ftc/bench
+  timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_host_checkpoints.py > "$OUT/hostckpt.log" 2>&1
+  echo "host checkpoint GPU tests: $(tail -1 "$OUT/hostckpt.log")"
+  timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu -x "tests/test_reference_hybrid.py::test_prefill_and_decode_logits_match" \
+    -k "qwen3_next and fused" > "$OUT/qwen3_next.log" 2>&1
+  echo "qwen3_next fused CUDA: $(tail -1 "$OUT/qwen3_next.log")"; grep -E "logits differ|assert" "$OUT/qwen3_next.log" | head -3
   OUT=$OUT/elastic BACKENDS=offload bash bench/gpu/elastic_check.sh timeline 2>&1 | grep -E "back_to_90|first_shrink|PASS|FAIL|tok_s\"" ;;
 *) echo "unknown stage $stage (b1, b2)"; exit 2 ;;
 esac; done
