@@ -160,8 +160,10 @@ class ElasticMemory:
             except torch.OutOfMemoryError as exc:
                 log.warning("memory %s: %s; the engine waits for device memory (every request keeps its place)",
                             source, exc)  # fmt: skip
-        if self.device.type == "cuda" and not uses_driver_memory(self.device):
-            torch.cuda.empty_cache()  # freed slots and pages go back to the device, for other programs
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the slots' refill copies are part of the resize's time
+            if not uses_driver_memory(self.device):
+                torch.cuda.empty_cache()  # freed slots and pages go back to the device, for other programs
         got, f = (self.num_slots, self.kv_pages), self.facts
         if got != (split.slots, split.kv_pages):
             log.warning("memory %s: the device refused %d slots / %d KV pages; now %d / %d", source, split.slots,
