@@ -178,8 +178,9 @@ class ElasticMemory:
             self.last = rec
             self.num_resizes += 1
             self.history = [*self.history[-(HISTORY - 1) :], rec]
-            log.info("memory %s: %d -> %d expert slots, %d -> %d KV pages (%s)%s", source, slots0, split.slots,
-                     kv0, split.kv_pages, reason, f", {preempted} preempted" if preempted else "")  # fmt: skip
+            log.info("memory %s: %d -> %d expert slots, %d -> %d KV pages in %.3f s (%s)%s", source, slots0,
+                     split.slots, kv0, split.kv_pages, rec.seconds, reason,
+                     f", {preempted} preempted" if preempted else "")  # fmt: skip
         return rec
 
     def _resize(self, split: MemorySplit, slots0: int, kv0: int) -> int:
