@@ -11,14 +11,19 @@ from __future__ import annotations
 import pytest
 import torch
 
+from devices import DEVICES
 from freetoken import LLM, SamplingParams
 from freetoken.cache.kv_pool import KVPool
 from freetoken.cache.radix import RadixCache
+from freetoken.config import EngineConfig
 from freetoken.engine.detokenizer import IncrementalDetokenizer
 from freetoken.engine.kv_manager import KVManager
 from freetoken.engine.memory import MemorySplit
 from freetoken.engine.request import Request
 from freetoken.engine.scheduler import Scheduler
+from freetoken.experts.backends.registry import create_backend
+from freetoken.experts.base import ExpertBanks
+from freetoken.experts.reference import moe_reference
 from reference import LOGIT_MARGIN, ROUTER_MARGIN, reference_greedy
 from tiny_models import save_checkpoint
 
@@ -242,3 +247,45 @@ def test_a_hybrid_deltanet_model_resizes_mid_generation(tmp_path_factory: pytest
     base, _ = _generate(LLM(expert_cache=8, kv_pages=64, **kw), {})
     got, preempted = _generate(LLM(expert_cache=8, kv_pages=64, **kw), {3: (4, 24), 6: (16, 100), 9: (3, 14)})
     assert got == base and preempted > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_regrown_offload_cache_is_warm_and_exact(device: str) -> None:
+    """The whole pool resident, shrunk to one token's experts (decode cycles other experts through them), grown
+    back: the cache holds every expert it held before, each slot its expert's exact bytes (CUDA: DMA runs of the
+    pinned pool), the outputs match the reference, and the steps after the grow copy nothing."""
+    dev = torch.device(device)
+    L, E, D, I, K = 3, 16, 64, 32, 4
+    g = torch.Generator().manual_seed(3)
+    banks = ExpertBanks(torch.randn(L * E, 2 * I, D, generator=g) / D**0.5,
+                        torch.randn(L * E, D, I, generator=g) / I**0.5, L, E)  # fmt: skip
+    backend = create_backend(EngineConfig(moe_backend="offload", expert_cache=1.0), banks, dev, torch.float32)
+    cache = backend.cache  # type: ignore[attr-defined]
+    assert cache.num_slots == L * E
+    gu, dn = banks.gate_up.to(dev), banks.down.to(dev)
+
+    def decode(steps: int) -> None:
+        for _ in range(steps):
+            backend.begin_step(1, True)
+            for layer in range(L):
+                ids = torch.rand(1, E, generator=g).argsort(dim=1)[:, :K].to(dev)
+                w = torch.softmax(torch.randn(1, K, generator=g), dim=-1).to(dev)
+                x = torch.randn(1, D, generator=g).to(dev)
+                out = backend.forward(layer, x, ids, w)
+                torch.testing.assert_close(out, moe_reference(x, ids + layer * E, w, gu, dn), rtol=1e-5, atol=1e-5)
+
+    decode(40)  # every expert used (and filled once)
+    held = set(cache.resident())
+    backend.resize_expert_cache(K)
+    decode(5)
+    backend.resize_expert_cache(L * E)
+    assert set(cache.resident()) == held
+    for eid, slot in cache.resident().items():
+        assert torch.equal(cache.slot_gate_up[slot].cpu(), banks.gate_up[eid])
+        assert torch.equal(cache.slot_down[slot].cpu(), banks.down[eid])
+    cache.check_integrity()
+    fills = backend.stats()["expert_fills"]
+    decode(10)
+    assert backend.stats()["expert_fills"] == fills  # warm at once: nothing copied in the steps after the grow
+    cache.check_integrity()
+    backend.close()

@@ -12,8 +12,9 @@ import torch
 from freetoken.config import EngineConfig
 from freetoken.experts.backends.registry import create_backend
 from freetoken.experts.backends.slot_backend import SlotBackend
-from freetoken.experts.prefill.streamer import LayerStreamer, copy_runs
+from freetoken.experts.prefill.streamer import LayerStreamer
 from freetoken.experts.reference import moe_reference
+from freetoken.experts.slots.copy import copy_runs
 
 CPU = torch.device("cpu")
 L, E = 4, 8  # 4 MoE layers x 8 experts, top-2: 16 slots (cache 0.5) hold exactly two whole layers

@@ -160,8 +160,10 @@ class ElasticMemory:
             except torch.OutOfMemoryError as exc:
                 log.warning("memory %s: %s; the engine waits for device memory (every request keeps its place)",
                             source, exc)  # fmt: skip
-        if self.device.type == "cuda" and not uses_driver_memory(self.device):
-            torch.cuda.empty_cache()  # freed slots and pages go back to the device, for other programs
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the slots' refill copies are part of the resize's time
+            if not uses_driver_memory(self.device):
+                torch.cuda.empty_cache()  # freed slots and pages go back to the device, for other programs
         got, f = (self.num_slots, self.kv_pages), self.facts
         if got != (split.slots, split.kv_pages):
             log.warning("memory %s: the device refused %d slots / %d KV pages; now %d / %d", source, split.slots,
@@ -176,8 +178,9 @@ class ElasticMemory:
             self.last = rec
             self.num_resizes += 1
             self.history = [*self.history[-(HISTORY - 1) :], rec]
-            log.info("memory %s: %d -> %d expert slots, %d -> %d KV pages (%s)%s", source, slots0, split.slots,
-                     kv0, split.kv_pages, reason, f", {preempted} preempted" if preempted else "")  # fmt: skip
+            log.info("memory %s: %d -> %d expert slots, %d -> %d KV pages in %.3f s (%s)%s", source, slots0,
+                     split.slots, kv0, split.kv_pages, rec.seconds, reason,
+                     f", {preempted} preempted" if preempted else "")  # fmt: skip
         return rec
 
     def _resize(self, split: MemorySplit, slots0: int, kv0: int) -> int:

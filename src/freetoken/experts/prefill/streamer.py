@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from freetoken.experts.slots.cache import SlotCache
+from freetoken.experts.slots.copy import copy_rows, copy_runs
 
 MODES = ("stream", "serial", "off")
 
@@ -65,18 +66,6 @@ class _Buffer:
     placed: list[tuple[int, int]] = field(default_factory=list)  # (eid, slot) registered by us
     copied: torch.cuda.Event | None = None  # the layer's copies are done
     released: torch.cuda.Event | None = None  # the last kernel reading this buffer is done
-
-
-def copy_runs(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
-    """(src row, dst slot) pairs -> maximal runs (src, dst, n) where both advance by one: one copy each."""
-    runs: list[tuple[int, int, int]] = []
-    for src, dst in pairs:
-        if runs and runs[-1][0] + runs[-1][2] == src and runs[-1][1] + runs[-1][2] == dst:
-            s, d, n = runs[-1]
-            runs[-1] = (s, d, n + 1)
-        else:
-            runs.append((src, dst, 1))
-    return runs
 
 
 class LayerStreamer:
@@ -251,17 +240,13 @@ class LayerStreamer:
         self.experts_copied += len(copies)
         runs = copy_runs(copies)
         if not self._cuda:  # synchronous: plain copies
-            for src, dst, n in runs:
-                for bank, pool_bank in zip(c.slots, c.pool.tensors):  # every bank: weights and scales alike
-                    bank[dst : dst + n].copy_(pool_bank[src : src + n])
+            copy_rows(c.pool.tensors, c.slots, runs)
             return
         stream = self._copy_stream()
         if buf.released is not None:
             stream.wait_event(buf.released)
-        with torch.cuda.stream(stream):
-            for src, dst, n in runs:  # pinned pool -> slots, DMA on the copy stream
-                for bank, pool_bank in zip(c.slots, c.pool.tensors):
-                    bank[dst : dst + n].copy_(pool_bank[src : src + n], non_blocking=True)
+        with torch.cuda.stream(stream):  # pinned pool -> slots, DMA on the copy stream
+            copy_rows(c.pool.tensors, c.slots, runs)
             ev = torch.cuda.Event()
             ev.record(stream)
         buf.copied = ev

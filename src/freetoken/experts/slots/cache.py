@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from freetoken.experts.host_pool import HostExpertPool
-from freetoken.experts.slots.copy import batched_fill
+from freetoken.experts.slots.copy import batched_fill, copy_rows, copy_runs
 from freetoken.experts.slots.gemm import SlotWeights
 from freetoken.experts.slots.plan import WARM, FillRule, RouteGroups, SlotTables, StepPlan, group_routes, plan_fills
 from freetoken.experts.triton_support import triton_available
@@ -40,7 +40,7 @@ class SlotCache:
         self.slots = self._banks(S)
         self.tables = SlotTables.empty(N, S, device)
         self._src = pool.device_views(device)
-        self._dropped: list[int] = []  # eids a shrink let go, newest first: a grow brings them back
+        self._held: list[int] = []  # eids the cache held, newest first (``resize``): a grow brings them back
 
     @property
     def slot_gate_up(self) -> torch.Tensor:  # [S+1, 2I, D']
@@ -160,10 +160,12 @@ class SlotCache:
 
     def resize(self, num_slots: int, fallback: Sequence[int] = ()) -> None:
         """Safe points only (no step in flight): change the slot count, keeping the residents that fit
-        (locked ones first, then the most recently used). Kept experts move to slots 0..n-1 in that order.
-        A grow after a shrink brings back the experts the shrink let go (newest first, as the oldest residents),
-        so the cache is warm again at once.
-        The pool holds every expert, so the kept experts are copied again from the pool into the new banks. A
+        (locked ones first, then the most recently used), with their LRU stamps. A grow after a shrink brings back
+        the experts the cache held before (the most recently used first, as the oldest residents, in their LRU
+        order: those a shrink let go and those fills evicted while it was small), so the cache is warm again at
+        once: the refill is this safe point's copy, registered like any fill (no step is in flight to need a slot).
+        The pool holds every expert, so the survivors are copied again from the pool into the new banks, placed in
+        eid order so that the copy is a few long DMA runs of the pinned pool (``copy.copy_rows``). A
         shrink makes its banks beside the old ones where they fit (``remake``); else (and for a grow) the old
         banks are dropped before the new ones are made: the peak is the larger of old and new, never their sum.
         When the device refuses the new banks (another program took the memory meanwhile), the ``fallback``
@@ -177,29 +179,35 @@ class SlotCache:
         used = torch.nonzero(t.eid_of[:S] >= 0).flatten()
         key = t.stamp[used] + locked[used].long() * (1 << 62)  # locked first, then newest
         ranked = used[torch.sort(key, descending=True, stable=True).indices]
-        resident = set(t.eid_of[:S].tolist())
+        # what the cache held, newest first: the residents now, then what it held before the last shrinks and does
+        # not hold now (let go by a shrink, or evicted by fills while it was small)
+        held = t.eid_of[ranked].tolist()
+        now = set(held)
+        self._held = (held + [e for e in self._held if e not in now])[:N]
         dev = self.device
         least = max(int(locked.sum()), 1)
         sizes = [num_slots, *(n for n in fallback if n >= least)]
         num_slots, self.slots = remake(self._banks, sizes, S, self._drop_banks, "the expert slots")
         keep = ranked[:num_slots]
         n = keep.numel()
-        back = [e for e in self._dropped if e not in resident][: num_slots - n]
-        gone = set(back)
-        self._dropped = (t.eid_of[ranked[num_slots:]].tolist() + [e for e in self._dropped if e not in gone])[:N]
-        new = SlotTables.empty(N, num_slots, dev)
-        new.tick = t.tick
-        new.eid_of[:n] = t.eid_of[keep]
-        new.stamp[:n] = t.stamp[keep]
-        new.locked[:n] = t.locked[keep]
+        back = self._held[n:num_slots]  # nothing when it shrinks
+        # Survivors: the kept experts with their stamps, then the brought-back ones (most recent first) below
+        # every kept stamp in the same order: stamps and the tick shift up by m, so the LRU order (and the
+        # streaming rule's window of recent steps) is what it was, and a miss evicts the oldest brought-back first.
         m = len(back)
-        new.eid_of[n : n + m] = torch.tensor(back, dtype=torch.long, device=dev)
-        new.stamp[n : n + m] = 0  # older than every resident: the first victims again
-        new.slot_of[new.eid_of[: n + m]] = torch.arange(n + m, device=dev)
+        eids = torch.cat((t.eid_of[keep], torch.tensor(back, dtype=torch.long, device=dev)))
+        stamps = torch.cat((t.stamp[keep] + m, torch.arange(m - 1, -1, -1, dtype=torch.long, device=dev)))
+        locks = torch.cat((t.locked[keep], torch.zeros(m, dtype=torch.bool, device=dev)))
+        order = torch.sort(eids).indices  # slots in eid order: the pool's rows copy as a few long runs
+        new = SlotTables.empty(N, num_slots, dev)
+        new.tick = t.tick + m
+        k = n + m
+        new.eid_of[:k] = eids[order]
+        new.stamp[:k] = stamps[order]
+        new.locked[:k] = locks[order]
+        new.slot_of[new.eid_of[:k]] = torch.arange(k, device=dev)
         self.tables = new
-        if n + m:
-            count = torch.tensor(n + m, dtype=torch.long, device=dev)
-            batched_fill(self._src, self.slots, new.eid_of[: n + m].clone(), torch.arange(n + m, device=dev), count)
+        copy_rows(self.pool.tensors, self.slots, copy_runs(list(zip(new.eid_of[:k].tolist(), range(k)))))
 
     def _drop_banks(self) -> None:
         self.slots = ()  # their memory returns to the device (``device_zeros``)

@@ -47,3 +47,27 @@ def batched_fill(
         n = int(count)
         copy_src, copy_dst = copy_src[:n], copy_dst[:n]
     batched_fill_torch(src, dst, copy_src, copy_dst)
+
+
+def copy_runs(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """(src row, dst slot) pairs -> maximal runs (src, dst, n) where both advance by one: one copy each."""
+    runs: list[tuple[int, int, int]] = []
+    for src, dst in pairs:
+        if runs and runs[-1][0] + runs[-1][2] == src and runs[-1][1] + runs[-1][2] == dst:
+            s, d, n = runs[-1]
+            runs[-1] = (s, d, n + 1)
+        else:
+            runs.append((src, dst, 1))
+    return runs
+
+
+def copy_rows(
+    src: tuple[torch.Tensor, ...],  # every bank [N, ...] of the pool (host; pinned rows copy by DMA)
+    dst: tuple[torch.Tensor, ...],  # the same banks' slots [S+1, ...]
+    runs: list[tuple[int, int, int]],  # (src row, dst slot, n) from ``copy_runs``
+) -> None:
+    """Whole runs of rows, every bank, on the current stream (CUDA: asynchronous DMA from the pinned pool;
+    later kernels on the stream see the rows)."""
+    for s, d, n in runs:
+        for pool_bank, bank in zip(src, dst):  # every bank: weights and scales alike
+            raw(bank)[d : d + n].copy_(raw(pool_bank)[s : s + n], non_blocking=True)
