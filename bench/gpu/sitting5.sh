@@ -3,8 +3,9 @@
 #   b1 (~7.5 min) overlap_check.sh check (the overlapped step's GPU tests; fused profile, batch 1 / 4, overlap on
 #      and off); fused e2e batch 1 / 4 overlap on and off; the fp8 CPU kernel at 16 threads, this tree vs the one
 #      before the fp8 unit change (.carry/fp8-old-src.tgz = git archive b4ae4cd src), alternating
-#   b2 (~6 min) FTW: the load child under faulthandler, the FTW tests' full log, ft bench load (1 repeat); the elastic
-#      timeline for offload (back to 90% after the other process frees)
+#   b2 (~6 min) the elastic timeline for offload (back to 90% after the other process frees, after the regrow fix);
+#      FTW: the FTW tests' full log, ft bench load (1 repeat; faulthandler in the children); the host-checkpoint, regrow
+#      and Qwen3-Next fp32 GPU tests
 set -uo pipefail
 export PYTHONPATH=src:.carry/pylib PYTHONUNBUFFERED=1 FREETOKEN_CACHE=/tmp/ftc
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -25,18 +26,22 @@ b1)
   done ;;
 b2)
   export FREETOKEN_CACHE=/tmp/ftc PYTHONFAULTHANDLER=1  # the load child inherits it: a crash prints every thread
-  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_ftw.py tests/test_ftw_refusals.py > "$OUT/ftw_tests.log" 2>&1
+  OUT=$OUT/elastic BACKENDS=offload bash bench/gpu/elastic_check.sh timeline 2>&1 \
+    | grep -E "back_to_90|first_shrink|other_had_all|PASS|FAIL|tok_s\"|same_tokens\"|Traceback|Error" | head -20
+  rm -rf /tmp/ft-elastic-qwen3-*
+  timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_ftw.py tests/test_ftw_refusals.py > "$OUT/ftw_tests.log" 2>&1
   echo "FTW tests: $(tail -1 "$OUT/ftw_tests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/ftw_tests.log" | head
-  timeout 330 python3 -X faulthandler -m freetoken.bench.ftw_load --preset qwen3-30b-a3b --layers 12 --repeats 1 \
+  timeout 200 python3 -m freetoken.bench.ftw_load --preset qwen3-30b-a3b --layers 12 --repeats 1 \
     --moe-backend hybrid --expert-cache 0.25 --json "$OUT/ftw_load.json" > "$OUT/ftw_load.md" 2> "$OUT/ftw_load.err" \
     || tail -40 "$OUT/ftw_load.err"
   cat "$OUT/ftw_load.md"
   rm -rf /tmp/ftc/bench
-  timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_host_checkpoints.py > "$OUT/hostckpt.log" 2>&1
+  timeout 40 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_host_checkpoints.py > "$OUT/hostckpt.log" 2>&1
   echo "host checkpoint GPU tests: $(tail -1 "$OUT/hostckpt.log")"
-  timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu -x "tests/test_reference_hybrid.py::test_prefill_and_decode_logits_match" \
+  timeout 40 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_elastic_memory.py -k regrown > "$OUT/regrow.log" 2>&1
+  echo "regrow GPU test: $(tail -1 "$OUT/regrow.log")"
+  timeout 45 python3 -m pytest -q -p no:cacheprovider -m gpu -x "tests/test_reference_hybrid.py::test_prefill_and_decode_logits_match" \
     -k "qwen3_next and fused" > "$OUT/qwen3_next.log" 2>&1
-  echo "qwen3_next fused CUDA: $(tail -1 "$OUT/qwen3_next.log")"; grep -E "logits differ|assert" "$OUT/qwen3_next.log" | head -3
-  OUT=$OUT/elastic BACKENDS=offload bash bench/gpu/elastic_check.sh timeline 2>&1 | grep -E "back_to_90|first_shrink|PASS|FAIL|tok_s\"" ;;
+  echo "qwen3_next fused CUDA: $(tail -1 "$OUT/qwen3_next.log")"; grep -E "logits differ" "$OUT/qwen3_next.log" | head -3 ;;
 *) echo "unknown stage $stage (b1, b2)"; exit 2 ;;
 esac; done
