@@ -192,6 +192,42 @@ def test_toggle_flags_for_replayed_graphs() -> None:
     assert int(stats[1]) == int(here.sum()) and int(stats[2]) > 0  # the toggled batches' own stats row
 
 
+def test_a_steps_layers_queue_in_one_call() -> None:
+    """``enqueue_many``: a replayed step's layers (toggle batches, each its own sizes) queued in one call, in
+    order: each waits for the graph's ready write and gives the result ``enqueue_prepared`` gives, layer by layer."""
+    kern = _native()
+    k = 2
+    layers = [_run_first(kern, T, k, 40, 20, 4, seed=20 + T) for T in (3, 1, 2)]
+    ready, done = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    toggled = [kern.toggle_flags(args, ready, done) for _, _, args, _ in layers]
+    for t in toggled:
+        t.ready_value = t.done_value = 1
+    tokens = [1, 1, 2]  # this step's token counts, not the first calls'
+    refs = [_reference(x[:T], codes[: T * k], w[: T * k], gu, dn, k=k)
+            for ((x, codes, w, gu, dn), _, _, _), T in zip(layers, tokens)]  # fmt: skip
+    batch = kmod.PreparedBatches(toggled, tokens)
+    for _ in range(2):  # two replays of the same step
+        for _, out, _, _ in layers:
+            out.fill_(float("nan"))
+        kern.enqueue_many(batch)
+        assert kern.queued() == 3
+        for (_, out, _, _), T, ref in zip(layers, tokens, refs):  # the graph: write ready, wait done, reset done
+            time.sleep(0.005)
+            assert int(done[0]) == 0
+            ready[0] = 1
+            wait_flag(done, 1)
+            done[0] = 0
+            _assert_close(out[:T], ref)
+            assert torch.isnan(out[T:]).all()  # rows past the step's tokens are not written
+    with pytest.raises(ValueError, match="2 batches but 1"):
+        kmod.PreparedBatches(toggled[:2], [1])
+    bad = kern.toggle_flags(layers[0][2], ready, done)
+    bad.k = 0  # what enqueue would refuse: the whole call is refused, nothing queued
+    with pytest.raises(ValueError):
+        kern.enqueue_many(kmod.PreparedBatches([toggled[0], bad], [1, 1]))
+    assert kern.queued() == 0
+
+
 def test_batch_trace_records_each_batch_in_order() -> None:
     from freetoken.experts.cpu.batch_trace import FIELDS, format_rows, summarize
 

@@ -14,6 +14,8 @@ CUDA; the torch paths dequantise by the format's reference).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -136,6 +138,9 @@ class FusedBackend(StepCapture, ExpertBackend):
         pass
 
     def before_replay(self, layer: int, tokens: int) -> None:
+        pass
+
+    def before_step(self, items: Sequence[tuple[int, int]]) -> None:
         pass
 
     def replay_failed(self) -> None:

@@ -20,7 +20,7 @@ a replay that fails lets the backend release the batch it queued (``replay_faile
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -36,6 +36,7 @@ class GraphHost(Protocol):
     def capture_begin(self) -> None: ...
     def capture_end(self) -> None: ...
     def before_replay(self, layer: int, tokens: int) -> None: ...
+    def before_step(self, items: Sequence[tuple[int, int]]) -> None: ...
     def replay_failed(self) -> None: ...
 
 
@@ -138,9 +139,9 @@ class LayerGraphs:
         host.capture_end()
 
     def before_step_replay(self, host: GraphHost, tokens: int) -> None:
-        """The host's share of each layer of a captured step, in layer order, before the step replays."""
-        for layer, t in self._steps.get(tokens, ()):
-            host.before_replay(layer, t)
+        """The host's share of every layer of a captured step, in layer order and in one call, before the step
+        replays."""
+        host.before_step(self._steps.get(tokens, []))
         self.replays += 1
 
     def clear(self) -> None:

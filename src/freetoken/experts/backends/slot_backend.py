@@ -161,6 +161,12 @@ class SlotBackend(StepCapture, ExpertBackend):
             self.cpu.push_replay(layer, tokens)
         self.counters.layer_steps += 1
 
+    def before_step(self, items: Sequence[tuple[int, int]]) -> None:
+        """The host's share of a replayed step's layers ((layer, tokens)): every CPU batch queued in one call."""
+        if self.cpu is not None and items:
+            self.cpu.push_replay_many(items)
+        self.counters.layer_steps += len(items)
+
     def replay_failed(self) -> None:
         if self.cpu is not None:
             self.cpu.cancel_replay()

@@ -50,11 +50,30 @@ Feeder::~Feeder() {
   thread_.join();
 }
 
+namespace {
+bool valid(const FtQueuedArgs& a) {
+  if (a.T < 0 || a.k < 1 || a.D <= 0 || a.I <= 0 || !a.ready_flag || !a.done_flag) return false;
+  if (a.mode != 0 && a.mode != 1) return false;
+  return a.T == 0 || (a.x && a.codes && a.w && a.out && a.gate_up && a.down);
+}
+}  // namespace
+
 int Feeder::push(const FtQueuedArgs& a) {
-  if (a.T < 0 || a.k < 1 || a.D <= 0 || a.I <= 0 || !a.ready_flag || !a.done_flag) return -2;
-  if (a.mode != 0 && a.mode != 1) return -2;
-  if (a.T > 0 && (!a.x || !a.codes || !a.w || !a.out || !a.gate_up || !a.down)) return -2;
+  if (!valid(a)) return -2;
   batches_.push(a);
+  return 0;
+}
+
+int Feeder::push_many(const FtQueuedArgs* const* args, const int64_t* tokens, int64_t n) {
+  if (n < 0 || (n > 0 && (!args || !tokens))) return -2;
+  many_.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    if (!args[i]) return -2;
+    many_[i] = *args[i];
+    many_[i].T = tokens[i];
+    if (!valid(many_[i])) return -2;
+  }
+  batches_.push_many(many_.data(), n);
   return 0;
 }
 

@@ -57,6 +57,9 @@ class Feeder {
 
   // 0 queued; -2 bad dimensions or null pointers (nothing queued).
   int push(const FtQueuedArgs& a);
+  // Copies of n checked batches with tokens[i] rows each, queued in order at once; -2 (nothing queued) if any
+  // is bad. Called from one thread at a time (the engine's).
+  int push_many(const FtQueuedArgs* const* args, const int64_t* tokens, int64_t n);
   // Blocks until every queued batch is done (their ready flags must come).
   void drain();
   int64_t pending() const { return batches_.pending(); }
@@ -81,6 +84,7 @@ class Feeder {
 
   RunFn run_;
   const int64_t spin_ns_;
+  std::vector<FtQueuedArgs> many_;  // push_many's copies (reused)
   JobQueue<FtQueuedArgs> batches_;  // queued + running; hot mirrors its count
   std::atomic<int> error_{0};
   std::vector<int32_t> tok_;  // the batch's routes, decoded from its codes (feeder thread only)

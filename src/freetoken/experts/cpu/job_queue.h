@@ -22,11 +22,15 @@ class JobQueue {
   // hot (optional): mirrors pending() too (the worker pool spins longer while it is > 0).
   explicit JobQueue(std::atomic<int64_t>* hot = nullptr) : hot_(hot) {}
 
-  void push(const Job& j) {
+  void push(const Job& j) { push_many(&j, 1); }
+
+  // n jobs in order under one lock and one wake-up (a replayed step's layers at once).
+  void push_many(const Job* jobs, int64_t n) {
+    if (n <= 0) return;
     {
       std::lock_guard<std::mutex> lk(mu_);
-      queue_.push_back(j);
-      count(1);
+      queue_.insert(queue_.end(), jobs, jobs + n);
+      count(n);
     }
     cv_work_.notify_one();
   }

@@ -242,6 +242,16 @@ int ft_moe_enqueue(void* k, const FtQueuedArgs* args) {
   }
 }
 
+// Queues n batches at once, batch i as *args[i] with tokens[i] rows (a replayed step's layers: one call per
+// step). 0 queued; -2 (nothing queued) if any is bad; -6 out of memory.
+int ft_moe_enqueue_many(void* k, const FtQueuedArgs* const* args, const int64_t* tokens, int64_t n) {
+  try {
+    return static_cast<ft::Kernel*>(k)->feeder().push_many(args, tokens, n);
+  } catch (const std::bad_alloc&) {
+    return -6;
+  }
+}
+
 // Blocks until every queued batch is done. ft_queue_pending: queued + running batches.
 void ft_queue_drain(void* k) { static_cast<ft::Kernel*>(k)->feeder().drain(); }
 int64_t ft_queue_pending(void* k) { return static_cast<ft::Kernel*>(k)->feeder().pending(); }

@@ -15,6 +15,7 @@ import ctypes
 import functools
 import warnings
 import weakref
+from collections.abc import Sequence
 
 import torch
 
@@ -40,6 +41,19 @@ SPIN_MIN_CORES = 8
 DEFAULT_SPIN_US = 50
 
 
+class PreparedBatches:
+    """Checked batches (``enqueue``'s or ``toggle_flags``' arguments) and their token counts as the C arrays
+    ``enqueue_many`` passes: built once per replayed step shape, queued many times. Keeps ``args`` alive."""
+
+    def __init__(self, args: Sequence[QueuedArgs], tokens: Sequence[int]) -> None:
+        if len(args) != len(tokens):
+            raise ValueError(f"{len(args)} batches but {len(tokens)} token counts")
+        self.args = list(args)
+        self.n = len(self.args)
+        self.ptrs = (ctypes.c_void_p * max(1, self.n))(*[ctypes.addressof(a) for a in self.args])
+        self.tokens = (ctypes.c_int64 * max(1, self.n))(*[int(t) for t in tokens])
+
+
 @functools.lru_cache(maxsize=1)
 def load_library() -> ctypes.CDLL | None:
     """The built kernel library, or None (warned once) when it cannot be built here."""
@@ -59,6 +73,7 @@ def load_library() -> ctypes.CDLL | None:
     lib.ft_moe_submit.argtypes, lib.ft_moe_submit.restype = [vp, ctypes.POINTER(MoeArgs)], i32
     lib.ft_wait.argtypes, lib.ft_wait.restype = [vp, i32], None
     lib.ft_moe_enqueue.argtypes, lib.ft_moe_enqueue.restype = [vp, ctypes.POINTER(QueuedArgs)], i32
+    lib.ft_moe_enqueue_many.argtypes, lib.ft_moe_enqueue_many.restype = [vp, vp, vp, i64], i32
     lib.ft_queue_drain.argtypes, lib.ft_queue_drain.restype = [vp], None
     lib.ft_queue_pending.argtypes, lib.ft_queue_pending.restype = [vp], i64
     lib.ft_queue_error.argtypes, lib.ft_queue_error.restype = [vp], i32
@@ -255,6 +270,15 @@ class CpuExpertKernel:
             raise RuntimeError("queued batches need the native kernel (this one is the torch fallback)")
         args.T, args.ready_value, args.done_value = tokens, ready_value & 0xFFFFFFFF, done_value & 0xFFFFFFFF
         rc = self._lib.ft_moe_enqueue(self._pool, ctypes.byref(args))
+        if rc != 0:
+            raise ValueError(ERRORS.get(rc, f"kernel error {rc}"))
+
+    def enqueue_many(self, batch: PreparedBatches) -> None:
+        """Queue every batch of ``batch`` at once, in order (one C call: a replayed step's layers). Their flag
+        values are the ones they hold (toggle batches: 1 and 1)."""
+        if self._pool is None or self._lib is None:
+            raise RuntimeError("queued batches need the native kernel (this one is the torch fallback)")
+        rc = self._lib.ft_moe_enqueue_many(self._pool, batch.ptrs, batch.tokens, batch.n)
         if rc != 0:
             raise ValueError(ERRORS.get(rc, f"kernel error {rc}"))
 

@@ -16,6 +16,7 @@ is back.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -188,6 +189,10 @@ class CpuExpertRunner:
     def push_replay(self, layer: int, tokens: int) -> None:
         assert self._streamed is not None
         self._streamed.push_replay(layer, tokens)
+
+    def push_replay_many(self, items: Sequence[tuple[int, int]]) -> None:
+        assert self._streamed is not None
+        self._streamed.push_replay_many(items)
 
     def cancel_replay(self) -> None:
         if self._streamed is not None:

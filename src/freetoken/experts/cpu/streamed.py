@@ -23,12 +23,13 @@ add. Branch timings come from the feeder's per-layer stats, read at the next ste
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from freetoken.experts.cpu.kernel import CpuExpertKernel
+from freetoken.experts.cpu.kernel import CpuExpertKernel, PreparedBatches
 from freetoken.experts.cpu.stream_ops import StreamOps
 from freetoken.experts.host_pool import HostExpertPool, mapped_device_view
 
@@ -76,6 +77,7 @@ class StreamedCpuBranch:
         self.done_t = torch.zeros(1, dtype=i32, pin_memory=True)
         self._ready_t_ptr, self._done_t_ptr = ops.device_ptr(self.ready_t), ops.device_ptr(self.done_t)
         self._toggle_args: list[Any] = [None] * L
+        self._steps: dict[tuple[tuple[int, int], ...], PreparedBatches] = {}  # push_replay_many's, per step shape
         self._replayed: set[int] = set()  # layers queued by push_replay since the last collect
         self.seq = 0
         self._last = [0] * L  # sequence number of each layer's latest batch
@@ -129,12 +131,28 @@ class StreamedCpuBranch:
 
     def push_replay(self, layer: int, tokens: int) -> None:
         """Queue the batch a captured layer's graph is about to start (call right before its replay)."""
+        self.kernel.enqueue_prepared(self._toggle(layer), tokens, 1, 1)
+        self._replayed.add(layer)
+
+    def push_replay_many(self, items: Sequence[tuple[int, int]]) -> None:
+        """Queue the batches of a captured step's layers ((layer, tokens), in layer order) in one kernel call,
+        right before the step's replay."""
+        key = tuple(items)
+        batch = self._steps.get(key)
+        if batch is None:
+            batch = PreparedBatches([self._toggle(layer) for layer, _ in key], [t for _, t in key])
+            self._steps[key] = batch
+        self.kernel.enqueue_many(batch)
+        self._replayed.update(layer for layer, _ in key)
+
+    def _toggle(self, layer: int) -> Any:
+        """The layer's batch on the toggle flags (ready = done = 1: the values a replayed graph writes)."""
         args = self._toggle_args[layer]
         if args is None:
             args = self.kernel.toggle_flags(self._args[layer], self.ready_t, self.done_t, self.stats_t[layer])
+            args.ready_value = args.done_value = 1
             self._toggle_args[layer] = args
-        self.kernel.enqueue_prepared(args, tokens, 1, 1)
-        self._replayed.add(layer)
+        return args
 
     def cancel_replay(self) -> None:
         """A replay failed after ``push_replay``: release its queued batch and re-arm the toggle pair."""
