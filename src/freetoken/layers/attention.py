@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from freetoken.cache.kv_pool import KVPool
 from freetoken.experts.triton_support import triton_available
+from freetoken.layers import cpu_step
 from freetoken.layers.norm import rms_norm
 from freetoken.layers.paged_attention import DecodeMeta, PrefillMeta, decode_attention, prefill_attention
 from freetoken.layers.rope import Rotary
@@ -125,6 +126,8 @@ class Attention:
                 qkv, batch.positions, batch.slot_mapping, r.cos, r.sin, w.q_norm, w.k_norm,
                 k_cache, v_cache, self.h, self.hkv, self.hd, self.eps,
             )  # fmt: skip
+        elif batch.decode is not None and self._fused_rope and cpu_step.available(qkv) and k_cache.dtype == qkv.dtype:
+            return self._out(x, self._decode_cpu(qkv, batch, batch.decode, k_cache, v_cache))
         else:
             qh = self._qkv_torch(qkv, batch, k_cache, v_cache)
         if batch.decode is not None:
@@ -133,6 +136,17 @@ class Attention:
         assert batch.prefill is not None, "a step is a decode step or has prefill metadata"
         out = prefill_attention(qh.to(k_cache.dtype), k_cache, v_cache, batch.prefill, self.scale, self.window)
         return self._out(x, out.to(x.dtype))
+
+    def _decode_cpu(
+        self, qkv: torch.Tensor, batch: AttnBatch, d: DecodeMeta, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """A float32 CPU decode step's q/k norms, rotary, KV write and attention in one C++ call -> [B, H, hd]."""
+        w, r = self.w, self.rotary
+        out = cpu_step.decode_attention(
+            qkv, (self.h, self.hkv, self.hd), (w.q_norm, w.k_norm, self.eps), (r.cos, r.sin), batch.positions,
+            batch.slot_mapping, (k_cache, v_cache), d.block_table, d.seq_lens, d.page_size, self.scale, self.window,
+        )  # fmt: skip
+        return out.view(qkv.shape[0], self.h, self.hd)
 
     def _out(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out [T, H, hd] -> [T, D]: the output gate if any, then o_proj."""

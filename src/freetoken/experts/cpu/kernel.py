@@ -58,6 +58,7 @@ def load_library() -> ctypes.CDLL | None:
     lib.ft_pool_set_rows.argtypes, lib.ft_pool_set_rows.restype = [vp, i64], i32
     lib.ft_moe_submit.argtypes, lib.ft_moe_submit.restype = [vp, ctypes.POINTER(MoeArgs)], i32
     lib.ft_wait.argtypes, lib.ft_wait.restype = [vp, i32], None
+    lib.ft_moe_run_inline.argtypes, lib.ft_moe_run_inline.restype = [vp, ctypes.POINTER(MoeArgs)], i32
     lib.ft_moe_enqueue.argtypes, lib.ft_moe_enqueue.restype = [vp, ctypes.POINTER(QueuedArgs)], i32
     lib.ft_queue_drain.argtypes, lib.ft_queue_drain.restype = [vp], None
     lib.ft_queue_pending.argtypes, lib.ft_queue_pending.restype = [vp], i64
@@ -99,6 +100,7 @@ class CpuExpertKernel:
         spin_us: int | None = None,
         caller_helps: bool = True,
         rows: int | None = None,
+        inline_routes: int = 0,
     ) -> None:
         n = default_kernel_threads() if num_threads is None else int(num_threads)
         if n < 1:
@@ -107,6 +109,7 @@ class CpuExpertKernel:
             raise ValueError(f"isa must be 'auto' or one of {ISAS}, got {isa!r}")
         self.num_threads = n
         self.caller_helps = caller_helps
+        self.inline_routes = inline_routes
         self._lib = load_library()
         self._pool: int | None = None
         self._inflight: tuple[torch.Tensor, ...] | None = None
@@ -148,11 +151,45 @@ class CpuExpertKernel:
         scales: Scales | None = None,
     ) -> torch.Tensor:
         """Start a batch and return ``out`` at once; its content is valid after ``wait()``."""
+        return self._begin(x, tok, row, weight, gate_up, down, activation, out, scales, inline=False)
+
+    def _begin(
+        self,
+        x: torch.Tensor,
+        tok: torch.Tensor,
+        row: torch.Tensor,
+        weight: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        activation: str,
+        out: torch.Tensor | None,
+        scales: Scales | None,
+        inline: bool,
+    ) -> torch.Tensor:
         if self._inflight is not None:
             raise RuntimeError("the previous batch is still running: call wait() first")
         if self.queued():
             raise RuntimeError("queued batches are pending: call drain() first")
         check_args(x, tok, row, weight, gate_up, down, activation, out, bounds=self._pool is None, scales=scales)
+        out = self._start(x, tok, row, weight, gate_up, down, activation, out, scales, inline)
+        if not inline:  # keep every buffer alive until the workers are done with it
+            self._inflight = (x, tok, row, weight, gate_up, down, out, *(scales or ()))
+        return out
+
+    def _start(
+        self,
+        x: torch.Tensor,
+        tok: torch.Tensor,
+        row: torch.Tensor,
+        weight: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        activation: str,
+        out: torch.Tensor | None,
+        scales: Scales | None,
+        inline: bool,
+    ) -> torch.Tensor:
+        """Checked arguments to the library: started on the workers, or (``inline``) computed on this thread."""
         T, D = x.shape
         if out is None:
             out = torch.empty((T, D), dtype=torch.float32)
@@ -165,13 +202,12 @@ class CpuExpertKernel:
             gate_up.data_ptr(), down.data_ptr(), gate_up.shape[0],
             FORMATS[gate_up.dtype], ACTIVATIONS.index(activation), out.data_ptr(), *scale_ptrs(scales),
         )  # fmt: skip
-        rc = self._lib.ft_moe_submit(self._pool, ctypes.byref(args))
+        call = self._lib.ft_moe_run_inline if inline else self._lib.ft_moe_submit
+        rc = call(self._pool, ctypes.byref(args))
         if rc == -6:
             raise MemoryError(ERRORS[rc])
         if rc != 0:
             raise ValueError(ERRORS.get(rc, f"kernel error {rc}"))
-        # keep every buffer alive until the workers are done with it
-        self._inflight = (x, tok, row, weight, gate_up, down, out, *(scales or ()))
         return out
 
     def wait(self) -> None:
@@ -192,9 +228,12 @@ class CpuExpertKernel:
         out: torch.Tensor | None = None,
         scales: Scales | None = None,
     ) -> torch.Tensor:
-        """Synchronous ``submit`` + ``wait``; returns out float32 [T, D]."""
-        out = self.submit(x, tok, row, weight, gate_up, down, activation, out, scales=scales)
-        self.wait()
+        """Synchronous ``submit`` + ``wait``; returns out float32 [T, D]. Batches of up to ``inline_routes``
+        routes run on the calling thread alone (no worker woken)."""
+        inline = row.shape[0] <= self.inline_routes
+        out = self._begin(x, tok, row, weight, gate_up, down, activation, out, scales, inline)
+        if not inline:
+            self.wait()
         return out
 
     def enqueue(
