@@ -58,6 +58,7 @@ class FusedBackend(StepCapture, ExpertBackend):
         self.scales = None if gs is None or ds is None else (gs, ds)
         self.graphs = LayerGraphs(_GATHER_MAX_ROUTES) if cuda_graphs and device.type == "cuda" else None
         self.kernel: CpuExpertKernel | None = None
+        self._tok: dict[tuple[int, int], torch.Tensor] = {}
         if device.type == "cpu" and banks.activation == "silu":  # the torch paths here compute SiLU experts
             kern = make_kernel(self.gate_up.dtype, cpu_threads)
             if kern is not None and kern.backend == "native":
@@ -112,8 +113,10 @@ class FusedBackend(StepCapture, ExpertBackend):
         """The C++ expert kernel on the banks in place (CPU device); float32 accumulation, like the rest."""
         assert self.kernel is not None
         T, k = topk_ids.shape
-        rows = (topk_ids + layer * self.num_experts).reshape(-1).contiguous()
-        tok = torch.arange(T, dtype=torch.int32).repeat_interleave(k)
+        rows = (topk_ids + layer * self.num_experts).reshape(-1)
+        tok = self._tok.get((T, k))
+        if tok is None:  # each route's token: the same for every layer of a step
+            tok = self._tok.setdefault((T, k), torch.arange(T, dtype=torch.int32).repeat_interleave(k))
         w = topk_w.reshape(-1).float().contiguous()
         out = self.kernel.run(x.float().contiguous(), tok, rows, w, self.gate_up, self.down, scales=self.scales)
         return out.to(x.dtype)

@@ -88,7 +88,9 @@ class CpuExpertKernel:
     never spin on few cores). ``caller_helps``: the thread blocked in ``wait()``/``run()`` computes units too
     (it would only sleep otherwise; on a busy machine it may do the whole batch before a worker is
     scheduled). ``rows``: at batch 1, weight rows each thread streams at once (1, 2 or 4; the AVX2 path caps
-    it at 2; None: ``default_rows``). Results do not depend on the thread count or the rows. Without a
+    it at 2; None: ``default_rows``). ``inline_bytes``: ``run`` computes batches whose routes read at most this
+    many weight bytes on the calling thread alone (0: never). Results do not depend on the thread count, the rows
+    or where a batch runs. Without a
     compiler it falls back to the torch reference (``backend == "torch"``), synchronously.
     """
 
@@ -100,7 +102,7 @@ class CpuExpertKernel:
         spin_us: int | None = None,
         caller_helps: bool = True,
         rows: int | None = None,
-        inline_routes: int = 0,
+        inline_bytes: int = 0,
     ) -> None:
         n = default_kernel_threads() if num_threads is None else int(num_threads)
         if n < 1:
@@ -109,7 +111,7 @@ class CpuExpertKernel:
             raise ValueError(f"isa must be 'auto' or one of {ISAS}, got {isa!r}")
         self.num_threads = n
         self.caller_helps = caller_helps
-        self.inline_routes = inline_routes
+        self.inline_bytes = inline_bytes
         self._lib = load_library()
         self._pool: int | None = None
         self._inflight: tuple[torch.Tensor, ...] | None = None
@@ -228,9 +230,9 @@ class CpuExpertKernel:
         out: torch.Tensor | None = None,
         scales: Scales | None = None,
     ) -> torch.Tensor:
-        """Synchronous ``submit`` + ``wait``; returns out float32 [T, D]. Batches of up to ``inline_routes``
-        routes run on the calling thread alone (no worker woken)."""
-        inline = row.shape[0] <= self.inline_routes
+        """Synchronous ``submit`` + ``wait``; returns out float32 [T, D]. Batches reading up to ``inline_bytes`` of
+        weights run on the calling thread alone (no worker woken)."""
+        inline = row.shape[0] * (gate_up[0].nbytes + down[0].nbytes) <= self.inline_bytes
         out = self._begin(x, tok, row, weight, gate_up, down, activation, out, scales, inline)
         if not inline:
             self.wait()
