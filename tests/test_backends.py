@@ -411,3 +411,22 @@ def test_fused_grouped_gemm_over_pool_rows(T: int) -> None:
     for layer in range(3):
         ref = moe_reference(x, ids + layer * 12, w, banks.gate_up, banks.down)
         torch.testing.assert_close(fused._grouped(layer, x, ids, w), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_cpu_float32_steps_keep_bf16_banks_with_the_same_bits() -> None:
+    """A bf16 checkpoint under float32 steps on a CPU: the banks stay bf16 for the C++ kernel's widening path,
+    which gives the bits of float32 banks (decode-sized steps) and the torch paths widen per expert (larger ones)."""
+    banks = make_banks(2, 16, seed=5)
+    bf = ExpertBanks(banks.gate_up.bfloat16(), banks.down.bfloat16(), 2, 16)
+    wide = ExpertBanks(bf.gate_up.float(), bf.down.float(), 2, 16)
+    cpu, cfg = torch.device("cpu"), EngineConfig(moe_backend="fused")
+    kept, widened = create_backend(cfg, bf, cpu, torch.float32), create_backend(cfg, wide, cpu, torch.float32)
+    if kept.kernel is None:  # type: ignore[attr-defined]
+        pytest.skip("no C++ compiler: the native kernel cannot be built here")
+    assert kept.gate_up.dtype == torch.bfloat16 and widened.gate_up.dtype == torch.float32  # type: ignore[attr-defined]
+    g = torch.Generator().manual_seed(0)
+    for T in (1, 4, 40):  # the kernel's steps, then per-expert matmuls
+        x = torch.randn(T, D, generator=g)
+        ids, w = random_routing(T, 16, g, cpu)
+        out = kept.forward(1, x, ids, w)
+        assert out.dtype == torch.float32 and torch.equal(out, widened.forward(1, x, ids, w))

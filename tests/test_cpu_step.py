@@ -1,6 +1,7 @@
 """The CPU decode step's C++ ops (``layers/cpu_step``) against their torch references in float32: the residual
-add + RMSNorm, and a decode layer's attention (q/k norms, rotary, KV write, paged attention: GQA, windows,
-partial rotary, pages scattered over the pool, lengths across page edges); bad metadata is refused."""
+add + RMSNorm, the router's softmax + top-k, and a decode layer's attention (q/k norms, rotary, KV write, paged
+attention: GQA, windows, partial rotary, pages scattered over the pool, lengths across page edges); bad metadata
+is refused."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from freetoken.checkpoint.hf_config import RopeConfig
 from freetoken.layers import cpu_step
 from freetoken.layers.attention import Attention, AttentionWeights, AttnBatch
+from freetoken.layers.moe import route_reference
 from freetoken.layers.norm import rms_norm_reference
 from freetoken.layers.paged_attention import DecodeMeta
 from freetoken.layers.paged_attention.reference import paged_decode_reference
@@ -40,6 +42,19 @@ def test_norm_takes_only_contiguous_float32_rows() -> None:
     assert not cpu_step.norm_takes(x.t(), torch.randn(2))
     assert not cpu_step.norm_takes(x[None], w)
     assert not cpu_step.norm_takes(x, torch.randn(1))
+
+
+@pytest.mark.parametrize("T,E,k,norm", [(1, 16, 4, True), (5, 64, 8, False), (3, 7, 7, True), (2, 128, 1, False)])
+def test_route_matches_the_reference(T: int, E: int, k: int, norm: bool) -> None:
+    logits = torch.randn(T, E, generator=torch.Generator().manual_seed(E)) * 3
+    ids, w = cpu_step.route(logits, k, norm)
+    ref_ids, ref_w = route_reference(logits, k, norm, torch.float32)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(w, ref_w, rtol=1e-6, atol=1e-7)
+    tied = torch.zeros(1, E)  # ties: the lower expert first
+    assert cpu_step.route(tied, k, norm)[0].tolist() == [list(range(k))]
+    with pytest.raises(ValueError, match="top_k"):
+        cpu_step.route(logits, E + 1, norm)
 
 
 def _pages(lens: list[int], g: torch.Generator) -> tuple[torch.Tensor, int]:

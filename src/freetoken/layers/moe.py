@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from freetoken.experts.base import ExpertBackend
 from freetoken.experts.triton_support import triton_available
+from freetoken.layers import cpu_step
 from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.routing_trace import RoutingTrace
 
@@ -34,7 +35,10 @@ class MoELayer:
             probs = F.softmax(F.linear(x, self.router), dim=-1, dtype=torch.float32)  # [T, E]
             ids, w = self.trace.route(self.moe_index, probs, self.norm_topk_prob)
             return ids, w.to(x.dtype).to(torch.float32)
-        return route_reference(F.linear(x, self.router), self.top_k, self.norm_topk_prob, x.dtype)
+        logits = F.linear(x, self.router)
+        if cpu_step.available(logits):  # float32 on a CPU: one C++ call
+            return cpu_step.route(logits, self.top_k, self.norm_topk_prob)
+        return route_reference(logits, self.top_k, self.norm_topk_prob, x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ids, w = self.route(x)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from freetoken.config import EngineConfig
 from freetoken.experts.backends.layer_graphs import LayerGraphs, StepCapture
 from freetoken.experts.base import ExpertBackend, ExpertBanks
-from freetoken.experts.cpu.kernel import CpuExpertKernel
+from freetoken.experts.cpu.kernel import CpuExpertKernel, widening_isa
 from freetoken.experts.cpu.runner import make_kernel
 from freetoken.experts.reference import moe_reference
 from freetoken.experts.slots.gemm import SlotWeights, grouped_experts
@@ -51,20 +51,24 @@ class FusedBackend(StepCapture, ExpertBackend):
         self.num_experts = banks.num_experts
         self.fmt = banks.fmt
         wdtype = None if banks.fmt.quantized else dtype  # packed banks keep their dtype
+        self.kernel: CpuExpertKernel | None = None
+        if device.type == "cpu" and banks.activation == "silu":  # the torch paths here compute SiLU experts
+            # float32 steps on bf16 banks keep them bf16 for the kernel's widening path: the bits of float32
+            # banks from half the bytes (its dot-product path splits x, so is not taken)
+            keep = dtype == torch.float32 and banks.gate_up.dtype == torch.bfloat16 and not banks.fmt.quantized
+            bank_dtype = banks.gate_up.dtype if keep or wdtype is None else dtype
+            kern = make_kernel(bank_dtype, cpu_threads, widening_isa() if keep else "auto")
+            if kern is not None and kern.backend == "native":
+                self.kernel, wdtype = kern, torch.bfloat16 if keep else wdtype
+            elif kern is not None:
+                kern.close()
         self.gate_up = banks.gate_up.to(device=device, dtype=wdtype)
         self.down = banks.down.to(device=device, dtype=wdtype)
         gs, ds = (None if t is None else t.to(device) for t in (banks.gate_up_scale, banks.down_scale))
         self.weights = SlotWeights(self.gate_up, self.down, banks.fmt, gs, ds)
         self.scales = None if gs is None or ds is None else (gs, ds)
         self.graphs = LayerGraphs(_GATHER_MAX_ROUTES) if cuda_graphs and device.type == "cuda" else None
-        self.kernel: CpuExpertKernel | None = None
         self._tok: dict[tuple[int, int], torch.Tensor] = {}
-        if device.type == "cpu" and banks.activation == "silu":  # the torch paths here compute SiLU experts
-            kern = make_kernel(self.gate_up.dtype, cpu_threads)
-            if kern is not None and kern.backend == "native":
-                self.kernel = kern
-            elif kern is not None:
-                kern.close()
 
     def forward(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
@@ -87,10 +91,10 @@ class FusedBackend(StepCapture, ExpertBackend):
         T, k = rows.shape
         flat = rows.reshape(-1)
         xs = x.repeat_interleave(k, dim=0).unsqueeze(-1)  # [T*k, D, 1]
-        gu = torch.bmm(self.gate_up[flat], xs).squeeze(-1)  # [T*k, 2I]
+        gu = torch.bmm(self.gate_up[flat].to(x.dtype), xs).squeeze(-1)  # [T*k, 2I] (CPU bf16 banks: widened)
         gate, up = gu.chunk(2, dim=-1)
         h = (F.silu(gate) * up).unsqueeze(-1)  # [T*k, I, 1]
-        y = torch.bmm(self.down[flat], h).squeeze(-1).float()  # [T*k, D]
+        y = torch.bmm(self.down[flat].to(x.dtype), h).squeeze(-1).float()  # [T*k, D]
         y = (y * topk_w.reshape(-1, 1).float()).view(T, k, -1).sum(dim=1)
         return y.to(x.dtype)
 

@@ -70,6 +70,14 @@ def load_library() -> ctypes.CDLL | None:
     return lib
 
 
+def widening_isa() -> str:
+    """The best ISA whose bf16 banks widen to float32 exactly (the same bits as float32 banks): the best one but
+    AVX512-BF16, whose dot-product path splits the float32 operand into two bf16 halves."""
+    lib = load_library()
+    best = ISAS[lib.ft_best_isa()] if lib is not None else "generic"
+    return "avx512" if best == "avx512bf16" else best
+
+
 ROW_BLOCKS = (1, 2, 4)  # batch-1 weight rows streamed at once per thread (CpuExpertKernel rows)
 
 

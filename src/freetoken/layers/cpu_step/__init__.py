@@ -1,8 +1,9 @@
-"""The CPU decode step's small float32 ops in C++ (``step_ops.cpp``, ctypes): the residual add + RMSNorm, and a
-decode layer's attention after its QKV projection (q/k norms, rotary, the KV write, paged attention) in one call
-each, where the torch references (``layers/norm.py``, ``layers/rope.py``, ``layers/paged_attention``) take dozens
-of tiny ops whose dispatch, not their arithmetic, sets a CPU decode step's pace. ``available(t)`` says whether a
-tensor's step may take them: contiguous CPU float32, the library built (else the torch paths run, warned once).
+"""The CPU decode step's small float32 ops in C++ (``step_ops.cpp``, ctypes): the residual add + RMSNorm, the
+router's softmax + top-k, and a decode layer's attention after its QKV projection (q/k norms, rotary, the KV
+write, paged attention) in one call each, where the torch references (``layers/norm.py``, ``layers/moe.py``,
+``layers/rope.py``, ``layers/paged_attention``) take dozens of tiny ops whose dispatch, not their arithmetic, sets
+a CPU decode step's pace. ``available(t)`` says whether a tensor's step may take them: contiguous CPU float32, the
+library built (else the torch paths run, warned once).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def _lib() -> ctypes.CDLL | None:
         return None
     lib.ft_add_rms_norm.argtypes = [_P, _P, _P, _P, _P, _I64, _I64, _F]
     lib.ft_add_rms_norm.restype = None
+    lib.ft_route.argtypes = [_P, _I64, _I64, _I64, ctypes.c_int, _P, _P]
+    lib.ft_route.restype = None
     lib.ft_decode_attention.argtypes = [ctypes.POINTER(DecodeAttnArgs)]
     lib.ft_decode_attention.restype = ctypes.c_int
     return lib
@@ -73,6 +76,20 @@ def add_rms_norm(
     s = torch.empty_like(h)
     lib.ft_add_rms_norm(h.data_ptr(), delta.data_ptr(), weight.data_ptr(), s.data_ptr(), y.data_ptr(), T, D, eps)
     return s, y
+
+
+def route(logits: torch.Tensor, top_k: int, norm_topk: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [T, E] float32 (``available``) -> (ids [T, k] int64, weights [T, k] float32): softmax, top k
+    (descending), renormalised when asked; ``layers/moe.route_reference`` in one call."""
+    lib = _lib()
+    assert lib is not None, "call available() first"
+    T, E = logits.shape
+    if not 0 < top_k <= E:
+        raise ValueError(f"top_k must be in [1, {E}], got {top_k}")
+    ids = torch.empty((T, top_k), dtype=torch.int64)
+    w = torch.empty((T, top_k), dtype=torch.float32)
+    lib.ft_route(logits.data_ptr(), T, E, top_k, int(norm_topk), ids.data_ptr(), w.data_ptr())
+    return ids, w
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:

@@ -60,6 +60,30 @@ void ft_add_rms_norm(const float* h, const float* delta, const float* w, float* 
   }
 }
 
+// Router logits [T, E] -> the top k of softmax(logits) per row, descending (ties: the lower expert first):
+// ids [T, k] int64, weights [T, k] float32, renormalised to sum 1 when norm != 0.
+void ft_route(const float* logits, int64_t T, int64_t E, int64_t k, int norm, int64_t* ids, float* w) {
+  std::vector<float> p(E);
+  std::vector<char> taken(E);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* l = logits + t * E;
+    float mx = -INFINITY, sum = 0.f;
+    for (int64_t e = 0; e < E; ++e) mx = l[e] > mx ? l[e] : mx;
+    for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(l[e] - mx));
+    for (int64_t e = 0; e < E; ++e) p[e] /= sum, taken[e] = 0;
+    float picked = 0.f;
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < E; ++e)
+        if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
+      taken[best] = 1;
+      ids[t * k + j] = best, w[t * k + j] = p[best], picked += p[best];
+    }
+    if (norm)
+      for (int64_t j = 0; j < k; ++j) w[t * k + j] /= picked;
+  }
+}
+
 struct DecodeAttnArgs {
   float* qkv;               // [B, (H + 2 Hkv) hd], rewritten in place (normed, rotated q and k)
   int64_t B, H, Hkv, hd, rot;
