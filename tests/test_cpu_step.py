@@ -57,6 +57,20 @@ def test_route_matches_the_reference(T: int, E: int, k: int, norm: bool) -> None
         cpu_step.route(logits, E + 1, norm)
 
 
+@pytest.mark.parametrize("T,I,O", [(1, 256, 512), (3, 100, 7), (8, 16, 2048), (9, 64, 64)])
+def test_bf16_linear_matches_f_linear(T: int, I: int, O: int) -> None:
+    g = torch.Generator().manual_seed(T * I + O)
+    w = torch.randn(O, I, generator=g).bfloat16().float()  # a bf16 checkpoint's weight under float32 steps
+    x, b = torch.randn(T, I, generator=g), torch.randn(O, generator=g)
+    w16 = cpu_step.bf16_copy(w)
+    assert w16 is not None and w16.dtype == torch.bfloat16
+    for bias in (None, b):
+        out = cpu_step.linear(x, w, w16, bias)  # T > LINEAR_ROWS: F.linear itself
+        torch.testing.assert_close(out, torch.nn.functional.linear(x, w, bias), rtol=1e-5, atol=1e-5)
+    assert cpu_step.bf16_copy(w + 1e-3) is None  # not every value a bf16: no copy, F.linear
+    assert cpu_step.bf16_copy(w.double()) is None
+
+
 def _pages(lens: list[int], g: torch.Generator) -> tuple[torch.Tensor, int]:
     """A page table [B, P] of each sequence's pages scattered over the pool in random order, and the pool's pages."""
     each = [math.ceil(n / PAGE) for n in lens]

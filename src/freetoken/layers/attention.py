@@ -84,6 +84,8 @@ class Attention:
             [b if b is not None else torch.zeros(n, dtype=w.q.dtype, device=w.q.device)
              for b, n in zip(biases, (nq, nk, nk), strict=True)]
         )  # fmt: skip
+        # float32 CPU decode steps on a bf16 checkpoint read bf16 copies of the projections (cpu_step.linear)
+        self.qkv_w16, self.o_w16 = cpu_step.bf16_copy(self.qkv_w), cpu_step.bf16_copy(w.o)
         # The fused q/k-norm + rotary + KV-write kernel takes per-head norms (or none) and no clipping.
         per_head = all(n is None or n.numel() == head_dim for n in (w.q_norm, w.k_norm))
         self._fused_rope = per_head and clip_qkv is None
@@ -116,7 +118,7 @@ class Attention:
 
     def forward(self, x: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
         w = self.w
-        qkv = F.linear(x, self.qkv_w, self.qkv_b)
+        qkv = cpu_step.linear(x, self.qkv_w, self.qkv_w16, self.qkv_b)
         k_cache, v_cache = kv.k[self.layer], kv.v[self.layer]
         if self._fused_rope and x.is_cuda and triton_available():
             from freetoken.layers.qkv_rope_triton import qkv_rope_triton
@@ -154,4 +156,4 @@ class Attention:
         flat = out.reshape(x.shape[0], self.h * self.hd)
         if w.gate is not None:
             flat = flat * torch.sigmoid(F.linear(x, w.gate))
-        return F.linear(flat, w.o, w.o_bias)
+        return cpu_step.linear(flat, w.o, self.o_w16, w.o_bias)

@@ -37,6 +37,14 @@ _KERNEL_ROUTES_PER_EXPERT = 4
 _ONE_LAUNCH_GROUPING = 64
 
 
+def _bf16_valued(*banks: torch.Tensor) -> bool:
+    """Whether every value of these banks is a bf16 (a bf16 checkpoint, perhaps loaded in float32); checked one expert
+    at a time, so other banks stop at their first expert."""
+    if any(b.dtype == torch.bfloat16 for b in banks):
+        return all(b.dtype == torch.bfloat16 for b in banks)
+    return all(b.dtype == torch.float32 and all(torch.equal(e, e.bfloat16().float()) for e in b) for b in banks)
+
+
 class FusedBackend(StepCapture, ExpertBackend):
     name = "fused"
 
@@ -53,9 +61,9 @@ class FusedBackend(StepCapture, ExpertBackend):
         wdtype = None if banks.fmt.quantized else dtype  # packed banks keep their dtype
         self.kernel: CpuExpertKernel | None = None
         if device.type == "cpu" and banks.activation == "silu":  # the torch paths here compute SiLU experts
-            # float32 steps on bf16 banks keep them bf16 for the kernel's widening path: the bits of float32
-            # banks from half the bytes (its dot-product path splits x, so is not taken)
-            keep = dtype == torch.float32 and banks.gate_up.dtype == torch.bfloat16 and not banks.fmt.quantized
+            # float32 steps on bf16 values keep the banks in bf16 for the kernel's widening path: the bits of
+            # float32 banks from half the bytes (its dot-product path splits x, so is not taken)
+            keep = dtype == torch.float32 and not banks.fmt.quantized and _bf16_valued(banks.gate_up, banks.down)
             bank_dtype = banks.gate_up.dtype if keep or wdtype is None else dtype
             kern = make_kernel(bank_dtype, cpu_threads, widening_isa() if keep else "auto")
             if kern is not None and kern.backend == "native":

@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 _SRC = Path(__file__).resolve().parent / "step_ops.cpp"
 _FLAGS = ("-ffp-contract=off",)  # no FMA the torch references do not have
@@ -41,6 +42,8 @@ def _lib() -> ctypes.CDLL | None:
         return None
     lib.ft_add_rms_norm.argtypes = [_P, _P, _P, _P, _P, _I64, _I64, _F]
     lib.ft_add_rms_norm.restype = None
+    lib.ft_linear_bf16.argtypes = [_P, _I64, _I64, _P, _I64, _P]
+    lib.ft_linear_bf16.restype = None
     lib.ft_route.argtypes = [_P, _I64, _I64, _I64, ctypes.c_int, _P, _P]
     lib.ft_route.restype = None
     lib.ft_decode_attention.argtypes = [ctypes.POINTER(DecodeAttnArgs)]
@@ -76,6 +79,34 @@ def add_rms_norm(
     s = torch.empty_like(h)
     lib.ft_add_rms_norm(h.data_ptr(), delta.data_ptr(), weight.data_ptr(), s.data_ptr(), y.data_ptr(), T, D, eps)
     return s, y
+
+
+# Steps of up to this many rows take the bf16 weight copies (each row reads the weights again); larger ones F.linear.
+LINEAR_ROWS = 8
+
+
+def bf16_copy(w: torch.Tensor) -> torch.Tensor | None:
+    """A bf16 copy of a contiguous CPU float32 weight every value of which is a bf16 (a bf16 checkpoint under float32
+    steps), for ``linear``; None otherwise (CUDA, other dtypes, other values, no library)."""
+    if w.dim() != 2 or not available(w):
+        return None
+    half = w.bfloat16()
+    return half if torch.equal(w, half.float()) else None
+
+
+def linear(
+    x: torch.Tensor, w: torch.Tensor, w16: torch.Tensor | None, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``F.linear(x, w, bias)``; decode-sized float32 CPU steps read ``w16`` (``bf16_copy(w)``) instead, half the
+    bytes of ``w`` and the same values (the products exact, the sums in another order)."""
+    if w16 is None or x.dim() != 2 or x.shape[0] > LINEAR_ROWS or not available(x) or x.shape[1] != w16.shape[1]:
+        return F.linear(x, w, bias)
+    lib = _lib()
+    assert lib is not None
+    T, I = x.shape
+    y = torch.empty((T, w16.shape[0]), dtype=torch.float32)
+    lib.ft_linear_bf16(x.data_ptr(), T, I, w16.data_ptr(), w16.shape[0], y.data_ptr())
+    return y if bias is None else y.add_(bias)
 
 
 def route(logits: torch.Tensor, top_k: int, norm_topk: bool) -> tuple[torch.Tensor, torch.Tensor]:

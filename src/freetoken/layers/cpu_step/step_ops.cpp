@@ -6,7 +6,14 @@
 // no product-sum is fused into an FMA the references do not have.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define FT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))  // picked at load time
+#else
+#define FT_CLONES
+#endif
 
 namespace {
 
@@ -44,6 +51,35 @@ inline void norm_rope(float* x, const float* w, float eps, const float* cos, con
 }  // namespace
 
 extern "C" {
+
+// y [T, O] = x [T, I] @ w^T, w [O, I] bf16 (every value widened exactly), float32 products and sums in 16
+// partial sums per row: a bf16 checkpoint's linear under float32 steps from half the bytes.
+FT_CLONES void ft_linear_bf16(const float* x, int64_t T, int64_t I, const uint16_t* w, int64_t O, float* y) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xt = x + t * I;
+    for (int64_t o = 0; o < O; ++o) {
+      const uint16_t* r = w + o * I;
+      float acc[16] = {};
+      int64_t i = 0;
+      for (; i + 16 <= I; i += 16)
+        for (int j = 0; j < 16; ++j) {
+          const uint32_t u = static_cast<uint32_t>(r[i + j]) << 16;
+          float f;
+          std::memcpy(&f, &u, 4);
+          acc[j] += f * xt[i + j];
+        }
+      float s = 0.f;
+      for (; i < I; ++i) {
+        const uint32_t u = static_cast<uint32_t>(r[i]) << 16;
+        float f;
+        std::memcpy(&f, &u, 4);
+        s += f * xt[i];
+      }
+      for (int j = 0; j < 16; ++j) s += acc[j];
+      y[t * O + o] = s;
+    }
+  }
+}
 
 // h, delta, sum, y [T, D]; w [D]. sum = h + delta (delta null: sum unused, y = rms(h)); y = rms(sum).
 void ft_add_rms_norm(const float* h, const float* delta, const float* w, float* sum, float* y, int64_t T, int64_t D,
