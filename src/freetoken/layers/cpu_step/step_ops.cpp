@@ -55,10 +55,10 @@ extern "C" {
 // y [T, O] = x [T, I] @ w^T, w [O, I] bf16 (every value widened exactly), float32 products and sums in 16
 // partial sums per row: a bf16 checkpoint's linear under float32 steps from half the bytes.
 FT_CLONES void ft_linear_bf16(const float* x, int64_t T, int64_t I, const uint16_t* w, int64_t O, float* y) {
-  for (int64_t t = 0; t < T; ++t) {
-    const float* xt = x + t * I;
-    for (int64_t o = 0; o < O; ++o) {
-      const uint16_t* r = w + o * I;
+  for (int64_t o = 0; o < O; ++o) {  // each weight row read from memory once, for every token
+    const uint16_t* r = w + o * I;
+    for (int64_t t = 0; t < T; ++t) {
+      const float* xt = x + t * I;
       float acc[16] = {};
       int64_t i = 0;
       for (; i + 16 <= I; i += 16)
