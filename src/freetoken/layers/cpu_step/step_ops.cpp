@@ -1,9 +1,10 @@
 // The CPU decode step's small float32 ops, one call each instead of dozens of tiny torch ops:
-// the residual add + RMSNorm, and a decode layer's attention after its QKV projection (q/k per-head
-// RMSNorm, rotate-half rotary from the precomputed tables, the new K/V into the paged pool, attention of
-// each sequence's one new token over its pages). Operation order follows the torch references
-// (layers/norm.py, layers/rope.py, layers/paged_attention/reference.py); built with -ffp-contract=off so
-// no product-sum is fused into an FMA the references do not have.
+// the residual add + RMSNorm, the router's softmax + top-k, a linear on bf16 weights widened exactly, and a
+// decode layer's attention after its QKV projection (q/k per-head RMSNorm, rotate-half rotary from the
+// precomputed tables, the new K/V into the paged pool, attention of each sequence's one new token over its
+// pages). Operation order follows the torch references (layers/norm.py, layers/moe.py, layers/rope.py,
+// layers/paged_attention/reference.py); built with -ffp-contract=off so no product-sum is fused into an FMA
+// the references do not have. The hot loops are cloned for AVX-512 and AVX2 (picked when the library loads).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -82,8 +83,8 @@ FT_CLONES void ft_linear_bf16(const float* x, int64_t T, int64_t I, const uint16
 }
 
 // h, delta, sum, y [T, D]; w [D]. sum = h + delta (delta null: sum unused, y = rms(h)); y = rms(sum).
-void ft_add_rms_norm(const float* h, const float* delta, const float* w, float* sum, float* y, int64_t T, int64_t D,
-                     float eps) {
+FT_CLONES void ft_add_rms_norm(const float* h, const float* delta, const float* w, float* sum, float* y, int64_t T,
+                               int64_t D, float eps) {
   for (int64_t t = 0; t < T; ++t) {
     const float* src = h + t * D;
     if (delta) {
@@ -144,7 +145,7 @@ struct DecodeAttnArgs {
 };
 
 // 0, or -1: a position, slot, length or page out of range (nothing is written past the pool).
-int ft_decode_attention(const DecodeAttnArgs* a) {
+FT_CLONES int ft_decode_attention(const DecodeAttnArgs* a) {
   const int64_t H = a->H, Hkv = a->Hkv, hd = a->hd, S = a->page_size;
   const int64_t row = (H + 2 * Hkv) * hd, kv_row = Hkv * hd, group = H / Hkv;
   std::vector<float> tmp(hd), scores;
