@@ -157,3 +157,12 @@ def test_decode_attention_refuses_out_of_range_metadata() -> None:
             qkv, (h, hkv, hd), (None, None, 1e-6), (r.cos, r.sin), base["pos"], base["slot"], (k, v),
             base["table"].long(), base["lens"], PAGE, attn.scale, None,
         )  # fmt: skip
+
+
+def test_without_the_library_the_torch_paths_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = torch.randn(8, 16).bfloat16().float()
+    w16, x = cpu_step.bf16_copy(w), torch.randn(2, 16)
+    monkeypatch.setattr(cpu_step, "_lib", lambda: None)
+    assert not cpu_step.available(x) and cpu_step.bf16_copy(w) is None
+    assert torch.equal(cpu_step.linear(x, w, w16), torch.nn.functional.linear(x, w))
+    assert not cpu_step.norm_takes(x, torch.ones(16))
