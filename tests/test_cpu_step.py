@@ -152,6 +152,11 @@ def test_decode_attention_refuses_out_of_range_metadata() -> None:
                 qkv.clone(), (h, hkv, hd), (None, None, 1e-6), (r.cos, r.sin), a["pos"], a["slot"], (k, v),
                 a["table"], a["lens"], PAGE, attn.scale, None,
             )  # fmt: skip
+    with pytest.raises(ValueError, match="rotary tables"):
+        cpu_step.decode_attention(
+            qkv, (h, hkv, hd), (None, None, 1e-6), (r.cos[:, :-1].contiguous(), r.sin[:, :-1].contiguous()),
+            base["pos"], base["slot"], (k, v), base["table"], base["lens"], PAGE, attn.scale, None,
+        )  # fmt: skip
     with pytest.raises(ValueError, match="block_table"):
         cpu_step.decode_attention(
             qkv, (h, hkv, hd), (None, None, 1e-6), (r.cos, r.sin), base["pos"], base["slot"], (k, v),

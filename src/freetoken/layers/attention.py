@@ -41,6 +41,7 @@ class AttnBatch:
     prefill: PrefillMeta | None = None  # set on the other steps (prefill chunks, mixed steps)
     seqs: list[SeqAttn] = field(default_factory=list)  # the other steps' sequences (linear-attention layers)
     state_slots: torch.Tensor | None = None  # [B] int64 each sequence's recurrent-state slot (linear-attention layers)
+    cpu_checked: bool = False  # the CPU step ops checked this step's metadata in its first layer (``cpu_step``)
 
 
 @dataclass
@@ -147,7 +148,9 @@ class Attention:
         out = cpu_step.decode_attention(
             qkv, (self.h, self.hkv, self.hd), (w.q_norm, w.k_norm, self.eps), (r.cos, r.sin), batch.positions,
             batch.slot_mapping, (k_cache, v_cache), d.block_table, d.seq_lens, d.page_size, self.scale, self.window,
+            batch.cpu_checked,
         )  # fmt: skip
+        batch.cpu_checked = True
         return out.view(qkv.shape[0], self.h, self.hd)
 
     def _out(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -140,9 +140,12 @@ def decode_attention(
     page_size: int,
     scale: float,
     window: int | None,
+    step_checked: bool = False,
 ) -> torch.Tensor:
     """One decode layer's attention after its QKV projection: per-head q/k RMSNorm, rotary, the new K/V rows into
-    the pool, each sequence's new token over its pages (GQA, optional window) -> [B, H hd] float32."""
+    the pool, each sequence's new token over its pages (GQA, optional window) -> [B, H hd] float32.
+    ``step_checked``: the step's metadata (tables, positions, slots, page table, lengths) passed these checks in an
+    earlier layer of the same step (the C++ side checks every range anyway)."""
     lib = _lib()
     assert lib is not None, "call available() first"
     H, Hkv, hd = heads
@@ -154,14 +157,17 @@ def decode_attention(
     for name, t in (("q_norm", q_norm), ("k_norm", k_norm)):
         if t is not None:
             _check(t, (hd,), torch.float32, name)
-    _check(cos, (cos.shape[0], cos.shape[1]), torch.float32, "cos")
-    _check(sin, tuple(cos.shape), torch.float32, "sin")
-    _check(positions, (B,), torch.int64, "positions")
-    _check(slot_mapping, (B,), torch.int64, "slot_mapping")
     _check(k_cache, (k_cache.shape[0], Hkv, hd), torch.float32, "k_cache")
     _check(v_cache, tuple(k_cache.shape), torch.float32, "v_cache")
-    _check(block_table, (B, block_table.shape[1]), torch.int32, "block_table")
-    _check(seq_lens, (B,), torch.int32, "seq_lens")
+    if not step_checked:
+        _check(cos, (cos.shape[0], cos.shape[1]), torch.float32, "cos")
+        _check(sin, tuple(cos.shape), torch.float32, "sin")
+        if cos.shape[1] > hd or cos.shape[1] % 2:
+            raise ValueError(f"the rotary tables must rotate an even number of dims <= {hd}, got {cos.shape[1]}")
+        _check(positions, (B,), torch.int64, "positions")
+        _check(slot_mapping, (B,), torch.int64, "slot_mapping")
+        _check(block_table, (B, block_table.shape[1]), torch.int32, "block_table")
+        _check(seq_lens, (B,), torch.int32, "seq_lens")
     out = torch.empty((B, H * hd), dtype=torch.float32)
     args = DecodeAttnArgs(
         qkv.data_ptr(), B, H, Hkv, hd, cos.shape[1], _ptr(q_norm), _ptr(k_norm), eps,
