@@ -411,3 +411,34 @@ def test_fused_grouped_gemm_over_pool_rows(T: int) -> None:
     for layer in range(3):
         ref = moe_reference(x, ids + layer * 12, w, banks.gate_up, banks.down)
         torch.testing.assert_close(fused._grouped(layer, x, ids, w), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_cpu_float32_steps_keep_bf16_banks_with_the_same_bits() -> None:
+    """bf16 values under float32 steps on a CPU (bf16 banks, or float32 ones holding bf16 values): the banks stay bf16
+    for the C++ kernel's widening path, which gives the bits of float32 banks (decode-sized steps); the torch paths
+    widen per expert (larger ones). Other float32 banks stay float32."""
+    from freetoken.experts.cpu.kernel import CpuExpertKernel, widening_isa
+
+    banks = make_banks(2, 16, seed=5)
+    bf = ExpertBanks(banks.gate_up.bfloat16(), banks.down.bfloat16(), 2, 16)
+    wide = ExpertBanks(bf.gate_up.float(), bf.down.float(), 2, 16)
+    cpu, cfg = torch.device("cpu"), EngineConfig(moe_backend="fused")
+    backends = [create_backend(cfg, b, cpu, torch.float32) for b in (bf, wide, banks)]
+    if any(b.kernel is None for b in backends):  # type: ignore[attr-defined]
+        pytest.skip("no C++ compiler: the native kernel cannot be built here")
+    dtypes = [b.gate_up.dtype for b in backends]  # type: ignore[attr-defined]
+    assert dtypes == [torch.bfloat16, torch.bfloat16, torch.float32]
+    kern = CpuExpertKernel(2, isa=widening_isa())
+    g = torch.Generator().manual_seed(0)
+    for T in (1, 4, 40):  # the kernel's steps, then per-expert matmuls
+        x = torch.randn(T, D, generator=g)
+        ids, w = random_routing(T, 16, g, cpu)
+        out = backends[0].forward(1, x, ids, w)
+        assert out.dtype == torch.float32 and torch.equal(out, backends[1].forward(1, x, ids, w))
+        rows = (ids + 16).reshape(-1)
+        if T * ids.shape[1] <= 64:
+            tok = torch.arange(T, dtype=torch.int32).repeat_interleave(ids.shape[1])
+            want = kern.run(x, tok, rows, w.reshape(-1).float().contiguous(), wide.gate_up, wide.down)
+        else:
+            want = moe_reference(x, ids + 16, w, wide.gate_up, wide.down)
+        assert torch.equal(out, want)

@@ -82,6 +82,25 @@ def test_thread_count_does_not_change_bits(dtype: torch.dtype) -> None:
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_inline_batches_give_the_workers_bits(dtype: torch.dtype) -> None:
+    """``run`` computes batches under ``inline_bytes`` on the calling thread alone: the same bits, the same checks
+    (the pool rows are checked on the C++ side), and a larger batch still goes to the workers."""
+    _lib_or_skip()
+    for T, R in ((1, 4), (4, 17)):
+        case = make_case(T, 200, 70, 6, R, dtype, seed=T)
+        routed = R * (case[4][0].nbytes + case[5][0].nbytes)
+        inline = CpuExpertKernel(num_threads=2, inline_bytes=routed)
+        out = inline.run(*case)
+        assert torch.equal(out, CpuExpertKernel(num_threads=2).run(*case))
+        assert inline._inflight is None and not inline.queued()
+        x, tok, row, weight, gate_up, down = case
+        with pytest.raises(ValueError, match="pool rows in"):
+            inline.run(x, tok, torch.full_like(row, 6), weight, gate_up, down)
+        bigger = make_case(T, 200, 70, 6, R + 1, dtype, seed=T)
+        assert torch.equal(inline.run(*bigger), CpuExpertKernel(num_threads=1).run(*bigger))
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_row_blocking_does_not_change_bits(isa: str, dtype: torch.dtype) -> None:

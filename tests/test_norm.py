@@ -33,8 +33,13 @@ def _check(device: str, dtype: torch.dtype, tol: float) -> None:
                                        rtol=tol, atol=tol)  # fmt: skip
 
 
-def test_add_rms_norm_reference_on_a_cpu() -> None:
+def test_add_rms_norm_on_a_cpu() -> None:
+    """float32 rows take the C++ op (``layers/cpu_step``, its own test file), other dtypes the reference itself."""
     x, d, w = _case(4, 32, torch.float32, "cpu")
+    s, y = add_rms_norm(x, d, w, 1e-6)
+    assert torch.equal(s, x + d)
+    torch.testing.assert_close(y, rms_norm_reference(x + d, w, 1e-6), rtol=1e-6, atol=1e-6)
+    x, d, w = (t.double() for t in (x, d, w))
     s, y = add_rms_norm(x, d, w, 1e-6)
     assert torch.equal(s, x + d) and torch.equal(y, rms_norm_reference(x + d, w, 1e-6))
 

@@ -8,7 +8,7 @@ import torch
 from devices import DEVICES
 from freetoken import LLM, SamplingParams
 from reference import LOGIT_MARGIN, ROUTER_MARGIN, assert_close_logits, reference_greedy
-from tiny_models import FAMILIES, MOE_FAMILIES, save_checkpoint
+from tiny_models import FAMILIES, MOE_FAMILIES, make_model, save_checkpoint
 
 PROMPT_LENGTHS = (5, 13, 29)
 STEPS = 32
@@ -91,5 +91,32 @@ def test_sharded_checkpoint(tmp_path, family):
     refs = _refs(model, family, prompts)
     llm = LLM(model=str(tmp_path), device="cpu", dtype="float32")
     assert_close_logits(llm.engine.score(prompts[0]), refs[0].prompt_logits)
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [r.tokens for r in refs]
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe", "llama"])
+def test_bf16_checkpoint_under_float32_steps(tmp_path, family):
+    """A bf16 checkpoint run in float32 on a CPU (the embedded model's case): the engine keeps bf16 copies of the
+    experts and the decode step's linears (``layers/cpu_step``, the fused backend's widening kernel path); logits
+    and greedy tokens still match transformers' float32 forward of the same checkpoint."""
+    model = make_model(family, seed=SEEDS[family])
+    with torch.no_grad():
+        for p in model.parameters():  # bf16 values in float32 (buffers such as the rotary frequencies stay float32)
+            p.copy_(p.bfloat16())
+    model.to(torch.bfloat16).save_pretrained(tmp_path)
+    model = make_model(family, seed=SEEDS[family])
+    with torch.no_grad():
+        for p in model.parameters():  # transformers' float32 forward of the checkpoint's values
+            p.copy_(p.bfloat16())
+    prompts = _prompts(SEEDS[family], model.config.vocab_size)
+    refs = _refs(model, family, prompts)
+    llm = LLM(model=str(tmp_path), device="cpu", dtype="float32", moe_backend="fused")
+    decoder = llm.engine.setup.loaded.model
+    assert decoder.lm_head16 is not None  # the bf16 copies are in use
+    backend = llm.engine.setup.loaded.backend
+    assert family not in MOE_FAMILIES or backend.gate_up.dtype == torch.bfloat16
+    for r in refs:
+        assert_close_logits(llm.engine.score(r.prompt), r.prompt_logits)
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True))
     assert [o.token_ids for o in outs] == [r.tokens for r in refs]

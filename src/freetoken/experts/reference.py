@@ -7,10 +7,11 @@ import torch.nn.functional as F
 
 
 def expert_ffn(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """One SiLU-gated expert. x [T, D], gate_up [2I, D], down [D, I] -> [T, D]."""
-    gu = F.linear(x, gate_up)
+    """One SiLU-gated expert. x [T, D], gate_up [2I, D], down [D, I] -> [T, D] (weights of another dtype, such as a
+    CPU's bf16 banks under float32 steps, are widened to x's first)."""
+    gu = F.linear(x, gate_up.to(x.dtype))
     gate, up = gu.chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, down)
+    return F.linear(F.silu(gate) * up, down.to(x.dtype))
 
 
 def moe_reference(

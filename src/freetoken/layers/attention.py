@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from freetoken.cache.kv_pool import KVPool
 from freetoken.experts.triton_support import triton_available
+from freetoken.layers import cpu_step
 from freetoken.layers.norm import rms_norm
 from freetoken.layers.paged_attention import DecodeMeta, PrefillMeta, decode_attention, prefill_attention
 from freetoken.layers.rope import Rotary
@@ -40,6 +41,7 @@ class AttnBatch:
     prefill: PrefillMeta | None = None  # set on the other steps (prefill chunks, mixed steps)
     seqs: list[SeqAttn] = field(default_factory=list)  # the other steps' sequences (linear-attention layers)
     state_slots: torch.Tensor | None = None  # [B] int64 each sequence's recurrent-state slot (linear-attention layers)
+    cpu_checked: bool = False  # the CPU step ops checked this step's metadata in its first layer (``cpu_step``)
 
 
 @dataclass
@@ -83,6 +85,8 @@ class Attention:
             [b if b is not None else torch.zeros(n, dtype=w.q.dtype, device=w.q.device)
              for b, n in zip(biases, (nq, nk, nk), strict=True)]
         )  # fmt: skip
+        # float32 CPU decode steps on a bf16 checkpoint read bf16 copies of the projections (cpu_step.linear)
+        self.qkv_w16, self.o_w16 = cpu_step.bf16_copy(self.qkv_w), cpu_step.bf16_copy(w.o)
         # The fused q/k-norm + rotary + KV-write kernel takes per-head norms (or none) and no clipping.
         per_head = all(n is None or n.numel() == head_dim for n in (w.q_norm, w.k_norm))
         self._fused_rope = per_head and clip_qkv is None
@@ -115,7 +119,7 @@ class Attention:
 
     def forward(self, x: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
         w = self.w
-        qkv = F.linear(x, self.qkv_w, self.qkv_b)
+        qkv = cpu_step.linear(x, self.qkv_w, self.qkv_w16, self.qkv_b)
         k_cache, v_cache = kv.k[self.layer], kv.v[self.layer]
         if self._fused_rope and x.is_cuda and triton_available():
             from freetoken.layers.qkv_rope_triton import qkv_rope_triton
@@ -125,6 +129,8 @@ class Attention:
                 qkv, batch.positions, batch.slot_mapping, r.cos, r.sin, w.q_norm, w.k_norm,
                 k_cache, v_cache, self.h, self.hkv, self.hd, self.eps,
             )  # fmt: skip
+        elif batch.decode is not None and self._fused_rope and cpu_step.available(qkv) and k_cache.dtype == qkv.dtype:
+            return self._out(x, self._decode_cpu(qkv, batch, batch.decode, k_cache, v_cache))
         else:
             qh = self._qkv_torch(qkv, batch, k_cache, v_cache)
         if batch.decode is not None:
@@ -134,10 +140,23 @@ class Attention:
         out = prefill_attention(qh.to(k_cache.dtype), k_cache, v_cache, batch.prefill, self.scale, self.window)
         return self._out(x, out.to(x.dtype))
 
+    def _decode_cpu(
+        self, qkv: torch.Tensor, batch: AttnBatch, d: DecodeMeta, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """A float32 CPU decode step's q/k norms, rotary, KV write and attention in one C++ call -> [B, H, hd]."""
+        w, r = self.w, self.rotary
+        out = cpu_step.decode_attention(
+            qkv, (self.h, self.hkv, self.hd), (w.q_norm, w.k_norm, self.eps), (r.cos, r.sin), batch.positions,
+            batch.slot_mapping, (k_cache, v_cache), d.block_table, d.seq_lens, d.page_size, self.scale, self.window,
+            batch.cpu_checked,
+        )  # fmt: skip
+        batch.cpu_checked = True
+        return out.view(qkv.shape[0], self.h, self.hd)
+
     def _out(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out [T, H, hd] -> [T, D]: the output gate if any, then o_proj."""
         w = self.w
         flat = out.reshape(x.shape[0], self.h * self.hd)
         if w.gate is not None:
             flat = flat * torch.sigmoid(F.linear(x, w.gate))
-        return F.linear(flat, w.o, w.o_bias)
+        return cpu_step.linear(flat, w.o, self.o_w16, w.o_bias)

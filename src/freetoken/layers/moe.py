@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from freetoken.experts.base import ExpertBackend
 from freetoken.experts.triton_support import triton_available
+from freetoken.layers import cpu_step
 from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.routing_trace import RoutingTrace
 
@@ -24,6 +25,9 @@ class MoELayer:
     shared_gate: torch.Tensor | None = None  # [1, D]: sigmoid gate on the shared expert
     trace: RoutingTrace | None = None  # benchmarks only: route by a recorded trace
 
+    def __post_init__(self) -> None:
+        self.router16 = cpu_step.bf16_copy(self.router)  # float32 CPU decode steps on a bf16 checkpoint
+
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, D] -> (topk_ids [T, k] int64, topk_w [T, k] float32)."""
         if self.trace is None and x.is_cuda and triton_available():
@@ -34,7 +38,10 @@ class MoELayer:
             probs = F.softmax(F.linear(x, self.router), dim=-1, dtype=torch.float32)  # [T, E]
             ids, w = self.trace.route(self.moe_index, probs, self.norm_topk_prob)
             return ids, w.to(x.dtype).to(torch.float32)
-        return route_reference(F.linear(x, self.router), self.top_k, self.norm_topk_prob, x.dtype)
+        logits = cpu_step.linear(x, self.router, self.router16)
+        if cpu_step.available(logits):  # float32 on a CPU: one C++ call
+            return cpu_step.route(logits, self.top_k, self.norm_topk_prob)
+        return route_reference(logits, self.top_k, self.norm_topk_prob, x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ids, w = self.route(x)

@@ -1,11 +1,13 @@
 """RMSNorm, computed in float32 like the reference implementations (one Triton launch on CUDA,
-``norm_triton.py``; these torch ops elsewhere, and as its reference)."""
+``norm_triton.py``; one C++ call on a CPU in float32, ``cpu_step``; these torch ops elsewhere, and as their
+reference)."""
 
 from __future__ import annotations
 
 import torch
 
 from freetoken.experts.triton_support import triton_available
+from freetoken.layers import cpu_step
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -13,6 +15,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         from freetoken.layers.norm_triton import rms_norm_triton
 
         return rms_norm_triton(x, weight, eps)
+    if cpu_step.norm_takes(x, weight):
+        return cpu_step.add_rms_norm(x, None, weight, eps)[1]
     return rms_norm_reference(x, weight, eps)
 
 
@@ -24,6 +28,8 @@ def add_rms_norm(
         from freetoken.layers.norm_triton import add_rms_norm_triton
 
         return add_rms_norm_triton(h, delta, weight, eps)
+    if cpu_step.norm_takes(h, weight) and delta.shape == h.shape and cpu_step.available(delta):
+        return cpu_step.add_rms_norm(h, delta, weight, eps)
     s = h + delta
     return s, rms_norm_reference(s, weight, eps)
 

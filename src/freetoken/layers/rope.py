@@ -75,6 +75,7 @@ class Rotary:
         sin = self.sin[positions].unsqueeze(1).to(dtype)
         self._last = None if positions.is_cuda else (positions, dtype, cos, sin)
         return cos, sin
+
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [T, H, hd], positions [T] -> rotated x (same dtype)."""
         cos, sin = self._tables(positions, x.dtype)

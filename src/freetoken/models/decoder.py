@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from freetoken.cache.kv_pool import KVPool
 from freetoken.cache.state_pool import StatePool
+from freetoken.layers import cpu_step
 from freetoken.layers.attention import Attention, AttnBatch
 from freetoken.layers.deltanet import GatedDeltaNet
 from freetoken.layers.mlp import DenseMLP
@@ -35,6 +36,7 @@ class DecoderModel:
     ) -> None:
         self.embed, self.layers, self.final_norm, self.lm_head, self.eps = embed, layers, final_norm, lm_head, eps
         self.states: StatePool | None = None  # the linear-attention layers' state slots, set by the engine
+        self.lm_head16 = cpu_step.bf16_copy(lm_head)  # float32 CPU decode steps on a bf16 checkpoint
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
@@ -55,4 +57,4 @@ class DecoderModel:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, D] -> logits [n, V] in float32 (only rows where a token is sampled)."""
-        return F.linear(hidden, self.lm_head).float()
+        return cpu_step.linear(hidden, self.lm_head, self.lm_head16).float()

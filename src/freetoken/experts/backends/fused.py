@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from freetoken.config import EngineConfig
 from freetoken.experts.backends.layer_graphs import LayerGraphs, StepCapture
 from freetoken.experts.base import ExpertBackend, ExpertBanks
-from freetoken.experts.cpu.kernel import CpuExpertKernel
+from freetoken.experts.cpu.kernel import CpuExpertKernel, widening_isa
 from freetoken.experts.cpu.runner import make_kernel
 from freetoken.experts.reference import moe_reference
 from freetoken.experts.slots.gemm import SlotWeights, grouped_experts
@@ -37,6 +37,14 @@ _GATHER_MAX_ROUTES = 32
 _KERNEL_ROUTES_PER_EXPERT = 4
 # Up to this many routes (``plan_triton.MAX_ROUTES``), CUDA groups a step's routes in one launch.
 _ONE_LAUNCH_GROUPING = 64
+
+
+def _bf16_valued(*banks: torch.Tensor) -> bool:
+    """Whether every value of these banks is a bf16 (a bf16 checkpoint, perhaps loaded in float32); checked one expert
+    at a time, so other banks stop at their first expert."""
+    if any(b.dtype == torch.bfloat16 for b in banks):
+        return all(b.dtype == torch.bfloat16 for b in banks)
+    return all(b.dtype == torch.float32 and all(torch.equal(e, e.bfloat16().float()) for e in b) for b in banks)
 
 
 class FusedBackend(StepCapture, ExpertBackend):
@@ -54,19 +62,24 @@ class FusedBackend(StepCapture, ExpertBackend):
         self.num_experts = banks.num_experts
         self.fmt = banks.fmt
         wdtype = None if banks.fmt.quantized else dtype  # packed banks keep their dtype
+        self.kernel: CpuExpertKernel | None = None
+        if device.type == "cpu" and banks.activation == "silu":  # the torch paths here compute SiLU experts
+            # float32 steps on bf16 values keep the banks in bf16 for the kernel's widening path: the bits of
+            # float32 banks from half the bytes (its dot-product path splits x, so is not taken)
+            keep = dtype == torch.float32 and not banks.fmt.quantized and _bf16_valued(banks.gate_up, banks.down)
+            bank_dtype = banks.gate_up.dtype if keep or wdtype is None else dtype
+            kern = make_kernel(bank_dtype, cpu_threads, widening_isa() if keep else "auto")
+            if kern is not None and kern.backend == "native":
+                self.kernel, wdtype = kern, torch.bfloat16 if keep else wdtype
+            elif kern is not None:
+                kern.close()
         self.gate_up = banks.gate_up.to(device=device, dtype=wdtype)
         self.down = banks.down.to(device=device, dtype=wdtype)
         gs, ds = (None if t is None else t.to(device) for t in (banks.gate_up_scale, banks.down_scale))
         self.weights = SlotWeights(self.gate_up, self.down, banks.fmt, gs, ds)
         self.scales = None if gs is None or ds is None else (gs, ds)
         self.graphs = LayerGraphs(_GATHER_MAX_ROUTES) if cuda_graphs and device.type == "cuda" else None
-        self.kernel: CpuExpertKernel | None = None
-        if device.type == "cpu" and banks.activation == "silu":  # the torch paths here compute SiLU experts
-            kern = make_kernel(self.gate_up.dtype, cpu_threads)
-            if kern is not None and kern.backend == "native":
-                self.kernel = kern
-            elif kern is not None:
-                kern.close()
+        self._tok: dict[tuple[int, int], torch.Tensor] = {}
 
     def forward(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
@@ -89,10 +102,10 @@ class FusedBackend(StepCapture, ExpertBackend):
         T, k = rows.shape
         flat = rows.reshape(-1)
         xs = x.repeat_interleave(k, dim=0).unsqueeze(-1)  # [T*k, D, 1]
-        gu = torch.bmm(self.gate_up[flat], xs).squeeze(-1)  # [T*k, 2I]
+        gu = torch.bmm(self.gate_up[flat].to(x.dtype), xs).squeeze(-1)  # [T*k, 2I] (CPU bf16 banks: widened)
         gate, up = gu.chunk(2, dim=-1)
         h = (F.silu(gate) * up).unsqueeze(-1)  # [T*k, I, 1]
-        y = torch.bmm(self.down[flat], h).squeeze(-1).float()  # [T*k, D]
+        y = torch.bmm(self.down[flat].to(x.dtype), h).squeeze(-1).float()  # [T*k, D]
         y = (y * topk_w.reshape(-1, 1).float()).view(T, k, -1).sum(dim=1)
         return y.to(x.dtype)
 
@@ -115,8 +128,10 @@ class FusedBackend(StepCapture, ExpertBackend):
         """The C++ expert kernel on the banks in place (CPU device); float32 accumulation, like the rest."""
         assert self.kernel is not None
         T, k = topk_ids.shape
-        rows = (topk_ids + layer * self.num_experts).reshape(-1).contiguous()
-        tok = torch.arange(T, dtype=torch.int32).repeat_interleave(k)
+        rows = (topk_ids + layer * self.num_experts).reshape(-1)
+        tok = self._tok.get((T, k))
+        if tok is None:  # each route's token: the same for every layer of a step
+            tok = self._tok.setdefault((T, k), torch.arange(T, dtype=torch.int32).repeat_interleave(k))
         w = topk_w.reshape(-1).float().contiguous()
         out = self.kernel.run(x.float().contiguous(), tok, rows, w, self.gate_up, self.down, scales=self.scales)
         return out.to(x.dtype)

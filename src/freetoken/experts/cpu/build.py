@@ -16,6 +16,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -102,20 +103,50 @@ def _build_into(cxx: str, out_dir: Path) -> None:
 
 def library_path(cache_dir: str | None = None) -> Path:
     """Path of the built library, building it first when needed. Raises BuildError."""
+    cxx = _compiler()
+    out_dir = Path(cache_dir or env().cache_dir) / "kernels" / f"cpu_experts-{build_key(cxx)}"
+    return _built_once(out_dir / LIB_NAME, lambda: _build_into(cxx, out_dir))
+
+
+def single_source_library(src: Path, lib_name: str, flags: tuple[str, ...] = ()) -> Path:
+    """A shared library of one C++ source (other packages' small CPU ops), built on first use and cached like the
+    expert kernel's: by a hash of the source, the compiler's version, the machine and the flags. Raises
+    BuildError."""
+    cxx = _compiler()
+    h = hashlib.sha256(src.read_bytes())
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
+    h.update(f"{version}|{platform.machine()}|{platform.system()}|{BASE_FLAGS}|{flags}".encode())
+    out_dir = Path(env().cache_dir) / "kernels" / f"{src.stem}-{h.hexdigest()[:16]}"
+
+    def build() -> None:
+        with tempfile.TemporaryDirectory(dir=out_dir.parent) as tmp:
+            lib_tmp = Path(tmp) / lib_name
+            cmd = [cxx, *BASE_FLAGS, *flags, "-shared", str(src), "-o", str(lib_tmp)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise BuildError(f"compiling {src.name} failed:\n{proc.stderr[-2000:]}")
+            os.replace(lib_tmp, out_dir / lib_name)
+
+    return _built_once(out_dir / lib_name, build)
+
+
+def _compiler() -> str:
     cxx = find_compiler()
     if cxx is None:
         raise BuildError("no C++ compiler found (tried $CXX, c++, g++, clang++)")
-    root = Path(cache_dir or env().cache_dir) / "kernels"
-    out_dir = root / f"cpu_experts-{build_key(cxx)}"
-    lib = out_dir / LIB_NAME
+    return cxx
+
+
+def _built_once(lib: Path, build: Callable[[], None]) -> Path:
+    """``lib``, built by ``build`` unless it exists; a file lock keeps processes from building it twice at once."""
     if lib.exists():
         return lib
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "build.lock", "w") as lock:
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    with open(lib.parent / "build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same key
         try:
             if not lib.exists():
-                _build_into(cxx, out_dir)
+                build()
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return lib

@@ -155,6 +155,17 @@ class Kernel {
 
   void wait(bool help) { pool_.wait(help); }
 
+  // The whole batch on the calling thread, no worker woken: for batches so small that waking a worker
+  // (and, on a loaded machine, waiting for it to be scheduled at each barrier) costs more than it computes.
+  int run_moe_inline(const FtMoeArgs& a) {
+    if (busy() || feeder_.pending()) return -1;
+    pool_.quiesce();
+    if (const int rc = plans_.build(a, ops_.split_bf16)) return rc;
+    for (int64_t s = 0; s < moe_.steps(); ++s)
+      for (int64_t u = 0, n = moe_.units(s); u < n; ++u) moe_.run(s, u);
+    return 0;
+  }
+
   Feeder& feeder() { return feeder_; }
 
   // Sums `words` uint64 words with the workers only (same threads as the kernel); synchronous.
@@ -227,6 +238,15 @@ int ft_pool_set_rows(void* k, int64_t rows) {
 int ft_moe_submit(void* k, const FtMoeArgs* args) {
   try {
     return static_cast<ft::Kernel*>(k)->submit_moe(*args);
+  } catch (const std::bad_alloc&) {
+    return -6;
+  }
+}
+
+// A batch computed on the calling thread alone; returns when done (codes of ft_moe_submit).
+int ft_moe_run_inline(void* k, const FtMoeArgs* args) {
+  try {
+    return static_cast<ft::Kernel*>(k)->run_moe_inline(*args);
   } catch (const std::bad_alloc&) {
     return -6;
   }

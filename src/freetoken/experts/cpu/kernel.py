@@ -72,6 +72,7 @@ def load_library() -> ctypes.CDLL | None:
     lib.ft_pool_set_rows.argtypes, lib.ft_pool_set_rows.restype = [vp, i64], i32
     lib.ft_moe_submit.argtypes, lib.ft_moe_submit.restype = [vp, ctypes.POINTER(MoeArgs)], i32
     lib.ft_wait.argtypes, lib.ft_wait.restype = [vp, i32], None
+    lib.ft_moe_run_inline.argtypes, lib.ft_moe_run_inline.restype = [vp, ctypes.POINTER(MoeArgs)], i32
     lib.ft_moe_enqueue.argtypes, lib.ft_moe_enqueue.restype = [vp, ctypes.POINTER(QueuedArgs)], i32
     lib.ft_moe_enqueue_many.argtypes, lib.ft_moe_enqueue_many.restype = [vp, vp, vp, i64], i32
     lib.ft_queue_drain.argtypes, lib.ft_queue_drain.restype = [vp], None
@@ -82,6 +83,14 @@ def load_library() -> ctypes.CDLL | None:
     lib.ft_queue_take_trace.argtypes, lib.ft_queue_take_trace.restype = [vp, vp, i64], i64
     lib.ft_stream_read.argtypes, lib.ft_stream_read.restype = [vp, vp, i64], ctypes.c_uint64
     return lib
+
+
+def widening_isa() -> str:
+    """The best ISA whose bf16 banks widen to float32 exactly (the same bits as float32 banks): the best one but
+    AVX512-BF16, whose dot-product path splits the float32 operand into two bf16 halves."""
+    lib = load_library()
+    best = ISAS[lib.ft_best_isa()] if lib is not None else "generic"
+    return "avx512" if best == "avx512bf16" else best
 
 
 ROW_BLOCKS = (1, 2, 4)  # batch-1 weight rows streamed at once per thread (CpuExpertKernel rows)
@@ -102,7 +111,9 @@ class CpuExpertKernel:
     never spin on few cores). ``caller_helps``: the thread blocked in ``wait()``/``run()`` computes units too
     (it would only sleep otherwise; on a busy machine it may do the whole batch before a worker is
     scheduled). ``rows``: at batch 1, weight rows each thread streams at once (1, 2 or 4; the AVX2 path caps
-    it at 2; None: ``default_rows``). Results do not depend on the thread count or the rows. Without a
+    it at 2; None: ``default_rows``). ``inline_bytes``: ``run`` computes batches whose routes read at most this
+    many weight bytes on the calling thread alone (0: never). Results do not depend on the thread count, the rows
+    or where a batch runs. Without a
     compiler it falls back to the torch reference (``backend == "torch"``), synchronously.
     """
 
@@ -114,6 +125,7 @@ class CpuExpertKernel:
         spin_us: int | None = None,
         caller_helps: bool = True,
         rows: int | None = None,
+        inline_bytes: int = 0,
     ) -> None:
         n = default_kernel_threads() if num_threads is None else int(num_threads)
         if n < 1:
@@ -122,6 +134,7 @@ class CpuExpertKernel:
             raise ValueError(f"isa must be 'auto' or one of {ISAS}, got {isa!r}")
         self.num_threads = n
         self.caller_helps = caller_helps
+        self.inline_bytes = inline_bytes
         self._lib = load_library()
         self._pool: int | None = None
         self._inflight: tuple[torch.Tensor, ...] | None = None
@@ -163,11 +176,45 @@ class CpuExpertKernel:
         scales: Scales | None = None,
     ) -> torch.Tensor:
         """Start a batch and return ``out`` at once; its content is valid after ``wait()``."""
+        return self._begin(x, tok, row, weight, gate_up, down, activation, out, scales, inline=False)
+
+    def _begin(
+        self,
+        x: torch.Tensor,
+        tok: torch.Tensor,
+        row: torch.Tensor,
+        weight: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        activation: str,
+        out: torch.Tensor | None,
+        scales: Scales | None,
+        inline: bool,
+    ) -> torch.Tensor:
         if self._inflight is not None:
             raise RuntimeError("the previous batch is still running: call wait() first")
         if self.queued():
             raise RuntimeError("queued batches are pending: call drain() first")
         check_args(x, tok, row, weight, gate_up, down, activation, out, bounds=self._pool is None, scales=scales)
+        out = self._start(x, tok, row, weight, gate_up, down, activation, out, scales, inline)
+        if not inline:  # keep every buffer alive until the workers are done with it
+            self._inflight = (x, tok, row, weight, gate_up, down, out, *(scales or ()))
+        return out
+
+    def _start(
+        self,
+        x: torch.Tensor,
+        tok: torch.Tensor,
+        row: torch.Tensor,
+        weight: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        activation: str,
+        out: torch.Tensor | None,
+        scales: Scales | None,
+        inline: bool,
+    ) -> torch.Tensor:
+        """Checked arguments to the library: started on the workers, or (``inline``) computed on this thread."""
         T, D = x.shape
         if out is None:
             out = torch.empty((T, D), dtype=torch.float32)
@@ -180,13 +227,12 @@ class CpuExpertKernel:
             gate_up.data_ptr(), down.data_ptr(), gate_up.shape[0],
             FORMATS[gate_up.dtype], ACTIVATIONS.index(activation), out.data_ptr(), *scale_ptrs(scales),
         )  # fmt: skip
-        rc = self._lib.ft_moe_submit(self._pool, ctypes.byref(args))
+        call = self._lib.ft_moe_run_inline if inline else self._lib.ft_moe_submit
+        rc = call(self._pool, ctypes.byref(args))
         if rc == -6:
             raise MemoryError(ERRORS[rc])
         if rc != 0:
             raise ValueError(ERRORS.get(rc, f"kernel error {rc}"))
-        # keep every buffer alive until the workers are done with it
-        self._inflight = (x, tok, row, weight, gate_up, down, out, *(scales or ()))
         return out
 
     def wait(self) -> None:
@@ -207,9 +253,12 @@ class CpuExpertKernel:
         out: torch.Tensor | None = None,
         scales: Scales | None = None,
     ) -> torch.Tensor:
-        """Synchronous ``submit`` + ``wait``; returns out float32 [T, D]."""
-        out = self.submit(x, tok, row, weight, gate_up, down, activation, out, scales=scales)
-        self.wait()
+        """Synchronous ``submit`` + ``wait``; returns out float32 [T, D]. Batches reading up to ``inline_bytes`` of
+        weights run on the calling thread alone (no worker woken)."""
+        inline = row.shape[0] * (gate_up[0].nbytes + down[0].nbytes) <= self.inline_bytes
+        out = self._begin(x, tok, row, weight, gate_up, down, activation, out, scales, inline)
+        if not inline:
+            self.wait()
         return out
 
     def enqueue(

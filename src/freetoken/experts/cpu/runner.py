@@ -91,14 +91,20 @@ def _run_routes(pool: HostExpertPool, x: torch.Tensor, codes: torch.Tensor, w: t
     return CpuResult(out, int(rows.unique().numel()), time.perf_counter() - t0)
 
 
-def make_kernel(dtype: torch.dtype, threads: int | None) -> CpuExpertKernel | None:
+# Synchronous batches reading at most this many weight bytes run on the calling thread alone: waking a worker
+# costs more than it saves there, and on a loaded machine every barrier waits for it to be scheduled
+# (docs/benchmarks.md, "the CPU decode step").
+INLINE_BYTES = 2 << 20
+
+
+def make_kernel(dtype: torch.dtype, threads: int | None, isa: str = "auto") -> CpuExpertKernel | None:
     """The C++ expert kernel for banks of ``dtype`` (None for a dtype it does not take) with ``threads``
     computing threads in all: the workers and the thread that runs each batch (the feeder, or the caller of
     ``wait()``), which takes units too. None: ``default_kernel_threads()``."""
     if dtype not in (torch.float32, torch.bfloat16, torch.float8_e4m3fn):  # fp8: with 128x128 block scales
         return None
     n = default_kernel_threads() if threads is None else threads
-    return CpuExpertKernel(num_threads=max(1, n - 1), caller_helps=True)
+    return CpuExpertKernel(num_threads=max(1, n - 1), isa=isa, caller_helps=True, inline_bytes=INLINE_BYTES)
 
 
 class CpuExpertRunner:
