@@ -1,0 +1,252 @@
+"""Real agent clients against the real ``ft serve`` app on loopback: one scripted task ("read numbers.txt and
+answer with the number in it"), each client run non-interactively, pointed at the server by ``ft launch``'s
+own plans (src/freetoken/launch/), in a throw-away HOME and work folder.
+
+The server is the real HTTP app (``freetoken.bench.loopback.serve``) with a recorder around it that keeps
+every request body and every error answer, for the facts (API, tools, first request's size, errors).
+The engine behind it is either the scripted one (tests/clients/scripted.py: proves the wiring today) or
+a real model (``--model PATH``, or ``--model default`` for the embedded default model).
+
+    PYTHONPATH=src python3 tests/clients/harness.py --model scripted           # every client, scripted
+    PYTHONPATH=src python3 tests/clients/harness.py --model default claude     # the embedded model
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: scripted_engine
+
+from freetoken.bench.loopback import Running, serve  # noqa: E402
+from freetoken.launch import base  # noqa: E402
+from freetoken.launch import claude as claude_launch  # noqa: E402
+from freetoken.launch import codex as codex_launch  # noqa: E402
+from freetoken.launch import opencode as opencode_launch  # noqa: E402
+from freetoken.server.settings import ServerConfig  # noqa: E402
+
+MODEL = "freetoken"
+NUMBER = "73914"
+PROMPT = "Read the file numbers.txt and answer with the number in it."
+CLIENT_TIMEOUT_S = 180
+
+
+@dataclass
+class Exchange:
+    path: str
+    body: Any
+    status: int = 0
+    error: bytes = b""  # the answer's body when status >= 400
+
+
+@dataclass
+class Recorder:
+    """ASGI middleware: keeps each POST's JSON body, its status, and the body of error answers."""
+
+    exchanges: list[Exchange] = field(default_factory=list)
+
+    def wrap(self, app: Any) -> Any:
+        async def recorded(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope["type"] != "http" or scope["method"] != "POST":
+                return await app(scope, receive, send)
+            chunks: list[bytes] = []
+            more = True
+            while more:
+                msg = await receive()
+                chunks.append(msg.get("body", b""))
+                more = msg.get("more_body", False)
+            raw = b"".join(chunks)
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = raw[:200]
+            ex = Exchange(scope["path"], body)
+            self.exchanges.append(ex)
+            replayed = False
+
+            async def replay() -> dict[str, Any]:
+                nonlocal replayed
+                if replayed:
+                    return await receive()  # disconnect notices
+                replayed = True
+                return {"type": "http.request", "body": raw, "more_body": False}
+
+            async def watch(msg: dict[str, Any]) -> None:
+                if msg["type"] == "http.response.start":
+                    ex.status = msg["status"]
+                elif msg["type"] == "http.response.body" and ex.status >= 400:
+                    ex.error += msg.get("body", b"")
+                await send(msg)
+
+            await app(scope, replay, watch)
+
+        return recorded
+
+
+@dataclass(frozen=True)
+class Client:
+    name: str
+    launch: Any  # the ft launch module (plan(), BINARY)
+    args: Callable[[str], list[str]]  # prompt -> the arguments after those of the launch plan
+    env: Mapping[str, str] = field(default_factory=dict)
+    api: str = ""
+
+
+CLIENTS: dict[str, Client] = {
+    c.name: c
+    for c in (
+        # -p: print mode; Read is allowed without a prompt (root may not skip permissions altogether).
+        Client("claude", claude_launch, lambda p: ["-p", p, "--allowedTools", "Read"], api="anthropic messages"),
+        Client(
+            "codex",
+            codex_launch,
+            lambda p: ["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", p],
+            api="openai responses",
+        ),
+        Client(
+            "opencode",
+            opencode_launch,
+            lambda p: ["run", p],
+            # models.dev (its model catalogue) is not npm: never asked; our model's limits come from the config.
+            env={"OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_AUTOUPDATE": "1"},
+            api="openai chat completions",
+        ),
+    )
+}
+# opencode wants its provider package (@ai-sdk/openai-compatible) from npm at first use: one shared cache.
+SHARED_CACHE_DIRS = {"opencode": "XDG_CACHE_HOME"}
+
+
+@dataclass
+class Outcome:
+    client: str
+    rc: int | None  # None: killed at the timeout
+    stdout: str
+    stderr: str
+    seconds: float
+    exchanges: list[Exchange]
+
+    @property
+    def answered(self) -> bool:
+        return self.rc == 0 and NUMBER in self.stdout
+
+    def describe(self) -> str:
+        rc = "timed out" if self.rc is None else f"exit {self.rc}"
+        tail = (self.stdout.strip() or self.stderr.strip())[-600:]
+        paths = ", ".join(f"{e.path} {e.status}" for e in self.exchanges[:12])
+        return f"{self.client}: {rc} after {self.seconds:.1f} s; requests: [{paths}]; output: {tail!r}"
+
+
+def workspace(root: Path) -> tuple[Path, Path]:
+    """A work folder holding numbers.txt, and an empty HOME."""
+    work, home = root / "work", root / "home"
+    work.mkdir(parents=True)
+    home.mkdir()
+    (work / "numbers.txt").write_text(NUMBER + "\n")
+    return work, home
+
+
+def client_env(client: Client, url: str, home: Path, bin_dir: Path) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment ``ft launch <client>`` would run, files written into ``home``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "CODEX_", "OPENCODE_"))}
+    env.update(HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", NO_PROXY="127.0.0.1,localhost")
+    env.update({"XDG_CONFIG_HOME": str(home / ".config"), "XDG_DATA_HOME": str(home / ".local/share")})
+    env["XDG_CACHE_HOME"] = str(bin_dir.parent.parent / "xdg-cache") if client.name in SHARED_CACHE_DIRS else ""
+    env = {k: v for k, v in env.items() if v}
+    server = base.probe_server(url, MODEL)
+    plan = client.launch.plan(server, env, client.args(PROMPT))
+    base.apply_plan(plan)
+    return [str(bin_dir / plan.binary), *plan.args], {**plan.child_env(env), **client.env}
+
+
+def run_client(
+    client: Client, running: Running, recorder: Recorder, root: Path, bin_dir: Path, timeout: float
+) -> Outcome:
+    work, home = workspace(root)
+    cmd, env = client_env(client, running.url, home, bin_dir)
+    env["PWD"] = str(work)  # opencode takes its project folder from $PWD, not from the process's cwd
+    if hasattr(running.engine, "workdir"):
+        running.engine.workdir = str(work)  # the scripted model's tool calls name this folder
+    first = len(recorder.exchanges)
+    t0 = time.monotonic()
+    try:
+        done = subprocess.run(
+            cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
+        )
+        rc, out, err = done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired as exc:
+        rc, out, err = None, _text(exc.stdout), _text(exc.stderr)
+    return Outcome(client.name, rc, out, err, time.monotonic() - t0, recorder.exchanges[first:])
+
+
+def _text(b: bytes | str | None) -> str:
+    return b.decode("utf-8", "replace") if isinstance(b, bytes) else (b or "")
+
+
+@contextmanager
+def server(model: str, tmp: Path) -> Iterator[tuple[Running, Recorder]]:
+    """``model``: "scripted", "default" (the embedded model) or a checkpoint path."""
+    recorder = Recorder()
+    engine: Any
+    if model == "scripted":
+        import scripted
+
+        engine = scripted.engine(str(tmp / "tok"))
+    else:
+        from freetoken.config import EngineConfig
+        from freetoken.engine.async_llm import AsyncLLM
+
+        cfg = EngineConfig(model=None if model == "default" else model, device="cpu")
+
+        def engine() -> Any:
+            return AsyncLLM.start(cfg)
+
+    with serve(engine, ServerConfig(served_model_names=(MODEL,)), wrap=recorder.wrap) as running:
+        yield running, recorder
+
+
+def facts(outcome: Outcome) -> dict[str, Any]:
+    """What the client sent first and how the server answered it (for docs/agents.md)."""
+    main = next((e for e in outcome.exchanges if isinstance(e.body, dict) and e.body.get("tools")), None)
+    out: dict[str, Any] = {"client": outcome.client, "rc": outcome.rc, "seconds": round(outcome.seconds, 1)}
+    out["requests"] = [f"{e.path} {e.status}" for e in outcome.exchanges]
+    if main is not None:
+        tools = main.body["tools"]
+        out.update(path=main.path, tools=len(tools), tool_schema_chars=len(json.dumps(tools)))
+        out["request_chars"] = len(json.dumps(main.body))
+        out["error"] = main.error.decode("utf-8", "replace")[:400]
+    out["output"] = (outcome.stdout.strip() + "\n" + outcome.stderr.strip()).strip()[-800:]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("clients", nargs="*", default=list(CLIENTS), help="clients to run (default: all)")
+    p.add_argument("--model", default="scripted", help="scripted | default | a checkpoint path")
+    p.add_argument("--timeout", type=float, default=CLIENT_TIMEOUT_S, help="seconds per client run")
+    args = p.parse_args(argv)
+    from install import install
+
+    bin_dir = install()
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="ft-clients-") as d, server(args.model, Path(d)) as (running, rec):
+        for name in args.clients:
+            root = Path(d) / name
+            outcome = run_client(CLIENTS[name], running, rec, root, bin_dir, args.timeout)
+            print(json.dumps(facts(outcome), indent=1), flush=True)
+            ok &= outcome.answered
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

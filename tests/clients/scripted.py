@@ -1,0 +1,73 @@
+"""The scripted model behind the real server in the client tests: it plays one agent turn of the task
+"read numbers.txt and answer with the number in it".
+
+It reads the rendered prompt (the Qwen-like template of ``scripted_engine``): when the last turn holds a tool
+result, it answers with the 5-digit number found there (so the answer can only be right if the client ran the
+tool and sent its output back); when the prompt offers a file-reading tool, it calls it on ``numbers.txt``
+with the arguments that client's tool takes; with no tools (title or summary requests) it says a few words.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from scripted_engine import ScriptedEngine, build_tokenizer
+
+NUMBER_RE = re.compile(r"(?<!\d)\d{5}(?!\d)")
+# Tool name -> arguments, for the file-reading tools of the clients under test (first match wins).
+READ_CALLS: tuple[tuple[str, Callable[[str], dict[str, Any]]], ...] = (
+    ("Read", lambda d: {"file_path": f"{d}/numbers.txt"}),  # Claude Code
+    ("read", lambda d: {"filePath": f"{d}/numbers.txt"}),  # opencode
+    ("exec_command", lambda d: {"cmd": "cat numbers.txt", "workdir": d}),  # Codex (unified exec)
+    ("shell", lambda d: {"command": ["cat", "numbers.txt"], "workdir": d}),  # Codex (classic shell)
+    ("read_file", lambda d: {"path": f"{d}/numbers.txt"}),  # Hermes
+)
+MAX_MODEL_LEN = 1 << 20  # the toy tokenizer spends ~2x the real one's tokens; no limit worth meeting here
+
+
+def tool_names(prompt: str) -> list[str]:
+    """The tool names listed in the rendered prompt's ``<tools>`` block (JSON objects, one after another)."""
+    block = prompt.split("<tools>", 1)[1].split("</tools>", 1)[0] if "<tools>" in prompt else ""
+    decoder, names, at = json.JSONDecoder(), [], 0
+    while (at := block.find("{", at)) >= 0:
+        try:
+            tool, at = decoder.raw_decode(block, at)
+        except ValueError:
+            break
+        fn = tool.get("function", tool) if isinstance(tool, dict) else {}
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            names.append(fn["name"])
+    return names
+
+
+def reply(prompt: str, workdir: str) -> str:
+    # Everything since the previous assistant turn (the whole prompt on the first turn).
+    last = prompt.rsplit("<|im_start|>assistant", 2)[-2]
+    if "<tool_response>" in last:
+        found = NUMBER_RE.findall(last.rsplit("<tool_response>", 1)[1])
+        return f"The number is {found[0]}." if found else "The tool result holds no number."
+    names = tool_names(prompt)
+    for name, arguments in READ_CALLS:
+        if name in names:
+            call = json.dumps({"name": name, "arguments": arguments(workdir)})
+            return f"<tool_call>\n{call}\n</tool_call>"
+    return "Reading a number." if not names else f"No file-reading tool among: {', '.join(names)}."
+
+
+class AgentEngine(ScriptedEngine):
+    """The scripted engine playing the agent's model; ``workdir`` is the client's work folder (set per run)."""
+
+    workdir = "."
+
+
+def engine(tokenizer_dir: str) -> AgentEngine:
+    tok = build_tokenizer(tokenizer_dir)
+
+    def script(ids: list[int]) -> str:
+        return reply(tok.decode(ids, skip_special_tokens=False), eng.workdir)
+
+    eng = AgentEngine(tok, script, max_model_len=MAX_MODEL_LEN, step_s=0.0005, model_name="freetoken")
+    return eng
