@@ -215,8 +215,9 @@ def server(model: str, tmp: Path) -> Iterator[tuple[Running, Recorder]]:
         yield running, recorder
 
 
-def facts(outcome: Outcome) -> dict[str, Any]:
-    """What the client sent first and how the server answered it (for docs/agents.md)."""
+def facts(outcome: Outcome, url: str) -> dict[str, Any]:
+    """What the client sent first and how the server answered it (for docs/agents.md); an Anthropic request's
+    size in tokens is asked of the server's count_tokens (its refusal may give only a lower bound)."""
     main = next((e for e in outcome.exchanges if isinstance(e.body, dict) and e.body.get("tools")), None)
     out: dict[str, Any] = {"client": outcome.client, "rc": outcome.rc, "seconds": round(outcome.seconds, 1)}
     out["requests"] = [f"{e.path} {e.status}" for e in outcome.exchanges]
@@ -225,6 +226,11 @@ def facts(outcome: Outcome) -> dict[str, Any]:
         out.update(path=main.path, tools=len(tools), tool_schema_chars=len(json.dumps(tools)))
         out["request_chars"] = len(json.dumps(main.body))
         out["error"] = main.error.decode("utf-8", "replace")[:400]
+        if main.path == "/v1/messages":
+            import httpx
+
+            counted = httpx.post(url + "/v1/messages/count_tokens", json=main.body, timeout=60).json()
+            out["input_tokens"] = counted.get("input_tokens")
     out["output"] = (outcome.stdout.strip() + "\n" + outcome.stderr.strip()).strip()[-800:]
     return out
 
@@ -243,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.clients:
             root = Path(d) / name
             outcome = run_client(CLIENTS[name], running, rec, root, bin_dir, args.timeout)
-            print(json.dumps(facts(outcome), indent=1), flush=True)
+            print(json.dumps(facts(outcome, running.url), indent=1), flush=True)
             ok &= outcome.answered
     return 0 if ok else 1
 
