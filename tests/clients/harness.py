@@ -194,14 +194,15 @@ def _text(b: bytes | str | None) -> str:
 
 
 @contextmanager
-def server(model: str, tmp: Path) -> Iterator[tuple[Running, Recorder]]:
-    """``model``: "scripted", "default" (the embedded model) or a checkpoint path."""
+def server(model: str, tmp: Path, max_model_len: int | None = None) -> Iterator[tuple[Running, Recorder]]:
+    """``model``: "scripted", "default" (the embedded model) or a checkpoint path; ``max_model_len`` (scripted
+    only, in its toy tokenizer's tokens): a context to overflow."""
     recorder = Recorder()
     engine: Any
     if model == "scripted":
         import scripted
 
-        engine = scripted.engine(str(tmp / "tok"))
+        engine = scripted.engine(str(tmp / "tok"), max_model_len or scripted.MAX_MODEL_LEN)
     else:
         from freetoken.config import EngineConfig
         from freetoken.engine.async_llm import AsyncLLM
@@ -240,17 +241,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("clients", nargs="*", default=list(CLIENTS), help="clients to run (default: all)")
     p.add_argument("--model", default="scripted", help="scripted | default | a checkpoint path")
     p.add_argument("--timeout", type=float, default=CLIENT_TIMEOUT_S, help="seconds per client run")
+    p.add_argument("--max-model-len", type=int, default=None, help="the scripted model's context (toy tokens)")
+    p.add_argument("--dump", type=Path, default=None, help="write each client's requests to DUMP/<client>.json")
     args = p.parse_args(argv)
-    from install import install
+    from npm_clients import install
 
     bin_dir = install()
     ok = True
-    with tempfile.TemporaryDirectory(prefix="ft-clients-") as d, server(args.model, Path(d)) as (running, rec):
+    with (
+        tempfile.TemporaryDirectory(prefix="ft-clients-") as d,
+        server(args.model, Path(d), args.max_model_len) as (running, rec),
+    ):
         for name in args.clients:
             root = Path(d) / name
             outcome = run_client(CLIENTS[name], running, rec, root, bin_dir, args.timeout)
             print(json.dumps(facts(outcome, running.url), indent=1), flush=True)
             ok &= outcome.answered
+            if args.dump:
+                args.dump.mkdir(parents=True, exist_ok=True)
+                dumped = [{"path": e.path, "status": e.status, "body": e.body} for e in outcome.exchanges]
+                (args.dump / f"{name}.json").write_text(json.dumps(dumped, indent=1, default=str))
     return 0 if ok else 1
 
 

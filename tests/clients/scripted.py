@@ -63,11 +63,11 @@ class AgentEngine(ScriptedEngine):
     workdir = "."
 
 
-def engine(tokenizer_dir: str) -> AgentEngine:
+def engine(tokenizer_dir: str, max_model_len: int = MAX_MODEL_LEN) -> AgentEngine:
     tok = build_tokenizer(tokenizer_dir)
 
     def script(ids: list[int]) -> str:
         return reply(tok.decode(ids, skip_special_tokens=False), eng.workdir)
 
-    eng = AgentEngine(tok, script, max_model_len=MAX_MODEL_LEN, step_s=0.0005, model_name="freetoken")
+    eng = AgentEngine(tok, script, max_model_len=max_model_len, step_s=0.0005, model_name="freetoken")
     return eng

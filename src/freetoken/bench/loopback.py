@@ -50,7 +50,13 @@ def serve(
     app = build_app(engine, config)
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(wrap(app) if wrap else app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=5)
+        uvicorn.Config(
+            wrap(app) if wrap else app,
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            timeout_graceful_shutdown=5,
+        )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

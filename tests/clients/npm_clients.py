@@ -3,7 +3,7 @@
 The prefix is ``$FT_CLIENTS_DIR`` (default ``~/.cache/freetoken/clients``). Every package comes from the npm
 registry; their native binaries arrive as the packages' own optionalDependencies (``*-linux-x64``), so no
 install script has to run (npm 11 does not run them unless allowed, and the clients work without them).
-Run as a script to install: ``python3 tests/clients/install.py``.
+Run as a script to install: ``python3 tests/clients/npm_clients.py``.
 """
 
 from __future__ import annotations
