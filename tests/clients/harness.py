@@ -28,10 +28,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: scripted_engine
 
+import client_install  # noqa: E402
+
 from freetoken.bench.loopback import Running, serve  # noqa: E402
 from freetoken.launch import base  # noqa: E402
 from freetoken.launch import claude as claude_launch  # noqa: E402
 from freetoken.launch import codex as codex_launch  # noqa: E402
+from freetoken.launch import hermes as hermes_launch  # noqa: E402
+from freetoken.launch import openclaw as openclaw_launch  # noqa: E402
 from freetoken.launch import opencode as opencode_launch  # noqa: E402
 from freetoken.server.settings import ServerConfig  # noqa: E402
 
@@ -121,6 +125,12 @@ CLIENTS: dict[str, Client] = {
             env={"OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_AUTOUPDATE": "1"},
             api="openai chat completions",
         ),
+        # -z: one shot (prompt in, final text out; approvals bypassed).
+        Client("hermes", hermes_launch, lambda p: ["-z", p], api="openai chat completions"),
+        # agent --local: one turn of the embedded agent, no gateway.
+        Client(
+            "openclaw", openclaw_launch, lambda p: ["agent", "--local", "--message", p], api="openai chat completions"
+        ),
     )
 }
 # opencode wants its provider package (@ai-sdk/openai-compatible) from npm at first use: one shared cache.
@@ -161,7 +171,7 @@ def client_env(client: Client, url: str, home: Path, bin_dir: Path) -> tuple[lis
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "CODEX_", "OPENCODE_"))}
     env.update(HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", NO_PROXY="127.0.0.1,localhost")
     env.update({"XDG_CONFIG_HOME": str(home / ".config"), "XDG_DATA_HOME": str(home / ".local/share")})
-    env["XDG_CACHE_HOME"] = str(bin_dir.parent.parent / "xdg-cache") if client.name in SHARED_CACHE_DIRS else ""
+    env["XDG_CACHE_HOME"] = str(client_install.prefix() / "xdg-cache") if client.name in SHARED_CACHE_DIRS else ""
     env = {k: v for k, v in env.items() if v}
     server = base.probe_server(url, MODEL)
     plan = client.launch.plan(server, env, client.args(PROMPT))
@@ -244,9 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-model-len", type=int, default=None, help="the scripted model's context (toy tokens)")
     p.add_argument("--dump", type=Path, default=None, help="write each client's requests to DUMP/<client>.json")
     args = p.parse_args(argv)
-    from npm_clients import install
-
-    bin_dir = install()
+    dirs = client_install.bin_dirs(args.clients)
     ok = True
     with (
         tempfile.TemporaryDirectory(prefix="ft-clients-") as d,
@@ -254,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         for name in args.clients:
             root = Path(d) / name
-            outcome = run_client(CLIENTS[name], running, rec, root, bin_dir, args.timeout)
+            outcome = run_client(CLIENTS[name], running, rec, root, dirs[name], args.timeout)
             print(json.dumps(facts(outcome, running.url), indent=1), flush=True)
             ok &= outcome.answered
             if args.dump:

@@ -17,21 +17,22 @@ from typing import Any
 from scripted_engine import ScriptedEngine, build_tokenizer
 
 NUMBER_RE = re.compile(r"(?<!\d)\d{5}(?!\d)")
-# Tool name -> arguments, for the file-reading tools of the clients under test (first match wins).
-READ_CALLS: tuple[tuple[str, Callable[[str], dict[str, Any]]], ...] = (
-    ("Read", lambda d: {"file_path": f"{d}/numbers.txt"}),  # Claude Code
-    ("read", lambda d: {"filePath": f"{d}/numbers.txt"}),  # opencode
-    ("exec_command", lambda d: {"cmd": "cat numbers.txt", "workdir": d}),  # Codex (unified exec)
-    ("shell", lambda d: {"command": ["cat", "numbers.txt"], "workdir": d}),  # Codex (classic shell)
-    ("read_file", lambda d: {"path": f"{d}/numbers.txt"}),  # Hermes
+# File-reading tools (Claude Code's Read, opencode's and OpenClaw's read, Hermes' read_file) and the path
+# parameter each takes; else Codex's shell tools, which take a command.
+READ_TOOLS = ("Read", "read", "read_file")
+PATH_KEYS = ("file_path", "filePath", "path")
+SHELL_CALLS: tuple[tuple[str, Callable[[str], dict[str, Any]]], ...] = (
+    ("exec_command", lambda d: {"cmd": "cat numbers.txt", "workdir": d}),  # unified exec
+    ("shell", lambda d: {"command": ["cat", "numbers.txt"], "workdir": d}),  # classic shell
 )
 MAX_MODEL_LEN = 1 << 20  # the toy tokenizer spends ~2x the real one's tokens; no limit worth meeting here
 
 
-def tool_names(prompt: str) -> list[str]:
-    """The tool names listed in the rendered prompt's ``<tools>`` block (JSON objects, one after another)."""
+def tools(prompt: str) -> dict[str, set[str]]:
+    """Tool name -> its parameters' names, from the rendered prompt's ``<tools>`` block (JSON objects, one
+    after another)."""
     block = prompt.split("<tools>", 1)[1].split("</tools>", 1)[0] if "<tools>" in prompt else ""
-    decoder, names, at = json.JSONDecoder(), [], 0
+    decoder, found, at = json.JSONDecoder(), {}, 0
     while (at := block.find("{", at)) >= 0:
         try:
             tool, at = decoder.raw_decode(block, at)
@@ -39,8 +40,20 @@ def tool_names(prompt: str) -> list[str]:
             break
         fn = tool.get("function", tool) if isinstance(tool, dict) else {}
         if isinstance(fn, dict) and isinstance(fn.get("name"), str):
-            names.append(fn["name"])
-    return names
+            props = (fn.get("parameters") or {}).get("properties") or {}
+            found[fn["name"]] = set(props) if isinstance(props, dict) else set()
+    return found
+
+
+def tool_call(offered: dict[str, set[str]], workdir: str) -> dict[str, Any] | None:
+    for name in READ_TOOLS:
+        key = next((k for k in PATH_KEYS if k in offered.get(name, ())), None)
+        if key is not None:
+            return {"name": name, "arguments": {key: f"{workdir}/numbers.txt"}}
+    for name, arguments in SHELL_CALLS:
+        if name in offered:
+            return {"name": name, "arguments": arguments(workdir)}
+    return None
 
 
 def reply(prompt: str, workdir: str) -> str:
@@ -49,12 +62,11 @@ def reply(prompt: str, workdir: str) -> str:
     if "<tool_response>" in last:
         found = NUMBER_RE.findall(last.rsplit("<tool_response>", 1)[1])
         return f"The number is {found[0]}." if found else "The tool result holds no number."
-    names = tool_names(prompt)
-    for name, arguments in READ_CALLS:
-        if name in names:
-            call = json.dumps({"name": name, "arguments": arguments(workdir)})
-            return f"<tool_call>\n{call}\n</tool_call>"
-    return "Reading a number." if not names else f"No file-reading tool among: {', '.join(names)}."
+    offered = tools(prompt)
+    call = tool_call(offered, workdir)
+    if call is not None:
+        return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+    return "Reading a number." if not offered else f"No file-reading tool among: {', '.join(offered)}."
 
 
 class AgentEngine(ScriptedEngine):
