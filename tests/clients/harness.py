@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -166,41 +167,54 @@ def workspace(root: Path) -> tuple[Path, Path]:
     return work, home
 
 
-def client_env(client: Client, url: str, home: Path, bin_dir: Path) -> tuple[list[str], dict[str, str]]:
+def client_env(
+    client: Client, url: str, home: Path, bin_dir: Path, model: str | None = MODEL
+) -> tuple[list[str], dict[str, str]]:
     """The command line and environment ``ft launch <client>`` would run, files written into ``home``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "CODEX_", "OPENCODE_"))}
     env.update(HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", NO_PROXY="127.0.0.1,localhost")
     env.update({"XDG_CONFIG_HOME": str(home / ".config"), "XDG_DATA_HOME": str(home / ".local/share")})
     env["XDG_CACHE_HOME"] = str(client_install.prefix() / "xdg-cache") if client.name in SHARED_CACHE_DIRS else ""
     env = {k: v for k, v in env.items() if v}
-    server = base.probe_server(url, MODEL)
+    server = base.probe_server(url, model)
     plan = client.launch.plan(server, env, client.args(PROMPT))
     base.apply_plan(plan)
     return [str(bin_dir / plan.binary), *plan.args], {**plan.child_env(env), **client.env}
 
 
 def run_client(
-    client: Client, running: Running, recorder: Recorder, root: Path, bin_dir: Path, timeout: float
+    client: Client, running: Running | str, recorder: Recorder, root: Path, bin_dir: Path, timeout: float
 ) -> Outcome:
+    """``running``: our server, or the URL of an ``ft serve`` started elsewhere (its first model is used)."""
     work, home = workspace(root)
-    cmd, env = client_env(client, running.url, home, bin_dir)
+    url = running if isinstance(running, str) else running.url
+    cmd, env = client_env(client, url, home, bin_dir, None if isinstance(running, str) else MODEL)
     env["PWD"] = str(work)  # opencode takes its project folder from $PWD, not from the process's cwd
-    if hasattr(running.engine, "workdir"):
+    if not isinstance(running, str) and hasattr(running.engine, "workdir"):
         running.engine.workdir = str(work)  # the scripted model's tool calls name this folder
     first = len(recorder.exchanges)
     t0 = time.monotonic()
+    # A session of its own: at the timeout the client and everything it started (shells, servers) are killed.
+    proc = subprocess.Popen(
+        cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
     try:
-        done = subprocess.run(
-            cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
-        )
-        rc, out, err = done.returncode, done.stdout, done.stderr
-    except subprocess.TimeoutExpired as exc:
-        rc, out, err = None, _text(exc.stdout), _text(exc.stderr)
+        out, err = proc.communicate(timeout=timeout)
+        rc: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        _kill_session(proc.pid)
+        out, err = proc.communicate()
+        rc = None
+    _kill_session(proc.pid)  # what the client left running
     return Outcome(client.name, rc, out, err, time.monotonic() - t0, recorder.exchanges[first:])
 
 
-def _text(b: bytes | str | None) -> str:
-    return b.decode("utf-8", "replace") if isinstance(b, bytes) else (b or "")
+def _kill_session(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 @contextmanager
@@ -253,17 +267,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=CLIENT_TIMEOUT_S, help="seconds per client run")
     p.add_argument("--max-model-len", type=int, default=None, help="the scripted model's context (toy tokens)")
     p.add_argument("--dump", type=Path, default=None, help="write each client's requests to DUMP/<client>.json")
+    p.add_argument("--url", default=None, help="an `ft serve` already running (no requests recorded then)")
     args = p.parse_args(argv)
     dirs = client_install.bin_dirs(args.clients)
     ok = True
-    with (
-        tempfile.TemporaryDirectory(prefix="ft-clients-") as d,
-        server(args.model, Path(d), args.max_model_len) as (running, rec),
-    ):
+    with ExitStack() as stack:
+        d = stack.enter_context(tempfile.TemporaryDirectory(prefix="ft-clients-"))
+        if args.url:
+            running: Running | str = base.normalize_server_url(args.url)
+            rec = Recorder()
+        else:
+            running, rec = stack.enter_context(server(args.model, Path(d), args.max_model_len))
+        url = running if isinstance(running, str) else running.url
         for name in args.clients:
             root = Path(d) / name
             outcome = run_client(CLIENTS[name], running, rec, root, dirs[name], args.timeout)
-            print(json.dumps(facts(outcome, running.url), indent=1), flush=True)
+            print(json.dumps(facts(outcome, url), indent=1), flush=True)
             ok &= outcome.answered
             if args.dump:
                 args.dump.mkdir(parents=True, exist_ok=True)

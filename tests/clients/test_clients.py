@@ -7,6 +7,7 @@ not: pinned below)."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +29,10 @@ def dirs() -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def scripted_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, Recorder]]:
-    with server("scripted", tmp_path_factory.mktemp("srv")) as pair:
+    """The round trips' server: the scripted model, or ``$FT_CLIENTS_MODEL`` ("default": the embedded model, or
+    a checkpoint path) once a real model holds an agent's prompt."""
+    model = os.environ.get("FT_CLIENTS_MODEL", "scripted")
+    with server(model, tmp_path_factory.mktemp("srv")) as pair:
         yield pair
 
 
