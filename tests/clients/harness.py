@@ -104,38 +104,30 @@ class Client:
     launch: Any  # the ft launch module (plan(), BINARY)
     args: Callable[[str], list[str]]  # prompt -> the arguments after those of the launch plan
     env: Mapping[str, str] = field(default_factory=dict)
-    api: str = ""
 
 
 CLIENTS: dict[str, Client] = {
     c.name: c
     for c in (
         # -p: print mode; Read is allowed without a prompt (root may not skip permissions altogether).
-        Client("claude", claude_launch, lambda p: ["-p", p, "--allowedTools", "Read"], api="anthropic messages"),
-        Client(
-            "codex",
-            codex_launch,
-            lambda p: ["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", p],
-            api="openai responses",
-        ),
+        Client("claude", claude_launch, lambda p: ["-p", p, "--allowedTools", "Read"]),
+        # exec: one task; its shell tool runs in Codex's read-only sandbox (its bundled bubblewrap).
+        Client("codex", codex_launch, lambda p: ["exec", "--skip-git-repo-check", "--sandbox", "read-only", p]),
         Client(
             "opencode",
             opencode_launch,
             lambda p: ["run", p],
             # models.dev (its model catalogue) is not npm: never asked; our model's limits come from the config.
             env={"OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_AUTOUPDATE": "1"},
-            api="openai chat completions",
         ),
         # -z: one shot (prompt in, final text out; approvals bypassed).
-        Client("hermes", hermes_launch, lambda p: ["-z", p], api="openai chat completions"),
+        Client("hermes", hermes_launch, lambda p: ["-z", p]),
         # agent --local: one turn of the embedded agent, no gateway.
-        Client(
-            "openclaw", openclaw_launch, lambda p: ["agent", "--local", "--message", p], api="openai chat completions"
-        ),
+        Client("openclaw", openclaw_launch, lambda p: ["agent", "--local", "--message", p]),
     )
 }
 # opencode wants its provider package (@ai-sdk/openai-compatible) from npm at first use: one shared cache.
-SHARED_CACHE_DIRS = {"opencode": "XDG_CACHE_HOME"}
+SHARED_CACHE = ("opencode",)
 
 
 @dataclass
@@ -174,7 +166,7 @@ def client_env(
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "CODEX_", "OPENCODE_"))}
     env.update(HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", NO_PROXY="127.0.0.1,localhost")
     env.update({"XDG_CONFIG_HOME": str(home / ".config"), "XDG_DATA_HOME": str(home / ".local/share")})
-    env["XDG_CACHE_HOME"] = str(client_install.prefix() / "xdg-cache") if client.name in SHARED_CACHE_DIRS else ""
+    env["XDG_CACHE_HOME"] = str(client_install.prefix() / "xdg-cache") if client.name in SHARED_CACHE else ""
     env = {k: v for k, v in env.items() if v}
     server = base.probe_server(url, model)
     plan = client.launch.plan(server, env, client.args(PROMPT))
