@@ -376,7 +376,6 @@ def test_codex_writes_provider_and_profile(server: str, box: dict[str, Any], tmp
         "model_provider": "freetoken",
         "model_context_window": 32768,
         "model_auto_compact_token_limit": 32768 * 9 // 10,
-        "model_max_output_tokens": 32768 // 8,
     }
     (bak,) = backups(codex_home / "config.toml")
     assert bak.read_text() == CODEX_CONFIG

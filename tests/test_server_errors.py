@@ -159,6 +159,26 @@ def test_anthropic_bad_input(srv: Running, name: str, body: Any, status: int, ki
     _anthropic_error(httpx.post(srv.url + MSGS, headers={"content-type": "application/json"}, **kw), status, kind)
 
 
+def test_context_overflow_counts_an_agent_sized_prompt(srv: Running) -> None:
+    """Below COUNT_UP_TO_CHARS a prompt past the context is tokenised for its refusal (agents show the count to
+    their users); far above it the refusal gives a lower bound, untokenised, and says so."""
+    from freetoken.server.generation import COUNT_UP_TO_CHARS
+
+    def refusal(chars: int) -> str:
+        text = ("hello world " * (chars // 12 + 1))[:chars]
+        r = httpx.post(
+            srv.url + MSGS, json={"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": text}]}
+        )
+        return _anthropic_error(r, 400, "invalid_request_error")
+
+    n_small, n_big = 60_000, 2 * COUNT_UP_TO_CHARS
+    counted = refusal(n_small)
+    assert "(at least:" not in counted
+    tokens = int(counted.split("prompt is too long: ")[1].split(" tokens")[0])
+    assert tokens > n_small // 12  # the toy tokenizer: a few tokens a word, far above a chars-per-token bound
+    assert "(at least: the prompt is too long to be worth tokenising)" in refusal(n_big)
+
+
 def test_context_overflow_in_each_wording(srv: Running) -> None:
     long = "hello world " * 200
     r = httpx.post(srv.url + CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": long}]})

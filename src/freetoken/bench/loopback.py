@@ -40,13 +40,23 @@ class Running:
 
 @contextmanager
 def serve(
-    engine: Any | Callable[[], Any], config: ServerConfig | None = None, wait_ready: bool = True
+    engine: Any | Callable[[], Any],
+    config: ServerConfig | None = None,
+    wait_ready: bool = True,
+    wrap: Callable[[Any], Any] | None = None,
 ) -> Iterator[Running]:
+    """``wrap``: an ASGI middleware put around the app (e.g. one that records the requests)."""
     config = config or ServerConfig(served_model_names=(MODEL,))
     app = build_app(engine, config)
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=5)
+        uvicorn.Config(
+            wrap(app) if wrap else app,
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            timeout_graceful_shutdown=5,
+        )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -55,7 +55,7 @@ def profile_settings(server: ServerInfo) -> dict[str, object]:
         "model_context_window": server.context_length,
         # Compact at 90% of the window (Codex's own rule for models it knows).
         "model_auto_compact_token_limit": server.context_length * 9 // 10,
-        "model_max_output_tokens": server.max_output_tokens,
+        # No output limit: Codex 0.171 ignores `model_max_output_tokens` (and warns about it on every run).
     }
 
 

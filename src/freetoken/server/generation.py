@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from freetoken.engine.async_llm import AsyncLLM
     from freetoken.server.metrics import ServerMetrics
 
+# A prompt past the context with at most this many characters is still tokenised for its refusal's count.
+COUNT_UP_TO_CHARS = 1 << 18  # 256 KiB: ~0.6 s of a loaded core; an agent's first request is 30-80 kB
 Event = Any  # one of freetoken.chat.events' dataclasses, or Finish
 Events = AsyncGenerator[Any, None]
 
@@ -123,15 +125,18 @@ class Generation:
 
     def _refuse_far_too_long(self, req: ChatRequest) -> None:
         """A prompt with more characters than the context could hold tokens is refused before it is
-        rendered and tokenised (a 16 MB body would otherwise cost seconds of a core)."""
+        rendered and tokenised (a 16 MB body would otherwise cost seconds of a core). Below
+        ``COUNT_UP_TO_CHARS`` it is tokenised all the same, so the refusal gives the true count: an agent
+        shows it to its user ("~4202 tokens" for Claude Code's 37,384-token request misleads)."""
         if self._chars_per_token is None:
             tok = self.engine.tokenizer
             self._chars_per_token = (chars_per_token_bound(tok) if tok is not None else None) or 0
         if not self._chars_per_token:
             return
-        at_least = req.text_chars() // self._chars_per_token
+        chars = req.text_chars()
+        at_least = chars // self._chars_per_token
         limit = self.engine.max_model_len
-        if at_least >= limit:
+        if at_least >= limit and chars > COUNT_UP_TO_CHARS:
             raise context_overflow(at_least, limit - 1, counted=False)
 
     @staticmethod
