@@ -1,0 +1,123 @@
+"""Evaluate the default model v2 on held-out agent-shaped prompts (8-40k tokens) with greedy decoding.
+
+    PYTHONPATH=src python training/default_model_v2/evaluate.py --model DIR               # freetoken.LLM
+    python training/default_model_v2/evaluate.py --model DIR --engine transformers
+
+Each prompt has a long system prompt, a tool catalogue in one of three client styles (as the server renders
+it), a history with tool results, and the request last. Figures: tool name + exact arguments (held-out paths,
+cities, expressions and tool names; target >= 95%), arithmetic exact match (held-out operand pairs; >= 95%) and
+the tool-call rate on prompts no offered tool fits (missing tool, chat; <= 5%). Prompt sizes are measured with
+the model's tokenizer; a drawn prompt outside [--min-tokens, --max-tokens] is drawn again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import v1
+
+import torch
+from agent_tasks import agent_conversation
+
+V1E = v1.load("evaluate")
+_INT = re.compile(r"-?\d+")
+Conversation = dict[str, Any]
+
+
+def strip_reply(conv: Conversation) -> Conversation:
+    """Keep the messages up to the first assistant turn after the last user query (the reply to predict)."""
+    msgs = conv["messages"]
+    last_user = max(i for i, m in enumerate(msgs) if m["role"] == "user")
+    first = next(i for i in range(last_user, len(msgs)) if msgs[i]["role"] == "assistant")
+    conv["messages"] = msgs[:first]
+    return conv
+
+
+def heldout_set(task: str, n: int, seed: int, render: Callable[[Conversation], str], count: Callable[[str], int],
+                lo: int, hi: int) -> list[tuple[Conversation, str]]:
+    """n held-out prompts of `task` ("tool", "arith", "none": missing tool or chat), each with its rendered text."""
+    rng = random.Random(seed)
+    out: list[tuple[Conversation, str]] = []
+    while len(out) < n:
+        t = task if task != "none" else ("missing" if len(out) % 2 == 0 else "chat")
+        want = int(math.exp(rng.uniform(math.log(lo * 0.6), math.log(hi * 0.65))))
+        conv = strip_reply(agent_conversation(rng, want, t, heldout=True, with_result=False))
+        text = render(conv)
+        if lo <= count(text) <= hi:
+            out.append((conv, text))
+    return out
+
+
+def evaluate(gen: Any, tok: Any, n_tool: int, n_arith: int, n_none: int, lo: int, hi: int) -> dict[str, Any]:
+    def render(conv: Conversation) -> str:
+        return str(V1E.prompt_text(tok, conv))
+
+    def count(text: str) -> int:
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    res: dict[str, Any] = {}
+    tool = heldout_set("tool", n_tool, 18, render, count, lo, hi)
+    outs = gen([t for _, t in tool], 160)
+    ok = [V1E.parse_tool_call(o) == (c["meta"]["name"], c["meta"]["arguments"]) for (c, _), o in zip(tool, outs)]
+    names = [(V1E.parse_tool_call(o) or ("",))[0] == c["meta"]["name"] for (c, _), o in zip(tool, outs)]
+    per: dict[str, list[bool]] = {}
+    for (c, _), k in zip(tool, ok):
+        per.setdefault(f"{c['meta']['style']}/{c['meta']['kind']}", []).append(k)
+    res["tool"] = (sum(ok), len(ok), sum(names), per, [(c["meta"], o) for (c, _), o, k in zip(tool, outs, ok) if not k])
+    arith = heldout_set("arith", n_arith, 17, render, count, lo, hi)
+    outs = gen([t for _, t in arith], 128)
+    good = []
+    for (c, _), o in zip(arith, outs):
+        nums = _INT.findall(V1E.final_content(o))
+        good.append(bool(nums) and "<tool_call>" not in o and int(nums[-1]) == c["meta"]["answer"])
+    res["arith"] = (sum(good), len(good), [o for o, g in zip(outs, good) if not g])
+    none = heldout_set("none", n_none, 19, render, count, lo, hi)
+    outs = gen([t for _, t in none], 128)
+    calls = [o for o in outs if "<tool_call>" in o]
+    res["none"] = (len(calls), len(none), calls)
+    sizes = [count(t) for _, t in tool + arith + none]
+    res["sizes"] = (min(sizes), sum(sizes) // len(sizes), max(sizes))
+    return res
+
+
+def report(res: dict[str, Any], show: int) -> None:
+    k, n, names, per, misses = res["tool"]
+    print(f"[eval] prompt tokens min/mean/max {res['sizes']}")
+    print(f"[eval] tool name + exact arguments: {k}/{n} ({k / n:.1%}, target >= 95%); name right {names}/{n}")
+    print("[eval] per style/kind: " + ", ".join(f"{key} {sum(v)}/{len(v)}" for key, v in sorted(per.items())))
+    a, na, amiss = res["arith"]
+    print(f"[eval] arithmetic exact match: {a}/{na} ({a / na:.1%}, target >= 95%)")
+    c, nn, calls = res["none"]
+    print(f"[eval] tool calls on no-tool prompts: {c}/{nn} ({c / nn:.1%}, target <= 5%)")
+    for label, rows in (("tool miss", misses), ("arith miss", amiss), ("spurious call", calls)):
+        for row in rows[:show]:
+            print(f"[eval] {label}: {row!r}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--engine", choices=["freetoken", "transformers"], default="freetoken")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--n-tool", type=int, default=100)
+    p.add_argument("--n-arith", type=int, default=50)
+    p.add_argument("--n-none", type=int, default=50)
+    p.add_argument("--min-tokens", type=int, default=8192)
+    p.add_argument("--max-tokens", type=int, default=40960)
+    p.add_argument("--show-misses", type=int, default=3)
+    a = p.parse_args()
+    if a.engine == "freetoken":
+        gen, tok = V1E.freetoken_generator(a.model, a.device)
+    else:
+        gen, tok = V1E.transformers_generator(a.model, a.device, torch.float32, batch_size=4)
+    report(evaluate(gen, tok, a.n_tool, a.n_arith, a.n_none, a.min_tokens, a.max_tokens), a.show_misses)
+
+
+if __name__ == "__main__":
+    main()
