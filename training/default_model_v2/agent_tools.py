@@ -26,7 +26,8 @@ STYLES = ("anthropic", "codex", "opencode")
 # parameter's name per style (plus variants), and the first sentence of the description (what the tool does).
 NEEDED: dict[str, dict[str, Any]] = {
     "read": {"style": {"anthropic": "Read", "codex": "read_file", "opencode": "read"},
-             "verbs": ["read", "view", "open", "cat", "load", "show"], "nouns": ["file", "text", "contents", "document"],
+             "verbs": ["read", "view", "open", "cat", "load", "show"],
+             "nouns": ["file", "text", "contents", "document"],
              "param": {"anthropic": "file_path", "codex": "path", "opencode": "filePath"},
              "params": ["path", "file_path", "filename", "file"],
              "what": ["Reads a file from the local filesystem and returns its text.",

@@ -20,9 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import v1
-
 import torch
+import v1
 from agent_tasks import agent_conversation
 
 V1E = v1.load("evaluate")

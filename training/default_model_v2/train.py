@@ -18,10 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import v1  # noqa: F401  (puts v1's modules on sys.path)
-
 import numpy as np
 import torch
+import v1  # first: puts v1's modules on sys.path
 from agent_data import batches, describe, generate_samples
 from checkpoint_io import save_checkpoint
 from hybrid_config import MAX_POSITIONS, build_config
