@@ -84,3 +84,24 @@ def test_batches_keep_the_token_budget_and_the_curriculum(mods: dict[str, Module
     assert all(len(g) * data._padded(max(lengths[i] for i in g)) <= 65536 for g in plan)
     first = plan[: int(len(plan) * 0.1)]
     assert all(max(lengths[i] for i in g) <= data.LONG_FROM for g in first)
+
+
+@pytest.mark.parametrize("style_seed", [0, 1, 2])
+def test_agent_prompt_renders_alike_in_training_transformers_and_the_server(mods: dict[str, ModuleType],
+                                                                            style_seed: int) -> None:
+    """Training renders with render.py; evaluation with transformers; the server with freetoken.chat.template."""
+    from transformers import AutoTokenizer
+
+    from freetoken.chat.template import render as ft_render
+
+    assets = ROOT / "src" / "freetoken" / "assets" / "default_model"
+    conv = mods["agent_tasks"].agent_conversation(random.Random(style_seed), 3000, "tool")
+    msgs, tools = conv["messages"], conv["tools"]
+    last_user = max(i for i, m in enumerate(msgs) if m["role"] == "user")
+    source = mods["render"].template_source()
+    ours = mods["render"].render(conv, last_user + 1, add_generation_prompt=True)
+    hf = AutoTokenizer.from_pretrained(assets).apply_chat_template(
+        msgs[:last_user + 1], tools=tools, tokenize=False, add_generation_prompt=True)
+    assert ours == hf == ft_render(source, msgs[:last_user + 1], tools, add_generation_prompt=True)
+    calls = sum(1 for m in msgs[:last_user] if m.get("tool_calls"))
+    assert ours.count("<tool_call>") == calls + 2  # the history's calls + the two in the format line

@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--xl", type=int, default=120, help="agent conversations of 36-56k prompt tokens")
     p.add_argument("--tokenizer", type=Path, default=v1.V1_TOKENIZER, help="v1's tokenizer.json")
     p.add_argument("--max-len", type=int, default=MAX_POSITIONS)
-    p.add_argument("--batch-tokens", type=int, default=131_072, help="padded tokens per step")
+    p.add_argument("--batch-tokens", type=int, default=65_536, help="padded tokens per step (>= --max-len)")
     p.add_argument("--steps", type=int, default=100_000, help="optimizer steps (upper bound with --time-budget)")
     p.add_argument("--time-budget", type=float, default=0.0,
                    help="seconds for the whole run (data + training); >0 runs the schedule on the clock")
