@@ -67,12 +67,22 @@ def test_training_side_never_uses_heldout_keys(mods: dict[str, ModuleType]) -> N
     assert all(split.is_heldout("tool", m["name"]) and m["name"] not in canonical for m in held)
 
 
-def test_trained_pieces_are_the_reply(mods: dict[str, ModuleType]) -> None:
-    conv = mods["agent_tasks"].agent_conversation(random.Random(2), 4000, "tool")
-    pieces = mods["render"].pieces(conv)
-    trained = [t for t, m in pieces if m]
-    assert len(trained) == 2 and "<tool_call>" in trained[0] and trained[1].endswith("<|im_end|>")
-    assert "".join(t for t, _ in pieces) == mods["render"].render(conv)
+def test_trained_pieces_are_the_reply_and_the_historys_calls(mods: dict[str, ModuleType]) -> None:
+    rng = random.Random(2)
+    histories = 0
+    for _ in range(10):
+        conv = mods["agent_tasks"].agent_conversation(rng, 4000, "tool")
+        pieces = mods["agent_data"].agent_pieces(conv)
+        assert "".join(t for t, _ in pieces) == mods["render"].render(conv)
+        trained = [t for t, m in pieces if m]
+        n_hist = sum(1 for m in conv["messages"] if m.get("_train"))
+        histories += n_hist
+        assert len(trained) == n_hist + 2
+        for text in trained[:n_hist]:  # history calls: no thinking, the call, the end of the turn
+            assert text.startswith("<tool_call>\n") and text.endswith("</tool_call><|im_end|>")
+        assert trained[n_hist].startswith("<think>\n") and "<tool_call>" in trained[n_hist]
+        assert trained[-1].endswith("<|im_end|>")
+    assert histories > 10
 
 
 def test_batches_keep_the_token_budget_and_the_curriculum(mods: dict[str, ModuleType]) -> None:

@@ -7,6 +7,7 @@ Chunk c of class k is seeded by (seed, k, c), so the data does not depend on the
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from tokenizers import Tokenizer
 
 CHUNK = {"short": 2000, "medium": 100, "long": 20, "xl": 5}
 # Prompt sizes (tokens asked of agent_conversation; the rendered prompt comes out a little longer).
-LENGTHS = {"medium": (1000, 7000), "long": (7000, 36000), "xl": (36000, 56000)}
+LENGTHS = {"medium": (1000, 7000), "long": (7000, 36000), "xl": (40000, 62000)}
 AGENT_MIX = {"tool": 0.6, "missing": 0.12, "arith": 0.14, "chat": 0.14}
 PAD_MULTIPLE = 64
 LONG_FROM = 8192  # a batch whose rows are longer than this is "long" for the curriculum
@@ -44,14 +45,40 @@ def agent_conversations(n: int, seed: int, lengths: tuple[int, int]) -> list[dic
                                rng.choices(tasks, weights)[0], with_result=rng.random() < 0.7) for _ in range(n)]
 
 
+def _call_text(msg: dict) -> str:
+    """A history call as the template renders it before the last query (no thinking, empty content)."""
+    fn = msg["tool_calls"][0]["function"]
+    args = json.dumps(fn["arguments"], ensure_ascii=False)
+    return f'<tool_call>\n{{"name": "{fn["name"]}", "arguments": {args}}}\n</tool_call><|im_end|>'
+
+
+def agent_pieces(conv: dict) -> list[tuple[str, bool]]:
+    """v1's pieces (the turns after the last query are trained) with the history's `_train` calls trained too:
+    each is found, in order, in the context right after its `<|im_start|>assistant\n` and cut out as trainable.
+    They teach the call at many depths of a long prompt; thinking is absent there, as the template renders it."""
+    targets = [_call_text(m) for m in conv["messages"] if m.get("_train")]
+    out: list[tuple[str, bool]] = []
+    for text, trainable in pieces(conv):
+        pos = 0
+        while targets and not trainable:
+            j = text.find("<|im_start|>assistant\n" + targets[0], pos)
+            if j < 0:
+                break
+            start = j + len("<|im_start|>assistant\n")
+            out += [(text[pos:start], False), (targets[0], True)]
+            pos = start + len(targets.pop(0))
+        out.append((text[pos:], trainable))
+    return [(t, m) for t, m in out if t]
+
+
 def _chunk(job: tuple[str, int, int, int, str, int]) -> list[Sample]:
     kind, seed, chunk, n, tok_path, max_len = job
     chunk_seed = seed * 100_003 + chunk + 7_919 * list(CHUNK).index(kind) * 1_000_003
     if kind == "short":
-        convs = training_conversations(n, chunk_seed)
+        split = [pieces(c) for c in training_conversations(n, chunk_seed)]
     else:
-        convs = agent_conversations(n, chunk_seed, LENGTHS[kind])
-    return tokenize(_tokenizer(tok_path), [pieces(c) for c in convs], max_len)
+        split = [agent_pieces(c) for c in agent_conversations(n, chunk_seed, LENGTHS[kind])]
+    return tokenize(_tokenizer(tok_path), split, max_len)
 
 
 def generate_samples(counts: dict[str, int], seed: int, workers: int, tok_path: str, max_len: int,

@@ -104,21 +104,36 @@ def _answer(kind: str, x: str, result: Any) -> str:
             "fetch": f"The page says: {first}"}.get(kind, f"Found {first} first.")
 
 
-def _history(rng: random.Random, tools: list[dict[str, Any]], chars: int) -> list[dict[str, Any]]:
-    """Earlier turns: requests answered with calls to offered tools (their own required parameter), long tool
-    results, short answers. They come before the last user query, so they are context, never trained on."""
+def _history(rng: random.Random, offered: dict[str, tuple[str, str]], chars: int, heldout: bool,
+             ) -> list[dict[str, Any]]:
+    """Earlier turns: requests answered with a call of the right offered tool (trainable: `_train`, see
+    agent_data.agent_pieces), its result (the bulk of the history's length) and a short answer; now and then a
+    plain exchange. They come before the last user query, so the template renders them without thinking."""
     msgs: list[dict[str, Any]] = []
-    size = 0
-    while size < chars and tools:
-        fn = rng.choice(tools)["function"]
-        required = fn["parameters"].get("required") or ["path"]
-        result = "\n".join(f"{i + 1}\t{paragraph(rng, 1)}" for i in range(rng.randint(2, 40)))
-        call = {"type": "function", "function": {"name": fn["name"], "arguments": {required[0]: random_file(rng)}}}
-        msgs += [{"role": "user", "content": paragraph(rng, rng.randint(1, 3))},
-                 {"role": "assistant", "content": "", "tool_calls": [call]},
-                 {"role": "tool", "content": result},
-                 {"role": "assistant", "content": paragraph(rng, 1)}]
-        size += len(result) + 300
+    turns = rng.randint(1, 8)
+    left, kinds = chars, sorted(offered)
+    for t in range(turns if chars > 0 else 0):
+        if not kinds or rng.random() < 0.15:
+            msgs += [{"role": "user", "content": paragraph(rng, rng.randint(1, 3))},
+                     {"role": "assistant", "content": paragraph(rng, rng.randint(1, 2))}]
+            left -= 400
+            continue
+        kind = rng.choice(kinds)
+        name, param = offered[kind]
+        x, result = argument(rng, kind, heldout)
+        text = result if isinstance(result, str) else json.dumps(result)
+        if kind not in ("weather", "calculator"):  # a long file, listing or command output fills the prompt
+            lines, want = [], left // (turns - t) - 300
+            while want > 0:
+                lines.append(f"{len(lines) + 1}\t{paragraph(rng, 1)}")
+                want -= len(lines[-1]) + 1
+            text = "\n".join([text, *lines])
+        call = {"type": "function", "function": {"name": name, "arguments": {param: x}}}
+        msgs += [{"role": "user", "content": rng.choice(ASK[kind]).format(x=x)},
+                 {"role": "assistant", "content": "", "tool_calls": [call], "_train": True},
+                 {"role": "tool", "content": text},
+                 {"role": "assistant", "content": _answer(kind, x, result)}]
+        left -= len(text) + 300
     return msgs
 
 
@@ -134,13 +149,15 @@ def agent_conversation(rng: random.Random, prompt_tokens: int, task: str, heldou
     kind = rng.choice(sorted(ASK)) if task == "tool" else rng.choice(sorted(MISSING))
     n_tools = rng.randint(4, 12) + chars // 6000
     tool_chars = int(chars * rng.uniform(0.35, 0.6))
-    tools, name, param = catalogue(rng, style, kind if task == "tool" else None, n_tools,
+    tools, name, param, offered = catalogue(rng, style, kind if task == "tool" else None, n_tools,
                                    tool_chars // max(1, n_tools), heldout, exclude=(kind,) if task == "missing" else ())
     cwd = random_dir(rng)
     system = instructions(rng, int(chars * rng.uniform(0.2, 0.4))) + "\n\n" + environment_block(rng, cwd)
     hist_chars = max(0, chars - tool_chars - len(system))
     msgs: list[dict[str, Any]] = [{"role": "system", "content": system}]
-    msgs += _history(rng, tools, hist_chars) if rng.random() < 0.8 else []
+    if task == "tool" and (heldout or rng.random() < 0.5):  # held out: the history never calls the needed tool
+        offered = {k: v for k, v in offered.items() if k != kind}
+    msgs += _history(rng, offered, hist_chars, heldout) if rng.random() < 0.85 else []
     meta: dict[str, Any] = {"task": task, "style": style, "kind": kind, "prompt_tokens": prompt_tokens}
     if task == "tool":
         x, result = argument(rng, kind, heldout)

@@ -191,12 +191,14 @@ def sorted_keys(tool: Tool) -> Tool:
 
 
 def catalogue(rng: random.Random, style: str, need: str | None, n_tools: int, desc_chars: int, heldout: bool,
-              exclude: tuple[str, ...] = ()) -> tuple[list[Tool], str, str]:
-    """n_tools tools in random order, `need` (a NEEDED kind) among them when given; a kind never appears twice
-    under one name. Returns (tools, name, param) of the needed tool ("" when none)."""
+              exclude: tuple[str, ...] = ()) -> tuple[list[Tool], str, str, dict[str, tuple[str, str]]]:
+    """n_tools tools in random order, `need` (a NEEDED kind) among them when given; no name appears twice.
+    Returns (tools, name, param) of the needed tool ("" when none) and {kind: (name, param)} of the NEEDED kinds
+    offered (the first tool of each), for the history's calls."""
     pool = [k for k in NEEDED if k != need and k not in exclude] + list(DISTRACTORS)
     kinds = ([need] if need else []) + [rng.choice(pool) for _ in range(max(0, n_tools - (1 if need else 0)))]
     tools, used, name, param = [], set(), "", ""
+    offered: dict[str, tuple[str, str]] = {}
     for i, kind in enumerate(kinds):
         chars = max(40, int(desc_chars * rng.uniform(0.3, 1.7)))
         tool, n, p = make_tool(rng, kind, style, heldout and i == 0, chars)
@@ -210,7 +212,9 @@ def catalogue(rng: random.Random, style: str, need: str | None, n_tools: int, de
         tools.append(tool)
         if i == 0 and need:
             name, param = n, p
+        if kind in NEEDED:
+            offered.setdefault(kind, (n, p))
     rng.shuffle(tools)
     if rng.random() < 0.15:
         tools = [sorted_keys(t) for t in tools]
-    return tools, name, param
+    return tools, name, param, offered

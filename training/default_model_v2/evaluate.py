@@ -45,7 +45,7 @@ def heldout_set(task: str, n: int, seed: int, render: Callable[[Conversation], s
     out: list[tuple[Conversation, str]] = []
     while len(out) < n:
         t = task if task != "none" else ("missing" if len(out) % 2 == 0 else "chat")
-        want = int(math.exp(rng.uniform(math.log(lo * 0.6), math.log(hi * 0.65))))
+        want = int(math.exp(rng.uniform(math.log(lo * 0.9), math.log(hi * 0.9))))
         conv = strip_reply(agent_conversation(rng, want, t, heldout=True, with_result=False))
         text = render(conv)
         if lo <= count(text) <= hi:
