@@ -16,6 +16,7 @@ import argparse
 import math
 import random
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,50 +54,55 @@ def heldout_set(task: str, n: int, seed: int, render: Callable[[Conversation], s
     return out
 
 
-def evaluate(gen: Any, tok: Any, n_tool: int, n_arith: int, n_none: int, lo: int, hi: int) -> dict[str, Any]:
+def evaluate(gen: Any, tok: Any, n_tool: int, n_arith: int, n_none: int, lo: int, hi: int, show: int) -> None:
+    """Prints each figure as soon as its set is done (a run cut short still leaves the figures before)."""
     def render(conv: Conversation) -> str:
         return str(V1E.prompt_text(tok, conv))
 
     def count(text: str) -> int:
         return len(tok(text, add_special_tokens=False)["input_ids"])
 
-    res: dict[str, Any] = {}
-    tool = heldout_set("tool", n_tool, 18, render, count, lo, hi)
-    outs = gen([t for _, t in tool], 160)
-    ok = [V1E.parse_tool_call(o) == (c["meta"]["name"], c["meta"]["arguments"]) for (c, _), o in zip(tool, outs)]
-    names = [(V1E.parse_tool_call(o) or ("",))[0] == c["meta"]["name"] for (c, _), o in zip(tool, outs)]
-    per: dict[str, list[bool]] = {}
-    for (c, _), k in zip(tool, ok):
-        per.setdefault(f"{c['meta']['style']}/{c['meta']['kind']}", []).append(k)
-    res["tool"] = (sum(ok), len(ok), sum(names), per, [(c["meta"], o) for (c, _), o, k in zip(tool, outs, ok) if not k])
-    arith = heldout_set("arith", n_arith, 17, render, count, lo, hi)
-    outs = gen([t for _, t in arith], 128)
-    good = []
-    for (c, _), o in zip(arith, outs):
-        nums = _INT.findall(V1E.final_content(o))
-        good.append(bool(nums) and "<tool_call>" not in o and int(nums[-1]) == c["meta"]["answer"])
-    res["arith"] = (sum(good), len(good), [o for o, g in zip(outs, good) if not g])
-    none = heldout_set("none", n_none, 19, render, count, lo, hi)
-    outs = gen([t for _, t in none], 128)
-    calls = [o for o in outs if "<tool_call>" in o]
-    res["none"] = (len(calls), len(none), calls)
-    sizes = [count(t) for _, t in tool + arith + none]
-    res["sizes"] = (min(sizes), sum(sizes) // len(sizes), max(sizes))
-    return res
+    def run(task: str, n: int, seed: int, max_new: int) -> list[tuple[Conversation, str]]:
+        prompts = heldout_set(task, n, seed, render, count, lo, hi)
+        sizes = [count(t) for _, t in prompts]
+        t0 = time.time()
+        outs = gen([t for _, t in prompts], max_new)
+        print(f"[eval] {task}: {n} prompts of {min(sizes)}-{max(sizes)} tokens (mean {sum(sizes) // n}), "
+              f"decoded in {time.time() - t0:.0f}s", flush=True)
+        return [(c, o) for (c, _), o in zip(prompts, outs)]
+
+    if n_tool:
+        rows = run("tool", n_tool, 18, 160)
+        ok = [V1E.parse_tool_call(o) == (c["meta"]["name"], c["meta"]["arguments"]) for c, o in rows]
+        names = sum((V1E.parse_tool_call(o) or ("",))[0] == c["meta"]["name"] for c, o in rows)
+        per: dict[str, list[bool]] = {}
+        for (c, _), k in zip(rows, ok):
+            per.setdefault(f"{c['meta']['style']}/{c['meta']['kind']}", []).append(k)
+        print(f"[eval] tool name + exact arguments: {sum(ok)}/{n_tool} ({sum(ok) / n_tool:.1%}, target >= 95%); "
+              f"name right {names}/{n_tool}")
+        print("[eval] per style/kind: " + ", ".join(f"{key} {sum(v)}/{len(v)}" for key, v in sorted(per.items())))
+        _show("tool miss", [(c["meta"], o) for (c, o), k in zip(rows, ok) if not k], show)
+    if n_arith:
+        rows = run("arith", n_arith, 17, 128)
+        bad = []
+        for c, o in rows:
+            nums = _INT.findall(V1E.final_content(o))
+            if not nums or "<tool_call>" in o or int(nums[-1]) != c["meta"]["answer"]:
+                bad.append((c["messages"][-1]["content"], o))
+        good = n_arith - len(bad)
+        print(f"[eval] arithmetic exact match: {good}/{n_arith} ({good / n_arith:.1%}, target >= 95%)")
+        _show("arith miss", bad, show)
+    if n_none:
+        rows = run("none", n_none, 19, 128)
+        calls = [(c["messages"][-1]["content"], o) for c, o in rows if "<tool_call>" in o]
+        print(f"[eval] tool calls on no-tool prompts: {len(calls)}/{n_none} ({len(calls) / n_none:.1%}, "
+              f"target <= 5%)")
+        _show("spurious call", calls, show)
 
 
-def report(res: dict[str, Any], show: int) -> None:
-    k, n, names, per, misses = res["tool"]
-    print(f"[eval] prompt tokens min/mean/max {res['sizes']}")
-    print(f"[eval] tool name + exact arguments: {k}/{n} ({k / n:.1%}, target >= 95%); name right {names}/{n}")
-    print("[eval] per style/kind: " + ", ".join(f"{key} {sum(v)}/{len(v)}" for key, v in sorted(per.items())))
-    a, na, amiss = res["arith"]
-    print(f"[eval] arithmetic exact match: {a}/{na} ({a / na:.1%}, target >= 95%)")
-    c, nn, calls = res["none"]
-    print(f"[eval] tool calls on no-tool prompts: {c}/{nn} ({c / nn:.1%}, target <= 5%)")
-    for label, rows in (("tool miss", misses), ("arith miss", amiss), ("spurious call", calls)):
-        for row in rows[:show]:
-            print(f"[eval] {label}: {row!r}")
+def _show(label: str, rows: list[Any], show: int) -> None:
+    for row in rows[:show]:
+        print(f"[eval] {label}: {row!r}", flush=True)
 
 
 def main() -> None:
@@ -115,7 +121,7 @@ def main() -> None:
         gen, tok = V1E.freetoken_generator(a.model, a.device)
     else:
         gen, tok = V1E.transformers_generator(a.model, a.device, torch.float32, batch_size=4)
-    report(evaluate(gen, tok, a.n_tool, a.n_arith, a.n_none, a.min_tokens, a.max_tokens), a.show_misses)
+    evaluate(gen, tok, a.n_tool, a.n_arith, a.n_none, a.min_tokens, a.max_tokens, a.show_misses)
 
 
 if __name__ == "__main__":
