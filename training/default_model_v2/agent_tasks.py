@@ -11,7 +11,7 @@ import json
 import random
 from typing import Any
 
-from agent_tools import STYLES, catalogue
+from agent_tools import STYLES, canonical_names, catalogue
 from pools import FILE_STEMS, FILE_TEXTS, PATH_DIRS, random_dir, random_file
 from prose import environment_block, instructions, paragraph
 from split import is_heldout
@@ -169,7 +169,7 @@ def agent_conversation(rng: random.Random, prompt_tokens: int, task: str, heldou
             msgs.append({"role": "tool", "content": result if isinstance(result, str) else json.dumps(result)})
             msgs.append({"role": "assistant", "content": _answer(kind, x, result),
                          "reasoning_content": f"{name} returned the result."})
-        meta |= {"name": name, "arguments": {param: x}}
+        meta |= {"name": name, "arguments": {param: x}, "seen_name": name in canonical_names()}
     elif task == "missing":
         x, _ = argument(rng, kind, heldout)
         msgs.append({"role": "user", "content": _reminder(rng) + rng.choice(ASK[kind]).format(x=x)})

@@ -134,8 +134,9 @@ def _compose(rng: random.Random, spec: dict[str, Any]) -> str:
 
 
 def tool_name(rng: random.Random, spec: dict[str, Any], style: str, heldout: bool) -> str:
-    """The style's own name (training side only, 40%) or a composed name on the requested side of the split."""
-    if not heldout and rng.random() < 0.4:
+    """The style's own name (40% in training, half of the held-out prompts: what real clients send) or a composed
+    name on the requested side of the split (held out: a name training never showed)."""
+    if rng.random() < (0.5 if heldout else 0.4):
         return str(spec["style"][style])
     while True:
         name = _compose(rng, spec)

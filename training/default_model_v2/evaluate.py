@@ -78,6 +78,7 @@ def evaluate(gen: Any, tok: Any, n_tool: int, n_arith: int, n_none: int, lo: int
         per: dict[str, list[bool]] = {}
         for (c, _), k in zip(rows, ok):
             per.setdefault(f"{c['meta']['style']}/{c['meta']['kind']}", []).append(k)
+            per.setdefault("client's own name" if c["meta"]["seen_name"] else "unseen name", []).append(k)
         print(f"[eval] tool name + exact arguments: {sum(ok)}/{n_tool} ({sum(ok) / n_tool:.1%}, target >= 95%); "
               f"name right {names}/{n_tool}")
         print("[eval] per style/kind: " + ", ".join(f"{key} {sum(v)}/{len(v)}" for key, v in sorted(per.items())))
