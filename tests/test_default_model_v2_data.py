@@ -4,6 +4,7 @@ the held-out split (paths, cities, expressions, tool names) and the length curri
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import random
 import sys
 from pathlib import Path
@@ -116,3 +117,31 @@ def test_agent_prompt_renders_alike_in_training_transformers_and_the_server(mods
     assert ours == hf == ft_render(source, msgs[:last_user + 1], tools, add_generation_prompt=True)
     calls = sum(1 for m in msgs[:last_user] if m.get("tool_calls"))
     assert ours.count("<tool_call>") == calls + 2  # the history's calls + the two in the format line
+
+
+def test_heldout_prompts_fit_their_size_and_end_at_the_request(mods: dict[str, ModuleType]) -> None:
+    from transformers import AutoTokenizer
+
+    saved_path, before = list(sys.path), set(sys.modules)
+    sys.path[:0] = [str(V2_DIR), str(V1_DIR)]
+    try:
+        spec = importlib.util.spec_from_file_location("v2_evaluate", V2_DIR / "evaluate.py")
+        assert spec is not None and spec.loader is not None
+        ev = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(ev)
+    finally:
+        sys.path[:] = saved_path
+        for added in set(sys.modules) - before:
+            if Path(getattr(sys.modules[added], "__file__", None) or "/").parent in (V1_DIR, V2_DIR):
+                del sys.modules[added]
+    tok = AutoTokenizer.from_pretrained(ROOT / "src" / "freetoken" / "assets" / "default_model")
+
+    def count(text: str) -> int:
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    rows = ev.heldout_set("tool", 4, 18, lambda c: ev.V1E.prompt_text(tok, c), count, 3000, 9000)
+    for conv, text in rows:
+        assert 3000 <= count(text) <= 9000 and text.endswith("<|im_start|>assistant\n")
+        assert conv["messages"][-1]["role"] == "user"
+        history_calls = [m["tool_calls"][0]["function"]["name"] for m in conv["messages"] if m.get("tool_calls")]
+        assert conv["meta"]["name"] not in history_calls  # held out: the name must come from the tool list
