@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True, help="final checkpoint directory")
     p.add_argument("--mid-out", type=Path, default=None, help="midway checkpoint directory (none by default)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--short", type=int, default=110_000, help="v1 short conversations")
+    p.add_argument("--short", type=int, default=150_000, help="v1 short conversations")
     p.add_argument("--medium", type=int, default=5_000, help="agent conversations of 1-7k asked prompt tokens")
     p.add_argument("--long", type=int, default=2_000, help="agent conversations of 7-36k asked prompt tokens")
     p.add_argument("--xl", type=int, default=250, help="agent conversations of 40-62k asked prompt tokens")
