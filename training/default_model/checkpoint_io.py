@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizer_train import write_tokenizer_files
+from tokenizer_train import MODEL_MAX_LENGTH, write_tokenizer_files
 from tokenizers import Tokenizer
 from transformers import Qwen3MoeForCausalLM
 
@@ -16,8 +16,10 @@ MAX_SHARD_BYTES = 15 * 2**20
 SHARD_SIZE = "15MB"  # save_pretrained's own accounting; checked against MAX_SHARD_BYTES below
 
 
-def save_checkpoint(model: Qwen3MoeForCausalLM, tok: Tokenizer, out_dir: Path) -> None:
-    """Save in the Hugging Face Qwen3-MoE layout (per-expert gate/up/down tensors), bf16."""
+def save_checkpoint(model: Qwen3MoeForCausalLM, tok: Tokenizer, out_dir: Path,
+                    model_max_length: int = MODEL_MAX_LENGTH) -> None:
+    """Save in the Hugging Face layout (per-expert gate/up/down tensors), bf16. v2 passes its hybrid model and
+    its 64k context."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in [*out_dir.glob("model*.safetensors"), *out_dir.glob("model.safetensors.index.json")]:
         old.unlink()  # a retrain into the same directory must not leave shards of another split
@@ -36,4 +38,4 @@ def save_checkpoint(model: Qwen3MoeForCausalLM, tok: Tokenizer, out_dir: Path) -
     im_end, eot = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
     gen = {"eos_token_id": [im_end, eot], "pad_token_id": eot, "do_sample": False, "max_new_tokens": 256}
     (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
-    write_tokenizer_files(tok, out_dir)
+    write_tokenizer_files(tok, out_dir, model_max_length)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 
 # Share of keys held out, per kind (out of 100).
-HELDOUT_PERCENT = {"arith": 10, "city": 20, "path": 15, "expr": 15}
+HELDOUT_PERCENT = {"arith": 10, "city": 20, "path": 15, "expr": 15, "tool": 25}  # "tool": v2 only
 
 
 def _bucket(key: str) -> int:

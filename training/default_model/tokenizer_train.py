@@ -33,7 +33,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     return tok
 
 
-def write_tokenizer_files(tok: Tokenizer, out_dir: Path) -> None:
+def write_tokenizer_files(tok: Tokenizer, out_dir: Path, model_max_length: int = MODEL_MAX_LENGTH) -> None:
     """tokenizer.json and tokenizer_config.json (with the chat template) for AutoTokenizer."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
@@ -50,7 +50,7 @@ def write_tokenizer_files(tok: Tokenizer, out_dir: Path) -> None:
         "add_prefix_space": False,
         "clean_up_tokenization_spaces": False,
         "errors": "replace",
-        "model_max_length": MODEL_MAX_LENGTH,
+        "model_max_length": model_max_length,
         "split_special_tokens": False,
         "chat_template": template_source(),
     }

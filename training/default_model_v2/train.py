@@ -1,0 +1,161 @@
+"""Train the embedded default model v2 (tiny Qwen3.5-MoE hybrid, 64k context) from scratch on synthetic data.
+
+    python training/default_model_v2/train.py --out /tmp/v2 --time-budget 330
+
+Generates v1's short tasks plus agent-shaped conversations (long tool-laden system prompts, histories, the
+request last), tokenises them with v1's tokenizer, trains with plain torch AdamW plus the router load-balancing
+loss in token-budget batches, and saves the checkpoint (HF layout, bf16). With --time-budget the learning-rate
+schedule runs on the clock: training stops when the budget is spent, whatever the speed of the step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import v1  # first: puts v1's modules on sys.path
+from agent_data import batches, describe, generate_samples
+from checkpoint_io import save_checkpoint
+from hybrid_config import MAX_POSITIONS, build_config
+from tokenizers import Tokenizer
+from transformers import Qwen3_5MoeForCausalLM
+from usage import format_usage
+
+V1 = v1.load("train")
+SAVE_RESERVE_S = 12.0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True, help="final checkpoint directory")
+    p.add_argument("--mid-out", type=Path, default=None, help="midway checkpoint directory (none by default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--short", type=int, default=150_000, help="v1 short conversations")
+    p.add_argument("--medium", type=int, default=5_000, help="agent conversations of 1-7k asked prompt tokens")
+    p.add_argument("--long", type=int, default=2_000, help="agent conversations of 7-36k asked prompt tokens")
+    p.add_argument("--xl", type=int, default=250, help="agent conversations of 40-62k asked prompt tokens")
+    p.add_argument("--tokenizer", type=Path, default=v1.V1_TOKENIZER, help="v1's tokenizer.json")
+    p.add_argument("--max-len", type=int, default=MAX_POSITIONS)
+    p.add_argument("--batch-tokens", type=int, default=65_536, help="padded tokens per step (>= --max-len)")
+    p.add_argument("--steps", type=int, default=100_000, help="optimizer steps (upper bound with --time-budget)")
+    p.add_argument("--time-budget", type=float, default=0.0,
+                   help="seconds for the whole run (data + training); >0 runs the schedule on the clock")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--toy", action="store_true", help="tiny model and data, for a CPU smoke run")
+    a = p.parse_args(argv)
+    if a.toy:  # a CPU run of a couple of minutes: short prompts, small batches
+        a.short, a.medium, a.long, a.xl = min(a.short, 600), min(a.medium, 30), 0, 0
+        a.batch_tokens, a.max_len, a.steps = min(a.batch_tokens, 4096), min(a.max_len, 4096), min(a.steps, 12)
+    return a
+
+
+def lr_at(progress: float, step: int, peak: float, warmup: int) -> float:
+    """Linear warm-up over `warmup` steps, then cosine decay to 10% of the peak at progress 1."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    frac = min(1.0, max(0.0, progress))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def set_experts_impl(model: Any, batch: dict[str, torch.Tensor], device: str) -> None:
+    try:
+        V1.pick_experts_implementation(model, batch, device)
+    except Exception as exc:  # a transformers without set_experts_implementation: its default
+        print(f"[model] keeping the default experts implementation ({type(exc).__name__}: {exc})", flush=True)
+
+
+def train(args: argparse.Namespace) -> None:
+    t0 = time.time()
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    tok = Tokenizer.from_file(str(args.tokenizer))
+    counts = {"short": args.short, "medium": args.medium, "long": args.long, "xl": args.xl}
+    samples = generate_samples(counts, args.seed, args.workers, str(args.tokenizer), args.max_len)
+    print(f"[data] {describe(samples)}; {time.time() - t0:.1f}s", flush=True)
+    pad, im_end = V1.token_id(tok, "<|endoftext|>"), V1.token_id(tok, "<|im_end|>")
+    cfg = build_config(tok.get_vocab_size(), [im_end, pad], pad, toy=args.toy)
+    model = Qwen3_5MoeForCausalLM(cfg).to(args.device)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"[model] {n_params} parameters ({n_params * 2 / 1e6:.1f} MB in bf16); layers {cfg.layer_types}",
+          flush=True)
+    it = batches(samples, args.batch_tokens, pad, args.seed)
+    if args.device.startswith("cuda"):
+        set_experts_impl(model, next(it), args.device)
+    run_loop(args, model, it, tok, t0)
+
+
+def run_loop(args: argparse.Namespace, model: Any, it: Any, tok: Tokenizer, t0: float) -> None:
+    opt = V1.make_optimizer(model, args.lr)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if args.device.startswith("cuda") else None
+    t_start = time.time()
+    train_budget = args.time_budget - (t_start - t0) - SAVE_RESERVE_S if args.time_budget > 0 else 0.0
+    if args.time_budget > 0 and train_budget < 10:
+        raise SystemExit(f"--time-budget {args.time_budget}s leaves {train_budget:.0f}s to train")
+    recent: list[torch.Tensor] = []
+    trained_tokens = 0
+    model.train()
+    step, progress, mid_saved = 0, 0.0, args.mid_out is None
+    while step < args.steps and progress < 1.0:
+        batch = {k: v.to(args.device, non_blocking=True) for k, v in next(it).items()}
+        for g in opt.param_groups:
+            g["lr"] = lr_at(progress, step, args.lr, args.warmup)
+        with amp if amp is not None else torch.enable_grad():
+            out = model(**batch, output_router_logits=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        ce_t = (out.loss - model.config.router_aux_loss_coef * out.aux_loss).detach()
+        recent = (recent + [ce_t])[-20:]
+        trained_tokens += batch["input_ids"].numel()
+        step += 1
+        if step % 10 == 0 or step == 1:
+            V1._sync(args.device)
+            progress = ((time.time() - t_start) / train_budget if train_budget > 0 else step / args.steps)
+        if step % 50 == 0 or step == 1:
+            rows, width = batch["input_ids"].shape
+            print(f"[train] step {step} ce {ce_t.item():.4f} aux {out.aux_loss.item():.4f} "
+                  f"lr {opt.param_groups[0]['lr']:.2e} batch {rows}x{width} {trained_tokens / 1e6:.0f}M tok "
+                  f"{time.time() - t0:.0f}s", flush=True)
+        if not mid_saved and progress >= 0.5:
+            save_checkpoint(model, tok, args.mid_out, MAX_POSITIONS)
+            mid_saved = True
+    model.eval()
+    save_checkpoint(model, tok, args.out, MAX_POSITIONS)
+    final = torch.stack(recent).mean().item()
+    usage = expert_usage(model, [next(it) for _ in range(2)], args.device)
+    print(format_usage(usage), flush=True)
+    print(f"[done] final loss (assistant-token CE, mean of the last {len(recent)} steps) {final:.4f}; steps {step}; "
+          f"{trained_tokens / max(1e-9, time.time() - t_start) / 1e3:.0f}k padded tok/s; "
+          f"total time {time.time() - t0:.0f}s", flush=True)
+
+
+@torch.no_grad()
+def expert_usage(model: Any, batches_: list[dict[str, torch.Tensor]], device: str) -> torch.Tensor:
+    """[layers, E] share of top-k assignments per expert over the real (unpadded) tokens."""
+    cfg = model.config
+    counts = torch.zeros(cfg.num_hidden_layers, cfg.num_experts, dtype=torch.float64)
+    for b in batches_:
+        ids = b["input_ids"].to(device)
+        keep = (b["labels"] != -100).reshape(-1).to(device) | (ids.reshape(-1) != cfg.pad_token_id)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda")):
+            out = model(input_ids=ids, output_router_logits=True)
+        for layer, logits in enumerate(out.router_logits):
+            top = logits.reshape(-1, cfg.num_experts)[keep].topk(cfg.num_experts_per_tok, dim=-1).indices.reshape(-1)
+            counts[layer] += torch.bincount(top, minlength=cfg.num_experts).double().cpu()
+    return counts / counts.sum(dim=1, keepdim=True)
+
+
+if __name__ == "__main__":
+    train(parse_args())
