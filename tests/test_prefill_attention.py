@@ -81,7 +81,19 @@ def test_prefill_reference_in_row_blocks(monkeypatch, h: int, hkv: int, hd: int,
 
     monkeypatch.setattr(pr, "SCORE_ELEMENTS", 1)  # blocks of MIN_ROWS rows: every case but the first spans several
     assert pr.rows_per_block(h, 100) == pr.MIN_ROWS
+    # without a window the CPU takes the flash kernel: route it to the row blocks here, so they are tested too
+    monkeypatch.setattr(pr, "causal_flash_cpu", lambda q, k, v, scale: pr.causal_in_row_blocks(q, k, v, scale, None))
     _check("cpu", torch.float32, h, hkv, hd, window, 1e-6, pr.paged_prefill_reference)
+
+
+@pytest.mark.parametrize("h,hkv,hd", [(4, 2, 16), (2, 2, 32), (8, 1, 64)])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 8e-3)])
+def test_prefill_reference_flash_on_cpu(h: int, hkv: int, hd: int, dtype: torch.dtype, tol: float) -> None:
+    """No window on a CPU: the flash kernel over the context before the new tokens and over themselves, merged
+    (the cases' chunks that start after an earlier context exercise the merge)."""
+    from freetoken.layers.paged_attention import prefill_reference as pr
+
+    _check("cpu", dtype, h, hkv, hd, None, tol, pr.paged_prefill_reference)
 
 
 @TRITON_INTERPRETER
