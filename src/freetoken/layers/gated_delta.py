@@ -38,9 +38,8 @@ def chunk_gated_delta(
     pair = (cum[..., :, None] - cum[..., None, :]).masked_fill(upper, float("-inf")).exp()  # [H, C, c, c]
     ut = (k_beta @ k.transpose(-1, -2)) * pair
     intra = (q @ k.transpose(-1, -2)) * pair
-    inv = unit_lower_inverse(ut)
-    new_v = inv @ v_beta
-    k_cum = inv @ (k_beta * cum.exp()[..., None])
+    new_v = torch.linalg.solve_triangular(ut, v_beta, upper=False, unitriangular=True)
+    k_cum = torch.linalg.solve_triangular(ut, k_beta * cum.exp()[..., None], upper=False, unitriangular=True)
     q = q * cum.exp()[..., None]
     k = k * (cum[..., -1:] - cum).exp()[..., None]
     decay = cum[..., -1].exp()[..., None, None]  # [H, C, 1, 1]
@@ -51,30 +50,6 @@ def chunk_gated_delta(
         out[:, i] = q[:, i] @ s + intra[:, i] @ u
         s = s * decay[:, i] + k[:, i].transpose(-1, -2) @ u
     return out.reshape(H, -1, dv)[:, :n].transpose(0, 1), s
-
-
-def unit_lower_inverse(a: torch.Tensor, block: int = 16) -> torch.Tensor:
-    """(I + strict_lower(a))^-1 of a batch [..., c, c] (a's diagonal and upper triangle are ignored), as fla's WY
-    transform does: the diagonal blocks of ``block`` rows by forward substitution, all at once, then each block
-    row from the rows above it (two matmuls over the whole batch). Far faster on a CPU than a batched
-    ``solve_triangular``, which runs one small LAPACK call per matrix."""
-    c = a.shape[-1]
-    b = block if c % block == 0 else c
-    nb, batch = c // b, a.shape[:-2]
-    n = -a.tril(-1)  # inverse = I + n @ inverse
-    # diag: the diagonal blocks [..., nb, b, b]; row i of each becomes the inverse's (less I) from the rows above
-    diag = n.reshape(*batch, nb, b, nb, b).diagonal(dim1=-4, dim2=-2).permute(*range(len(batch)), -1, -3, -2)
-    diag = diag.contiguous()
-    for i in range(1, b):
-        diag[..., i, :i] += (diag[..., i : i + 1, :i] @ diag[..., :i, :i]).squeeze(-2)
-    diag += torch.eye(b, dtype=a.dtype, device=a.device)
-    inv = torch.zeros_like(a)
-    for j in range(nb):
-        rows = slice(j * b, (j + 1) * b)
-        if j:  # block row j left of the diagonal: -D_j^-1 (A[j, :j] @ inverse[:j, :j]), A's off-diagonal = a's
-            inv[..., rows, : j * b] = -(diag[..., j, :, :] @ (a[..., rows, : j * b] @ inv[..., : j * b, : j * b]))
-        inv[..., rows, rows] = diag[..., j, :, :]
-    return inv
 
 
 def recurrent_gated_delta(
