@@ -33,14 +33,19 @@ class Launch:
 
 
 def launched(
-    items: list[tuple[Request, int]], starts: list[int], out: torch.Tensor, host: torch.Tensor | None = None
+    items: list[tuple[Request, int]],
+    starts: list[int],
+    out: torch.Tensor,
+    host: torch.Tensor | None = None,
+    blocking: bool = False,
 ) -> Launch:
-    """The launch of ``out``: on CUDA its copy to ``host`` (pinned; None: a new one) queued, and an event after."""
+    """The launch of ``out``: on CUDA its copy to ``host`` (pinned; None: a new one) queued, and an event after;
+    ``blocking``: reading it sleeps instead of spinning (the step's CPU branch needs every core)."""
     if out.device.type != "cuda":
         return Launch(items, starts, out, out, None)
     if host is None:
         host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
     host.copy_(out, non_blocking=True)
-    done = torch.cuda.Event()
+    done = torch.cuda.Event(blocking=blocking)
     done.record()
     return Launch(items, starts, out, host, done)

@@ -139,7 +139,8 @@ class ModelRunner:
         reqs = [req for req, _ in items]
         ahead = 0 if prev is None else 1
         sampled = self.sampler.sample_on_device(reqs, logits, ahead)
-        return launched(items, starts, pack(sampled, sampled.logprob is not None))
+        blocking = self.backend is not None and self.backend.cpu_busy_in_step
+        return launched(items, starts, pack(sampled, sampled.logprob is not None), blocking=blocking)
 
     def _cpu_threads(self, tokens: int) -> None:
         """On a CPU device, steps of a few tokens use one intra-op thread: their ops are too small to

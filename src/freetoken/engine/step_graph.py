@@ -166,7 +166,8 @@ class StepGraphs:
             captured[0].replay()
             self.replays += 1
             out = captured[1]
-        step = launched(items, starts, out, host.out[: out.numel()].view(out.shape))
+        blocking = self.backend is not None and self.backend.cpu_busy_in_step
+        step = launched(items, starts, out, host.out[: out.numel()].view(out.shape), blocking)
         host.done = step.done
         return step
 

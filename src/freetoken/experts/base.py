@@ -118,6 +118,12 @@ class ExpertBackend(ABC):
     # ``before_step_replay`` do no host work that needs step N done (a CPU branch collecting N's batches does)
     runs_ahead: bool = False
 
+    @property
+    def cpu_busy_in_step(self) -> bool:
+        """Whether CPU workers compute during a decode step (a CPU branch): the engine's thread then waits for the
+        device sleeping, not spinning on a core the branch needs."""
+        return False
+
     @abstractmethod
     def forward(
         self,

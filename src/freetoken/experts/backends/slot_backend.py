@@ -145,6 +145,10 @@ class SlotBackend(StepCapture, ExpertBackend):
             return body(layer, x, ids, w)
         return g.run(layer, x, ids, w, body, self)
 
+    @property
+    def cpu_busy_in_step(self) -> bool:
+        return self.cpu is not None
+
     def step_capturable(self, tokens: int, top_k: int) -> bool:
         g = self.graphs
         return g is not None and g.eligible(tokens) and (self.cpu is None or self.cpu.can_capture(tokens, top_k))
