@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU box, the next session's sitting (prepared 2026-12-01, twelfth session, when the device was no longer lent).
 # Carry [".carry"] (lcpp-src.tgz, pylib with fla-core/einops/llguidance/xxhash/nvidia-ml-py/accelerate, traces,
-# wheels with opentelemetry-api, old-src.tgz, fp8-old-src.tgz). Stages, one device call each, back to back; every log
+# wheels with opentelemetry-api, old-src.tgz, fp8-old-src.tgz, hyb-old-src.tgz). Stages, one device call each, back to back; every log
 # whole under $OUT:
 #   t     (~8 min) every GPU test the twelfth session's changes touch, in one pytest run: the overlapped step
 #         (test_overlap_gpu, test_step_graph_gpu), fla (test_fla_gpu/dispatch), the hybrid families' fp32 logits on
@@ -11,8 +11,8 @@
 #   b2    (~6 min) sitting5.sh b2's benchmarks: the elastic offload timeline (back to 90% after the regrow fix) and
 #         ft bench load (FTW vs safetensors vs the raw read; the load child aborted at exit in the twelfth session)
 #   fla   (~5 min) fla_check.sh e2e: --preset qwen3.6-35b-a3b decode e2e / MoE-only with and without fla, 8k prefill
-#   hyb   (~4 min) hybrid 16 threads batch 1 e2e / MoE-only on the trace (was 0.84; the step's CPU batches now queue in
-#         one call) and sampled; fused overlap profile with --host-ops once (where the last 17% goes)
+#   hyb   (~5 min) hybrid 6 / 16 threads batch 1 e2e / MoE-only on the trace (was 0.84 at 16; the step's CPU batches now
+#         queue in one call; its host reads the step sleeping), this tree vs cc0be7e alternating; sampled; fused overlap profile with --host-ops once (where the last 17% goes)
 #   train (~9 min) bench/gpu/train_v2.sh, the embedded model v2 (issue 25), if it has landed
 set -uo pipefail
 export PYTHONPATH=src:.carry/pylib PYTHONUNBUFFERED=1 FREETOKEN_CACHE=/tmp/ftc
@@ -40,8 +40,13 @@ b2)
 fla)
   OUT=$OUT/fla bash bench/gpu/fla_check.sh e2e 2>&1 | tail -20; rm -rf /tmp/ft-e2e-qwen36-12 ;;
 hyb)
-  timeout 150 $E2E --policies hybrid --cpu-threads 16 --batch 1 --repeats 3 --routing-trace .carry/traces/locality-48x128x8.npy \
-    --json "$OUT/hyb_trace.json" > "$OUT/hyb_trace.log" 2> "$OUT/hyb_trace.err"; grep "^|" "$OUT/hyb_trace.log" | tail -2
+  # A/B: this tree vs cc0be7e (.carry/hyb-old-src.tgz: before the blocking-sync read of hybrid steps), alternating
+  mkdir -p /tmp/hybold && tar xzf .carry/hyb-old-src.tgz -C /tmp/hybold
+  for src in src /tmp/hybold/src src; do
+    PYTHONPATH=$src:.carry/pylib timeout 100 $E2E --policies hybrid --cpu-threads 6,16 --batch 1 --repeats 2 \
+      --routing-trace .carry/traces/locality-48x128x8.npy > "$OUT/hyb_trace.log" 2> "$OUT/hyb_trace.err"
+    grep "^| [0-9]" "$OUT/hyb_trace.log" | sed "s|^|$src |"
+  done
   timeout 100 $E2E --policies hybrid --cpu-threads 6,16 --batch 1 --repeats 2 --temperature 1.0 \
     --json "$OUT/hyb_sampled.json" > "$OUT/hyb_sampled.log" 2> "$OUT/hyb_sampled.err"; grep "^|" "$OUT/hyb_sampled.log" | tail -3
   timeout 60 python3 bench/gpu/e2e_profile.py $CK --backend fused --overlap --host-ops --top 30 > "$OUT/profile_host.txt" 2>&1
