@@ -60,7 +60,10 @@ def reply(prompt: str, workdir: str) -> str:
     # Everything since the previous assistant turn (the whole prompt on the first turn).
     last = prompt.rsplit("<|im_start|>assistant", 2)[-2]
     if "<tool_response>" in last:
-        found = NUMBER_RE.findall(last.rsplit("<tool_response>", 1)[1])
+        result = last.rsplit("<tool_response>", 1)[1]
+        # Codex's exec tools put their own numbers first (chunk and session ids, a 5-digit one among them at
+        # times): the command's output follows "Output:"
+        found = NUMBER_RE.findall(result.rsplit("Output:", 1)[-1])
         return f"The number is {found[0]}." if found else "The tool result holds no number."
     offered = tools(prompt)
     call = tool_call(offered, workdir)
