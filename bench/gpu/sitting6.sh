@@ -42,10 +42,10 @@ fla)
 hyb)
   # A/B: this tree vs cc0be7e (.carry/hyb-old-src.tgz: before the blocking-sync read of hybrid steps), alternating
   mkdir -p /tmp/hybold && tar xzf .carry/hyb-old-src.tgz -C /tmp/hybold
-  for src in src /tmp/hybold/src src; do
+  i=0; for src in src /tmp/hybold/src src; do i=$((i+1))
     PYTHONPATH=$src:.carry/pylib timeout 100 $E2E --policies hybrid --cpu-threads 6,16 --batch 1 --repeats 2 \
-      --routing-trace .carry/traces/locality-48x128x8.npy > "$OUT/hyb_trace.log" 2> "$OUT/hyb_trace.err"
-    grep "^| [0-9]" "$OUT/hyb_trace.log" | sed "s|^|$src |"
+      --routing-trace .carry/traces/locality-48x128x8.npy > "$OUT/hyb_trace$i.log" 2> "$OUT/hyb_trace$i.err"
+    grep "^| [0-9]" "$OUT/hyb_trace$i.log" | sed "s|^|$src |"
   done
   timeout 100 $E2E --policies hybrid --cpu-threads 6,16 --batch 1 --repeats 2 --temperature 1.0 \
     --json "$OUT/hyb_sampled.json" > "$OUT/hyb_sampled.log" 2> "$OUT/hyb_sampled.err"; grep "^|" "$OUT/hyb_sampled.log" | tail -3
