@@ -21,8 +21,14 @@ DEV=${V2_DEVICE:-cuda}  # a CPU dry run of this script: OUT=/tmp/o V2_DEVICE=cpu
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 } > "$LOG" 2>&1
 T0=$(date +%s)
+# fla-core 0.6.0 refuses the gated backward on Hopper with Triton < 3.7.1 (the box: 3.6): check its gradients at v2's
+# shapes against a float32 recurrence; train on fla with its guard lifted if they agree, else without fla.
+TRAIN_PATH=$PYTHONPATH
+timeout 60 python3 training/default_model_v2/fla_gradcheck.py --key-dim 64 >> "$LOG" 2>&1  # for the record
+if timeout 60 python3 training/default_model_v2/fla_gradcheck.py >> "$LOG" 2>&1; then export V2_FLA_UNGUARD=1
+else TRAIN_PATH=src; echo "[sh] WARNING: fla's gradients disagree here: training without fla" >> "$LOG"; fi
 # Data (about 30 s on 15 single-threaded workers) + training: 320 s in all; the schedule runs on the clock.
-timeout 400 python3 training/default_model_v2/train.py --out "$OUT/model" --time-budget 320 --workers 15 \
+PYTHONPATH=$TRAIN_PATH timeout 400 python3 training/default_model_v2/train.py --out "$OUT/model" --time-budget 320 --workers 15 \
   ${V2_TRAIN_ARGS:-} >> "$LOG" 2>&1
 echo "[sh] train rc $? after $(( $(date +%s) - T0 )) s" >> "$LOG"
 grep -q "chunk_gated_delta_rule. is falling back" "$LOG" \
@@ -39,4 +45,4 @@ if [ $rc -ne 0 ]; then
     --device "$DEV" --n-tool 20 --n-arith 10 --n-none 10 >> "$LOG" 2>&1
   echo "[sh] eval (transformers) rc $? after $(( $(date +%s) - T0 )) s" >> "$LOG"
 fi
-grep -E "^\[(data|model|done|eval|sh)\]|is falling back|Error|error" "$LOG" | grep -v "^\[eval\] .* miss\|spurious" | tail -40
+grep -E "^\[(fla-check|data|model|done|eval|sh)\]|is falling back|Error|error" "$LOG" | grep -v "^\[eval\] .* miss\|spurious" | tail -40

@@ -17,7 +17,8 @@ ARCH: dict[str, Any] = {
     "head_dim": 64,
     "linear_num_key_heads": 2,
     "linear_num_value_heads": 4,
-    "linear_key_head_dim": 64,
+    # 128 as in Qwen3.5 (and fla's gated backward on Hopper with Triton < 3.7.1 is wrong at a key block of 64).
+    "linear_key_head_dim": 128,
     "linear_value_head_dim": 64,
     "linear_conv_kernel_dim": 4,
     "num_experts": 16,

@@ -1,0 +1,92 @@
+"""Can v2 train on fla's gated delta rule here? fla-core 0.6.0 refuses its backward on Hopper with Triton in
+[3.4, 3.7.1) (fla issue 640: a Triton codegen bug in `chunk_bwd_kernel_dqkwg`, seen at a key block of 64); the GPU
+box has Triton 3.6. With v2's key head dim of 128 the kernel's key block is 128, which that issue's analysis finds
+unaffected. This script lifts fla's guard and compares fla's gradients at v2's shapes against a float32 recurrence
+with autograd: exit 0 when they agree (train.py then lifts the guard too, `V2_FLA_UNGUARD=1`), 1 when not (train
+without fla: transformers' torch path), 2 when fla does not import.
+
+    python3 training/default_model_v2/fla_gradcheck.py [--device cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+
+
+def lift_guard() -> None:
+    """Skip fla's Hopper/Triton refusal of the gated backward (the caller has checked the gradients)."""
+    import fla.ops.common.chunk_o as chunk_o
+
+    chunk_o.TRITON_ABOVE_3_7_1 = True  # type: ignore[attr-defined]
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """The gated delta rule token by token in float32: S = S*exp(g); S += k (beta (v - k S)); o = scale q S."""
+    q, k = F.normalize(q.float(), dim=-1), F.normalize(k.float(), dim=-1)
+    v, g, beta = v.float(), g.float(), beta.float()
+    b, t, h, dk = q.shape
+    s = q.new_zeros(b, h, dk, v.shape[-1])
+    out = []
+    for i in range(t):
+        s = s * g[:, i].exp()[..., None, None]
+        kv = torch.einsum("bhk,bhkv->bhv", k[:, i], s)
+        s = s + torch.einsum("bhk,bhv->bhkv", k[:, i], beta[:, i][..., None] * (v[:, i] - kv))
+        out.append(torch.einsum("bhk,bhkv->bhv", q[:, i] * dk**-0.5, s))
+    return torch.stack(out, 1)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tokens", type=int, default=300)
+    ap.add_argument("--key-dim", type=int, default=128)
+    ap.add_argument("--value-dim", type=int, default=64)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--tol", type=float, default=0.03, help="largest relative L2 error of any gradient (bf16 inputs)")
+    args = ap.parse_args()
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except Exception as exc:  # noqa: BLE001 - any import failure means: no fla
+        print(f"[fla-check] fla does not import: {type(exc).__name__}: {exc}")
+        return 2
+    lift_guard()
+    torch.manual_seed(0)
+    dev, t, h = args.device, args.tokens, args.heads
+    leaves = {
+        "q": torch.randn(1, t, h, args.key_dim, device=dev),
+        "k": torch.randn(1, t, h, args.key_dim, device=dev),
+        "v": torch.randn(1, t, h, args.value_dim, device=dev),
+        "g": -F.softplus(torch.randn(1, t, h, device=dev)) * 0.3,
+        "beta": torch.rand(1, t, h, device=dev).clamp(0.05, 0.95),
+    }
+    do = torch.randn(1, t, h, args.value_dim, device=dev)
+    ref = {n: x.clone().requires_grad_() for n, x in leaves.items()}
+    (reference(**ref) * do).sum().backward()
+    ours = {n: x.to(torch.bfloat16).requires_grad_() for n, x in leaves.items()}
+    ours["g"] = leaves["g"].clone().requires_grad_()  # fla keeps the decay in float32
+    try:
+        o, _ = chunk_gated_delta_rule(ours["q"], ours["k"], ours["v"], ours["g"], ours["beta"].to(torch.bfloat16),
+                                      use_qk_l2norm_in_kernel=True)
+        (o.float() * do).sum().backward()
+    except Exception as exc:  # noqa: BLE001
+        print(f"[fla-check] fla's backward failed: {type(exc).__name__}: {exc}")
+        return 1
+    worst = 0.0
+    for n in leaves:
+        r, x = ref[n].grad, ours[n].grad
+        assert r is not None and x is not None
+        err = ((x.float() - r).norm() / r.norm().clamp_min(1e-12)).item()
+        worst = max(worst, err)
+        print(f"[fla-check] d{n}: relative L2 error {err:.2e}")
+    ok = worst <= args.tol
+    verdict = "PASS" if ok else "FAIL"
+    print(f"[fla-check] {verdict}: worst {worst:.2e} (tolerance {args.tol:.0e}), key dim {args.key_dim}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
