@@ -69,9 +69,20 @@ def _register(t: torch.Tensor) -> str:
     err = torch.cuda.cudart().cudaHostRegister(ptr, t.numel() * t.element_size(), _REGISTER_FLAGS)
     if int(getattr(err, "value", err)) != 0:
         log.debug("cudaHostRegister failed with %s", err)
+        _clear_cuda_error()
         return "failed"
     _REGISTERED[ptr] = 1
     return "registered"
+
+
+def _clear_cuda_error() -> None:
+    """Reset the CUDA runtime's last error after a refused cudaHostRegister (e.g. a small bank sharing a page
+    with memory already registered: registration is per page). Left set, torch's check after the next kernel
+    launch reads it and raises it there, far from here. A tiny launch consumes it: that check reads and resets."""
+    try:
+        torch.empty(1, device="cuda").fill_(0)
+    except RuntimeError as e:
+        log.debug("cleared the CUDA error %s", e)
 
 
 def _unregister(ptr: int) -> None:
