@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -24,8 +29,38 @@ def _top2_margin(x: torch.Tensor) -> torch.Tensor:
     return top[..., 0] - top[..., 1]
 
 
+# transformers binds these to an installed kernel package (fla, causal-conv1d) when it imports one, its own torch
+# function otherwise; the oracle is the torch function (fla's kernels do not run on the CPU and multiply in TF32).
+KERNEL_FUNCTIONS = {"chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "torch_chunk_gated_delta_rule",
+                    "torch_recurrent_gated_delta_rule", "causal_conv1d_fn", "causal_conv1d_update"}
+
+
+@contextlib.contextmanager
+def torch_ops(model: Any) -> Iterator[None]:
+    """While inside: ``model``'s modeling modules and layers call transformers' torch functions in place of any
+    kernel package's (``inspect.unwrap`` of what they are bound to)."""
+    owners: list[Any] = [sys.modules[type(m).__module__] for m in model.modules()] + list(model.modules())
+    saved: list[tuple[Any, str, Any]] = []
+    for owner in {id(o): o for o in owners}.values():
+        for name in KERNEL_FUNCTIONS & set(vars(owner)):
+            fn = vars(owner)[name]
+            if callable(fn) and inspect.unwrap(fn) is not fn:
+                saved.append((owner, name, fn))
+                setattr(owner, name, inspect.unwrap(fn))
+    try:
+        yield
+    finally:
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
+
+
 @torch.no_grad()
 def reference_greedy(model, prompt: list[int], steps: int, top_k: int | None = None) -> RefRun:
+    with torch_ops(model):
+        return _reference_greedy(model, prompt, steps, top_k)
+
+
+def _reference_greedy(model, prompt: list[int], steps: int, top_k: int | None) -> RefRun:
     ids = list(prompt)
     first_logits = None
     margins = []

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from devices import DEVICES
 from freetoken import LLM, SamplingParams
 from freetoken.checkpoint.errors import CheckpointError
-from reference import LOGIT_MARGIN, ROUTER_MARGIN, assert_close_logits, reference_greedy
+from reference import LOGIT_MARGIN, ROUTER_MARGIN, assert_close_logits, reference_greedy, torch_ops
 from tiny_models import HYBRID_FAMILIES, save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
@@ -48,7 +48,7 @@ def hybrid_ckpt(request, tmp_path_factory):
     for r in refs:  # the near-tie rule: this seed must be free of ties, else pick another seed
         assert r.min_logit_margin > LOGIT_MARGIN, f"seed has a logit near-tie ({r.min_logit_margin:.2g})"
         assert r.min_router_margin > ROUTER_MARGIN, f"seed has a router near-tie ({r.min_router_margin:.2g})"
-    with torch.no_grad():  # the reference's logits at every position of prompt + continuation
+    with torch.no_grad(), torch_ops(model):  # the reference's logits at every position of prompt + continuation
         full = [model(torch.tensor([r.prompt + r.tokens]), use_cache=False).logits[0].float() for r in refs]
         exact = copy.deepcopy(model).double()
         exact.set_experts_implementation("eager")  # grouped_mm has no float64
