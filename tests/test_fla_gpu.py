@@ -18,7 +18,8 @@ from freetoken.layers.gated_delta import chunk_gated_delta, l2norm, recurrent_ga
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 CUDA = torch.device("cuda")
 BF16 = torch.bfloat16
-SHAPES = [(16, 32, 128, 128), (2, 4, 64, 32)]  # (Hk, H, dk, dv): Qwen3.6-35B-A3B's, and a small GVA one
+SHAPES = [(16, 32, 128, 128), (2, 4, 64, 32), (2, 4, 16, 16)]  # (Hk, H, dk, dv): Qwen3.6-35B-A3B's, a small GVA one,
+# the tiny test checkpoints' (their model-level fla run measured 0.29 relative l2 off the torch path)
 
 
 def _fla() -> gated_delta_fla.FlaKernels:
