@@ -122,7 +122,7 @@ class FusedBackend(StepCapture, ExpertBackend):
         else:
             groups = group_routes(topk_ids.reshape(-1) + off, rows)
             slot = torch.where(groups.valid, groups.eid, torch.full_like(groups.eid, -1))
-        return grouped_experts(x, groups, slot, topk_w, self.weights, self.num_experts).to(x.dtype)
+        return grouped_experts(x, groups, slot, topk_w, self.weights, self.num_experts, out_dtype=x.dtype)
 
     def _on_kernel(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
         """The C++ expert kernel on the banks in place (CPU device); float32 accumulation, like the rest."""

@@ -97,17 +97,18 @@ def grouped_experts(
     topk_w: torch.Tensor,
     sw: SlotWeights,
     max_groups: int | None = None,  # a layer's E: at most this many distinct experts per step
+    out_dtype: torch.dtype = torch.float32,  # the sum's dtype (the Triton kernels cast in their combine launch)
 ) -> torch.Tensor:
-    """Dispatch: Triton on CUDA, else gather (small steps on CUDA) or loop. Returns float32 [T, D]."""
+    """Dispatch: Triton on CUDA, else gather (small steps on CUDA) or loop. Returns [T, D], summed in float32."""
     if x.device.type == "cuda":
         if triton_available():
             if sw.fmt.quantized:
                 from freetoken.experts.slots.gemm_fp8_triton import grouped_experts_fp8_triton
 
-                return grouped_experts_fp8_triton(x, groups, slot, topk_w, sw, max_groups)
+                return grouped_experts_fp8_triton(x, groups, slot, topk_w, sw, max_groups, out_dtype=out_dtype)
             from freetoken.experts.slots.gemm_triton import grouped_experts_triton
 
-            return grouped_experts_triton(x, groups, slot, topk_w, sw.gate_up, sw.down, max_groups)
+            return grouped_experts_triton(x, groups, slot, topk_w, sw.gate_up, sw.down, max_groups, out_dtype=out_dtype)
         if groups.order.numel() <= GATHER_MAX_ROUTES:
-            return grouped_experts_gather(x, groups, slot, topk_w, sw)
-    return grouped_experts_loop(x, groups, slot, topk_w, sw)
+            return grouped_experts_gather(x, groups, slot, topk_w, sw).to(out_dtype)
+    return grouped_experts_loop(x, groups, slot, topk_w, sw).to(out_dtype)

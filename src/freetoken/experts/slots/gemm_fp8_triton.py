@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from freetoken.experts.slots.gemm import SlotWeights
-from freetoken.experts.slots.gemm_triton import _BIG_STEP, _BM, _BM_BIG, GemmTiles, decode_tiles
+from freetoken.experts.slots.gemm_triton import _BIG_STEP, _BM, _BM_BIG, GemmTiles, combine_routes, decode_tiles
 from freetoken.experts.slots.plan import RouteGroups
 
 BLOCK = 128  # rows and columns per scale
@@ -128,7 +128,8 @@ def grouped_experts_fp8_triton(
     weights: SlotWeights,  # fp8 e4m3 slots [S+1, 2I, D], [S+1, D, I] with their fp32 block scales
     max_groups: int | None = None,  # distinct experts a step can route to (a layer's E): bounds the grid
     tiles: GemmTiles | None = None,  # None: decode_tiles(K)
-) -> torch.Tensor:  # [T, D] float32
+    out_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:  # [T, D] out_dtype
     T, k = topk_w.shape
     K = T * k
     G = K if max_groups is None else min(K, max_groups)
@@ -142,7 +143,7 @@ def grouped_experts_fp8_triton(
     dt = _DTYPES[x.dtype]
     x = x.contiguous()
     h = torch.empty((K, I), dtype=torch.float32, device=x.device)
-    y = torch.zeros((K, D), dtype=torch.float32, device=x.device)
+    y = torch.empty((K, D), dtype=torch.float32, device=x.device)  # rows of unserved routes: never read
     wts = topk_w.reshape(-1).float().contiguous()
     ng = groups.n_groups.reshape(1)
     prec = "ieee" if x.dtype == torch.float32 else "tf32"
@@ -152,4 +153,4 @@ def grouped_experts_fp8_triton(
     dn = {"D": D, "I": I, "BM": bm, "BN": t.dn_bn, "BK": t.dn_bk, "DT": dt, "PREC": prec, "num_warps": t.dn_warps}
     _gate_up_fp8_kernel[(G, triton.cdiv(I, t.gu_bn))](x, gu_raw, weights.gate_up_scale, h, *routes, TOPK=k, **gu)
     _down_fp8_kernel[(G, triton.cdiv(D, t.dn_bn))](h, dn_raw, weights.down_scale, y, wts, *routes, **dn)
-    return y.view(T, k, D).sum(dim=1)
+    return combine_routes(y, groups, slot, T, k, out_dtype)

@@ -4,8 +4,10 @@ Two kernels, grid (group, N-tile); groups g >= n_groups or with slot -1 return a
 is fixed per step size and nothing is read back by the host:
 1. ``h[p] = silu(x[tok_p] @ Wg[s].T) * (x[tok_p] @ Wu[s].T)`` for the routes p of group g ([K, I] fp32,
    in sorted order);
-2. ``y[route_p] = w_p * (h[p] @ Wd[s].T)`` written at the route's original index ([K, D] fp32), then
-   ``out = y.view(T, k, D).sum(1)`` (deterministic: no atomics).
+2. ``y[route_p] = w_p * (h[p] @ Wd[s].T)`` written at the route's original index ([K, D] fp32);
+3. ``combine_routes``: ``out[t] = sum_j y[t*k + j]`` over the routes served here (slot >= 0), in route order, cast
+   to the output dtype (deterministic: no atomics). One launch for what was a zero fill, a sum and a cast: the
+   rows of routes served elsewhere are never written, so nothing needs zeroing.
 """
 
 from __future__ import annotations
@@ -142,6 +144,44 @@ def _down_kernel(
             tl.store(yp, acc * w[:, None], mask=mmask[:, None] & nmask[None, :])
 
 
+@triton.jit
+def _combine_kernel(
+    y, out, route_group, gslot, ngroups_ptr,
+    D: tl.constexpr, TOPK: tl.constexpr, BN: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    cmask = cols < D
+    ng = tl.load(ngroups_ptr)
+    acc = tl.zeros((BN,), dtype=tl.float32)
+    for j in tl.static_range(TOPK):
+        r = t * TOPK + j
+        g = tl.load(route_group + r)
+        served = (g < ng) & (tl.load(gslot + g, mask=g < ng, other=-1) >= 0)
+        acc += tl.load(y + r * D + cols, mask=cmask & served, other=0.0)
+    tl.store(out + t * D + cols, acc.to(out.dtype.element_ty), mask=cmask)
+
+
+_COMBINE_BN = 256
+
+
+def combine_routes(
+    y: torch.Tensor,  # [T*k, D] float32, rows of routes served elsewhere unwritten
+    groups: RouteGroups,
+    slot: torch.Tensor,  # [K] per group, -1 = not here
+    T: int,
+    k: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:  # [T, D]
+    """``y.view(T, k, D).sum(1)`` over the served routes only, in ``out_dtype``, in one launch."""
+    D = y.shape[1]
+    out = torch.empty((T, D), dtype=out_dtype, device=y.device)
+    if T:
+        grid = (T, triton.cdiv(D, _COMBINE_BN))
+        _combine_kernel[grid](y, out, groups.route_group, slot, groups.n_groups.reshape(1), D=D, TOPK=k, BN=_COMBINE_BN)
+    return out
+
+
 def grouped_experts_triton(
     x: torch.Tensor,  # [T, D] compute dtype
     groups: RouteGroups,
@@ -151,7 +191,8 @@ def grouped_experts_triton(
     slot_down: torch.Tensor,  # [S+1, D, I]
     max_groups: int | None = None,  # distinct experts a step can route to (a layer's E): bounds the grid
     tiles: GemmTiles | None = None,  # None: decode_tiles(K) (``bench/gpu/gemm_tiles.py`` compares settings)
-) -> torch.Tensor:  # [T, D] float32
+    out_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:  # [T, D] out_dtype
     T, k = topk_w.shape
     K = T * k
     G = K if max_groups is None else min(K, max_groups)  # groups g >= n_groups exit at once
@@ -160,7 +201,7 @@ def grouped_experts_triton(
     I = slot_down.shape[2]
     x = x.to(slot_gate_up.dtype).contiguous()
     h = torch.empty((K, I), dtype=torch.float32, device=x.device)
-    y = torch.zeros((K, D), dtype=torch.float32, device=x.device)
+    y = torch.empty((K, D), dtype=torch.float32, device=x.device)  # rows of unserved routes: never read
     wts = topk_w.reshape(-1).float().contiguous()
     ng = groups.n_groups.reshape(1)
     prec = "ieee" if x.dtype == torch.float32 else "tf32"  # fp32: exact products, no TF32 rounding
@@ -170,4 +211,4 @@ def grouped_experts_triton(
     dn = {"D": D, "I": I, "BM": bm, "BN": t.dn_bn, "BK": t.dn_bk, "PREC": prec, "num_warps": t.dn_warps}
     _gate_up_kernel[(G, triton.cdiv(I, t.gu_bn))](x, slot_gate_up, h, *routes, TOPK=k, **gu)
     _down_kernel[(G, triton.cdiv(D, t.dn_bn))](h, slot_down, y, wts, *routes, **dn)
-    return y.view(T, k, D).sum(dim=1)
+    return combine_routes(y, groups, slot, T, k, out_dtype)
