@@ -1,6 +1,6 @@
 """The decode step's small fused kernels against their torch references (Triton's interpreter on the CPU, the
-kernels on CUDA): q/k norm + rotary + KV write, the split-KV merge, the router's softmax/top-k, and the
-one-launch grouping of a step's routes."""
+kernels on CUDA): q/k norm + rotary + KV write, the router's softmax/top-k, and the one-launch grouping of a
+step's routes (the split-KV merge is the decode kernel's own: ``test_paged_attention``)."""
 
 from __future__ import annotations
 
@@ -68,33 +68,6 @@ def test_qkv_rope_in_the_interpreter() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_qkv_rope_on_cuda(dtype: torch.dtype, tol: float) -> None:
     _check_qkv("cuda", dtype, tol)
-
-
-def _check_merge(device: str) -> None:
-    from freetoken.layers.paged_attention.triton_decode import _merge_kernel, merge_splits
-
-    g = torch.Generator().manual_seed(1)
-    for B, H, S, hd in ((1, 4, 1, 16), (2, 8, 5, 32), (3, 2, 32, 128)):
-        acc = torch.randn(B, H, S, hd, generator=g).to(device)
-        mx = (torch.randn(B, H, S, generator=g) * 4).to(device)
-        mx[..., -1] = float("-inf")  # an empty split
-        if S == 1:
-            mx[...] = torch.randn(B, H, 1, generator=g).to(device)
-        sm = (torch.rand(B, H, S, generator=g) + 0.1).to(device)
-        out = torch.empty(B, H, hd, device=device)
-        _merge_kernel[(B * H,)](acc, mx, sm, out, S=S, BLOCK_S=max(2, 1 << (S - 1).bit_length()), HD=hd)
-        torch.testing.assert_close(out, merge_splits(acc, mx, sm), rtol=1e-5, atol=1e-5)
-
-
-@TRITON_INTERPRETER
-def test_split_merge_in_the_interpreter() -> None:
-    _check_merge("cpu")
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_split_merge_on_cuda() -> None:
-    _check_merge("cuda")
 
 
 def _check_route(device: str, dtype: torch.dtype) -> None:

@@ -86,25 +86,27 @@ def test_triton_kernels_compile(arch: int) -> None:
         ),
     ]
     attn = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "BT": "*i32", "LENS": "*i32", "ACC": "*fp32", "MAX": "*fp32",
-            "SUM": "*fp32", "scale": "fp32", "window": "i32"}  # fmt: skip
-    attn |= dict.fromkeys([f"stride_{n}" for n in ("qb", "qh", "kt", "kh", "vt", "vh", "bt", "ab", "ah", "as")], "i32")
-    for hd, g, window in ((128, 8, False), (64, 1, True), (256, 2, False)):
-        consts = {"PAGE": 16, "G": g, "BLOCK_G": 16, "HD": hd, "BLOCK_N": 32, "SPLITS": 8, "HAS_WINDOW": window}
+            "SUM": "*fp32", "OUT": "*bf16", "CNT": "*i32", "scale": "fp32", "window": "i32"}  # fmt: skip
+    strides = ("qb", "qh", "kt", "kh", "vt", "vh", "bt", "ab", "ah", "as", "ob", "oh")
+    attn |= dict.fromkeys([f"stride_{n}" for n in strides], "i32")
+    for hd, g, window, splits in ((128, 8, False, 32), (64, 1, True, 8), (256, 2, False, 1)):
+        consts = {"PAGE": 16, "G": g, "BLOCK_G": 16, "HD": hd, "BLOCK_N": 32, "SPLITS": splits,
+                  "BLOCK_S": max(2, splits), "HAS_WINDOW": window}
         consts["PREC"] = "tf32"
         cases.append((triton_decode._paged_decode_kernel, attn, consts))
     norm = {"X": "*bf16", "D": "*bf16", "W": "*bf16", "H": "*bf16", "Y": "*bf16", "N": "i32", "eps": "fp32",
             "stride": "i32"}  # fmt: skip
     for add, block in ((True, 2048), (False, 128)):
         cases.append((norm_triton._rms_norm_kernel, norm, {"HAS_ADD": add, "BLOCK": block}))
-    # the decode step's small fused kernels: q/k norm + rotary + KV write, split merge, router, grouping
+    # the decode step's small fused kernels: q/k norm + rotary + KV write, the experts' combine, router, grouping
     qkv = {"QKV": "*bf16", "POS": i64, "SLOT": i64, "COS": "*fp32", "SIN": "*fp32", "QW": "*bf16", "KW": "*bf16",
            "QOUT": "*bf16", "KC": "*bf16", "VC": "*bf16", "stride_t": "i32", "stride_kc": "i32", "stride_vc": "i32",
            "eps": "fp32"}  # fmt: skip
     for hd, rot, norms in ((128, 128, True), (256, 64, True), (64, 64, False)):
         consts = {"H": 32, "HKV": 4, "HD": hd, "ROT": rot, "HAS_QN": norms, "HAS_KN": norms}
         cases.append((qkv_rope_triton._qkv_rope_kernel, qkv, consts))
-    merge = {"ACC": "*fp32", "MAX": "*fp32", "SUM": "*fp32", "OUT": "*bf16"}
-    cases.append((triton_decode._merge_kernel, merge, {"S": 8, "BLOCK_S": 8, "HD": 128}))
+    combine = {"y": "*fp32", "out": "*bf16", "route_group": i64, "gslot": i64, "ngroups_ptr": i64}
+    cases.append((gemm_triton._combine_kernel, combine, {"D": 2048, "TOPK": 8, "BN": 256}))
     route = {"L": "*bf16", "IDS": i64, "W": "*fp32", "E": "i32"}
     for e, k in ((128, 8), (512, 10)):
         consts = {"K": k, "BLOCK_E": e, "BLOCK_K": 16 if k > 8 else 8, "NORM": True, "ACT": triton.language.bfloat16}

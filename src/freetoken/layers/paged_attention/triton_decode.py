@@ -1,9 +1,11 @@
-"""Paged decode attention in Triton, split-KV (flash-decoding): program (b, kv head, split) reads its
-share of sequence b's context through the page table, in place, for the G query heads of that KV
-head at once (GQA), with an online softmax; a second launch merges the splits exactly (``merge_splits``
-is its torch reference). The grid
-is fixed for a batch size, whatever the lengths (each split takes 1/SPLITS of its sequence's context),
-so a CUDA graph captures it once."""
+"""Paged decode attention in Triton, split-KV (flash-decoding), in one launch: program (b, kv head, split) reads
+its share of sequence b's context through the page table, in place, for the G query heads of that KV head at once
+(GQA), with an online softmax, and writes its partial sums; the last of a (b, kv head)'s programs to finish (a
+ticket counter, ``DecodeMeta.counters``, that it resets for the next launch) merges the splits exactly
+(``merge_splits`` is the merge's torch reference) and writes the output. One split writes the output directly.
+The grid is fixed for a batch size, whatever the lengths (each split takes 1/SPLITS of its sequence's context), so
+a CUDA graph captures it once. Launches sharing a ``DecodeMeta`` are stream-ordered (one step's layers in turn).
+"""
 
 from __future__ import annotations
 
@@ -18,12 +20,13 @@ BLOCK_N = 32  # context tokens per inner iteration
 
 @triton.jit
 def _paged_decode_kernel(
-    Q, K, V, BT, LENS, ACC, MAX, SUM,
+    Q, K, V, BT, LENS, ACC, MAX, SUM, OUT, CNT,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_bt,
-    stride_ab, stride_ah, stride_as,
+    stride_ab, stride_ah, stride_as, stride_ob, stride_oh,
     scale, window,
     PAGE: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, HD: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    PREC: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -58,10 +61,40 @@ def _paged_decode_kernel(
         l_sum = l_sum * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m = m_new
-    out = b * stride_ab + heads * stride_ah + split * stride_as
-    tl.store(ACC + out[:, None] * HD + d[None, :], acc, mask=gmask[:, None])
-    tl.store(MAX + out, m, mask=gmask)
-    tl.store(SUM + out, l_sum, mask=gmask)
+    optr = OUT + b * stride_ob + heads[:, None] * stride_oh + d[None, :]
+    if SPLITS == 1:
+        l_sum = tl.where(gmask, l_sum, 1.0)  # padding heads: no 0 / 0
+        tl.store(optr, (acc / l_sum[:, None]).to(OUT.dtype.element_ty), mask=gmask[:, None])
+    else:
+        part = b * stride_ab + heads * stride_ah  # split 0 of each head
+        tl.store(ACC + (part + split * stride_as)[:, None] * HD + d[None, :], acc, mask=gmask[:, None])
+        tl.store(MAX + part + split * stride_as, m, mask=gmask)
+        tl.store(SUM + part + split * stride_as, l_sum, mask=gmask)
+        tl.debug_barrier()  # every thread's partial stored before the ticket releases them
+        cnt = CNT + b * tl.num_programs(1) + kvh
+        ticket = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLITS - 1:  # the last split of (b, kv head): the others' partials are visible
+            strides = (stride_ab, stride_ah, stride_as, stride_ob, stride_oh)
+            _merge(ACC, MAX, SUM, OUT, b, kvh, *strides, G, SPLITS, BLOCK_S, HD)
+            tl.store(cnt, 0)  # ready for the next launch
+
+
+@triton.jit
+def _merge(ACC, MAX, SUM, OUT, b, kvh, stride_ab, stride_ah, stride_as, stride_ob, stride_oh,
+           G: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HD: tl.constexpr):  # fmt: skip
+    """Per head of this KV head: the splits' partial sums weighted by exp(max - top), over the weighted sums (read
+    from L2: other programs wrote them)."""
+    sp = tl.arange(0, BLOCK_S)
+    smask = sp < SPLITS
+    d = tl.arange(0, HD)
+    for gi in tl.static_range(G):
+        row = b * stride_ab + (kvh * G + gi) * stride_ah + sp * stride_as
+        mx = tl.load(MAX + row, mask=smask, other=float("-inf"), cache_modifier=".cg")
+        w = tl.where(smask, tl.exp(mx - tl.max(mx, 0)), 0.0)  # an empty split: exp(-inf) = 0
+        sm = tl.load(SUM + row, mask=smask, other=0.0, cache_modifier=".cg")
+        acc = tl.load(ACC + row[:, None] * HD + d[None, :], mask=smask[:, None], other=0.0, cache_modifier=".cg")
+        o = tl.sum(acc * w[:, None], 0) / tl.sum(sm * w, 0)
+        tl.store(OUT + b * stride_ob + (kvh * G + gi) * stride_oh + d, o.to(OUT.dtype.element_ty))
 
 
 def default_splits(batch: int, kv_heads: int) -> int:
@@ -86,38 +119,23 @@ def paged_decode_triton(
         raise ValueError("paged decode: the head dim must be contiguous")
     g = H // hkv
     s = splits or default_splits(B, hkv)
+    out = torch.empty((B, H, hd), dtype=q.dtype, device=q.device)
     acc = torch.empty((B, H, s, hd), dtype=torch.float32, device=q.device)
     mx = torch.empty((B, H, s), dtype=torch.float32, device=q.device)
     sm = torch.empty((B, H, s), dtype=torch.float32, device=q.device)
+    if meta.counters is None or meta.counters.numel() < B * hkv:  # zeroed once; the kernel leaves them zero
+        meta.counters = torch.zeros(B * hkv, dtype=torch.int32, device=q.device)
     bt = meta.block_table
     _paged_decode_kernel[(B, hkv, s)](
-        q, k_cache, v_cache, bt, meta.seq_lens, acc, mx, sm,
+        q, k_cache, v_cache, bt, meta.seq_lens, acc, mx, sm, out, meta.counters,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        bt.stride(0), H * s, s, 1,
+        bt.stride(0), H * s, s, 1, out.stride(0), out.stride(1),
         scale, window or 0,
         PAGE=meta.page_size, G=g, BLOCK_G=max(16, triton.next_power_of_2(g)), HD=hd,
-        BLOCK_N=BLOCK_N, SPLITS=s, HAS_WINDOW=window is not None,
+        BLOCK_N=BLOCK_N, SPLITS=s, BLOCK_S=max(2, triton.next_power_of_2(s)), HAS_WINDOW=window is not None,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",  # float32 exact (TF32 would round it)
     )  # fmt: skip
-    out = torch.empty((B, H, hd), dtype=q.dtype, device=q.device)
-    _merge_kernel[(B * H,)](acc, mx, sm, out, S=s, BLOCK_S=max(2, triton.next_power_of_2(s)), HD=hd)
     return out
-
-
-@triton.jit
-def _merge_kernel(ACC, MAX, SUM, OUT, S: tl.constexpr, BLOCK_S: tl.constexpr, HD: tl.constexpr):
-    """Program (b, h): the splits' partial sums weighted by exp(max - top), over the weighted sums."""
-    bh = tl.program_id(0).to(tl.int64)
-    sp = tl.arange(0, BLOCK_S)
-    smask = sp < S
-    d = tl.arange(0, HD)
-    mx = tl.load(MAX + bh * S + sp, mask=smask, other=float("-inf"))
-    w = tl.exp(mx - tl.max(mx, 0))  # an empty split: exp(-inf) = 0
-    w = tl.where(smask, w, 0.0)
-    sm = tl.load(SUM + bh * S + sp, mask=smask, other=0.0)
-    acc = tl.load(ACC + (bh * S + sp)[:, None] * HD + d[None, :], mask=smask[:, None], other=0.0)
-    o = tl.sum(acc * w[:, None], 0) / tl.sum(sm * w, 0)
-    tl.store(OUT + bh * HD + d, o.to(OUT.dtype.element_ty))
 
 
 def merge_splits(acc: torch.Tensor, mx: torch.Tensor, sm: torch.Tensor) -> torch.Tensor:
