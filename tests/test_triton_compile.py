@@ -105,6 +105,11 @@ def test_triton_kernels_compile(arch: int) -> None:
     for hd, rot, norms in ((128, 128, True), (256, 64, True), (64, 64, False)):
         consts = {"H": 32, "HKV": 4, "HD": hd, "ROT": rot, "HAS_QN": norms, "HAS_KN": norms}
         cases.append((qkv_rope_triton._qkv_rope_kernel, qkv, consts))
+    down = {"h": "*fp32", "dn": "*bf16", "y": "*fp32", "wts": "*fp32", **groups, "out": "*bf16", "route_group": i64,
+            "tickets": "*i32", "T": "i32"}  # fmt: skip
+    tiles = {"D": 2048, "I": 768, "BM": 16, "BN": 64, "BK": 64, "PREC": "tf32", "TOPK": 8}
+    for fold, bt in ((True, 4), (False, 1)):
+        cases.append((gemm_triton._down_kernel, down, {**tiles, "COMBINE": fold, "BT": bt, "BKP": 8 if fold else 1}))
     combine = {"y": "*fp32", "out": "*bf16", "route_group": i64, "gslot": i64, "ngroups_ptr": i64}
     cases.append((gemm_triton._combine_kernel, combine, {"D": 2048, "TOPK": 8, "BN": 256}))
     route = {"L": "*bf16", "IDS": i64, "W": "*fp32", "E": "i32"}

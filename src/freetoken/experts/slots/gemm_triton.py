@@ -5,9 +5,10 @@ is fixed per step size and nothing is read back by the host:
 1. ``h[p] = silu(x[tok_p] @ Wg[s].T) * (x[tok_p] @ Wu[s].T)`` for the routes p of group g ([K, I] fp32,
    in sorted order);
 2. ``y[route_p] = w_p * (h[p] @ Wd[s].T)`` written at the route's original index ([K, D] fp32);
-3. ``combine_routes``: ``out[t] = sum_j y[t*k + j]`` over the routes served here (slot >= 0), in route order, cast
-   to the output dtype (deterministic: no atomics). One launch for what was a zero fill, a sum and a cast: the
-   rows of routes served elsewhere are never written, so nothing needs zeroing.
+3. ``out[t] = sum_j y[t*k + j]`` over the routes served here (slot >= 0), cast to the output dtype (deterministic:
+   no atomics on the sums): at decode sizes (``COMBINE_IN_DOWN_MAX`` routes) in the down launch itself, by the last
+   of each N-tile's programs to finish (a ticket per tile, reset by that program); above, in a launch of its own
+   (``combine_routes``). The rows of routes served elsewhere are never written, so nothing needs zeroing.
 """
 
 from __future__ import annotations
@@ -107,12 +108,20 @@ def _down_kernel(
     gcount,
     gslot,
     ngroups_ptr,
+    out,
+    route_group,
+    tickets,
+    T,
     D: tl.constexpr,
     I: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
     PREC: tl.constexpr,
+    TOPK: tl.constexpr,
+    COMBINE: tl.constexpr,  # the last program of each N-tile sums its columns of y into out (decode sizes)
+    BT: tl.constexpr,
+    BKP: tl.constexpr,
 ):
     g = tl.program_id(0)
     nt = tl.program_id(1)
@@ -142,6 +151,32 @@ def _down_kernel(
             w = tl.load(wts + ridx, mask=mmask, other=0.0)
             yp = y + ridx[:, None] * D + offs_n[None, :]
             tl.store(yp, acc * w[:, None], mask=mmask[:, None] & nmask[None, :])
+    if COMBINE:
+        tl.debug_barrier()  # every thread's rows of y stored before the ticket releases them
+        tk = tickets + nt
+        if tl.atomic_add(tk, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
+            _combine_tile(y, out, route_group, gslot, ngroups_ptr, T, nt, D, TOPK, BN, BT, BKP)
+            tl.store(tk, 0)  # ready for the next launch
+
+
+@triton.jit
+def _combine_tile(y, out, route_group, gslot, ngroups_ptr, T, nt, D: tl.constexpr, TOPK: tl.constexpr,
+                  BN: tl.constexpr, BT: tl.constexpr, BKP: tl.constexpr):  # fmt: skip
+    """Columns nt*BN.. of ``out[t] = sum_j y[t*k + j]`` over the served routes, every token at once (y read from L2:
+    other programs wrote it)."""
+    t = tl.arange(0, BT)[:, None, None]
+    j = tl.arange(0, BKP)[None, :, None]
+    cols = nt * BN + tl.arange(0, BN)[None, None, :]
+    r = (t * TOPK + j).to(tl.int64)
+    on = (t < T) & (j < TOPK)
+    grp = tl.load(route_group + r, mask=on, other=0)
+    ng = tl.load(ngroups_ptr)
+    served = on & (grp < ng) & (tl.load(gslot + grp, mask=on & (grp < ng), other=-1) >= 0)
+    ys = tl.load(y + r * D + cols, mask=served & (cols < D), other=0.0, cache_modifier=".cg")
+    tsum = tl.sum(ys, axis=1)  # [BT, BN]
+    t2 = tl.arange(0, BT)[:, None]
+    c2 = nt * BN + tl.arange(0, BN)[None, :]
+    tl.store(out + t2.to(tl.int64) * D + c2, tsum.to(out.dtype.element_ty), mask=(t2 < T) & (c2 < D))
 
 
 @triton.jit
@@ -210,5 +245,30 @@ def grouped_experts_triton(
     gu = {"D": D, "I": I, "BM": bm, "BN": t.gu_bn, "BK": t.gu_bk, "PREC": prec, "num_warps": t.gu_warps}
     dn = {"D": D, "I": I, "BM": bm, "BN": t.dn_bn, "BK": t.dn_bk, "PREC": prec, "num_warps": t.dn_warps}
     _gate_up_kernel[(G, triton.cdiv(I, t.gu_bn))](x, slot_gate_up, h, *routes, TOPK=k, **gu)
-    _down_kernel[(G, triton.cdiv(D, t.dn_bn))](h, slot_down, y, wts, *routes, **dn)
-    return combine_routes(y, groups, slot, T, k, out_dtype)
+    n_tiles = triton.cdiv(D, t.dn_bn)
+    one_launch = K <= COMBINE_IN_DOWN_MAX
+    out = torch.empty((T, D), dtype=out_dtype, device=x.device) if one_launch else y
+    fold = {"TOPK": k, "COMBINE": one_launch, "BT": triton.next_power_of_2(T) if one_launch else 1,
+            "BKP": triton.next_power_of_2(k) if one_launch else 1}  # fmt: skip
+    tail = (out, groups.route_group, _tickets(x.device, n_tiles), T)
+    _down_kernel[(G, n_tiles)](h, slot_down, y, wts, *routes, *tail, **fold, **dn)
+    return out if one_launch else combine_routes(y, groups, slot, T, k, out_dtype)
+
+
+# Steps of up to this many routes (decode) sum the routes in the down launch; larger ones in a launch of their own.
+COMBINE_IN_DOWN_MAX = 64
+_TICKETS: dict[torch.device, torch.Tensor] = {}
+
+
+def _tickets(device: torch.device, n: int) -> torch.Tensor:
+    """The down kernel's per-tile tickets on ``device`` (zero between launches: the last program of each tile resets
+    its own). One set per device: the compute stream orders the launches. Made once at the largest size asked; one
+    made during a graph capture is kept too (never freed: the graph holds its address)."""
+    t = _TICKETS.get(device)
+    if t is None or t.numel() < n:
+        t = _TICKETS[device] = torch.zeros(max(n, 256), dtype=torch.int32, device=device)
+        _KEPT.append(t)
+    return t
+
+
+_KEPT: list[torch.Tensor] = []
