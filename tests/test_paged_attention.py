@@ -123,6 +123,61 @@ def test_split_merge_tickets_on_cuda() -> None:
     _check_tickets("cuda")
 
 
+def _check_rope(device: str, dtype: torch.dtype) -> None:
+    """The decode launch that makes q and the new K/V rows from the fused projection (per-head q/k norms, rotary,
+    the K/V write) against the torch chain: the norms and rotary, ``index_copy_`` into the pool, the reference."""
+    from freetoken.checkpoint.hf_config import RopeConfig
+    from freetoken.layers.norm import rms_norm_reference
+    from freetoken.layers.paged_attention.triton_decode import paged_decode_rope_triton
+    from freetoken.layers.rope import Rotary
+
+    g = torch.Generator().manual_seed(3)
+    cases = ((8, 2, 32, 1.0, True, None, 3), (4, 4, 64, 0.5, False, 20, 1), (16, 2, 16, 1.0, True, None, 32))
+    for h, hkv, hd, partial, norms, window, splits in cases:
+        lens = [5, 40, 17]
+        q, k, v, meta = _case(lens, h, hkv, hd, dtype, device, seed=hd)
+        rope = RopeConfig(10000.0, "default", {"partial_rotary_factor": partial})
+        rotary = Rotary(rope, hd, 64, torch.device(device))
+        B = len(lens)
+        qkv = (torch.randn(B, (h + 2 * hkv) * hd, generator=g) * 2).to(device, dtype)
+        pos = torch.tensor(lens, device=device) - 1
+        table = meta.block_table.long()
+        slots = table[torch.arange(B, device=device), pos // PAGE] * PAGE + pos % PAGE
+        qn = (torch.rand(hd, generator=g) + 0.5).to(device, dtype) if norms else None
+        kn = (torch.rand(hd, generator=g) + 0.5).to(device, dtype) if norms else None
+        qh, kh, vh = qkv.split((h * hd, hkv * hd, hkv * hd), dim=1)
+        qh, kh, vh = qh.reshape(B, h, hd), kh.reshape(B, hkv, hd), vh.reshape(B, hkv, hd)
+        qh = rotary.apply(rms_norm_reference(qh, qn, 1e-6) if qn is not None else qh, pos)
+        kh = rotary.apply(rms_norm_reference(kh, kn, 1e-6) if kn is not None else kh, pos)
+        k_ref, v_ref = k.clone().index_copy_(0, slots, kh), v.clone().index_copy_(0, slots, vh)
+        ref = paged_decode_reference(qh.float(), k_ref.float(), v_ref.float(), meta, hd**-0.5, window)
+        out = paged_decode_rope_triton(qkv, pos, slots, rotary.cos, rotary.sin, qn, kn, 1e-6, k, v, meta, h, hd,
+                                       hd**-0.5, window, splits)  # fmt: skip
+        assert out.dtype == dtype and out.shape == (B, h, hd)
+        assert torch.equal(v, v_ref)  # the V rows copied, nothing else touched
+        if dtype == torch.float32:
+            torch.testing.assert_close(k, k_ref, rtol=1e-5, atol=1e-5)
+            rel = (out.float() - ref).norm() / ref.norm()
+            assert rel < (1e-5 if device == "cpu" else 5e-3), (h, hkv, hd, float(rel))
+        else:  # bf16: the norm's statistics may round one ulp apart (the fast-step issue's bf16 rule)
+            err = (k.float() - k_ref.float()).abs().max()
+            assert err <= 2**-6 * k_ref.float().abs().max(), float(err)
+            rel = (out.float() - ref).norm() / ref.norm()
+            assert rel <= 8e-3 and (out.float() - ref).abs().max() <= 2**-6 * ref.abs().max(), float(rel)
+
+
+@TRITON_INTERPRETER
+def test_rope_decode_in_the_interpreter() -> None:
+    _check_rope("cpu", torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_decode_on_cuda(dtype: torch.dtype) -> None:
+    _check_rope("cuda", dtype)
+
+
 def test_dispatch_picks_the_reference_on_a_cpu() -> None:
     from freetoken.layers.paged_attention import decode_attention
 

@@ -86,12 +86,14 @@ def test_triton_kernels_compile(arch: int) -> None:
         ),
     ]
     attn = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "BT": "*i32", "LENS": "*i32", "ACC": "*fp32", "MAX": "*fp32",
-            "SUM": "*fp32", "OUT": "*bf16", "CNT": "*i32", "scale": "fp32", "window": "i32"}  # fmt: skip
+            "SUM": "*fp32", "OUT": "*bf16", "CNT": "*i32", "POS": i64, "SLOT": i64, "COS": "*fp32", "SIN": "*fp32",
+            "QW": "*bf16", "KW": "*bf16", "scale": "fp32", "window": "i32", "eps": "fp32"}  # fmt: skip
     strides = ("qb", "qh", "kt", "kh", "vt", "vh", "bt", "ab", "ah", "as", "ob", "oh")
     attn |= dict.fromkeys([f"stride_{n}" for n in strides], "i32")
-    for hd, g, window, splits in ((128, 8, False, 32), (64, 1, True, 8), (256, 2, False, 1)):
+    for hd, g, window, splits, rope in ((128, 8, False, 32, True), (64, 1, True, 8, False), (256, 2, False, 1, True)):
         consts = {"PAGE": 16, "G": g, "BLOCK_G": 16, "HD": hd, "BLOCK_N": 32, "SPLITS": splits,
-                  "BLOCK_S": max(2, splits), "HAS_WINDOW": window}
+                  "BLOCK_S": max(2, splits), "HAS_WINDOW": window, "ROPE": rope, "H": 4 * g, "ROT": hd // 2 if window
+                  else hd, "HAS_QN": rope, "HAS_KN": rope}  # fmt: skip
         consts["PREC"] = "tf32"
         cases.append((triton_decode._paged_decode_kernel, attn, consts))
     norm = {"X": "*bf16", "D": "*bf16", "W": "*bf16", "H": "*bf16", "Y": "*bf16", "N": "i32", "eps": "fp32",

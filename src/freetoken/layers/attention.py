@@ -1,8 +1,9 @@
 """Attention over the paged KV pool (GQA, optional q/k norm, sliding window).
 
 Decode steps (one new token per sequence) and the others (prefill, mixed) read the pages in place through
-``paged_attention`` (Triton on CUDA, the torch reference elsewhere; never T x T). T = new tokens in the step
-(all sequences, flattened), H / Hkv = query / KV heads, hd = head dim.
+``paged_attention`` (Triton on CUDA, the torch reference elsewhere; never T x T). On CUDA a decode step's q/k
+norms, rotary, K/V write and attention are one launch after the QKV GEMM (``paged_decode_rope_triton``).
+T = new tokens in the step (all sequences, flattened), H / Hkv = query / KV heads, hd = head dim.
 """
 
 from __future__ import annotations
@@ -121,6 +122,15 @@ class Attention:
         w = self.w
         qkv = cpu_step.linear(x, self.qkv_w, self.qkv_w16, self.qkv_b)
         k_cache, v_cache = kv.k[self.layer], kv.v[self.layer]
+        if self._fused_rope and x.is_cuda and triton_available() and batch.decode is not None:
+            from freetoken.layers.paged_attention.triton_decode import paged_decode_rope_triton
+
+            r = self.rotary
+            out = paged_decode_rope_triton(
+                qkv, batch.positions, batch.slot_mapping, r.cos, r.sin, w.q_norm, w.k_norm, self.eps,
+                k_cache, v_cache, batch.decode, self.h, self.hd, self.scale, self.window,
+            )  # fmt: skip
+            return self._out(x, out)
         if self._fused_rope and x.is_cuda and triton_available():
             from freetoken.layers.qkv_rope_triton import qkv_rope_triton
 

@@ -18,10 +18,11 @@ import triton.language as tl
 
 @triton.jit
 def _norm_rope(x, xp, W, Wp, cos, sin, sign, d, eps, HD: tl.constexpr, ROT: tl.constexpr, HAS_NORM: tl.constexpr):
-    """x: one head's row, xp: its rotate-half partners (same head); returns the rotated row in x's dtype."""
+    """x: one head's row (or [heads, HD] rows), xp: its rotate-half partners (same head); returns the rotated rows in
+    x's dtype."""
     if HAS_NORM:
         xf = x.to(tl.float32)
-        inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / HD + eps)
+        inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=-1, keep_dims=True) / HD + eps)
         w = tl.load(W + d).to(tl.float32)
         wp = tl.load(Wp).to(tl.float32)
         x = (w * (xf * inv).to(x.dtype).to(tl.float32)).to(x.dtype)

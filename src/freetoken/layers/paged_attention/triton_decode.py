@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from freetoken.layers.paged_attention import DecodeMeta
+from freetoken.layers.qkv_rope_triton import _norm_rope
 
 BLOCK_N = 32  # context tokens per inner iteration
 
@@ -21,12 +22,14 @@ BLOCK_N = 32  # context tokens per inner iteration
 @triton.jit
 def _paged_decode_kernel(
     Q, K, V, BT, LENS, ACC, MAX, SUM, OUT, CNT,
+    POS, SLOT, COS, SIN, QW, KW,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_bt,
     stride_ab, stride_ah, stride_as, stride_ob, stride_oh,
-    scale, window,
+    scale, window, eps,
     PAGE: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, HD: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HAS_WINDOW: tl.constexpr,
     PREC: tl.constexpr,
+    ROPE: tl.constexpr, H: tl.constexpr, ROT: tl.constexpr, HAS_QN: tl.constexpr, HAS_KN: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -42,7 +45,29 @@ def _paged_decode_kernel(
     heads = kvh * G + g
     gmask = g < G
     d = tl.arange(0, HD)
-    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
+    last = length - 1  # the new token
+    if ROPE:  # Q = the fused projection's rows (q | k | v): this step's q/k norms, rotary and K/V row made here
+        half: tl.constexpr = ROT // 2
+        partner = tl.where(d < half, d + half, tl.where(d < ROT, d - half, d))
+        sign = tl.where(d < half, -1.0, 1.0)
+        pos = tl.load(POS + b).to(tl.int64)
+        dt = Q.dtype.element_ty
+        cos = tl.load(COS + pos * ROT + d, mask=d < ROT, other=1.0).to(dt).to(tl.float32)
+        sin = tl.load(SIN + pos * ROT + d, mask=d < ROT, other=0.0).to(dt).to(tl.float32)
+        row = Q + b.to(tl.int64) * stride_qb
+        qx = tl.load(row + heads[:, None] * HD + d[None, :], mask=gmask[:, None], other=0.0)
+        qp = tl.load(row + heads[:, None] * HD + partner[None, :], mask=gmask[:, None], other=0.0)
+        q = _norm_rope(qx, qp, QW, QW + partner, cos, sin, sign, d, eps, HD, ROT, HAS_QN).to(K.dtype.element_ty)
+        kx = tl.load(row + (H + kvh) * HD + d)
+        kp = tl.load(row + (H + kvh) * HD + partner)
+        k_new = _norm_rope(kx, kp, KW, KW + partner, cos, sin, sign, d, eps, HD, ROT, HAS_KN).to(K.dtype.element_ty)
+        v_new = tl.load(row + (H + tl.num_programs(1) + kvh) * HD + d).to(V.dtype.element_ty)
+        slot_new = tl.load(SLOT + b).to(tl.int64)
+        own = (lo <= last) & (last < hi)  # the split that reads the new token writes it (for the later steps)
+        tl.store(K + slot_new * stride_kt + kvh * stride_kh + d, k_new, mask=own & (d < HD))
+        tl.store(V + slot_new * stride_vt + kvh * stride_vh + d, v_new, mask=own & (d < HD))
+    else:
+        q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HD], tl.float32)
@@ -53,6 +78,9 @@ def _paged_decode_kernel(
         slot = page.to(tl.int64) * PAGE + t % PAGE
         k = tl.load(K + slot[:, None] * stride_kt + kvh * stride_kh + d[None, :], mask=tmask[:, None], other=0.0)
         v = tl.load(V + slot[:, None] * stride_vt + kvh * stride_vh + d[None, :], mask=tmask[:, None], other=0.0)
+        if ROPE:  # the new token's row from registers (its store above may not be visible to this load)
+            k = tl.where((t == last)[:, None], k_new[None, :], k)
+            v = tl.where((t == last)[:, None], v_new[None, :], v)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale  # [BLOCK_G, BLOCK_N] float32
         s = tl.where(tmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
@@ -112,10 +140,51 @@ def paged_decode_triton(
     splits: int | None = None,
 ) -> torch.Tensor:
     B, H, hd = q.shape
-    hkv = k_cache.shape[1]
+    if q.stride(2) != 1:
+        raise ValueError("paged decode: the head dim must be contiguous")
+    return _launch(q, (q.stride(0), q.stride(1)), H, hd, k_cache, v_cache, meta, scale, window, splits, None)
+
+
+def paged_decode_rope_triton(
+    qkv: torch.Tensor,  # [B, (H + 2*Hkv) * hd] the fused projection (q | k | v) of one new token per sequence
+    positions: torch.Tensor,  # [B] int64
+    slot_mapping: torch.Tensor,  # [B] int64 the new K/V rows' flat slots
+    cos: torch.Tensor,  # [P, rot] float32 (rotary's tables)
+    sin: torch.Tensor,
+    q_norm: torch.Tensor | None,  # [hd] per-head weights
+    k_norm: torch.Tensor | None,
+    eps: float,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: DecodeMeta,
+    num_heads: int,
+    head_dim: int,
+    scale: float,
+    window: int | None = None,
+    splits: int | None = None,
+) -> torch.Tensor:  # [B, H, hd] in qkv's dtype
+    """``qkv_rope_triton`` (q/k norms, rotary, the K/V rows written) and ``paged_decode_triton`` in one launch: each
+    program makes its q heads and its KV head's new row from ``qkv`` with the same arithmetic."""
+    hkv, hd = k_cache.shape[1], head_dim
+    rot = int(cos.shape[1])
+    if qkv.shape[1] != (num_heads + 2 * hkv) * hd or qkv.stride(1) != 1:
+        raise ValueError(f"paged decode: rows of {qkv.shape[1]} for {num_heads}+2x{hkv} heads of {hd}")
+    if rot % 2 or rot > hd:
+        raise ValueError(f"paged decode: rotary dim {rot} for head dim {hd}")
+    qw = q_norm.to(qkv.dtype).contiguous() if q_norm is not None else qkv
+    kw = k_norm.to(qkv.dtype).contiguous() if k_norm is not None else qkv
+    rope = (positions, slot_mapping, cos, sin, qw, kw, eps, rot, q_norm is not None, k_norm is not None)
+    return _launch(qkv, (qkv.stride(0), hd), num_heads, hd, k_cache, v_cache, meta, scale, window, splits, rope)
+
+
+def _launch(
+    q: torch.Tensor, q_strides: tuple[int, int], H: int, hd: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    meta: DecodeMeta, scale: float, window: int | None, splits: int | None, rope: tuple | None,
+) -> torch.Tensor:  # fmt: skip
+    B, hkv = q.shape[0], k_cache.shape[1]
     if H % hkv or hd & (hd - 1) or hd < 16:
         raise ValueError(f"paged decode: {H} query heads over {hkv} KV heads, head dim {hd} (a power of 2 >= 16)")
-    if k_cache.stride(2) != 1 or v_cache.stride(2) != 1 or q.stride(2) != 1:
+    if k_cache.stride(2) != 1 or v_cache.stride(2) != 1:
         raise ValueError("paged decode: the head dim must be contiguous")
     g = H // hkv
     s = splits or default_splits(B, hkv)
@@ -125,15 +194,18 @@ def paged_decode_triton(
     sm = torch.empty((B, H, s), dtype=torch.float32, device=q.device)
     if meta.counters is None or meta.counters.numel() < B * hkv:  # zeroed once; the kernel leaves them zero
         meta.counters = torch.zeros(B * hkv, dtype=torch.int32, device=q.device)
+    pos, slots, cos, sin, qw, kw, eps, rot, qn, kn = rope or (q, q, q, q, q, q, 0.0, 2, False, False)
     bt = meta.block_table
     _paged_decode_kernel[(B, hkv, s)](
         q, k_cache, v_cache, bt, meta.seq_lens, acc, mx, sm, out, meta.counters,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        pos, slots, cos, sin, qw, kw,
+        *q_strides, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         bt.stride(0), H * s, s, 1, out.stride(0), out.stride(1),
-        scale, window or 0,
+        scale, window or 0, eps,
         PAGE=meta.page_size, G=g, BLOCK_G=max(16, triton.next_power_of_2(g)), HD=hd,
         BLOCK_N=BLOCK_N, SPLITS=s, BLOCK_S=max(2, triton.next_power_of_2(s)), HAS_WINDOW=window is not None,
-        PREC="ieee" if q.dtype == torch.float32 else "tf32",  # float32 exact (TF32 would round it)
+        PREC="ieee" if k_cache.dtype == torch.float32 else "tf32",  # float32 exact (TF32 would round it)
+        ROPE=rope is not None, H=H, ROT=rot, HAS_QN=qn, HAS_KN=kn,
     )  # fmt: skip
     return out
 
