@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from freetoken.experts.slots.plan import RouteGroups
+from freetoken.experts.triton_support import tickets
 
 _BM, _BN, _BK = 16, 64, 64
 _BM_BIG, _BIG_STEP = 64, 1024  # token tile for steps of more than _BIG_STEP routes
@@ -250,25 +251,10 @@ def grouped_experts_triton(
     out = torch.empty((T, D), dtype=out_dtype, device=x.device) if one_launch else y
     fold = {"TOPK": k, "COMBINE": one_launch, "BT": triton.next_power_of_2(T) if one_launch else 1,
             "BKP": triton.next_power_of_2(k) if one_launch else 1}  # fmt: skip
-    tail = (out, groups.route_group, _tickets(x.device, n_tiles), T)
+    tail = (out, groups.route_group, tickets(x.device, n_tiles, "grouped_down"), T)
     _down_kernel[(G, n_tiles)](h, slot_down, y, wts, *routes, *tail, **fold, **dn)
     return out if one_launch else combine_routes(y, groups, slot, T, k, out_dtype)
 
 
 # Steps of up to this many routes (decode) sum the routes in the down launch; larger ones in a launch of their own.
 COMBINE_IN_DOWN_MAX = 64
-_TICKETS: dict[torch.device, torch.Tensor] = {}
-
-
-def _tickets(device: torch.device, n: int) -> torch.Tensor:
-    """The down kernel's per-tile tickets on ``device`` (zero between launches: the last program of each tile resets
-    its own). One set per device: the compute stream orders the launches. Made once at the largest size asked; one
-    made during a graph capture is kept too (never freed: the graph holds its address)."""
-    t = _TICKETS.get(device)
-    if t is None or t.numel() < n:
-        t = _TICKETS[device] = torch.zeros(max(n, 256), dtype=torch.int32, device=device)
-        _KEPT.append(t)
-    return t
-
-
-_KEPT: list[torch.Tensor] = []

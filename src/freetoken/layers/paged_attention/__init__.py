@@ -26,9 +26,6 @@ class DecodeMeta:
     page_size: int
     gathered: dict[int | None, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     """The torch reference's slots and mask per window on a CPU, made by the first layer, reused by the others."""
-    counters: torch.Tensor | None = None
-    """[B * Hkv] int32 tickets of the Triton kernel's split-KV merge (zero between launches), made by its first
-    launch."""
 
 
 @dataclass

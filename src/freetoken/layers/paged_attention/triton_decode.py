@@ -1,10 +1,10 @@
 """Paged decode attention in Triton, split-KV (flash-decoding), in one launch: program (b, kv head, split) reads
 its share of sequence b's context through the page table, in place, for the G query heads of that KV head at once
 (GQA), with an online softmax, and writes its partial sums; the last of a (b, kv head)'s programs to finish (a
-ticket counter, ``DecodeMeta.counters``, that it resets for the next launch) merges the splits exactly
+ticket counter, ``triton_support.tickets``, that it resets for the next launch) merges the splits exactly
 (``merge_splits`` is the merge's torch reference) and writes the output. One split writes the output directly.
 The grid is fixed for a batch size, whatever the lengths (each split takes 1/SPLITS of its sequence's context), so
-a CUDA graph captures it once. Launches sharing a ``DecodeMeta`` are stream-ordered (one step's layers in turn).
+a CUDA graph captures it once.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from freetoken.experts.triton_support import tickets
 from freetoken.layers.paged_attention import DecodeMeta
 from freetoken.layers.qkv_rope_triton import _norm_rope
 
@@ -192,12 +193,10 @@ def _launch(
     acc = torch.empty((B, H, s, hd), dtype=torch.float32, device=q.device)
     mx = torch.empty((B, H, s), dtype=torch.float32, device=q.device)
     sm = torch.empty((B, H, s), dtype=torch.float32, device=q.device)
-    if meta.counters is None or meta.counters.numel() < B * hkv:  # zeroed once; the kernel leaves them zero
-        meta.counters = torch.zeros(B * hkv, dtype=torch.int32, device=q.device)
     pos, slots, cos, sin, qw, kw, eps, rot, qn, kn = rope or (q, q, q, q, q, q, 0.0, 2, False, False)
     bt = meta.block_table
     _paged_decode_kernel[(B, hkv, s)](
-        q, k_cache, v_cache, bt, meta.seq_lens, acc, mx, sm, out, meta.counters,
+        q, k_cache, v_cache, bt, meta.seq_lens, acc, mx, sm, out, tickets(q.device, B * hkv, "paged_decode"),
         pos, slots, cos, sin, qw, kw,
         *q_strides, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         bt.stride(0), H * s, s, 1, out.stride(0), out.stride(1),
