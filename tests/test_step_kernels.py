@@ -90,6 +90,43 @@ def _check_route(device: str, dtype: torch.dtype) -> None:
             assert w.dtype == torch.float32 and torch.equal(w, w.to(dtype).float())
 
 
+def _check_route_linear(device: str, dtype: torch.dtype) -> None:
+    """The router's GEMM and routing in one launch against ``F.linear`` + the reference (decode sizes)."""
+    from freetoken.experts.triton_support import tickets
+    from freetoken.layers.router_triton import route_linear_triton
+
+    g = torch.Generator().manual_seed(5)
+    for T, E, k, D in ((1, 8, 2, 64), (4, 128, 8, 200), (16, 60, 4, 128), (3, 512, 10, 96), (2, 128, 8, 1000)):
+        for norm in (False, True):
+            x = torch.randn(T, D, generator=g).to(device, dtype)
+            rw = (torch.randn(E, D, generator=g) / D**0.5 * 3).to(device, dtype)
+            ids, w = route_linear_triton(x, rw, k, norm)
+            logits = torch.nn.functional.linear(x, rw)
+            rids, rwt = route_reference(logits, k, norm, dtype)
+            assert not tickets(x.device, 1, "route").any()
+            if dtype == torch.float32:  # no ties: the same experts in the same order
+                assert torch.equal(ids, rids), (T, E, k, norm)
+                torch.testing.assert_close(w, rwt, rtol=1e-5, atol=1e-6)
+            else:  # the logits may round one ulp apart: equal-valued choices, weights to bf16's precision
+                lg = logits.float()
+                torch.testing.assert_close(lg.gather(1, ids).sort(1).values, lg.gather(1, rids).sort(1).values,
+                                           rtol=2**-7, atol=1e-6)  # fmt: skip
+                torch.testing.assert_close(w.sort(1).values, rwt.sort(1).values, rtol=2e-2, atol=1e-6)
+            assert w.dtype == torch.float32 and torch.equal(w, w.to(dtype).float())
+
+
+@TRITON_INTERPRETER
+def test_route_linear_in_the_interpreter() -> None:
+    _check_route_linear("cpu", torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_route_linear_on_cuda(dtype: torch.dtype) -> None:
+    _check_route_linear("cuda", dtype)
+
+
 @TRITON_INTERPRETER
 def test_route_in_the_interpreter() -> None:
     _check_route("cpu", torch.float32)

@@ -118,6 +118,12 @@ def test_triton_kernels_compile(arch: int) -> None:
     for e, k in ((128, 8), (512, 10)):
         consts = {"K": k, "BLOCK_E": e, "BLOCK_K": 16 if k > 8 else 8, "NORM": True, "ACT": triton.language.bfloat16}
         cases.append((router_triton._route_kernel, route, consts))
+    lroute = {"X": "*bf16", "RW": "*bf16", "L": "*fp32", "IDS": i64, "W": "*fp32", "TK": "*i32", "T": "i32", "E": "i32",
+              "D": "i32"}  # fmt: skip
+    for e, k in ((128, 8), (512, 10)):
+        consts = {"K": k, "BT": 16, "BE": 16, "BD": 128, "KS": 4, "BLOCK_E": e, "BLOCK_K": 16 if k > 8 else 8,
+                  "NORM": True, "ACT": triton.language.bfloat16, "PREC": "tf32"}  # fmt: skip
+        cases.append((router_triton._linear_route_kernel, lroute, consts))
     grp = {"ids_ptr": i64, "K": "i32", "layer_off": "i32", "N": "i32", "i64_out": i64, "b_out": "*u8"}
     cases.append((plan_triton._group_kernel, grp, {"KB": 32}))
     pre = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "BT": "*i32", "QSTART": "*i32", "QLEN": "*i32",

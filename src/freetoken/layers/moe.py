@@ -31,8 +31,10 @@ class MoELayer:
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, D] -> (topk_ids [T, k] int64, topk_w [T, k] float32)."""
         if self.trace is None and x.is_cuda and triton_available():
-            from freetoken.layers.router_triton import route_triton
+            from freetoken.layers.router_triton import ONE_LAUNCH_TOKENS, route_linear_triton, route_triton
 
+            if 0 < x.shape[0] <= ONE_LAUNCH_TOKENS:  # decode: the router's GEMM in the same launch
+                return route_linear_triton(x, self.router, self.top_k, self.norm_topk_prob)
             return route_triton(F.linear(x, self.router), self.top_k, self.norm_topk_prob, x.dtype)
         if self.trace is not None:
             probs = F.softmax(F.linear(x, self.router), dim=-1, dtype=torch.float32)  # [T, E]
