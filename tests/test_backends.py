@@ -257,6 +257,38 @@ def test_triton_kernels_in_interpreter(T: int, monkeypatch: pytest.MonkeyPatch) 
     assert dst_gu[5].abs().sum() == 0 and dst_gu[1].abs().sum() == 0  # padding skipped
 
 
+def _check_routed(device: str) -> None:
+    """The fused backend's decode path: the gate_up launch groups the routes itself (one program writes the tables
+    the down launch reads), the down launch sums them; against the reference, layer 1 of a 2-layer pool."""
+    from freetoken.experts.slots.gemm_triton import grouped_experts_routed_triton
+    from freetoken.experts.slots.plan_triton import group_routes_triton
+
+    E = 12
+    banks = make_banks(2, E, seed=7, device=device)
+    g = torch.Generator().manual_seed(7)
+    for T in (1, 3, 8):  # 8 tokens x top-k: 64 routes, the bound
+        x = torch.randn(T, D, generator=g).to(device)
+        ids, w = random_routing(T, E, g, torch.device(device))
+        out = grouped_experts_routed_triton(x, ids, E, w, banks.gate_up, banks.down, E)
+        ref = moe_reference(x, ids + E, w, banks.gate_up, banks.down).float()
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        out16 = grouped_experts_routed_triton(x, ids, E, w, banks.gate_up, banks.down, E, out_dtype=torch.bfloat16)
+        torch.testing.assert_close(out16.float(), out, rtol=2**-7, atol=1e-30)
+        groups = group_routes_triton(ids, E, banks.gate_up.shape[0])  # the same tables as the grouping launch
+        assert int(groups.n_groups) == len(set((ids + E).reshape(-1).tolist()))
+
+
+@TRITON_INTERPRETER
+def test_routed_experts_in_the_interpreter() -> None:
+    _check_routed("cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_routed_experts_on_cuda() -> None:
+    _check_routed("cuda")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("expert_cache", [0.2, 0.5])

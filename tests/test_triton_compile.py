@@ -32,23 +32,26 @@ def test_triton_kernels_compile(arch: int) -> None:
     plan_sig |= dict.fromkeys(["K", "layer_off", "N", "S", "KV", "protect", "fill_rows"], "i32")
     plan_sig |= {"locked": "*u8", "share_ptr": "*fp32", "b_out": "*u8"}
     groups = dict.fromkeys(["order", "gstart", "gcount", "gslot", "ngroups_ptr"], i64)
+    grouping = {"ids": i64, "K": "i32", "layer_off": "i32", "n_rows": "i32", "tables": i64, "valid_out": "*u8"}
     cases: list[tuple[object, dict[str, str], dict[str, object]]] = [
         (plan_triton._plan_kernel, plan_sig, {"MIN_FILL": 1, "RECENT_LAST": True, "KB": 32, "BS": 512, "COUNT": 2}),
         (plan_triton._plan_kernel, plan_sig, {"MIN_FILL": 0, "RECENT_LAST": False, "KB": 64, "BS": 512, "COUNT": 0}),
         (
             gemm_triton._gate_up_kernel,
-            {"x": "*bf16", "gu": "*bf16", "h": "*fp32", **groups},
-            {"D": 2048, "I": 768, "TOPK": 8, "BM": 16, "BN": 64, "BK": 64, "PREC": "tf32"},
+            {"x": "*bf16", "gu": "*bf16", "h": "*fp32", **groups, **grouping},
+            {"D": 2048, "I": 768, "TOPK": 8, "BM": 16, "BN": 64, "BK": 64, "PREC": "tf32", "GROUP": True, "KB": 32},
         ),
         (
             gemm_triton._gate_up_kernel,
-            {"x": "*bf16", "gu": "*bf16", "h": "*fp32", **groups},
-            {"D": 2880, "I": 2880, "TOPK": 4, "BM": 64, "BN": 64, "BK": 64, "PREC": "tf32"},
+            {"x": "*bf16", "gu": "*bf16", "h": "*fp32", **groups, **grouping},
+            {"D": 2880, "I": 2880, "TOPK": 4, "BM": 64, "BN": 64, "BK": 64, "PREC": "tf32", "GROUP": False, "KB": 1},
         ),
         (
             gemm_triton._down_kernel,
-            {"h": "*fp32", "dn": "*fp32", "y": "*fp32", "wts": "*fp32", **groups},
-            {"D": 64, "I": 32, "BM": 16, "BN": 64, "BK": 64, "PREC": "ieee"},
+            {"h": "*fp32", "dn": "*fp32", "y": "*fp32", "wts": "*fp32", **groups, "out": "*fp32", "route_group": i64,
+             "tickets": "*i32", "T": "i32"},  # fmt: skip
+            {"D": 64, "I": 32, "BM": 16, "BN": 64, "BK": 64, "PREC": "ieee", "TOPK": 2, "COMBINE": True, "BT": 4,
+             "BKP": 2},  # fmt: skip
         ),
         (
             copy_triton._gather_rows_kernel,

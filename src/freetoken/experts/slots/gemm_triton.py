@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from freetoken.experts.slots.plan import RouteGroups
+from freetoken.experts.slots.plan_triton import group_in_registers, group_tables, store_groups
 from freetoken.experts.triton_support import tickets
 
 _BM, _BN, _BK = 16, 64, 64
@@ -49,7 +50,7 @@ def decode_tiles(routes: int) -> GemmTiles:
     return ONE_TOKEN_TILES if routes <= 8 else DEFAULT_TILES
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["K", "layer_off", "n_rows"])
 def _gate_up_kernel(
     x,
     gu,
@@ -59,6 +60,12 @@ def _gate_up_kernel(
     gcount,
     gslot,
     ngroups_ptr,
+    ids,
+    K,
+    layer_off,
+    n_rows,
+    tables,
+    valid_out,
     D: tl.constexpr,
     I: tl.constexpr,
     TOPK: tl.constexpr,
@@ -66,20 +73,41 @@ def _gate_up_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
     PREC: tl.constexpr,
+    GROUP: tl.constexpr,  # group the K routes ``ids`` here (every program, in registers; slot = eid), no tables read
+    KB: tl.constexpr,
 ):
     g = tl.program_id(0)
     nt = tl.program_id(1)
-    s = tl.load(gslot + g)
-    if (g < tl.load(ngroups_ptr)) & (s >= 0):
+    if GROUP:
+        r = tl.arange(0, KB)
+        rv = r < K
+        n64 = n_rows.to(tl.int64)
+        e = tl.where(rv, tl.load(ids + r, mask=rv, other=0).to(tl.int64) + layer_off, n64)
+        order_v, g_of, gstart_v, gcount_v, geid, gvalid, n_groups = group_in_registers(e, r, rv, K, n64)
+        if (g == 0) & (nt == 0):  # the tables for the down launch (and the caller)
+            store_groups(tables, valid_out, K, r, rv, e, order_v, g_of, gstart_v, gcount_v, geid, gvalid, n_groups)
+        mine = r == g
+        s = tl.sum(tl.where(mine, geid, 0), axis=0)
+        live = g < n_groups
+        start = tl.sum(tl.where(mine, gstart_v, 0), axis=0)
+        cnt = tl.sum(tl.where(mine, gcount_v, 0), axis=0)
+    else:
+        s = tl.load(gslot + g)
+        live = (g < tl.load(ngroups_ptr)) & (s >= 0)
         start = tl.load(gstart + g)
         cnt = tl.load(gcount + g)
+    if live:
         wbase = gu + s.to(tl.int64) * (2 * I * D)
         offs_n = nt * BN + tl.arange(0, BN)
         nmask = offs_n < I
         for m0 in range(0, cnt, BM):
             rows = m0 + tl.arange(0, BM)
             mmask = rows < cnt
-            ridx = tl.load(order + start + rows, mask=mmask, other=0)
+            if GROUP:  # order[start + rows] from the registers
+                hit = (start + rows)[:, None] == r[None, :]
+                ridx = tl.sum(tl.where(hit, order_v[None, :], 0), axis=1)
+            else:
+                ridx = tl.load(order + start + rows, mask=mmask, other=0)
             tok = (ridx // TOPK).to(tl.int64)
             acc_g = tl.zeros((BM, BN), dtype=tl.float32)
             acc_u = tl.zeros((BM, BN), dtype=tl.float32)
@@ -229,6 +257,32 @@ def grouped_experts_triton(
     tiles: GemmTiles | None = None,  # None: decode_tiles(K) (``bench/gpu/gemm_tiles.py`` compares settings)
     out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:  # [T, D] out_dtype
+    return _run(x, groups, slot, topk_w, slot_gate_up, slot_down, max_groups, tiles, out_dtype, None)
+
+
+def grouped_experts_routed_triton(
+    x: torch.Tensor,  # [T, D]
+    topk_ids: torch.Tensor,  # [T, k] a layer's expert ids (T*k <= plan_triton.MAX_ROUTES)
+    layer_offset: int,  # the layer's first row of the banks
+    topk_w: torch.Tensor,
+    gate_up: torch.Tensor,  # [N, 2I, D] every expert resident: slot = eid
+    down: torch.Tensor,
+    max_groups: int | None = None,
+    out_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """``grouped_experts_triton(x, group_routes_triton(topk_ids, layer_offset, N), eids, ...)`` in two launches: the
+    gate_up kernel's programs group the routes themselves (one of them writes the tables the down kernel reads)."""
+    ids = topk_ids.reshape(-1)
+    i64, b, groups = group_tables(ids.numel(), ids.device)
+    grouping = (ids, layer_offset, int(gate_up.shape[0]), i64, b)
+    return _run(x, groups, groups.eid, topk_w, gate_up, down, max_groups, None, out_dtype, grouping)
+
+
+def _run(
+    x: torch.Tensor, groups: RouteGroups, slot: torch.Tensor, topk_w: torch.Tensor, slot_gate_up: torch.Tensor,
+    slot_down: torch.Tensor, max_groups: int | None, tiles: GemmTiles | None, out_dtype: torch.dtype,
+    grouping: tuple[torch.Tensor, int, int, torch.Tensor, torch.Tensor] | None,
+) -> torch.Tensor:  # fmt: skip
     T, k = topk_w.shape
     K = T * k
     G = K if max_groups is None else min(K, max_groups)  # groups g >= n_groups exit at once
@@ -245,7 +299,11 @@ def grouped_experts_triton(
     t = tiles or decode_tiles(K)
     gu = {"D": D, "I": I, "BM": bm, "BN": t.gu_bn, "BK": t.gu_bk, "PREC": prec, "num_warps": t.gu_warps}
     dn = {"D": D, "I": I, "BM": bm, "BN": t.dn_bn, "BK": t.dn_bk, "PREC": prec, "num_warps": t.dn_warps}
-    _gate_up_kernel[(G, triton.cdiv(I, t.gu_bn))](x, slot_gate_up, h, *routes, TOPK=k, **gu)
+    ids, off, n_rows, i64, b = grouping or (groups.order, 0, 0, groups.order, groups.valid)
+    kb = max(16, triton.next_power_of_2(K)) if grouping is not None else 1
+    grp = (ids, K, off, n_rows, i64, b)
+    _gate_up_kernel[(G, triton.cdiv(I, t.gu_bn))](x, slot_gate_up, h, *routes, *grp, TOPK=k, GROUP=grouping is not None,
+                                                  KB=kb, **gu)  # fmt: skip
     n_tiles = triton.cdiv(D, t.dn_bn)
     one_launch = K <= COMBINE_IN_DOWN_MAX
     out = torch.empty((T, D), dtype=out_dtype, device=x.device) if one_launch else y

@@ -26,7 +26,7 @@ _RECENT_BASE = tl.constexpr(1 << 61)
 
 
 @triton.jit
-def _group(e, r, rv, K, n64):
+def group_in_registers(e, r, rv, K, n64):
     """Group routes e (padding: n64) by eid, as ``plan.group_routes``: axis 0 = route i, axis 1 = route j."""
     vj = rv[None, :]
     eq = (e[:, None] == e[None, :]) & rv[:, None] & vj
@@ -55,7 +55,13 @@ def _group_kernel(ids_ptr, K, layer_off, N, i64_out, b_out, KB: tl.constexpr):
     n64 = N.to(tl.int64)
     e = tl.load(ids_ptr + r, mask=rv, other=0).to(tl.int64) + layer_off
     e = tl.where(rv, e, n64)
-    order, g_of, gstart, gcount, geid, gvalid, n_groups = _group(e, r, rv, K, n64)
+    order, g_of, gstart, gcount, geid, gvalid, n_groups = group_in_registers(e, r, rv, K, n64)
+    store_groups(i64_out, b_out, K, r, rv, e, order, g_of, gstart, gcount, geid, gvalid, n_groups)
+
+
+@triton.jit
+def store_groups(i64_out, b_out, K, r, rv, e, order, g_of, gstart, gcount, geid, gvalid, n_groups):
+    """``group_in_registers``' tables as ``group_tables`` lays them out."""
     kk = K.to(tl.int64)  # i64_out = [eids, order, route_group, start, count, eid | n_groups]
     tl.store(i64_out + r, e, mask=rv)
     tl.store(i64_out + kk + r, order, mask=rv)
@@ -67,18 +73,23 @@ def _group_kernel(ids_ptr, K, layer_off, N, i64_out, b_out, KB: tl.constexpr):
     tl.store(b_out + r, gvalid.to(tl.int8), mask=rv)
 
 
+def group_tables(K: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, RouteGroups]:
+    """The buffers a grouping of K routes is written into (``store_groups``), and the ``RouteGroups`` viewing them."""
+    if not 0 < K <= MAX_ROUTES:
+        raise ValueError(f"the fused grouping takes 1..{MAX_ROUTES} routes, got {K}")
+    i64 = torch.empty(6 * K + 1, dtype=torch.long, device=device)
+    b = torch.empty(K, dtype=torch.bool, device=device)
+    eids, order, rgroup, start, count, geid = i64[: 6 * K].view(6, K)
+    return i64, b.view(torch.uint8), RouteGroups(eids, order, rgroup, start, count, geid, b, i64[6 * K])
+
+
 def group_routes_triton(topk_ids: torch.Tensor, layer_offset: int, num_rows: int) -> RouteGroups:
     """``group_routes(topk_ids.reshape(-1) + layer_offset, num_rows)`` in one launch, for T*k <= MAX_ROUTES."""
     ids = topk_ids.reshape(-1)
     K = ids.numel()
-    if not 0 < K <= MAX_ROUTES:
-        raise ValueError(f"the fused grouping takes 1..{MAX_ROUTES} routes, got {K}")
-    i64 = torch.empty(6 * K + 1, dtype=torch.long, device=ids.device)
-    b = torch.empty(K, dtype=torch.bool, device=ids.device)
-    KB = max(16, triton.next_power_of_2(K))
-    _group_kernel[(1,)](ids, K, layer_offset, num_rows, i64, b.view(torch.uint8), KB=KB)
-    eids, order, rgroup, start, count, geid = i64[: 6 * K].view(6, K)
-    return RouteGroups(eids, order, rgroup, start, count, geid, b, i64[6 * K])
+    i64, b, groups = group_tables(K, ids.device)
+    _group_kernel[(1,)](ids, K, layer_offset, num_rows, i64, b, KB=max(16, triton.next_power_of_2(K)))
+    return groups
 
 
 @triton.jit(do_not_specialize=["K", "layer_off", "N", "S", "KV", "protect", "fill_rows"])
@@ -94,7 +105,7 @@ def _plan_kernel(
     s64 = S.to(tl.int64)
     e = tl.load(ids_ptr + r, mask=rv, other=0).to(tl.int64) + layer_off
     e = tl.where(rv, e, n64)
-    order, g_of, gstart, gcount, geid, gvalid, n_groups = _group(e, r, rv, K, n64)
+    order, g_of, gstart, gcount, geid, gvalid, n_groups = group_in_registers(e, r, rv, K, n64)
     # -- lookup, quota ---------------------------------------------------------------------------------
     gslot = tl.load(slot_of + geid, mask=gvalid, other=-1)
     hit = gvalid & (gslot >= 0)
