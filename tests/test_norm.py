@@ -18,7 +18,7 @@ def _case(rows: int, n: int, dtype: torch.dtype, device: str) -> tuple[torch.Ten
 
 
 def _check(device: str, dtype: torch.dtype, tol: float) -> None:
-    from freetoken.layers.norm_triton import add_rms_norm_triton, rms_norm_triton
+    from freetoken.layers.norm_triton import add_rms_norm_triton, embed_rms_norm_triton, rms_norm_triton
 
     for rows, n in ((1, 64), (3, 128), (5, 2048), (7, 100)):
         x, d, w = _case(rows, n, dtype, device)
@@ -26,6 +26,10 @@ def _check(device: str, dtype: torch.dtype, tol: float) -> None:
         s, y = add_rms_norm_triton(x, d, w, 1e-6)
         torch.testing.assert_close(s, x + d, rtol=0, atol=0)
         torch.testing.assert_close(y, rms_norm_reference(x + d, w, 1e-6), rtol=tol, atol=tol)
+        ids = torch.tensor([rows - 1, 0, rows - 1][: max(1, rows)], device=device)  # embedding rows, repeated
+        h, y = embed_rms_norm_triton(ids, x, w, 1e-6)
+        assert torch.equal(h, x[ids])
+        torch.testing.assert_close(y, rms_norm_reference(x[ids], w, 1e-6), rtol=tol, atol=tol)
         heads = x.view(rows, -1, n // 2) if n % 2 == 0 else None  # per-head rows, as q/k norms use it
         if heads is not None:
             wh = w[: n // 2]

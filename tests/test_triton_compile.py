@@ -102,7 +102,8 @@ def test_triton_kernels_compile(arch: int) -> None:
     norm = {"X": "*bf16", "D": "*bf16", "W": "*bf16", "H": "*bf16", "Y": "*bf16", "N": "i32", "eps": "fp32",
             "stride": "i32"}  # fmt: skip
     for add, block in ((True, 2048), (False, 128)):
-        cases.append((norm_triton._rms_norm_kernel, norm, {"HAS_ADD": add, "BLOCK": block}))
+        cases.append((norm_triton._rms_norm_kernel, norm, {"HAS_ADD": add, "BLOCK": block, "GATHER": False}))
+    cases.append((norm_triton._rms_norm_kernel, {**norm, "D": i64}, {"HAS_ADD": False, "BLOCK": 2048, "GATHER": True}))
     # the decode step's small fused kernels: q/k norm + rotary + KV write, the experts' combine, router, grouping
     qkv = {"QKV": "*bf16", "POS": i64, "SLOT": i64, "COS": "*fp32", "SIN": "*fp32", "QW": "*bf16", "KW": "*bf16",
            "QOUT": "*bf16", "KC": "*bf16", "VC": "*bf16", "stride_t": "i32", "stride_kc": "i32", "stride_vc": "i32",

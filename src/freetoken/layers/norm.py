@@ -5,6 +5,7 @@ reference)."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from freetoken.experts.triton_support import triton_available
 from freetoken.layers import cpu_step
@@ -32,6 +33,18 @@ def add_rms_norm(
         return cpu_step.add_rms_norm(h, delta, weight, eps)
     s = h + delta
     return s, rms_norm_reference(s, weight, eps)
+
+
+def embed_rms_norm(
+    ids: torch.Tensor, embed: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The embeddings of ``ids`` and their norm: ``(embed[ids], rms_norm(embed[ids]))``."""
+    if embed.is_cuda and triton_available():
+        from freetoken.layers.norm_triton import embed_rms_norm_triton
+
+        return embed_rms_norm_triton(ids, embed, weight, eps)
+    h = F.embedding(ids, embed)
+    return h, rms_norm(h, weight, eps)
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""RMSNorm (and residual add + RMSNorm) in one Triton launch per call, for CUDA.
+"""RMSNorm (and residual add + RMSNorm, and embedding lookup + RMSNorm) in one Triton launch per call, for CUDA.
 
 The torch version (``norm.py``) is ~7 elementwise and reduction kernels per norm, and a decode step runs
 four norms per layer: in a CUDA graph the launches are cheap, but each kernel still costs the GPU a few
@@ -14,11 +14,17 @@ import triton.language as tl
 
 
 @triton.jit
-def _rms_norm_kernel(X, D, W, H, Y, N, eps, stride, HAS_ADD: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_norm_kernel(
+    X, D, W, H, Y, N, eps, stride, HAS_ADD: tl.constexpr, BLOCK: tl.constexpr, GATHER: tl.constexpr = False
+):  # fmt: skip
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
-    x = tl.load(X + row * stride + cols, mask=mask, other=0.0)
+    if GATHER:  # X = the embedding table, D = the token ids: h = X[D[row]] stored to H
+        x = tl.load(X + tl.load(D + row).to(tl.int64) * stride + cols, mask=mask, other=0.0)
+        tl.store(H + row * stride + cols, x, mask=mask)
+    else:
+        x = tl.load(X + row * stride + cols, mask=mask, other=0.0)
     if HAS_ADD:
         x = x + tl.load(D + row * stride + cols, mask=mask, other=0.0)  # in the compute dtype, as h + delta
         tl.store(H + row * stride + cols, x, mask=mask)
@@ -41,6 +47,24 @@ def add_rms_norm_triton(
     y, s = _launch(h, delta, weight, eps)
     assert s is not None
     return s, y
+
+
+def embed_rms_norm_triton(
+    ids: torch.Tensor, embed: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(embed[ids], rms_norm(embed[ids])) in one pass."""
+    N = embed.shape[1]
+    if weight.numel() != N or embed.stride(1) != 1:
+        raise ValueError(f"embed rms_norm: weight of {weight.numel()} for rows of {N}")
+    T = ids.numel()
+    h = torch.empty((T, N), dtype=embed.dtype, device=embed.device)
+    y = torch.empty_like(h)
+    if T:
+        _rms_norm_kernel[(T,)](
+            embed, ids.reshape(-1), weight.to(embed.dtype).contiguous(), h, y, N, eps, embed.stride(0),
+            HAS_ADD=False, BLOCK=triton.next_power_of_2(N), GATHER=True,
+        )  # fmt: skip
+    return h, y
 
 
 def _launch(

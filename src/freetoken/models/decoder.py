@@ -14,7 +14,7 @@ from freetoken.layers.attention import Attention, AttnBatch
 from freetoken.layers.deltanet import GatedDeltaNet
 from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.moe import MoELayer
-from freetoken.layers.norm import add_rms_norm, rms_norm
+from freetoken.layers.norm import add_rms_norm, embed_rms_norm, rms_norm
 
 
 @dataclass
@@ -41,13 +41,15 @@ class DecoderModel:
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
         """input_ids [T] -> final hidden states [T, D]."""
-        h = F.embedding(input_ids, self.embed)
-        x = rms_norm(h, self.layers[0].attn_norm, self.eps) if self.layers else h
+        if not self.layers:
+            h = F.embedding(input_ids, self.embed)
+            return rms_norm(h, self.final_norm, self.eps)
+        h, x = embed_rms_norm(input_ids, self.embed, self.layers[0].attn_norm, self.eps)
         for i, layer in enumerate(self.layers):
             h, x = add_rms_norm(h, self.mix(layer, x, batch, kv), layer.ffn_norm, self.eps)
             after = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.final_norm
             h, x = add_rms_norm(h, layer.ffn.forward(x), after, self.eps)
-        return x if self.layers else rms_norm(h, self.final_norm, self.eps)
+        return x
 
     def mix(self, layer: DecoderLayer, x: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
         """A layer's token mixer: full attention over the KV pages, or linear attention over its state slots."""
