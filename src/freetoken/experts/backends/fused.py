@@ -35,9 +35,11 @@ _GATHER_MAX_ROUTES = 32
 # On a CPU device, steps of up to this many routes per expert of a layer run the C++ kernel, torch's matmuls
 # above: where the two cross (docs/benchmarks.md, "`fused` on a CPU device").
 _KERNEL_ROUTES_PER_EXPERT = 4
-# Up to this many routes (``plan_triton.MAX_ROUTES``), CUDA groups a step's routes in the gate_up launch (bf16 banks) or
-# in one launch of its own (quantised banks).
+# Up to this many routes (``plan_triton.MAX_ROUTES``), CUDA groups a step's routes in one launch of its own; up to
+# _GROUP_IN_GATE_UP (bf16 banks), in the gate_up launch itself (more routes: its pairwise grouping spills registers,
+# 456 bytes of stack at 64 routes against 56 at 32, ptxas for sm_90).
 _ONE_LAUNCH_GROUPING = 64
+_GROUP_IN_GATE_UP = 32
 
 
 def _bf16_valued(*banks: torch.Tensor) -> bool:
@@ -115,7 +117,7 @@ class FusedBackend(StepCapture, ExpertBackend):
         routed experts' weights are read once, in place, where a gather would copy them first (fixed shapes,
         no host sync on CUDA: capturable). Quantised banks always take it (they dequantise in its kernel)."""
         rows, off = int(self.gate_up.shape[0]), layer * self.num_experts
-        if x.is_cuda and triton_available() and topk_ids.numel() <= _ONE_LAUNCH_GROUPING and not self.fmt.quantized:
+        if x.is_cuda and triton_available() and topk_ids.numel() <= _GROUP_IN_GATE_UP and not self.fmt.quantized:
             from freetoken.experts.slots.gemm_triton import grouped_experts_routed_triton
 
             # the gate_up launch groups the routes itself: two launches for the layer's experts
