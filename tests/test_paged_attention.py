@@ -152,6 +152,8 @@ def _check_rope(device: str, dtype: torch.dtype) -> None:
         kh = rotary.apply(rms_norm_reference(kh, kn, 1e-6) if kn is not None else kh, pos)
         k_ref, v_ref = k.clone().index_copy_(0, slots, kh), v.clone().index_copy_(0, slots, vh)
         ref = paged_decode_reference(qh.float(), k_ref.float(), v_ref.float(), meta, hd**-0.5, window)
+        if splits == 1:  # the step graph's int64 page table and lengths, read in place
+            meta = DecodeMeta(meta.block_table.long(), meta.seq_lens.long(), PAGE)
         out = paged_decode_rope_triton(qkv, pos, slots, rotary.cos, rotary.sin, qn, kn, 1e-6, k, v, meta, h, hd,
                                        hd**-0.5, window, splits)  # fmt: skip
         assert out.dtype == dtype and out.shape == (B, h, hd)

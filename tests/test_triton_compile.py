@@ -98,7 +98,8 @@ def test_triton_kernels_compile(arch: int) -> None:
                   "BLOCK_S": max(2, splits), "HAS_WINDOW": window, "ROPE": rope, "H": 4 * g, "ROT": hd // 2 if window
                   else hd, "HAS_QN": rope, "HAS_KN": rope}  # fmt: skip
         consts["PREC"] = "tf32"
-        cases.append((triton_decode._paged_decode_kernel, attn, consts))
+        tables = {"BT": i64, "LENS": i64} if rope else {}  # the step graph's int64 rows, read in place
+        cases.append((triton_decode._paged_decode_kernel, {**attn, **tables}, consts))
     norm = {"X": "*bf16", "D": "*bf16", "W": "*bf16", "H": "*bf16", "Y": "*bf16", "N": "i32", "eps": "fp32",
             "stride": "i32"}  # fmt: skip
     for add, block in ((True, 2048), (False, 128)):

@@ -180,7 +180,10 @@ class StepGraphs:
         ids, pos, slots, lens, states = (ints[i * B : (i + 1) * B] for i in range(_INTS))
         table = ints[_INTS * B : _INTS * B + B * P].view(B, P)
         srows = ints[_INTS * B + B * P :].view(5, B)
-        meta = DecodeMeta(table.to(torch.int32), lens.to(torch.int32), self.kv.page_size)
+        if dev.type == "cuda":  # the decode kernel reads the int64 rows in place
+            meta = DecodeMeta(table, lens, self.kv.page_size)
+        else:  # the CPU step's C++ attention takes int32 (copied in each step, ``_body``)
+            meta = DecodeMeta(table.to(torch.int32), lens.to(torch.int32), self.kv.page_size)
         batch = AttnBatch(pos, slots, meta, state_slots=states if self.model.states is not None else None)
         sampling = SamplingBatch(
             temperature=floats[0], top_p=floats[1], min_p=floats[2], presence=floats[3], frequency=floats[4],
@@ -200,8 +203,8 @@ class StepGraphs:
         return st
 
     def _fill(self, st: _Static, host: _Host, reqs: list[Request], starts: list[int], src_rows: list[int]) -> None:
-        """The step's metadata into the pinned twins, then two copies to the device buffers (the int32
-        page table and lengths are converted on the device, inside the step). A row ahead of its request's
+        """The step's metadata into the pinned twins, then two copies to the device buffers (on CUDA the page table
+        and lengths are read in place; on a CPU converted to int32 inside the step). A row ahead of its request's
         ``token_ids`` gets ``src_rows``' entry as its id: the row of the previous step that ``launch`` gathers."""
         B, P = st.floats.shape[1], self.max_pages
         pad = B - len(reqs)
@@ -242,8 +245,9 @@ class StepGraphs:
         assert meta is not None
         B = st.ids.shape[0]
         P = self.max_pages
-        meta.block_table.copy_(st.ints[_INTS * B : _INTS * B + B * P].view(B, P))
-        meta.seq_lens.copy_(st.ints[3 * B : 4 * B])
+        if meta.block_table.dtype != torch.int64:
+            meta.block_table.copy_(st.ints[_INTS * B : _INTS * B + B * P].view(B, P))
+            meta.seq_lens.copy_(st.ints[3 * B : 4 * B])
         hidden = self.model.forward(st.ids, st.batch, self.kv)
         logits = self.model.logits(hidden)
         s = sample_batch(logits, st.sampling, self.sampler.state, f, st.mask if f.mask else None)

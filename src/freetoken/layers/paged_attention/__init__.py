@@ -21,8 +21,8 @@ from freetoken.experts.triton_support import triton_available
 class DecodeMeta:
     """What a decode step's attention needs, shared by every layer (static buffers under CUDA graphs)."""
 
-    block_table: torch.Tensor  # [B, P] int32 page ids (entries past a sequence's pages are ignored)
-    seq_lens: torch.Tensor  # [B] int32 context length, the new token included
+    block_table: torch.Tensor  # [B, P] int32 page ids (entries past a sequence's pages are ignored; CUDA: or int64)
+    seq_lens: torch.Tensor  # [B] int32 context length, the new token included (CUDA: or int64)
     page_size: int
     gathered: dict[int | None, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     """The torch reference's slots and mask per window on a CPU, made by the first layer, reused by the others."""
