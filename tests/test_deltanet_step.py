@@ -109,7 +109,8 @@ def test_step_at_qwen36_shape_replays_from_a_cuda_graph():
     dev, dtype, hk, h, dk, dv, K = "cuda", torch.bfloat16, 16, 32, 128, 128, 4
     g = torch.Generator().manual_seed(3)
     C, conv_w, A_log, dt_bias = _weights(hk, h, dk, dv, K, dtype, dev, g)
-    conv, ssm = torch.randn(8, C, K - 1, generator=g).to(dev, dtype), (torch.randn(8, h, dk, dv, generator=g) * 0.5).cuda()
+    conv = torch.randn(8, C, K - 1, generator=g).to(dev, dtype)
+    ssm = (torch.randn(8, h, dk, dv, generator=g) * 0.5).to(dev)
     ref_conv, ref_ssm = conv.clone(), ssm.clone()
     slots, positions = torch.tensor(SLOTS, device=dev), torch.tensor(POSITIONS, device=dev)
     mixed, b, a = _rows(len(SLOTS), C, h, dv, dtype, dev, g)
@@ -129,3 +130,40 @@ def test_step_at_qwen36_shape_replays_from_a_cuda_graph():
         assert torch.equal(conv, ref_conv), f"replay {step}: conv windows"
         _close(ssm, ref_ssm, dtype, f"replay {step} state")
         positions.add_(1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_layer_decode_through_the_kernel(device):
+    """A layer's decode step with the fused kernel (forced on in the interpreter) equals its torch path: output and
+    both pools, a padded batch with a fresh sequence, two steps."""
+    from freetoken.cache.state_pool import StatePool, StateShape
+    from freetoken.layers.attention import AttnBatch
+    from freetoken.layers.deltanet import DeltaNetWeights, GatedDeltaNet
+
+    hk, h, dk, dv, K, D = 1, 2, 16, 8, 4, 32
+    g = torch.Generator().manual_seed(5)
+    C = 2 * hk * dk + h * dv
+    w = DeltaNetWeights(
+        in_proj=torch.randn(C + h * dv + 2 * h, D, generator=g) * 0.2, conv=torch.randn(C, K, generator=g) * 0.5,
+        A_log=torch.randn(h, generator=g) * 0.5, dt_bias=torch.randn(h, generator=g) * 0.5,
+        norm=torch.rand(dv, generator=g) + 0.5, out=torch.randn(D, h * dv, generator=g) * 0.2,
+    )  # fmt: skip
+    w = DeltaNetWeights(*(t.to(device) for t in vars(w).values()))
+    ref, fused = GatedDeltaNet(w, 0, hk, h, dk, dv, 1e-6), GatedDeltaNet(w, 0, hk, h, dk, dv, 1e-6)
+    ref.triton_step, fused.triton_step = False, True
+    pools = [StatePool(StateShape(1, C, K - 1, h, dk, dv), 6, torch.float32, torch.device(device)) for _ in range(2)]
+    for t in (pools[0].conv, pools[0].ssm):
+        t.copy_(torch.randn(t.shape, generator=g))
+    pools[1].conv.copy_(pools[0].conv)
+    pools[1].ssm.copy_(pools[0].ssm)
+    positions = torch.tensor(POSITIONS, device=device)
+    for _ in range(2):
+        batch = AttnBatch(positions, torch.zeros_like(positions), decode=object(),  # type: ignore[arg-type]
+                          state_slots=torch.tensor(SLOTS, device=device))  # fmt: skip
+        x = torch.randn(len(SLOTS), D, generator=g).to(device)
+        x[-1] = x[0]
+        want, got = ref.forward(x, batch, pools[0]), fused.forward(x, batch, pools[1])
+        torch.testing.assert_close(got[:-1], want[:-1], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(pools[1].ssm, pools[0].ssm, rtol=1e-5, atol=1e-5)
+        assert torch.equal(pools[1].conv, pools[0].conv)
+        positions = positions + 1

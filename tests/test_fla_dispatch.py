@@ -78,8 +78,8 @@ def test_segments_cut_at_the_captures():
     assert _segments(SeqAttn(0, 1, captures=[(1, 3)])) == [(0, 1)]
 
 
-# The layer's fla path (prefill and mixed steps; decode steps run deltanet_triton) with fla's calling convention served by our reference: [1, T, Hk, dk] inputs, q/k
-# normalised in the kernel, value head i on key head i // (H/Hk), cu_seqlens for several sequences.
+# The layer's fla path (prefill and mixed steps) with fla's calling convention served by our reference: [1, T, Hk,
+# dk] inputs, q/k normalised in the kernel, value head i on key head i // (H/Hk), cu_seqlens for several sequences.
 def _chunk_like_fla(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                     cu_seqlens=None, cu_seqlens_cpu=None):  # fmt: skip
     assert output_final_state and use_qk_l2norm_in_kernel and q.shape[0] == 1

@@ -6,10 +6,11 @@ q/k (repeated from Hk key heads to H value heads), ``beta = sigmoid(b)``, ``g = 
 -> the gated delta rule (``gated_delta.py``) -> RMSNorm per head gated by SiLU(z) -> out_proj.
 Decode steps (one token per sequence, every sequence) run batched from ``batch.state_slots`` with no host read (a
 CUDA graph captures them): on CUDA in one Triton launch between the two GEMMs (``deltanet_triton.py``) and the gated
-norm in another, else ``gated_delta.deltanet_step_reference``; other steps run the conv per sequence, then the chunked rule: per sequence in torch, or
-with fla's kernels (``gated_delta_fla.py``, CUDA 16-bit models) every sequence in one variable-length launch. A
-sequence with checkpoints to take is cut into segments at them; fla runs the r-th segments of all sequences in one
-launch. T = tokens in the step, N = its sequences, D = hidden, C = conv channels (2*Hk*dk + H*dv).
+norm in another, else ``gated_delta.deltanet_step_reference``. Other steps run the conv per sequence, then the
+chunked rule: per sequence in torch, or with fla's kernels (``gated_delta_fla.py``, CUDA 16-bit models) every
+sequence in one variable-length launch. A sequence with checkpoints to take is cut into segments at them; fla runs
+the r-th segments of all sequences in one launch. T = tokens in the step, N = its sequences, D = hidden, C = conv
+channels (2*Hk*dk + H*dv).
 """
 
 from __future__ import annotations
