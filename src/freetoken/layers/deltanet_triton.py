@@ -59,7 +59,7 @@ def _deltanet_step_kernel(
     earlier = tl.load(Slots + rows, mask=rows < i, other=-1)
     own = tl.sum((earlier == slot).to(tl.int32), axis=0) == 0  # no earlier row holds this slot (else: a pad)
     hk = h // (H // HK)
-    C: tl.constexpr = 2 * HK * DK + H * DV
+    C = 2 * HK * DK + H * DV
     row, win = Mixed + i * stride_x, Conv + slot * (C * (KW - 1))
     ok = tl.arange(0, BK)
     mk = ok < DK
