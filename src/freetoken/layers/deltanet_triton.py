@@ -69,17 +69,6 @@ def _deltanet_step_kernel(
     q, q_win = _conv_window(row, win, Wc, cq, mk, keep, KW, KP)
     k, k_win = _conv_window(row, win, Wc, ck, mk, keep, KW, KP)
     v, v_win = _conv_window(row, win, Wc, cv, mv, keep, KW, KP)
-    _store_window(win, cv, mv, v_win, own, KW, KP)
-    # the q/k windows: every reader has read them (the barrier, then the counter's acquire-release) before the last
-    # one writes them
-    tl.debug_barrier()
-    counter = Arrive + slot * HK + hk
-    ticket = tl.atomic_add(counter, 1, mask=own, sem="acq_rel")
-    last = own & (ticket == (H // HK) * NV - 1)
-    _store_window(win, cq, mk, q_win, last, KW, KP)
-    _store_window(win, ck, mk, k_win, last, KW, KP)
-    tl.store(counter, 0, mask=last)
-
     q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
     k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
     b = tl.load(Bg + i * stride_x + h).to(tl.float32)
@@ -90,7 +79,18 @@ def _deltanet_step_kernel(
 
     state = Ssm + (slot * H + h) * (DK * DV) + ok[:, None] * DV + ov[None, :]  # [BK, BV] of the slot's [dk, dv]
     m2 = mk[:, None] & mv[None, :]
-    s = tl.load(state, mask=m2 & keep, other=0.0) * tl.exp(g)
+    s = tl.load(state, mask=m2 & keep, other=0.0)  # this program's own tile: loaded before the wait below
+    _store_window(win, cv, mv, v_win, own, KW, KP)
+    # the q/k windows: every reader has read them (the barrier, then the counter's acquire-release) before the last
+    # one writes them
+    tl.debug_barrier()
+    counter = Arrive + slot * HK + hk
+    ticket = tl.atomic_add(counter, 1, mask=own, sem="acq_rel")
+    last = own & (ticket == (H // HK) * NV - 1)
+    _store_window(win, cq, mk, q_win, last, KW, KP)
+    _store_window(win, ck, mk, k_win, last, KW, KP)
+    tl.store(counter, 0, mask=last)
+    s = s * tl.exp(g)
     delta = (v - tl.sum(s * k[:, None], axis=0)) * beta  # [BV]
     s = s + k[:, None] * delta[None, :]
     tl.store(state, s, mask=m2 & own)
