@@ -30,7 +30,7 @@ tests)
   echo "hybrid reference tests on CUDA (fp32): $(tail -1 "$OUT/hybrid_tests.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/hybrid_tests.log" | head -10 ;;
 time)
-  timeout 60 python3 bench/gpu/dnstep_time.py > "$OUT/dnstep_time.log" 2>&1; echo "dnstep_time: rc $?"
+  FREETOKEN_FLA=0 timeout 60 python3 bench/gpu/dnstep_time.py > "$OUT/dnstep_time.log" 2>&1; echo "dnstep_time: rc $?"
   grep -iE "Traceback|Error" "$OUT/dnstep_time.log" | head -5 ;;
 e2e)
   timeout 240 python3 -m freetoken.bench.e2e --preset qwen3.6-35b-a3b --layers 12 --dir /tmp/ft-e2e-qwen36-12 \

@@ -1,7 +1,8 @@
 """One gated DeltaNet layer's decode step at Qwen3.6-35B-A3B's shape (D 2048, Hk 16, H 32, dk = dv = 128, K 4, bf16)
 on CUDA, replayed from a captured graph: µs per layer forward (in_proj GEMM .. out GEMM) with the fused kernels vs
 the torch reference ops (``deltanet_step_reference`` + the torch gated norm: the decode path before the fused
-kernels, less fla's recurrent kernel), and the step kernel alone per dv block size. Batch 1 and 4. Seconds."""
+kernels, less fla's recurrent kernel), and the step kernel alone per dv block size. Batch 1 and 4. Seconds
+(FREETOKEN_FLA=0: no fla warm-up for the prefill kernel, which nothing here runs)."""
 
 from __future__ import annotations
 
