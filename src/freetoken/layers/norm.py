@@ -5,6 +5,7 @@ reference)."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from freetoken.experts.triton_support import triton_available
 from freetoken.layers import cpu_step
@@ -32,6 +33,20 @@ def add_rms_norm(
         return cpu_step.add_rms_norm(h, delta, weight, eps)
     s = h + delta
     return s, rms_norm_reference(s, weight, eps)
+
+
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """A gated DeltaNet layer's output norm, per row of the last dim: ``rms_norm(x, weight) * silu(z)`` in z's dtype
+    (x, float32 or the model dtype, rounded to it first). x, z [T, H, n] -> [T, H, n] contiguous."""
+    if z.is_cuda and triton_available():
+        from freetoken.layers.norm_triton import gated_rms_norm_triton
+
+        return gated_rms_norm_triton(x, z, weight, eps)
+    return (rms_norm(x.to(z.dtype), weight, eps) * F.silu(z.float())).to(z.dtype)
+
+
+def gated_rms_norm_reference(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return (rms_norm_reference(x.to(z.dtype), weight, eps) * F.silu(z.float())).to(z.dtype)
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
