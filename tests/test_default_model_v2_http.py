@@ -24,15 +24,19 @@ def mods() -> dict[str, ModuleType]:
 
 
 @pytest.fixture(scope="module")
-def tok() -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(Path(__file__).resolve().parents[1] / "src/freetoken/assets/default_model")
+def model(mods: dict[str, ModuleType], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return mods["untrained"].save_untrained(tmp_path_factory.mktemp("v2toy"), toy=True)
 
 
 @pytest.fixture(scope="module")
-def server(mods: dict[str, ModuleType], tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
-    model = mods["untrained"].save_untrained(tmp_path_factory.mktemp("v2toy"), toy=True)
+def tok(model: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model)
+
+
+@pytest.fixture(scope="module")
+def server(mods: dict[str, ModuleType], model: Path) -> Iterator[tuple[str, Any]]:
     with mods["evaluate_http"].local_server(model, "cpu", 2) as (url, made):
         yield url, made[0]
 

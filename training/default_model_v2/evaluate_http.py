@@ -209,16 +209,25 @@ def http_answerer(api: str, client: Any, model: str, tok: Any, concurrency: int,
                   recorded: Callable[[], list[tuple[int, ...]]] | None) -> Answerer:
     """Sends a set's prompts through one API, `concurrency` at a time; after the set prints how the server's
     prompts compare with evaluate.py's (token for token when `recorded` gives the engine's prompt ids, else the
-    counts the server reports)."""
+    counts the server reports) and the requests that failed (each scored as a miss, the error as its reply)."""
     send = openai_reply if api == "openai" else anthropic_reply
     render, count = renderer(tok)
+
+    def one(conv: Conversation, max_new: int) -> tuple[Reply, int]:
+        try:
+            return send(client, model, conv, max_new)
+        except Exception as exc:  # a refused or failed request scores as a miss; the run goes on
+            return Reply(None, False, "", f"error: {type(exc).__name__}: {exc}"), -1
 
     def answer(prompts: Prompts, max_new: int) -> list[Reply]:
         before = len(recorded()) if recorded else 0
         with ThreadPoolExecutor(concurrency) as pool:
-            got = list(pool.map(lambda p: send(client, model, p[0], max_new), prompts))
+            got = list(pool.map(lambda p: one(p[0], max_new), prompts))
         counts_ok = sum(n == count(text) for (_, text), (_, n) in zip(prompts, got))
         line = f"[eval {api}] prompts: server's token count == evaluate.py's for {counts_ok}/{len(prompts)}"
+        errors = [r.raw for r, n in got if n < 0]
+        if errors:
+            line += f"; {len(errors)} requests failed (scored as misses), the first: {errors[0]}"
         if recorded:
             line += "; " + compare_prompts(prompts, recorded()[before:], tok, render)
         print(line, flush=True)
