@@ -8,6 +8,7 @@ it), a history with tool results, and the request last. Figures: tool name + exa
 cities, expressions and tool names; target >= 95%), arithmetic exact match (held-out operand pairs; >= 95%) and
 the tool-call rate on prompts no offered tool fits (missing tool, chat; <= 5%). Prompt sizes are measured with
 the model's tokenizer; a drawn prompt outside [--min-tokens, --max-tokens] is drawn again.
+The same sets through the server and the official OpenAI / Anthropic SDKs: evaluate_http.py.
 """
 
 from __future__ import annotations
