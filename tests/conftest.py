@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -71,6 +72,24 @@ def _triton_interpreter_numpy_shim() -> None:
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
     interpreter._patch_lang_tensor = patched
+    _round_bf16_to_nearest(interpreter)
+
+
+def _round_bf16_to_nearest(interpreter: Any) -> None:
+    """The interpreter casts float32 to bf16 by truncation; the GPU rounds to nearest even, as torch does: bf16
+    kernels in the interpreter get torch's cast."""
+    import numpy as np
+    import triton.language as tl
+
+    original = interpreter.InterpreterBuilder.cast_impl
+
+    def cast(self, src, dst_type):  # type: ignore[no-untyped-def]
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            data = torch.from_numpy(np.ascontiguousarray(src.data, dtype=np.float32)).to(torch.bfloat16)
+            return interpreter.TensorHandle(data.view(torch.int16).numpy().view(np.uint16), dst_type.scalar)
+        return original(self, src, dst_type)
+
+    interpreter.InterpreterBuilder.cast_impl = cast
 
 
 _triton_interpreter_numpy_shim()

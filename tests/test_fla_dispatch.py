@@ -16,7 +16,7 @@ from freetoken.cache.state_pool import StatePool, StateShape
 from freetoken.layers import gated_delta_fla
 from freetoken.layers.attention import AttnBatch, SeqAttn
 from freetoken.layers.deltanet import DeltaNetWeights, GatedDeltaNet, _segments
-from freetoken.layers.gated_delta import chunk_gated_delta, l2norm, recurrent_gated_delta
+from freetoken.layers.gated_delta import chunk_gated_delta, l2norm
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
 
@@ -78,8 +78,8 @@ def test_segments_cut_at_the_captures():
     assert _segments(SeqAttn(0, 1, captures=[(1, 3)])) == [(0, 1)]
 
 
-# The layer's fla path with fla's calling convention served by our reference: [1, T, Hk, dk] inputs, q/k
-# normalised in the kernel, value head i on key head i // (H/Hk), cu_seqlens for several sequences.
+# The layer's fla path (prefill and mixed steps) with fla's calling convention served by our reference: [1, T, Hk,
+# dk] inputs, q/k normalised in the kernel, value head i on key head i // (H/Hk), cu_seqlens for several sequences.
 def _chunk_like_fla(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                     cu_seqlens=None, cu_seqlens_cpu=None):  # fmt: skip
     assert output_final_state and use_qk_l2norm_in_kernel and q.shape[0] == 1
@@ -95,13 +95,6 @@ def _chunk_like_fla(q, k, v, g, beta, scale, initial_state, output_final_state, 
         outs.append(o)
         finals.append(s)
     return torch.cat(outs)[None].to(v.dtype), torch.stack(finals)
-
-
-def _recurrent_like_fla(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel):
-    rep = v.shape[2] // q.shape[2]
-    q, k = (l2norm(t[:, 0].float()).repeat_interleave(rep, dim=1) for t in (q, k))
-    o, s = recurrent_gated_delta(q * scale, k, v[:, 0].float(), g[:, 0], beta[:, 0].float(), initial_state)
-    return o[:, None].to(v.dtype), s
 
 
 HK, H, DK, DV, K, D = 2, 4, 16, 8, 4, 32
@@ -121,7 +114,7 @@ def _layer(dtype: torch.dtype) -> GatedDeltaNet:
 
 def test_fla_plumbing_matches_the_torch_path():
     ref, fla = _layer(torch.float32), _layer(torch.float32)
-    fla.fla = gated_delta_fla.FlaKernels(_chunk_like_fla, _recurrent_like_fla)
+    fla.fla = gated_delta_fla.FlaKernels(_chunk_like_fla)
     shape = StateShape(1, 2 * HK * DK + H * DV, K - 1, H, DK, DV)
     pools = [StatePool(shape, 4, torch.float32, CPU, num_checkpoints=6) for _ in range(2)]
     g = torch.Generator().manual_seed(1)
@@ -145,6 +138,3 @@ def test_fla_plumbing_matches_the_torch_path():
     prefill([SeqAttn(0, 20, 70, 0)])  # alone: no cu_seqlens
     # two rounds for one sequence, three for the other: the later rounds' rows are not contiguous
     prefill([SeqAttn(0, 10, 79, 1, captures=[(3, 7)]), SeqAttn(10, 65, 0, 3, captures=[(64, 8), (2, 9)])])
-    decode = AttnBatch(torch.tensor([80, 0, 100]), torch.zeros(3, dtype=torch.long), decode=object(),  # type: ignore[arg-type]
-                       state_slots=torch.tensor([0, 3, 2]))  # fmt: skip
-    same(decode, 3)

@@ -1,7 +1,7 @@
 """flash-linear-attention's gated delta rule kernels (``layers/gated_delta_fla.py``) on CUDA against our float32
 torch reference on the same bf16 inputs, at the fast-step issue's bf16 tolerance: chunked prefill (one sequence and
-variable-length batches, from given initial states), recurrent decode (several steps, and replayed from a captured
-CUDA graph), and tiny Qwen3-Next / Qwen3.5-MoE models in bf16 through fused and hybrid, fla vs the torch path:
+variable-length batches, from given initial states), and tiny Qwen3-Next / Qwen3.5-MoE models in bf16 through fused
+and hybrid, fla vs the torch path (prefill; decode steps run ``deltanet_triton`` either way, ``test_deltanet_step.py``):
 teacher-forced logits at the bf16 tolerance, greedy tokens equal under the near-tie rule (the GPU box, with fla-core
 on PYTHONPATH: ``bench/gpu/fla_check.sh``)."""
 
@@ -13,7 +13,7 @@ import torch
 from freetoken import LLM, SamplingParams
 from freetoken.layers import gated_delta_fla
 from freetoken.layers.deltanet import GatedDeltaNet
-from freetoken.layers.gated_delta import chunk_gated_delta, l2norm, recurrent_gated_delta
+from freetoken.layers.gated_delta import chunk_gated_delta, l2norm
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 CUDA = torch.device("cuda")
@@ -71,42 +71,6 @@ def test_chunk_matches_reference(hk, h, dk, dv, lengths):
         start += n
 
 
-@pytest.mark.parametrize("hk,h,dk,dv", SHAPES)
-def test_recurrent_matches_reference(hk, h, dk, dv):
-    fla, g = _fla(), torch.Generator().manual_seed(dk)
-    B, steps = 5, 8
-    state = (torch.randn(B, h, dk, dv, generator=g) * 0.5).to(CUDA)
-    ref_state = state.clone()
-    for t in range(steps):
-        q, k, v, decay, beta = _inputs(B, hk, h, dk, dv, g)
-        out, state = gated_delta_fla.recurrent(fla, q, k, v, decay, beta, state)
-        rq, rk = _reference_heads(q, k, h)
-        ref, ref_state = recurrent_gated_delta(rq, rk, v.float(), decay, beta, ref_state)
-        _close(out, ref, f"step {t} out")
-        _close(state, ref_state, f"step {t} state")
-
-
-def test_recurrent_replays_from_a_cuda_graph():
-    """The decode kernel inside a captured graph (as the whole-step graph holds it): replays on new inputs equal
-    eager calls."""
-    hk, h, dk, dv = SHAPES[0]
-    fla, g = _fla(), torch.Generator().manual_seed(3)
-    B = 4
-    static = [t.clone() for t in _inputs(B, hk, h, dk, dv, g)]
-    state = (torch.randn(B, h, dk, dv, generator=g) * 0.5).to(CUDA)
-    gated_delta_fla.recurrent(fla, *static, state)  # compiled before capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, new = gated_delta_fla.recurrent(fla, *static, state)
-    for _ in range(3):
-        for buf, fresh in zip(static, _inputs(B, hk, h, dk, dv, g)):
-            buf.copy_(fresh)
-        graph.replay()
-        want_out, want_state = gated_delta_fla.recurrent(fla, *static, state)
-        assert torch.equal(out, want_out) and torch.equal(new, want_state)
-        state.copy_(new)
-
-
 # Model level: tiny random checkpoints in bf16, fla vs the torch path (FREETOKEN_FLA=0) in one process.
 SEEDS = {"qwen3_next": 16, "qwen3_5_moe": 2}
 BACKENDS = [("fused", None, None), ("hybrid", 1.0, 0.5)]
@@ -148,13 +112,13 @@ def test_greedy_tokens_match_the_torch_path(bf16_ckpt, backend, cache, fill, fre
     """Teacher-forced on the torch path's prompt + reply (prefill in 64-token chunks), the logits agree at the bf16
     tolerance and their argmax wherever the torch path has no near tie. Through fused: greedy replies equal up to
     the torch path's first near tie (its top-2 gap when it picked the token), and the chosen tokens' logprobs agree
-    while the replies do (the recurrent kernel in the graphed decode step); hybrid's bf16 replies differ run to run
+    while the replies do (the graphed decode step); hybrid's bf16 replies differ run to run
     with the torch path alone (its CPU/GPU split follows timing), so only the teacher-forced part holds there.
     Near tie: a gap under 2^-5 max|logit|, twice the largest error the tolerance allows."""
     d, prompts = bf16_ckpt
     ref_llm, ref_replies, _ = _run(d, backend, cache, fill, prompts, False, freetoken_env)
     llm, replies, stats = _run(d, backend, cache, fill, prompts, True, freetoken_env)
-    assert stats["step_graph_replays"] > 0  # the fla decode kernel ran inside captured step graphs
+    assert stats["step_graph_replays"] > 0  # the decode steps ran from captured step graphs
     clear = total = 0
     for i, p in enumerate(prompts):
         want, got = [t for t, _, _ in ref_replies[i]], [t for t, _, _ in replies[i]]

@@ -24,7 +24,7 @@ def test_triton_kernels_compile(arch: int) -> None:
         pytest.skip("the interpreter replaces compilation")
     from freetoken.experts.cpu import stage_triton
     from freetoken.experts.slots import copy_triton, gemm_fp8_triton, gemm_triton, plan_triton
-    from freetoken.layers import norm_triton, qkv_rope_triton, router_triton
+    from freetoken.layers import deltanet_triton, norm_triton, qkv_rope_triton, router_triton
     from freetoken.layers.paged_attention import triton_decode, triton_prefill
 
     i64 = "*i64"
@@ -137,6 +137,16 @@ def test_triton_kernels_compile(arch: int) -> None:
     for hd, window in ((128, False), (64, True), (256, False)):
         consts = {"PAGE": 16, "G": 8, "HD": hd, "BLOCK_M": 32, "BLOCK_N": 32, "HAS_WINDOW": window, "PREC": "tf32"}
         cases.append((triton_prefill._paged_prefill_kernel, pre, consts))
+    # the gated DeltaNet decode step (Qwen3.6's layer; a tiny GVA one with two dv blocks) and its gated norm
+    step = {"Mixed": "*bf16", "Bg": "*bf16", "Ag": "*bf16", "stride_x": "i32", "Conv": "*bf16", "Ssm": "*fp32",
+            "Wc": "*bf16", "Alog": "*fp32", "Dtb": "*fp32", "Slots": i64, "Pos": i64, "Arrive": "*i32",
+            "Core": "*bf16", "scale": "fp32"}  # fmt: skip
+    for hk, h, dk, dv, bv, bb in ((16, 32, 128, 128, 32, 1), (1, 2, 16, 16, 8, 4)):
+        consts = {"H": h, "HK": hk, "DK": dk, "DV": dv, "KW": 4, "KP": 4, "BK": dk, "BV": bv, "NV": dv // bv, "BB": bb}
+        cases.append((deltanet_triton._deltanet_step_kernel, step, consts))
+    gnorm = {"X": "*fp32", "Z": "*bf16", "W": "*bf16", "Y": "*bf16", "N": "i32", "eps": "fp32", "sx_t": "i32",
+             "sx_h": "i32", "sz_t": "i32", "sz_h": "i32", "HEADS": "i32"}  # fmt: skip
+    cases.append((norm_triton._gated_rms_norm_kernel, gnorm, {"BLOCK": 128}))
     for fn, sig, consts in cases:
         signature: dict[str, str] = {**sig, **{k: "constexpr" for k in consts}}
         src = ASTSource(fn=fn, signature=signature, constexprs=consts)

@@ -8,8 +8,8 @@
 # (fla-core 0.6.0 asks for torch >= 2.7, triton >= 3.3: the box's torch 2.11 / triton 3.6; packaging, which it
 # imports, comes with transformers.)
 # Stages (default: both, in this order):
-#   tests (~2 min) tests/test_fla_gpu.py (chunked prefill one sequence and varlen from given states, recurrent decode,
-#         its replay from a captured graph, all vs the fp32 torch reference on the same bf16 inputs at the fast-step
+#   tests (~2 min) tests/test_fla_gpu.py (chunked prefill one sequence and varlen from given states,
+#         vs the fp32 torch reference on the same bf16 inputs at the fast-step
 #         issue's bf16 tolerance; tiny Qwen3-Next / Qwen3.5-MoE in bf16 through fused and hybrid, fla vs the torch
 #         path: greedy tokens under the near-tie rule), tests/test_fla_dispatch.py, the CUDA cases of
 #         tests/test_reference_hybrid.py (fp32: the torch path, fla not chosen for float32 models)

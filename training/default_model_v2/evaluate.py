@@ -8,6 +8,7 @@ it), a history with tool results, and the request last. Figures: tool name + exa
 cities, expressions and tool names; target >= 95%), arithmetic exact match (held-out operand pairs; >= 95%) and
 the tool-call rate on prompts no offered tool fits (missing tool, chat; <= 5%). Prompt sizes are measured with
 the model's tokenizer; a drawn prompt outside [--min-tokens, --max-tokens] is drawn again.
+The same sets through the server and the official OpenAI / Anthropic SDKs: evaluate_http.py.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import random
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,56 +56,96 @@ def heldout_set(task: str, n: int, seed: int, render: Callable[[Conversation], s
     return out
 
 
-def evaluate(gen: Any, tok: Any, n_tool: int, n_arith: int, n_none: int, lo: int, hi: int, show: int) -> None:
-    """Prints each figure as soon as its set is done (a run cut short still leaves the figures before)."""
+@dataclass(frozen=True)
+class Reply:
+    """What a figure looks at in one reply, whatever produced it (a raw completion, an API response)."""
+
+    call: tuple[str, dict[str, Any]] | None  # the first tool call (name, arguments); None: none that parses
+    called: bool  # a tool call was made (one whose JSON does not parse counts too)
+    answer: str  # the visible answer, after the thinking block
+    raw: str  # what the miss listings print
+
+
+def completion_reply(completion: str) -> Reply:
+    """A raw completion (special tokens kept, cut at <|im_end|>) read the way v1's evaluation reads it."""
+    return Reply(V1E.parse_tool_call(completion), "<tool_call>" in completion, V1E.final_content(completion),
+                 completion)
+
+
+Prompts = list[tuple[Conversation, str]]
+Answerer = Callable[[Prompts, int], list[Reply]]  # (prompts with their rendered text, max new tokens) -> replies
+MAX_NEW = {"tool": 160, "arith": 128, "none": 128}
+SEEDS = {"tool": 18, "arith": 17, "none": 19}
+
+
+def text_generator_answerer(gen: Callable[[list[str], int], list[str]]) -> Answerer:
+    return lambda prompts, max_new: [completion_reply(o) for o in gen([t for _, t in prompts], max_new)]
+
+
+def renderer(tok: Any) -> tuple[Callable[[Conversation], str], Callable[[str], int]]:
+    """(render: the conversation as the chat template renders it, count: its tokens) with the model's tokenizer."""
     def render(conv: Conversation) -> str:
         return str(V1E.prompt_text(tok, conv))
 
     def count(text: str) -> int:
         return len(tok(text, add_special_tokens=False)["input_ids"])
 
-    def run(task: str, n: int, seed: int, max_new: int) -> list[tuple[Conversation, str]]:
-        prompts = heldout_set(task, n, seed, render, count, lo, hi)
-        sizes = [count(t) for _, t in prompts]
-        t0 = time.time()
-        outs = gen([t for _, t in prompts], max_new)
-        print(f"[eval] {task}: {n} prompts of {min(sizes)}-{max(sizes)} tokens (mean {sum(sizes) // n}), "
-              f"decoded in {time.time() - t0:.0f}s", flush=True)
-        return [(c, o) for (c, _), o in zip(prompts, outs)]
+    return render, count
 
-    if n_tool:
-        rows = run("tool", n_tool, 18, 160)
-        ok = [V1E.parse_tool_call(o) == (c["meta"]["name"], c["meta"]["arguments"]) for c, o in rows]
-        names = sum((V1E.parse_tool_call(o) or ("",))[0] == c["meta"]["name"] for c, o in rows)
+
+def evaluate(answerers: dict[str, Answerer], tok: Any, n_tool: int, n_arith: int, n_none: int, lo: int, hi: int,
+             show: int) -> None:
+    """Each set is drawn once and answered by every answerer ({label: answerer}; label "" for one engine).
+    Prints each figure as soon as its set is done (a run cut short still leaves the figures before)."""
+    render, count = renderer(tok)
+    for task, n in (("tool", n_tool), ("arith", n_arith), ("none", n_none)):
+        if not n:
+            continue
+        prompts = heldout_set(task, n, SEEDS[task], render, count, lo, hi)
+        sizes = [count(t) for _, t in prompts]
+        for label, answer in answerers.items():
+            tag = f"[eval{' ' + label if label else ''}]"
+            t0 = time.time()
+            replies = answer(prompts, MAX_NEW[task])
+            print(f"{tag} {task}: {n} prompts of {min(sizes)}-{max(sizes)} tokens (mean {sum(sizes) // n}), "
+                  f"decoded in {time.time() - t0:.0f}s", flush=True)
+            score(task, [c for c, _ in prompts], replies, tag, show)
+
+
+def score(task: str, convs: list[Conversation], replies: list[Reply], tag: str = "[eval]", show: int = 3) -> None:
+    """Prints the set's figure: tool name + exact arguments (with the per style/kind and seen/unseen name
+    breakdown), arithmetic exact match, or the tool-call rate on no-tool prompts."""
+    n = len(convs)
+    rows = list(zip(convs, replies))
+    if task == "tool":
+        ok = [r.call == (c["meta"]["name"], c["meta"]["arguments"]) for c, r in rows]
+        names = sum((r.call or ("",))[0] == c["meta"]["name"] for c, r in rows)
         per: dict[str, list[bool]] = {}
-        for (c, _), k in zip(rows, ok):
+        for c, k in zip(convs, ok):
             per.setdefault(f"{c['meta']['style']}/{c['meta']['kind']}", []).append(k)
             per.setdefault("client's own name" if c["meta"]["seen_name"] else "unseen name", []).append(k)
-        print(f"[eval] tool name + exact arguments: {sum(ok)}/{n_tool} ({sum(ok) / n_tool:.1%}, target >= 95%); "
-              f"name right {names}/{n_tool}")
-        print("[eval] per style/kind: " + ", ".join(f"{key} {sum(v)}/{len(v)}" for key, v in sorted(per.items())))
-        _show("tool miss", [(c["meta"], o) for (c, o), k in zip(rows, ok) if not k], show)
-    if n_arith:
-        rows = run("arith", n_arith, 17, 128)
+        print(f"{tag} tool name + exact arguments: {sum(ok)}/{n} ({sum(ok) / n:.1%}, target >= 95%); "
+              f"name right {names}/{n}")
+        print(f"{tag} per style/kind: " + ", ".join(f"{key} {sum(v)}/{len(v)}" for key, v in sorted(per.items())))
+        _show(f"{tag} tool miss", [(c["meta"], r.raw) for (c, r), k in zip(rows, ok) if not k], show)
+    elif task == "arith":
         bad = []
-        for c, o in rows:
-            nums = _INT.findall(V1E.final_content(o))
-            if not nums or "<tool_call>" in o or int(nums[-1]) != c["meta"]["answer"]:
-                bad.append((c["messages"][-1]["content"], o))
-        good = n_arith - len(bad)
-        print(f"[eval] arithmetic exact match: {good}/{n_arith} ({good / n_arith:.1%}, target >= 95%)")
-        _show("arith miss", bad, show)
-    if n_none:
-        rows = run("none", n_none, 19, 128)
-        calls = [(c["messages"][-1]["content"], o) for c, o in rows if "<tool_call>" in o]
-        print(f"[eval] tool calls on no-tool prompts: {len(calls)}/{n_none} ({len(calls) / n_none:.1%}, "
-              f"target <= 5%)")
-        _show("spurious call", calls, show)
+        for c, r in rows:
+            nums = _INT.findall(r.answer)
+            if not nums or r.called or int(nums[-1]) != c["meta"]["answer"]:
+                bad.append((c["messages"][-1]["content"], r.raw))
+        good = n - len(bad)
+        print(f"{tag} arithmetic exact match: {good}/{n} ({good / n:.1%}, target >= 95%)")
+        _show(f"{tag} arith miss", bad, show)
+    else:
+        calls = [(c["messages"][-1]["content"], r.raw) for c, r in rows if r.called]
+        print(f"{tag} tool calls on no-tool prompts: {len(calls)}/{n} ({len(calls) / n:.1%}, target <= 5%)")
+        _show(f"{tag} spurious call", calls, show)
 
 
 def _show(label: str, rows: list[Any], show: int) -> None:
     for row in rows[:show]:
-        print(f"[eval] {label}: {row!r}", flush=True)
+        print(f"{label}: {row!r}", flush=True)
 
 
 def main() -> None:
@@ -122,7 +164,8 @@ def main() -> None:
         gen, tok = V1E.freetoken_generator(a.model, a.device)
     else:
         gen, tok = V1E.transformers_generator(a.model, a.device, torch.float32, batch_size=4)
-    evaluate(gen, tok, a.n_tool, a.n_arith, a.n_none, a.min_tokens, a.max_tokens, a.show_misses)
+    evaluate({"": text_generator_answerer(gen)}, tok, a.n_tool, a.n_arith, a.n_none, a.min_tokens, a.max_tokens,
+             a.show_misses)
 
 
 if __name__ == "__main__":

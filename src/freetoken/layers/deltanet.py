@@ -5,10 +5,12 @@ x -> one projection to the conv channels (q, k, v), z, b, a -> short causal conv
 q/k (repeated from Hk key heads to H value heads), ``beta = sigmoid(b)``, ``g = -exp(A_log) * softplus(a + dt_bias)``
 -> the gated delta rule (``gated_delta.py``) -> RMSNorm per head gated by SiLU(z) -> out_proj.
 Decode steps (one token per sequence, every sequence) run batched from ``batch.state_slots`` with no host read (a
-CUDA graph captures them); other steps run the conv per sequence, then the chunked rule: per sequence in torch, or
-with fla's kernels (``gated_delta_fla.py``, CUDA 16-bit models) every sequence in one variable-length launch. A
-sequence with checkpoints to take is cut into segments at them; fla runs the r-th segments of all sequences in one
-launch. T = tokens in the step, N = its sequences, D = hidden, C = conv channels (2*Hk*dk + H*dv).
+CUDA graph captures them): on CUDA in one Triton launch between the two GEMMs (``deltanet_triton.py``) and the gated
+norm in another, else ``gated_delta.deltanet_step_reference``. Other steps run the conv per sequence, then the
+chunked rule: per sequence in torch, or with fla's kernels (``gated_delta_fla.py``, CUDA 16-bit models) every
+sequence in one variable-length launch. A sequence with checkpoints to take is cut into segments at them; fla runs
+the r-th segments of all sequences in one launch. T = tokens in the step, N = its sequences, D = hidden, C = conv
+channels (2*Hk*dk + H*dv).
 """
 
 from __future__ import annotations
@@ -19,16 +21,11 @@ import torch
 import torch.nn.functional as F
 
 from freetoken.cache.state_pool import StatePool
+from freetoken.experts.triton_support import triton_available
 from freetoken.layers import gated_delta_fla
 from freetoken.layers.attention import AttnBatch, SeqAttn
-from freetoken.layers.gated_delta import (
-    causal_conv,
-    causal_conv_step,
-    chunk_gated_delta,
-    l2norm,
-    recurrent_gated_delta,
-)
-from freetoken.layers.norm import rms_norm
+from freetoken.layers.gated_delta import causal_conv, chunk_gated_delta, deltanet_step_reference, gates, heads
+from freetoken.layers.norm import gated_rms_norm
 
 
 @dataclass
@@ -49,7 +46,8 @@ class GatedDeltaNet:
         self.hk, self.h, self.dk, self.dv = k_heads, v_heads, k_dim, v_dim
         self.channels = 2 * k_heads * k_dim + v_heads * v_dim
         device, dtype = w.in_proj.device, w.in_proj.dtype
-        self.fla = gated_delta_fla.kernels(device, dtype)  # None: the torch path
+        self.fla = gated_delta_fla.kernels(device, dtype)  # None: the torch path (prefill)
+        self.triton_step = device.type == "cuda" and triton_available()  # the decode step's fused kernel
         if self.fla is not None:
             gated_delta_fla.warm(self.fla, device, dtype, k_heads, v_heads, k_dim, v_dim)
 
@@ -57,31 +55,23 @@ class GatedDeltaNet:
         assert states is not None, "a linear-attention layer needs the state pool"
         T, H, dv = x.shape[0], self.h, self.dv
         mixed, z, b, a = F.linear(x, self.w.in_proj).split([self.channels, H * dv, H, H], dim=-1)
-        beta = torch.sigmoid(b).float()
-        g = -self.w.A_log.exp() * F.softplus(a.float() + self.w.dt_bias)  # [T, H]
         if batch.decode is not None:
-            core = self._decode(mixed, g, beta, batch, states)
+            core = self._decode(mixed, b, a, batch, states)
         else:
+            g, beta = gates(a, b, self.w.A_log, self.w.dt_bias)  # [T, H]
             convolved = self._conv(mixed, batch.seqs, states)
             if self.fla is not None:
                 core = self._chunks_fla(self.fla, convolved, g, beta, batch.seqs, states)
             else:
                 core = self._chunks(convolved, g, beta, batch.seqs, states)
-        normed = rms_norm(core.to(x.dtype), self.w.norm, self.eps) * F.silu(z.view(T, H, dv).float())
-        return F.linear(normed.to(x.dtype).reshape(T, H * dv), self.w.out)
+        normed = gated_rms_norm(core, z.view(T, H, dv), self.w.norm, self.eps)  # [T, H, dv] x's dtype
+        return F.linear(normed.view(T, H * dv), self.w.out)
 
     def _split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Conv output [n, C] -> q, k [n, Hk, dk] and v [n, H, dv], as they are (views)."""
         n, hk, dk = qkv.shape[0], self.hk, self.dk
         q, k, v = qkv.split([hk * dk, hk * dk, self.h * self.dv], dim=-1)
         return q.view(n, hk, dk), k.view(n, hk, dk), v.view(n, self.h, self.dv)
-
-    def _heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Conv output [n, C] -> q, k [n, H, dk] (normalised, q scaled) and v [n, H, dv], float32."""
-        q, k, v = self._split(qkv.float())
-        rep = self.h // self.hk
-        q = l2norm(q).repeat_interleave(rep, dim=1) * self.dk**-0.5
-        return q, l2norm(k).repeat_interleave(rep, dim=1), v
 
     def _conv(self, mixed: torch.Tensor, seqs: list[SeqAttn], states: StatePool) -> torch.Tensor:
         """Every sequence's causal conv from its slot's last inputs (zeros at position 0); the slot then holds its
@@ -107,7 +97,7 @@ class GatedDeltaNet:
         core = torch.zeros((T, self.h, self.dv), dtype=torch.float32, device=convolved.device)
         for s in seqs:
             rows = slice(s.q_start, s.q_start + s.q_len)
-            q, k, v = self._heads(convolved[rows])
+            q, k, v = heads(convolved[rows], self.hk, self.dk, self.h)
             gs, bs = g[rows], beta[rows]
             state = torch.zeros_like(ssm[s.state_slot]) if s.start == 0 else ssm[s.state_slot]
             for slot in _captured_at(s, 0):
@@ -155,22 +145,18 @@ class GatedDeltaNet:
         return core
 
     def _decode(
-        self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, batch: AttnBatch, states: StatePool
+        self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, batch: AttnBatch, states: StatePool
     ) -> torch.Tensor:
         """One token per sequence, batched; a sequence at position 0 starts from zeros (masked, no branch)."""
-        slots = batch.state_slots
-        assert slots is not None, "a decode step over linear-attention layers needs state slots"
-        keep = (batch.positions > 0)[:, None, None]  # [B, 1, 1]
-        conv_pool, ssm_pool = states.conv[self.layer], states.ssm[self.layer]
-        out, last = causal_conv_step(mixed, conv_pool[slots] * keep.to(conv_pool.dtype), self.w.conv)
-        conv_pool.index_copy_(0, slots, last.to(conv_pool.dtype))
-        before = ssm_pool[slots] * keep[..., None]
-        if self.fla is not None:
-            core, state = gated_delta_fla.recurrent(self.fla, *self._split(out), g, beta, before)
-        else:
-            core, state = recurrent_gated_delta(*self._heads(out), g, beta, before)
-        ssm_pool.index_copy_(0, slots, state)
-        return core
+        assert batch.state_slots is not None, "a decode step over linear-attention layers needs state slots"
+        w, L = self.w, self.layer
+        args = (mixed, b, a, states.conv[L], states.ssm[L], batch.state_slots, batch.positions, w.conv, w.A_log,
+                w.dt_bias, self.hk, self.dk)  # fmt: skip
+        if self.triton_step:
+            from freetoken.layers.deltanet_triton import deltanet_step_triton
+
+            return deltanet_step_triton(*args, out_dtype=mixed.dtype)
+        return deltanet_step_reference(*args)
 
 
 def _segments(s: SeqAttn) -> list[tuple[int, int]]:

@@ -83,4 +83,47 @@ def causal_conv(x: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor) -> tu
 def causal_conv_step(x: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per sequence: x [B, C], prev [B, C, K-1], weight [C, K] -> (out [B, C], new prev [B, C, K-1])."""
     window = torch.cat([prev.to(x.dtype), x[:, :, None]], dim=-1)  # [B, C, K]
-    return F.silu((window * weight).sum(dim=-1)), window[:, :, 1:]
+    acc = (window.float() * weight.float()).sum(dim=-1)  # summed in float32, rounded once (as ``causal_conv``)
+    return F.silu(acc.to(x.dtype)), window[:, :, 1:]
+
+
+def gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """[n, H] logits a, b -> the log decay ``g = -exp(A_log) * softplus(a + dt_bias)`` and ``beta = sigmoid(b)``,
+    float32."""
+    return -A_log.exp() * F.softplus(a.float() + dt_bias), torch.sigmoid(b).float()
+
+
+def heads(qkv: torch.Tensor, k_heads: int, k_dim: int, v_heads: int) -> tuple[torch.Tensor, ...]:
+    """Conv output [n, C] -> q, k [n, H, dk] (L2-normalised, repeated from the Hk key heads, q scaled by dk^-0.5)
+    and v [n, H, dv], float32."""
+    n, dv = qkv.shape[0], (qkv.shape[1] - 2 * k_heads * k_dim) // v_heads
+    q, k, v = qkv.float().split([k_heads * k_dim, k_heads * k_dim, v_heads * dv], dim=-1)
+    rep = v_heads // k_heads
+    q, k = (l2norm(t.view(n, k_heads, k_dim)).repeat_interleave(rep, dim=1) for t in (q, k))
+    return q * k_dim**-0.5, k, v.view(n, v_heads, dv)
+
+
+def deltanet_step_reference(
+    mixed: torch.Tensor,  # [B, C] the in_proj output's conv channels
+    b: torch.Tensor,  # [B, H] beta logits
+    a: torch.Tensor,  # [B, H] decay logits
+    conv_pool: torch.Tensor,  # [S, C, K-1] one layer's conv windows, written in place
+    ssm_pool: torch.Tensor,  # [S, H, dk, dv] float32, written in place
+    slots: torch.Tensor,  # [B] int64
+    positions: torch.Tensor,  # [B]; 0: the sequence starts from zero states
+    conv_w: torch.Tensor,  # [C, K]
+    A_log: torch.Tensor,  # [H]
+    dt_bias: torch.Tensor,  # [H]
+    k_heads: int,
+    k_dim: int,
+) -> torch.Tensor:  # [B, H, dv] float32 the core output
+    """One gated DeltaNet decode step of B sequences from their state slots (gathered, masked to zeros at position 0,
+    written back with ``index_copy_``): conv step, gates, the recurrent rule. ``deltanet_triton`` fuses it."""
+    keep = (positions > 0)[:, None, None]  # [B, 1, 1]
+    out, last = causal_conv_step(mixed, conv_pool[slots] * keep.to(conv_pool.dtype), conv_w)
+    conv_pool.index_copy_(0, slots, last.to(conv_pool.dtype))
+    g, beta = gates(a, b, A_log, dt_bias)
+    q, k, v = heads(out, k_heads, k_dim, ssm_pool.shape[1])
+    core, state = recurrent_gated_delta(q, k, v, g, beta, ssm_pool[slots] * keep[..., None])
+    ssm_pool.index_copy_(0, slots, state)
+    return core

@@ -1,7 +1,7 @@
 """The gated delta rule on CUDA through flash-linear-attention's Triton kernels (``fla-core``, an optional GPU
-dependency): ``chunk_gated_delta_rule`` for prefill and mixed steps (variable-length sequences in one launch),
-``fused_recurrent_gated_delta_rule`` for decode steps (no autotuning: the step graph captures it after one eager
-run). ``gated_delta.py`` stays the reference and the path everywhere else.
+dependency): ``chunk_gated_delta_rule`` for prefill and mixed steps (variable-length sequences in one launch).
+Decode steps run our fused step kernel instead (``deltanet_triton.py``); ``gated_delta.py`` stays the reference and
+the path everywhere else.
 
 Chosen per layer at construction (``kernels``): CUDA, a 16-bit model dtype (fla's chunked kernels multiply in TF32
 on float32 inputs, which the float32 reference tests would not match), ``FREETOKEN_FLA`` not ``0``, and
@@ -32,17 +32,16 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class FlaKernels:
     chunk: Callable[..., tuple[torch.Tensor, torch.Tensor]]
-    recurrent: Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 @functools.cache
 def _import() -> FlaKernels | None:
     try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     except ImportError as e:
         log.info("fla-core is not importable (%s): the gated DeltaNet layers run our torch ops on CUDA", e)
         return None
-    return FlaKernels(chunk_gated_delta_rule, fused_recurrent_gated_delta_rule)
+    return FlaKernels(chunk_gated_delta_rule)
 
 
 @functools.cache
@@ -84,26 +83,10 @@ def chunk(
     return out[0], final
 
 
-def recurrent(
-    fla: FlaKernels,
-    q: torch.Tensor,  # [B, Hk, dk] model dtype, unnormalised
-    k: torch.Tensor,  # [B, Hk, dk]
-    v: torch.Tensor,  # [B, H, dv]
-    g: torch.Tensor,  # [B, H] float32
-    beta: torch.Tensor,  # [B, H]
-    state: torch.Tensor,  # [B, H, dk, dv] float32
-) -> tuple[torch.Tensor, torch.Tensor]:  # out [B, H, dv] (model dtype), the new states
-    out, final = fla.recurrent(
-        q[:, None], k[:, None], v[:, None], g=g[:, None], beta=beta.to(q.dtype)[:, None],
-        scale=q.shape[-1] ** -0.5, initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True,
-    )  # fmt: skip
-    return out[:, 0], final
-
-
 @functools.cache
 def warm(fla: FlaKernels, device: torch.device, dtype: torch.dtype, hk: int, h: int, dk: int, dv: int) -> None:
-    """Compile (and autotune) the kernels for one layer shape before any step, so the first prefill does not pay
-    for it and the decode kernel is built before the step graph captures it: one sequence and two (varlen)."""
+    """Compile (and autotune) the chunked kernel for one layer shape before any step, so the first prefill does not
+    pay for it: one sequence and two (varlen)."""
     rng = torch.Generator(device).manual_seed(0)  # not the default generator: sampling may draw from it
     for lengths in ([70], [5, 70]):
         T = sum(lengths)
@@ -113,5 +96,3 @@ def warm(fla: FlaKernels, device: torch.device, dtype: torch.dtype, hk: int, h: 
         beta = torch.rand(T, h, device=device, generator=rng)
         state = torch.zeros(len(lengths), h, dk, dv, device=device)
         chunk(fla, q, k, v, g, beta, state, lengths)
-        n = len(lengths)
-        recurrent(fla, q[:n], k[:n], v[:n], g[:n], beta[:n], state)

@@ -47,6 +47,20 @@ def embed_rms_norm(
     return h, rms_norm(h, weight, eps)
 
 
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """A gated DeltaNet layer's output norm, per row of the last dim: ``rms_norm(x, weight) * silu(z)`` in z's dtype
+    (x, float32 or the model dtype, rounded to it first). x, z [T, H, n] -> [T, H, n] contiguous."""
+    if z.is_cuda and triton_available():
+        from freetoken.layers.norm_triton import gated_rms_norm_triton
+
+        return gated_rms_norm_triton(x, z, weight, eps)
+    return (rms_norm(x.to(z.dtype), weight, eps) * F.silu(z.float())).to(z.dtype)
+
+
+def gated_rms_norm_reference(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return (rms_norm_reference(x.to(z.dtype), weight, eps) * F.silu(z.float())).to(z.dtype)
+
+
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     dtype = x.dtype
     h = x.to(torch.float32)

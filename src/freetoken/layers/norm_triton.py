@@ -82,3 +82,33 @@ def _launch(
         HAS_ADD=delta is not None, BLOCK=triton.next_power_of_2(N),
     )  # fmt: skip
     return y.view(x.shape), (s.view(x.shape) if delta is not None else None)
+
+
+@triton.jit
+def _gated_rms_norm_kernel(X, Z, W, Y, N, eps, sx_t, sx_h, sz_t, sz_h, HEADS, BLOCK: tl.constexpr):
+    t, h = tl.program_id(0) // HEADS, tl.program_id(0) % HEADS
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    z = tl.load(Z + t * sz_t + h * sz_h + cols, mask=mask, other=0.0)
+    x = tl.load(X + t * sx_t + h * sx_h + cols, mask=mask, other=0.0).to(z.dtype).to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
+    w = tl.load(W + cols, mask=mask, other=0.0)
+    normed = (w.to(tl.float32) * (x * inv).to(z.dtype).to(tl.float32)).to(z.dtype).to(tl.float32)
+    zf = z.to(tl.float32)
+    tl.store(Y + (t * HEADS + h) * N + cols, (normed * zf / (1.0 + tl.exp(-zf))).to(z.dtype), mask=mask)
+
+
+def gated_rms_norm_triton(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x, z [T, H, n] (any row and head strides, columns contiguous) -> [T, H, n] contiguous in z's dtype:
+    ``rms_norm(x in z's dtype, weight) * silu(z)`` rounded as ``norm.gated_rms_norm_reference``. One program per
+    (token, head)."""
+    T, H, N = z.shape
+    if x.shape != z.shape or weight.numel() != N or x.stride(2) != 1 or z.stride(2) != 1:
+        raise ValueError(f"gated_rms_norm: x {tuple(x.shape)}, z {tuple(z.shape)}, weight of {weight.numel()}")
+    y = torch.empty((T, H, N), dtype=z.dtype, device=z.device)
+    if T * H:
+        _gated_rms_norm_kernel[(T * H,)](
+            x, z, weight.to(z.dtype).contiguous(), y, N, eps, x.stride(0), x.stride(1), z.stride(0), z.stride(1), H,
+            BLOCK=triton.next_power_of_2(N),
+        )  # fmt: skip
+    return y
