@@ -299,7 +299,7 @@ def _run(
     t = tiles or decode_tiles(K)
     gu = {"D": D, "I": I, "BM": bm, "BN": t.gu_bn, "BK": t.gu_bk, "PREC": prec, "num_warps": t.gu_warps}
     dn = {"D": D, "I": I, "BM": bm, "BN": t.dn_bn, "BK": t.dn_bk, "PREC": prec, "num_warps": t.dn_warps}
-    ids, off, n_rows, i64, b = grouping or (groups.order, 0, 0, groups.order, groups.valid)
+    ids, off, n_rows, i64, b = grouping or (groups.order, 0, 0, groups.order, groups.order)  # unused without GROUP
     kb = max(16, triton.next_power_of_2(K)) if grouping is not None else 1
     grp = (ids, K, off, n_rows, i64, b)
     _gate_up_kernel[(G, triton.cdiv(I, t.gu_bn))](x, slot_gate_up, h, *routes, *grp, TOPK=k, GROUP=grouping is not None,
