@@ -37,7 +37,7 @@ _GATHER_MAX_ROUTES = 32
 _KERNEL_ROUTES_PER_EXPERT = 4
 # Up to this many routes (``plan_triton.MAX_ROUTES``), CUDA groups a step's routes in one launch of its own; up to
 # _GROUP_IN_GATE_UP (bf16 banks), in the gate_up launch itself (more routes: its pairwise grouping spills registers,
-# 456 bytes of stack at 64 routes against 56 at 32, ptxas for sm_90).
+# docs/benchmarks.md, "Fewer kernels per fused decode step").
 _ONE_LAUNCH_GROUPING = 64
 _GROUP_IN_GATE_UP = 32
 
