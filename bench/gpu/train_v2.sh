@@ -26,8 +26,10 @@ T0=$(date +%s)
 # about 1-2 minutes, are training's own) and trains on fla with the guard lifted if they agree, else on
 # transformers' torch path (the twelfth session's only run: 190 steps, 0/12 tool calls).
 # Data (about 30 s on 15 single-threaded workers) + the check + training: 400 s in all, on the clock.
+# V2_INIT=DIR continues from a carried checkpoint (e.g. the previous call's model in .carry/v2model; other data:
+# V2_TRAIN_ARGS="--seed 1").
 timeout 450 python3 training/default_model_v2/train.py --out "$OUT/model" --time-budget 400 --workers 15 \
-  ${V2_TRAIN_ARGS:-} >> "$LOG" 2>&1
+  ${V2_INIT:+--init "$V2_INIT"} ${V2_TRAIN_ARGS:-} >> "$LOG" 2>&1
 echo "[sh] train rc $? after $(( $(date +%s) - T0 )) s" >> "$LOG"
 grep -q "chunk_gated_delta_rule. is falling back\|fla's gradients disagree" "$LOG" \
   && echo "[sh] WARNING: fla was not used: the DeltaNet trained on transformers' torch loop (few steps)" >> "$LOG"

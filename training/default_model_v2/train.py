@@ -53,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--toy", action="store_true", help="tiny model and data, for a CPU smoke run")
+    p.add_argument("--init", type=Path, default=None,
+                   help="continue from this v2 checkpoint's weights (pass another --seed for other data)")
     a = p.parse_args(argv)
     if a.toy:  # a CPU run of a couple of minutes: short prompts, small batches
         a.short, a.medium, a.long, a.xl = min(a.short, 600), min(a.medium, 30), 0, 0
@@ -75,6 +77,19 @@ def set_experts_impl(model: Any, batch: dict[str, torch.Tensor], device: str) ->
         print(f"[model] keeping the default experts implementation ({type(exc).__name__}: {exc})", flush=True)
 
 
+def from_checkpoint(path: Path, cfg: Any) -> Any:
+    """A v2 checkpoint to train on from (a call of the GPU box is 10 minutes: one run continues another's weights;
+    the optimizer's moments start afresh, as after a warm restart). Its architecture must be this config's."""
+    model = Qwen3_5MoeForCausalLM.from_pretrained(path, dtype=torch.float32)
+    keys = ("hidden_size", "num_hidden_layers", "layer_types", "linear_key_head_dim", "linear_value_head_dim",
+            "num_experts", "moe_intermediate_size", "vocab_size")
+    diff = {k: (getattr(model.config, k), getattr(cfg, k)) for k in keys if getattr(model.config, k) != getattr(cfg, k)}
+    if diff:
+        raise SystemExit(f"--init {path}: not v2's architecture (checkpoint vs config): {diff}")
+    print(f"[model] continuing from {path}", flush=True)
+    return model
+
+
 def train(args: argparse.Namespace) -> None:
     t0 = time.time()
     random.seed(args.seed)
@@ -90,7 +105,7 @@ def train(args: argparse.Namespace) -> None:
     if args.device.startswith("cuda") and not args.toy:  # fla's backward at v2's head dims, before training on it
         fla_rc = fla_gradcheck.check(args.device, cfg.linear_key_head_dim, cfg.linear_value_head_dim,
                                      cfg.linear_num_value_heads)
-    model = Qwen3_5MoeForCausalLM(cfg).to(args.device)
+    model = (Qwen3_5MoeForCausalLM(cfg) if args.init is None else from_checkpoint(args.init, cfg)).to(args.device)
     if fla_rc == 1:
         n = fla_gradcheck.unbind_fla(model)
         print(f"[model] WARNING: fla's gradients disagree here: the DeltaNet layers train on transformers' torch "
