@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# GPU box, the sitting after the thirteenth session (prepared 2026-12-01). Carry [".carry"] (pylib with fla-core /
-# einops / llguidance / xxhash / nvidia-ml-py / accelerate, wheels, traces, lcpp-src.tgz, the *-old-src.tgz A/B trees).
+# GPU box, the sitting after the thirteenth session (prepared 2026-12-01). Carry per stage (the tree is ~27 MB and
+# all of .carry ~40 MB: together near the 64 MiB limit): t, train, q36: [".carry/pylib"] (fla-core, einops,
+# llguidance, xxhash, nvidia-ml-py, accelerate); k19: [".carry/pylib", ".carry/k19-main-src.tgz"]; b2: [".carry/pylib"];
+# hyb: [".carry/pylib", ".carry/traces", ".carry/hyb-old-src.tgz"].
 # Stages, one device call each, back to back, in this order of value; every log whole under $OUT:
 #   t      (~6 min) what the thirteenth session's sitting failed on, fixed since: the hybrid oracle on CPU and CUDA
 #          with fla on the path, the refused host registration (test_host_pool_gpu, static-freq), fla at head dim
