@@ -83,8 +83,10 @@ def _serve(args: argparse.Namespace) -> int:
     meets a server that cannot answer, and a model that cannot load ends ``ft serve`` with one line."""
     from freetoken.server import runner
     from freetoken.server.app import build_app
+    from freetoken.server.heap import pin_mmap_threshold
 
     engine_cfg, server_cfg = configs(args)
+    pin_mmap_threshold()
     check_port(server_cfg.host, server_cfg.port)
     setup_logging(args.log_level)
     engine = load(engine_cfg)
