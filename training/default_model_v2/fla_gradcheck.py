@@ -12,6 +12,7 @@ under the DeltaNet layers. Alone: exit 0 when they agree, 1 when not, 2 when fla
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import sys
 import time
@@ -105,16 +106,43 @@ KERNEL_FUNCTIONS = {"chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"
                     "torch_recurrent_gated_delta_rule"}
 
 
+CHUNK_SCAN_STEPS = 32  # the torch chunked rule scans chunks one by one: about this many per sequence
+MAX_CHUNK = 512
+
+
+def scan_chunk(tokens: int) -> int:
+    """The chunk size for a sequence of ``tokens``: 64 (transformers' default) up to 2k tokens, then the power
+    of two that keeps the sequential scan near CHUNK_SCAN_STEPS chunks, at most MAX_CHUNK (whose [chunk, chunk]
+    blocks autograd keeps: 0.5 GB a tensor for a 60k-token row of 4 heads; 120 chunks there, not 954).
+    The result is the same rule at any chunk size (float32 rounding apart); only the step count changes."""
+    chunk = 64
+    while chunk < MAX_CHUNK and tokens > chunk * CHUNK_SCAN_STEPS:
+        chunk *= 2
+    return chunk
+
+
+def with_scan_chunk(fn: Any) -> Any:
+    """transformers' torch chunked rule (``fn``), its chunk size chosen per call by ``scan_chunk``."""
+
+    @functools.wraps(fn)
+    def chunked(query: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("chunk_size", scan_chunk(query.shape[1]))
+        return fn(query, *args, **kwargs)
+
+    return chunked
+
+
 def unbind_fla(model: Any) -> int:
-    """Make ``model``'s DeltaNet layers call transformers' torch functions (fla's gradients disagree here);
-    returns how many bindings were replaced."""
+    """Make ``model``'s DeltaNet layers call transformers' torch functions (fla's gradients disagree here), the
+    chunked one with ``scan_chunk``'s chunk size; returns how many bindings were replaced."""
     owners = [sys.modules[type(m).__module__] for m in model.modules()] + list(model.modules())
     n = 0
     for owner in {id(o): o for o in owners}.values():
         for name in KERNEL_FUNCTIONS & set(vars(owner)):
             fn = vars(owner)[name]
             if callable(fn) and inspect.unwrap(fn) is not fn:
-                setattr(owner, name, inspect.unwrap(fn))
+                torch_fn = inspect.unwrap(fn)
+                setattr(owner, name, with_scan_chunk(torch_fn) if "chunk" in name else torch_fn)
                 n += 1
     return n
 
