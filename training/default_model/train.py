@@ -15,6 +15,7 @@ import os
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -131,6 +132,21 @@ def planned_steps(args: argparse.Namespace, step: int, per_step: float, elapsed:
     return max(args.warmup + 10, step + 1, min(args.steps, step + 1 + int(left / per_step)))
 
 
+def train_step(model: Any, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor], lr: float,
+               amp: Any) -> tuple[Any, torch.Tensor]:
+    """One optimizer step at learning rate ``lr`` (bf16 autocast when ``amp``, router aux loss in the loss, gradients
+    clipped at 1.0); the model's output and the step's cross-entropy without the aux loss (not synced)."""
+    for g in opt.param_groups:
+        g["lr"] = lr
+    with amp if amp is not None else torch.enable_grad():
+        out = model(**batch, output_router_logits=True)
+    out.loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return out, (out.loss - model.config.router_aux_loss_coef * out.aux_loss).detach()
+
+
 def run_loop(args: argparse.Namespace, model: Qwen3MoeForCausalLM, samples: list, pad: int, tok: Tokenizer,
              t0: float) -> None:
     opt = make_optimizer(model, args.lr)
@@ -145,15 +161,7 @@ def run_loop(args: argparse.Namespace, model: Qwen3MoeForCausalLM, samples: list
     step = 0
     while step < total:
         batch = {k: v.to(args.device, non_blocking=True) for k, v in next(it).items()}
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, total, args.lr, args.warmup)
-        with amp if amp is not None else torch.enable_grad():
-            out = model(**batch, output_router_logits=True)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        ce_t = (out.loss - model.config.router_aux_loss_coef * out.aux_loss).detach()
+        out, ce_t = train_step(model, opt, batch, lr_at(step, total, args.lr, args.warmup), amp)
         recent = (recent + [ce_t])[-20:]
         if step == probe_from:
             _sync(args.device)

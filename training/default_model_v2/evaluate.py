@@ -148,17 +148,22 @@ def _show(label: str, rows: list[Any], show: int) -> None:
         print(f"{label}: {row!r}", flush=True)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", type=Path, required=True)
-    p.add_argument("--engine", choices=["freetoken", "transformers"], default="freetoken")
-    p.add_argument("--device", default="cpu")
+def add_set_args(p: argparse.ArgumentParser) -> None:
+    """The held-out set's options (sizes, prompt lengths) and how many misses to print, shared by evaluate_http."""
     p.add_argument("--n-tool", type=int, default=100)
     p.add_argument("--n-arith", type=int, default=50)
     p.add_argument("--n-none", type=int, default=50)
     p.add_argument("--min-tokens", type=int, default=8192)
     p.add_argument("--max-tokens", type=int, default=40960)
     p.add_argument("--show-misses", type=int, default=3)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--engine", choices=["freetoken", "transformers"], default="freetoken")
+    p.add_argument("--device", default="cpu")
+    add_set_args(p)
     a = p.parse_args()
     if a.engine == "freetoken":
         gen, tok = V1E.freetoken_generator(a.model, a.device)

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from evaluate import Answerer, Conversation, Prompts, Reply, evaluate, renderer
+from evaluate import Answerer, Conversation, Prompts, Reply, add_set_args, evaluate, renderer
 
 MODEL_ALIAS = "freetoken-v2"
 
@@ -259,12 +259,7 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight per API")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per request")
-    p.add_argument("--n-tool", type=int, default=100)
-    p.add_argument("--n-arith", type=int, default=50)
-    p.add_argument("--n-none", type=int, default=50)
-    p.add_argument("--min-tokens", type=int, default=8192)
-    p.add_argument("--max-tokens", type=int, default=40960)
-    p.add_argument("--show-misses", type=int, default=3)
+    add_set_args(p)
     a = p.parse_args()
     from transformers import AutoTokenizer
 

@@ -133,15 +133,7 @@ def run_loop(args: argparse.Namespace, model: Any, it: Any, tok: Tokenizer, t0: 
     step, progress, mid_saved = 0, 0.0, args.mid_out is None
     while step < args.steps and progress < 1.0:
         batch = {k: v.to(args.device, non_blocking=True) for k, v in next(it).items()}
-        for g in opt.param_groups:
-            g["lr"] = lr_at(progress, step, args.lr, args.warmup)
-        with amp if amp is not None else torch.enable_grad():
-            out = model(**batch, output_router_logits=True)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        ce_t = (out.loss - model.config.router_aux_loss_coef * out.aux_loss).detach()
+        out, ce_t = V1.train_step(model, opt, batch, lr_at(progress, step, args.lr, args.warmup), amp)
         recent = (recent + [ce_t])[-20:]
         trained_tokens += batch["input_ids"].numel()
         step += 1
