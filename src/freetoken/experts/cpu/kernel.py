@@ -191,48 +191,32 @@ class CpuExpertKernel:
         scales: Scales | None,
         inline: bool,
     ) -> torch.Tensor:
+        """Checked arguments to the library: started on the workers, or (``inline``) computed on this thread."""
         if self._inflight is not None:
             raise RuntimeError("the previous batch is still running: call wait() first")
         if self.queued():
             raise RuntimeError("queued batches are pending: call drain() first")
         check_args(x, tok, row, weight, gate_up, down, activation, out, bounds=self._pool is None, scales=scales)
-        out = self._start(x, tok, row, weight, gate_up, down, activation, out, scales, inline)
-        if not inline:  # keep every buffer alive until the workers are done with it
-            self._inflight = (x, tok, row, weight, gate_up, down, out, *(scales or ()))
-        return out
-
-    def _start(
-        self,
-        x: torch.Tensor,
-        tok: torch.Tensor,
-        row: torch.Tensor,
-        weight: torch.Tensor,
-        gate_up: torch.Tensor,
-        down: torch.Tensor,
-        activation: str,
-        out: torch.Tensor | None,
-        scales: Scales | None,
-        inline: bool,
-    ) -> torch.Tensor:
-        """Checked arguments to the library: started on the workers, or (``inline``) computed on this thread."""
         T, D = x.shape
         if out is None:
             out = torch.empty((T, D), dtype=torch.float32)
         if self._pool is None or self._lib is None:
             cpu_experts_reference(x, tok, row, weight, gate_up, down, activation, out=out, scales=scales)
-            return out
-        args = MoeArgs(
-            x.data_ptr(), T, D, down.shape[2],
-            tok.data_ptr(), row.data_ptr(), weight.data_ptr(), row.shape[0],
-            gate_up.data_ptr(), down.data_ptr(), gate_up.shape[0],
-            FORMATS[gate_up.dtype], ACTIVATIONS.index(activation), out.data_ptr(), *scale_ptrs(scales),
-        )  # fmt: skip
-        call = self._lib.ft_moe_run_inline if inline else self._lib.ft_moe_submit
-        rc = call(self._pool, ctypes.byref(args))
-        if rc == -6:
-            raise MemoryError(ERRORS[rc])
-        if rc != 0:
-            raise ValueError(ERRORS.get(rc, f"kernel error {rc}"))
+        else:
+            args = MoeArgs(
+                x.data_ptr(), T, D, down.shape[2],
+                tok.data_ptr(), row.data_ptr(), weight.data_ptr(), row.shape[0],
+                gate_up.data_ptr(), down.data_ptr(), gate_up.shape[0],
+                FORMATS[gate_up.dtype], ACTIVATIONS.index(activation), out.data_ptr(), *scale_ptrs(scales),
+            )  # fmt: skip
+            call = self._lib.ft_moe_run_inline if inline else self._lib.ft_moe_submit
+            rc = call(self._pool, ctypes.byref(args))
+            if rc == -6:
+                raise MemoryError(ERRORS[rc])
+            if rc != 0:
+                raise ValueError(ERRORS.get(rc, f"kernel error {rc}"))
+        if not inline:  # keep every buffer alive until the workers are done with it
+            self._inflight = (x, tok, row, weight, gate_up, down, out, *(scales or ()))
         return out
 
     def wait(self) -> None:
