@@ -13,12 +13,12 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from hypothesis_jsonschema import from_schema
 from pydantic import BaseModel
 
 from freetoken.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from freetoken.server.openai.protocol import ChatCompletionRequest, ResponsesRequest
 from freetoken.server.settings import ServerConfig
+from schema_strategies import from_schema
 from server_harness import MODEL, Running, real_engine, serve, tiny_checkpoint
 
 ROUTES: dict[str, type[BaseModel]] = {
