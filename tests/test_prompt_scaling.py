@@ -51,7 +51,9 @@ def _conversation(n: int, text: str) -> list[dict[str, str]]:
 def test_preparing_twice_the_messages_is_twice_the_work(tokenizer: Any, text: str) -> None:
     def work(n: int) -> int:
         ids: list[int] = []
-        lines = _lines_executed(lambda: ids.extend(render_and_tokenize(tokenizer, CHAT_TEMPLATE, _conversation(n, text))))
+        lines = _lines_executed(
+            lambda: ids.extend(render_and_tokenize(tokenizer, CHAT_TEMPLATE, _conversation(n, text)))
+        )
         assert len(ids) > 3 * n  # every message reached the prompt
         return lines
 

@@ -24,4 +24,3 @@ Int32 = Annotated[int, Field(ge=-(2**31), le=INT32_MAX)]
 """A count or size (max_tokens, top_k, n, …): its meaning is checked later, its magnitude here."""
 Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
 """What a torch generator takes: 64 bits, signed or not."""
-
