@@ -63,10 +63,10 @@ def check_grammar(syntax: str, definition: str) -> None:
         else:
             ll = _to_llguidance(definition)
     except (ValueError, RuntimeError) as exc:  # llguidance's parse errors
-        raise InputError(f"invalid {syntax} grammar: {exc}") from exc
+        raise InputError(f"invalid grammar ({syntax}): {exc}") from exc
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(ll, None)
     if is_error:
-        raise InputError(f"invalid {syntax} grammar: {messages[0] if messages else 'rejected'}")
+        raise InputError(f"invalid grammar ({syntax}): {messages[0] if messages else 'rejected'}")
 
 
 @functools.lru_cache(maxsize=256)
