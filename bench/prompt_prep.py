@@ -1,7 +1,7 @@
 """Prompt preparation under many short messages: does its time grow with the prompt (not its square), and does it
 hold up the requests beside it?
 
-    python3 bench/prompt_prep.py [--messages 10000,20000] [--repeats 3] [--json OUT]
+    python3 bench/prompt_prep.py [--messages 10000,20000] [--repeats 5] [--small-requests 20] [--json OUT]
 
 Starts `ft serve` on a tiny random Qwen3.5-MoE (``freetoken.bench.tiny_hybrid``) on the CPU with a context large
 enough to accept every conversation (262,144 tokens), then for each size N:
@@ -44,6 +44,7 @@ url, path, stop = sys.argv[1], sys.argv[2], sys.argv[3]
 raw = open(path, "rb").read()
 n = 0
 with httpx.Client(timeout=600) as c:
+    print("ready", flush=True)
     while True:
         try:
             open(stop).close()
@@ -88,7 +89,8 @@ def beside(client: httpx.Client, url: str, body: bytes, n: int) -> tuple[list[fl
     args = [sys.executable, "-c", SENDER, url, str(tmp / "body.json"), str(stop)]
     sender = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
     assert sender.stdout is not None
-    time.sleep(0.2)  # the first count_tokens is under way
+    assert sender.stdout.readline().strip() == "ready"
+    time.sleep(0.05)  # its first count_tokens is under way
     lat = small_latency(client, url, n)
     stop.touch()
     rest, _ = sender.communicate(timeout=600)
@@ -128,8 +130,8 @@ def measure(url: str, sizes: list[int], repeats: int, small_n: int) -> dict[str,
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", default="10000,20000", help="comma-separated conversation sizes")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--small-requests", type=int, default=10, help="8-token requests per phase")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--small-requests", type=int, default=20, help="8-token requests per phase")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     sizes = [int(x) for x in args.messages.split(",")]
