@@ -76,19 +76,30 @@ def encode_pieces(tokenizer: Any, pieces: list[tuple[str, bool]], specials: list
     rendered string (no BPE seams at message boundaries).
     """
     text = "".join(t for t, _ in pieces)
-    hits = _special_spans(text, specials)
+    touched = touched_pieces([len(t) for t, _ in pieces], _special_spans(text, specials))
     out: list[int] = []
     run: list[str] = []
-    pos = 0
-    for piece, untrusted in pieces:
-        start, pos = pos, pos + len(piece)
-        if untrusted and any(a < pos and start < b for a, b in hits):
+    for (piece, untrusted), touch in zip(pieces, touched):
+        if untrusted and touch:
             out += encode(tokenizer, "".join(run), special=True)
             out += encode(tokenizer, piece, special=False)
             run = []
         else:
             run.append(piece)
     return out + encode(tokenizer, "".join(run), special=True)
+
+
+def touched_pieces(lengths: list[int], spans: list[tuple[int, int]]) -> list[bool]:
+    """For consecutive pieces of these lengths, whether any of ``spans`` (sorted, non-overlapping
+    [a, b) ranges of the joined text) overlaps each. One pass over both lists: O(pieces + spans)."""
+    out: list[bool] = []
+    j, pos = 0, 0
+    for n in lengths:
+        start, pos = pos, pos + n
+        while j < len(spans) and spans[j][1] <= start:  # spans ending before this piece touch no later one
+            j += 1
+        out.append(j < len(spans) and spans[j][0] < pos)
+    return out
 
 
 def _special_spans(text: str, specials: list[str]) -> list[tuple[int, int]]:

@@ -52,6 +52,23 @@ class GrammarCompiler:
         return GrammarConstraint(matcher)
 
 
+def check_grammar(syntax: str, definition: str) -> None:
+    """``InputError`` naming the fault when ``definition`` (``syntax`` "lark", llguidance's dialect, or
+    "regex") does not compile. Needs no tokenizer, so it checks grammars the request carries but the engine
+    may never enforce (a custom tool the model is free not to call); ``<name>`` tokens are checked when
+    enforced."""
+    try:
+        if syntax == "regex":
+            ll = str(llguidance.LLMatcher.grammar_from_regex(definition))
+        else:
+            ll = _to_llguidance(definition)
+    except (ValueError, RuntimeError) as exc:  # llguidance's parse errors
+        raise InputError(f"invalid grammar ({syntax}): {exc}") from exc
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(ll, None)
+    if is_error:
+        raise InputError(f"invalid grammar ({syntax}): {messages[0] if messages else 'rejected'}")
+
+
 @functools.lru_cache(maxsize=256)
 def _to_llguidance(grammar: str) -> str:
     return str(llguidance.LLMatcher.grammar_from_lark(grammar))

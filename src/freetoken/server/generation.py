@@ -9,6 +9,7 @@ iterator, which aborts the request and frees its KV pages.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator
@@ -21,7 +22,7 @@ from freetoken.chat import make_stream_parser, prompt_opens_reasoning
 from freetoken.chat.markup import MarkupError
 from freetoken.chat.reasoning.think import CLOSE as THINK_CLOSE
 from freetoken.chat.template import render_and_tokenize
-from freetoken.chat.tokenize import chars_per_token_bound
+from freetoken.chat.tokenize import chars_per_token_bound, encode
 from freetoken.engine.sampling_params import SamplingParams
 from freetoken.server.errors import APIError, context_overflow, from_engine_error
 from freetoken.server.internal import (
@@ -123,6 +124,16 @@ class Generation:
         forced = grammar is not None and req.tool_choice.mode in ("required", "named")
         return Prepared(req, prompt_ids, params, starts_in_reasoning, forced)
 
+    def count(self, req: ChatRequest) -> int:
+        """The prompt's tokens (``/v1/messages/count_tokens``), under the limits ``prepare`` applies: a
+        prompt the context cannot hold is refused the same way (past ``COUNT_UP_TO_CHARS``, untokenised)."""
+        req.validate()
+        self._refuse_far_too_long(req)
+        n = len(self.render(req))
+        if n >= self.engine.max_model_len:
+            raise context_overflow(n, self.engine.max_model_len - 1)
+        return n
+
     def _refuse_far_too_long(self, req: ChatRequest) -> None:
         """A prompt with more characters than the context could hold tokens is refused before it is
         rendered and tokenised (a 16 MB body would otherwise cost seconds of a core). Below
@@ -216,7 +227,9 @@ class Generation:
             self.metrics.request_finished(len(out_ids), time.perf_counter() - start)
         fin = self._finish(prep, reason, saw_tool, "".join(text), out_ids, prompt_tokens, completion_tokens)
         fin.cached_tokens = cached_tokens
-        fin.reasoning_tokens = self._reasoning_tokens("".join(reasoning), out_ids, completion_tokens)
+        # tokenising the reasoning text holds the interpreter: on a thread, not the event loop every stream shares
+        fin.reasoning_tokens = await asyncio.to_thread(self._reasoning_tokens, "".join(reasoning), out_ids,
+                                                       completion_tokens)  # fmt: skip
         yield fin
 
     def _finish(
@@ -253,7 +266,7 @@ class Generation:
             return out_ids.index(close) + 1
         if tok is None:
             return 0
-        return min(completion_tokens, len(tok.encode(reasoning, add_special_tokens=False)) + 2)
+        return min(completion_tokens, len(encode(tok, reasoning, special=True)) + 2)
 
     def _matched_stop(self, prep: Prepared, text: str, out_ids: list[int]) -> str | None:
         """Which stop string ended generation (the engine drops it from the text)."""

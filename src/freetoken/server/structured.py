@@ -25,6 +25,8 @@ from freetoken.chat.grammar import (
     tool_calls_anywhere,
 )
 from freetoken.chat.registry import resolve_family
+from freetoken.engine.errors import InputError
+from freetoken.engine.grammar import check_grammar
 from freetoken.server.errors import APIError
 from freetoken.server.internal import ChatRequest, ToolSpec
 
@@ -49,6 +51,17 @@ def call_tool(t: ToolSpec) -> CallTool:
     return CallTool(t.name, t.parameters, t.grammar_syntax, t.grammar_definition)
 
 
+def check_tool_grammars(tools: list[ToolSpec]) -> None:
+    """Every custom tool's input grammar compiles (a 400 naming the tool otherwise), whether or not this
+    request's grammar will enforce it: a client should learn of a broken grammar on its first request."""
+    for i, t in enumerate(tools):
+        if t.grammar_syntax:
+            try:
+                check_grammar(t.grammar_syntax, t.grammar_definition)
+            except InputError as exc:
+                raise APIError.invalid(f"tools[{i}] ({t.name}): {exc}", param=f"tools.{i}.format") from exc
+
+
 def request_grammar(
     req: ChatRequest,
     tools: list[ToolSpec],
@@ -58,6 +71,7 @@ def request_grammar(
     max_tokens: int,
 ) -> str | None:
     """The grammar for ``req`` (``tools``: the ones it may call), or None when nothing is constrained."""
+    check_tool_grammars(req.tools)
     tags = Tags.of(tokenizer)
     budget = max(16, max_tokens // 2)
     if req.tool_choice.mode in ("required", "named") and tools:

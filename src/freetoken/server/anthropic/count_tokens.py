@@ -1,4 +1,5 @@
-"""``POST /v1/messages/count_tokens``: the prompt's length under the model's chat template."""
+"""``POST /v1/messages/count_tokens``: the prompt's length under the model's chat template, within the limits
+of generation (the body limit, the context: a prompt no request could send is refused, not tokenised in full)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,6 @@ async def count_tokens(request: Request) -> JSONResponse:
     gen = state.generation()
 
     def count() -> int:
-        req = to_internal(body)
-        req.validate()
-        return len(gen.render(req))
+        return gen.count(to_internal(body))
 
     return JSONResponse({"input_tokens": await state.off_loop(request, count)})

@@ -1,14 +1,14 @@
-"""Pydantic schemas for the Anthropic routes. Unknown fields (and betas) are accepted and ignored."""
+"""Pydantic schemas for the Anthropic routes. Unknown fields (and betas) are accepted and ignored; known ones
+are strict (fields.py)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+from freetoken.server.fields import Int32
+from freetoken.server.fields import Strict as _Open
 
 
 class Part(_Open):
@@ -55,7 +55,7 @@ class ToolChoice(_Open):
 
 class Thinking(_Open):
     type: Literal["enabled", "disabled", "adaptive"]
-    budget_tokens: int | None = None
+    budget_tokens: Int32 | None = None
 
 
 class _Conversation(_Open):
@@ -73,12 +73,12 @@ class OutputFormat(_Open):
 
 
 class MessagesRequest(_Conversation):
-    max_tokens: int
+    max_tokens: Int32
     stop_sequences: list[str] | None = None
     stream: bool = False
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: Int32 | None = None
     ignore_eos: bool = False  # extension (vLLM's name): keep going past end-of-sequence
     output_format: OutputFormat | None = None  # structured outputs: the answer is JSON of this schema
 

@@ -1,15 +1,14 @@
-"""Pydantic schemas for the OpenAI routes. Unknown fields are accepted and ignored."""
+"""Pydantic schemas for the OpenAI routes. Unknown fields are accepted and ignored; known ones are strict
+(fields.py)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-
-class _Open(BaseModel):
-    # NaN and infinities are no sampling parameter (JSON has no such numbers; Python's parser takes them)
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+from freetoken.server.fields import Int32, Seed
+from freetoken.server.fields import Strict as _Open
 
 
 # ---- /v1/chat/completions ---------------------------------------------------------------
@@ -79,20 +78,20 @@ class ChatCompletionRequest(_Open):
     messages: list[ChatMessage]
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: Int32 | None = None
+    max_completion_tokens: Int32 | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: Int32 | None = None
     min_p: float | None = None  # extension (vLLM's name)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None  # extension (vLLM's name)
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Int32 | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
-    n: int = 1
+    seed: Seed | None = None
+    n: Int32 = 1
     tools: list[ToolDef] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -153,10 +152,10 @@ class ResponsesRequest(_Open):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     stream: bool = False
-    max_output_tokens: int | None = None
+    max_output_tokens: Int32 | None = None
     temperature: float | None = None
     top_p: float | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     reasoning: ReasoningConfig | None = None
     previous_response_id: str | None = None
     conversation: Any = None
