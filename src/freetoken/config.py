@@ -153,7 +153,8 @@ class Env:
     """The only environment variables FreeToken reads, read once per process (``env()``)."""
 
     cache_dir: str
-    """Where built kernels and machine profiles are kept (FREETOKEN_CACHE; default ~/.cache/freetoken)."""
+    """Where built kernels and machine profiles are kept (FREETOKEN_CACHE, an absolute path or one starting with
+    ``~``; default ~/.cache/freetoken). Empty or relative is refused: it would build into the working directory."""
     debug: bool
     """Check cache invariants after every step (FREETOKEN_DEBUG=1)."""
     fla: bool
@@ -161,10 +162,22 @@ class Env:
 
     @classmethod
     def read(cls) -> Env:
-        default_cache = os.path.join(os.path.expanduser("~"), ".cache", "freetoken")
-        return cls(cache_dir=os.environ.get("FREETOKEN_CACHE", default_cache),
+        """Raises ``ValueError`` (one line naming the variable) for a value FreeToken cannot use."""
+        return cls(cache_dir=_cache_dir(os.environ.get("FREETOKEN_CACHE")),
                    debug=os.environ.get("FREETOKEN_DEBUG", "") == "1",
                    fla=os.environ.get("FREETOKEN_FLA", "1") != "0")  # fmt: skip
+
+
+def _cache_dir(value: str | None) -> str:
+    if value is None:
+        return os.path.join(os.path.expanduser("~"), ".cache", "freetoken")
+    path = os.path.expanduser(value)
+    if not os.path.isabs(path):
+        raise ValueError(
+            f"FREETOKEN_CACHE must be an absolute directory path (where built kernels and machine profiles are "
+            f"kept), got {value!r}; unset it for ~/.cache/freetoken"
+        )
+    return path
 
 
 @functools.cache

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -33,6 +32,7 @@ import torch
 
 from freetoken.bench import e2e_prefill
 from freetoken.bench.presets import PRESETS, MoEShape, get_preset
+from freetoken.config import env
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # the peer's model (shared/baselines/make_gguf_qwen3moe.py): attention and vocabulary of Qwen3-30B-A3B
@@ -64,7 +64,7 @@ def checkpoint(args: argparse.Namespace) -> Path:
     if args.model:
         return Path(args.model)
     shape = get_preset(args.preset)
-    cache = Path(os.environ.get("FREETOKEN_CACHE", Path.home() / ".cache" / "freetoken"))
+    cache = Path(env().cache_dir)
     d = Path(args.dir) if args.dir else cache / "bench" / f"{shape.name}-{args.layers}layers-v2"
     if not (d / "model.safetensors.index.json").exists():
         from freetoken.bench.synthetic_checkpoint import write_qwen3_moe

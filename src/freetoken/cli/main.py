@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from freetoken.config import env
+
 # name -> module (each one exists: tests/test_cli_registry.py).
 SUBCOMMANDS: dict[str, str] = {
     "serve": "freetoken.cli.serve",
@@ -41,6 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "_run"):
         parser.print_help()
         return 2
+    try:
+        env()  # a variable FreeToken cannot use is refused before any work
+    except ValueError as e:
+        print(f"ft: error: {e}", file=sys.stderr)
+        return 1
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:

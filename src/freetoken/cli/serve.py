@@ -91,8 +91,7 @@ def _serve(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     engine = load(engine_cfg)
     app = build_app(engine, server_cfg, on_ready=announce)
-    runner.run(app, app.state.freetoken, log_level=args.log_level)
-    return 0
+    return runner.run(app, app.state.freetoken, log_level=args.log_level)  # 0: the shutdown drain completed
 
 
 def check_port(host: str, port: int) -> None:

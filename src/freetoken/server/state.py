@@ -57,15 +57,19 @@ class ServerState:
                 code="model_not_found",
             )
 
-    async def drain(self, timeout_s: float) -> None:
-        """Shutdown: new /v1 requests get 503 from now; requests still running after ``timeout_s`` end
-        with a 503 error in their API's shape (streams with their error event)."""
+    async def end_requests(self, message: str, every_s: float = 0.1) -> None:
+        """Shutdown: every request ends now with a 503 in its API's shape (``ShuttingDownError``: streams
+        with their error event, queued ones with a JSON error), and so does every one that reaches the
+        engine later (one that was still being prepared), until this is cancelled."""
         from freetoken.engine.errors import ShuttingDownError
 
-        self.draining = True
-        await asyncio.sleep(timeout_s)
-        if self.engine is not None and hasattr(self.engine, "fail_all"):
-            self.engine.fail_all(ShuttingDownError(f"the server is shutting down (after {timeout_s:g} s)"))
+        fail = getattr(self.engine, "fail_all", None)
+        if fail is None:
+            return
+        while True:
+            if self.metrics.requests_running:
+                fail(ShuttingDownError(message))
+            await asyncio.sleep(every_s)
 
     @property
     def heavy_gate(self) -> HeavyGate:
