@@ -181,7 +181,9 @@ def test_a_rebinding_name_cannot_generate(browser: Any, srv: tuple[Running, Reco
     assert r.status == 403 and "--allowed-hosts" in page.content()
     # The attacker's page as its own server sent it before the name was rebound to 127.0.0.1: its same-origin
     # fetches now reach this server (the routing serves only this one document; the fetches go to the network).
-    ctx.route(f"http://evil.example:{port}/rebound.html", lambda route: route.fulfill(body=PAGE, content_type="text/html"))
+    ctx.route(
+        f"http://evil.example:{port}/rebound.html", lambda route: route.fulfill(body=PAGE, content_type="text/html")
+    )
     page.goto(f"http://evil.example:{port}/rebound.html")
     answers = page.evaluate(REBOUND)
     assert [a[0] for a in answers] == [403, 403, 403], answers

@@ -133,16 +133,17 @@ def test_a_refused_body_past_the_limit_is_not_read_on(tokenizer: Any) -> None:
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
+    headers = [(b"host", b"127.0.0.1:1919"), (b"content-type", b"text/plain")]
     scope = {"type": "http", "method": "POST", "path": CHAT, "scheme": "http", "server": ("127.0.0.1", 1919),
-             "client": ("127.0.0.1", 5), "headers": [(b"host", b"127.0.0.1:1919"), (b"content-type", b"text/plain")]}  # fmt: skip
+             "client": ("127.0.0.1", 5), "headers": headers}  # fmt: skip
     asyncio.run(layer(scope, receive, send))  # type: ignore[arg-type]
     assert len(chunks) == 8  # two chunks read (6000 bytes > 4096), the rest left
     assert sent[0]["status"] == 415 and (b"connection", b"close") in sent[0]["headers"]
 
 
 def test_settings_normalise_and_refuse() -> None:
-    cfg = ServerConfig(allowed_hosts=(" My-Box.LAN ", "[0:0::1]:8080", "*"),
-                       cors_origins=("HTTP://LocalHost:80/", "https://app.example:443", "http://x:3000", "null", "*"))  # fmt: skip
+    origins = ("HTTP://LocalHost:80/", "https://app.example:443", "http://x:3000", "null", "*")
+    cfg = ServerConfig(allowed_hosts=(" My-Box.LAN ", "[0:0::1]:8080", "*"), cors_origins=origins)
     assert cfg.allowed_hosts == ("my-box.lan", "[0:0::1]:8080", "*")
     assert cfg.cors_origins == ("http://localhost", "https://app.example", "http://x:3000", "null", "*")
     for bad in ("http://x/path", "localhost:3000", "http://x:99999", "http://user@x", "http://x?q=1", "x"):
@@ -157,7 +158,10 @@ def test_serve_flags() -> None:
     args = build_parser().parse_args(["serve", "--allowed-hosts", "a.example, b.example:8080,",
                                       "--cors-origins", "http://localhost:5173,null"])  # fmt: skip
     _, cfg = configs(args)
-    assert cfg.allowed_hosts == ("a.example", "b.example:8080") and cfg.cors_origins == ("http://localhost:5173", "null")
+    assert cfg.allowed_hosts == ("a.example", "b.example:8080") and cfg.cors_origins == (
+        "http://localhost:5173",
+        "null",
+    )
     _, cfg = configs(build_parser().parse_args(["serve"]))
     assert cfg.allowed_hosts == () and cfg.cors_origins == ()
     assert "--cors-origins" in build_parser()._subparsers._group_actions[0].choices["serve"].format_help()  # type: ignore[union-attr]
@@ -217,5 +221,3 @@ def _json(body: dict[str, Any]) -> bytes:
     import json
 
     return json.dumps(body).encode()
-
-

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 from typing import TYPE_CHECKING
 
 from freetoken.server.errors import APIError, flavor_for_path
@@ -30,6 +31,8 @@ from freetoken.server.guard import ASGIApp, Message, Receive, Scope, Send, disca
 
 if TYPE_CHECKING:
     from freetoken.server.state import ServerState
+
+log = logging.getLogger(__name__)
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
 DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -126,6 +129,7 @@ class BrowserSafety:
         """The error in the route's shape, after the body was read and dropped (past the body limit: the
         connection is closed instead of read on)."""
         whole = await discard_body(receive, self.state.config.max_body_bytes)
+        log.info("refused %s %s: %s", scope.get("method"), scope.get("path"), err.message)
         self.state.metrics.error(err.kind)
         flavor = flavor_for_path(str(scope.get("path", "")))
         body = json.dumps(err.body(flavor)).encode()
@@ -270,4 +274,3 @@ async def _preflight(send: Send, origin: str, requested: str) -> None:
     ]
     await send({"type": "http.response.start", "status": 204, "headers": headers})
     await send({"type": "http.response.body", "body": b"", "more_body": False})
-
