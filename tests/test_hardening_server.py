@@ -21,6 +21,7 @@ from server_harness import MODEL, free_port, real_engine, serve, tiny_checkpoint
 
 CHAT, RESP, MSGS, COUNT = "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"
 HI = [{"role": "user", "content": "hi"}]
+JSON = {"Content-Type": "application/json"}
 LIMIT = 64 * 1024
 
 
@@ -52,7 +53,7 @@ def test_bodies_past_the_limit_are_413_in_each_shape(tokenizer: Any) -> None:
             assert r.status_code == 413
             assert _error_kind(r, path) == ("request_too_large" if path.startswith(MSGS) else "invalid_request_error")
             chunks = iter([b'{"model": "tiny", "messages": [{"role": "user", "content": "', big.encode(), b'"}]}'])
-            r = c.post(s.url + path, content=chunks)  # chunked: refused as the body outgrows the limit
+            r = c.post(s.url + path, content=chunks, headers=JSON)  # chunked: refused as the body outgrows the limit
             assert r.status_code == 413, r.text
             ok = c.post(s.url + CHAT, json={"model": MODEL, "max_tokens": 2, "messages": HI})
             assert ok.status_code == 200

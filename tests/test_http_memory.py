@@ -104,7 +104,8 @@ def test_bad_budgets_are_refused_in_openai_shape_with_the_numbers(srv: Running) 
     for body in ({"vram_budget": -1}, {"vram_budget": "big"}, {}, {"vram_budget": 1, "extra": 2}):
         r = httpx.post(srv.url + "/v1/engine/memory", json=body, headers=AUTH)
         assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", body
-    r = httpx.post(srv.url + "/v1/engine/memory", content=b'{"vram_budget": NaN}', headers=AUTH)
+    json_type = {**AUTH, "Content-Type": "application/json"}
+    r = httpx.post(srv.url + "/v1/engine/memory", content=b'{"vram_budget": NaN}', headers=json_type)
     assert r.status_code == 400
     assert httpx.post(srv.url + "/v1/engine/memory", json={"vram_budget": 1}).status_code == 401
     after = _memory(srv)

@@ -219,6 +219,7 @@ def test_server_keeps_serving_after_bad_input(srv: Running) -> None:
             srv.url + CHAT,
             content=body if isinstance(body, bytes) else None,
             json=None if isinstance(body, bytes) else body,
+            headers={"content-type": "application/json"},  # the bad bytes reach the parser, not the 415
         )
     _ok(srv)
     srv.engine.check_integrity()

@@ -36,6 +36,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--shutdown-timeout", type=float, default=ServerConfig.shutdown_timeout_s, help=s["shutdown_timeout_s"]
     )
+    p.add_argument("--allowed-hosts", type=comma_list, default=(), metavar="HOST,...", help=s["allowed_hosts"])
+    p.add_argument("--cors-origins", type=comma_list, default=(), metavar="ORIGIN,...", help=s["cors_origins"])
     p.add_argument("--log-level", default="info", choices=LOG_LEVELS,
                    help="log level; info and below show one access-log line per request")  # fmt: skip
     return p
@@ -53,8 +55,14 @@ def configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
         max_body_bytes=args.max_body_bytes,
         shutdown_timeout_s=args.shutdown_timeout,
         responses_store=args.responses_store,
+        allowed_hosts=args.allowed_hosts,
+        cors_origins=args.cors_origins,
     )
     return engine, server
+
+
+def comma_list(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())
 
 
 def announce(state: ServerState) -> None:
@@ -83,11 +91,15 @@ def _serve(args: argparse.Namespace) -> int:
     meets a server that cannot answer, and a model that cannot load ends ``ft serve`` with one line."""
     from freetoken.server import runner
     from freetoken.server.app import build_app
+    from freetoken.server.browser import exposure_warning
     from freetoken.server.heap import pin_mmap_threshold
 
     engine_cfg, server_cfg = configs(args)
     pin_mmap_threshold()
     check_port(server_cfg.host, server_cfg.port)
+    warning = exposure_warning(server_cfg.host, server_cfg.port, server_cfg.api_key)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     setup_logging(args.log_level)
     engine = load(engine_cfg)
     app = build_app(engine, server_cfg, on_ready=announce)

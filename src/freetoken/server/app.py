@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from freetoken.server.body import parse_request
+from freetoken.server.browser import BrowserSafety
 from freetoken.server.chat_page import add_chat_page
 from freetoken.server.errors import APIError, flavor_for_path, from_engine_error
 from freetoken.server.guard import Guard
@@ -77,6 +78,7 @@ def build_app(
     add_chat_page(app)
     _add_error_handlers(app, state)
     app.add_middleware(Guard, state=state)
+    app.add_middleware(BrowserSafety, state=state)  # added last: the outermost (Host, Origin, content type)
     return app
 
 

@@ -1,5 +1,5 @@
-"""The outermost layer of the app, in plain ASGI: whatever goes wrong inside, the client gets one
-JSON error in its API's shape and the connection stays usable.
+"""The app's outer layer in plain ASGI, just inside ``browser.py`` (Host, Origin, content type): whatever goes
+wrong inside, the client gets one JSON error in its API's shape and the connection stays usable.
 
 - a declared ``Content-Length`` past the body limit: 413, with the body read and dropped unparsed
   first (a client still uploading when the server closes never sees the answer);

@@ -29,6 +29,12 @@ class ServerConfig:
     store: false; the least recently used go first); 0 keeps none."""
     shutdown_timeout_s: float = 15.0
     """On SIGTERM or Ctrl-C: seconds running requests may take to finish before each ends with an error."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Host names clients may use besides localhost, 127.0.0.1, [::1] and the listening address (which must come
+    with this server's port); these match with any port. '*' allows any Host and turns off the DNS-rebinding check."""
+    cors_origins: tuple[str, ...] = ()
+    """Web page origins (scheme://host[:port], 'null', or '*' for any) allowed to call the API from a browser; they
+    get CORS answers. Requests from any other page's origin are refused (the chat page at / is this server's own)."""
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():
@@ -41,3 +47,15 @@ class ServerConfig:
             raise ValueError(f"shutdown_timeout_s must be >= 0, got {self.shutdown_timeout_s}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
+        self._check_browser_lists()
+
+    def _check_browser_lists(self) -> None:
+        """Host names and origins compared as browsers send them: lower case, origins without a default port."""
+        from freetoken.server.browser import normalize_origin, split_host
+
+        hosts = tuple(h.strip().lower() for h in self.allowed_hosts if h.strip())
+        for h in hosts:
+            if h != "*" and split_host(h) is None:
+                raise ValueError(f"allowed host {h!r} is not a host name (name, name:port, or [IPv6])")
+        object.__setattr__(self, "allowed_hosts", hosts)
+        object.__setattr__(self, "cors_origins", tuple(normalize_origin(o) for o in self.cors_origins if o.strip()))
