@@ -12,12 +12,23 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from freetoken.engine.memory import GIB, MemoryFacts, MemorySplit, follow_kv, split_budget
+from freetoken.engine.capacity import machine_capacity
+from freetoken.engine.memory import (
+    GIB,
+    Capacity,
+    MemoryFacts,
+    MemorySplit,
+    ResizeError,
+    check_fits,
+    follow_kv,
+    split_budget,
+)
 from freetoken.engine.vram_watch import STREAK_S, watch_decision
 from freetoken.hardware.device_memory import uses_driver_memory
 
@@ -67,8 +78,12 @@ class ElasticMemory:
         graphs: StepGraphs | None,
         device: torch.device,
         follow: bool,
+        capacity: Callable[[int], Capacity] | None = None,
     ) -> None:
+        """``capacity(held_bytes)``: what the machine has for the caches (``capacity.machine_capacity``; tests pass
+        their own)."""
         self.facts = facts
+        self.capacity = capacity or (lambda held: machine_capacity(device, held))
         self.scheduler, self.backend, self.graphs, self.device = scheduler, backend, graphs, device
         self.follow_session = follow
         kv = scheduler.kv.num_pages
@@ -90,12 +105,20 @@ class ElasticMemory:
         self, budget_bytes: int, reason: str, source: str = "api", kv_wanted: int | None = None
     ) -> ResizeRecord:
         """A budget set by hand (or at start): the slots take the change first (the KV pages stay as they are,
-        or ``kv_wanted``, where they fit). Refused (``BudgetError``, with the numbers) below the minimum;
-        nothing changes then."""
+        or ``kv_wanted``, where they fit). Refused (``BudgetError``, with the numbers) below the minimum or above
+        what the machine has (``check_fits``), before anything changes. All or nothing: where the machine refuses
+        the memory meanwhile, ``ResizeError``, the caches back at their sizes before."""
         want = self.scheduler.kv.num_pages if kv_wanted is None else kv_wanted
         split = split_budget(budget_bytes, self.facts, want)
+        check_fits(budget_bytes, self.capacity(self.held_bytes))
+        was = self.target_bytes, self.base_kv
         self.target_bytes, self.base_kv = budget_bytes, split.kv_pages
-        return self.apply(split, reason, source)
+        try:
+            return self.apply(split, reason, source, exact=True)
+        except ResizeError:
+            self.target_bytes, self.base_kv = was
+            self.scheduler.kv_ceiling = self.base_kv
+            raise
 
     def on_free_memory(self, free_bytes: int) -> ResizeRecord | None:
         """The VRAM watcher's reading: shrink when the device's free memory fell under the reserve, grow
@@ -132,7 +155,9 @@ class ElasticMemory:
         return self._follow_split() is not None
 
     def _follow_split(self) -> MemorySplit | None:
-        if not self.follow_session:
+        if not self.follow_session or self.split.budget_bytes < self.facts.minimum_budget:
+            # below the minimum: the device cut the caches (``apply``) or granted only the fewest again (``resume``,
+            # which may run inside a step): no plan moves bytes within that; the watcher's grow plans again
             return None
         kv = self.scheduler.kv
         want = follow_kv(kv.num_pages, self.scheduler.pages.num_pinned, self.base_kv)
@@ -144,7 +169,11 @@ class ElasticMemory:
         return split
 
     # ---- doing it -------------------------------------------------------------------------------------
-    def apply(self, split: MemorySplit, reason: str, source: str) -> ResizeRecord:
+    def apply(self, split: MemorySplit, reason: str, source: str, exact: bool = False) -> ResizeRecord:
+        """The caches to ``split``. Where the device refuses a size, each cache falls back (smaller, or waiting for
+        device memory: every request keeps its place); any other failure puts them back at their sizes before.
+        ``exact`` (a budget set by hand): all or nothing, anything but ``split`` puts them back and raises
+        ``ResizeError``."""
         t0 = time.perf_counter()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -154,12 +183,55 @@ class ElasticMemory:
         if (split.slots != slots0 or split.kv_pages != kv0) and self.graphs is not None:
             self.graphs.clear()
         preempted = 0
+        failure: Exception | None = None
         if not self.waiting:  # (still waiting: the device refused the fewest again; nothing else can change now)
             try:
                 preempted = self._resize(split, slots0, kv0)
             except torch.OutOfMemoryError as exc:
+                failure = exc
                 log.warning("memory %s: %s; the engine waits for device memory (every request keeps its place)",
                             source, exc)  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - any failure: the caches go back to where they were
+                failure = exc
+                log.warning("memory %s: the resize failed (%s: %s); back to %d slots / %d KV pages", source,
+                            type(exc).__name__, exc, slots0, kv0)  # fmt: skip
+        failed = exact and (failure is not None or (self.num_slots, self.kv_pages) != (split.slots, split.kv_pages))
+        asked = split
+        if failed or (failure is not None and not isinstance(failure, torch.OutOfMemoryError)):
+            self._put_back(slots0, kv0)
+            if (self.num_slots, self.kv_pages) == (slots0, kv0):
+                split = self.split  # where it was, budget and all
+        rec = self._settle(split, reason, source, slots0, kv0, preempted, t0)
+        if failed:
+            raise ResizeError(self._why_not(asked, failure))
+        return rec
+
+    def _put_back(self, slots0: int, kv0: int) -> None:
+        """After a failed resize: the caches at their sizes before (where the device refuses them now, the refusal
+        fallbacks of ``_resize`` keep the engine sound: the fewest, or waiting)."""
+        try:
+            if self.waiting:
+                self.resume()
+            if not self.waiting and (self.num_slots, self.kv_pages) != (slots0, kv0):
+                f = self.facts
+                self._resize(MemorySplit(0, slots0, kv0, f.reserve_bytes), self.num_slots, self.kv_pages)
+        except Exception as exc:  # noqa: BLE001 - each cache stays sound on its own (its resize is all or nothing)
+            log.warning("memory: putting the caches back to %d slots / %d KV pages failed (%s: %s); now %d / %d",
+                        slots0, kv0, type(exc).__name__, exc, self.num_slots, self.kv_pages)  # fmt: skip
+
+    def _why_not(self, split: MemorySplit, failure: BaseException | None) -> str:
+        cause = f"{type(failure).__name__}: {failure}" if failure is not None else "the device refused that size"
+        now = "waits for device memory" if self.waiting else "is at"
+        return (
+            f"the resize to {split.budget_bytes / GIB:.3f} GiB ({split.slots} expert slots + {split.kv_pages} KV "
+            f"pages) failed: {cause}. What exists: {self.capacity(self.held_bytes).explain()}. The engine {now} "
+            f"{self.num_slots} expert slots + {self.kv_pages} KV pages"
+        )
+
+    def _settle(
+        self, split: MemorySplit, reason: str, source: str, slots0: int, kv0: int, preempted: int, t0: float
+    ) -> ResizeRecord:
+        """After a resize: the device's memory given back, the split as it is, the record."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the slots' refill copies are part of the resize's time
             if not uses_driver_memory(self.device):
@@ -231,6 +303,17 @@ class ElasticMemory:
         log.info("memory: the device granted the fewest again: %d expert slots, %d KV pages", self.num_slots,
                  self.kv_pages)  # fmt: skip
         return True
+
+    @property
+    def held_bytes(self) -> int:
+        """What the resizable caches hold now."""
+        return self.num_slots * self.facts.slot_bytes + self.kv_pages * self.facts.page_bytes
+
+    def fault(self) -> str | None:
+        """Why no step can run now, None when one can (cheap: ``/health`` reads it at every safe point)."""
+        if self.waiting:
+            return "the engine waits for device memory (the device refused even the fewest expert slots / KV pages)"
+        return self.scheduler.kv.fault()
 
     @property
     def kv_pages(self) -> int:
