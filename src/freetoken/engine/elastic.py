@@ -290,12 +290,13 @@ class ElasticMemory:
 
     def resume(self) -> bool:
         """A waiting cache asks again: the fewest slots, the KV pool's used pages. Whether nothing waits now."""
-        if self.backend is not None and self.backend.slot_range[0] > 0 and self.backend.num_slots == 0:
-            try:
+        try:
+            if self.backend is not None and self.backend.slot_range[0] > 0 and self.backend.num_slots == 0:
                 self._resize_slots(self.facts.min_slots, ())
-            except torch.OutOfMemoryError:
+            if self.scheduler.kv.waiting and not self.scheduler.resume_kv():
                 return False
-        if self.scheduler.kv.waiting and not self.scheduler.resume_kv():
+        except Exception as exc:  # noqa: BLE001 - refused (any way): the caches wait on, sound (all or nothing)
+            log.debug("memory: the device refused the fewest again (%s: %s)", type(exc).__name__, exc)
             return False
         f = self.facts
         used = self.num_slots * f.slot_bytes + self.kv_pages * f.page_bytes

@@ -115,6 +115,17 @@ class LLMEngine:
         self.memory.set_budget(budget, reason)
         return self.memory.stats()
 
+    def retry_memory(self) -> None:
+        """A cache waiting for device memory asks again, at most every ``RESUME_S`` (from ``step``, and while idle)."""
+        now = time.monotonic()
+        if self.memory.waiting and now - self._resumed_at >= RESUME_S:
+            self._resumed_at = now
+            self.memory.resume()
+
+    def fault(self) -> str | None:
+        """Why no step can run now (cheap: the caches' layers are there), None when one can."""
+        return self.memory.fault()
+
     def observe_free_memory(self, free_bytes: int) -> None:
         """The VRAM watcher's reading: shrink or grow at this safe point when the policy says so (a reading
         during a layer-major prefill is dropped: the watcher reads again)."""
@@ -197,10 +208,7 @@ class LLMEngine:
         """A serial boundary: schedule, then compute the batch, or launch it (``overlap.py``: ``step`` reads it)."""
         outputs: list[RequestOutput] = []
         if self.memory.waiting:  # a cache without device memory (``ElasticMemory.waiting``): no step can run
-            now = time.monotonic()
-            if now - self._resumed_at >= RESUME_S:
-                self._resumed_at = now
-                self.memory.resume()
+            self.retry_memory()
             if self.memory.waiting:
                 time.sleep(0.01)  # the requests wait in place; the watcher's next grow asks again too
                 return outputs
