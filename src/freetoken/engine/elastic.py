@@ -94,6 +94,7 @@ class ElasticMemory:
         self.last: ResizeRecord | None = None
         self.num_resizes = 0
         self.history: list[ResizeRecord] = []  # the last HISTORY resizes (benchmarks read them)
+        self.restore_to: MemorySplit | None = None  # the split before a failed resize the machine refused to put back
         self._streak, self._last_shrink = 0, -1e9  # the watcher's shrinks in a row (vram_watch.STREAK_S)
 
     @property
@@ -179,7 +180,7 @@ class ElasticMemory:
             torch.cuda.synchronize(self.device)
         if self.waiting:
             self.resume()
-        slots0, kv0 = self.num_slots, self.kv_pages
+        slots0, kv0, before = self.num_slots, self.kv_pages, self.split
         if (split.slots != slots0 or split.kv_pages != kv0) and self.graphs is not None:
             self.graphs.clear()
         preempted = 0
@@ -200,7 +201,9 @@ class ElasticMemory:
         if failed or (failure is not None and not isinstance(failure, torch.OutOfMemoryError)):
             self._put_back(slots0, kv0)
             if (self.num_slots, self.kv_pages) == (slots0, kv0):
-                split = self.split  # where it was, budget and all
+                split = before  # where it was, budget and all
+            else:  # asked again later (``retry``): no watcher may be there to grow the caches back
+                self.restore_to = MemorySplit(before.budget_bytes, slots0, kv0, before.reserve_bytes)
         rec = self._settle(split, reason, source, slots0, kv0, preempted, t0)
         if failed:
             raise ResizeError(self._why_not(asked, failure))
@@ -304,6 +307,17 @@ class ElasticMemory:
         log.info("memory: the device granted the fewest again: %d expert slots, %d KV pages", self.num_slots,
                  self.kv_pages)  # fmt: skip
         return True
+
+    def retry(self) -> None:
+        """Asks again for what a failed resize could not put back (``LLMEngine.retry_memory``, a safe point): the
+        fewest (``resume``) while a cache waits, then the split before the failure."""
+        if self.waiting and not self.resume():
+            return
+        back, self.restore_to = self.restore_to, None
+        if back is not None:
+            self.apply(back, "the split before a failed resize", "restore")
+            if (self.num_slots, self.kv_pages) != (back.slots, back.kv_pages) and self.restore_to is None:
+                self.restore_to = back
 
     @property
     def held_bytes(self) -> int:
