@@ -89,8 +89,15 @@ def test_a_step_that_resumes_the_caches_runs_the_follower_without_failing(
 
     _wrap(mem, "follow", monkeypatch, after_follow)
     _wrap(llm.watcher, "post", monkeypatch, lambda _: posted.set())
-    _wrap(mem, "apply", monkeypatch, lambda _: (waiting.set() if mem.waiting else None,
-                                                grown.set() if (mem.num_slots, mem.kv_pages) == (16, 32) else None))
+    _wrap(
+        mem,
+        "apply",
+        monkeypatch,
+        lambda _: (
+            waiting.set() if mem.waiting else None,
+            grown.set() if (mem.num_slots, mem.kv_pages) == (16, 32) else None,
+        ),
+    )
     _wrap(mem, "resume", monkeypatch, lambda ok: resumed.set() if ok and waiting.is_set() else None)
 
     def other_program() -> None:

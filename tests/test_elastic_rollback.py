@@ -48,7 +48,7 @@ class FailingAllocator:
 
         for module in (kv_pool, slot_cache):
             monkeypatch.setattr(module, "device_zeros", self)
-            monkeypatch.setattr(module, "free_device_bytes", lambda device: 0)  # no room beside: drop first
+            monkeypatch.setattr(module, "free_device_bytes", lambda device: 0, raising=False)  # no room beside
         return self
 
 
