@@ -6,12 +6,16 @@ the caches call it, fails the way the CPU allocator does ("can't allocate memory
 
 from __future__ import annotations
 
+import math
+
+import psutil
 import pytest
 import torch
 
 from freetoken import LLM, SamplingParams
 from freetoken.cache.kv_pool import KVPool
-from freetoken.engine.memory import GIB, BudgetError, Capacity, ResizeError, parse_budget_gib
+from freetoken.engine import memory
+from freetoken.engine.memory import GIB, BudgetError, parse_budget_gib
 from freetoken.hardware import device_memory
 from tiny_models import save_checkpoint
 
@@ -49,6 +53,29 @@ class FailingAllocator:
         for module in (kv_pool, slot_cache):
             monkeypatch.setattr(module, "device_zeros", self)
             monkeypatch.setattr(module, "free_device_bytes", lambda device: 0, raising=False)  # no room beside
+        return self
+
+
+class Guard:
+    """The caches' allocator, refusing (as a test failure, never by trying) anything over a quarter of what the host
+    has free: before the fix, a budget over the machine went on to allocate it (the kernel killed the server)."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+
+    def __call__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        nbytes = math.prod(shape) * dtype.itemsize
+        self.asked.append(nbytes)
+        if nbytes > psutil.virtual_memory().available // 4:
+            raise AssertionError(f"test guard: the resize went on to allocate {nbytes} bytes")
+        return torch.zeros(shape, dtype=dtype, device=device)
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> Guard:
+        import freetoken.cache.kv_pool as kv_pool
+        import freetoken.experts.slots.cache as slot_cache
+
+        for module in (kv_pool, slot_cache):
+            monkeypatch.setattr(module, "device_zeros", self)
         return self
 
 
@@ -146,7 +173,7 @@ def test_a_budget_whose_allocation_fails_mid_resize_leaves_the_engine_as_it_was(
     before = eng.memory.stats()
     FailingAllocator({fail_at: ALLOC}).install(monkeypatch)
     budget = (16 * f.slot_bytes + 40 * f.page_bytes) / GIB  # every expert of the pool, 16 more pages
-    with pytest.raises(ResizeError) as err:
+    with pytest.raises(memory.ResizeError) as err:
         eng.set_vram_budget(budget)
     msg = str(err.value)
     assert f"the resize to {budget:.3f} GiB (16 expert slots + 40 KV pages) failed" in msg
@@ -161,17 +188,20 @@ def test_a_budget_whose_allocation_fails_mid_resize_leaves_the_engine_as_it_was(
     eng.check_integrity()
 
 
-def test_budgets_over_what_the_machine_has_are_refused_before_anything_changes(ckpt: str) -> None:
+def test_budgets_over_what_the_machine_has_are_refused_before_anything_changes(
+    ckpt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     llm = LLM(expert_cache=8, kv_pages=24, **_kw(ckpt))
+    guard = Guard().install(monkeypatch)
     m = llm.engine.memory
-    m.capacity = lambda held: Capacity(3 * GIB, held, 24 * GIB, "host RAM (test)")
+    m.capacity = lambda held: memory.Capacity(3 * GIB, held, 24 * GIB, "host RAM (test)")
     before = m.stats()
     for gib in (50, 1000, 1e308):
         with pytest.raises(BudgetError, match=r"exceeds what this machine has for the caches: host RAM \(test\)"):
             llm.engine.set_vram_budget(gib)
     with pytest.raises(BudgetError, match=r"a VRAM budget of 50\.000 GiB exceeds .* = 3\.0\d\d GiB"):
         llm.engine.set_vram_budget(50)
-    assert m.stats() == before
+    assert m.stats() == before and guard.asked == []  # refused before any cache was touched
     assert parse_budget_gib(1e308) > 1 << 1000  # a number, exactly: whether it fits is the capacity's question
     with pytest.raises(BudgetError, match="positive"):
         parse_budget_gib(-1.0)

@@ -15,7 +15,7 @@ import pytest
 
 from freetoken.server.settings import ServerConfig
 from server_harness import MODEL, Running, real_engine, serve, tiny_checkpoint
-from test_elastic_rollback import ALLOC, FailingAllocator
+from test_elastic_rollback import ALLOC, FailingAllocator, Guard
 
 KEY = "sekrit"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -52,35 +52,11 @@ def _sizes(m: dict[str, Any]) -> tuple[int, int, float]:
     return m["slots"], m["kv_pages"], m["budget_gib"]
 
 
-class Guard:
-    """The caches' allocator, refusing (as a test failure, never by trying) anything over what the host has free:
-    before the fix, a budget over the machine went on to allocate it (and the kernel killed the server)."""
-
-    def __init__(self) -> None:
-        self.asked: list[int] = []
-
-    def __call__(self, shape: tuple[int, ...], dtype: Any, device: Any) -> Any:
-        import math
-
-        import torch
-
-        nbytes = math.prod(shape) * dtype.itemsize
-        self.asked.append(nbytes)
-        if nbytes > psutil.virtual_memory().available // 4:
-            raise RuntimeError(f"test guard: the resize went on to allocate {nbytes} bytes")
-        return torch.zeros(shape, dtype=dtype, device=device)
-
-
 def test_budgets_over_what_the_machine_has_are_400s_before_anything_is_freed(
     srv: Running, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import freetoken.cache.kv_pool as kv_pool
-    import freetoken.experts.slots.cache as slot_cache
-
     want, before = _answer(srv), _memory(srv)
-    guard = Guard()
-    for module in (kv_pool, slot_cache):
-        monkeypatch.setattr(module, "device_zeros", guard)
+    guard = Guard().install(monkeypatch)
     ram = psutil.virtual_memory().total / 2**30
     for gib in (2 * ram, 1000, 1e308):
         r = httpx.post(srv.url + "/v1/engine/memory", json={"vram_budget": gib}, headers=AUTH)
