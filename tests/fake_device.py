@@ -39,7 +39,7 @@ class FakeDevice:
         self.live = 0
         for module in (kv_pool, slot_cache):
             monkeypatch.setattr(module, "device_zeros", self.zeros)
-            monkeypatch.setattr(module, "free_device_bytes", lambda device: self.free_bytes())
+            monkeypatch.setattr(module, "free_device_bytes", lambda device: self.free_bytes(), raising=False)
 
     def zeros(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         assert self.live is not None
