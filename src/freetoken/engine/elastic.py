@@ -315,9 +315,13 @@ class ElasticMemory:
             return
         back, self.restore_to = self.restore_to, None
         if back is not None:
-            self.apply(back, "the split before a failed resize", "restore")
-            if (self.num_slots, self.kv_pages) != (back.slots, back.kv_pages) and self.restore_to is None:
-                self.restore_to = back
+            try:
+                self.apply(back, "the split before a failed resize", "restore")
+            except Exception as exc:  # noqa: BLE001 - never out of a step or the idle loop; asked again later
+                log.warning("memory: asking again for the split before a failed resize: %s: %s", type(exc).__name__,
+                            exc)  # fmt: skip
+            if (self.num_slots, self.kv_pages) != (back.slots, back.kv_pages):
+                self.restore_to = back  # still the split before the first failure
 
     @property
     def held_bytes(self) -> int:
