@@ -37,8 +37,9 @@ class FakeDevice:
         import freetoken.experts.slots.cache as slot_cache
 
         self.live = 0
-        monkeypatch.setattr(kv_pool, "device_zeros", self.zeros)
-        monkeypatch.setattr(slot_cache, "device_zeros", self.zeros)
+        for module in (kv_pool, slot_cache):
+            monkeypatch.setattr(module, "device_zeros", self.zeros)
+            monkeypatch.setattr(module, "free_device_bytes", lambda device: self.free_bytes(), raising=False)
 
     def zeros(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         assert self.live is not None

@@ -124,6 +124,9 @@ class ScriptedEngine:
             "expert_cpu_runs": 0,
         }
 
+    def health(self) -> str | None:
+        return None
+
     def check_integrity(self) -> None:
         assert self.running == 0 and self.waiting == 0, (self.running, self.waiting)
 

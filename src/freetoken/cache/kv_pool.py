@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from freetoken.hardware.device_memory import device_zeros, first_granted, remake, uses_driver_memory
+from freetoken.hardware.device_memory import free_bytes as free_device_bytes
 
 
 class KVPool:
@@ -107,7 +108,9 @@ class KVPool:
         ``num_pages`` says what the pool became. If the device refuses even the used pages, again and again,
         ``make_room()`` (when given) frees other memory of the caller's and says whether it did; the used pages
         are asked for once more. Only then ``torch.OutOfMemoryError``, the pool ``waiting`` (its used pages
-        kept in host memory) until a ``resume`` is granted."""
+        kept in host memory) until a ``resume`` is granted. A grow makes its layers beside the old ones where the
+        device has room for both. Any other failure (an allocation failing another way, a copy) leaves the pool as
+        it was: its old layers, or layers of its old size made again with every used page where it was."""
         if num_pages < 1:
             raise ValueError("the KV pool needs at least one page")
         if self.num_used > num_pages:
@@ -132,20 +135,42 @@ class KVPool:
         floor = max(len(used), 1)
         sizes = [num_pages, *(n for n in fallback if n >= floor), floor]
         make = functools.partial(self._banks, shapes=shapes)
+        beside = num_pages > self.num_pages and num_pages * self.page_bytes <= free_device_bytes(self.device)
+        n0 = self.num_pages
         try:
-            num_pages, (k, v) = remake(make, sizes, self.num_pages, drop, "the KV pages")
-        except torch.OutOfMemoryError:
             try:
+                num_pages, (k, v) = remake(make, sizes, n0, drop, "the KV pages", beside)
+            except torch.OutOfMemoryError:
                 if make_room is None or not make_room():
                     raise
                 num_pages, (k, v) = first_granted(make, [floor], "the KV pages")  # in what the caller freed
-            except torch.OutOfMemoryError:
+            # staged rows, or (made beside the old layers) the old layers themselves, read at ``src`` layer by layer
+            moves = self._install(num_pages, k, v, used, staged or old, None if staged else src)
+        except torch.OutOfMemoryError:
+            if staged:  # (else the old layers are still in place: nothing changed)
                 self._waiting = (used, staged, shapes)  # the used pages wait in host memory for ``resume``
-                raise
-        # staged rows, or (made beside the old layers) the old layers themselves, read at ``src`` layer by layer
-        moves = self._install(num_pages, k, v, used, staged or old, None if staged else src)
+            raise
+        except Exception:
+            if staged:  # any other failure once the old layers went: the pool as it was, each page where it was
+                self._remake_as_was(n0, used, staged, shapes)
+            raise
         old.clear()
         return moves
+
+    def _remake_as_was(
+        self,
+        num_pages: int,
+        used: list[int],
+        staged: list[list[torch.Tensor]],
+        shapes: list[tuple[tuple[int, ...], torch.dtype]],
+    ) -> None:
+        """After a failed resize: layers of ``num_pages`` pages again, the used pages' K/V where they were; if even
+        that fails, the pool waits (``waiting``) with its used pages in host memory, as when the device refuses."""
+        try:
+            k, v = self._banks(num_pages, shapes)
+            self._install(num_pages, k, v, used, staged)
+        except Exception:  # noqa: BLE001 - the caller raises the first failure
+            self._waiting = (used, staged, shapes)
 
     @property
     def waiting(self) -> bool:
@@ -214,8 +239,23 @@ class KVPool:
         S = self.page_size
         return [pages[i // S] * S + i % S for i in range(start, end)]
 
+    def fault(self) -> str | None:
+        """Why a step cannot read or write the pool now (cheap: its layers' count and rows), None when it can."""
+        if self._waiting is not None:
+            return "the KV pool waits for device memory"
+        rows = self.num_pages * self.page_size
+        if len(self.k) != self.num_layers or len(self.v) != self.num_layers:
+            return f"the KV pool has {len(self.k)} K and {len(self.v)} V layers of {self.num_layers}"
+        short = next((t.shape[0] for t in (*self.k, *self.v) if t.shape[0] != rows), None)
+        if short is not None:
+            return f"a KV layer has {short} token rows, not {rows} ({self.num_pages} pages)"
+        return None
+
     def check_integrity(self, page_tables: Mapping[object, Sequence[int]] | None = None) -> None:
-        """``page_tables``: every owner's pages (requests: their private pages; the tree: its pages)."""
+        """``page_tables``: every owner's pages (requests: their private pages; the tree: its pages). A pool
+        waiting for device memory has no layers; any other has all of them, of its size."""
+        fault = None if self.waiting else self.fault()
+        assert fault is None, fault
         assert len(self._free) + len(self._owner) == self.num_pages, "free + used != total"
         assert len(set(self._free)) == len(self._free), "a page is free twice"
         assert not set(self._free) & set(self._owner), "a page is both free and owned"

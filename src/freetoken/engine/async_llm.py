@@ -46,6 +46,7 @@ class AsyncLLM:
         self._stop = False
         self._drain = True
         self._stats: dict[str, Any] = {}
+        self._fault: str | None = None  # why the engine cannot run a step, as of its last safe point
         self._ids = itertools.count()
         self.watcher: VramWatcher | None = None
         self._deferred: list[SetMemory] = []  # budgets that wait for a safe point (a layer-major prefill runs)
@@ -135,6 +136,15 @@ class AsyncLLM:
         if self.engine is not None:
             stats["uptime_s"] = time.monotonic() - self.engine.started_at
         return stats
+
+    def health(self) -> str | None:
+        """Why this engine cannot generate now, None when it can: not ready, its thread gone, or its caches unable
+        to serve a step (waiting for device memory, a pool without its layers) as of its last safe point."""
+        if self.state != "ready":
+            return self.error or f"the engine is {self.state}"
+        if not self._thread.is_alive():
+            return "the engine thread is gone"
+        return self._fault
 
     def check_integrity(self) -> None:
         done: cf.Future[None] = cf.Future()
@@ -231,14 +241,16 @@ class AsyncLLM:
                     outputs = eng.step()
                 except Exception as exc:  # not one request's fault: fail them all, keep serving if sound
                     outputs = self._recover(eng, exc)
-                self._stats = eng.stats()  # before dispatch: a finished stream sees its pages freed
+                # before dispatch: a finished stream sees its pages freed
+                self._stats, self._fault = eng.stats(), eng.fault()
                 self._dispatch(outputs)
                 if self._deferred and eng.can_resize():
                     waiting, self._deferred = self._deferred, []
                     for c in waiting:
                         self._handle(eng, c)
             else:
-                self._stats = eng.stats()  # after aborts, and while idle
+                eng.retry_memory()  # no request asks for a step: a cache waiting for device memory asks on its own
+                self._stats, self._fault = eng.stats(), eng.fault()  # after aborts, and while idle
 
     def _recover(self, eng: LLMEngine, exc: Exception) -> list[RequestOutput]:
         """A step failed outside any one request: every request fails with the error (outputs the step

@@ -12,12 +12,23 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from freetoken.engine.memory import GIB, MemoryFacts, MemorySplit, follow_kv, split_budget
+from freetoken.engine.capacity import machine_capacity
+from freetoken.engine.memory import (
+    GIB,
+    Capacity,
+    MemoryFacts,
+    MemorySplit,
+    ResizeError,
+    check_fits,
+    follow_kv,
+    split_budget,
+)
 from freetoken.engine.vram_watch import STREAK_S, watch_decision
 from freetoken.hardware.device_memory import uses_driver_memory
 
@@ -67,8 +78,12 @@ class ElasticMemory:
         graphs: StepGraphs | None,
         device: torch.device,
         follow: bool,
+        capacity: Callable[[int], Capacity] | None = None,
     ) -> None:
+        """``capacity(held_bytes)``: what the machine has for the caches (``capacity.machine_capacity``; tests pass
+        their own)."""
         self.facts = facts
+        self.capacity = capacity or (lambda held: machine_capacity(device, held))
         self.scheduler, self.backend, self.graphs, self.device = scheduler, backend, graphs, device
         self.follow_session = follow
         kv = scheduler.kv.num_pages
@@ -79,6 +94,7 @@ class ElasticMemory:
         self.last: ResizeRecord | None = None
         self.num_resizes = 0
         self.history: list[ResizeRecord] = []  # the last HISTORY resizes (benchmarks read them)
+        self.restore_to: MemorySplit | None = None  # the split before a failed resize the machine refused to put back
         self._streak, self._last_shrink = 0, -1e9  # the watcher's shrinks in a row (vram_watch.STREAK_S)
 
     @property
@@ -90,12 +106,20 @@ class ElasticMemory:
         self, budget_bytes: int, reason: str, source: str = "api", kv_wanted: int | None = None
     ) -> ResizeRecord:
         """A budget set by hand (or at start): the slots take the change first (the KV pages stay as they are,
-        or ``kv_wanted``, where they fit). Refused (``BudgetError``, with the numbers) below the minimum;
-        nothing changes then."""
+        or ``kv_wanted``, where they fit). Refused (``BudgetError``, with the numbers) below the minimum or above
+        what the machine has (``check_fits``), before anything changes. All or nothing: where the machine refuses
+        the memory meanwhile, ``ResizeError``, the caches back at their sizes before."""
         want = self.scheduler.kv.num_pages if kv_wanted is None else kv_wanted
         split = split_budget(budget_bytes, self.facts, want)
+        check_fits(budget_bytes, self.capacity(self.held_bytes))
+        was = self.target_bytes, self.base_kv
         self.target_bytes, self.base_kv = budget_bytes, split.kv_pages
-        return self.apply(split, reason, source)
+        try:
+            return self.apply(split, reason, source, exact=True)
+        except ResizeError:
+            self.target_bytes, self.base_kv = was
+            self.scheduler.kv_ceiling = self.base_kv
+            raise
 
     def on_free_memory(self, free_bytes: int) -> ResizeRecord | None:
         """The VRAM watcher's reading: shrink when the device's free memory fell under the reserve, grow
@@ -132,7 +156,9 @@ class ElasticMemory:
         return self._follow_split() is not None
 
     def _follow_split(self) -> MemorySplit | None:
-        if not self.follow_session:
+        if not self.follow_session or self.split.budget_bytes < self.facts.minimum_budget:
+            # below the minimum: the device cut the caches (``apply``) or granted only the fewest again (``resume``,
+            # which may run inside a step): no plan moves bytes within that; the watcher's grow plans again
             return None
         kv = self.scheduler.kv
         want = follow_kv(kv.num_pages, self.scheduler.pages.num_pinned, self.base_kv)
@@ -144,22 +170,71 @@ class ElasticMemory:
         return split
 
     # ---- doing it -------------------------------------------------------------------------------------
-    def apply(self, split: MemorySplit, reason: str, source: str) -> ResizeRecord:
+    def apply(self, split: MemorySplit, reason: str, source: str, exact: bool = False) -> ResizeRecord:
+        """The caches to ``split``. Where the device refuses a size, each cache falls back (smaller, or waiting for
+        device memory: every request keeps its place); any other failure puts them back at their sizes before.
+        ``exact`` (a budget set by hand): all or nothing, anything but ``split`` puts them back and raises
+        ``ResizeError``."""
         t0 = time.perf_counter()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         if self.waiting:
             self.resume()
-        slots0, kv0 = self.num_slots, self.kv_pages
+        slots0, kv0, before = self.num_slots, self.kv_pages, self.split
         if (split.slots != slots0 or split.kv_pages != kv0) and self.graphs is not None:
             self.graphs.clear()
         preempted = 0
+        failure: Exception | None = None
         if not self.waiting:  # (still waiting: the device refused the fewest again; nothing else can change now)
             try:
                 preempted = self._resize(split, slots0, kv0)
             except torch.OutOfMemoryError as exc:
+                failure = exc
                 log.warning("memory %s: %s; the engine waits for device memory (every request keeps its place)",
                             source, exc)  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - any failure: the caches go back to where they were
+                failure = exc
+                log.warning("memory %s: the resize failed (%s: %s); back to %d slots / %d KV pages", source,
+                            type(exc).__name__, exc, slots0, kv0)  # fmt: skip
+        failed = exact and (failure is not None or (self.num_slots, self.kv_pages) != (split.slots, split.kv_pages))
+        asked = split
+        if failed or (failure is not None and not isinstance(failure, torch.OutOfMemoryError)):
+            self._put_back(slots0, kv0)
+            if (self.num_slots, self.kv_pages) == (slots0, kv0):
+                split = before  # where it was, budget and all
+            else:  # asked again later (``retry``): no watcher may be there to grow the caches back
+                self.restore_to = MemorySplit(before.budget_bytes, slots0, kv0, before.reserve_bytes)
+        rec = self._settle(split, reason, source, slots0, kv0, preempted, t0)
+        if failed:
+            raise ResizeError(self._why_not(asked, failure))
+        return rec
+
+    def _put_back(self, slots0: int, kv0: int) -> None:
+        """After a failed resize: the caches at their sizes before (where the device refuses them now, the refusal
+        fallbacks of ``_resize`` keep the engine sound: the fewest, or waiting)."""
+        try:
+            if self.waiting:
+                self.resume()
+            if not self.waiting and (self.num_slots, self.kv_pages) != (slots0, kv0):
+                f = self.facts
+                self._resize(MemorySplit(0, slots0, kv0, f.reserve_bytes), self.num_slots, self.kv_pages)
+        except Exception as exc:  # noqa: BLE001 - each cache stays sound on its own (its resize is all or nothing)
+            log.warning("memory: putting the caches back to %d slots / %d KV pages failed (%s: %s); now %d / %d",
+                        slots0, kv0, type(exc).__name__, exc, self.num_slots, self.kv_pages)  # fmt: skip
+
+    def _why_not(self, split: MemorySplit, failure: BaseException | None) -> str:
+        cause = f"{type(failure).__name__}: {failure}" if failure is not None else "the device refused that size"
+        now = "waits for device memory" if self.waiting else "is at"
+        return (
+            f"the resize to {split.budget_bytes / GIB:.3f} GiB ({split.slots} expert slots + {split.kv_pages} KV "
+            f"pages) failed: {cause}. What exists: {self.capacity(self.held_bytes).explain()}. The engine {now} "
+            f"{self.num_slots} expert slots + {self.kv_pages} KV pages"
+        )
+
+    def _settle(
+        self, split: MemorySplit, reason: str, source: str, slots0: int, kv0: int, preempted: int, t0: float
+    ) -> ResizeRecord:
+        """After a resize: the device's memory given back, the split as it is, the record."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the slots' refill copies are part of the resize's time
             if not uses_driver_memory(self.device):
@@ -218,12 +293,13 @@ class ElasticMemory:
 
     def resume(self) -> bool:
         """A waiting cache asks again: the fewest slots, the KV pool's used pages. Whether nothing waits now."""
-        if self.backend is not None and self.backend.slot_range[0] > 0 and self.backend.num_slots == 0:
-            try:
+        try:
+            if self.backend is not None and self.backend.slot_range[0] > 0 and self.backend.num_slots == 0:
                 self._resize_slots(self.facts.min_slots, ())
-            except torch.OutOfMemoryError:
+            if self.scheduler.kv.waiting and not self.scheduler.resume_kv():
                 return False
-        if self.scheduler.kv.waiting and not self.scheduler.resume_kv():
+        except Exception as exc:  # noqa: BLE001 - refused (any way): the caches wait on, sound (all or nothing)
+            log.debug("memory: the device refused the fewest again (%s: %s)", type(exc).__name__, exc)
             return False
         f = self.facts
         used = self.num_slots * f.slot_bytes + self.kv_pages * f.page_bytes
@@ -231,6 +307,32 @@ class ElasticMemory:
         log.info("memory: the device granted the fewest again: %d expert slots, %d KV pages", self.num_slots,
                  self.kv_pages)  # fmt: skip
         return True
+
+    def retry(self) -> None:
+        """Asks again for what a failed resize could not put back (``LLMEngine.retry_memory``, a safe point): the
+        fewest (``resume``) while a cache waits, then the split before the failure."""
+        if self.waiting and not self.resume():
+            return
+        back, self.restore_to = self.restore_to, None
+        if back is not None:
+            try:
+                self.apply(back, "the split before a failed resize", "restore")
+            except Exception as exc:  # noqa: BLE001 - never out of a step or the idle loop; asked again later
+                log.warning("memory: asking again for the split before a failed resize: %s: %s", type(exc).__name__,
+                            exc)  # fmt: skip
+            if (self.num_slots, self.kv_pages) != (back.slots, back.kv_pages):
+                self.restore_to = back  # still the split before the first failure
+
+    @property
+    def held_bytes(self) -> int:
+        """What the resizable caches hold now."""
+        return self.num_slots * self.facts.slot_bytes + self.kv_pages * self.facts.page_bytes
+
+    def fault(self) -> str | None:
+        """Why no step can run now, None when one can (cheap: ``/health`` reads it at every safe point)."""
+        if self.waiting:
+            return "the engine waits for device memory (the device refused even the fewest expert slots / KV pages)"
+        return self.scheduler.kv.fault()
 
     @property
     def kv_pages(self) -> int:

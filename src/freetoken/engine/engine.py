@@ -115,6 +115,22 @@ class LLMEngine:
         self.memory.set_budget(budget, reason)
         return self.memory.stats()
 
+    def retry_memory(self) -> None:
+        """A cache waiting for device memory, or caches a failed resize could not put back, ask again, at most every
+        ``RESUME_S`` (from ``step``, and while idle)."""
+        now = time.monotonic()
+        m = self.memory
+        if (m.waiting or m.restore_to is not None) and now - self._resumed_at >= RESUME_S:
+            self._resumed_at = now
+            if self.can_resize() and self.overlap.inflight is None:
+                m.retry()
+            else:
+                m.resume()
+
+    def fault(self) -> str | None:
+        """Why no step can run now (cheap: the caches' layers are there), None when one can."""
+        return self.memory.fault()
+
     def observe_free_memory(self, free_bytes: int) -> None:
         """The VRAM watcher's reading: shrink or grow at this safe point when the policy says so (a reading
         during a layer-major prefill is dropped: the watcher reads again)."""
@@ -196,14 +212,10 @@ class LLMEngine:
     def _schedule_and_run(self) -> list[RequestOutput]:
         """A serial boundary: schedule, then compute the batch, or launch it (``overlap.py``: ``step`` reads it)."""
         outputs: list[RequestOutput] = []
+        self.retry_memory()
         if self.memory.waiting:  # a cache without device memory (``ElasticMemory.waiting``): no step can run
-            now = time.monotonic()
-            if now - self._resumed_at >= RESUME_S:
-                self._resumed_at = now
-                self.memory.resume()
-            if self.memory.waiting:
-                time.sleep(0.01)  # the requests wait in place; the watcher's next grow asks again too
-                return outputs
+            time.sleep(0.01)  # the requests wait in place; the watcher's next grow asks again too
+            return outputs
         batch = self.scheduler.schedule(admit=self._job is None)
         for req in batch.never_fit:
             self._finish(req, "error", error="the request does not fit the KV pool even alone")

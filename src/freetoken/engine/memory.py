@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from freetoken.engine.errors import InputError
+from freetoken.engine.errors import FreeTokenError, InputError
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -29,6 +29,40 @@ KV_LOW = 0.25  # below, and above its base size: give pages back to the slots
 
 class BudgetError(InputError):
     """A VRAM budget the engine cannot run in (the message carries the numbers)."""
+
+
+class ResizeError(FreeTokenError):
+    """A budget that passed the checks, but the machine refused the memory while the caches were re-made: the
+    engine is back at its previous split (the message says what was asked, what exists and where it is now)."""
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What the machine has for the resizable caches now: ``free_bytes`` free where they live (device memory, or
+    host RAM for the CPU engine) plus ``held_bytes`` that they hold already (a resize gives it back), never more
+    than ``total_bytes``."""
+
+    free_bytes: int
+    held_bytes: int
+    total_bytes: int
+    where: str  # e.g. "device memory of cuda:0", "host RAM (the CPU engine's caches live there)"
+
+    @property
+    def most_bytes(self) -> int:
+        return min(self.total_bytes, self.free_bytes + self.held_bytes)
+
+    def explain(self) -> str:
+        return (
+            f"{self.where}: {self.free_bytes / GIB:.3f} GiB free + {self.held_bytes / GIB:.3f} GiB the caches hold "
+            f"now = {self.most_bytes / GIB:.3f} GiB (of {self.total_bytes / GIB:.3f} GiB in all)"
+        )
+
+
+def check_fits(budget: int, capacity: Capacity) -> None:
+    """``BudgetError`` (what was asked, what exists) when ``budget`` bytes exceed what the machine has."""
+    if budget > capacity.most_bytes:
+        raise BudgetError(f"a VRAM budget of {budget / GIB:.3f} GiB exceeds what this machine has for the caches: "
+                          f"{capacity.explain()}")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -68,12 +102,16 @@ class MemorySplit:
 
 
 def parse_budget_gib(value: object) -> int:
-    """A budget in GiB (a positive finite number) as bytes; anything else is refused."""
+    """A budget in GiB (a positive finite number) as bytes, exactly (1e308 GiB too: whether it fits is
+    ``check_fits``'s question); anything else is refused."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise BudgetError(f"vram_budget must be a number of GiB, got {value!r}")
-    if not 0 < float(value) < 1 << 20:  # NaN fails this too
-        raise BudgetError(f"vram_budget must be a positive number of GiB, got {value!r}")
-    return int(float(value) * GIB)
+    gib = float(value)
+    if not 0 < gib < math.inf:  # NaN fails this too
+        what = "a finite" if gib == math.inf else "a positive"
+        raise BudgetError(f"vram_budget must be {what} number of GiB, got {value!r}")
+    whole = math.floor(gib)
+    return whole * GIB + int((gib - whole) * GIB)
 
 
 def split_budget(budget: int, facts: MemoryFacts, kv_wanted: int) -> MemorySplit:

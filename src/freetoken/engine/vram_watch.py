@@ -53,6 +53,8 @@ def watch_decision(
         return new, f"free VRAM {free_bytes / GIB:.2f} GiB < reserve {reserve_bytes / GIB:.2f} GiB"
     if free_bytes > reserve_bytes + band and budget_bytes < target_bytes:
         new = min(target_bytes, budget_bytes + free_bytes - reserve_bytes - band // 2)
+        if new < minimum_bytes:
+            return None  # caches the device cut below the minimum grow once the minimum fits (no split is smaller)
         return new, f"free VRAM {free_bytes / GIB:.2f} GiB > reserve + {band / GIB:.2f} GiB hysteresis"
     return None
 

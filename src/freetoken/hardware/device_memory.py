@@ -86,7 +86,12 @@ def device_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devic
     drv = _driver() if device.type == "cuda" else None
     nbytes = math.prod(shape) * dtype.itemsize
     if drv is None or nbytes == 0:
-        return torch.zeros(shape, dtype=dtype, device=device)
+        try:
+            return torch.zeros(shape, dtype=dtype, device=device)
+        except RuntimeError as exc:  # the CPU allocator's refusal is a plain RuntimeError: the same refusal
+            if isinstance(exc, torch.OutOfMemoryError) or "allocate" not in str(exc):
+                raise
+            raise torch.OutOfMemoryError(f"the host has not {nbytes / 2**30:.2f} GiB free for a cache: {exc}") from exc
     with torch.cuda.device(device):
         torch.cuda.init()
         ctx = ctypes.c_void_p()
@@ -106,6 +111,39 @@ def device_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devic
 @functools.lru_cache(maxsize=1)
 def _say_fallback(rc: int) -> None:
     log.warning("cuMemAlloc failed with CUresult %d: resizable caches use torch's allocator", rc)
+
+
+def free_bytes(device: torch.device) -> int:
+    """Bytes a cache on ``device`` could allocate now: the device's free memory (CUDA), else host RAM available
+    (``psutil``), never more than the limits set on the process leave (``process_limit_left``)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    import psutil
+
+    free = int(psutil.virtual_memory().available)
+    left = process_limit_left()
+    return free if left is None else min(free, left)
+
+
+def process_limit_left() -> int | None:
+    """What the limits set on this process leave it of host memory: the cgroup's (v2 ``memory.max``: a container's
+    limit) and the address-space ulimit (``ulimit -v``); None where neither is set."""
+    import resource
+    from pathlib import Path
+
+    import psutil
+
+    left: list[int] = []
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            left.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        left.append(soft - int(psutil.Process().memory_info().vms))
+    return max(0, min(left)) if left else None
 
 
 def first_granted(make: Callable[[int], T], sizes: Sequence[int], what: str) -> tuple[int, T]:
@@ -135,14 +173,20 @@ def first_granted(make: Callable[[int], T], sizes: Sequence[int], what: str) -> 
 
 
 def remake(
-    make: Callable[[int], T], sizes: Sequence[int], current: int, drop: Callable[[], None], what: str
+    make: Callable[[int], T],
+    sizes: Sequence[int],
+    current: int,
+    drop: Callable[[], None],
+    what: str,
+    beside: bool = False,
 ) -> tuple[int, T]:
     """A cache of ``current`` units re-made at the first of ``sizes`` the device grants (``first_granted``). A
-    shrink first asks for its size beside the old allocation (make before break: no moment where the freed memory
-    waits for another program to take it); a grow, or a shrink that does not fit beside the old one, calls
+    shrink, or a grow where ``beside`` says the device has room for the new allocation next to the old one, first
+    asks for its size beside the old allocation (make before break: nothing is lost if it is refused, and no
+    moment where the freed memory waits for another program to take it); else, or when that is refused, it calls
     ``drop()`` (the old allocation goes) and then asks. Only the first size is tried beside: a smaller fallback
     that fits there would shrink the cache further than asked whenever free memory is short."""
-    if sizes and sizes[0] < current:
+    if sizes and (sizes[0] < current or beside):
         try:
             return sizes[0], make(sizes[0])
         except torch.OutOfMemoryError:

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from freetoken.engine.memory import BudgetError, ResizeError
 from freetoken.server.body import parse_request
 from freetoken.server.browser import BrowserSafety
 from freetoken.server.chat_page import add_chat_page
@@ -94,12 +95,13 @@ def _add_control_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
         """The liveness probe, open without the API key; with a key set, only the key's holders learn
-        more than the status."""
+        more than the status. ``ok`` only while the engine can generate (``AsyncLLM.health``), else 503."""
         eng = state.engine
         detail = has_api_key(request)
         if state.draining:
             return JSONResponse({"status": "shutting down"}, status_code=503)
-        if eng.state == "ready":
+        problem = eng.health() if eng.state == "ready" else None  # can it generate now (its thread, its caches)
+        if eng.state == "ready" and problem is None:
             body: dict[str, Any] = {"status": "ok", "model": state.model_names[0]} if detail else {"status": "ok"}
             check = eng.stats().get("weights_check", "ok")  # an FTW checkpoint's checksums
             if detail and check != "ok":
@@ -107,7 +109,7 @@ def _add_control_routes(app: FastAPI, state: ServerState) -> None:
             return JSONResponse(body)
         if eng.state == "loading":
             return JSONResponse({"status": "loading"}, status_code=503)
-        body = {"status": "unhealthy", "error": eng.error} if detail else {"status": "unhealthy"}
+        body = {"status": "unhealthy", "error": problem or eng.error} if detail else {"status": "unhealthy"}
         return JSONResponse(body, status_code=503)
 
     @app.get("/metrics", dependencies=[Depends(check_api_key)])
@@ -141,13 +143,19 @@ class MemoryBody(BaseModel):
 def _add_memory_route(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/engine/memory", dependencies=[Depends(check_api_key)])
     async def engine_memory(request: Request) -> JSONResponse:
-        """Resizes the expert slots and KV pages to a new budget at the engine's next safe point; a budget
-        below the minimum is a 400 that names the numbers (nothing changes)."""
+        """Resizes the expert slots and KV pages to a new budget at the engine's next safe point, all or nothing.
+        A budget below the minimum or above what the machine has is a 400 that names the numbers (checked before
+        anything changes); memory the machine refused during the resize is a 503 (the engine is back at its split
+        before; the message says what was asked and what exists)."""
         body = await parse_request(request, MemoryBody)
         if state.engine.state != "ready":
             raise APIError("unavailable", f"the engine is {state.engine.state}")
         try:
             split = await state.engine.set_vram_budget(body.vram_budget, body.reason)
+        except BudgetError as exc:
+            raise APIError.invalid(str(exc), param="vram_budget") from exc
+        except ResizeError as exc:
+            raise APIError("unavailable", str(exc), param="vram_budget", code="resize_failed") from exc
         except Exception as exc:
             raise from_engine_error(exc) from exc
         return JSONResponse({"memory": split})

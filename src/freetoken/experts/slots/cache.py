@@ -23,6 +23,7 @@ from freetoken.experts.slots.gemm import SlotWeights
 from freetoken.experts.slots.plan import WARM, FillRule, RouteGroups, SlotTables, StepPlan, group_routes, plan_fills
 from freetoken.experts.triton_support import triton_available
 from freetoken.hardware.device_memory import device_zeros, remake, uses_driver_memory
+from freetoken.hardware.device_memory import free_bytes as free_device_bytes
 
 
 class SlotCache:
@@ -166,10 +167,12 @@ class SlotCache:
         once: the refill is this safe point's copy, registered like any fill (no step is in flight to need a slot).
         The pool holds every expert, so the survivors are copied again from the pool into the new banks, placed in
         eid order so that the copy is a few long DMA runs of the pinned pool (``copy.copy_rows``). A
-        shrink makes its banks beside the old ones where they fit (``remake``); else (and for a grow) the old
-        banks are dropped before the new ones are made: the peak is the larger of old and new, never their sum.
-        When the device refuses the new banks (another program took the memory meanwhile), the ``fallback``
-        sizes are tried in turn (the last one again and again), else ``torch.OutOfMemoryError``."""
+        shrink makes its banks beside the old ones where they fit (``remake``), a grow where the device has room for
+        both (nothing is lost if that is refused); else the old banks are dropped before the new ones are made (the
+        peak is the larger of old and new). When the device refuses the new banks (another program took the memory
+        meanwhile), the ``fallback`` sizes are tried in turn (the last one again and again), else
+        ``torch.OutOfMemoryError`` (the cache then has no banks until a resize is granted). Any other failure leaves
+        the cache as it was (the old banks, or banks of the old size made again) and is raised."""
         t, S, N = self.tables, self.num_slots, self.pool.num_rows
         if not 1 <= num_slots <= N:
             raise ValueError(f"slot count must be in [1, {N}], got {num_slots}")
@@ -184,10 +187,25 @@ class SlotCache:
         held = t.eid_of[ranked].tolist()
         now = set(held)
         self._held = (held + [e for e in self._held if e not in now])[:N]
-        dev = self.device
         least = max(int(locked.sum()), 1)
         sizes = [num_slots, *(n for n in fallback if n >= least)]
-        num_slots, self.slots = remake(self._banks, sizes, S, self._drop_banks, "the expert slots")
+        beside = num_slots > S and self._bank_bytes(num_slots) <= free_device_bytes(self.device)
+        try:
+            num_slots, banks = remake(self._banks, sizes, S, self._drop_banks, "the expert slots", beside)
+            tables = self._survivors(ranked, num_slots)
+            k = int((tables.eid_of[:num_slots] >= 0).sum())
+            copy_rows(self.pool.tensors, banks, copy_runs(list(zip(tables.eid_of[:k].tolist(), range(k)))))
+        except torch.OutOfMemoryError:
+            raise  # refused at every size: no banks (``slots`` empty) until elastic memory resumes the cache
+        except Exception:
+            self._undo()  # any other failure: the cache as it was
+            raise
+        self.slots, self.tables = banks, tables
+
+    def _survivors(self, ranked: torch.Tensor, num_slots: int) -> SlotTables:
+        """The tables of ``num_slots`` slots: the first of ``ranked`` (slots, best first) that fit, then the experts
+        the cache held before (``_held``), placed in eid order (the pool's rows copy as a few long runs)."""
+        t, N, dev = self.tables, self.pool.num_rows, self.device
         keep = ranked[:num_slots]
         n = keep.numel()
         back = self._held[n:num_slots]  # nothing when it shrinks
@@ -198,7 +216,7 @@ class SlotCache:
         eids = torch.cat((t.eid_of[keep], torch.tensor(back, dtype=torch.long, device=dev)))
         stamps = torch.cat((t.stamp[keep] + m, torch.arange(m - 1, -1, -1, dtype=torch.long, device=dev)))
         locks = torch.cat((t.locked[keep], torch.zeros(m, dtype=torch.bool, device=dev)))
-        order = torch.sort(eids).indices  # slots in eid order: the pool's rows copy as a few long runs
+        order = torch.sort(eids).indices
         new = SlotTables.empty(N, num_slots, dev)
         new.tick = t.tick + m
         k = n + m
@@ -206,8 +224,24 @@ class SlotCache:
         new.stamp[:k] = stamps[order]
         new.locked[:k] = locks[order]
         new.slot_of[new.eid_of[:k]] = torch.arange(k, device=dev)
-        self.tables = new
-        copy_rows(self.pool.tensors, self.slots, copy_runs(list(zip(new.eid_of[:k].tolist(), range(k)))))
+        return new
+
+    def _undo(self) -> None:
+        """After a failed resize: the banks as the tables say (the old ones, when they were never dropped; else made
+        again, every resident copied again from the pool). If even that fails the cache has no banks, as when the
+        device refuses every size (elastic memory resumes it)."""
+        if self.slots:
+            return
+        eid_of = self.tables.eid_of[: self.num_slots].tolist()
+        try:
+            banks = self._banks(self.num_slots)
+            copy_rows(self.pool.tensors, banks, copy_runs(sorted((e, s) for s, e in enumerate(eid_of) if e >= 0)))
+        except Exception:  # noqa: BLE001 - the caller raises the first failure
+            return
+        self.slots = banks
+
+    def _bank_bytes(self, num_slots: int) -> int:
+        return sum((num_slots + 1) * t[0].numel() * t.element_size() for t in self.pool.tensors)
 
     def _drop_banks(self) -> None:
         self.slots = ()  # their memory returns to the device (``device_zeros``)
@@ -236,6 +270,7 @@ class SlotCache:
         eid_of = t.eid_of.tolist()
         stamp = t.stamp.tolist()
         locked = t.locked.tolist()
+        assert all(b.shape[0] == S + 1 for b in self.slots), f"slot banks not of {S} slots + scratch"
         assert slot_of[N] == -1, "sentinel eid maps to a slot"
         assert eid_of[S] == -1, "scratch slot holds an expert"
         used = [s for s in range(S) if eid_of[s] >= 0]
