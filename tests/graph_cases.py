@@ -60,7 +60,7 @@ class Case:
 
     @property
     def ok(self) -> bool:
-        return self.fallbacks == 0 and self.replays_match and self.same_as_eager
+        return self.decode_steps > 0 and self.fallbacks == 0 and self.replays_match and self.same_as_eager
 
     def row(self) -> str:
         cells = (self.bucket, self.feature, self.decode_steps, self.captures, self.replays, self.fallbacks,
