@@ -206,7 +206,7 @@ class StepGraphs:
         captured = st.graphs.get(f)
         if captured is None:
             out = self._body(st, f)  # this step's result (and the kernels' warm-up); the capture records it
-            self._capture_or_wait(st, B, f)
+            self._capture(st, B, f)
         else:
             if self.backend is not None:
                 self.backend.before_step_replay(B)
@@ -305,7 +305,7 @@ class StepGraphs:
             self.sampler.state.update(st.sampling.rows, s.ids)
         return pack(s, f.logprobs)
 
-    def _capture_or_wait(self, st: _Static, B: int, f: Features) -> None:
+    def _capture(self, st: _Static, B: int, f: Features) -> None:
         """After the eager step of a (bucket, stages) without a graph: capture it, or count an eager step while a
         capture that ran out of memory waits to be tried again."""
         wait = st.oom_wait.get(f, 0)
