@@ -348,6 +348,9 @@ class StepGraphs:
         """Counts an eager decode step; the first of each reason is logged, with its detail."""
         first = reason not in self.fallbacks
         self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
+        if first and reason == "backend" and self.backend is not None:  # its layer graphs' failed captures, if any
+            failed = self.backend.stats().get("moe_graph_failures")
+            detail += f"; its layer graphs failed {failed} captures (logged above)" if failed else ""
         if first:
             log.warning("decode steps run eagerly: %s%s (step graphs: %s)", FALLBACKS[reason],
                         f" ({detail})" if detail else "", reason)  # fmt: skip
