@@ -207,3 +207,20 @@ def test_the_checker_catches_what_broke_the_penalty_graph(ckpt: Path, monkeypatc
     with pytest.raises(CaptureBreaker, match="accumulate=True"):
         FakeCapture()(lambda: (old_update(state, rows, ids), state.counts)[1])
     FakeCapture()(lambda: (new_update(state, rows, ids), state.counts)[1])  # the new one: nothing refused
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_one_token_prompt_chunk_is_not_a_decode_step(
+    ckpt: Path, monkeypatch: pytest.MonkeyPatch, overlap: bool
+) -> None:
+    """A tiny token budget gives a prompt a one-token chunk beside a decode row: every row has one token, but the
+    chunk's row does not sample (its prompt goes on), so the step is neither the graphs' nor a launched one (both
+    sample every row: the request got a token mid-prompt)."""
+    sp = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    prompts = [PROMPTS[0][:3], PROMPTS[1]]
+    graphed = _graphed(ckpt, monkeypatch, max_batched_tokens=2, overlap_steps=overlap)
+    want = [r.token_ids for r in _llm(ckpt, max_batched_tokens=2, overlap_steps=False).generate(prompts, sp)]
+    assert [r.token_ids for r in _llm(ckpt, max_batched_tokens=2, overlap_steps=overlap).generate(prompts, sp)] == want
+    assert [r.token_ids for r in graphed.generate(prompts, sp)] == want
+    s = graphed.stats()
+    assert s["step_graph_replays"] > 0 and s["step_graph_eager_fallbacks"] == 0

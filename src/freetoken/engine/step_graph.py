@@ -163,7 +163,7 @@ class StepGraphs:
         """Whether a step runs from the graphs (then the caller calls ``launch`` or ``run``). A decode-only step (one
         token per row) that cannot, or whose caller asks for an eager one (``graphs=False``: a row retried alone),
         is counted as a fallback by reason."""
-        if not items or any(n != 1 for _, n in items):
+        if not _decode_only(items, starts):
             return False  # prefill and mixed steps run eagerly by design
         self.decode_steps += 1
         why = self.refusal(items, starts) if graphs else ("retried_alone", "")
@@ -173,7 +173,7 @@ class StepGraphs:
 
     def can_run(self, items: list[tuple[Request, int]], starts: list[int] | None = None) -> bool:
         """``admit`` without counting anything."""
-        return bool(items) and all(n == 1 for _, n in items) and self.refusal(items, starts) is None
+        return _decode_only(items, starts) and self.refusal(items, starts) is None
 
     def run(self, items: list[tuple[Request, int]]) -> list[tuple[Request, Choice]]:
         return list(zip([req for req, _ in items], self.launch(items).read()))
@@ -370,6 +370,13 @@ class StepGraphs:
             "step_graph_eager_fallbacks": sum(self.fallbacks.values()),
             "step_graph_eager_fallback_reasons": dict(self.fallbacks),
         }
+
+
+def _decode_only(items: list[tuple[Request, int]], starts: list[int] | None) -> bool:
+    """Every row computes one token and samples after it: a prompt's one-token chunk that its prompt goes on
+    after (a tiny token budget) is a prefill row (the graphs sample every row)."""
+    firsts = starts if starts is not None else [req.num_computed_tokens for req, _ in items]
+    return bool(items) and all(n == 1 and s + 1 >= req.num_tokens for (req, n), s in zip(items, firsts, strict=True))
 
 
 def _stages(f: Features) -> str:
