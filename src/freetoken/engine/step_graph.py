@@ -3,7 +3,7 @@
 embeddings → every layer (attention over the page table, router, the MoE backend with its fills and the
 CPU branch's flags) → final norm → logits → sampling, replayed from static buffers. Per step the host
 packs the step's metadata (ids, positions, KV slots, page table, lengths, sampling settings) into two
-pinned tensors, copies them over in two transfers, does the MoE backend's host share of every layer
+pinned tensor, copies it over in one transfer, does the MoE backend's host share of every layer
 (``before_step_replay``: queue the CPU branch's batches), replays, and queues the copy of the sampled ids (and
 logprobs) back, with an event after it (``launch``; ``inflight.Launch.read`` waits for it). A step launched
 before the previous one was read (``engine/overlap.py``) gathers its input ids from that step's sampled ids on
@@ -90,7 +90,7 @@ class _Host:
     """One of a bucket's two sets of pinned host buffers, and the event after the last step that used it."""
 
     ints: torch.Tensor  # the device ``ints``' twin
-    floats: torch.Tensor
+    floats: torch.Tensor  # a view of its tail (``_floats``)
     out: torch.Tensor  # [B * (2 + 2*MAX_TOP_LOGPROBS)] float64: the step's [B, w] rows (id, logprob, top ids,
     # top logprobs), contiguous: a strided destination would make the copy back a synchronous one
     done: torch.cuda.Event | None = None
@@ -101,8 +101,8 @@ class _Static:
     """One bucket's input and output buffers (device), their pinned host twins (two sets, used in turn), and
     its graphs."""
 
-    ints: torch.Tensor  # [_INTS*B + B*P + 5*B] int64
-    floats: torch.Tensor  # [_FLOATS, B] float32
+    ints: torch.Tensor  # [_INTS*B + B*P + 5*B + ceil(_FLOATS*B/2)] int64, the floats' words last: one copy a step
+    floats: torch.Tensor  # [_FLOATS, B] float32, a view of ``ints``' tail
     hosts: list[_Host]
     batch: AttnBatch
     sampling: SamplingBatch
@@ -225,11 +225,12 @@ class StepGraphs:
     def _make(self, B: int) -> _Static:
         P, dev = self.max_pages, self.device
         n_ints = _INTS * B + B * P + 5 * B
-        ints = torch.zeros(n_ints, dtype=torch.int64, device=dev)
-        floats = torch.ones((_FLOATS, B), dtype=torch.float32, device=dev)
+        n = n_ints + (_FLOATS * B + 1) // 2  # the float32 settings, two to an int64 word
+        ints = torch.zeros(n, dtype=torch.int64, device=dev)
+        floats = _floats(ints, n_ints, B).fill_(1.0)
         ids, pos, slots, lens, states = (ints[i * B : (i + 1) * B] for i in range(_INTS))
         table = ints[_INTS * B : _INTS * B + B * P].view(B, P)
-        srows = ints[_INTS * B + B * P :].view(5, B)
+        srows = ints[_INTS * B + B * P : n_ints].view(5, B)
         if dev.type == "cuda":  # the decode kernel reads the int64 rows in place
             meta = DecodeMeta(table, lens, self.kv.page_size)
         else:  # the CPU step's C++ attention takes int32 (copied in each step, ``_body``)
@@ -239,11 +240,11 @@ class StepGraphs:
             temperature=floats[0], top_p=floats[1], min_p=floats[2], presence=floats[3], frequency=floats[4],
             repetition=floats[5], top_k=srows[0], seed_lo=srows[1], seed_hi=srows[2], step=srows[3], rows=srows[4],
         )  # fmt: skip
+        pinned = [torch.zeros(n, dtype=torch.int64).pin_memory() for _ in range(2)]
         hosts = [
-            _Host(torch.zeros(n_ints, dtype=torch.int64).pin_memory(),
-                  torch.ones((_FLOATS, B), dtype=torch.float32).pin_memory(),
+            _Host(h, _floats(h, n_ints, B).fill_(1.0),
                   torch.zeros(B * (2 + 2 * MAX_TOP_LOGPROBS), dtype=torch.float64).pin_memory())
-            for _ in range(2)
+            for h in pinned
         ]  # fmt: skip
         st = _Static(
             ints, floats, hosts, batch, sampling, ids,
@@ -253,7 +254,7 @@ class StepGraphs:
         return st
 
     def _fill(self, st: _Static, host: _Host, reqs: list[Request], starts: list[int], src_rows: list[int]) -> None:
-        """The step's metadata into the pinned twins, then two copies to the device buffers (on CUDA the page table
+        """The step's metadata into the pinned twin, then one copy to the device buffers (on CUDA the page table
         and lengths are read in place; on a CPU converted to int32 inside the step). A row ahead of its request's
         ``token_ids`` gets ``src_rows``' entry as its id: the row of the previous step that ``launch`` gathers."""
         B, P = st.floats.shape[1], self.max_pages
@@ -279,8 +280,7 @@ class StepGraphs:
             hi[s + 3 * B + b] = req.num_output_tokens + ahead
             hi[s + 4 * B + b] = self.sampler.shared_row if b >= len(reqs) else self.sampler.row_of(req)
             hf[:, b] = (p.temperature, p.top_p, p.min_p, p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
-        st.ints.copy_(host.ints, non_blocking=True)
-        st.floats.copy_(host.floats, non_blocking=True)
+        st.ints.copy_(host.ints, non_blocking=True)  # the float settings with them
         if any(r.constraint is not None for r in reqs):  # the next token's allowed set, row by row (pads: all)
             st.host_mask.fill_(-1)
             for b, req in enumerate(reqs):
@@ -370,6 +370,11 @@ class StepGraphs:
             "step_graph_eager_fallbacks": sum(self.fallbacks.values()),
             "step_graph_eager_fallback_reasons": dict(self.fallbacks),
         }
+
+
+def _floats(ints: torch.Tensor, at: int, B: int) -> torch.Tensor:
+    """The [_FLOATS, B] float32 settings stored in ``ints``' int64 words from ``at`` on."""
+    return ints[at:].view(torch.float32)[: _FLOATS * B].view(_FLOATS, B)
 
 
 def _decode_only(items: list[tuple[Request, int]], starts: list[int] | None) -> bool:
