@@ -1,6 +1,7 @@
 """The whole decode step as one CUDA graph (engine/step_graph.py) gives the eager step's tokens, for every
-backend, greedy and seeded, at bucket sizes and between them (padded rows); batches past the buckets
-and a routing trace run too. GPU only."""
+backend, greedy and seeded, at bucket sizes and between them (padded rows); every batch bucket x sampler feature
+set (greedy, temperature with top-p/top-k/min-p, penalties, logprobs, seeds, grammar masks, all mixed) captures once
+and replays after with no eager fallback; batches past the buckets and a routing trace run too. GPU only."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from freetoken import LLM, SamplingParams
+from graph_cases import BUCKETS, FEATURES, run_case
 from tiny_models import save_checkpoint
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -22,7 +24,7 @@ PROMPTS = [[5 + i, 40 + 3 * i, 77, 100 + i, 9, 30 + i] for i in range(5)]
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("step_graph")
-    save_checkpoint("qwen3_moe", d, seed=1)
+    save_checkpoint("qwen3_moe", d, seed=1, tokenizer=True)  # (the tokenizer: grammar-constrained rows)
     return d
 
 
@@ -51,7 +53,28 @@ def test_graphed_step_equals_eager(ckpt: Path, backend: str, n: int) -> None:
         eager, _ = _run(ckpt, False, backend, PROMPTS[:n], params)
         graphed, stats = _run(ckpt, True, backend, PROMPTS[:n], params)
         assert graphed == eager
-        assert stats["step_graph_replays"] > 0 and stats["step_graphs"] >= 1
+        assert stats["step_graph_eager_fallbacks"] == 0, stats["step_graph_eager_fallback_reasons"]
+        assert stats["step_graph_replays"] == stats["step_graph_decode_steps"] - stats["step_graph_captures"] > 0
+        assert stats["step_graphs"] >= 1
+
+
+@pytest.mark.parametrize("backend", ["fused", "offload", "hybrid"])
+def test_every_bucket_and_feature_set_replays_with_no_fallback(ckpt: Path, backend: str) -> None:
+    """Buckets 1, 2, 4, 8 x every sampler feature set (``graph_cases``): no decode step falls back to eager, each
+    (bucket, stages) is captured once and replayed at every later step, and the tokens are the eager engine's."""
+    kw: dict[str, Any] = dict(device="cuda", dtype="float32", moe_backend=backend, max_running_requests=8,
+                              expert_cache=None if backend == "fused" else 0.5)  # fmt: skip
+    graphed, eager = LLM(str(ckpt), cuda_graphs=True, **kw), LLM(str(ckpt), cuda_graphs=False, **kw)
+    try:
+        cases = [run_case(graphed, eager, b, f) for b in BUCKETS for f in FEATURES]
+    finally:
+        for llm in (graphed, eager):
+            close = getattr(llm.engine.setup.loaded.backend, "close", None)
+            if close is not None:
+                close()
+    bad = [c.row() for c in cases if not c.ok]
+    assert not bad, "\n".join(bad)
+    assert all(c.replays > 0 for c in cases if c.decode_steps > 1)
 
 
 def test_batches_past_the_buckets_run_eagerly(ckpt: Path) -> None:

@@ -55,11 +55,13 @@ class StepOverlap:
 
     def can_start(self, items: list[tuple[Request, int]]) -> bool:
         """Whether the scheduled batch runs as a launched step (read at the end of this engine step, after the
-        next one may have been launched behind it): every running request decoding one token."""
+        next one may have been launched behind it): every running request decoding one token (a prompt's
+        one-token chunk that its prompt goes on after, under a tiny token budget, is not: it samples nothing)."""
         e = self.engine
         if not self.enabled or e._job is not None or not e.runner.can_run_ahead():
             return False
-        return all(n == 1 for _, n in items) and len(items) == len(e.scheduler.running)
+        decode = all(n == 1 and req.num_computed_tokens + 1 >= req.num_tokens for req, n in items)
+        return decode and len(items) == len(e.scheduler.running)
 
     def start(self, items: list[tuple[Request, int]]) -> bool:
         """Launches the scheduled batch; False (nothing launched) when that failed: the caller computes it."""

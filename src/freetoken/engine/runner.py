@@ -98,8 +98,8 @@ class ModelRunner:
 
     def step(self, items: list[tuple[Request, int]], graphs: bool = True) -> list[tuple[Request, Choice]]:
         """Computes the scheduled tokens and samples one for each request that reaches its last token.
-        ``graphs=False``: eagerly, whatever the step."""
-        if graphs and self.graphs is not None and self.graphs.can_run(items):
+        ``graphs=False``: eagerly, whatever the step (a decode step then counts as a step-graph fallback)."""
+        if self.graphs is not None and self.graphs.admit(items, None, graphs):
             return self.graphs.run(items)
         if self.device.type == "cpu":
             self._cpu_threads(sum(n for _, n in items))
@@ -124,7 +124,7 @@ class ModelRunner:
         is computed here; the rows' outputs are read by ``Launch.read``."""
         assert all(n == 1 for _, n in items), "launch: decode rows only"
         starts = starts if starts is not None else [req.num_computed_tokens for req, _ in items]
-        if self.graphs is not None and self.graphs.can_run(items, starts):
+        if self.graphs is not None and self.graphs.admit(items, starts):
             return self.graphs.launch(items, starts, prev, src_rows)
         if self.device.type == "cpu":
             self._cpu_threads(len(items))

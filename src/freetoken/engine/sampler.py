@@ -59,9 +59,14 @@ class Sampled:
 
 class PenaltyState:
     """Per running request: how often it generated each token, and which tokens it has seen (prompt and
-    output) — what the penalties read. Rows are handed out by the engine; ``[R, V]`` on the device."""
+    output) — what the penalties read. Rows are handed out by the engine; ``[R, V]`` on the device.
+
+    ``update`` and ``apply_penalties`` run inside the step graph: fixed-shape gathers and scatters on the flat
+    ``[R*V]`` views, no host read (no ``index_put_(accumulate=True)``, which some torch versions cannot capture).
+    ``reset`` runs on the host at a request's first step, outside any graph."""
 
     def __init__(self, rows: int, vocab: int, device: torch.device) -> None:
+        self.vocab = vocab
         self.counts = torch.zeros((rows, vocab), dtype=torch.int32, device=device)
         self.seen = torch.zeros((rows, vocab), dtype=torch.bool, device=device)
 
@@ -69,16 +74,20 @@ class PenaltyState:
         self.counts[row].zero_()
         self.seen[row].zero_()
         if prompt_ids:
-            self.seen[row, torch.tensor(prompt_ids, dtype=torch.int64, device=self.seen.device)] = True
+            ids = torch.tensor(prompt_ids, dtype=torch.int64).to(self.seen.device)
+            self.seen[row].scatter_(0, ids, True)
 
     def update(self, rows: torch.Tensor, ids: torch.Tensor) -> None:
-        self.counts.index_put_((rows, ids), torch.ones_like(ids, dtype=torch.int32), accumulate=True)
-        self.seen.index_put_((rows, ids), torch.ones_like(ids, dtype=torch.bool))
+        """Counts token ``ids[i]`` in row ``rows[i]`` ([B] int64 each); a row may repeat (the shared row, the
+        graph's padding rows): every occurrence counts."""
+        flat = rows * self.vocab + ids
+        self.counts.view(-1).scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+        self.seen.view(-1).scatter_(0, flat, True)
 
 
 def apply_penalties(x: torch.Tensor, b: SamplingBatch, state: PenaltyState) -> torch.Tensor:
-    counts = state.counts[b.rows].float()  # [B, V]
-    seen = state.seen[b.rows]
+    counts = state.counts.index_select(0, b.rows).float()  # [B, V]
+    seen = state.seen.index_select(0, b.rows)
     r = b.repetition[:, None]
     x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
     return x - b.presence[:, None] * (counts > 0).float() - b.frequency[:, None] * counts
@@ -130,5 +139,5 @@ def _cut(z: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
     probs = torch.softmax(zs.masked_fill(~keep, float("-inf")), dim=-1)
     keep &= (torch.cumsum(probs, dim=-1) - probs) <= b.top_p[:, None]
     keep &= probs >= b.min_p[:, None] * probs[:, :1]
-    keep[:, 0] = True
+    keep[:, 0].fill_(True)  # (a fill: setitem with a Python value makes a host tensor each call)
     return torch.full_like(z, float("-inf")).scatter(1, order, zs.masked_fill(~keep, float("-inf")))

@@ -18,6 +18,7 @@ def engine_stats(e: LLMEngine) -> dict[str, Any]:
         "expert_fills": 0,
         "expert_cpu_runs": 0,
         **expert,
+        "step_graph_eager_fallbacks": 0,  # decode steps run eagerly although step graphs are on (none without)
         **(e.runner.graphs.stats() if e.runner.graphs is not None else {}),
         "steps_launched_ahead": e.overlap.launched_ahead,
         **e._counters,

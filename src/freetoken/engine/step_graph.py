@@ -3,7 +3,7 @@
 embeddings → every layer (attention over the page table, router, the MoE backend with its fills and the
 CPU branch's flags) → final norm → logits → sampling, replayed from static buffers. Per step the host
 packs the step's metadata (ids, positions, KV slots, page table, lengths, sampling settings) into two
-pinned tensors, copies them over in two transfers, does the MoE backend's host share of every layer
+pinned tensor, copies it over in one transfer, does the MoE backend's host share of every layer
 (``before_step_replay``: queue the CPU branch's batches), replays, and queues the copy of the sampled ids (and
 logprobs) back, with an event after it (``launch``; ``inflight.Launch.read`` waits for it). A step launched
 before the previous one was read (``engine/overlap.py``) gathers its input ids from that step's sampled ids on
@@ -14,17 +14,27 @@ A batch of n rows runs in the smallest bucket B ≥ n; rows n..B-1 repeat row 0 
 KV slot: they write the same K/V, and their samples are dropped). Each bucket has a graph per set of
 sampler stages its rows need (``Features``: an all-greedy step without penalties or logprobs is an
 argmax, not a sort, a noise draw and two softmaxes over the vocabulary; a step with a grammar-constrained row
-adds the allowed-token bitmask, a third host→device copy of the rows' masks). A (bucket, stages) graph is
-captured on its second use: that step runs eagerly on the static buffers first (its result is the
-step's), then the capture records it. Batches past the largest bucket, and steps the backend cannot capture, run eagerly
-(``ModelRunner``), said once.
+adds the allowed-token bitmask, a third host→device copy of the rows' masks). Every per-request sampling setting
+(temperature, top-k/p, min-p, penalties, seed halves and step, penalty row) is a column of the static buffers, and
+every sampler stage is fixed-shape device work (``sampler.py``: counter-based noise from (seed, step, token), no
+generator state; penalties by gathers and scatters): no stage reads a device value on the host. A (bucket, stages)
+graph is captured on its first use: that step runs eagerly on the static buffers (its result is the step's; it
+compiles the kernels), then the capture records it; later steps replay it. So with no fallback,
+``replays == decode_steps - captures``.
+
+A decode step that runs eagerly although graphs are on is a fallback, counted by reason (``FALLBACKS``;
+``stats()``: ``step_graph_eager_fallbacks`` and per reason) and logged once per reason: a batch past the largest
+bucket, a backend that cannot capture it, a state checkpoint due (taken per sequence), a (bucket, stages) whose
+capture failed (its steps stay eager; other graphs go on), a capture out of memory (retried after
+``RETRY_AFTER`` steps), a step retried alone after a batched step failed, graphs turned off.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -44,6 +54,25 @@ from freetoken.models.decoder import DecoderModel
 log = logging.getLogger(__name__)
 RETRY_AFTER = 32  # steps before a capture that ran out of device memory is tried again (elastic memory)
 
+# why a decode step ran eagerly although step graphs are on (``StepGraphs.fallbacks``' keys)
+FALLBACKS = {
+    "disabled": "step graphs are turned off",
+    "past_buckets": "the batch is past the largest bucket",
+    "backend": "the MoE backend cannot capture this step",
+    "state_checkpoint": "a state checkpoint is due (taken per sequence, eagerly)",
+    "capture_failed": "the capture of this bucket and sampler stages failed",
+    "capture_oom": "the capture ran out of device memory (tried again later)",
+    "retried_alone": "a batched step failed; its rows are retried one by one",
+}
+
+
+class Graph(Protocol):
+    def replay(self) -> None: ...
+
+
+# records ``body`` (a step on the static buffers) as a graph; returns it and the output it rewrites at each replay
+Capture = Callable[[Callable[[], torch.Tensor]], tuple[Graph, torch.Tensor]]
+
 _INTS = 5  # ids, positions, KV slots, lengths, state slots; then the page table; then the sampler's 5 integer rows
 _FLOATS = 6  # temperature, top_p, min_p, presence, frequency, repetition
 
@@ -61,7 +90,7 @@ class _Host:
     """One of a bucket's two sets of pinned host buffers, and the event after the last step that used it."""
 
     ints: torch.Tensor  # the device ``ints``' twin
-    floats: torch.Tensor
+    floats: torch.Tensor  # a view of its tail (``_floats``)
     out: torch.Tensor  # [B * (2 + 2*MAX_TOP_LOGPROBS)] float64: the step's [B, w] rows (id, logprob, top ids,
     # top logprobs), contiguous: a strided destination would make the copy back a synchronous one
     done: torch.cuda.Event | None = None
@@ -72,16 +101,17 @@ class _Static:
     """One bucket's input and output buffers (device), their pinned host twins (two sets, used in turn), and
     its graphs."""
 
-    ints: torch.Tensor  # [_INTS*B + B*P + 5*B] int64
-    floats: torch.Tensor  # [_FLOATS, B] float32
+    ints: torch.Tensor  # [_INTS*B + B*P + 5*B + ceil(_FLOATS*B/2)] int64, the floats' words last: one copy a step
+    floats: torch.Tensor  # [_FLOATS, B] float32, a view of ``ints``' tail
     hosts: list[_Host]
     batch: AttnBatch
     sampling: SamplingBatch
     ids: torch.Tensor  # [B] the model's input tokens
     mask: torch.Tensor  # [B, ceil(V/32)] int32 the allowed-token bitmask of grammar-constrained rows
     host_mask: torch.Tensor  # (a constrained step is never launched ahead: one is enough)
-    graphs: dict[Features, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = field(default_factory=dict)  # graph, out
-    uses: dict[Features, int] = field(default_factory=dict)
+    graphs: dict[Features, tuple[Graph, torch.Tensor]] = field(default_factory=dict)  # graph, out
+    failed: dict[Features, str] = field(default_factory=dict)  # stages whose capture failed: why
+    oom_wait: dict[Features, int] = field(default_factory=dict)  # eager steps left before a capture is retried
     turn: int = 0  # which of ``hosts`` the next step fills
 
 
@@ -95,36 +125,55 @@ class StepGraphs:
         max_batch: int,
         max_pages: int,
         top_k: int,
+        capture: Capture | None = None,
     ) -> None:
+        """``capture``: records a step as a graph (None: a CUDA graph; tests on a CPU pass their own)."""
         self.model, self.kv, self.backend, self.sampler = model, kv, backend, sampler
         self.max_pages, self.top_k = max_pages, top_k
         self.buckets = buckets(max_batch)
         self.vocab = int(model.lm_head.shape[0])  # the logits' width (the allowed-token bitmask's)
         self.device = kv.device
+        self.capture = capture or self._cuda_capture
         self._static: dict[int, _Static] = {}
         self._pool: Any = None
         self.enabled = True
-        self.captures = self.replays = 0
-        self._said: set[str] = set()
+        self.decode_steps = self.captures = self.replays = 0
+        self.fallbacks: dict[str, int] = {}  # eager decode steps by reason (``FALLBACKS``)
 
     def bucket(self, n: int) -> int | None:
         return next((b for b in self.buckets if b >= n), None)
 
-    def can_run(self, items: list[tuple[Request, int]], starts: list[int] | None = None) -> bool:
-        """A decode-only step whose size has a bucket and that the MoE backend can capture (``starts``: as
-        ``launch``'s)."""
-        if not self.enabled or not items or any(n != 1 for _, n in items):
-            return False
-        if due_captures(items, starts):  # a state checkpoint is taken per sequence, eagerly
-            return False
+    def refusal(self, items: list[tuple[Request, int]], starts: list[int] | None = None) -> tuple[str, str] | None:
+        """Why a decode-only step (``starts``: as ``launch``'s) cannot run from the graphs: (reason, detail), or
+        None when it can."""
         b = self.bucket(len(items))
+        if not self.enabled:
+            return "disabled", ""
+        if due_captures(items, starts):
+            return "state_checkpoint", ""
         if b is None:
-            self._once("past", f"decode batches past {self.buckets[-1]} rows run eagerly")
-            return False
+            return "past_buckets", f"{len(items)} rows, largest bucket {self.buckets[-1]}"
         if self.backend is not None and not self.backend.step_capturable(b, self.top_k):
-            self._once("backend", f"the {self.backend.name} backend cannot capture a step: decode runs eagerly")
-            return False
-        return True
+            return "backend", f"the {self.backend.name} backend, {b} rows"
+        st = self._static.get(b)
+        why = st.failed.get(features_of([req for req, _ in items])) if st is not None else None
+        return ("capture_failed", why) if why is not None else None
+
+    def admit(self, items: list[tuple[Request, int]], starts: list[int] | None = None, graphs: bool = True) -> bool:
+        """Whether a step runs from the graphs (then the caller calls ``launch`` or ``run``). A decode-only step (one
+        token per row) that cannot, or whose caller asks for an eager one (``graphs=False``: a row retried alone),
+        is counted as a fallback by reason."""
+        if not _decode_only(items, starts):
+            return False  # prefill and mixed steps run eagerly by design
+        self.decode_steps += 1
+        why = self.refusal(items, starts) if graphs else ("retried_alone", "")
+        if why is not None:
+            self._fallback(*why)
+        return why is None
+
+    def can_run(self, items: list[tuple[Request, int]], starts: list[int] | None = None) -> bool:
+        """``admit`` without counting anything."""
+        return _decode_only(items, starts) and self.refusal(items, starts) is None
 
     def run(self, items: list[tuple[Request, int]]) -> list[tuple[Request, Choice]]:
         return list(zip([req for req, _ in items], self.launch(items).read()))
@@ -152,14 +201,12 @@ class StepGraphs:
         self._fill(st, host, reqs, starts, src_rows or [0] * len(reqs))
         if prev is not None:  # the rows' input ids: the previous step's samples, gathered on the device
             st.ids.copy_(prev.ids.index_select(0, st.ids))
-        st.uses[f] = st.uses.get(f, 0) + 1
         if self.backend is not None:
             self.backend.begin_step(B, True)
         captured = st.graphs.get(f)
         if captured is None:
-            out = self._body(st, f)  # this step's result; a second use captures the graph
-            if st.uses[f] >= 2:
-                self._capture(st, B, f)
+            out = self._body(st, f)  # this step's result (and the kernels' warm-up); the capture records it
+            self._capture(st, B, f)
         else:
             if self.backend is not None:
                 self.backend.before_step_replay(B)
@@ -167,7 +214,10 @@ class StepGraphs:
             self.replays += 1
             out = captured[1]
         blocking = self.backend is not None and self.backend.cpu_busy_in_step
-        step = launched(items, starts, out, host.out[: out.numel()].view(out.shape), blocking)
+        back = host.out[: out.numel()].view(out.shape)
+        if out.device.type != "cuda":  # (tests on a CPU) the copy back that ``launched`` queues on CUDA: the graph's
+            out = back.copy_(out)  # output is rewritten by the next replay, maybe before this step is read
+        step = launched(items, starts, out, back, blocking)
         host.done = step.done
         return step
 
@@ -175,11 +225,12 @@ class StepGraphs:
     def _make(self, B: int) -> _Static:
         P, dev = self.max_pages, self.device
         n_ints = _INTS * B + B * P + 5 * B
-        ints = torch.zeros(n_ints, dtype=torch.int64, device=dev)
-        floats = torch.ones((_FLOATS, B), dtype=torch.float32, device=dev)
+        n = n_ints + (_FLOATS * B + 1) // 2  # the float32 settings, two to an int64 word
+        ints = torch.zeros(n, dtype=torch.int64, device=dev)
+        floats = _floats(ints, n_ints, B).fill_(1.0)
         ids, pos, slots, lens, states = (ints[i * B : (i + 1) * B] for i in range(_INTS))
         table = ints[_INTS * B : _INTS * B + B * P].view(B, P)
-        srows = ints[_INTS * B + B * P :].view(5, B)
+        srows = ints[_INTS * B + B * P : n_ints].view(5, B)
         if dev.type == "cuda":  # the decode kernel reads the int64 rows in place
             meta = DecodeMeta(table, lens, self.kv.page_size)
         else:  # the CPU step's C++ attention takes int32 (copied in each step, ``_body``)
@@ -189,11 +240,11 @@ class StepGraphs:
             temperature=floats[0], top_p=floats[1], min_p=floats[2], presence=floats[3], frequency=floats[4],
             repetition=floats[5], top_k=srows[0], seed_lo=srows[1], seed_hi=srows[2], step=srows[3], rows=srows[4],
         )  # fmt: skip
+        pinned = [torch.zeros(n, dtype=torch.int64).pin_memory() for _ in range(2)]
         hosts = [
-            _Host(torch.zeros(n_ints, dtype=torch.int64).pin_memory(),
-                  torch.ones((_FLOATS, B), dtype=torch.float32).pin_memory(),
+            _Host(h, _floats(h, n_ints, B).fill_(1.0),
                   torch.zeros(B * (2 + 2 * MAX_TOP_LOGPROBS), dtype=torch.float64).pin_memory())
-            for _ in range(2)
+            for h in pinned
         ]  # fmt: skip
         st = _Static(
             ints, floats, hosts, batch, sampling, ids,
@@ -203,7 +254,7 @@ class StepGraphs:
         return st
 
     def _fill(self, st: _Static, host: _Host, reqs: list[Request], starts: list[int], src_rows: list[int]) -> None:
-        """The step's metadata into the pinned twins, then two copies to the device buffers (on CUDA the page table
+        """The step's metadata into the pinned twin, then one copy to the device buffers (on CUDA the page table
         and lengths are read in place; on a CPU converted to int32 inside the step). A row ahead of its request's
         ``token_ids`` gets ``src_rows``' entry as its id: the row of the previous step that ``launch`` gathers."""
         B, P = st.floats.shape[1], self.max_pages
@@ -229,8 +280,7 @@ class StepGraphs:
             hi[s + 3 * B + b] = req.num_output_tokens + ahead
             hi[s + 4 * B + b] = self.sampler.shared_row if b >= len(reqs) else self.sampler.row_of(req)
             hf[:, b] = (p.temperature, p.top_p, p.min_p, p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
-        st.ints.copy_(host.ints, non_blocking=True)
-        st.floats.copy_(host.floats, non_blocking=True)
+        st.ints.copy_(host.ints, non_blocking=True)  # the float settings with them
         if any(r.constraint is not None for r in reqs):  # the next token's allowed set, row by row (pads: all)
             st.host_mask.fill_(-1)
             for b, req in enumerate(reqs):
@@ -256,42 +306,85 @@ class StepGraphs:
         return pack(s, f.logprobs)
 
     def _capture(self, st: _Static, B: int, f: Features) -> None:
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.current_stream()
+        """After the eager step of a (bucket, stages) without a graph: capture it, or count an eager step while a
+        capture that ran out of memory waits to be tried again."""
+        wait = st.oom_wait.get(f, 0)
+        if wait > 0:
+            st.oom_wait[f] = wait - 1
+            self._fallback("capture_oom", f"{B} rows")
+            return
         if self.backend is not None:
             self.backend.begin_step_capture()
         try:
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                out = self._body(st, f)
-        except Exception as exc:  # noqa: BLE001 - any capture failure: decode runs eagerly from now on
-            torch.cuda.set_stream(stream)
+            st.graphs[f] = self.capture(lambda: self._body(st, f))
+        except Exception as exc:  # noqa: BLE001 - any capture failure: this (bucket, stages) runs eagerly
+            what = f"{B} rows, {_stages(f)}: {type(exc).__name__}: {exc}"
             if isinstance(exc, torch.OutOfMemoryError):  # another program holds the memory now: try again later
-                st.uses[f] = -RETRY_AFTER
-                log.warning("CUDA graph capture of the %d-row decode step ran out of memory; eager for the next "
-                            "%d steps", B, RETRY_AFTER)  # fmt: skip
+                st.oom_wait[f] = RETRY_AFTER
+                self._fallback("capture_oom", what)
                 return
-            self.enabled = False
-            log.warning("CUDA graph capture of the %d-row decode step failed, running eagerly: %s: %s",
-                        B, type(exc).__name__, exc)  # fmt: skip
+            st.failed[f] = what
+            self._fallback("capture_failed", what)
             return
         finally:
             if self.backend is not None:
                 self.backend.end_step_capture(B)
-        st.graphs[f] = (graph, out)
         self.captures += 1
 
-    def _once(self, key: str, message: str) -> None:
-        if key not in self._said:
-            self._said.add(key)
-            log.info(message)
+    def _cuda_capture(self, body: Callable[[], torch.Tensor]) -> tuple[Graph, torch.Tensor]:
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.current_stream()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                out = body()
+        except BaseException:
+            torch.cuda.set_stream(stream)  # a failed capture can leave the capture stream current
+            raise
+        return graph, out
+
+    def _fallback(self, reason: str, detail: str) -> None:
+        """Counts an eager decode step; the first of each reason is logged, with its detail."""
+        first = reason not in self.fallbacks
+        self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
+        if first and reason == "backend" and self.backend is not None:  # its layer graphs' failed captures, if any
+            failed = self.backend.stats().get("moe_graph_failures")
+            detail += f"; its layer graphs failed {failed} captures (logged above)" if failed else ""
+        if first:
+            log.warning("decode steps run eagerly: %s%s (step graphs: %s)", FALLBACKS[reason],
+                        f" ({detail})" if detail else "", reason)  # fmt: skip
 
     def clear(self) -> None:
         """Drop every graph (the caches' tensors moved)."""
-        torch.cuda.synchronize()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
         self._static.clear()
 
-    def stats(self) -> dict[str, int]:
-        return {"step_graphs": sum(len(s.graphs) for s in self._static.values()),
-                "step_graph_replays": self.replays}  # fmt: skip
+    def stats(self) -> dict[str, Any]:
+        return {
+            "step_graphs": sum(len(s.graphs) for s in self._static.values()),
+            "step_graph_decode_steps": self.decode_steps,
+            "step_graph_captures": self.captures,
+            "step_graph_replays": self.replays,
+            "step_graph_eager_fallbacks": sum(self.fallbacks.values()),
+            "step_graph_eager_fallback_reasons": dict(self.fallbacks),
+        }
+
+
+def _floats(ints: torch.Tensor, at: int, B: int) -> torch.Tensor:
+    """The [_FLOATS, B] float32 settings stored in ``ints``' int64 words from ``at`` on."""
+    return ints[at:].view(torch.float32)[: _FLOATS * B].view(_FLOATS, B)
+
+
+def _decode_only(items: list[tuple[Request, int]], starts: list[int] | None) -> bool:
+    """Every row computes one token and samples after it: a prompt's one-token chunk that its prompt goes on
+    after (a tiny token budget) is a prefill row (the graphs sample every row)."""
+    firsts = starts if starts is not None else [req.num_computed_tokens for req, _ in items]
+    return bool(items) and all(n == 1 and s + 1 >= req.num_tokens for (req, n), s in zip(items, firsts, strict=True))
+
+
+def _stages(f: Features) -> str:
+    """The sampler stages of ``f`` in words (a capture failure's log line)."""
+    on = [name for name in ("draw", "cuts", "penalties", "logprobs", "mask") if getattr(f, name)]
+    return "stages " + ("+".join(on) if on else "greedy")

@@ -98,6 +98,9 @@ class ServerMetrics:
             if total:
                 name = "freetoken_" + _sanitize(key[: -len("_used")]) + "_occupancy"
                 metric(name, "gauge", "Fraction in use", flat[key] / total)
+        _labelled(lines, "freetoken_step_graph_eager_fallbacks_total", "reason",
+                  "Decode steps run eagerly although step graphs are on, by reason",
+                  engine_stats.get("step_graph_eager_fallback_reasons") or {})  # fmt: skip
         hits = engine_stats.get("expert_hits")
         misses = (engine_stats.get("expert_fills") or 0) + (engine_stats.get("expert_cpu_runs") or 0)
         if isinstance(hits, (int, float)):
@@ -109,6 +112,13 @@ class ServerMetrics:
                 hits / total if total else 0.0,
             )
         return "\n".join(lines) + "\n"
+
+
+def _labelled(lines: list[str], name: str, label: str, help_: str, counts: dict[str, int]) -> None:
+    """A counter with one sample per label value (none yet: its HELP and TYPE only)."""
+    lines.append(f"# HELP {name} {help_}")
+    lines.append(f"# TYPE {name} counter")
+    lines += [f'{name}{{{label}="{_sanitize(k)}"}} {n}' for k, n in sorted(counts.items())]
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, float]:
