@@ -24,12 +24,10 @@ pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 # 1 token: its first step is a decode-shaped step at position 0 (the state starts from zeros without a branch)
 PROMPT_LENGTHS = (1, 9, 30)
 STEPS = 16
-# Seeds picked so the reference has no near ties (asserted below, DESIGN §8) and is well conditioned: transformers'
-# own float32 logits lie within FP32_NOISE of the tolerance from its float64 ones (also asserted), so that another
-# device's float32 summation order still fits the tolerance. Qwen3-Next's seed 16 had its float32 noise at 0.43 of the
-# tolerance (seed 19 at 1.33: no float32 implementation could pass it); CUDA's order then measured 2.0x the tolerance.
+# Seeds picked so the reference has no near ties (asserted below, DESIGN §8). Logits are compared with transformers'
+# forward in float64: its float32 forward is itself 0.19-0.28 of the tolerance off (Qwen3.5-MoE seed 2: 0.19 on the
+# dev box, 0.28 on the GPU box's AVX-512 CPU, whose float32 summation order differs), which left no room for ours.
 SEEDS = {"qwen3_next": 21, "qwen3_5_moe": 2, "qwen3_5_moe_vl": 12}
-FP32_NOISE = 0.25
 BACKENDS = [("fused", None, None), ("offload", 0.5, None), ("hybrid", 1.0, 0.5)]
 
 
@@ -49,13 +47,9 @@ def hybrid_ckpt(request, tmp_path_factory):
         assert r.min_logit_margin > LOGIT_MARGIN, f"seed has a logit near-tie ({r.min_logit_margin:.2g})"
         assert r.min_router_margin > ROUTER_MARGIN, f"seed has a router near-tie ({r.min_router_margin:.2g})"
     with torch.no_grad(), torch_ops(model):  # the reference's logits at every position of prompt + continuation
-        full = [model(torch.tensor([r.prompt + r.tokens]), use_cache=False).logits[0].float() for r in refs]
         exact = copy.deepcopy(model).double()
         exact.set_experts_implementation("eager")  # grouped_mm has no float64
-        for r, f in zip(refs, full):
-            f64 = exact(torch.tensor([r.prompt + r.tokens]), use_cache=False).logits[0]
-            noise = float((f.double() - f64).abs().max()) / (1e-4 * max(1.0, float(f64.abs().max())))
-            assert noise <= FP32_NOISE, f"seed is ill-conditioned: float32 itself is {noise:.2f} of the tolerance off"
+        full = [exact(torch.tensor([r.prompt + r.tokens]), use_cache=False).logits[0] for r in refs]
     return family, d, refs, full
 
 
@@ -72,10 +66,10 @@ def test_prefill_and_decode_logits_match(hybrid_ckpt, device, backend, cache, fi
     family, d, refs, full = hybrid_ckpt
     llm = _llm(d, device, backend, cache, fill)
     for r, ref in zip(refs, full):
-        assert_close_logits(llm.engine.score(r.prompt), r.prompt_logits)
+        assert_close_logits(llm.engine.score(r.prompt).double(), ref[: len(r.prompt)])
         seq = r.prompt + r.tokens
         for chunk in (1, 3, 17):
-            assert_close_logits(llm.engine.score(seq, chunk=chunk), ref)
+            assert_close_logits(llm.engine.score(seq, chunk=chunk).double(), ref)
     llm.check_integrity()
 
 
