@@ -187,3 +187,24 @@ def test_sigterm_ends_every_request_in_its_shape_and_exits_0(served: tuple[subpr
     assert got["responses"][-2] == "event: response.failed" and "shutting down" in got["responses"][-1]
     plain = got["plain"]
     assert plain.status_code == 503 and "shutting down" in plain.json()["error"]["message"]
+
+
+def test_a_client_leaving_mid_body_is_no_server_error(tokenizer: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A client that sends half its declared body and closes: nobody is left to answer; nothing is logged as an
+    unhandled error, nothing counted as one, and the next request is served."""
+    import socket
+
+    config = ServerConfig(served_model_names=(MODEL,))
+    with serve(ScriptedEngine(tokenizer), config) as s, caplog.at_level("DEBUG", logger="freetoken.server.guard"):
+        host, port = s.url.split("//")[1].split(":")
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                         "Content-Length: 1000\r\n\r\n{\"model\": ".encode())  # fmt: skip
+        deadline = time.monotonic() + 10
+        while "client left" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "client left" in caplog.text
+        assert "unhandled error" not in caplog.text
+        ok = httpx.post(s.url + CHAT, json={"model": MODEL, "max_tokens": 2, "messages": HI}, timeout=30)
+        assert ok.status_code == 200
+        assert "freetoken_errors_total{kind=\"server_error\"}" not in httpx.get(s.url + "/metrics").text

@@ -16,6 +16,8 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from starlette.requests import ClientDisconnect
+
 from freetoken.server.errors import APIError, flavor_for_path, too_large
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,8 @@ class Guard:
 
         try:
             await self.app(scope, receive, tracked)
+        except ClientDisconnect:  # the client left mid-body: nobody to answer, nothing went wrong here
+            log.debug("client left during the body of %s %s", scope.get("method"), path)
         except Exception as exc:
             log.exception("unhandled error on %s %s", scope.get("method"), path)
             if not started:
