@@ -13,7 +13,6 @@ loopback, a scripted engine in-process so the test can read its counters:
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ import pytest
 from freetoken.server.settings import ServerConfig
 from server_harness import MODEL, Running, free_port, serve
 from test_browser_safety import BODIES, CHAT, MEMORY, CountingEngine, snapshot
-from test_chat_page_browser import ARGS, CHROMIUM, WAIT_MS, open_page, say
+from test_chat_page_browser import WAIT_MS, chromium, open_page, say
 
 pytestmark = pytest.mark.slow
 OTHER = free_port()  # the second server: the attacker's page on 127.0.0.1, the listed one on localhost
@@ -62,18 +61,7 @@ def other_site() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    missing = None if os.path.exists(CHROMIUM) else f"no {CHROMIUM} (apt-get install chromium)"
-    try:
-        from playwright import sync_api
-    except ImportError:
-        missing = missing or "no playwright (pip install -e '.[test]')"
-    if missing:
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(missing)
-    with sync_api.sync_playwright() as p:
-        args = [*ARGS, "--no-proxy-server", "--host-resolver-rules=MAP evil.example 127.0.0.1", NO_LNA]
-        b = p.chromium.launch(executable_path=CHROMIUM, args=args)
-        yield b
-        b.close()
+    yield from chromium("--no-proxy-server", "--host-resolver-rules=MAP evil.example 127.0.0.1", NO_LNA)
 
 
 class Recorder:

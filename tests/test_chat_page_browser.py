@@ -44,9 +44,9 @@ WAIT_MS = 180_000  # one default-model answer on a loaded 2-core machine takes s
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """Chromium through Playwright; absent, the tests skip, except in CI (.ci/run installs both)."""
+def chromium(*extra_args: str) -> Iterator[Any]:
+    """Chromium through Playwright, with ``ARGS`` and ``extra_args``; absent, the tests skip, except in CI (.ci/run
+    installs both)."""
     missing = None if os.path.exists(CHROMIUM) else f"no {CHROMIUM} (apt-get install chromium)"
     try:
         from playwright import sync_api
@@ -55,9 +55,14 @@ def browser() -> Iterator[Any]:
     if missing:
         (pytest.fail if os.environ.get("CI") else pytest.skip)(missing)
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        b = p.chromium.launch(executable_path=CHROMIUM, args=[*ARGS, *extra_args])
         yield b
         b.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    yield from chromium()
 
 
 def open_page(browser: Any, url: str, **context: Any) -> tuple[Any, list[str]]:

@@ -182,7 +182,7 @@ def test_a_budget_whose_allocation_fails_mid_resize_leaves_the_engine_as_it_was(
     after = eng.memory.stats()
     for key in ("slots", "kv_pages", "budget_gib", "target_gib", "waiting_for_device_memory"):
         assert after[key] == before[key], key
-    assert eng.fault() is None and eng.memory.restore_to is None
+    assert eng.memory.fault() is None and eng.memory.restore_to is None
     eng.check_integrity()
     assert llm.generate([PROMPT], GREEDY)[0].token_ids == want
     eng.check_integrity()

@@ -13,28 +13,20 @@ import httpx
 import pytest
 
 from freetoken.cli.main import main as ft_main
-from freetoken.server.settings import ServerConfig
-from server_harness import MODEL, Running, real_engine, serve, tiny_checkpoint
+from server_harness import MEMORY_AUTH, MEMORY_KEY, MODEL, Running, engine_memory, resizable_server
 
-KEY = "sekrit"
-AUTH = {"Authorization": f"Bearer {KEY}"}
+AUTH = MEMORY_AUTH
 N_TOKENS = 96
 PROMPTS = [f"Question {i}: what is {i} plus {i * 3}?" for i in range(6)]
 
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    model = tiny_checkpoint(str(tmp_path_factory.mktemp("tiny")))
-    engine = real_engine(model, moe_backend="hybrid", max_running_requests=4, max_model_len=256, page_size=8,
-                         vram_budget=0.004, vram_reserve=0.0)  # fmt: skip
-    with serve(engine, ServerConfig(served_model_names=(MODEL,), api_key=KEY)) as s:
+    with resizable_server(str(tmp_path_factory.mktemp("tiny"))) as s:
         yield s
 
 
-def _memory(srv: Running) -> dict[str, Any]:
-    r = httpx.get(srv.url + "/v1/engine/stats", headers=AUTH)
-    assert r.status_code == 200
-    return r.json()["engine"]["memory"]
+_memory = engine_memory
 
 
 def _budget_gib(m: dict[str, Any], slots: int, pages: int) -> float:
@@ -116,12 +108,13 @@ def test_bad_budgets_are_refused_in_openai_shape_with_the_numbers(srv: Running) 
 
 def test_ft_ctl_memory(srv: Running, capsys: pytest.CaptureFixture[str]) -> None:
     m = _memory(srv)
-    assert ft_main(["ctl", "memory", "--server", srv.url, "--api-key", KEY]) == 0
+    assert ft_main(["ctl", "memory", "--server", srv.url, "--api-key", MEMORY_KEY]) == 0
     assert '"slots"' in capsys.readouterr().out
     gib = _budget_gib(m, 5, m["kv_pages"])
-    assert ft_main(["ctl", "memory", "--server", srv.url, "--api-key", KEY, "--vram-budget", str(gib)]) == 0
+    assert ft_main(["ctl", "memory", "--server", srv.url, "--api-key", MEMORY_KEY, "--vram-budget", str(gib)]) == 0
     assert _memory(srv)["slots"] == 5
-    assert ft_main(["ctl", "memory", "--server", srv.url, "--api-key", KEY, "--vram-budget", "1e-7"]) == 1
+    assert ft_main(["ctl", "memory", "--server", srv.url, "--api-key", MEMORY_KEY, "--vram-budget", "1e-7"]) == 1
     assert "below the minimum" in capsys.readouterr().out
-    assert ft_main(["ctl", "memory", "--server", srv.url, "--api-key", KEY, "--vram-budget", str(m["budget_gib"])]) == 0
+    back = str(m["budget_gib"])
+    assert ft_main(["ctl", "memory", "--server", srv.url, "--api-key", MEMORY_KEY, "--vram-budget", back]) == 0
     assert _memory(srv)["slots"] == m["slots"]

@@ -13,27 +13,19 @@ import httpx
 import psutil
 import pytest
 
-from freetoken.server.settings import ServerConfig
-from server_harness import MODEL, Running, real_engine, serve, tiny_checkpoint
+from server_harness import MEMORY_AUTH, MODEL, Running, engine_memory, resizable_server
 from test_elastic_rollback import ALLOC, FailingAllocator, Guard
 
-KEY = "sekrit"
-AUTH = {"Authorization": f"Bearer {KEY}"}
+AUTH = MEMORY_AUTH
 
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    model = tiny_checkpoint(str(tmp_path_factory.mktemp("tiny")))
-    engine = real_engine(model, moe_backend="hybrid", max_running_requests=4, max_model_len=256, page_size=8,
-                         vram_budget=0.004, vram_reserve=0.0)  # fmt: skip
-    with serve(engine, ServerConfig(served_model_names=(MODEL,), api_key=KEY)) as s:
+    with resizable_server(str(tmp_path_factory.mktemp("tiny"))) as s:
         yield s
 
 
-def _memory(srv: Running) -> dict[str, Any]:
-    r = httpx.get(srv.url + "/v1/engine/stats", headers=AUTH)
-    assert r.status_code == 200
-    return r.json()["engine"]["memory"]
+_memory = engine_memory
 
 
 def _answer(srv: Running) -> str:

@@ -242,7 +242,7 @@ class AsyncLLM:
                 except Exception as exc:  # not one request's fault: fail them all, keep serving if sound
                     outputs = self._recover(eng, exc)
                 # before dispatch: a finished stream sees its pages freed
-                self._stats, self._fault = eng.stats(), eng.fault()
+                self._stats, self._fault = eng.stats(), eng.memory.fault()
                 self._dispatch(outputs)
                 if self._deferred and eng.can_resize():
                     waiting, self._deferred = self._deferred, []
@@ -250,7 +250,7 @@ class AsyncLLM:
                         self._handle(eng, c)
             else:
                 eng.retry_memory()  # no request asks for a step: a cache waiting for device memory asks on its own
-                self._stats, self._fault = eng.stats(), eng.fault()  # after aborts, and while idle
+                self._stats, self._fault = eng.stats(), eng.memory.fault()  # after aborts, and while idle
 
     def _recover(self, eng: LLMEngine, exc: Exception) -> list[RequestOutput]:
         """A step failed outside any one request: every request fails with the error (outputs the step

@@ -116,8 +116,7 @@ class LLMEngine:
         return self.memory.stats()
 
     def retry_memory(self) -> None:
-        """A cache waiting for device memory, or caches a failed resize could not put back, ask again, at most every
-        ``RESUME_S`` (from ``step``, and while idle)."""
+        """Caches waiting for memory, or not put back after a failed resize, ask again every ``RESUME_S``."""
         now = time.monotonic()
         m = self.memory
         if (m.waiting or m.restore_to is not None) and now - self._resumed_at >= RESUME_S:
@@ -126,10 +125,6 @@ class LLMEngine:
                 m.retry()
             else:
                 m.resume()
-
-    def fault(self) -> str | None:
-        """Why no step can run now (cheap: the caches' layers are there), None when one can."""
-        return self.memory.fault()
 
     def observe_free_memory(self, free_bytes: int) -> None:
         """The VRAM watcher's reading: shrink or grow at this safe point when the policy says so (a reading
