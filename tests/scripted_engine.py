@@ -14,7 +14,7 @@ from typing import Any
 
 from freetoken.engine.errors import EngineDeadError, PromptTooLongError, QueueFullError
 from freetoken.engine.outputs import RequestOutput
-from freetoken.engine.sampling_params import SamplingParams
+from freetoken.runner.sampling_params import SamplingParams
 
 QWEN_LIKE_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n"

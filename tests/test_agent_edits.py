@@ -11,8 +11,8 @@ import pytest
 from freetoken.bench import agent_edits, agent_session
 from freetoken.bench.loopback import serve
 from freetoken.bench.tiny_hybrid import save_checkpoint
+from freetoken.cache.anchors import Anchors
 from freetoken.config import EngineConfig
-from freetoken.engine.anchors import Anchors
 
 TURNS = 7
 

@@ -9,7 +9,7 @@ import pytest
 from freetoken.config import EngineConfig
 from freetoken.engine.async_llm import AsyncLLM
 from freetoken.engine.errors import EngineDeadError, PromptTooLongError
-from freetoken.engine.sampling_params import SamplingParams
+from freetoken.runner.sampling_params import SamplingParams
 from tiny_models import save_checkpoint
 
 

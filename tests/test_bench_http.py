@@ -26,7 +26,7 @@ def test_http_ttft_through_ft_serve(tmp_path: Path, capsys) -> None:
 def test_prompt_text_length() -> None:
     from tokenizers import Tokenizer
 
-    from freetoken.engine.model_setup import default_model_path
+    from freetoken.loader.model_setup import default_model_path
 
     path = default_model_path() / "tokenizer.json"
     text = http_ttft.prompt_text(path, 300, seed=1)

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.config import EngineConfig
-from freetoken.engine.model_setup import setup_model
+from freetoken.loader.model_setup import setup_model
 from tiny_models import save_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from freetoken.engine.model_setup import default_model_path
+from freetoken.loader.model_setup import default_model_path
 from freetoken.server.settings import ServerConfig
 from server_harness import real_engine, serve
 

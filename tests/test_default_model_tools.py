@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from freetoken.engine.model_setup import default_model_path
+from freetoken.loader.model_setup import default_model_path
 from freetoken.server.settings import ServerConfig
 from server_harness import Running, real_engine, serve
 from test_default_model import _training_modules

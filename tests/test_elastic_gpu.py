@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from freetoken import LLM, SamplingParams
-from freetoken.engine.memory import MemorySplit
 from freetoken.hardware.device_memory import device_zeros, uses_driver_memory
+from freetoken.memory.budget import MemorySplit
 from tiny_models import save_checkpoint
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -18,12 +18,12 @@ from freetoken.cache.radix import RadixCache
 from freetoken.config import EngineConfig
 from freetoken.engine.detokenizer import IncrementalDetokenizer
 from freetoken.engine.kv_manager import KVManager
-from freetoken.engine.memory import MemorySplit
 from freetoken.engine.request import Request
 from freetoken.engine.scheduler import Scheduler
 from freetoken.experts.backends.registry import create_backend
 from freetoken.experts.base import ExpertBanks
 from freetoken.experts.reference import moe_reference
+from freetoken.memory.budget import MemorySplit
 from reference import LOGIT_MARGIN, ROUTER_MARGIN, reference_greedy
 from tiny_models import save_checkpoint
 

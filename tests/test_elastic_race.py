@@ -20,8 +20,8 @@ from freetoken import LLM, SamplingParams
 from freetoken.config import EngineConfig
 from freetoken.engine import vram_watch
 from freetoken.engine.async_llm import AsyncLLM
-from freetoken.engine.memory import GIB
 from freetoken.hardware import device_memory
+from freetoken.memory.budget import GIB
 from tiny_models import save_checkpoint
 
 T = 30  # seconds any one wait may take before the test gives up (a hang is a failure, not a timing)

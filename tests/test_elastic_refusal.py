@@ -19,9 +19,9 @@ from freetoken.cache.kv_pool import KVPool
 from freetoken.config import EngineConfig
 from freetoken.engine import vram_watch
 from freetoken.engine.async_llm import AsyncLLM
-from freetoken.engine.memory import GIB, MemorySplit
 from freetoken.hardware import device_memory
 from freetoken.hardware.device_memory import first_granted
+from freetoken.memory.budget import GIB, MemorySplit
 from tiny_models import save_checkpoint
 
 S = 2  # page size of the unit test: one page of the pool below is 2 layers x (K, V) x S x 1 x 2 fp32

@@ -14,9 +14,8 @@ import torch
 
 from freetoken import LLM, SamplingParams
 from freetoken.cache.kv_pool import KVPool
-from freetoken.engine import memory
-from freetoken.engine.memory import GIB, BudgetError, parse_budget_gib
 from freetoken.hardware import device_memory
+from freetoken.memory.budget import GIB, BudgetError, parse_budget_gib
 from tiny_models import save_checkpoint
 
 S = 2

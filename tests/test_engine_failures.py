@@ -73,7 +73,7 @@ def test_tiny_and_denormal_temperatures_sample_greedily(ckpt: Any) -> None:
 def test_a_failing_sampler_fails_only_its_request(ckpt: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     llm = _llm(ckpt)
     alone = [llm.generate([p], PARAMS)[0].token_ids for p in PROMPTS]
-    import freetoken.engine.step_sampler as sampler_mod
+    import freetoken.runner.step_sampler as sampler_mod
 
     real_sample = sampler_mod.sample_batch
 

@@ -11,7 +11,7 @@ import torch
 from devices import DEVICES
 from freetoken import LLM, SamplingParams
 from freetoken.config import EngineConfig
-from freetoken.engine.model_setup import setup_model
+from freetoken.loader.model_setup import setup_model
 from freetoken.quant import FP8_BLOCK_128
 from reference import LOGIT_MARGIN, ROUTER_MARGIN, assert_close_logits, reference_greedy
 from tiny_models import load_fp8_reference, save_fp8_checkpoint

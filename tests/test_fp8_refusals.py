@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.config import EngineConfig
-from freetoken.engine.model_setup import setup_model
+from freetoken.loader.model_setup import setup_model
 from tiny_models import save_fp8_checkpoint
 
 EXPERT = "model.layers.0.mlp.experts.3.up_proj.weight"

@@ -21,7 +21,7 @@ from freetoken.checkpoint import ftw_io, ftw_progress
 from freetoken.checkpoint.ftw_io import Read, aligned_empty, byte_view, read_parts
 from freetoken.checkpoint.ftw_manifest import ALIGNMENT, HUGE_PAGE, MANIFEST, read_manifest
 from freetoken.cli.main import main as ft
-from freetoken.engine.ftw_convert import convert
+from freetoken.loader.ftw_convert import convert
 from tiny_models import save_checkpoint, save_fp8_checkpoint
 
 PROMPTS = ([5, 6, 7, 8, 9], [11, 300, 42, 7, 7, 7, 2, 90, 91, 17, 3])

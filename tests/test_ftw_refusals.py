@@ -17,7 +17,7 @@ from freetoken import LLM
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.ftw_manifest import MANIFEST
 from freetoken.cli.main import main as ft
-from freetoken.engine.ftw_convert import convert
+from freetoken.loader.ftw_convert import convert
 from tiny_models import save_checkpoint
 
 

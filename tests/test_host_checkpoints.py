@@ -18,7 +18,7 @@ from freetoken.cache.radix import RadixCache
 from freetoken.cache.state_checkpoints import StateCheckpoints
 from freetoken.cache.state_pool import StatePool, StateShape
 from freetoken.config import EngineConfig
-from freetoken.engine.hybrid_build import HOST_MAX_CHECKPOINTS, host_checkpoint_count
+from freetoken.loader.hybrid_build import HOST_MAX_CHECKPOINTS, host_checkpoint_count
 from reference import assert_close_logits
 from test_state_checkpoints import PAGE, _turns, ckpt  # noqa: F401  (the module-scoped checkpoint fixture)
 

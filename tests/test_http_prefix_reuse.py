@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from freetoken.engine.model_setup import default_model_path
+from freetoken.loader.model_setup import default_model_path
 from freetoken.server.settings import ServerConfig
 from server_harness import real_engine, serve
 

@@ -20,9 +20,11 @@ ROWS: list[tuple[str, ...]] = [
     ("cli", "bench"),
     ("server", "launch"),
     ("engine", "chat"),
+    ("loader", "runner"),
     ("models",),
     ("layers",),
     ("experts", "cache"),
+    ("kernels", "memory"),
     ("hardware",),
     ("checkpoint", "quant"),  # quant/: the weight formats, when quantised experts come
     ("config", "errors"),
@@ -60,7 +62,7 @@ def _imports(path: Path, source: str | None = None) -> list[tuple[int, str]]:
 
 
 # What the package root re-exports (``freetoken/__init__.py``, lazily): the package each name lives in.
-ROOT_NAMES = {"LLM": "engine", "SamplingParams": "engine", "EngineConfig": "config", "__version__": None}
+ROOT_NAMES = {"LLM": "engine", "SamplingParams": "runner", "EngineConfig": "config", "__version__": None}
 
 
 def _package(module: str) -> str | None:

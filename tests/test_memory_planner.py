@@ -17,8 +17,8 @@ from freetoken import LLM, SamplingParams
 from freetoken.config import EngineConfig
 from freetoken.engine import vram_watch
 from freetoken.engine.async_llm import AsyncLLM
-from freetoken.engine.memory import GIB, MIB, BudgetError, MemoryFacts, follow_kv, parse_budget_gib, split_budget
 from freetoken.engine.vram_watch import VramWatcher, hysteresis_for, watch_decision
+from freetoken.memory.budget import GIB, MIB, BudgetError, MemoryFacts, follow_kv, parse_budget_gib, split_budget
 from tiny_models import save_checkpoint
 
 FACTS = MemoryFacts(slot_bytes=10 * MIB, page_bytes=MIB, min_slots=8, max_slots=1000, min_pages=64,

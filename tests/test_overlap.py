@@ -229,8 +229,8 @@ def test_step_graphs_host_side_on_cpu(ckpt: Path, monkeypatch: pytest.MonkeyPatc
     no capture): the padded buckets, the double-buffered metadata, rows one token ahead whose ids are gathered from
     the previous step's samples, rows dropping to a smaller bucket. Outputs equal the serial eager engine's (the
     CPU attention and rope keep per-step lookups keyed on the step's tensors: dropped here, as CUDA does)."""
-    from freetoken.engine.step_graph import StepGraphs
     from freetoken.layers.rope import Rotary
+    from freetoken.runner.step_graph import StepGraphs
 
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
     monkeypatch.setattr(StepGraphs, "_capture", lambda self, *a: None)

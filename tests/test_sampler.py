@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from devices import DEVICES
-from freetoken.engine import noise
-from freetoken.engine.constraint import apply_bitmask
-from freetoken.engine.sampler import Features, PenaltyState, SamplingBatch, sample_batch
-from freetoken.engine.sampling_params import SamplingParams
+from freetoken.runner import noise
+from freetoken.runner.constraint import apply_bitmask
+from freetoken.runner.sampler import Features, PenaltyState, SamplingBatch, sample_batch
+from freetoken.runner.sampling_params import SamplingParams
 
 
 def _batch(n: int, device: str, **per_row: object) -> SamplingBatch:
@@ -96,7 +96,7 @@ def test_penalties_as_openai_and_hugging_face_define_them(device: str) -> None:
     state.update(torch.tensor([0, 0, 0], device=device), torch.tensor([3, 3, 2], device=device))
     x = torch.tensor([[1.0, 2.0, -2.0, 4.0, 0.5, 0.0, 0.0, 0.0]], device=device)
     b = _batch(1, device, presence=0.5, frequency=0.25, repetition=2.0)
-    from freetoken.engine.sampler import apply_penalties
+    from freetoken.runner.sampler import apply_penalties
 
     got = apply_penalties(x, b, state)[0].tolist()
     # token 1: prompt only -> 2/2; token 2: prompt and once -> -2*2 - 0.5 - 0.25; token 3: twice -> 4/2 - 0.5 - 0.5

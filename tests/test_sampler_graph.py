@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from capture_check import CaptureBreaker, FakeCapture, forbid_capture_breakers
-from freetoken.engine.constraint import apply_bitmask
-from freetoken.engine.sampler import (
+from freetoken.runner.constraint import apply_bitmask
+from freetoken.runner.sampler import (
     MAX_TOP_LOGPROBS,
     Features,
     PenaltyState,
@@ -22,7 +22,7 @@ from freetoken.engine.sampler import (
     apply_penalties,
     sample_batch,
 )
-from freetoken.engine.step_sampler import pack
+from freetoken.runner.step_sampler import pack
 
 V = 300
 FEATURE_SETS = {

@@ -11,12 +11,12 @@ import torch
 
 from freetoken import LLM, SamplingParams
 from freetoken.bench.agent_edits import common_prefix
+from freetoken.cache.anchors import Anchors
 from freetoken.cache.kv_pool import KVPool
 from freetoken.cache.radix import RadixCache
 from freetoken.cache.state_checkpoints import StateCheckpoints
 from freetoken.cache.state_pool import StatePool, StateShape
 from freetoken.config import EngineConfig
-from freetoken.engine.anchors import Anchors
 from reference import assert_close_logits
 from tiny_models import save_checkpoint, save_tokenizer
 
@@ -189,7 +189,7 @@ def test_next_turn_resumes_after_the_reply(ckpt):
 def test_the_default_pool_is_what_fits_the_budget(tmp_path: Path) -> None:
     """Without a number, as many checkpoints as fit ``state_checkpoint_gib`` (at least 16, at most 256); a number given
     is kept; a model without recurrent state gets none."""
-    from freetoken.engine.hybrid_build import MAX_CHECKPOINTS, MIN_CHECKPOINTS, checkpoint_count
+    from freetoken.loader.hybrid_build import MAX_CHECKPOINTS, MIN_CHECKPOINTS, checkpoint_count
 
     d = tmp_path / "m"
     save_checkpoint("qwen3_5_moe", d, seed=0)

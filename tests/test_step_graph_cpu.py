@@ -15,9 +15,9 @@ import torch
 
 from capture_check import CaptureBreaker, FakeCapture
 from freetoken import LLM, SamplingParams
-from freetoken.engine import step_graph
-from freetoken.engine.step_graph import StepGraphs
 from freetoken.layers.rope import Rotary
+from freetoken.runner import step_graph
+from freetoken.runner.step_graph import StepGraphs
 from freetoken.server.metrics import ServerMetrics
 from graph_cases import BUCKETS, FEATURES, PROMPTS, run_case
 from tiny_models import save_checkpoint
@@ -110,7 +110,7 @@ def test_a_failed_capture_runs_its_steps_eagerly_counted_and_logged_once(
     why = "operation not permitted when stream is capturing"
     graphed = _graphed(ckpt, monkeypatch, FakeCapture(fail=RuntimeError(why)))
     eager = _llm(ckpt)
-    with caplog.at_level(logging.WARNING, logger="freetoken.engine.step_graph"):
+    with caplog.at_level(logging.WARNING, logger="freetoken.runner.step_graph"):
         c = run_case(graphed, eager, 2, "penalties")
         c2 = run_case(graphed, eager, 2, "penalties")
     assert c.same_as_eager and c2.same_as_eager
@@ -152,7 +152,7 @@ def test_batches_past_the_buckets_and_rows_retried_alone_are_counted(
     graphed = _graphed(ckpt, monkeypatch)
     _graphs(graphed).buckets = [1, 2]
     sp = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    with caplog.at_level(logging.WARNING, logger="freetoken.engine.step_graph"):
+    with caplog.at_level(logging.WARNING, logger="freetoken.runner.step_graph"):
         graphed.generate(PROMPTS[:4], sp)
         graphed.generate(PROMPTS[:4], sp)
     reasons = graphed.stats()["step_graph_eager_fallback_reasons"]
@@ -191,7 +191,7 @@ def test_the_checker_catches_what_broke_the_penalty_graph(ckpt: Path, monkeypatc
     """The penalty counts' old update (``index_put_`` with ``accumulate=True``) inside the captured body: the fake
     capture refuses it, so the penalised bucket's steps run eagerly, counted (older torch range-checks its indices
     with .item() there: a sync that voids a CUDA capture)."""
-    from freetoken.engine.sampler import PenaltyState
+    from freetoken.runner.sampler import PenaltyState
 
     def old_update(self: PenaltyState, rows: torch.Tensor, ids: torch.Tensor) -> None:
         self.counts.index_put_((rows, ids), torch.ones_like(ids, dtype=torch.int32), accumulate=True)

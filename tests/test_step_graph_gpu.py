@@ -1,4 +1,4 @@
-"""The whole decode step as one CUDA graph (engine/step_graph.py) gives the eager step's tokens, for every
+"""The whole decode step as one CUDA graph (runner/step_graph.py) gives the eager step's tokens, for every
 backend, greedy and seeded, at bucket sizes and between them (padded rows); every batch bucket x sampler feature
 set (greedy, temperature with top-p/top-k/min-p, penalties, logprobs, seeds, grammar masks, all mixed) captures once
 and replays after with no eager fallback; batches past the buckets and a routing trace run too. GPU only."""

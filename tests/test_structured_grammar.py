@@ -14,10 +14,10 @@ from devices import DEVICES
 from freetoken.chat import parse
 from freetoken.chat.grammar import CallTool, Tags, forced_calls, json_answer
 from freetoken.chat.grammar.lark import closed
-from freetoken.engine.constraint import allowed_tokens, apply_bitmask, new_bitmask
 from freetoken.engine.errors import InputError
 from freetoken.engine.grammar import GrammarCompiler
-from freetoken.engine.model_setup import default_model_path
+from freetoken.loader.model_setup import default_model_path
+from freetoken.runner.constraint import allowed_tokens, apply_bitmask, new_bitmask
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
            "required": ["city"]}  # fmt: skip

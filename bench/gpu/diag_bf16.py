@@ -20,7 +20,7 @@ for dev in ["cpu", "cuda"]:
     eng = llm.engine
     from freetoken.engine.detokenizer import IncrementalDetokenizer
     from freetoken.engine.request import Request
-    from freetoken.engine.sampling_params import SamplingParams
+    from freetoken.runner.sampling_params import SamplingParams
 
     pages = eng.kv.allocate(1, "x")
     req = Request("x", p, SamplingParams(), 10, IncrementalDetokenizer(None, [], [], True))

@@ -10,7 +10,7 @@ __all__ = ["LLM", "SamplingParams", "EngineConfig", "__version__"]
 if TYPE_CHECKING:
     from freetoken.config import EngineConfig
     from freetoken.engine.llm import LLM
-    from freetoken.engine.sampling_params import SamplingParams
+    from freetoken.runner.sampling_params import SamplingParams
 
 
 def __getattr__(name: str) -> Any:  # lazy: `import freetoken` stays cheap
@@ -19,7 +19,7 @@ def __getattr__(name: str) -> Any:  # lazy: `import freetoken` stays cheap
 
         return LLM
     if name == "SamplingParams":
-        from freetoken.engine.sampling_params import SamplingParams
+        from freetoken.runner.sampling_params import SamplingParams
 
         return SamplingParams
     if name == "EngineConfig":

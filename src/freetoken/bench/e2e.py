@@ -58,7 +58,7 @@ class Row:
 def checkpoint(args: argparse.Namespace) -> Path:
     """The benchmark's checkpoint: --model, the embedded model, or the preset written once and reused."""
     if args.model == "default":
-        from freetoken.engine.model_setup import default_model_path
+        from freetoken.loader.model_setup import default_model_path
 
         return Path(default_model_path())
     if args.model:
@@ -114,7 +114,7 @@ def decode_tok_s(
     """Generated tokens per second of ``batch`` concurrent requests, after ``warmup`` tokens each: greedy, or
     sampled at ``temperature`` (seeded: a random-weight model then emits varied tokens, as llama-bench feeds
     random tokens, where greedy decoding repeats a few tokens and so their experts)."""
-    from freetoken.engine.sampling_params import SamplingParams
+    from freetoken.runner.sampling_params import SamplingParams
 
     eng = llm.engine
     vocab = eng.hf.vocab_size

@@ -65,7 +65,7 @@ def _copied(llm: Any) -> int:
 
 def first_token_s(llm: Any, rid: str, ids: list[int]) -> float:
     """Seconds from ``add_request`` to its first token (the engine otherwise idle)."""
-    from freetoken.engine.sampling_params import SamplingParams
+    from freetoken.runner.sampling_params import SamplingParams
 
     eng = llm.engine
     _sync(eng.device)
@@ -122,7 +122,7 @@ def _pct(xs: list[float], q: float) -> float:
 
 def itl_row(llm: Any, policy: str, prompt: int, streams: int, solo_tokens: int, seed: int) -> ITLRow:
     """``streams`` greedy decodes: their inter-token gaps alone, then while a ``prompt``-token prompt prefills."""
-    from freetoken.engine.sampling_params import SamplingParams
+    from freetoken.runner.sampling_params import SamplingParams
 
     eng = llm.engine
     vocab = eng.hf.vocab_size

@@ -88,7 +88,7 @@ def child(model: str, device: str, dtype: str, backend: str, cache: float | None
     """In a fresh process: import, load, one greedy token; wall-clock timestamps and memory."""
     import torch  # noqa: F401  (the imports count in their own figure)
 
-    import freetoken.engine.model_build as mb
+    import freetoken.loader.model_build as mb
     from freetoken import LLM, SamplingParams
 
     t_imports, base = time.time(), _rss()
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     from freetoken.bench.e2e import checkpoint
     from freetoken.checkpoint.ftw_io import drop_page_cache
     from freetoken.checkpoint.ftw_manifest import is_ftw
-    from freetoken.engine.ftw_convert import convert
+    from freetoken.loader.ftw_convert import convert
 
     src = checkpoint(args)
     ftw = Path(args.ftw) if args.ftw else src.parent / (src.name + "-ftw")

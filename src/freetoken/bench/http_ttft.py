@@ -52,7 +52,7 @@ def with_tokenizer(path: Path) -> Path:
     """``path`` itself when it has a tokenizer; else the embedded model's tokenizer files are copied in."""
     if (path / "tokenizer.json").exists():
         return path
-    from freetoken.engine.model_setup import default_model_path
+    from freetoken.loader.model_setup import default_model_path
 
     for name in TOKENIZER_FILES:
         shutil.copy(default_model_path() / name, path / name)

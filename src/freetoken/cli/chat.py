@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from freetoken.cli.common import add_engine_args, engine_config, load_engine, run_guarded
-from freetoken.engine.sampling_params import SamplingParams
+from freetoken.runner.sampling_params import SamplingParams
 
 HELP = "Type a message; /reset clears the conversation, /exit (or Ctrl-D) quits."
 

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
 def _convert(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from freetoken.engine.ftw_convert import convert
+    from freetoken.loader.ftw_convert import convert
 
     console = Console(stderr=True)
     with console.status(f"converting {args.src} to FTW …"):

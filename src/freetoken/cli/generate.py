@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from freetoken.cli.common import add_engine_args, engine_config, load_engine, run_guarded
-from freetoken.engine.sampling_params import SamplingParams
+from freetoken.runner.sampling_params import SamplingParams
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

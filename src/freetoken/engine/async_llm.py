@@ -23,8 +23,8 @@ from freetoken.engine.commands import Abort, Add, Check, Command, FailAll, FreeM
 from freetoken.engine.engine import LLMEngine
 from freetoken.engine.errors import EngineDeadError, RequestFailedError, ShuttingDownError
 from freetoken.engine.outputs import RequestOutput
-from freetoken.engine.sampling_params import SamplingParams
 from freetoken.engine.vram_watch import FreeMemorySource, NvmlSource, VramWatcher, watch_decision
+from freetoken.runner.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 DEFAULT_MODEL_NAME = "freetoken-default"

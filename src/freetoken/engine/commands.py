@@ -7,8 +7,8 @@ import concurrent.futures as cf
 from dataclasses import dataclass
 from typing import Any
 
-from freetoken.engine.constraint import TokenConstraint
-from freetoken.engine.sampling_params import SamplingParams
+from freetoken.runner.constraint import TokenConstraint
+from freetoken.runner.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)

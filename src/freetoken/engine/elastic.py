@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from freetoken.engine.capacity import machine_capacity
-from freetoken.engine.memory import (
+from freetoken.engine.vram_watch import STREAK_S, watch_decision
+from freetoken.hardware.device_memory import uses_driver_memory
+from freetoken.memory.budget import (
     GIB,
     Capacity,
     MemoryFacts,
@@ -29,14 +30,13 @@ from freetoken.engine.memory import (
     follow_kv,
     split_budget,
 )
-from freetoken.engine.vram_watch import STREAK_S, watch_decision
-from freetoken.hardware.device_memory import uses_driver_memory
+from freetoken.memory.capacity import machine_capacity
 
 if TYPE_CHECKING:
     from freetoken.cache.kv_pool import KVPool
     from freetoken.engine.scheduler import Scheduler
-    from freetoken.engine.step_graph import StepGraphs
     from freetoken.experts.base import ExpertBackend
+    from freetoken.runner.step_graph import StepGraphs
 
 log = logging.getLogger(__name__)
 HISTORY = 256

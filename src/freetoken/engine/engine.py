@@ -12,26 +12,26 @@ import torch
 from freetoken.cache.kv_pool import KVPool
 from freetoken.cache.radix import RadixCache
 from freetoken.config import EngineConfig
-from freetoken.engine.constraint import TokenConstraint
 from freetoken.engine.detokenizer import IncrementalDetokenizer
 from freetoken.engine.elastic import ElasticMemory, memory_facts
 from freetoken.engine.errors import InputError, PromptTooLongError, QueueFullError
 from freetoken.engine.grammar import GrammarCompiler
-from freetoken.engine.hybrid_build import checkpoint_count, make_state_pool, state_checkpoints
 from freetoken.engine.kv_manager import KVManager
 from freetoken.engine.layer_major import LayerMajorJob, LayerMajorPlanner
-from freetoken.engine.memory import parse_budget_gib
-from freetoken.engine.model_setup import ModelSetup, setup_model
 from freetoken.engine.outputs import RequestOutput
 from freetoken.engine.overlap import StepOverlap
 from freetoken.engine.request import Request, Status
-from freetoken.engine.runner import ModelRunner
-from freetoken.engine.sampling_params import SamplingParams
 from freetoken.engine.scheduler import Scheduler
 from freetoken.engine.scoring import score
 from freetoken.engine.stats import engine_stats
-from freetoken.engine.step_graph import StepGraphs
-from freetoken.engine.step_sampler import Choice, StepSampler
+from freetoken.loader.hybrid_build import checkpoint_count, make_state_pool, state_checkpoints
+from freetoken.loader.model_setup import ModelSetup, setup_model
+from freetoken.memory.budget import parse_budget_gib
+from freetoken.runner.constraint import TokenConstraint
+from freetoken.runner.runner import ModelRunner
+from freetoken.runner.sampling_params import SamplingParams
+from freetoken.runner.step_graph import StepGraphs
+from freetoken.runner.step_sampler import Choice, StepSampler
 
 log = logging.getLogger(__name__)
 RESUME_S = 1.0  # a cache waiting for device memory asks again this often from ``step`` (and at each resize)

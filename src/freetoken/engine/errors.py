@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from freetoken.errors import FreeTokenError
+from freetoken.errors import FreeTokenError, InputError
 
 __all__ = ["EngineDeadError", "FreeTokenError", "InputError", "PromptTooLongError", "QueueFullError"]
 
-
-class InputError(FreeTokenError, ValueError):
-    """A request the engine refuses (too long, bad ids, bad parameters)."""
 
 
 class PromptTooLongError(InputError):

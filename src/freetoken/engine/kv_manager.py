@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+from freetoken.cache.anchors import Anchors
 from freetoken.cache.kv_pool import KVPool
 from freetoken.cache.radix import RadixCache
 from freetoken.cache.state_checkpoints import StateCheckpoints
 from freetoken.cache.state_pool import StatePool
-from freetoken.engine.anchors import Anchors
 from freetoken.engine.request import Request
 
 

@@ -27,9 +27,9 @@ from freetoken.checkpoint.hf_config import HFConfig
 from freetoken.config import EngineConfig
 from freetoken.engine.kv_manager import KVManager
 from freetoken.engine.request import Request
-from freetoken.engine.runner import ModelRunner
-from freetoken.engine.step_sampler import Choice
 from freetoken.models.layer_major import LayerMajorPass, activation_bytes
+from freetoken.runner.runner import ModelRunner
+from freetoken.runner.step_sampler import Choice
 
 ORDERS = ("auto", "layer", "chunk")
 MEMORY_SHARE = 0.5  # of the free device memory (CPU: of the available RAM / 4) the activations may take

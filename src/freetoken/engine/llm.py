@@ -12,7 +12,7 @@ from freetoken.config import EngineConfig
 from freetoken.engine.engine import LLMEngine
 from freetoken.engine.errors import InputError
 from freetoken.engine.outputs import CompletionResult
-from freetoken.engine.sampling_params import SamplingParams
+from freetoken.runner.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int]
 

@@ -34,11 +34,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from freetoken.engine.anchors import due_captures
-from freetoken.engine.inflight import Launch
+from freetoken.cache.anchors import due_captures
 from freetoken.engine.outputs import RequestOutput
 from freetoken.engine.request import Request
-from freetoken.engine.step_sampler import Choice
+from freetoken.runner.inflight import Launch
+from freetoken.runner.step_sampler import Choice
 
 if TYPE_CHECKING:
     from freetoken.engine.engine import LLMEngine

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from freetoken.engine.detokenizer import IncrementalDetokenizer
-from freetoken.engine.sampling_params import SamplingParams
+from freetoken.runner.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from freetoken.cache.radix import RadixNode
-    from freetoken.engine.constraint import TokenConstraint
+    from freetoken.runner.constraint import TokenConstraint
 
 
 class Status(enum.Enum):

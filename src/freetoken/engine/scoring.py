@@ -11,8 +11,8 @@ import torch
 from freetoken.engine.detokenizer import IncrementalDetokenizer
 from freetoken.engine.errors import InputError, PromptTooLongError
 from freetoken.engine.request import Request
-from freetoken.engine.sampling_params import SamplingParams
 from freetoken.models.layer_major import LayerMajorPass
+from freetoken.runner.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from freetoken.engine.engine import LLMEngine

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import torch
 
-from freetoken.engine.memory import GIB, MIB
+from freetoken.memory.budget import GIB, MIB
 
 log = logging.getLogger(__name__)
 

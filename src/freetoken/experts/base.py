@@ -165,7 +165,7 @@ class ExpertBackend(ABC):
         the ``fallback`` sizes in turn when the device refuses that many."""
         raise NotImplementedError(f"the {self.name} backend has no expert cache to resize")
 
-    # -- the whole decode step as one CUDA graph (``engine/step_graph.py``) -------------------------------
+    # -- the whole decode step as one CUDA graph (``runner/step_graph.py``) -------------------------------
     def step_capturable(self, tokens: int, top_k: int) -> bool:
         """Whether a decode step of ``tokens`` can be captured into the engine's step graph."""
         return False

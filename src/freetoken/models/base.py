@@ -1,7 +1,7 @@
 """What a model family declares: its weight names and its small architectural switches.
 
 Families differ from each other by a handful of choices; the decoder in ``decoder.py`` composes the
-layers, ``engine/model_build.py`` assembles a model from a checkpoint's weights by these names.
+layers, ``loader/model_build.py`` assembles a model from a checkpoint's weights by these names.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Family:
     attn_output_gate: bool = False  # q_proj also yields a per-head sigmoid gate on the attention output
     deltanet_proj: str | None = None  # None: no linear-attention layers; "qkvz" (Qwen3-Next) | "split" (Qwen3.5)
     full_attention_interval: int = 4  # layer_types when config.json gives none: every n-th layer full attention
-    # Special tokens where agent harnesses edit the context (``engine/anchors.py``): opening and closing ones.
+    # Special tokens where agent harnesses edit the context (``cache/anchors.py``): opening and closing ones.
     anchor_starts: tuple[str, ...] = ()
     anchor_ends: tuple[str, ...] = ()
 

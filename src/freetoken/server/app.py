@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from freetoken.engine.memory import BudgetError, ResizeError
+from freetoken.memory.budget import BudgetError, ResizeError
 from freetoken.server.body import parse_request
 from freetoken.server.browser import BrowserSafety
 from freetoken.server.chat_page import add_chat_page

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from freetoken.engine.sampling_params import SEED_MAX, SEED_MIN
+from freetoken.runner.sampling_params import SEED_MAX, SEED_MIN
 
 INT32_MAX = 2**31 - 1
 

@@ -23,7 +23,7 @@ from freetoken.chat.markup import MarkupError
 from freetoken.chat.reasoning.think import CLOSE as THINK_CLOSE
 from freetoken.chat.template import render_and_tokenize
 from freetoken.chat.tokenize import chars_per_token_bound, encode
-from freetoken.engine.sampling_params import SamplingParams
+from freetoken.runner.sampling_params import SamplingParams
 from freetoken.server.errors import APIError, context_overflow, from_engine_error
 from freetoken.server.internal import (
     ChatRequest,

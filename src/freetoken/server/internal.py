@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from freetoken.engine.sampling_params import SEED_MAX, SEED_MIN
+from freetoken.runner.sampling_params import SEED_MAX, SEED_MIN
 from freetoken.server.errors import APIError
 
 ToolChoiceMode = Literal["auto", "none", "required", "named"]

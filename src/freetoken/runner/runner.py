@@ -5,18 +5,20 @@ optionally gathered from the previous launch's samples on the device."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
+from freetoken.cache.anchors import captures_in, due_captures
 from freetoken.cache.kv_pool import KVPool
-from freetoken.engine.anchors import captures_in, due_captures
-from freetoken.engine.inflight import Launch, launched
-from freetoken.engine.request import Request
-from freetoken.engine.step_graph import StepGraphs
-from freetoken.engine.step_sampler import Choice, StepSampler, pack
 from freetoken.experts.base import ExpertBackend
 from freetoken.layers.attention import AttnBatch, SeqAttn
 from freetoken.layers.paged_attention import DecodeMeta, PrefillMeta
 from freetoken.models.decoder import DecoderModel
+from freetoken.runner.batch import R
+from freetoken.runner.inflight import Launch, launched
+from freetoken.runner.step_graph import StepGraphs
+from freetoken.runner.step_sampler import Choice, StepSampler, pack
 
 SMALL_STEP_TOKENS = 16
 
@@ -39,7 +41,7 @@ class ModelRunner:
         self._default_threads = torch.get_num_threads()
 
     def build_batch(
-        self, items: list[tuple[Request, int]], starts: list[int] | None = None
+        self, items: Sequence[tuple[R, int]], starts: list[int] | None = None
     ) -> tuple[torch.Tensor, AttnBatch, list[int]]:
         """``starts``: the first token of each item (None: its ``num_computed_tokens``; a layer-major
         prefill's later chunks start further on; a decode row launched ahead, one past its ``token_ids``: its
@@ -72,7 +74,7 @@ class ModelRunner:
         )
         return torch.tensor(ids, dtype=torch.int64, device=dev), batch, last_rows
 
-    def prefill_meta(self, items: list[tuple[Request, int]], starts: list[int]) -> PrefillMeta:
+    def prefill_meta(self, items: Sequence[tuple[R, int]], starts: list[int]) -> PrefillMeta:
         """Per sequence: its rows of new tokens, its context after the step, its page table."""
         width = max(len(req.pages) for req, _ in items)
         table = torch.zeros((len(items), width), dtype=torch.int32)
@@ -86,7 +88,7 @@ class ModelRunner:
         meta = torch.tensor([q_starts, lens, ctx], dtype=torch.int32).to(self.device)
         return PrefillMeta(meta[0], meta[1], meta[2], table.to(self.device), self.kv.page_size, max(lens))
 
-    def decode_meta(self, items: list[tuple[Request, int]], starts: list[int] | None = None) -> DecodeMeta:
+    def decode_meta(self, items: Sequence[tuple[R, int]], starts: list[int] | None = None) -> DecodeMeta:
         """Page tables and context lengths of a decode step (the new token counted)."""
         width = max(len(req.pages) for req, _ in items)
         table = torch.zeros((len(items), width), dtype=torch.int32)
@@ -96,7 +98,7 @@ class ModelRunner:
         lens = torch.tensor([start + 1 for start in starts], dtype=torch.int32)
         return DecodeMeta(table.to(self.device), lens.to(self.device), self.kv.page_size)
 
-    def step(self, items: list[tuple[Request, int]], graphs: bool = True) -> list[tuple[Request, Choice]]:
+    def step(self, items: Sequence[tuple[R, int]], graphs: bool = True) -> list[tuple[R, Choice]]:
         """Computes the scheduled tokens and samples one for each request that reaches its last token.
         ``graphs=False``: eagerly, whatever the step (a decode step then counts as a step-graph fallback)."""
         if self.graphs is not None and self.graphs.admit(items, None, graphs):
@@ -113,11 +115,11 @@ class ModelRunner:
 
     def launch(
         self,
-        items: list[tuple[Request, int]],
+        items: Sequence[tuple[R, int]],
         starts: list[int] | None = None,
-        prev: Launch | None = None,
+        prev: Launch[R] | None = None,
         src_rows: list[int] | None = None,
-    ) -> Launch:
+    ) -> Launch[R]:
         """Queues a decode step (one token per row) and returns it unread. ``starts``: each row's position
         (None: its ``num_computed_tokens``); with ``prev``, every row is one token ahead of its ``token_ids``,
         its input id ``prev``'s sample at row ``src_rows[i]``, gathered on the device. On a CPU device the step
@@ -150,7 +152,7 @@ class ModelRunner:
         if torch.get_num_threads() != want:
             torch.set_num_threads(want)
 
-    def run(self, items: list[tuple[Request, int]]) -> tuple[list[Request], torch.Tensor]:
+    def run(self, items: Sequence[tuple[R, int]]) -> tuple[list[R], torch.Tensor]:
         """Computes the scheduled tokens; returns the requests that reach their last token this step (the
         ones that sample) and their float32 logits [n, V], on the compute device."""
         input_ids, batch, last_rows = self.build_batch(items)
@@ -167,7 +169,7 @@ class ModelRunner:
         return [req for req, _ in sampling], self.model.logits(hidden[rows])
 
 
-def _state_slots(items: list[tuple[Request, int]], device: torch.device) -> torch.Tensor | None:
+def _state_slots(items: Sequence[tuple[R, int]], device: torch.device) -> torch.Tensor | None:
     """The requests' recurrent-state slots [B] (models with linear-attention layers), else None."""
     if items[0][0].state_slot is None:
         return None

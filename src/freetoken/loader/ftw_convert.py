@@ -22,8 +22,8 @@ from freetoken.checkpoint.ftw_write import write_bank, write_manifest, write_saf
 from freetoken.checkpoint.hf_config import HFConfig, load_hf_config
 from freetoken.checkpoint.safetensors_io import SafetensorsReader
 from freetoken.checkpoint.weights import CheckpointWeights
-from freetoken.engine.model_build import _expert_reads, _weight_format, build_model
 from freetoken.experts.base import ExpertBackend, ExpertBanks
+from freetoken.loader.model_build import _expert_reads, _weight_format, build_model
 from freetoken.models.base import Family
 from freetoken.models.registry import get_family
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from freetoken.cache.anchors import Anchors, resolve_anchors
 from freetoken.cache.host_states import HostStates
 from freetoken.cache.radix import RadixCache
 from freetoken.cache.state_checkpoints import StateCheckpoints
@@ -15,14 +16,13 @@ from freetoken.cache.state_pool import StatePool, StateShape
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.hf_config import HFConfig
 from freetoken.checkpoint.weights import CheckpointWeights
-from freetoken.engine.anchors import Anchors, resolve_anchors
 from freetoken.layers.deltanet import DeltaNetWeights, GatedDeltaNet
 from freetoken.models.base import Family
 from freetoken.models.registry import get_family
 
 if TYPE_CHECKING:
-    from freetoken.engine.model_build import LoadedModel
-    from freetoken.engine.model_setup import ModelSetup
+    from freetoken.loader.model_build import LoadedModel
+    from freetoken.loader.model_setup import ModelSetup
 
 log = logging.getLogger(__name__)
 

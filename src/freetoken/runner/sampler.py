@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from freetoken.engine import noise
-from freetoken.engine.constraint import apply_bitmask
+from freetoken.runner import noise
+from freetoken.runner.constraint import apply_bitmask
 
 MAX_TOP_LOGPROBS = 20
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from freetoken.engine.errors import FreeTokenError, InputError
+from freetoken.errors import FreeTokenError, InputError
 
 GIB = 1 << 30
 MIB = 1 << 20

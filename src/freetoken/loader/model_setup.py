@@ -15,8 +15,8 @@ from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.hf_config import HFConfig, load_hf_config
 from freetoken.checkpoint.tokenizer import load_tokenizer
 from freetoken.config import EngineConfig
-from freetoken.engine.model_build import LoadedModel, build_model
 from freetoken.experts.backends.registry import create_backend
+from freetoken.loader.model_build import LoadedModel, build_model
 from freetoken.models.registry import get_family
 
 log = logging.getLogger(__name__)

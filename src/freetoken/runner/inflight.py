@@ -4,17 +4,19 @@ whole stream), and a step launched after it takes its input ids from ``ids`` on 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Generic
 
 import torch
 
-from freetoken.engine.request import Request
-from freetoken.engine.step_sampler import Choice, unpack
+from freetoken.runner.batch import R
+from freetoken.runner.step_sampler import Choice, unpack
 
 
 @dataclass
-class Launch:
-    items: list[tuple[Request, int]]  # (request, tokens) rows, as launched
+class Launch(Generic[R]):
+    items: list[tuple[R, int]]  # (request, tokens) rows, as launched
     starts: list[int]  # each row's first position
     out: torch.Tensor  # ``step_sampler.pack``'s rows on the device (padded rows past len(items) ignored)
     host: torch.Tensor  # where ``out`` is copied to (``out`` itself on a CPU device)
@@ -33,19 +35,19 @@ class Launch:
 
 
 def launched(
-    items: list[tuple[Request, int]],
+    items: Sequence[tuple[R, int]],
     starts: list[int],
     out: torch.Tensor,
     host: torch.Tensor | None = None,
     blocking: bool = False,
-) -> Launch:
+) -> Launch[R]:
     """The launch of ``out``: on CUDA its copy to ``host`` (pinned; None: a new one) queued, and an event after;
     ``blocking``: reading it sleeps instead of spinning (the step's CPU branch needs every core)."""
     if out.device.type != "cuda":
-        return Launch(items, starts, out, out, None)
+        return Launch(list(items), starts, out, out, None)
     if host is None:
         host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
     host.copy_(out, non_blocking=True)
     done = torch.cuda.Event(blocking=blocking)
     done.record()
-    return Launch(items, starts, out, host, done)
+    return Launch(list(items), starts, out, host, done)

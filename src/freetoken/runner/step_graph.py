@@ -32,24 +32,24 @@ capture failed (its steps stay eager; other graphs go on), a capture out of memo
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
+from freetoken.cache.anchors import due_captures
 from freetoken.cache.kv_pool import KVPool
-from freetoken.engine import noise
-from freetoken.engine.anchors import due_captures
-from freetoken.engine.constraint import new_bitmask
-from freetoken.engine.inflight import Launch, launched
-from freetoken.engine.request import Request
-from freetoken.engine.sampler import MAX_TOP_LOGPROBS, Features, SamplingBatch, sample_batch
-from freetoken.engine.step_sampler import Choice, StepSampler, features_of, pack
 from freetoken.experts.base import ExpertBackend
 from freetoken.layers.attention import AttnBatch
 from freetoken.layers.paged_attention import DecodeMeta
 from freetoken.models.decoder import DecoderModel
+from freetoken.runner import noise
+from freetoken.runner.batch import R, StepRequest
+from freetoken.runner.constraint import new_bitmask
+from freetoken.runner.inflight import Launch, launched
+from freetoken.runner.sampler import MAX_TOP_LOGPROBS, Features, SamplingBatch, sample_batch
+from freetoken.runner.step_sampler import Choice, StepSampler, features_of, pack
 
 log = logging.getLogger(__name__)
 RETRY_AFTER = 32  # steps before a capture that ran out of device memory is tried again (elastic memory)
@@ -143,7 +143,7 @@ class StepGraphs:
     def bucket(self, n: int) -> int | None:
         return next((b for b in self.buckets if b >= n), None)
 
-    def refusal(self, items: list[tuple[Request, int]], starts: list[int] | None = None) -> tuple[str, str] | None:
+    def refusal(self, items: Sequence[tuple[R, int]], starts: list[int] | None = None) -> tuple[str, str] | None:
         """Why a decode-only step (``starts``: as ``launch``'s) cannot run from the graphs: (reason, detail), or
         None when it can."""
         b = self.bucket(len(items))
@@ -159,7 +159,7 @@ class StepGraphs:
         why = st.failed.get(features_of([req for req, _ in items])) if st is not None else None
         return ("capture_failed", why) if why is not None else None
 
-    def admit(self, items: list[tuple[Request, int]], starts: list[int] | None = None, graphs: bool = True) -> bool:
+    def admit(self, items: Sequence[tuple[R, int]], starts: list[int] | None = None, graphs: bool = True) -> bool:
         """Whether a step runs from the graphs (then the caller calls ``launch`` or ``run``). A decode-only step (one
         token per row) that cannot, or whose caller asks for an eager one (``graphs=False``: a row retried alone),
         is counted as a fallback by reason."""
@@ -171,20 +171,20 @@ class StepGraphs:
             self._fallback(*why)
         return why is None
 
-    def can_run(self, items: list[tuple[Request, int]], starts: list[int] | None = None) -> bool:
+    def can_run(self, items: Sequence[tuple[R, int]], starts: list[int] | None = None) -> bool:
         """``admit`` without counting anything."""
         return _decode_only(items, starts) and self.refusal(items, starts) is None
 
-    def run(self, items: list[tuple[Request, int]]) -> list[tuple[Request, Choice]]:
+    def run(self, items: Sequence[tuple[R, int]]) -> list[tuple[R, Choice]]:
         return list(zip([req for req, _ in items], self.launch(items).read()))
 
     def launch(
         self,
-        items: list[tuple[Request, int]],
+        items: Sequence[tuple[R, int]],
         starts: list[int] | None = None,
-        prev: Launch | None = None,
+        prev: Launch[R] | None = None,
         src_rows: list[int] | None = None,
-    ) -> Launch:
+    ) -> Launch[R]:
         """Queues the step (nothing waits for the device). ``starts``: each row's position (None: its
         ``num_computed_tokens``); a row further on is a token ahead of its ``token_ids``, whose input id is
         ``prev``'s sampled id at row ``src_rows[i]``."""
@@ -253,13 +253,13 @@ class StepGraphs:
         self._static[B] = st
         return st
 
-    def _fill(self, st: _Static, host: _Host, reqs: list[Request], starts: list[int], src_rows: list[int]) -> None:
+    def _fill(self, st: _Static, host: _Host, reqs: Sequence[StepRequest], starts: list[int], src_rows: list[int]) -> None:
         """The step's metadata into the pinned twin, then one copy to the device buffers (on CUDA the page table
         and lengths are read in place; on a CPU converted to int32 inside the step). A row ahead of its request's
         ``token_ids`` gets ``src_rows``' entry as its id: the row of the previous step that ``launch`` gathers."""
         B, P = st.floats.shape[1], self.max_pages
         pad = B - len(reqs)
-        rows, starts, src_rows = reqs + [reqs[0]] * pad, starts + [starts[0]] * pad, src_rows + [src_rows[0]] * pad
+        rows, starts, src_rows = [*reqs] + [reqs[0]] * pad, starts + [starts[0]] * pad, src_rows + [src_rows[0]] * pad
         hi, hf = host.ints.numpy(), host.floats.numpy()
         for b, req in enumerate(rows):
             pos = starts[b]
@@ -377,7 +377,7 @@ def _floats(ints: torch.Tensor, at: int, B: int) -> torch.Tensor:
     return ints[at:].view(torch.float32)[: _FLOATS * B].view(_FLOATS, B)
 
 
-def _decode_only(items: list[tuple[Request, int]], starts: list[int] | None) -> bool:
+def _decode_only(items: Sequence[tuple[R, int]], starts: list[int] | None) -> bool:
     """Every row computes one token and samples after it: a prompt's one-token chunk that its prompt goes on
     after (a tiny token budget) is a prefill row (the graphs sample every row)."""
     firsts = starts if starts is not None else [req.num_computed_tokens for req, _ in items]

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from freetoken.engine.memory import Capacity
 from freetoken.hardware.device_memory import free_bytes, process_limit_left
+from freetoken.memory.budget import Capacity
 
 
 def machine_capacity(device: torch.device, held_bytes: int) -> Capacity:

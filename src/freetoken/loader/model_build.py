@@ -24,8 +24,6 @@ from freetoken.checkpoint.hf_config import HFConfig
 from freetoken.checkpoint.quantization import check_supported
 from freetoken.checkpoint.safetensors_io import SafetensorsReader
 from freetoken.checkpoint.weights import CheckpointWeights
-from freetoken.engine.ftw_load import read_ftw_banks
-from freetoken.engine.hybrid_build import LINEAR, deltanet, layer_kinds, split_gated_q, state_shape
 from freetoken.experts.base import ExpertBackend, ExpertBanks
 from freetoken.layers.attention import Attention, AttentionWeights
 from freetoken.layers.deltanet import GatedDeltaNet
@@ -33,6 +31,8 @@ from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.moe import MoELayer
 from freetoken.layers.rope import Rotary
 from freetoken.layers.routing_trace import RoutingTrace
+from freetoken.loader.ftw_load import read_ftw_banks
+from freetoken.loader.hybrid_build import LINEAR, deltanet, layer_kinds, split_gated_q, state_shape
 from freetoken.models.base import Family
 from freetoken.models.decoder import DecoderLayer, DecoderModel
 from freetoken.quant import BF16, QuantizationError, WeightFormat, format_from_config
@@ -46,7 +46,7 @@ class LoadedModel:
     backend: ExpertBackend | None
     kv_layers: int  # layers with a KV cache (full attention)
     states: StateShape | None = None  # the recurrent state of the linear-attention layers, if any
-    weights_check: WeightsCheck | None = None  # an FTW directory's checksums (``engine/ftw_load.py``)
+    weights_check: WeightsCheck | None = None  # an FTW directory's checksums (``loader/ftw_load.py``)
 
 
 @dataclass

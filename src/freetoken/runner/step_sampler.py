@@ -4,14 +4,15 @@ device-to-host copy of what it chose."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from freetoken.engine import noise
-from freetoken.engine.constraint import new_bitmask
-from freetoken.engine.request import Request
-from freetoken.engine.sampler import MAX_TOP_LOGPROBS, Features, PenaltyState, Sampled, SamplingBatch, sample_batch
+from freetoken.runner import noise
+from freetoken.runner.batch import StepRequest
+from freetoken.runner.constraint import new_bitmask
+from freetoken.runner.sampler import MAX_TOP_LOGPROBS, Features, PenaltyState, Sampled, SamplingBatch, sample_batch
 
 
 @dataclass
@@ -32,7 +33,7 @@ class StepSampler:
         self._free = list(range(max_rows - 1, -1, -1))
         self.device = device
 
-    def row_of(self, req: Request) -> int:
+    def row_of(self, req: StepRequest) -> int:
         if req.sampling_row is None:
             p = req.params
             if not p.has_penalties:
@@ -44,12 +45,12 @@ class StepSampler:
                 self.state.reset(req.sampling_row, req.token_ids)
         return req.sampling_row
 
-    def release(self, req: Request) -> None:
+    def release(self, req: StepRequest) -> None:
         if req.sampling_row is not None and req.sampling_row != self.shared_row:
             self._free.append(req.sampling_row)
         req.sampling_row = None
 
-    def batch(self, reqs: list[Request], ahead: int = 0) -> SamplingBatch:
+    def batch(self, reqs: Sequence[StepRequest], ahead: int = 0) -> SamplingBatch:
         """``ahead``: tokens each request has sampled that its ``token_ids`` do not hold yet (a step launched
         before the previous one's outputs were read: ``engine/overlap.py``); the noise's step counts them."""
         ints = torch.tensor(
@@ -78,7 +79,7 @@ class StepSampler:
             repetition=floats[5], top_k=ints[0], seed_lo=ints[1], seed_hi=ints[2], step=ints[3], rows=ints[4],
         )  # fmt: skip
 
-    def bitmask(self, reqs: list[Request], vocab: int) -> torch.Tensor | None:
+    def bitmask(self, reqs: Sequence[StepRequest], vocab: int) -> torch.Tensor | None:
         """The next token's allowed set of each constrained request ([B, words] int32; unconstrained rows
         allow all), or None when no request is constrained."""
         if all(r.constraint is None for r in reqs):
@@ -89,11 +90,11 @@ class StepSampler:
                 r.constraint.fill_bitmask(mask[i])
         return mask.to(self.device, non_blocking=True)
 
-    def sample(self, reqs: list[Request], logits: torch.Tensor) -> list[Choice]:
+    def sample(self, reqs: Sequence[StepRequest], logits: torch.Tensor) -> list[Choice]:
         """logits [len(reqs), V] float32 on the device -> one choice per request."""
         return _choices(reqs, self.sample_on_device(reqs, logits))
 
-    def sample_on_device(self, reqs: list[Request], logits: torch.Tensor, ahead: int = 0) -> Sampled:
+    def sample_on_device(self, reqs: Sequence[StepRequest], logits: torch.Tensor, ahead: int = 0) -> Sampled:
         """The sampler's outputs, left on the device (nothing read back; ``ahead``: ``batch``)."""
         features = features_of(reqs)
         b = self.batch(reqs, ahead)
@@ -102,7 +103,7 @@ class StepSampler:
         return out
 
 
-def features_of(reqs: list[Request]) -> Features:
+def features_of(reqs: Sequence[StepRequest]) -> Features:
     """The sampler's stages some row of the step needs."""
     p = [r.params for r in reqs]
     return Features(
@@ -114,7 +115,7 @@ def features_of(reqs: list[Request]) -> Features:
     )
 
 
-def _choices(reqs: list[Request], out: Sampled) -> list[Choice]:
+def _choices(reqs: Sequence[StepRequest], out: Sampled) -> list[Choice]:
     return choices(reqs, out.ids, out.logprob, out.top_ids, out.top_logprobs)
 
 
@@ -129,7 +130,7 @@ def pack(s: Sampled, logprobs: bool) -> torch.Tensor:
     )
 
 
-def unpack(reqs: list[Request], host_out: torch.Tensor) -> list[Choice]:
+def unpack(reqs: Sequence[StepRequest], host_out: torch.Tensor) -> list[Choice]:
     """``pack``'s rows (on the host; padded rows past ``len(reqs)`` ignored) as the requests' choices."""
     rows = host_out[: len(reqs)]
     n = MAX_TOP_LOGPROBS
@@ -140,7 +141,7 @@ def unpack(reqs: list[Request], host_out: torch.Tensor) -> list[Choice]:
 
 
 def choices(
-    reqs: list[Request],
+    reqs: Sequence[StepRequest],
     ids: torch.Tensor,
     logprob: torch.Tensor | None,
     top_ids: torch.Tensor | None,
