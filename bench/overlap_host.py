@@ -39,10 +39,10 @@ def main() -> None:
         stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
         cum = {f"{k[2]}@{k[0].rsplit('/', 1)[-1]}": v[3] for k, v in stats.items()}
         per = {k: 1e6 * cum.get(k, 0.0) / args.steps for k in
-               ("step@engine.py", "launch@runner.py", "_append_all@engine.py", "_chain@overlap.py")}  # fmt: skip
+               ("step@engine.py", "launch@runner.py", "append_all@engine.py", "_chain@overlap.py")}  # fmt: skip
         host = per["step@engine.py"] - per["launch@runner.py"]
         print(f"batch {b}: step {per['step@engine.py']:.0f} us, model + sampler {per['launch@runner.py']:.0f} us, "
-              f"host {host:.0f} us (appending {per['_append_all@engine.py']:.0f}, the next launch's bookkeeping "
+              f"host {host:.0f} us (appending {per['append_all@engine.py']:.0f}, the next launch's bookkeeping "
               f"{per['_chain@overlap.py'] - per['launch@runner.py']:.0f}), launched ahead "
               f"{eng.stats()['steps_launched_ahead']}")  # fmt: skip
 

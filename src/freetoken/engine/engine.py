@@ -84,7 +84,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.grammars = GrammarCompiler(s.tokenizer, s.hf.vocab_size, s.eos_token_ids)
         self._seeds = random.Random(config.seed)
-        self._counters = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0, "requests_finished": 0}
+        self.counters = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0, "requests_finished": 0}
         self._pending: list[RequestOutput] = []
         self._resumed_at = 0.0  # the last time a cache waiting for device memory asked again (``step``)
         self.started_at = time.monotonic()
@@ -93,6 +93,11 @@ class LLMEngine:
             self.weights_check.start()
 
     # ---- elastic memory (safe points only: between steps, on the engine thread) ---------------------------
+    @property
+    def layer_major_busy(self) -> bool:
+        """A layer-major prefill is in flight (it spans steps; its batches name KV slots)."""
+        return self._job is not None
+
     def can_resize(self) -> bool:
         """A safe point for elastic memory: between steps, and no layer-major prefill in flight (its batches
         name KV slots and it streams layers through the slot pool across steps)."""
@@ -232,15 +237,15 @@ class LLMEngine:
     def _commit(self, items: list[tuple[Request, int]], sampled: list[tuple[Request, Choice]]) -> list[RequestOutput]:
         """A computed step's bookkeeping, then its tokens appended."""
         if items:
-            self._counters["steps"] += 1
+            self.counters["steps"] += 1
         for req, n in items:
             was_prefill = req.num_computed_tokens < req.num_prompt_tokens
             req.num_computed_tokens += n
             self.pages.roll(req)
-            self._counters["prefill_tokens" if was_prefill else "decode_tokens"] += n
-        return self._append_all(sampled)
+            self.counters["prefill_tokens" if was_prefill else "decode_tokens"] += n
+        return self.append_all(sampled)
 
-    def _append_all(self, sampled: list[tuple[Request, Choice]]) -> list[RequestOutput]:
+    def append_all(self, sampled: list[tuple[Request, Choice]]) -> list[RequestOutput]:
         outputs = []
         for req, choice in sampled:
             try:
@@ -265,9 +270,9 @@ class LLMEngine:
             for req in job.requests:
                 self._fail(req, "the layer-major prefill failed", exc)
             return []
-        self._counters["steps"] += 1
-        self._counters["prefill_tokens"] += job.tokens
-        return self._append_all(sampled)
+        self.counters["steps"] += 1
+        self.counters["prefill_tokens"] += job.tokens
+        return self.append_all(sampled)
 
     def _compute(
         self, items: list[tuple[Request, int]], batched: bool = True
@@ -371,7 +376,7 @@ class LLMEngine:
         req.status = Status.FINISHED
         req.finish_reason = reason
         self.requests.pop(req.request_id, None)
-        self._counters["requests_finished"] += 1
+        self.counters["requests_finished"] += 1
         if emit:
             # an aborted or failed request says nothing more (a failed detokenizer may fail again)
             text = req.detok.flush() if reason not in ("abort", "error") else ""
@@ -382,7 +387,7 @@ class LLMEngine:
     ) -> torch.Tensor:
         """Logits [n, V] at every position of ``token_ids`` by prefill in chunks (``scoring.score``)."""
         self._quiet()
-        return score(self, token_ids, chunk, layer_major)
+        return score(self.runner, self.pages, self.states, self.max_model_len, token_ids, chunk, layer_major)
 
     # ---- introspection --------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

@@ -32,25 +32,44 @@ requests is preempted once the step in flight is read: recomputed from its cache
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from freetoken.cache.anchors import due_captures
+from freetoken.cache.state_pool import StatePool
+from freetoken.engine.elastic import ElasticMemory
+from freetoken.engine.kv_manager import KVManager
 from freetoken.engine.outputs import RequestOutput
 from freetoken.engine.request import Request
+from freetoken.engine.scheduler import Scheduler
 from freetoken.runner.inflight import Launch
+from freetoken.runner.runner import ModelRunner
 from freetoken.runner.step_sampler import Choice
 
-if TYPE_CHECKING:
-    from freetoken.engine.engine import LLMEngine
+
+class OverlapHost(Protocol):
+    """What the overlap reads and calls of the engine (``LLMEngine``)."""
+
+    runner: ModelRunner
+    scheduler: Scheduler
+    pages: KVManager
+    memory: ElasticMemory
+    states: StatePool | None
+    counters: dict[str, int]
+
+    @property
+    def layer_major_busy(self) -> bool: ...
+
+    def append_all(self, sampled: list[tuple[Request, Choice]]) -> list[RequestOutput]: ...
+
 
 log = logging.getLogger(__name__)
 
 
 class StepOverlap:
-    def __init__(self, engine: LLMEngine, enabled: bool) -> None:
+    def __init__(self, engine: OverlapHost, enabled: bool) -> None:
         self.engine = engine
         self.enabled = enabled
-        self.inflight: Launch | None = None  # the step launched and not read yet
+        self.inflight: Launch[Request] | None = None  # the step launched and not read yet
         self.launched_ahead = 0  # steps launched before the previous one was read
 
     def can_start(self, items: list[tuple[Request, int]]) -> bool:
@@ -58,7 +77,7 @@ class StepOverlap:
         next one may have been launched behind it): every running request decoding one token (a prompt's
         one-token chunk that its prompt goes on after, under a tiny token budget, is not: it samples nothing)."""
         e = self.engine
-        if not self.enabled or e._job is not None or not e.runner.can_run_ahead():
+        if not self.enabled or e.layer_major_busy or not e.runner.can_run_ahead():
             return False
         decode = all(n == 1 and req.num_computed_tokens + 1 >= req.num_tokens for req, n in items)
         return decode and len(items) == len(e.scheduler.running)
@@ -93,13 +112,13 @@ class StepOverlap:
         step, self.inflight = self.inflight, None
         return self._read(step)
 
-    def _chain(self, step: Launch) -> tuple[Launch | None, list[Request]]:
+    def _chain(self, step: Launch[Request]) -> tuple[Launch[Request] | None, list[Request]]:
         """The next step launched behind ``step`` (None where it cannot be), and the requests of a launch that
         failed (their next steps are serial ones, from then on every step is)."""
         e = self.engine
         if e.scheduler.waiting and len(e.scheduler.running) < e.scheduler.max_running:
             return None, []  # a request may join: a serial boundary
-        if e._job is not None or e.memory.waiting or e.memory.wants_follow():
+        if e.layer_major_busy or e.memory.waiting or e.memory.wants_follow():
             return None, []
         rows: list[int] = []
         for i, (req, _) in enumerate(step.items):
@@ -126,7 +145,7 @@ class StepOverlap:
         self.launched_ahead += 1
         return nxt, []
 
-    def _read(self, step: Launch) -> list[RequestOutput]:
+    def _read(self, step: Launch[Request]) -> list[RequestOutput]:
         """Waits for ``step``, commits its surviving rows and appends their tokens."""
         e = self.engine
         picked = step.read()
@@ -137,10 +156,10 @@ class StepOverlap:
             assert req.num_computed_tokens == start, "an overlapped row is out of step with its request"
             req.num_computed_tokens += n
             e.pages.roll(req)
-            e._counters["decode_tokens"] += n
+            e.counters["decode_tokens"] += n
             sampled.append((req, choice))
-        e._counters["steps"] += bool(sampled)  # a step whose rows were all discarded computed nothing of use
-        return e._append_all(sampled)
+        e.counters["steps"] += bool(sampled)  # a step whose rows were all discarded computed nothing of use
+        return e.append_all(sampled)
 
 
 def _finishes_by_length(req: Request) -> bool:

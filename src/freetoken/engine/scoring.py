@@ -4,59 +4,62 @@ pages and state slot, chunk- or layer-major; touches no other request."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
-
 import torch
 
+from freetoken.cache.state_pool import StatePool
 from freetoken.engine.detokenizer import IncrementalDetokenizer
 from freetoken.engine.errors import InputError, PromptTooLongError
+from freetoken.engine.kv_manager import KVManager
 from freetoken.engine.request import Request
 from freetoken.models.layer_major import LayerMajorPass
+from freetoken.runner.runner import ModelRunner
 from freetoken.runner.sampling_params import SamplingParams
 
-if TYPE_CHECKING:
-    from freetoken.engine.engine import LLMEngine
-
-
 def score(
-    engine: LLMEngine, token_ids: list[int], chunk: int | list[int] | None = None, layer_major: bool = False
+    runner: ModelRunner,
+    pages: KVManager,
+    states: StatePool | None,
+    max_model_len: int,
+    token_ids: list[int],
+    chunk: int | list[int] | None = None,
+    layer_major: bool = False,
 ) -> torch.Tensor:
     """Logits [n, V] (float32, CPU) at every position of ``token_ids``, computed by prefill in chunks of
     ``chunk`` tokens (a list: these sizes in turn; None: one shot), each attending to the K/V of the chunks
     before it, chunk-major or (``layer_major``) layer by layer over all chunks, with temporary pages (for tests
     and perplexity; does not touch other requests)."""
     n = len(token_ids)
-    if not 0 < n < engine.max_model_len:
-        raise PromptTooLongError(n, engine.max_model_len) if n else InputError("the prompt is empty")
+    if not 0 < n < max_model_len:
+        raise PromptTooLongError(n, max_model_len) if n else InputError("the prompt is empty")
     step = chunk if isinstance(chunk, int) and chunk > 0 else n
     sizes = list(chunk) if isinstance(chunk, list) else [min(step, n - s) for s in range(0, n, step)]
     if sum(sizes) != n or min(sizes) < 1:
         raise InputError(f"chunk sizes {sizes} do not cut {n} tokens")
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    kv = runner.kv
     rid = f"score-{time.monotonic_ns()}"
-    if not engine.pages.reserve(engine.kv.pages_for(n)):
+    if not pages.reserve(kv.pages_for(n)):
         raise InputError(f"{n} tokens do not fit the free KV pages now")
-    pages = engine.kv.allocate(engine.kv.pages_for(n), rid)
-    runner = engine.runner
+    held = kv.allocate(kv.pages_for(n), rid)
     req = Request(rid, list(token_ids), SamplingParams(), n + 1, IncrementalDetokenizer(None, [], [], True))
     try:
-        req.state_slot = engine.states.allocate(rid) if engine.states is not None else None
-        req.pages = pages
+        req.state_slot = states.allocate(rid) if states is not None else None
+        req.pages = held
         chunks = [([(req, size)], [start]) for size, start in zip(sizes, starts)]
         if layer_major:
             if runner.backend is not None:
                 runner.backend.begin_step(chunks[0][0][0][1], False)
             built = [runner.build_batch(items, starts)[:2] for items, starts in chunks]
-            hidden = LayerMajorPass(runner.model, built, engine.kv).run()
+            hidden = LayerMajorPass(runner.model, built, kv).run()
             return torch.cat([runner.model.logits(h).cpu() for h in hidden])
         out = []
         for items, starts in chunks:
             if runner.backend is not None:
                 runner.backend.begin_step(items[0][1], False)
             input_ids, batch, _ = runner.build_batch(items, starts)
-            out.append(runner.model.logits(runner.model.forward(input_ids, batch, engine.kv)).cpu())
+            out.append(runner.model.logits(runner.model.forward(input_ids, batch, kv)).cpu())
         return torch.cat(out)
     finally:
-        engine.kv.free(pages, rid)
-        if engine.states is not None and req.state_slot is not None:
-            engine.states.free(req.state_slot, rid)
+        kv.free(held, rid)
+        if states is not None and req.state_slot is not None:
+            states.free(req.state_slot, rid)

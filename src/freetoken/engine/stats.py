@@ -3,13 +3,38 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from freetoken.engine.engine import LLMEngine
+from freetoken.cache.kv_pool import KVPool
+from freetoken.cache.radix import RadixCache
+from freetoken.checkpoint.ftw_verify import WeightsCheck
+from freetoken.engine.elastic import ElasticMemory
+from freetoken.engine.kv_manager import KVManager
+from freetoken.engine.layer_major import LayerMajorPlanner
+from freetoken.engine.overlap import StepOverlap
+from freetoken.engine.scheduler import Scheduler
+from freetoken.loader.model_setup import ModelSetup
+from freetoken.runner.runner import ModelRunner
 
 
-def engine_stats(e: LLMEngine) -> dict[str, Any]:
+class Counted(Protocol):
+    """The parts of the engine (``LLMEngine``) whose counters the stats read."""
+
+    setup: ModelSetup
+    runner: ModelRunner
+    overlap: StepOverlap
+    counters: dict[str, int]
+    pages: KVManager
+    tree: RadixCache | None
+    scheduler: Scheduler
+    layer_major: LayerMajorPlanner
+    kv: KVPool
+    memory: ElasticMemory
+    started_at: float
+    weights_check: WeightsCheck | None
+
+
+def engine_stats(e: Counted) -> dict[str, Any]:
     """``LLMEngine.stats``: the counters of the engine, its caches and its MoE backend."""
     backend = e.setup.loaded.backend
     expert = backend.stats() if backend is not None else {}
@@ -21,7 +46,7 @@ def engine_stats(e: LLMEngine) -> dict[str, Any]:
         "step_graph_eager_fallbacks": 0,  # decode steps run eagerly although step graphs are on (none without)
         **(e.runner.graphs.stats() if e.runner.graphs is not None else {}),
         "steps_launched_ahead": e.overlap.launched_ahead,
-        **e._counters,
+        **e.counters,
         "prefix_tokens_reused": e.pages.num_prefix_tokens_reused,
         "radix_pages": e.tree.num_pages if e.tree is not None else 0,
         "radix_evictions": e.tree.num_evictions if e.tree is not None else 0,
@@ -40,6 +65,6 @@ def engine_stats(e: LLMEngine) -> dict[str, Any]:
     }
 
 
-def _checkpoint_stats(e: LLMEngine) -> dict[str, int]:
+def _checkpoint_stats(e: Counted) -> dict[str, int]:
     c = e.pages.checkpoints
     return {} if c is None else c.stats()
