@@ -4,6 +4,7 @@ pages and state slot, chunk- or layer-major; touches no other request."""
 from __future__ import annotations
 
 import time
+
 import torch
 
 from freetoken.cache.state_pool import StatePool
@@ -14,6 +15,7 @@ from freetoken.engine.request import Request
 from freetoken.models.layer_major import LayerMajorPass
 from freetoken.runner.runner import ModelRunner
 from freetoken.runner.sampling_params import SamplingParams
+
 
 def score(
     runner: ModelRunner,

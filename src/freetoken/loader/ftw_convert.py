@@ -23,8 +23,9 @@ from freetoken.checkpoint.hf_config import HFConfig, load_hf_config
 from freetoken.checkpoint.safetensors_io import SafetensorsReader
 from freetoken.checkpoint.weights import CheckpointWeights
 from freetoken.experts.base import ExpertBackend, ExpertBanks
-from freetoken.loader.model_build import _expert_reads, _weight_format, build_model
+from freetoken.loader.model_build import build_model, weight_format
 from freetoken.models.base import Family
+from freetoken.models.blocks import expert_reads
 from freetoken.models.registry import get_family
 
 log = logging.getLogger(__name__)
@@ -46,10 +47,10 @@ class _Unused(ExpertBackend):
 
 def _expert_names(reader: SafetensorsReader, hf: HFConfig, family: Family) -> list[str]:
     """The routed experts' tensors and scale tensors: what goes into banks (the rest is copied)."""
-    w = CheckpointWeights(reader, torch.device("cpu"), torch.float32, _weight_format(reader, hf))
+    w = CheckpointWeights(reader, torch.device("cpu"), torch.float32, weight_format(reader, hf))
     names: list[str] = []
     for li, i in enumerate(hf.moe_layer_ids):
-        for name, *_ in _expert_reads(w, family, hf, i, li):
+        for name, *_ in expert_reads(w, family, hf, i, li):
             names.append(name)
             if w.is_packed(name) and w.layout is not None:
                 names.append(w.layout.scale_name(name))

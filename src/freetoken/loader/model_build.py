@@ -25,16 +25,17 @@ from freetoken.checkpoint.quantization import check_supported
 from freetoken.checkpoint.safetensors_io import SafetensorsReader
 from freetoken.checkpoint.weights import CheckpointWeights
 from freetoken.experts.base import ExpertBackend, ExpertBanks
-from freetoken.layers.attention import Attention, AttentionWeights
+from freetoken.layers.attention import Attention
 from freetoken.layers.deltanet import GatedDeltaNet
 from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.moe import MoELayer
 from freetoken.layers.rope import Rotary
 from freetoken.layers.routing_trace import RoutingTrace
 from freetoken.loader.ftw_load import read_ftw_banks
-from freetoken.loader.hybrid_build import LINEAR, deltanet, layer_kinds, split_gated_q, state_shape
 from freetoken.models.base import Family
+from freetoken.models.blocks import ExpertRead, MoEParts, attention, dense_mlp, expert_reads, moe_parts, norm
 from freetoken.models.decoder import DecoderLayer, DecoderModel
+from freetoken.models.hybrid_blocks import LINEAR, deltanet, layer_kinds, state_shape
 from freetoken.quant import BF16, QuantizationError, WeightFormat, format_from_config
 
 
@@ -49,102 +50,7 @@ class LoadedModel:
     weights_check: WeightsCheck | None = None  # an FTW directory's checksums (``loader/ftw_load.py``)
 
 
-@dataclass
-class _MoEParts:
-    """A MoE layer's non-expert weights, read before its backend exists."""
-
-    router: torch.Tensor
-    shared: DenseMLP | None
-    shared_gate: torch.Tensor | None
-
-
-def _attention(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, kv_index: int, rotary: Rotary) -> Attention:
-    p = fam.naming.layer.format(i=i) + fam.naming.attn
-    D, H, Hkv, hd = hf.hidden_size, hf.num_heads, hf.num_kv_heads, hf.head_dim
-    # Llama's attention_bias covers o_proj too; Qwen2's qkv_bias only q/k/v.
-    bias = hf.attention_bias or bool(fam.qkv_bias_key and hf.raw.get(fam.qkv_bias_key, False))
-    o_bias = bool(hf.raw.get("attention_bias", False)) and fam.qkv_bias_key is None
-    norm_q = {"none": None, "head": (hd,), "full": (H * hd,)}[fam.qk_norm]
-    norm_k = {"none": None, "head": (hd,), "full": (Hkv * hd,)}[fam.qk_norm]
-    gated = fam.attn_output_gate
-    q, gate = w.get(p + "q_proj.weight", (H * hd * (2 if gated else 1), D)), None
-    if gated:
-        q, gate = split_gated_q(q, H, hd)
-    q_bias = w.get(p + "q_proj.bias", (H * hd * (2 if gated else 1),)) if bias else None
-    if gated and q_bias is not None:
-        q_bias = split_gated_q(q_bias, H, hd)[0]  # a gate bias is not read: no family has one
-    aw = AttentionWeights(
-        q=q,
-        k=w.get(p + "k_proj.weight", (Hkv * hd, D)),
-        v=w.get(p + "v_proj.weight", (Hkv * hd, D)),
-        o=w.get(p + "o_proj.weight", (D, H * hd)),
-        o_bias=w.get(p + "o_proj.bias", (D,)) if o_bias else None,
-        q_bias=q_bias,
-        k_bias=w.get(p + "k_proj.bias", (Hkv * hd,)) if bias else None,
-        v_bias=w.get(p + "v_proj.bias", (Hkv * hd,)) if bias else None,
-        q_norm=_norm(w, fam, p + fam.naming.q_norm, norm_q) if norm_q else None,
-        k_norm=_norm(w, fam, p + fam.naming.k_norm, norm_k) if norm_k else None,
-        gate=gate,
-    )
-    clip = hf.raw.get(fam.clip_qkv_key) if fam.clip_qkv_key else None
-    return Attention(aw, kv_index, H, Hkv, hd, hf.rms_eps, rotary, float(clip) if clip else None, hf.sliding_window)
-
-
-def _norm(w: CheckpointWeights, fam: Family, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """An RMSNorm weight as our norm applies it: ``1 + w`` for families whose norms scale by it."""
-    t = w.get(name, shape)
-    return t + fam.norm_offset if fam.norm_offset else t
-
-
-def _dense(w: CheckpointWeights, prefix: str, D: int, inter: int, bias: bool = False) -> DenseMLP:
-    return DenseMLP(
-        gate=w.get(prefix + "gate_proj.weight", (inter, D)),
-        up=w.get(prefix + "up_proj.weight", (inter, D)),
-        down=w.get(prefix + "down_proj.weight", (D, inter)),
-        gate_bias=w.get(prefix + "gate_proj.bias", (inter,)) if bias else None,
-        up_bias=w.get(prefix + "up_proj.bias", (inter,)) if bias else None,
-        down_bias=w.get(prefix + "down_proj.bias", (D,)) if bias else None,
-    )
-
-
-def _moe_parts(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int) -> _MoEParts:
-    n, D = fam.naming, hf.hidden_size
-    mp = n.layer.format(i=i) + n.moe
-    shared = shared_gate = None
-    if n.shared_expert and hf.shared_expert_intermediate_size:
-        shared = _dense(w, mp + n.shared_expert, D, hf.shared_expert_intermediate_size)
-        shared_gate = w.opt(mp + (n.shared_expert_gate or ""), (1, D))
-    return _MoEParts(w.get(mp + n.router, (hf.num_experts, D)), shared, shared_gate)
-
-
-# One read of routed-expert weights: (tensor name, "gate_up" or "down", index into that bank, expected shape,
-# index into its scale bank: the same rows in blocks).
-_Index = tuple[int | slice, ...]
-_ExpertRead = tuple[str, str, _Index, tuple[int, ...], _Index]
-
-
-def _expert_reads(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, li: int) -> list[_ExpertRead]:
-    """What to read for layer i's routed experts into bank rows [li*E, (li+1)*E): the fused layout when the
-    checkpoint has it, else one tensor per expert and projection (gate rows first, then up rows)."""
-    n = fam.naming
-    p = n.layer.format(i=i) + n.moe
-    E, D, I = hf.num_experts, hf.hidden_size, hf.moe_intermediate_size
-    if p + n.fused_experts[0] in w:
-        rows = (slice(li * E, (li + 1) * E),)
-        return [(p + n.fused_experts[0], "gate_up", rows, (E, 2 * I, D), rows),
-                (p + n.fused_experts[1], "down", rows, (E, D, I), rows)]  # fmt: skip
-    gate_n, up_n, down_n = (p + t for t in n.experts)
-    sI = w.layout.scale_shape(I, D)[0] if w.layout is not None else 0  # gate's block rows (whole blocks)
-    reads: list[_ExpertRead] = []
-    for e in range(E):
-        row = li * E + e
-        reads += [(gate_n.format(e=e), "gate_up", (row, slice(0, I)), (I, D), (row, slice(0, sI))),
-                  (up_n.format(e=e), "gate_up", (row, slice(I, 2 * I)), (I, D), (row, slice(sI, 2 * sI))),
-                  (down_n.format(e=e), "down", (row,), (D, I), (row,))]  # fmt: skip
-    return reads
-
-
-def _weight_format(reader: SafetensorsReader, hf: HFConfig) -> WeightFormat | None:
+def weight_format(reader: SafetensorsReader, hf: HFConfig) -> WeightFormat | None:
     """The format ``quantization_config`` declares (None: none); what is not implemented fails here."""
     try:
         return format_from_config(hf.raw)
@@ -153,7 +59,7 @@ def _weight_format(reader: SafetensorsReader, hf: HFConfig) -> WeightFormat | No
 
 
 def _expert_format(
-    w: CheckpointWeights, fmt: WeightFormat | None, reads: list[_ExpertRead], hf: HFConfig
+    w: CheckpointWeights, fmt: WeightFormat | None, reads: list[ExpertRead], hf: HFConfig
 ) -> WeightFormat:
     """The routed experts' bank format: ``fmt`` when they are stored packed, bf16 when not; refused when they mix
     or are not whole blocks."""
@@ -185,37 +91,37 @@ def build_model(
 ) -> LoadedModel:
     ftw = read_manifest(hf.path)  # FTW: the routed experts come pre-banked, the rest is safetensors as usual
     reader = SafetensorsReader(hf.path)
-    fmt = _weight_format(reader, hf)
+    fmt = weight_format(reader, hf)
     check_supported(hf.raw, reader, family.skippable, fmt)
     w = CheckpointWeights(reader, device, dtype, fmt)
     n = family.naming
     D, V = hf.hidden_size, hf.vocab_size
     rotary = Rotary(hf.rope, hf.head_dim, max_positions, device)
     moe_ids = hf.moe_layer_ids
-    parts: list[tuple[torch.Tensor, Attention | GatedDeltaNet, torch.Tensor, DenseMLP | _MoEParts]] = []
-    reads: list[_ExpertRead] = []
+    parts: list[tuple[torch.Tensor, Attention | GatedDeltaNet, torch.Tensor, DenseMLP | MoEParts]] = []
+    reads: list[ExpertRead] = []
     kinds = layer_kinds(hf, family)
     kv_layers, linear_layers = 0, 0
     for i in range(hf.num_layers):
         lp = n.layer.format(i=i)
-        ffn: DenseMLP | _MoEParts
+        ffn: DenseMLP | MoEParts
         if i in moe_ids:
-            ffn = _moe_parts(w, family, hf, i)
-            reads += _expert_reads(w, family, hf, i, moe_ids.index(i)) if ftw is None else []
+            ffn = moe_parts(w, family, hf, i)
+            reads += expert_reads(w, family, hf, i, moe_ids.index(i)) if ftw is None else []
         else:
-            ffn = _dense(w, lp + n.mlp, D, hf.intermediate_size, bool(hf.raw.get("mlp_bias", False)))
+            ffn = dense_mlp(w, lp + n.mlp, D, hf.intermediate_size, bool(hf.raw.get("mlp_bias", False)))
         mixer: Attention | GatedDeltaNet
         if kinds[i] == LINEAR:
             mixer, linear_layers = deltanet(w, family, hf, i, linear_layers), linear_layers + 1
         else:
-            mixer, kv_layers = _attention(w, family, hf, i, kv_layers, rotary), kv_layers + 1
-        parts.append((_norm(w, family, lp + n.attn_norm, (D,)), mixer, _norm(w, family, lp + n.ffn_norm, (D,)), ffn))
+            mixer, kv_layers = attention(w, family, hf, i, kv_layers, rotary), kv_layers + 1
+        parts.append((norm(w, family, lp + n.attn_norm, (D,)), mixer, norm(w, family, lp + n.ffn_norm, (D,)), ffn))
     embed = w.get(n.embed, (V, D))
     tied = hf.tie_word_embeddings or n.lm_head not in w
     lm_head = embed if tied else w.get(n.lm_head, (V, D))
     scales = [w.layout.scale_name(r[0]) for r in reads if w.is_packed(r[0])] if w.layout is not None else []
     w.claim([r[0] for r in reads] + scales + ([n.lm_head] if n.lm_head in w else []))  # a tied head's copy is not read
-    final_norm = _norm(w, family, n.final_norm, (D,))
+    final_norm = norm(w, family, n.final_norm, (D,))
     w.check_all_used(hf.architecture, family.skippable)
     banks = backend = check = None
     if moe_ids and ftw is not None:
@@ -235,7 +141,7 @@ def build_model(
     trace = RoutingTrace(routing_trace, len(moe_ids), hf.num_experts, hf.top_k, device) if routing_trace else None
     layers = []
     for i, (attn_norm, attn, ffn_norm, ffn) in enumerate(parts):
-        if isinstance(ffn, _MoEParts):
+        if isinstance(ffn, MoEParts):
             assert backend is not None
             norm_topk = hf.norm_topk_prob or family.always_norm_topk
             moe = MoELayer(

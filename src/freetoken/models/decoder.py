@@ -45,11 +45,19 @@ class DecoderModel:
             h = F.embedding(input_ids, self.embed)
             return rms_norm(h, self.final_norm, self.eps)
         h, x = embed_rms_norm(input_ids, self.embed, self.layers[0].attn_norm, self.eps)
-        for i, layer in enumerate(self.layers):
-            h, x = add_rms_norm(h, self.mix(layer, x, batch, kv), layer.ffn_norm, self.eps)
-            after = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.final_norm
-            h, x = add_rms_norm(h, layer.ffn.forward(x), after, self.eps)
+        for i in range(len(self.layers)):
+            h, x = self.block(i, h, x, batch, kv)
         return x
+
+    def block(
+        self, i: int, h: torch.Tensor, x: torch.Tensor, batch: AttnBatch, kv: KVPool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``i`` over the residual ``h`` and its normed ``x``: the token mixer, then the MLP or MoE; returns
+        the new residual and it normed for the next layer (the final norm after the last)."""
+        layer = self.layers[i]
+        h, x = add_rms_norm(h, self.mix(layer, x, batch, kv), layer.ffn_norm, self.eps)
+        after = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.final_norm
+        return add_rms_norm(h, layer.ffn.forward(x), after, self.eps)
 
     def mix(self, layer: DecoderLayer, x: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
         """A layer's token mixer: full attention over the KV pages, or linear attention over its state slots."""

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from freetoken.cache.kv_pool import KVPool
 from freetoken.layers.attention import AttnBatch
-from freetoken.layers.norm import add_rms_norm, rms_norm
+from freetoken.layers.norm import rms_norm
 from freetoken.models.decoder import DecoderModel
 
 
@@ -55,10 +55,7 @@ class LayerMajorPass:
             h = F.embedding(self._ids[c], m.embed)
             self.h.append(h)
             self.x.append(rms_norm(h, m.layers[0].attn_norm, m.eps))
-        i, layer = self.layer, m.layers[self.layer]
-        h, x = add_rms_norm(self.h[c], m.mix(layer, self.x[c], self.batches[c], self.kv), layer.ffn_norm, m.eps)
-        after = m.layers[i + 1].attn_norm if i + 1 < len(m.layers) else m.final_norm
-        self.h[c], self.x[c] = add_rms_norm(h, layer.ffn.forward(x), after, m.eps)
+        self.h[c], self.x[c] = m.block(self.layer, self.h[c], self.x[c], self.batches[c], self.kv)
         self.chunk += 1
         if self.chunk == self.num_chunks:
             self.layer, self.chunk = self.layer + 1, 0

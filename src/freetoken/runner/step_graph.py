@@ -253,7 +253,9 @@ class StepGraphs:
         self._static[B] = st
         return st
 
-    def _fill(self, st: _Static, host: _Host, reqs: Sequence[StepRequest], starts: list[int], src_rows: list[int]) -> None:
+    def _fill(
+        self, st: _Static, host: _Host, reqs: Sequence[StepRequest], starts: list[int], src_rows: list[int]
+    ) -> None:
         """The step's metadata into the pinned twin, then one copy to the device buffers (on CUDA the page table
         and lengths are read in place; on a CPU converted to int32 inside the step). A row ahead of its request's
         ``token_ids`` gets ``src_rows``' entry as its id: the row of the previous step that ``launch`` gathers."""

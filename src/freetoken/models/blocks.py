@@ -1,0 +1,112 @@
+"""A family's blocks, read from a checkpoint by its names (``models/base.py`` ``Naming``) into the layers' weights:
+attention, the RMSNorms, a dense MLP, a MoE layer's non-expert parts and where its routed experts' tensors go in the
+expert banks. The model's assembly (``loader/model_build.py``) composes them layer by layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from freetoken.checkpoint.hf_config import HFConfig
+from freetoken.checkpoint.weights import CheckpointWeights
+from freetoken.layers.attention import Attention, AttentionWeights
+from freetoken.layers.mlp import DenseMLP
+from freetoken.layers.rope import Rotary
+from freetoken.models.base import Family
+from freetoken.models.hybrid_blocks import split_gated_q
+
+
+@dataclass
+class MoEParts:
+    """A MoE layer's non-expert weights, read before its backend exists."""
+
+    router: torch.Tensor
+    shared: DenseMLP | None
+    shared_gate: torch.Tensor | None
+
+
+def attention(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, kv_index: int, rotary: Rotary) -> Attention:
+    p = fam.naming.layer.format(i=i) + fam.naming.attn
+    D, H, Hkv, hd = hf.hidden_size, hf.num_heads, hf.num_kv_heads, hf.head_dim
+    # Llama's attention_bias covers o_proj too; Qwen2's qkv_bias only q/k/v.
+    bias = hf.attention_bias or bool(fam.qkv_bias_key and hf.raw.get(fam.qkv_bias_key, False))
+    o_bias = bool(hf.raw.get("attention_bias", False)) and fam.qkv_bias_key is None
+    norm_q = {"none": None, "head": (hd,), "full": (H * hd,)}[fam.qk_norm]
+    norm_k = {"none": None, "head": (hd,), "full": (Hkv * hd,)}[fam.qk_norm]
+    gated = fam.attn_output_gate
+    q, gate = w.get(p + "q_proj.weight", (H * hd * (2 if gated else 1), D)), None
+    if gated:
+        q, gate = split_gated_q(q, H, hd)
+    q_bias = w.get(p + "q_proj.bias", (H * hd * (2 if gated else 1),)) if bias else None
+    if gated and q_bias is not None:
+        q_bias = split_gated_q(q_bias, H, hd)[0]  # a gate bias is not read: no family has one
+    aw = AttentionWeights(
+        q=q,
+        k=w.get(p + "k_proj.weight", (Hkv * hd, D)),
+        v=w.get(p + "v_proj.weight", (Hkv * hd, D)),
+        o=w.get(p + "o_proj.weight", (D, H * hd)),
+        o_bias=w.get(p + "o_proj.bias", (D,)) if o_bias else None,
+        q_bias=q_bias,
+        k_bias=w.get(p + "k_proj.bias", (Hkv * hd,)) if bias else None,
+        v_bias=w.get(p + "v_proj.bias", (Hkv * hd,)) if bias else None,
+        q_norm=norm(w, fam, p + fam.naming.q_norm, norm_q) if norm_q else None,
+        k_norm=norm(w, fam, p + fam.naming.k_norm, norm_k) if norm_k else None,
+        gate=gate,
+    )
+    clip = hf.raw.get(fam.clip_qkv_key) if fam.clip_qkv_key else None
+    return Attention(aw, kv_index, H, Hkv, hd, hf.rms_eps, rotary, float(clip) if clip else None, hf.sliding_window)
+
+
+def norm(w: CheckpointWeights, fam: Family, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """An RMSNorm weight as our norm applies it: ``1 + w`` for families whose norms scale by it."""
+    t = w.get(name, shape)
+    return t + fam.norm_offset if fam.norm_offset else t
+
+
+def dense_mlp(w: CheckpointWeights, prefix: str, D: int, inter: int, bias: bool = False) -> DenseMLP:
+    return DenseMLP(
+        gate=w.get(prefix + "gate_proj.weight", (inter, D)),
+        up=w.get(prefix + "up_proj.weight", (inter, D)),
+        down=w.get(prefix + "down_proj.weight", (D, inter)),
+        gate_bias=w.get(prefix + "gate_proj.bias", (inter,)) if bias else None,
+        up_bias=w.get(prefix + "up_proj.bias", (inter,)) if bias else None,
+        down_bias=w.get(prefix + "down_proj.bias", (D,)) if bias else None,
+    )
+
+
+def moe_parts(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int) -> MoEParts:
+    n, D = fam.naming, hf.hidden_size
+    mp = n.layer.format(i=i) + n.moe
+    shared = shared_gate = None
+    if n.shared_expert and hf.shared_expert_intermediate_size:
+        shared = dense_mlp(w, mp + n.shared_expert, D, hf.shared_expert_intermediate_size)
+        shared_gate = w.opt(mp + (n.shared_expert_gate or ""), (1, D))
+    return MoEParts(w.get(mp + n.router, (hf.num_experts, D)), shared, shared_gate)
+
+
+# One read of routed-expert weights: (tensor name, "gate_up" or "down", index into that bank, expected shape,
+# index into its scale bank: the same rows in blocks).
+Index = tuple[int | slice, ...]
+ExpertRead = tuple[str, str, Index, tuple[int, ...], Index]
+
+
+def expert_reads(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, li: int) -> list[ExpertRead]:
+    """What to read for layer i's routed experts into bank rows [li*E, (li+1)*E): the fused layout when the
+    checkpoint has it, else one tensor per expert and projection (gate rows first, then up rows)."""
+    n = fam.naming
+    p = n.layer.format(i=i) + n.moe
+    E, D, I = hf.num_experts, hf.hidden_size, hf.moe_intermediate_size
+    if p + n.fused_experts[0] in w:
+        rows = (slice(li * E, (li + 1) * E),)
+        return [(p + n.fused_experts[0], "gate_up", rows, (E, 2 * I, D), rows),
+                (p + n.fused_experts[1], "down", rows, (E, D, I), rows)]  # fmt: skip
+    gate_n, up_n, down_n = (p + t for t in n.experts)
+    sI = w.layout.scale_shape(I, D)[0] if w.layout is not None else 0  # gate's block rows (whole blocks)
+    reads: list[ExpertRead] = []
+    for e in range(E):
+        row = li * E + e
+        reads += [(gate_n.format(e=e), "gate_up", (row, slice(0, I)), (I, D), (row, slice(0, sI))),
+                  (up_n.format(e=e), "gate_up", (row, slice(I, 2 * I)), (I, D), (row, slice(sI, 2 * sI))),
+                  (down_n.format(e=e), "down", (row,), (D, I), (row,))]  # fmt: skip
+    return reads
