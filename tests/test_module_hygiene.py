@@ -82,7 +82,7 @@ def _graph(extra: dict[Path, str] | None = None) -> Graph:
         edges = graph.setdefault(me, {})
         for line, other in _targets(path, _parse(path, text), known):
             if other != me:
-                edges.setdefault(other, line)
+                edges[other] = min(line, edges.get(other, line))
     return graph
 
 
@@ -268,25 +268,32 @@ def _root(node: ast.expr) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
-@cache
-def _definers() -> dict[str, frozenset[str]]:
-    """Private name -> the modules (relative paths) that define it."""
+def _definers(sources: dict[Path, str]) -> dict[str, frozenset[str]]:
+    """Private name -> the modules (paths relative to ``SRC``) that define it."""
     out: dict[str, set[str]] = {}
-    for path in _tree_files():
-        for name in _defined(_parse(path)):
+    for path, text in sources.items():
+        for name in _defined(_parse(path, text)):
             out.setdefault(name, set()).add(str(path.relative_to(SRC)))
     return {k: frozenset(v) for k, v in out.items()}
 
 
-def _private_reaches(path: Path, source: str | None = None) -> list[str]:
+@cache
+def _tree_definers() -> dict[str, frozenset[str]]:
+    return _definers({p: p.read_text() for p in _tree_files()})
+
+
+def _private_reaches(
+    path: Path, source: str | None = None, definers: dict[str, frozenset[str]] | None = None
+) -> list[str]:
     """``obj._name`` reads and writes of one file where ``_name`` belongs to other freetoken modules only."""
+    definers = _tree_definers() if definers is None else definers
     tree = _parse(path, source)
     mine, external, rel = _defined(tree), _external_aliases(tree), str(path.relative_to(SRC))
     bad: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Attribute) and _private(node.attr)) or _is_self(node.value):
             continue
-        owners = _definers().get(node.attr, frozenset()) - {rel}
+        owners = definers.get(node.attr, frozenset()) - {rel}
         if node.attr in mine or not owners or _root(node.value) in external:
             continue
         what = f"{ast.unparse(node.value)}.{node.attr}"
@@ -301,17 +308,19 @@ def test_no_module_reaches_into_another_modules_private_attribute() -> None:
 
 def test_the_private_attribute_check_sees_a_planted_reach() -> None:
     """A read and a write into another module's object are found; self, cls, the module's own and torch's are not."""
-    source = dedent("""\
+    owner = "class Tree:\n    _C = 0\n    def __init__(self):\n        self._nodes, self._own = [], 0\n"
+    reader = dedent("""\
         import torch
         class Mine:
             def __init__(self):
                 self._own = 1
             def f(self, other, tok):
                 self._x = other._own
-                tok._counters = None
+                tok._C = None
                 return torch._C, tok.tree._nodes(), type(self)._own
         """)
-    assert _private_reaches(SRC / "chat" / "probe.py", source) == [
-        "chat/probe.py:7: tok._counters (private to engine/engine.py)",
-        "chat/probe.py:8: tok.tree._nodes (private to cache/radix.py)",
+    definers = _definers({SRC / "cache" / "probe.py": owner, SRC / "chat" / "probe.py": reader})
+    assert _private_reaches(SRC / "chat" / "probe.py", reader, definers) == [
+        "chat/probe.py:7: tok._C (private to cache/probe.py)",
+        "chat/probe.py:8: tok.tree._nodes (private to cache/probe.py)",
     ]
