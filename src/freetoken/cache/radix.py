@@ -126,7 +126,7 @@ class RadixCache:
         return [p for run in reversed(runs) for p in run]
 
     def all_pages(self) -> list[int]:
-        return [p for node in self._nodes() for p in node.pages]
+        return [p for node in self.nodes() for p in node.pages]
 
     # ---- lock -----------------------------------------------------------------------------------
     def lock(self, node: RadixNode) -> None:
@@ -172,7 +172,7 @@ class RadixCache:
     # ---- evict ----------------------------------------------------------------------------------
     def evict(self, num_pages: int) -> list[int]:
         """Frees up to ``num_pages`` unlocked pages to the pool; returns their ids in eviction order."""
-        heap = [(n.last_access, n.id, n) for n in self._nodes() if not n.children and n.lock_ref == 0 and n.pages]
+        heap = [(n.last_access, n.id, n) for n in self.nodes() if not n.children and n.lock_ref == 0 and n.pages]
         heapq.heapify(heap)
         freed: list[int] = []
         while len(freed) < num_pages and heap:
@@ -200,7 +200,7 @@ class RadixCache:
         """The KV pool moved pages (``KVPool.resize``): rename them in every node, keeping every page."""
         if not moves:
             return
-        for node in self._nodes():
+        for node in self.nodes():
             node.pages = [moves.get(p, p) for p in node.pages]
 
     # ---- integrity ------------------------------------------------------------------------------
@@ -208,7 +208,7 @@ class RadixCache:
         S = self.page_size
         seen: set[int] = set()
         locked = 0
-        for node in self._nodes():
+        for node in self.nodes():
             child_locks = 0
             for first, child in node.children.items():
                 assert child.parent is node, f"node {child.id} has a wrong parent"
@@ -267,7 +267,8 @@ class RadixCache:
             cur.last_access = self._clock
             cur = cur.parent
 
-    def _nodes(self) -> Iterator[RadixNode]:
+    def nodes(self) -> Iterator[RadixNode]:
+        """Every node, the root included (depth first); the state-checkpoint pool checks its own against them."""
         stack = [self.root]
         while stack:
             node = stack.pop()

@@ -191,5 +191,5 @@ class StateCheckpoints:
         assert len(hung) + len(host_hung) == len(self._hung) == len(self._used), "a checkpoint outside both tiers"
         for key, node in self._hung.items():
             assert node.checkpoint == key, f"checkpoint {key}: its node carries {node.checkpoint}"
-        on_nodes = [n.checkpoint for n in self.tree._nodes() if n.checkpoint is not None]
+        on_nodes = [n.checkpoint for n in self.tree.nodes() if n.checkpoint is not None]
         assert sorted(on_nodes) == sorted(self._hung), "tree nodes carry checkpoints the pool does not know"

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from freetoken.server.errors import APIError, flavor_for_path
 from freetoken.server.guard import ASGIApp, Message, Receive, Scope, Send, discard_body
+from freetoken.server.origins import DEFAULT_PORTS, split_host
 
 if TYPE_CHECKING:
     from freetoken.server.state import ServerState
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
-DEFAULT_PORTS = {"http": 80, "https": 443}
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 CONTROL_PREFIX = "/v1/engine/"
 CORS_METHODS = "GET, POST, OPTIONS"
@@ -140,29 +140,6 @@ class BrowserSafety:
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def split_host(value: str) -> tuple[str, int | None] | None:
-    """``name[:port]`` → (lower-case name, IPv6 kept in brackets; port or None); None if malformed."""
-    value = value.strip().lower()
-    if value.startswith("["):
-        end = value.find("]")
-        name, rest = value[: end + 1], value[end + 1 :]
-        if end < 0 or (rest and not rest.startswith(":")):
-            return None
-        port = rest[1:] if rest else None
-    elif ":" in value:
-        name, _, port = value.partition(":")
-    else:
-        name, port = value, None
-    if not name or (port is not None and not (port.isdigit() and 0 < int(port) < 65536)):
-        return None
-    if name.startswith("["):  # as browsers write it: compressed
-        try:
-            name = f"[{ipaddress.IPv6Address(name[1:-1])}]"
-        except ValueError:
-            return None
-    return name, int(port) if port is not None else None
-
-
 def own_origin(scope: Scope, host: str | None) -> str | None:
     """The origin a page served by this server under ``host`` sends: scheme://name[:port], no default port."""
     parsed = split_host(host) if host is not None else None
@@ -175,24 +152,6 @@ def own_origin(scope: Scope, host: str | None) -> str | None:
 
 def origin_listed(origin: str, listed: tuple[str, ...]) -> bool:
     return "*" in listed or origin.strip().lower() in listed
-
-
-def normalize_origin(entry: str) -> str:
-    """A ``--cors-origins`` entry as browsers write Origin: lower case, no trailing slash, no default port."""
-    from urllib.parse import urlsplit
-
-    entry = entry.strip().lower().rstrip("/")
-    if entry in ("*", "null"):
-        return entry
-    parts = urlsplit(entry)
-    if not parts.scheme or not parts.netloc or parts.path or parts.query or parts.fragment or "@" in parts.netloc:
-        raise ValueError(f"cors origin {entry!r} is not an origin: write scheme://host[:port], 'null' or '*'")
-    hostport = split_host(parts.netloc)
-    if hostport is None:
-        raise ValueError(f"cors origin {entry!r} has a malformed host or port")
-    name, port = hostport
-    keep = port is not None and port != DEFAULT_PORTS.get(parts.scheme)
-    return f"{parts.scheme}://{name}:{port}" if keep else f"{parts.scheme}://{name}"
 
 
 def is_json(content_type: str | None) -> bool:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from freetoken.server.origins import normalize_origin, split_host
+
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -51,8 +53,6 @@ class ServerConfig:
 
     def _check_browser_lists(self) -> None:
         """Host names and origins compared as browsers send them: lower case, origins without a default port."""
-        from freetoken.server.browser import normalize_origin, split_host
-
         hosts = tuple(h.strip().lower() for h in self.allowed_hosts if h.strip())
         for h in hosts:
             if h != "*" and split_host(h) is None:

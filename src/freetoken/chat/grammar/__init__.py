@@ -3,7 +3,6 @@ calls written the way the family's parser reads them, JSON answers, custom tools
 The engine compiles and enforces them (``engine/grammar.py``); nothing here imports the engine."""
 
 from freetoken.chat.grammar.compose import (
-    CallTool,
     GrammarError,
     ReasoningMode,
     forced_calls,
@@ -11,6 +10,7 @@ from freetoken.chat.grammar.compose import (
     tool_calls_anywhere,
 )
 from freetoken.chat.grammar.lark import Tags
+from freetoken.chat.grammar.tool import CallTool
 
 __all__ = [
     "CallTool",

@@ -4,10 +4,10 @@ call syntax, or a JSON value). Each call format writes one call (``CallFormat.gr
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from freetoken.chat.grammar.lark import Rules, Tags, json_value, lit, regex, text_until
+from freetoken.chat.grammar.tool import CallTool
 from freetoken.chat.reasoning.think import CLOSE, OPEN
 
 ReasoningMode = Literal["none", "optional", "open"]
@@ -18,32 +18,6 @@ BLANK = r"\n{0,2}"  # after the reasoning block, as templates write it
 
 class GrammarError(ValueError):
     """Nothing can be forced for this request in this model's format."""
-
-
-@dataclass(frozen=True)
-class CallTool:
-    name: str
-    parameters: dict[str, Any]
-    """JSON schema of the arguments."""
-    input_syntax: str | None = None
-    """A custom (free-form) tool's input grammar: "lark" or "regex" (its one argument is ``input``)."""
-    input_definition: str = ""
-
-    def arguments_schema(self) -> dict[str, Any]:
-        """The schema JSON-bodied formats enforce: a regex input becomes the string's pattern (a Lark
-        input cannot be checked inside a JSON string, so it is any string there)."""
-        if self.input_syntax != "regex":
-            return self.parameters
-        prop = {"type": "string", "pattern": f"^(?:{self.input_definition})$"}
-        return {"type": "object", "properties": {"input": prop}, "required": ["input"], "additionalProperties": False}
-
-    def raw_input(self, rules: Rules) -> str | None:
-        """The input grammar as one Lark part, for formats that write arguments as raw text."""
-        if self.input_syntax == "regex":
-            return regex(self.input_definition)
-        if self.input_syntax == "lark":
-            return rules.grammar(self.input_definition)
-        return None
 
 
 def call_format(tool_parser: str) -> Any:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from freetoken.chat.grammar.lark import Rules, Tags, json_value, lit, text_until
 
 if TYPE_CHECKING:
-    from freetoken.chat.grammar.compose import CallTool
+    from freetoken.chat.grammar.tool import CallTool
 
 
 def harmony_calls(rules: Rules, tags: Tags, tools: list[CallTool], budget: int | None) -> str:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from freetoken.chat.grammar.lark import Rules, Tags, json_value, lit, text_until
 
 if TYPE_CHECKING:
-    from freetoken.chat.grammar.compose import CallTool
+    from freetoken.chat.grammar.tool import CallTool
 
 
 def text_arguments(

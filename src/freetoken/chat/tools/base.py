@@ -19,8 +19,8 @@ from freetoken.chat.scan import TrimmedText, split_safe
 from freetoken.chat.tools.schema import Schemas, tool_schemas
 
 if TYPE_CHECKING:
-    from freetoken.chat.grammar.compose import CallTool
     from freetoken.chat.grammar.lark import Rules, Tags
+    from freetoken.chat.grammar.tool import CallTool
 
 # One parsed call: (function name, arguments as a JSON object text).
 Call = tuple[str, str]

@@ -19,8 +19,8 @@ from freetoken.chat.tools.base import Call, CallFormat
 from freetoken.chat.tools.schema import Schemas, dump_args
 
 if TYPE_CHECKING:
-    from freetoken.chat.grammar.compose import CallTool
     from freetoken.chat.grammar.lark import Rules, Tags
+    from freetoken.chat.grammar.tool import CallTool
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALLS_END = "<｜tool▁calls▁end｜>"

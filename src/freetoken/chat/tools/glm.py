@@ -21,8 +21,8 @@ from freetoken.chat.tools.hermes import parse_json_calls
 from freetoken.chat.tools.schema import Schemas, convert_value, dump_args, strip_one_newline
 
 if TYPE_CHECKING:
-    from freetoken.chat.grammar.compose import CallTool
     from freetoken.chat.grammar.lark import Rules, Tags
+    from freetoken.chat.grammar.tool import CallTool
 
 _NAME = re.compile(r"\s*([^\s<>]+)\s*")
 _PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)

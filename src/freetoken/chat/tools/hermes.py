@@ -13,8 +13,8 @@ from freetoken.chat.grammar.lark import json_value
 from freetoken.chat.tools.base import Call, CallFormat
 
 if TYPE_CHECKING:
-    from freetoken.chat.grammar.compose import CallTool
     from freetoken.chat.grammar.lark import Rules, Tags
+    from freetoken.chat.grammar.tool import CallTool
 from freetoken.chat.tools.schema import Schemas, dump_args
 
 

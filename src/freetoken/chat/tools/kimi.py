@@ -17,8 +17,8 @@ from freetoken.chat.tools.base import Call, CallFormat
 from freetoken.chat.tools.schema import Schemas, dump_args
 
 if TYPE_CHECKING:
-    from freetoken.chat.grammar.compose import CallTool
     from freetoken.chat.grammar.lark import Rules, Tags
+    from freetoken.chat.grammar.tool import CallTool
 
 ARGS = "<|tool_call_argument_begin|>"
 _ID = re.compile(r"\s*(?:functions\.)?([^\s:<>]+)(?::\d+)?\s*")

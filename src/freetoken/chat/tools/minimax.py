@@ -18,8 +18,8 @@ from freetoken.chat.tools.base import Call, CallFormat
 from freetoken.chat.tools.schema import Schemas, convert_value, dump_args, strip_one_newline
 
 if TYPE_CHECKING:
-    from freetoken.chat.grammar.compose import CallTool
     from freetoken.chat.grammar.lark import Rules, Tags
+    from freetoken.chat.grammar.tool import CallTool
 
 # The body starts right after `<invoke`.
 _HEAD = re.compile(r"\s+name=(?:\"([^\"]+)\"|'([^']+)'|([^\s>]+))\s*>")

@@ -25,8 +25,8 @@ from freetoken.chat.tools.hermes import parse_json_calls
 from freetoken.chat.tools.schema import Schemas, convert_value, dump_args, strip_one_newline
 
 if TYPE_CHECKING:
-    from freetoken.chat.grammar.compose import CallTool
     from freetoken.chat.grammar.lark import Rules, Tags
+    from freetoken.chat.grammar.tool import CallTool
 
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|\Z)", re.DOTALL)
 _PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL)

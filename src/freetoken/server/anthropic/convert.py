@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from freetoken.server.anthropic.protocol import ContentBlock, Message, MessagesRequest, Part, _Conversation
+from freetoken.server.anthropic.protocol import ContentBlock, Conversation, Message, MessagesRequest, Part
 from freetoken.server.errors import APIError
 from freetoken.server.internal import ChatRequest, ResponseFormat, ToolChoice, ToolSpec
 from freetoken.server.openai.convert import MEDIA_PARTS, media_placeholder, tool_call_dict
@@ -19,7 +19,7 @@ def normalise_billing_header(text: str) -> str:
     return _BILLING.sub(r"\g<1>00000", text)
 
 
-def to_internal(body: _Conversation) -> ChatRequest:
+def to_internal(body: Conversation) -> ChatRequest:
     system = _system_text(body.system)
     messages: list[dict[str, Any]] = []
     for i, m in enumerate(body.messages):

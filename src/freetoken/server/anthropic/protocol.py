@@ -58,7 +58,9 @@ class Thinking(_Open):
     budget_tokens: Int32 | None = None
 
 
-class _Conversation(_Open):
+class Conversation(_Open):
+    """What /v1/messages and /v1/messages/count_tokens share: the conversation ``convert.to_internal`` reads."""
+
     model: str
     messages: list[Message]
     system: str | list[ContentBlock] | None = None
@@ -72,7 +74,7 @@ class OutputFormat(_Open):
     schema_: dict[str, Any] = Field(alias="schema")
 
 
-class MessagesRequest(_Conversation):
+class MessagesRequest(Conversation):
     max_tokens: Int32
     stop_sequences: list[str] | None = None
     stream: bool = False
@@ -83,5 +85,5 @@ class MessagesRequest(_Conversation):
     output_format: OutputFormat | None = None  # structured outputs: the answer is JSON of this schema
 
 
-class CountTokensRequest(_Conversation):
+class CountTokensRequest(Conversation):
     pass
