@@ -8,8 +8,8 @@ session's split), with or without a VRAM budget.
 Shares, in the order they are granted (a device plan that cannot grant the first four refuses, naming the largest):
 1. the fixed lines: the weights outside the slot cache (held already) and, with the ``fused`` backend, every expert;
 2. one recurrent-state slot per running request (and one for scoring), where the model has linear-attention layers;
-3. the fewest expert slots (one layer's top-k) and KV pages (one whole context), and the reserve (kept free for a
-   step's temporaries and the CUDA graphs);
+3. the fewest expert slots (one layer's top-k, and the cache's scratch slot) and KV pages (one whole context), and
+   the reserve (kept free for a step's temporaries and the CUDA graphs);
 4. the state checkpoints on the device (``state_checkpoints``, or as many as ``checkpoint_bytes`` holds, within
    MIN/MAX_CHECKPOINTS) and the layer-major activations (one whole context's tokens, or ``layer_major_tokens``),
    each cut to what is left;
@@ -100,7 +100,8 @@ class MemoryPlan:
     # ---- each share in bytes ---------------------------------------------------------------------------------
     @property
     def slots_bytes(self) -> int:
-        return self.slots * self.sizes.slot_bytes
+        """The slots and the slot cache's scratch slot (masked work reads it)."""
+        return (self.slots + 1) * self.sizes.slot_bytes if self.slots else 0
 
     @property
     def kv_bytes(self) -> int:
@@ -131,7 +132,7 @@ class MemoryPlan:
     @property
     def split(self) -> MemorySplit:
         """The part elastic memory resizes: slots + KV pages + reserve."""
-        budget = self.slots_bytes + self.kv_bytes + self.reserve_bytes
+        budget = self.slots * self.sizes.slot_bytes + self.kv_bytes + self.reserve_bytes
         return MemorySplit(budget if self.budget_bytes is None else self.budget_bytes, self.slots, self.kv_pages,
                            self.reserve_bytes)  # fmt: skip
 
@@ -146,7 +147,7 @@ class MemoryPlan:
         rows.append(("weights (outside the slot cache)", "", s.weights_bytes))
         if s.resident_expert_bytes:
             rows.append(("experts (all on the device)", "", s.resident_expert_bytes))
-        rows.append(("expert slots", f"{self.slots} x {s.slot_bytes / MIB:.2f} MiB", self.slots_bytes))
+        rows.append(("expert slots", f"{self.slots} + 1 x {s.slot_bytes / MIB:.2f} MiB", self.slots_bytes))
         rows.append(("KV pages", f"{self.kv_pages} x {s.page_size} tokens", self.kv_bytes))
         if s.state_bytes:
             rows.append(("recurrent states", f"{self.state_slots} x {s.state_bytes / MIB:.2f} MiB",
@@ -234,7 +235,7 @@ def plan(free: Free | None, sizes: CacheSizes, wants: Wants) -> MemoryPlan:
                       None if free is None else free.device_bytes, free.where if free else "device memory")  # fmt: skip
     fixed_slots = s.slot_bytes and w.slots is not None and w.budget_bytes is None
     needs = [("experts (all on the device)", s.resident_expert_bytes), ("recurrent states", state_slots * s.state_bytes),
-             ("expert slots", (w.slots if fixed_slots and w.slots is not None else s.min_slots) * s.slot_bytes),
+             ("expert slots", ((w.slots if fixed_slots and w.slots is not None else s.min_slots) + 1) * s.slot_bytes),
              ("KV pages", (w.kv_pages if w.kv_pages is not None and w.budget_bytes is None else min_pages)
               * s.page_bytes), ("reserve", w.reserve_bytes)]  # fmt: skip
     needs = [(n, b) for n, b in needs if b]
