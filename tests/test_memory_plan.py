@@ -49,7 +49,8 @@ def test_given_counts_are_kept_and_cut_shares_say_so() -> None:
 
 def test_a_plan_that_cannot_fit_names_its_largest_share_and_what_it_needs() -> None:
     with pytest.raises(BudgetError) as e:
-        plan(Free(GIB, 8 * GIB, where="device memory of cuda:0"), SIZES, Wants(context=64 * 1024, reserve_bytes=GIB // 2))
+        free = Free(GIB, 8 * GIB, where="device memory of cuda:0")
+        plan(free, SIZES, Wants(context=64 * 1024, reserve_bytes=GIB // 2))
     msg = str(e.value)
     assert "device memory of cuda:0 has 1.000 GiB free beside the weights (2.000 GiB)" in msg
     assert "the largest share is KV pages, which would need 4.000 GiB" in msg  # 4096 pages of a 64k context
@@ -94,7 +95,11 @@ def test_a_resize_plans_again_with_the_same_function_keeping_the_other_shares() 
     p = plan(GPU, HYBRID, Wants(context=CTX, max_running=2, budget_bytes=4 * GIB, reserve_bytes=GIB))
     r = resize_plan(p, 2 * GIB, kv_wanted=100)
     assert (r.state_slots, r.state_checkpoints, r.host_checkpoints, r.activation_tokens) == (
-        p.state_slots, p.state_checkpoints, p.host_checkpoints, p.activation_tokens)
+        p.state_slots,
+        p.state_checkpoints,
+        p.host_checkpoints,
+        p.activation_tokens,
+    )
     assert (r.slots, r.kv_pages, r.budget_bytes) == (92, 104, 2 * GIB)  # the slots' leftover 4 MiB: 4 more pages
     shares = json.loads(json.dumps(r.as_dict()))["shares"]  # JSON as it is
     assert {x["share"]: x["bytes"] for x in shares}["expert slots"] == 93 * 10 * MIB

@@ -74,7 +74,13 @@ def test_the_counts_of_a_hybrid_config_without_layer_types_follow_the_family_int
     assert (b.kv_layers, b.linear_layers) == (hf.num_layers // interval, hf.num_layers - hf.num_layers // interval)
     assert b.kv_per_token == 2 * b.kv_layers * hf.num_kv_heads * hf.head_dim * 2
     r = hf.raw
-    conv = (2 * r["linear_num_key_heads"] * r["linear_key_head_dim"]
-            + r["linear_num_value_heads"] * r["linear_value_head_dim"]) * (r["linear_conv_kernel_dim"] - 1) * 2
+    conv = (
+        (
+            2 * r["linear_num_key_heads"] * r["linear_key_head_dim"]
+            + r["linear_num_value_heads"] * r["linear_value_head_dim"]
+        )
+        * (r["linear_conv_kernel_dim"] - 1)
+        * 2
+    )
     ssm = r["linear_num_value_heads"] * r["linear_key_head_dim"] * r["linear_value_head_dim"] * 4
     assert b.state_per_request == b.linear_layers * (conv + ssm)

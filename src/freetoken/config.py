@@ -81,9 +81,10 @@ class EngineConfig:
     step as it is launched, so there it only exercises the same bookkeeping)."""
     vram_budget: float | None = None
     """GiB of device memory for the expert-slot cache, the KV pages and the reserve (the weights, recurrent states,
-    state checkpoints and layer-major activations of the memory plan come on top), split by the memory planner and resized at run time (``ft ctl memory``); the split then follows the
-    session (the fused backend keeps every expert on the device: there the budget sizes the KV pages). None: the
-    sizes of expert_cache and kv_pages."""
+    state checkpoints and layer-major activations of the memory plan come on top), split by the memory planner and
+    resized at run time (``ft ctl memory``); the split then follows the session (the fused backend keeps every expert
+    on the device: there the budget sizes the KV pages). None: the memory plan sizes the caches from the free device
+    memory (``ft serve`` prints it)."""
     vram_reserve: float = 1.0
     """GiB of the budget left free for activations and graphs; the VRAM watcher keeps this much free."""
     vram_watch: bool = True

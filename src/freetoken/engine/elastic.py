@@ -83,7 +83,7 @@ class ElasticMemory:
         (``resize_plan``). ``capacity(held_bytes)``: what the machine has for the caches (``capacity.machine_capacity``;
         tests pass their own)."""
         self.plan = as_built(plan, backend, scheduler.kv)
-        self.facts = facts = self.plan.facts(scheduler.kv.pages_for(plan.context))
+        self.facts = self.plan.facts(scheduler.kv.pages_for(plan.context))
         self.capacity = capacity or (lambda held: machine_capacity(device, held))
         self.scheduler, self.backend, self.graphs, self.device = scheduler, backend, graphs, device
         self.follow_session = follow
@@ -313,7 +313,8 @@ class ElasticMemory:
         f = self.facts
         used = self.num_slots * f.slot_bytes + self.kv_pages * f.page_bytes
         self.split = MemorySplit(used + f.reserve_bytes, self.num_slots, self.kv_pages, f.reserve_bytes)
-        self.plan = replace(self.plan, slots=self.num_slots, kv_pages=self.kv_pages, budget_bytes=self.split.budget_bytes)
+        self.plan = replace(self.plan, slots=self.num_slots, kv_pages=self.kv_pages,
+                            budget_bytes=self.split.budget_bytes)  # fmt: skip
         log.info("memory: the device granted the fewest again: %d expert slots, %d KV pages", self.num_slots,
                  self.kv_pages)  # fmt: skip
         return True

@@ -162,8 +162,11 @@ class MemoryPlan:
         return rows
 
     def table(self) -> str:
-        head = f"memory plan ({self.where}" + (
-            f"; VRAM budget {self.budget_bytes / GIB:.2f} GiB" if self.budget_bytes is not None else "") + ")"
+        head = (
+            f"memory plan ({self.where}"
+            + (f"; VRAM budget {self.budget_bytes / GIB:.2f} GiB" if self.budget_bytes is not None else "")
+            + ")"
+        )
         out = [head, f"  {'share':<38} {'count':>24} {'GiB':>9}"]
         out += [f"  {name:<38} {count:>24} {nbytes / GIB:>9.3f}" for name, count, nbytes in self.lines()]
         out.append(f"  {'held on the device':<38} {'':>24} {self.held_bytes / GIB:>9.3f}")
@@ -225,38 +228,48 @@ def _refuse(free: Free, needs: list[tuple[str, int]], weights: int) -> BudgetErr
     )
 
 
+def _needs(s: CacheSizes, w: Wants, state_slots: int, min_pages: int) -> list[tuple[str, int]]:
+    """Step 1-3's shares: what the engine cannot run without (given counts where the plan keeps them)."""
+    plain = w.budget_bytes is None
+    slots = w.slots if plain and s.slot_bytes and w.slots is not None else s.min_slots
+    pages = w.kv_pages if plain and w.kv_pages is not None else min_pages
+    needs = [("experts (all on the device)", s.resident_expert_bytes), ("recurrent states", state_slots * s.state_bytes),
+             ("expert slots", (slots + 1) * s.slot_bytes if s.slot_bytes else 0), ("KV pages", pages * s.page_bytes),
+             ("reserve", w.reserve_bytes)]  # fmt: skip
+    return [(n, b) for n, b in needs if b]
+
+
+def _extras(s: CacheSizes, w: Wants, left: int | None) -> tuple[int, int]:
+    """Step 4: (device checkpoints, activation tokens), each cut to what is ``left`` (None: as ``w`` says)."""
+    ckpts = checkpoint_count(s.state_bytes, w.state_checkpoints, w.checkpoint_bytes) if w.prefix_cache else 0
+    tokens = w.context if w.layer_major_tokens is None else w.layer_major_tokens
+    if left is None:
+        return ckpts, tokens
+    room = max(left, 0)
+    if w.state_checkpoints is None and s.state_bytes:
+        ckpts = min(ckpts, room // s.state_bytes)
+    room -= ckpts * s.state_bytes
+    if w.layer_major_tokens is None and s.activation_bytes:
+        tokens = min(tokens, room // s.activation_bytes)
+    return ckpts, tokens
+
+
 def plan(free: Free | None, sizes: CacheSizes, wants: Wants) -> MemoryPlan:
     """The plan (see the module doc). ``free`` None: a resize inside what the engine holds already (the budget was
     checked against the machine by the caller); the counts of step 4 must then be given in ``wants``."""
     s, w = sizes, wants
     min_pages = _pages(w.context, s.page_size)
     state_slots = w.max_running + 1 if s.state_bytes else 0
-    base = MemoryPlan(s, w.context, 0, 0, state_slots, 0, 0, 0, w.reserve_bytes, w.budget_bytes,
-                      None if free is None else free.device_bytes, free.where if free else "device memory")  # fmt: skip
-    fixed_slots = s.slot_bytes and w.slots is not None and w.budget_bytes is None
-    needs = [("experts (all on the device)", s.resident_expert_bytes), ("recurrent states", state_slots * s.state_bytes),
-             ("expert slots", ((w.slots if fixed_slots and w.slots is not None else s.min_slots) + 1) * s.slot_bytes),
-             ("KV pages", (w.kv_pages if w.kv_pages is not None and w.budget_bytes is None else min_pages)
-              * s.page_bytes), ("reserve", w.reserve_bytes)]  # fmt: skip
-    needs = [(n, b) for n, b in needs if b]
+    needs = _needs(s, w, state_slots, min_pages)
     left = None if free is None else free.device_bytes - sum(b for _, b in needs)
-    if left is not None and free is not None and left < 0 and not free.on_host:
+    if free is not None and left is not None and left < 0 and not free.on_host:
         raise _refuse(free, needs, s.weights_bytes)
-    # step 4: checkpoints and activations, each cut to what is left
-    ckpts = checkpoint_count(s.state_bytes, w.state_checkpoints, w.checkpoint_bytes) if w.prefix_cache else 0
-    tokens = w.context if w.layer_major_tokens is None else w.layer_major_tokens
+    ckpts, tokens = _extras(s, w, left)
     if left is not None:
-        room = max(left, 0)
-        if w.state_checkpoints is None and s.state_bytes:
-            ckpts = min(ckpts, room // s.state_bytes)
-        room -= ckpts * s.state_bytes
-        if w.layer_major_tokens is None and s.activation_bytes:
-            tokens = int(min(tokens, max(room, 0) // s.activation_bytes))
         left -= ckpts * s.state_bytes + tokens * s.activation_bytes
-    host = 0
-    if free is not None and ckpts:
-        host = host_checkpoint_count(s.state_bytes, w.host_checkpoint_bytes, free.host_bytes)
-    base = replace(base, state_checkpoints=ckpts, host_checkpoints=host, activation_tokens=tokens)
+    host = host_checkpoint_count(s.state_bytes, w.host_checkpoint_bytes, free.host_bytes) if free and ckpts else 0
+    base = MemoryPlan(s, w.context, 0, 0, state_slots, ckpts, host, tokens, w.reserve_bytes, w.budget_bytes,
+                      None if free is None else free.device_bytes, free.where if free else "device memory")  # fmt: skip
     return _split(base, w, free, left, min_pages)
 
 
