@@ -56,8 +56,8 @@ def test_bytes_per_token_match_what_the_engine_allocates(tmp_path: Path, family:
         assert eng.states is None and b.state_per_request == 0 and b.linear_layers == 0
     backend_ = eng.setup.loaded.backend
     if moe:
-        cache = backend_.cache  # type: ignore[union-attr]
-        one = backend_.pool.expert_bytes  # type: ignore[union-attr]
+        cache = backend_.cache
+        one = backend_.pool.expert_bytes
         assert _nbytes(list(cache.slots)) == plan.slots_bytes == (plan.slots + 1) * one  # and the scratch slot
     else:
         assert backend_ is None and plan.slots == 0

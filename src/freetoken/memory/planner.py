@@ -233,7 +233,8 @@ def _needs(s: CacheSizes, w: Wants, state_slots: int, min_pages: int) -> list[tu
     plain = w.budget_bytes is None
     slots = w.slots if plain and s.slot_bytes and w.slots is not None else s.min_slots
     pages = w.kv_pages if plain and w.kv_pages is not None else min_pages
-    needs = [("experts (all on the device)", s.resident_expert_bytes), ("recurrent states", state_slots * s.state_bytes),
+    needs = [("experts (all on the device)", s.resident_expert_bytes),
+             ("recurrent states", state_slots * s.state_bytes),
              ("expert slots", (slots + 1) * s.slot_bytes if s.slot_bytes else 0), ("KV pages", pages * s.page_bytes),
              ("reserve", w.reserve_bytes)]  # fmt: skip
     return [(n, b) for n, b in needs if b]
