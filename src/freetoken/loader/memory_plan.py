@@ -83,8 +83,10 @@ class StartPlan:
         if name == "auto":
             from freetoken.experts.backends.auto import resolve_auto
 
+            # fused where the plan gives every expert a slot; not under a VRAM budget, which asks for resizable slots
             fits = self.make(free, weights, banks, "offload")
-            name = resolve_auto(banks, self.device, fits.slots == fits.sizes.max_slots)
+            whole = self.wants.budget_bytes is None and fits.slots == fits.sizes.max_slots
+            name = resolve_auto(banks, self.device, whole)
         self.plan = self.make(free, weights, banks, name)
         config = self.config.replace(moe_backend=name)
         if self.plan.sizes.slot_bytes:

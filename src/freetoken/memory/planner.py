@@ -290,9 +290,10 @@ def _split(base: MemoryPlan, w: Wants, free: Free | None, left: int | None, min_
         if free is not None and left is not None:
             room = left + facts.minimum_budget
             if budget > room:
+                others = "experts kept on the device, recurrent states, checkpoints, activations"
                 raise BudgetError(f"a VRAM budget of {budget / GIB:.3f} GiB exceeds what {free.where} has for the "
-                                  f"caches: {room / GIB:.3f} GiB beside the weights, the recurrent states, their "
-                                  "checkpoints and the activations of the plan")  # fmt: skip
+                                  f"caches: {room / GIB:.3f} GiB beside the weights and the plan's other shares "
+                                  f"({others})")  # fmt: skip
         kv = w.kv_wanted if w.kv_wanted is not None else w.kv_pages or min_pages * w.max_running
         split = split_budget(budget, facts, kv)
         return replace(base, slots=split.slots, kv_pages=split.kv_pages)

@@ -1,6 +1,6 @@
-"""``moe_backend="auto"``: fused when the memory plan holds the whole pool on the device, else what the machine
-profile recommends for this expert size (``hardware.profile.recommend``: hybrid or offload), else offload (also when
-no profile exists). Logs why."""
+"""``moe_backend="auto"``: fused when the memory plan holds the whole pool on the device (without a VRAM budget: a
+budget asks for slots it can resize), else what the machine profile recommends for this expert size
+(``hardware.profile.recommend``: hybrid or offload), else offload (also when no profile exists). Logs why."""
 
 from __future__ import annotations
 
