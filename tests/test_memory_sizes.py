@@ -36,7 +36,8 @@ def test_bytes_per_token_match_what_the_engine_allocates(tmp_path: Path, family:
     moe = family in MOE_FAMILIES or hybrid
     backend = "hybrid" if moe else "auto"
     llm = LLM(model=str(d), device="cpu", dtype="float32", moe_backend=backend, page_size=PAGE, max_model_len=64,
-              max_running_requests=2, state_checkpoints=3 if hybrid else None)  # fmt: skip
+              max_running_requests=2, state_checkpoints=3 if hybrid else None,
+              state_checkpoint_host_gib=0.001 if hybrid else None)  # fmt: skip
     eng = llm.engine
     kv = eng.kv
     assert b.kv_layers == len(kv.k) == len(kv.v)
@@ -45,6 +46,7 @@ def test_bytes_per_token_match_what_the_engine_allocates(tmp_path: Path, family:
     plan = eng.memory.plan
     assert plan.kv_bytes == kv_tensors and plan.kv_pages == kv.num_pages
     assert b.activations_per_token == activation_bytes(1, hf.hidden_size, torch.float32)
+    assert eng.layer_major.token_limit() == plan.activation_tokens == 64  # one whole context's activations
     if hybrid:
         st = eng.states
         assert st is not None and b.linear_layers == st.shape.num_layers > 0
@@ -52,6 +54,8 @@ def test_bytes_per_token_match_what_the_engine_allocates(tmp_path: Path, family:
         assert (st.num_slots, st.num_checkpoints) == (2 + 1, 3)  # running requests + scoring, checkpoints
         assert _nbytes([st.conv, st.ssm]) == b.state_per_request * slots == plan.states_bytes
         assert b.kv_layers + b.linear_layers == hf.num_layers
+        host = int(0.001 * 2**30) // b.state_per_request  # the host tier of the plan, as many as 0.001 GiB holds
+        assert plan.host_checkpoints == host == llm.stats()["state_checkpoint_slots_host"] > 0
     else:
         assert eng.states is None and b.state_per_request == 0 and b.linear_layers == 0
     backend_ = eng.setup.loaded.backend

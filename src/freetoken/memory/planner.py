@@ -144,7 +144,8 @@ class MemoryPlan:
     def lines(self) -> list[tuple[str, str, int]]:
         """(share, count, bytes) in the table's order; held on the device first, then kept free, then host RAM."""
         s, rows = self.sizes, []
-        rows.append(("weights (outside the slot cache)", "", s.weights_bytes))
+        if s.weights_bytes:  # (a CPU engine's weights live in host RAM: not measured)
+            rows.append(("weights (outside the slot cache)", "", s.weights_bytes))
         if s.resident_expert_bytes:
             rows.append(("experts (all on the device)", "", s.resident_expert_bytes))
         rows.append(("expert slots", f"{self.slots} + 1 x {s.slot_bytes / MIB:.2f} MiB", self.slots_bytes))
