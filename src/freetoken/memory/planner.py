@@ -148,7 +148,7 @@ class MemoryPlan:
             rows.append(("weights (outside the slot cache)", "", s.weights_bytes))
         if s.resident_expert_bytes:
             rows.append(("experts (all on the device)", "", s.resident_expert_bytes))
-        rows.append(("expert slots", f"{self.slots} + 1 x {s.slot_bytes / MIB:.2f} MiB", self.slots_bytes))
+        rows.append(("expert slots", f"{self.slots} (+1 scratch) x {s.slot_bytes / MIB:.2f} MiB", self.slots_bytes))
         rows.append(("KV pages", f"{self.kv_pages} x {s.page_size} tokens", self.kv_bytes))
         if s.state_bytes:
             rows.append(("recurrent states", f"{self.state_slots} x {s.state_bytes / MIB:.2f} MiB",
