@@ -7,6 +7,7 @@ planned slot count."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import psutil
 import torch
@@ -74,7 +75,7 @@ class StartPlan:
         w = self.wants
         if banks is not None and backend not in NO_SLOTS and self.config.expert_cache is not None:
             rows = banks.num_layers * banks.num_experts
-            w = Wants(**{**w.__dict__, "slots": resolve_slots(self.config.expert_cache, rows, banks.expert_bytes)})
+            w = replace(w, slots=resolve_slots(self.config.expert_cache, rows, banks.expert_bytes))
         return plan(free, self.sizes(weights, banks, backend), w)
 
     def __call__(self, banks: ExpertBanks) -> ExpertBackend:
