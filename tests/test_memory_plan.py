@@ -104,3 +104,15 @@ def test_a_resize_plans_again_with_the_same_function_keeping_the_other_shares() 
     assert (r.slots, r.kv_pages, r.budget_bytes) == (92, 104, 2 * GIB)  # the slots' leftover 4 MiB: 4 more pages
     shares = json.loads(json.dumps(r.as_dict()))["shares"]  # JSON as it is
     assert {x["share"]: x["bytes"] for x in shares}["expert slots"] == 93 * 10 * MIB
+
+
+def test_the_checkpoints_own_context_is_cut_to_what_fits_a_given_one_is_refused() -> None:
+    free = Free(GIB + 200 * MIB, 0, where="device memory of cuda:0")
+    own = Wants(context=64 * 1024, context_fixed=False, reserve_bytes=GIB, layer_major_tokens=0)
+    p = plan(free, SIZES, own)
+    room = 200 * MIB - 9 * 10 * MIB  # beside the reserve and the fewest slots: 110 pages of 16 tokens
+    assert (p.context, p.context_cut_from, p.kv_pages, p.slots) == (110 * 16, 64 * 1024, 110, 8)
+    assert p.held_bytes + p.reserve_bytes == SIZES.weights_bytes + free.device_bytes - room % MIB
+    assert "context 1760 tokens, cut from 65536 to fit" in p.table()
+    with pytest.raises(BudgetError, match="the largest share is KV pages, which would need 4.000 GiB"):
+        plan(free, SIZES, Wants(context=64 * 1024, reserve_bytes=GIB))  # --max-model-len given: refused

@@ -41,9 +41,10 @@ def measure_free(device: torch.device) -> tuple[Free, int]:
 
 
 def wants(config: EngineConfig, context: int) -> Wants:
+    """``context``: ``max_model_len``, or the checkpoint's limit (which the plan may cut to what the device holds)."""
     host = config.state_checkpoint_host_gib
     return Wants(
-        context=context, max_running=config.max_running_requests,
+        context=context, context_fixed=config.max_model_len is not None, max_running=config.max_running_requests,
         budget_bytes=None if config.vram_budget is None else parse_budget_gib(config.vram_budget),
         reserve_bytes=int(config.vram_reserve * GIB), kv_pages=config.kv_pages,
         state_checkpoints=config.state_checkpoints, checkpoint_bytes=int(config.state_checkpoint_gib * GIB),

@@ -102,6 +102,6 @@ def setup_model(config: EngineConfig) -> ModelSetup:
     eos = list(hf.eos_token_ids)
     if tokenizer is not None and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
         eos.append(int(tokenizer.eos_token_id))
-    plan = start.finish()
+    plan = start.finish()  # its context: max_len, or less where the device has no room for the checkpoint's own
     log.info("loaded %s (%s) on %s as %s; %d KV pages", path.name, hf.architecture, device, dtype, plan.kv_pages)
-    return ModelSetup(path, hf, device, dtype, loaded, tokenizer, max_len, plan.kv_pages, eos, plan)
+    return ModelSetup(path, hf, device, dtype, loaded, tokenizer, plan.context, plan.kv_pages, eos, plan)

@@ -69,6 +69,7 @@ class Wants:
     """The user's settings and the caller's fixed counts (None: the plan's choice)."""
 
     context: int  # tokens of one whole context (max_model_len)
+    context_fixed: bool = True  # False: the checkpoint's own limit, which a device without room for it cuts
     max_running: int = 4
     budget_bytes: int | None = None  # a VRAM budget: slots + KV pages + reserve
     reserve_bytes: int = GIB
@@ -96,6 +97,7 @@ class MemoryPlan:
     budget_bytes: int | None  # the VRAM budget (slots + KV + reserve) set by hand, None without
     free_bytes: int | None  # what was measured free (None: a resize planned without measuring)
     where: str = "device memory"
+    context_cut_from: int | None = None  # the checkpoint's context, where the device had no room for one
 
     # ---- each share in bytes ---------------------------------------------------------------------------------
     @property
@@ -163,11 +165,9 @@ class MemoryPlan:
         return rows
 
     def table(self) -> str:
-        head = (
-            f"memory plan ({self.where}"
-            + (f"; VRAM budget {self.budget_bytes / GIB:.2f} GiB" if self.budget_bytes is not None else "")
-            + ")"
-        )
+        cut = f", cut from {self.context_cut_from} to fit" if self.context_cut_from is not None else ""
+        budget = f"; VRAM budget {self.budget_bytes / GIB:.2f} GiB" if self.budget_bytes is not None else ""
+        head = f"memory plan ({self.where}; context {self.context} tokens{cut}{budget})"
         out = [head, f"  {'share':<38} {'count':>24} {'GiB':>9}"]
         out += [f"  {name:<38} {count:>24} {nbytes / GIB:>9.3f}" for name, count, nbytes in self.lines()]
         out.append(f"  {'held on the device':<38} {'':>24} {self.held_bytes / GIB:>9.3f}")
@@ -256,6 +256,16 @@ def _extras(s: CacheSizes, w: Wants, left: int | None) -> tuple[int, int]:
     return ckpts, tokens
 
 
+def _context_that_fits(s: CacheSizes, w: Wants, left: int, min_pages: int) -> int | None:
+    """The longest context (whole pages) whose KV pages fit where one of ``w.context`` does not (``left`` < 0 bytes
+    after the fewest of everything); None where the context was set by hand, a budget is given, the KV pages are
+    given, or not even one page fits."""
+    if w.context_fixed or w.budget_bytes is not None or w.kv_pages is not None or not s.page_bytes:
+        return None
+    pages = min_pages + left // s.page_bytes  # left < 0: fewer pages
+    return pages * s.page_size if pages >= 1 else None
+
+
 def plan(free: Free | None, sizes: CacheSizes, wants: Wants) -> MemoryPlan:
     """The plan (see the module doc). ``free`` None: a resize inside what the engine holds already (the budget was
     checked against the machine by the caller); the counts of step 4 must then be given in ``wants``."""
@@ -265,7 +275,13 @@ def plan(free: Free | None, sizes: CacheSizes, wants: Wants) -> MemoryPlan:
     needs = _needs(s, w, state_slots, min_pages)
     left = None if free is None else free.device_bytes - sum(b for _, b in needs)
     if free is not None and left is not None and left < 0 and not free.on_host:
-        raise _refuse(free, needs, s.weights_bytes)
+        fits = _context_that_fits(s, w, left, min_pages)
+        if fits is None:
+            raise _refuse(free, needs, s.weights_bytes)
+        log.warning("memory plan: one %d-token context's KV pages do not fit %s: the context is cut to %d tokens "
+                    "(--max-model-len sets it)", w.context, free.where, fits)  # fmt: skip
+        cut = plan(free, sizes, replace(w, context=fits, context_fixed=True))
+        return replace(cut, context_cut_from=w.context)
     ckpts, tokens = _extras(s, w, left)
     if left is not None:
         left -= ckpts * s.state_bytes + tokens * s.activation_bytes
@@ -277,8 +293,8 @@ def plan(free: Free | None, sizes: CacheSizes, wants: Wants) -> MemoryPlan:
 
 def resize_plan(current: MemoryPlan, budget_bytes: int, kv_wanted: int) -> MemoryPlan:
     """``plan`` for a resize: a new budget for the slots + KV pages + reserve, the other shares as they are."""
-    w = Wants(current.context, max(current.state_slots - 1, 1), budget_bytes, current.reserve_bytes,
-              kv_wanted=kv_wanted, state_checkpoints=current.state_checkpoints,
+    w = Wants(context=current.context, max_running=max(current.state_slots - 1, 1), budget_bytes=budget_bytes,
+              reserve_bytes=current.reserve_bytes, kv_wanted=kv_wanted, state_checkpoints=current.state_checkpoints,
               layer_major_tokens=current.activation_tokens)  # fmt: skip
     return replace(plan(None, current.sizes, w), host_checkpoints=current.host_checkpoints, where=current.where)
 
