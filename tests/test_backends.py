@@ -204,10 +204,9 @@ def test_split_policy_sources() -> None:
 def test_auto_choice() -> None:
     banks = make_banks(2, 8, seed=1)
     cuda = torch.device("cuda")
-    fits = banks.pool_bytes * 4
     assert choose_backend(banks, torch.device("cpu"))[0] == "fused"
-    assert choose_backend(banks, cuda, vram_free=fits, load_profile=False)[0] == "fused"
-    assert choose_backend(banks, cuda, vram_free=1, load_profile=False)[0] == "offload"
+    assert choose_backend(banks, cuda, pool_fits=True, load_profile=False)[0] == "fused"
+    assert choose_backend(banks, cuda, pool_fits=False, load_profile=False)[0] == "offload"
     # with a machine profile: tests/test_hardware.py::test_auto_follows_the_saved_profiles_recommendation
 
 

@@ -94,6 +94,8 @@ def test_serve_binds_only_once_loaded_and_logs_each_request(tmp_path: Path) -> N
         assert first_open is not None, lines
         loaded = [t for t, ln in list(lines) if ln.startswith("FreeToken: loaded")]
         assert loaded and loaded[0] <= first_open, lines  # the port opened after the model loaded
+        text = "".join(ln for _, ln in list(lines))
+        assert "memory plan (host RAM" in text and "expert slots" in text and "KV pages" in text, lines  # the table
         assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 200
         time.sleep(0.5)
         assert any('"GET /v1/models HTTP/1.1" 200' in ln for _, ln in list(lines)), lines  # uvicorn's access log

@@ -15,8 +15,7 @@ import torch
 from freetoken import LLM, SamplingParams
 from freetoken.cache.kv_pool import KVPool
 from freetoken.hardware import device_memory
-from freetoken.memory import budget as plan
-from freetoken.memory.budget import GIB, BudgetError, parse_budget_gib
+from freetoken.memory.budget import GIB, BudgetError, Capacity, ResizeError, parse_budget_gib
 from tiny_models import save_checkpoint
 
 S = 2
@@ -173,7 +172,7 @@ def test_a_budget_whose_allocation_fails_mid_resize_leaves_the_engine_as_it_was(
     before = eng.memory.stats()
     FailingAllocator({fail_at: ALLOC}).install(monkeypatch)
     budget = (16 * f.slot_bytes + 40 * f.page_bytes) / GIB  # every expert of the pool, 16 more pages
-    with pytest.raises(plan.ResizeError) as err:
+    with pytest.raises(ResizeError) as err:
         eng.set_vram_budget(budget)
     msg = str(err.value)
     assert f"the resize to {budget:.3f} GiB (16 expert slots + 40 KV pages) failed" in msg
@@ -194,7 +193,7 @@ def test_budgets_over_what_the_machine_has_are_refused_before_anything_changes(
     llm = LLM(expert_cache=8, kv_pages=24, **_kw(ckpt))
     guard = Guard().install(monkeypatch)
     m = llm.engine.memory
-    m.capacity = lambda held: plan.Capacity(3 * GIB, held, 24 * GIB, "host RAM (test)")
+    m.capacity = lambda held: Capacity(3 * GIB, held, 24 * GIB, "host RAM (test)")
     before = m.stats()
     for gib in (50, 1000, 1e308):
         with pytest.raises(BudgetError, match=r"exceeds what this machine has for the caches: host RAM \(test\)"):

@@ -182,7 +182,7 @@ def test_auto_follows_the_saved_profiles_recommendation(monkeypatch: pytest.Monk
                      (dict(fill=42.0, layer=54.0, fill_concurrent=42.0, cpu_kernel_concurrent=2.0), "offload"),
                      (dict(fill=2.0, layer=3.0, fill_concurrent=2.0, cpu_kernel_concurrent=60.0), "hybrid")):
         prof = _profile(gpu, **bw)
-        name, why = auto.choose_backend(banks, cuda, vram_free=1, profile=prof)
+        name, why = auto.choose_backend(banks, cuda, pool_fits=False, profile=prof)
         assert name == want and why == f"machine profile: {recommend(prof, banks.expert_bytes)}"
         monkeypatch.setattr(auto, "saved_profile", lambda prof=prof: prof)  # the same, read from this machine
-        assert auto.choose_backend(banks, cuda, vram_free=1) == (name, why)
+        assert auto.choose_backend(banks, cuda, pool_fits=False) == (name, why)

@@ -18,7 +18,7 @@ from freetoken.cache.radix import RadixCache
 from freetoken.cache.state_checkpoints import StateCheckpoints
 from freetoken.cache.state_pool import StatePool, StateShape
 from freetoken.config import EngineConfig
-from freetoken.loader.hybrid_build import HOST_MAX_CHECKPOINTS, host_checkpoint_count
+from freetoken.memory.planner import HOST_MAX_CHECKPOINTS, host_checkpoint_count
 from reference import assert_close_logits
 from test_state_checkpoints import PAGE, _turns, ckpt  # noqa: F401  (the module-scoped checkpoint fixture)
 
@@ -109,14 +109,14 @@ def test_spill_frees_the_device_slot_for_the_next_anchor():
 
 def test_budgets_and_bad_input():
     one = 10 << 20
-    assert host_checkpoint_count(one, 0.0) == 0  # 0: no host tier
-    assert host_checkpoint_count(one, 1.0) == 102
-    assert host_checkpoint_count(one, None, free_bytes=16 << 30) == 204  # an eighth of the free RAM
-    assert host_checkpoint_count(one, None, free_bytes=1 << 40) == 819  # ... at most 8 GiB
-    assert host_checkpoint_count(1, None, free_bytes=1 << 40) == HOST_MAX_CHECKPOINTS
-    assert host_checkpoint_count(one, None, free_bytes=40 << 20) == 0  # too little RAM free: none, said once
+    assert host_checkpoint_count(one, 0, 1 << 40) == 0  # 0: no host tier
+    assert host_checkpoint_count(one, 1 << 30, 1 << 40) == 102
+    assert host_checkpoint_count(one, None, 16 << 30) == 204  # an eighth of the free RAM
+    assert host_checkpoint_count(one, None, 1 << 40) == 819  # ... at most 8 GiB
+    assert host_checkpoint_count(1, None, 1 << 40) == HOST_MAX_CHECKPOINTS
+    assert host_checkpoint_count(one, None, 40 << 20) == 0  # too little RAM free: none, said once
     with pytest.raises(ValueError, match=r"state_checkpoint_host_gib=0.001 holds no state checkpoint .* 10.0 MiB"):
-        host_checkpoint_count(one, 0.001)
+        host_checkpoint_count(one, int(0.001 * (1 << 30)), 1 << 40)
     with pytest.raises(ValueError, match="state_checkpoint_host_gib must be >= 0"):
         EngineConfig(state_checkpoint_host_gib=-1.0)
     with pytest.raises(ValueError, match="at least one slot"):

@@ -118,3 +118,25 @@ def test_ft_ctl_memory(srv: Running, capsys: pytest.CaptureFixture[str]) -> None
     back = str(m["budget_gib"])
     assert ft_main(["ctl", "memory", "--server", srv.url, "--api-key", MEMORY_KEY, "--vram-budget", back]) == 0
     assert _memory(srv)["slots"] == m["slots"]
+
+
+def test_get_returns_the_memory_plan_as_the_last_resize_left_it(srv: Running) -> None:
+    assert httpx.get(srv.url + "/v1/engine/memory").status_code == 401  # the control routes' key
+    m = _memory(srv)
+    r = httpx.get(srv.url + "/v1/engine/memory", headers=AUTH)
+    assert r.status_code == 200
+    p = r.json()["plan"]
+    assert (p["slots"], p["kv_pages"]) == (m["slots"], m["kv_pages"])
+    shares = {s["share"]: s for s in p["shares"]}
+    slot, page = p["sizes"]["slot_bytes"], p["sizes"]["page_bytes"]
+    assert shares["expert slots"]["bytes"] == (m["slots"] + 1) * slot  # and the scratch slot
+    assert shares["KV pages"]["bytes"] == m["kv_pages"] * page
+    assert p["budget_bytes"] == round(m["budget_gib"] * 2**30)
+    assert p["held_bytes"] == sum(s["bytes"] for s in p["shares"] if "kept free" not in s["share"]
+                                  and "host RAM" not in s["share"])  # fmt: skip
+    gib = _budget_gib(m, 3, m["kv_pages"])
+    assert httpx.post(srv.url + "/v1/engine/memory", json={"vram_budget": gib}, headers=AUTH).status_code == 200
+    now = httpx.get(srv.url + "/v1/engine/memory", headers=AUTH).json()["plan"]
+    assert (now["slots"], now["kv_pages"]) == (3, m["kv_pages"])
+    assert httpx.post(srv.url + "/v1/engine/memory", json={"vram_budget": m["budget_gib"]},
+                      headers=AUTH).status_code == 200  # fmt: skip

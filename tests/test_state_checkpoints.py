@@ -189,7 +189,7 @@ def test_next_turn_resumes_after_the_reply(ckpt):
 def test_the_default_pool_is_what_fits_the_budget(tmp_path: Path) -> None:
     """Without a number, as many checkpoints as fit ``state_checkpoint_gib`` (at least 16, at most 256); a number given
     is kept; a model without recurrent state gets none."""
-    from freetoken.loader.hybrid_build import MAX_CHECKPOINTS, MIN_CHECKPOINTS, checkpoint_count
+    from freetoken.memory.planner import MAX_CHECKPOINTS, MIN_CHECKPOINTS, checkpoint_count
 
     d = tmp_path / "m"
     save_checkpoint("qwen3_5_moe", d, seed=0)
@@ -198,8 +198,9 @@ def test_the_default_pool_is_what_fits_the_budget(tmp_path: Path) -> None:
     assert loaded.states is not None
     one = loaded.states.slot_bytes(torch.float32)
     assert llm.engine.states is not None and llm.engine.states.num_checkpoints == MAX_CHECKPOINTS  # tiny states
-    assert checkpoint_count(loaded, torch.float32, None, 40 * one / 2**30) == 40
-    assert checkpoint_count(loaded, torch.float32, None, 0.0) == MIN_CHECKPOINTS
-    assert checkpoint_count(loaded, torch.float32, 3, 1.0) == 3
+    assert checkpoint_count(one, None, 40 * one) == 40
+    assert checkpoint_count(one, None, 0) == MIN_CHECKPOINTS
+    assert checkpoint_count(one, 3, 1 << 30) == 3
+    assert checkpoint_count(0, None, 1 << 30) == 0  # no recurrent state: none
     with pytest.raises(ValueError, match="state_checkpoint_gib"):
         EngineConfig(state_checkpoint_gib=-1.0)

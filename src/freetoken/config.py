@@ -39,14 +39,14 @@ class EngineConfig:
     streams the expert pool once); "chunk" runs each chunk through all layers; "auto": layer where the MoE
     backend streams whole layers through its slot cache."""
     layer_major_tokens: int | None = None
-    """Most tokens one layer-major prefill keeps activations for (longer prompts run in several). None: as
-    half the free memory allows; 0: chunk-major always."""
+    """Most tokens one layer-major prefill keeps activations for (longer prompts run in several). None: one whole
+    context, as far as the memory plan has room; 0: chunk-major always."""
     prefill_interleave_ms: float = 40.0
     """While a layer-major prefill runs, other running requests get a decode step at least this often."""
     page_size: int = 16
     """Tokens per KV page."""
     kv_pages: int | None = None
-    """KV pages to allocate. None: derived from the memory budget (CPU: enough for max_model_len x running)."""
+    """KV pages to allocate. None: the memory plan's (what the expert slots leave, up to max_model_len x running)."""
     prefix_cache: bool = True
     """Reuse the KV of prompt prefixes computed before (radix tree over KV pages, shared by all requests)."""
     state_checkpoints: int | None = None
@@ -80,10 +80,11 @@ class EngineConfig:
     stay the serial step's. None: on a CUDA device; True / False: always / never (a CPU device computes each
     step as it is launched, so there it only exercises the same bookkeeping)."""
     vram_budget: float | None = None
-    """GiB of device memory for the expert-slot cache, the KV pages and the reserve (the other weights come on
-    top), split by the memory planner and resized at run time (``ft ctl memory``); the split then follows the
-    session (the fused backend keeps every expert on the device: there the budget sizes the KV pages). None: the
-    sizes of expert_cache and kv_pages."""
+    """GiB of device memory for the expert-slot cache, the KV pages and the reserve (the weights, recurrent states,
+    state checkpoints and layer-major activations of the memory plan come on top), split by the memory planner and
+    resized at run time (``ft ctl memory``); the split then follows the session (the fused backend keeps every expert
+    on the device: there the budget sizes the KV pages). None: the memory plan sizes the caches from the free device
+    memory (``ft serve`` prints it)."""
     vram_reserve: float = 1.0
     """GiB of the budget left free for activations and graphs; the VRAM watcher keeps this much free."""
     vram_watch: bool = True

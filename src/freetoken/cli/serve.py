@@ -148,4 +148,6 @@ def load(config: EngineConfig) -> AsyncLLM:
         said = str(why) if isinstance(why, (FreeTokenError, ValueError, OSError)) else engine.error
         raise EngineDeadError(f"cannot load {what}: {said}")
     console.print(f"FreeToken: loaded {what} (context {engine.max_model_len} tokens)", highlight=False)
+    if engine.engine is not None:  # every share of the device and host memory, as one table
+        console.print(engine.engine.memory.plan.table(), highlight=False, markup=False, soft_wrap=True)
     return engine

@@ -137,6 +137,11 @@ class AsyncLLM:
             stats["uptime_s"] = time.monotonic() - self.engine.started_at
         return stats
 
+    def memory_plan(self) -> dict[str, Any] | None:
+        """The memory plan as it stands (the start's, with the sizes of the last resize); None before the engine is
+        built. The plan is immutable and replaced whole at a resize: read here, from any thread."""
+        return None if self.engine is None else self.engine.memory.plan.as_dict()
+
     def health(self) -> str | None:
         """Why this engine cannot generate now, None when it can: not ready, its thread gone, or its caches unable
         to serve a step (waiting for device memory, a pool without its layers) as of its last safe point."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,14 +23,13 @@ from freetoken.hardware.device_memory import uses_driver_memory
 from freetoken.memory.budget import (
     GIB,
     Capacity,
-    MemoryFacts,
     MemorySplit,
     ResizeError,
     check_fits,
     follow_kv,
-    split_budget,
 )
 from freetoken.memory.capacity import machine_capacity
+from freetoken.memory.planner import MemoryPlan, resize_plan
 
 if TYPE_CHECKING:
     from freetoken.cache.kv_pool import KVPool
@@ -59,20 +58,20 @@ class ResizeRecord:
         return asdict(self)
 
 
-def memory_facts(backend: ExpertBackend | None, kv: KVPool, context: int, reserve_gib: float) -> MemoryFacts:
-    """What a slot and a page cost and the fewest of each the engine runs with (one layer's top-k, one context)."""
+def as_built(plan: MemoryPlan, backend: ExpertBackend | None, kv: KVPool) -> MemoryPlan:
+    """The start plan with the units and counts of the caches the engine built (a backend may have fallen back to
+    one without slots, e.g. ``cpu`` where the pool could not be pinned)."""
     lo, hi = backend.slot_range if backend is not None else (0, 0)
-    return MemoryFacts(
-        slot_bytes=backend.slot_bytes if backend is not None else 0, page_bytes=kv.page_bytes, min_slots=lo,
-        max_slots=hi, min_pages=kv.pages_for(context), reserve_bytes=int(reserve_gib * GIB),
-        page_size=kv.page_size, context=context,
-    )  # fmt: skip
+    slot_bytes = backend.slot_bytes if backend is not None else 0
+    sizes = replace(plan.sizes, slot_bytes=slot_bytes, min_slots=lo, max_slots=hi, page_bytes=kv.page_bytes)
+    slots = backend.num_slots if backend is not None else 0
+    return replace(plan, sizes=sizes, slots=slots, kv_pages=kv.num_pages)
 
 
 class ElasticMemory:
     def __init__(
         self,
-        facts: MemoryFacts,
+        plan: MemoryPlan,
         scheduler: Scheduler,
         backend: ExpertBackend | None,
         graphs: StepGraphs | None,
@@ -80,17 +79,20 @@ class ElasticMemory:
         follow: bool,
         capacity: Callable[[int], Capacity] | None = None,
     ) -> None:
-        """``capacity(held_bytes)``: what the machine has for the caches (``capacity.machine_capacity``; tests pass
-        their own)."""
-        self.facts = facts
+        """``plan``: the start's (``memory.planner.plan``); every resize plans again with the same function
+        (``resize_plan``). ``capacity(held_bytes)``: what the machine has for the caches (``capacity.machine_capacity``;
+        tests pass their own)."""
+        self.plan = as_built(plan, backend, scheduler.kv)
+        self.facts = self.plan.facts(scheduler.kv.pages_for(plan.context))
         self.capacity = capacity or (lambda held: machine_capacity(device, held))
         self.scheduler, self.backend, self.graphs, self.device = scheduler, backend, graphs, device
         self.follow_session = follow
         kv = scheduler.kv.num_pages
-        budget = self.num_slots * facts.slot_bytes + kv * facts.page_bytes + facts.reserve_bytes
-        self.split = MemorySplit(budget, self.num_slots, kv, facts.reserve_bytes)
+        self.split = self.plan.split
+        budget = self.split.budget_bytes
         self.target_bytes = budget  # the budget set by hand (or at start): the watcher grows back up to it
         self.base_kv = kv  # KV pages of that budget: the session's split returns to it
+        scheduler.kv_ceiling = kv
         self.last: ResizeRecord | None = None
         self.num_resizes = 0
         self.history: list[ResizeRecord] = []  # the last HISTORY resizes (benchmarks read them)
@@ -110,7 +112,7 @@ class ElasticMemory:
         what the machine has (``check_fits``), before anything changes. All or nothing: where the machine refuses
         the memory meanwhile, ``ResizeError``, the caches back at their sizes before."""
         want = self.scheduler.kv.num_pages if kv_wanted is None else kv_wanted
-        split = split_budget(budget_bytes, self.facts, want)
+        split = self._planned(budget_bytes, want)
         check_fits(budget_bytes, self.capacity(self.held_bytes))
         was = self.target_bytes, self.base_kv
         self.target_bytes, self.base_kv = budget_bytes, split.kv_pages
@@ -132,7 +134,7 @@ class ElasticMemory:
             return None
         budget, why = decision
         shrink = budget < self.split.budget_bytes
-        split = split_budget(budget, f, self.split.kv_pages)
+        split = self._planned(budget, self.split.kv_pages)
         if shrink and split.kv_pages > self.split.kv_pages:
             # the slots took the shrink and left a few pages' bytes over: the pool stays (a grow would re-make it,
             # and free it for a moment, while another program is taking memory)
@@ -164,10 +166,15 @@ class ElasticMemory:
         want = follow_kv(kv.num_pages, self.scheduler.pages.num_pinned, self.base_kv)
         if want is None:
             return None
-        split = split_budget(self.split.budget_bytes, self.facts, want)
+        split = self._planned(self.split.budget_bytes, want)
         if split.kv_pages == kv.num_pages:
             return None  # the slots cannot give more (or the pool is where it should be)
         return split
+
+    def _planned(self, budget: int, kv_wanted: int) -> MemorySplit:
+        """The planner's split of ``budget`` keeping ``kv_wanted`` KV pages where it can (``BudgetError`` below the
+        minimum)."""
+        return resize_plan(self.plan, budget, kv_wanted).split
 
     # ---- doing it -------------------------------------------------------------------------------------
     def apply(self, split: MemorySplit, reason: str, source: str, exact: bool = False) -> ResizeRecord:
@@ -246,6 +253,8 @@ class ElasticMemory:
             used = got[0] * f.slot_bytes + got[1] * f.page_bytes
             split = MemorySplit(used + f.reserve_bytes, got[0], got[1], f.reserve_bytes)
         self.split = split
+        self.plan = replace(self.plan, slots=split.slots, kv_pages=split.kv_pages, budget_bytes=split.budget_bytes,
+                            free_bytes=None)  # fmt: skip
         self.scheduler.kv_ceiling = self.base_kv
         rec = ResizeRecord(time.time(), source, reason, round(split.budget_bytes / GIB, 4), slots0, split.slots,
                            kv0, split.kv_pages, preempted, time.perf_counter() - t0)  # fmt: skip
@@ -304,6 +313,8 @@ class ElasticMemory:
         f = self.facts
         used = self.num_slots * f.slot_bytes + self.kv_pages * f.page_bytes
         self.split = MemorySplit(used + f.reserve_bytes, self.num_slots, self.kv_pages, f.reserve_bytes)
+        self.plan = replace(self.plan, slots=self.num_slots, kv_pages=self.kv_pages,
+                            budget_bytes=self.split.budget_bytes)  # fmt: skip
         log.info("memory: the device granted the fewest again: %d expert slots, %d KV pages", self.num_slots,
                  self.kv_pages)  # fmt: skip
         return True

@@ -13,7 +13,7 @@ from freetoken.cache.kv_pool import KVPool
 from freetoken.cache.radix import RadixCache
 from freetoken.config import EngineConfig
 from freetoken.engine.detokenizer import IncrementalDetokenizer
-from freetoken.engine.elastic import ElasticMemory, memory_facts
+from freetoken.engine.elastic import ElasticMemory
 from freetoken.engine.errors import InputError, PromptTooLongError, QueueFullError
 from freetoken.engine.grammar import GrammarCompiler
 from freetoken.engine.kv_manager import KVManager
@@ -24,7 +24,7 @@ from freetoken.engine.request import Request, Status
 from freetoken.engine.scheduler import Scheduler
 from freetoken.engine.scoring import score
 from freetoken.engine.stats import engine_stats
-from freetoken.loader.hybrid_build import checkpoint_count, make_state_pool, state_checkpoints
+from freetoken.loader.hybrid_build import make_state_pool, state_checkpoints
 from freetoken.loader.model_setup import ModelSetup, setup_model
 from freetoken.memory.budget import parse_budget_gib
 from freetoken.runner.constraint import TokenConstraint
@@ -49,13 +49,12 @@ class LLMEngine:
         self.kv = KVPool(
             s.loaded.kv_layers, s.kv_pages, config.page_size, s.hf.num_kv_heads, s.hf.head_dim, s.dtype, s.device
         )
-        asked, gib = config.state_checkpoints, config.state_checkpoint_gib
-        checkpoints = checkpoint_count(s.loaded, s.dtype, asked, gib) if config.prefix_cache else 0
+        checkpoints = s.plan.state_checkpoints  # every size below comes from the memory plan (``s.plan``)
         self.states = make_state_pool(s.loaded, config.max_running_requests, s.dtype, s.device, checkpoints)
         # a recurrent state resumes only from a checkpoint: without any, no prefix reuse
         self.tree = RadixCache(self.kv) if config.prefix_cache and (self.states is None or checkpoints) else None
         ckpts, anchors = state_checkpoints(
-            self.states, self.tree, s, config.state_checkpoint_every, config.state_checkpoint_host_gib
+            self.states, self.tree, s, config.state_checkpoint_every, s.plan.host_checkpoints
         )
         self.pages = KVManager(self.kv, self.tree, self.states, ckpts, anchors)
         self.scheduler = Scheduler(self.pages, config.max_running_requests, config.max_batched_tokens)
@@ -70,13 +69,10 @@ class LLMEngine:
         self.runner = ModelRunner(
             s.loaded.model, self.kv, s.device, s.loaded.backend, s.hf.sliding_window, self.sampler, graphs
         )
-        budget = config.vram_budget
-        facts = memory_facts(s.loaded.backend, self.kv, self.max_model_len, config.vram_reserve)
-        self.memory = ElasticMemory(facts, self.scheduler, s.loaded.backend, graphs, s.device, budget is not None)
-        if budget is not None:
-            wanted = config.kv_pages or self.kv.pages_for(self.max_model_len) * config.max_running_requests
-            self.memory.set_budget(parse_budget_gib(budget), "--vram-budget", "start", kv_wanted=wanted)
-        self.layer_major = LayerMajorPlanner(config, self.pages, self.runner, s.hf, s.dtype)
+        follow = config.vram_budget is not None
+        self.memory = ElasticMemory(s.plan, self.scheduler, s.loaded.backend, graphs, s.device, follow)
+        tokens = s.plan.activation_tokens
+        self.layer_major = LayerMajorPlanner(config, self.pages, self.runner, s.hf, tokens)
         self._job: LayerMajorJob | None = None  # a layer-major prefill in flight (it spans steps)
         overlap = config.overlap_steps if config.overlap_steps is not None else s.device.type == "cuda"
         self.overlap = StepOverlap(self, overlap)  # decode step N+1 launched before step N is read

@@ -5,8 +5,8 @@ within a latency budget; the job carries on at the next step.
 
 Planning: when a scheduled prefill item was cut by the step's token budget, every prefill item of the step
 is extended to its whole remaining prompt, as far as the activations (``h`` and ``x`` of every token kept
-per layer) fit the memory budget and the KV pool has the pages; the result is cut into chunks of at most
-``max_batched_tokens``. When fewer than two chunks come of it the step stays chunk-major. While a job runs
+per layer) fit the memory plan's activations share and the KV pool has the pages; the result is cut into chunks of at
+most ``max_batched_tokens``. When fewer than two chunks come of it the step stays chunk-major. While a job runs
 its requests are ``busy``: the scheduler neither schedules nor preempts them, and admits no new request.
 
 Beside running streams (the step had decode items) the chunks are balanced instead (``balanced_chunks``): a unit's
@@ -27,12 +27,11 @@ from freetoken.checkpoint.hf_config import HFConfig
 from freetoken.config import EngineConfig
 from freetoken.engine.kv_manager import KVManager
 from freetoken.engine.request import Request
-from freetoken.models.layer_major import LayerMajorPass, activation_bytes
+from freetoken.models.layer_major import LayerMajorPass
 from freetoken.runner.runner import ModelRunner
 from freetoken.runner.step_sampler import Choice
 
 ORDERS = ("auto", "layer", "chunk")
-MEMORY_SHARE = 0.5  # of the free device memory (CPU: of the available RAM / 4) the activations may take
 
 
 @dataclass
@@ -161,11 +160,14 @@ class LayerMajorJob:
 
 
 class LayerMajorPlanner:
-    def __init__(self, config: EngineConfig, pages: KVManager, runner: ModelRunner, hf: HFConfig, dtype: torch.dtype):
+    def __init__(
+        self, config: EngineConfig, pages: KVManager, runner: ModelRunner, hf: HFConfig, tokens: int
+    ) -> None:
+        """``tokens``: how many tokens' activations one pass may keep (the memory plan's activations share)."""
         if config.prefill_order not in ORDERS:
             raise ValueError(f"prefill_order must be one of {ORDERS}, got {config.prefill_order!r}")
         self.config, self.pages, self.runner = config, pages, runner
-        self.hidden, self.dtype = hf.hidden_size, dtype
+        self.tokens = tokens
         self.crossover = attention_crossover(hf)
         self.jobs = 0
         self.balanced_jobs = 0  # jobs cut into balanced chunks (beside running streams)
@@ -180,17 +182,8 @@ class LayerMajorPlanner:
         return streamer is not None and streamer.mode != "off"
 
     def token_limit(self) -> int:
-        """Tokens whose activations fit: the config's, else a share of the free memory now."""
-        if self.config.layer_major_tokens is not None:
-            return self.config.layer_major_tokens
-        dev = self.runner.device
-        if dev.type == "cuda":
-            free = torch.cuda.mem_get_info(dev)[0]
-        else:
-            import psutil
-
-            free = psutil.virtual_memory().available // 4
-        return int(free * MEMORY_SHARE) // activation_bytes(1, self.hidden, self.dtype)
+        """Tokens whose activations one pass keeps: the memory plan's share (``layer_major_tokens`` when given)."""
+        return self.tokens
 
     def plan(self, items: list[tuple[Request, int]]) -> tuple[LayerMajorJob | None, list[tuple[Request, int]]]:
         """Takes the step's prefill items into a job when one of them was cut by the token budget and the

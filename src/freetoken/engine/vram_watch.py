@@ -60,12 +60,14 @@ def watch_decision(
 
 
 class NvmlSource:
-    """The device's free memory as NVML reports it (every process's allocations count)."""
+    """The device's free memory as NVML reports it (every process's allocations count), plus what torch's caching
+    allocator holds unused in this process: the engine's own step temporaries, which its next step reuses (without
+    them a long prefill's cached blocks would read as another program's memory and shrink the caches)."""
 
     _said = False
 
-    def __init__(self, nvml: Any, handle: Any) -> None:
-        self._nvml, self._handle = nvml, handle
+    def __init__(self, nvml: Any, handle: Any, device: torch.device | None = None) -> None:
+        self._nvml, self._handle, self._device = nvml, handle, device
 
     @classmethod
     def open(cls, device: torch.device) -> NvmlSource | None:
@@ -87,10 +89,13 @@ class NvmlSource:
                 why = f"{type(exc).__name__}: {exc}"
                 log.warning("VRAM watcher off: NVML is unavailable (%s); install nvidia-ml-py", why)
             return None
-        return cls(pynvml, handle)
+        return cls(pynvml, handle, device)
 
     def free_bytes(self) -> int:
-        return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).free)
+        free = int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).free)
+        if self._device is None:
+            return free
+        return free + max(0, torch.cuda.memory_reserved(self._device) - torch.cuda.memory_allocated(self._device))
 
 
 class VramWatcher:

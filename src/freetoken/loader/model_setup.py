@@ -1,5 +1,5 @@
-"""Resolve the model, device and dtype; build the model and its expert backend; load the tokenizer; size the KV
-pool."""
+"""Resolve the model, device and dtype; build the model and its expert backend at the sizes of the memory plan
+(``loader/memory_plan.py``); load the tokenizer."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.hf_config import HFConfig, load_hf_config
 from freetoken.checkpoint.tokenizer import load_tokenizer
 from freetoken.config import EngineConfig
-from freetoken.experts.backends.registry import create_backend
+from freetoken.loader.memory_plan import StartPlan
 from freetoken.loader.model_build import LoadedModel, build_model
+from freetoken.memory.planner import MemoryPlan
 from freetoken.models.registry import get_family
 
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_KV_BUDGET_FRACTION = 0.3  # of free device memory after weights (the memory planner refines this)
 
 
 @dataclass
@@ -36,6 +36,7 @@ class ModelSetup:
     max_model_len: int
     kv_pages: int
     eos_token_ids: list[int]
+    plan: MemoryPlan  # the sizes every cache starts at (``memory/planner.py``)
 
 
 def default_model_path() -> Path:
@@ -57,25 +58,6 @@ def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
     if name not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {name!r}")
     return _DTYPES[name]
-
-
-def _kv_pages(
-    config: EngineConfig, hf: HFConfig, kv_layers: int, dtype: torch.dtype, device: torch.device, max_len: int
-) -> int:
-    if config.kv_pages is not None:
-        return config.kv_pages
-    if config.vram_budget is not None:  # one whole context now; the engine sizes the pool to the budget
-        return -(-max_len // config.page_size)
-    page_bytes = 2 * max(kv_layers, 1) * config.page_size * hf.num_kv_heads * hf.head_dim * dtype.itemsize
-    wanted = -(-max_len // config.page_size) * config.max_running_requests
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        budget = int(free * _KV_BUDGET_FRACTION)
-    else:
-        import psutil
-
-        budget = min(4 << 30, int(psutil.virtual_memory().available * 0.25))
-    return max(1, min(wanted, budget // page_bytes))
 
 
 def context_length(config: EngineConfig, hf: HFConfig) -> int:
@@ -112,17 +94,14 @@ def setup_model(config: EngineConfig) -> ModelSetup:
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     max_len = context_length(config, hf)
-    first = config
-    if config.vram_budget is not None and config.expert_cache is None:  # the engine grows it to the budget
-        first = config.replace(expert_cache=max(1, hf.top_k))
-    backend = lambda banks: create_backend(first, banks, device, dtype)  # noqa: E731
-    loaded = build_model(hf, family, device, dtype, backend, max_len, config.routing_trace, config.verify_weights)
+    start = StartPlan(config, hf, family, device, dtype, max_len)
+    loaded = build_model(hf, family, device, dtype, start, max_len, config.routing_trace, config.verify_weights)
     if loaded.backend is not None:  # when the model goes, or at exit if it never does: before the kernels' own
         weakref.finalize(loaded, _close_backend, loaded.backend)  # finalizers (registered earlier, run later)
     tokenizer = load_tokenizer(path)
     eos = list(hf.eos_token_ids)
     if tokenizer is not None and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
         eos.append(int(tokenizer.eos_token_id))
-    pages = _kv_pages(config, hf, loaded.kv_layers, dtype, device, max_len)
-    log.info("loaded %s (%s) on %s as %s; %d KV pages", path.name, hf.architecture, device, dtype, pages)
-    return ModelSetup(path, hf, device, dtype, loaded, tokenizer, max_len, pages, eos)
+    plan = start.finish()  # its context: max_len, or less where the device has no room for the checkpoint's own
+    log.info("loaded %s (%s) on %s as %s; %d KV pages", path.name, hf.architecture, device, dtype, plan.kv_pages)
+    return ModelSetup(path, hf, device, dtype, loaded, tokenizer, plan.context, plan.kv_pages, eos, plan)

@@ -83,10 +83,14 @@ class MemoryFacts:
         return self.min_slots * self.slot_bytes + self.min_pages * self.page_bytes + self.reserve_bytes
 
     def explain_minimum(self) -> str:
+        shares = {"expert slots": self.min_slots * self.slot_bytes, "KV pages": self.min_pages * self.page_bytes,
+                  "reserve": self.reserve_bytes}  # fmt: skip
+        largest = max(shares, key=lambda k: shares[k])
         return (
             f"{self.min_slots} expert slots x {self.slot_bytes / MIB:.2f} MiB (one layer's top-k) + "
             f"{self.min_pages} KV pages x {self.page_bytes / MIB:.3f} MiB (one {self.context}-token context) + "
-            f"{self.reserve_bytes / GIB:.2f} GiB reserve = {self.minimum_budget / GIB:.3f} GiB"
+            f"{self.reserve_bytes / GIB:.2f} GiB reserve = {self.minimum_budget / GIB:.3f} GiB; the largest share is "
+            f"{largest}, which needs {shares[largest] / GIB:.3f} GiB"
         )
 
 

@@ -141,6 +141,15 @@ class MemoryBody(BaseModel):
 
 
 def _add_memory_route(app: FastAPI, state: ServerState) -> None:
+    @app.get("/v1/engine/memory", dependencies=[Depends(check_api_key)])
+    async def engine_memory_plan() -> JSONResponse:
+        """The memory plan: every share (weights, expert slots, KV pages, recurrent states and checkpoints on the
+        device and in host RAM, activations, reserve) in bytes and counts, as the last resize left it."""
+        plan = state.engine.memory_plan() if state.engine.state == "ready" else None
+        if plan is None:
+            raise APIError("unavailable", f"the engine is {state.engine.state}")
+        return JSONResponse({"plan": plan})
+
     @app.post("/v1/engine/memory", dependencies=[Depends(check_api_key)])
     async def engine_memory(request: Request) -> JSONResponse:
         """Resizes the expert slots and KV pages to a new budget at the engine's next safe point, all or nothing.

@@ -63,7 +63,7 @@ class SlotBackend(StepCapture, ExpertBackend):
                 f"backend: {self.name} would copy unpinned experts"
             )
         if num_slots is None:
-            num_slots = resolve_slots(config.expert_cache, pool.num_rows, pool.expert_bytes, device)
+            num_slots = resolve_slots(config.expert_cache, pool.num_rows, pool.expert_bytes)
         if pool.banks.top_k:  # refuse a cache too small for one token's experts now, not at the first step
             check_slots_cover_topk(num_slots, pool.banks.top_k)
         self.cache = SlotCache(pool, num_slots, device)

@@ -1,31 +1,20 @@
-"""How many expert slots: ``expert_cache`` (slots, or a fraction of the pool) or the VRAM budget."""
+"""How many expert slots ``expert_cache`` asks for (slots, or a fraction of the pool); the engine passes the memory
+plan's count (``memory/planner.py``), so None only comes from callers that build a backend without a plan."""
 
 from __future__ import annotations
 
 import logging
 
-import torch
+from freetoken.memory.planner import CPU_SLOT_FRACTION
 
 log = logging.getLogger(__name__)
 
-# expert_cache=None on the CPU (tests, no VRAM to budget): this share of the pool.
-CPU_DEFAULT_FRACTION = 0.25
-# expert_cache=None on CUDA: this share of the free device memory goes to slots (the rest: KV, activations).
-VRAM_SLOT_SHARE = 0.6
 
-
-def vram_slot_budget(device: torch.device, expert_bytes: int) -> int:
-    free, _total = torch.cuda.mem_get_info(device)
-    return int(free * VRAM_SLOT_SHARE) // max(expert_bytes, 1)
-
-
-def resolve_slots(expert_cache: int | float | None, num_rows: int, expert_bytes: int, device: torch.device) -> int:
-    """Slot count in [1, num_rows]. A request above the pool is clamped with a warning."""
+def resolve_slots(expert_cache: int | float | None, num_rows: int, expert_bytes: int = 0) -> int:
+    """Slot count in [1, num_rows] (None: the planner's CPU default share of the pool). A request above the pool is
+    clamped with a warning."""
     if expert_cache is None:
-        if device.type == "cuda":
-            slots = vram_slot_budget(device, expert_bytes)
-        else:
-            slots = round(CPU_DEFAULT_FRACTION * num_rows)
+        slots = round(CPU_SLOT_FRACTION * num_rows)
     elif isinstance(expert_cache, float):
         slots = round(expert_cache * num_rows)
     else:

@@ -1,0 +1,67 @@
+"""What each cache kind costs for a model, from its Hugging Face config alone (pure: no torch, no allocation).
+
+Cache kinds: full-attention layers keep K and V per token in the paged KV pool (a sliding-window layer keeps them in
+the same pages); gated DeltaNet (linear-attention) layers keep one recurrent state per request - the last K-1 conv
+inputs in the model dtype and a [H, dk, dv] float32 state - and state checkpoints are copies of that state; a
+layer-major prefill keeps two hidden vectors (``h`` and ``x``) per token. ``tests/test_memory_sizes.py`` checks these
+numbers against the tensors the engine allocates for a tiny model of every family.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from freetoken.checkpoint.errors import CheckpointError
+from freetoken.checkpoint.hf_config import HFConfig
+
+FULL, LINEAR = "full_attention", "linear_attention"
+SSM_BYTES = 4  # the recurrent state is kept in float32 whatever the model dtype
+
+
+@dataclass(frozen=True)
+class ModelBytes:
+    kv_layers: int  # full-attention layers (each keeps K and V per token)
+    linear_layers: int  # gated DeltaNet layers (each keeps a recurrent state per request)
+    kv_per_token: int  # K and V of one token, every full-attention layer
+    state_per_request: int  # one request's recurrent state, every linear-attention layer (a checkpoint: the same)
+    activations_per_token: int  # what a layer-major pass keeps per token (``h`` and ``x``)
+
+    def page_bytes(self, page_size: int) -> int:
+        return self.kv_per_token * page_size
+
+
+def layer_counts(hf: HFConfig, full_attention_interval: int | None) -> tuple[int, int]:
+    """(full-attention layers, linear-attention layers). ``full_attention_interval``: the family's (a hybrid family
+    without ``layer_types`` in its config has every interval-th layer full attention); None: no linear layers."""
+    if full_attention_interval is None:
+        return hf.num_layers, 0
+    if hf.layer_types is not None:
+        kinds = list(hf.layer_types)
+    else:
+        kinds = [FULL if (i + 1) % full_attention_interval == 0 else LINEAR for i in range(hf.num_layers)]
+    linear = sum(1 for k in kinds if k == LINEAR)
+    return len(kinds) - linear, linear
+
+
+def _raw_int(hf: HFConfig, key: str) -> int:
+    try:
+        return int(hf.raw[key])
+    except KeyError:
+        raise CheckpointError(f"{hf.path / 'config.json'}: required field {key!r} is missing") from None
+
+
+def state_bytes_per_layer(hf: HFConfig, dtype_bytes: int) -> int:
+    """One linear-attention layer's recurrent state: conv window [2*Hk*dk + H*dv, K-1] in the model dtype and the
+    delta-rule state [H, dk, dv] in float32."""
+    hk, h = _raw_int(hf, "linear_num_key_heads"), _raw_int(hf, "linear_num_value_heads")
+    dk, dv = _raw_int(hf, "linear_key_head_dim"), _raw_int(hf, "linear_value_head_dim")
+    k = _raw_int(hf, "linear_conv_kernel_dim")
+    return (2 * hk * dk + h * dv) * (k - 1) * dtype_bytes + h * dk * dv * SSM_BYTES
+
+
+def model_bytes(hf: HFConfig, dtype_bytes: int, full_attention_interval: int | None = None) -> ModelBytes:
+    """The bytes of every cache kind of this model in a ``dtype_bytes``-byte compute dtype."""
+    kv_layers, linear = layer_counts(hf, full_attention_interval)
+    kv = 2 * kv_layers * hf.num_kv_heads * hf.head_dim * dtype_bytes
+    state = linear * state_bytes_per_layer(hf, dtype_bytes) if linear else 0
+    return ModelBytes(kv_layers, linear, kv, state, 2 * hf.hidden_size * dtype_bytes)
