@@ -95,9 +95,6 @@ class EngineConfig:
     None: pin the whole pool."""
     seed: int = 0
     """Seed for requests that set none."""
-    routing_trace: str | None = None
-    """Benchmarks only: MoE layers route by this recorded trace (``[tokens, layers, k]`` uint8 .npy) instead of
-    their routers (``layers/routing_trace.py``)."""
     verify_weights: str = "background"
     """FTW checkpoints: check the files' checksums in the background once serving starts ("background"), before
     serving ("load": a corrupt file is refused) or never ("off")."""

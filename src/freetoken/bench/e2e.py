@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from freetoken.bench import e2e_prefill
+from freetoken.bench import e2e_prefill, routing_trace
 from freetoken.bench.presets import PRESETS, MoEShape, get_preset
 from freetoken.config import env
 
@@ -229,11 +229,13 @@ def run(args: argparse.Namespace) -> int:
             llm = LLM(
                 str(path), device=dev, dtype=dtype, moe_backend=policy, expert_cache=args.expert_cache,
                 cpu_threads=threads, max_running_requests=max(*batches, args.itl_streams + 1),
-                routing_trace=args.routing_trace, cuda_graphs=args.cuda_graphs, moe_cuda_graphs=args.cuda_graphs,
+                cuda_graphs=args.cuda_graphs, moe_cuda_graphs=args.cuda_graphs,
                 overlap_steps=args.overlap,
                 max_batched_tokens=args.max_batched_tokens, prefill_order=args.prefill_order,
                 **({} if args.prefill_interleave_ms is None else {"prefill_interleave_ms": args.prefill_interleave_ms}),
             )  # fmt: skip
+            if args.routing_trace:
+                routing_trace.install(llm, args.routing_trace)
             try:
                 for batch in batches if args.decode else []:
                     rows.append(decode_row(llm, path, args, policy, threads, batch, threads_list, policies, peer))

@@ -116,7 +116,7 @@ def setup_model(config: EngineConfig) -> ModelSetup:
     if config.vram_budget is not None and config.expert_cache is None:  # the engine grows it to the budget
         first = config.replace(expert_cache=max(1, hf.top_k))
     backend = lambda banks: create_backend(first, banks, device, dtype)  # noqa: E731
-    loaded = build_model(hf, family, device, dtype, backend, max_len, config.routing_trace, config.verify_weights)
+    loaded = build_model(hf, family, device, dtype, backend, max_len, config.verify_weights)
     if loaded.backend is not None:  # when the model goes, or at exit if it never does: before the kernels' own
         weakref.finalize(loaded, _close_backend, loaded.backend)  # finalizers (registered earlier, run later)
     tokenizer = load_tokenizer(path)
