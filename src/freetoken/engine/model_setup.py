@@ -16,7 +16,7 @@ from freetoken.checkpoint.hf_config import HFConfig, load_hf_config
 from freetoken.checkpoint.tokenizer import load_tokenizer
 from freetoken.config import EngineConfig
 from freetoken.engine.model_build import LoadedModel, build_model
-from freetoken.experts.backends.registry import create_backend
+from freetoken.experts.backends.registry import check_backend, create_backend
 from freetoken.models.registry import get_family
 
 log = logging.getLogger(__name__)
@@ -104,6 +104,7 @@ def _close_backend(backend: Any) -> None:
 
 
 def setup_model(config: EngineConfig) -> ModelSetup:
+    check_backend(config.moe_backend)  # an unknown name is refused before the weights load
     path = Path(config.model) if config.model else default_model_path()
     if config.model is None and not (path / "config.json").exists():
         raise CheckpointError(f"{path}: the embedded default model is not installed; pass a model directory")
