@@ -83,7 +83,8 @@ def test_every_config_field_has_a_flag_with_its_doc(cls: type, command: str) -> 
         name = flag_name(f.name)
         flag = name if name in flags else "--no-" + name.removeprefix("--")  # a bool that defaults to True
         assert flag in flags, f"{cls.__name__}.{f.name} has no flag on ft {command}"
-        assert flags[flag].dest == f.name and flags[flag].help == docs[f.name].replace("%", "%%"), f.name
+        doc = docs[f.name].replace("%", "%%")
+        assert flags[flag].dest == f.name and flags[flag].help in (doc, "(default: on) " + doc), f.name
 
 
 def test_generate_keeps_its_sampling_seed() -> None:

@@ -204,9 +204,9 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 # -- command-line flags ---------------------------------------------------------------------------------------------
-# A field is ``--field-name`` (a trailing ``_s``, seconds, dropped); an int or float field parses as one; a bool field
-# that defaults to True is ``--no-field-name``, to False ``--field-name``, to None both; a tuple field takes a comma
-# list; a string field's choices come from ``CHOICES``. ``FLAGS`` spells the others.
+# A field is ``--field-name`` (a trailing ``_s``, seconds, dropped: ``SECONDS``); an int or float field parses as
+# one; a bool field that defaults to True is ``--no-field-name``, to False ``--field-name``, to None both; a tuple
+# field takes a comma list; a string field's choices come from ``CHOICES``. ``FLAGS`` spells the others.
 
 
 def expert_cache_arg(value: str) -> int | float:
@@ -251,7 +251,7 @@ FLAGS: dict[str, Flag] = {  # EngineConfig's and ServerConfig's (server/settings
                              "serving starts)"),
         ("--no-verify", "off", "FTW checkpoints: do not check the checksums"),
     )),  # fmt: skip
-    "served_model_names": Flag(name="--served-model-name", nargs="+"),
+    "served_model_names": Flag(name="--served-model-name", metavar="NAME", nargs="+"),
     "allowed_hosts": Flag(metavar="HOST,..."),
     "cors_origins": Flag(metavar="ORIGIN,..."),
 }
@@ -301,10 +301,11 @@ def _add_flag(
         if default is None:
             p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=doc)
         else:
-            plain = "--no-" + flag.removeprefix("--") if default else flag
+            plain, doc = ("--no-" + flag.removeprefix("--"), "(default: on) " + doc) if default else (flag, doc)
             p.add_argument(plain, dest=name, action="store_false" if default else "store_true", help=doc)
         return
-    kw: dict[str, Any] = {"dest": name, "default": default, "help": doc, "metavar": sp.metavar}
+    metavar = sp.metavar or ("SECONDS" if name.endswith("_s") else None)
+    kw: dict[str, Any] = {"dest": name, "default": default, "help": doc, "metavar": metavar}
     if sp.nargs:
         kw.update(nargs=sp.nargs, default=None)
     elif typing.get_origin(base) is tuple:
