@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import freetoken.bench.placements  # noqa: F401 - registers the static-layers and static-freq backends
 from devices import DEVICES
 from freetoken import LLM, SamplingParams
 from freetoken.cache.kv_pool import KVPool

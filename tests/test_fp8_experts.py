@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import freetoken.bench.placements  # noqa: F401 - registers the static-layers and static-freq backends
 from devices import DEVICES, TRITON_INTERPRETER
 from freetoken.config import EngineConfig
 from freetoken.experts.backends.registry import create_backend

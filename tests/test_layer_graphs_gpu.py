@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 
+import freetoken.bench.placements  # noqa: F401 - registers the static-layers and static-freq backends
 from freetoken.config import EngineConfig
 from freetoken.experts.backends.registry import create_backend
 from freetoken.experts.base import ExpertBanks

@@ -1,5 +1,6 @@
-"""The benchmark-only routing trace (EngineConfig.routing_trace): MoE layers route as the trace says, one
-trace token further per step, the router's weights at the trace's experts; bad traces are refused."""
+"""The benchmark-only routing trace (``bench/routing_trace.py``, installed on a built model as each MoE layer's
+``router_override``): MoE layers route as the trace says, one trace token further per step, the router's weights at
+the trace's experts; bad traces are refused."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from freetoken import LLM, SamplingParams
+from freetoken.bench import routing_trace
 from tiny_models import save_checkpoint
 
 
@@ -34,7 +36,8 @@ def _trace(ckpt: Path, path: Path, n: int = 40) -> np.ndarray:
 
 def test_layers_route_by_the_trace(ckpt: Path, tmp_path: Path) -> None:
     trace = _trace(ckpt, tmp_path / "t.npy")
-    llm = LLM(str(ckpt), device="cpu", dtype="float32", routing_trace=str(tmp_path / "t.npy"))
+    llm = LLM(str(ckpt), device="cpu", dtype="float32")
+    routing_trace.install(llm, str(tmp_path / "t.npy"))
     backend = llm.engine.setup.loaded.backend
     seen: list[tuple[int, torch.Tensor]] = []
     real = backend.forward
@@ -55,9 +58,21 @@ def test_layers_route_by_the_trace(ckpt: Path, tmp_path: Path) -> None:
 
 
 def test_bad_traces_are_refused(ckpt: Path, tmp_path: Path) -> None:
+    llm = LLM(str(ckpt), device="cpu")
     np.save(tmp_path / "flat.npy", np.zeros((10, 4), dtype=np.uint8))
     with pytest.raises(ValueError, match="a routing trace is"):
-        LLM(str(ckpt), device="cpu", routing_trace=str(tmp_path / "flat.npy"))
+        routing_trace.install(llm, str(tmp_path / "flat.npy"))
     np.save(tmp_path / "wide.npy", np.full((10, 2, 2), 250, dtype=np.uint8))
     with pytest.raises(ValueError, match="expert ids up to 250"):
-        LLM(str(ckpt), device="cpu", routing_trace=str(tmp_path / "wide.npy"))
+        routing_trace.install(llm, str(tmp_path / "wide.npy"))
+    assert all(layer.router_override is None for layer in routing_trace.moe_layers(llm.engine.setup.loaded.model))
+
+
+def test_production_code_routes_by_its_router(ckpt: Path) -> None:
+    """No override unless a benchmark installs one: the config has no trace field and the built layers none set."""
+    from freetoken.config import EngineConfig
+
+    assert "routing_trace" not in EngineConfig.field_names()
+    llm = LLM(str(ckpt), device="cpu", dtype="float32")
+    layers = routing_trace.moe_layers(llm.engine.setup.loaded.model)
+    assert layers and all(layer.router_override is None for layer in layers)

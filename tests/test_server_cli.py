@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from freetoken.cli.common import expert_cache_arg as cache_size
 from freetoken.cli.main import main
 from freetoken.config import EngineConfig, field_docs
+from freetoken.config import expert_cache_arg as cache_size
 from scripted_engine import ScriptedEngine, build_tokenizer
 from server_harness import MODEL, free_port, serve, tiny_checkpoint
 

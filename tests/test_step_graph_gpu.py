@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from freetoken import LLM, SamplingParams
+from freetoken.bench import routing_trace
 from graph_cases import BUCKETS, FEATURES, run_case
 from tiny_models import save_checkpoint
 
@@ -28,11 +29,15 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def _run(ckpt: Path, graphs: bool, backend: str, prompts: list[list[int]], params: SamplingParams, **kw: Any):
+def _run(
+    ckpt: Path, graphs: bool, backend: str, prompts: list[list[int]], params: SamplingParams, trace: Path | None = None
+):  # fmt: skip
     llm = LLM(
         str(ckpt), device="cuda", dtype="float32", moe_backend=backend,
-        expert_cache=None if backend == "fused" else 0.5, max_running_requests=4, cuda_graphs=graphs, **kw,
+        expert_cache=None if backend == "fused" else 0.5, max_running_requests=4, cuda_graphs=graphs,
     )  # fmt: skip
+    if trace is not None:
+        routing_trace.install(llm, str(trace))
     out = [r.token_ids for r in llm.generate(prompts, params)]
     stats = llm.stats()
     llm.check_integrity()
@@ -97,8 +102,8 @@ def test_routing_trace_replays_inside_the_graph(ckpt: Path, tmp_path: Path) -> N
     path = tmp_path / "trace.npy"
     np.save(path, np.sort(trace, axis=-1).astype(np.uint8))
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    eager, _ = _run(ckpt, False, "offload", PROMPTS[:2], params, routing_trace=str(path))
-    graphed, _ = _run(ckpt, True, "offload", PROMPTS[:2], params, routing_trace=str(path))
+    eager, _ = _run(ckpt, False, "offload", PROMPTS[:2], params, trace=path)
+    graphed, _ = _run(ckpt, True, "offload", PROMPTS[:2], params, trace=path)
     assert graphed == eager
 
 

@@ -1,17 +1,28 @@
-"""Engine settings: one frozen dataclass; field docstrings become ``--help`` text."""
+"""Engine settings: one frozen dataclass; field docstrings become ``--help`` text, and each field a command-line
+flag (``add_config_args``: the ``ft`` subcommands and the benchmarks' commands call it)."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import dataclasses
 import functools
 import inspect
 import os
+import types
+import typing
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-MOE_BACKENDS = ("auto", "fused", "offload", "cpu", "hybrid", "static-layers", "static-freq")
+MOE_BACKENDS = ("auto", "fused", "offload", "cpu", "hybrid")  # the engine's; benchmarks register more
+DTYPES = ("float32", "bfloat16", "float16")
+PREFILL_ORDERS = ("auto", "layer", "chunk")
 VERIFY_WEIGHTS = ("background", "load", "off")
+# the values a string field takes (the CLI's choices)
+CHOICES = {
+    "moe_backend": MOE_BACKENDS, "dtype": DTYPES, "prefill_order": PREFILL_ORDERS, "verify_weights": VERIFY_WEIGHTS,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -96,9 +107,6 @@ class EngineConfig:
     None: pin the whole pool."""
     seed: int = 0
     """Seed for requests that set none."""
-    routing_trace: str | None = None
-    """Benchmarks only: MoE layers route by this recorded trace (``[tokens, layers, k]`` uint8 .npy) instead of
-    their routers (``layers/routing_trace.py``)."""
     verify_weights: str = "background"
     """FTW checkpoints: check the files' checksums in the background once serving starts ("background"), before
     serving ("load": a corrupt file is refused) or never ("off")."""
@@ -106,8 +114,6 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.verify_weights not in VERIFY_WEIGHTS:
             raise ValueError(f"verify_weights must be one of {', '.join(VERIFY_WEIGHTS)}, got {self.verify_weights!r}")
-        if self.moe_backend not in MOE_BACKENDS:
-            raise ValueError(f"moe_backend must be one of {', '.join(MOE_BACKENDS)}, got {self.moe_backend!r}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
         if self.state_checkpoints is not None and self.state_checkpoints < 0:
@@ -196,3 +202,142 @@ def field_docs(cls: type) -> dict[str, str]:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(doc, ast.Constant):
             docs[node.target.id] = str(doc.value)
     return docs
+
+
+# -- command-line flags ---------------------------------------------------------------------------------------------
+# A field is ``--field-name`` (a trailing ``_s``, seconds, dropped: ``SECONDS``); an int or float field parses as
+# one; a bool field that defaults to True is ``--no-field-name``, to False ``--field-name``, to None both; a tuple
+# field takes a comma list; a string field's choices come from ``CHOICES``. ``FLAGS`` spells the others.
+
+
+def expert_cache_arg(value: str) -> int | float:
+    """``N`` slots or a fraction ``F`` in (0, 1]."""
+    try:
+        return int(value)
+    except ValueError:
+        pass
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a slot count or a fraction, got {value!r}") from None
+
+
+def comma_list(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A field's flag where the rule above does not spell it."""
+
+    name: str | None = None
+    metavar: str | None = None
+    parse: Callable[[str], Any] | None = None  # the argparse ``type``
+    nargs: str | None = None  # a list on the command line (its default None: the field's)
+    action: type[argparse.Action] | None = None
+    consts: tuple[tuple[str, str, str], ...] = ()  # (flag, value, help): store_const flags instead of one
+
+
+_GIB = Flag(metavar="GIB")
+FLAGS: dict[str, Flag] = {  # EngineConfig's and ServerConfig's (server/settings.py) fields, by name
+    "expert_cache": Flag(metavar="N|F", parse=expert_cache_arg),
+    "vram_budget": _GIB,
+    "vram_reserve": _GIB,
+    "pinned_budget": _GIB,
+    "state_checkpoint_gib": _GIB,
+    "state_checkpoint_host_gib": _GIB,
+    "state_checkpoint_every": Flag(metavar="TOKENS"),
+    "verify_weights": Flag(consts=(
+        ("--verify", "load", "FTW checkpoints: check every checksum before serving (default: in the background once "
+                             "serving starts)"),
+        ("--no-verify", "off", "FTW checkpoints: do not check the checksums"),
+    )),  # fmt: skip
+    "served_model_names": Flag(name="--served-model-name", metavar="NAME", nargs="+"),
+    "allowed_hosts": Flag(metavar="HOST,..."),
+    "cors_origins": Flag(metavar="ORIGIN,..."),
+}
+FIELDS_KEY = "_config_fields"  # the parser default naming the fields that got flags
+
+
+def flag_name(field: str, flags: dict[str, Flag] = FLAGS) -> str:
+    spelled = flags.get(field)
+    return spelled.name if spelled and spelled.name else "--" + field.removesuffix("_s").replace("_", "-")
+
+
+def add_config_args(
+    p: argparse.ArgumentParser, cls: type, skip: Collection[str] = (), only: Collection[str] | None = None,
+    defaults: dict[str, Any] | None = None, flags: dict[str, Flag] = FLAGS,
+) -> None:  # fmt: skip
+    """One flag per field of ``cls`` (but ``skip``; only ``only`` when given), ``defaults`` replacing the field's."""
+    docs, hints = field_docs(cls), typing.get_type_hints(cls)
+    added = set()
+    for f in dataclasses.fields(cls):
+        if f.name in skip or (only is not None and f.name not in only):
+            continue
+        default = (defaults or {}).get(f.name, f.default)
+        doc = docs.get(f.name, "").replace("%", "%%")
+        _add_flag(p, f.name, _base_type(hints[f.name]), default, doc, flags.get(f.name, Flag()), flags)
+        added.add(f.name)
+    p.set_defaults(**{FIELDS_KEY: frozenset(p.get_default(FIELDS_KEY) or ()) | added})
+
+
+def _base_type(t: Any) -> Any:
+    """A field's type without None: ``int | None`` -> int; ``int | float | None`` -> (int, float)."""
+    if isinstance(t, types.UnionType) or typing.get_origin(t) is typing.Union:
+        args = [a for a in typing.get_args(t) if a is not type(None)]
+        return args[0] if len(args) == 1 else tuple(args)
+    return t
+
+
+def _add_flag(
+    p: argparse.ArgumentParser, name: str, base: Any, default: Any, doc: str, sp: Flag, flags: dict[str, Flag]
+) -> None:
+    for i, (const_flag, value, text) in enumerate(sp.consts):  # the first carries the default
+        p.add_argument(const_flag, dest=name, action="store_const", const=value, help=text,
+                       **({} if i else {"default": default}))  # fmt: skip
+    if sp.consts:
+        return
+    flag = flag_name(name, flags)
+    if base is bool:
+        if default is None:
+            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=doc)
+        else:
+            plain, doc = ("--no-" + flag.removeprefix("--"), "(default: on) " + doc) if default else (flag, doc)
+            p.add_argument(plain, dest=name, action="store_false" if default else "store_true", help=doc)
+        return
+    metavar = sp.metavar or ("SECONDS" if name.endswith("_s") else None)
+    kw: dict[str, Any] = {"dest": name, "default": default, "help": doc, "metavar": metavar}
+    if sp.nargs:
+        kw.update(nargs=sp.nargs, default=None)
+    elif typing.get_origin(base) is tuple:
+        kw["type"] = comma_list
+    elif sp.parse or base in (int, float):
+        kw["type"] = sp.parse or base
+    if sp.action:
+        kw["action"] = sp.action
+    elif name in CHOICES:
+        kw["choices"] = CHOICES[name]
+    p.add_argument(flag, **kw)
+
+
+def config_kwargs(cls: type, args: argparse.Namespace) -> dict[str, Any]:
+    """The parsed values of ``cls``'s flags as keyword arguments; a None where the field's default is not None is left
+    out (a flag whose default is "the engine's")."""
+    names: frozenset[str] = getattr(args, FIELDS_KEY, frozenset())
+    kw: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name in names:
+            value = getattr(args, f.name)
+            if isinstance(f.default, tuple):
+                value = tuple(value or ())
+            if value is not None or f.default is None:
+                kw[f.name] = value
+    return kw
+
+
+Config = TypeVar("Config")
+
+
+def config_from_args(cls: type[Config], args: argparse.Namespace, **changes: Any) -> Config:
+    """``cls`` from the parsed flags (``add_config_args``), with ``changes`` on top."""
+    return cls(**config_kwargs(cls, args) | changes)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from freetoken.bench import agent_session as sessions
+from freetoken.config import EngineConfig, add_config_args, config_from_args
 
 if TYPE_CHECKING:  # the server's packages are imported only when a session runs (not on the GPU box's tests)
     from freetoken.bench.loopback import Running
@@ -41,20 +42,18 @@ class TurnRow:
     ttft_s: float
 
 
+# the engine's settings this command passes on as they are (both modes; 16 state checkpoints recycle the one
+# OpenCode's deep prunes need: docs/benchmarks.md)
+ENGINE_FLAGS = ("device", "dtype", "page_size", "state_checkpoints", "state_checkpoint_host_gib")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="checkpoint directory (default: a tiny random Qwen3.5-MoE)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32")
     p.add_argument("--turns", type=int, default=14, help="requests in the session (>= 12 for the report)")
     p.add_argument("--scale", type=float, default=1.0, help="multiplies the lengths of thinking and tool outputs")
     p.add_argument("--policies", default=",".join(sessions.POLICIES), help="comma-separated harness edits")
     p.add_argument("--grid", type=int, default=512, help="the fixed grid's spacing in tokens (mode grid)")
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--state-checkpoints", type=int, default=None,
-                   help="the checkpoint pool (both modes; default: the engine's, what fits its budget; 16 recycles "
-                        "the checkpoint OpenCode's deep prunes need: docs/benchmarks.md)")  # fmt: skip
-    p.add_argument("--state-checkpoint-host-gib", type=float, default=None,
-                   help="the checkpoints' host-RAM tier (both modes; default: the engine's; 0: none)")
+    add_config_args(p, EngineConfig, only=ENGINE_FLAGS, defaults={"device": "cpu", "dtype": "float32"})
     p.add_argument("--json", default=None, help="also write every row to this file")
 
 
@@ -98,15 +97,10 @@ def replay(
 
 
 def engine_factory(model: str, mode: str, args: argparse.Namespace) -> Callable[[], Any]:
-    from freetoken.config import EngineConfig
     from freetoken.engine.async_llm import AsyncLLM
 
-    cfg = EngineConfig(
-        model=model, device=args.device, dtype=args.dtype, page_size=args.page_size, max_model_len=16384,
-        state_checkpoints=args.state_checkpoints, state_checkpoint_host_gib=args.state_checkpoint_host_gib,
-        state_checkpoint_every=args.grid if mode == "grid" else None,
-        max_running_requests=1,
-    )  # fmt: skip
+    cfg = config_from_args(EngineConfig, args, model=model, max_model_len=16384, max_running_requests=1,
+                           state_checkpoint_every=args.grid if mode == "grid" else None)  # fmt: skip
     return lambda: AsyncLLM.start(cfg)
 
 

@@ -39,6 +39,7 @@ from freetoken.bench.decode_report import (
     print_table,
     summarize,
 )
+from freetoken.bench.placements import PLACEMENTS  # registers the peers' placements as MoE backends
 from freetoken.bench.presets import PRESETS, MoEShape, get_preset
 from freetoken.bench.synthetic import SyntheticRouter, TraceRouter, random_banks, rms_norm
 from freetoken.config import EngineConfig
@@ -46,7 +47,7 @@ from freetoken.experts.backends.auto import choose_backend
 from freetoken.experts.backends.registry import create_backend
 from freetoken.experts.base import ExpertBackend, ExpertBanks
 
-DEFAULT_POLICIES = "fused,offload,hybrid,cpu,static-layers,static-freq"
+DEFAULT_POLICIES = ",".join(["fused", "offload", "hybrid", "cpu", *PLACEMENTS])  # static-layers, static-freq
 # Policy variants, side by side: "<backend>+<option>+...", e.g. "hybrid+ff40", "hybrid+lag".
 POLICY_OPTIONS = {
     "lag": "the host sleeps until the step before the last is done (--host-lag 1 for this policy)",
@@ -187,7 +188,7 @@ def print_batch_trace(policy: str, kern: object, banks: ExpertBanks) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--preset", default="qwen3-30b-a3b", choices=sorted(PRESETS), help="per-layer model shape")
     p.add_argument("--layers", type=int, default=12, help="MoE layers to build (the preset's shape per layer)")
-    p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated MoE backends to compare")
+    p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated MoE backends, placements to compare")
     p.add_argument("--expert-cache", type=float, default=0.25, help="slot cache: fraction of the pool (<= 1)")
     p.add_argument("--fill-fraction", type=float, default=None, help="fixed share of misses to fill (hybrid)")
     p.add_argument("--cpu-threads", default=None, help="CPU expert kernel threads; a comma list runs each in turn")

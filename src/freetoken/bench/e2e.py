@@ -30,11 +30,15 @@ from typing import Any
 
 import torch
 
-from freetoken.bench import e2e_prefill
+from freetoken.bench import e2e_prefill, routing_trace
+from freetoken.bench.placements import PLACEMENTS  # registers the peers' placements as MoE backends
 from freetoken.bench.presets import PRESETS, MoEShape, get_preset
-from freetoken.config import env
+from freetoken.config import FLAGS, EngineConfig, Flag, add_config_args, config_kwargs, env
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+# the engine's settings this command passes on as they are (``--overlap``: overlap_steps)
+ENGINE_FLAGS = ("device", "dtype", "expert_cache", "max_batched_tokens", "prefill_order", "prefill_interleave_ms",
+                "overlap_steps")  # fmt: skip
+ENGINE_DEFAULTS = {"expert_cache": 0.25, "prefill_interleave_ms": None}  # None: the engine's
 # the peer's model (shared/baselines/make_gguf_qwen3moe.py): attention and vocabulary of Qwen3-30B-A3B
 ATTENTION = {"heads": 32, "kv_heads": 4, "hd": 128, "vocab": 32000, "max_positions": 131072}
 
@@ -226,14 +230,13 @@ def run(args: argparse.Namespace) -> int:
     lengths = [int(n) for n in str(args.prefill).split(",")] if args.prefill else []
     for threads in threads_list:
         for policy in policies:
-            llm = LLM(
-                str(path), device=dev, dtype=dtype, moe_backend=policy, expert_cache=args.expert_cache,
-                cpu_threads=threads, max_running_requests=max(*batches, args.itl_streams + 1),
-                routing_trace=args.routing_trace, cuda_graphs=args.cuda_graphs, moe_cuda_graphs=args.cuda_graphs,
-                overlap_steps=args.overlap,
-                max_batched_tokens=args.max_batched_tokens, prefill_order=args.prefill_order,
-                **({} if args.prefill_interleave_ms is None else {"prefill_interleave_ms": args.prefill_interleave_ms}),
-            )  # fmt: skip
+            llm = LLM(str(path), **config_kwargs(EngineConfig, args) | dict(
+                device=dev, dtype=dtype, moe_backend=policy, cpu_threads=threads,
+                max_running_requests=max(*batches, args.itl_streams + 1),
+                cuda_graphs=args.cuda_graphs, moe_cuda_graphs=args.cuda_graphs,
+            ))  # fmt: skip
+            if args.routing_trace:
+                routing_trace.install(llm, args.routing_trace)
             try:
                 for batch in batches if args.decode else []:
                     rows.append(decode_row(llm, path, args, policy, threads, batch, threads_list, policies, peer))
@@ -276,8 +279,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=12, help="layers of the synthetic checkpoint")
     p.add_argument("--model", default=None, help="a checkpoint directory instead ('default': the embedded model)")
     p.add_argument("--dir", default=None, help="where the synthetic checkpoint is written (default: the cache)")
-    p.add_argument("--policies", default="fused,offload,hybrid", help="comma-separated MoE backends")
-    p.add_argument("--expert-cache", type=float, default=0.25, help="slot cache: fraction of the pool")
+    p.add_argument("--policies", default="fused,offload,hybrid",
+                   help=f"comma-separated MoE backends (or placements: {', '.join(PLACEMENTS)})")  # fmt: skip
     p.add_argument("--cpu-threads", default=None, help="CPU expert threads; a comma list runs each in turn")
     p.add_argument("--batch", default="1,4", help="concurrent requests; a comma list")
     p.add_argument("--tokens", type=int, default=64, help="timed tokens per request")
@@ -292,18 +295,12 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--moe-steps", type=int, default=128)
     p.add_argument("--transformers", action="store_true", help="also time transformers' generate (batch 1)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
-                   help="launch decode step N+1 before reading step N (default: the engine's, on for CUDA)")
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None, choices=sorted(_DTYPES))
     p.add_argument("--json", default=None)
-    p.add_argument("--max-batched-tokens", type=int, default=8192, help="tokens per step (the prefill chunk)")
-    p.add_argument("--prefill-order", default="auto", choices=("auto", "layer", "chunk"),
-                   help="a prompt spanning several chunks: layer-major, chunk-major, or auto")  # fmt: skip
     p.add_argument("--decode", action=argparse.BooleanOptionalAction, default=True, help="the decode rows")
-    p.add_argument("--prefill-interleave-ms", type=float, default=None,
-                   help="prefill work between two decode steps of other streams (default: the engine's)")  # fmt: skip
     e2e_prefill.add_arguments(p)
+    add_config_args(p, EngineConfig, only=ENGINE_FLAGS, defaults=ENGINE_DEFAULTS, flags=FLAGS | {
+        "overlap_steps": Flag(name="--overlap"),
+    })  # fmt: skip
     return p
 
 

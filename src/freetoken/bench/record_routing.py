@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from freetoken.config import EngineConfig, add_config_args, config_kwargs
 from freetoken.experts.base import ExpertBackend
 from freetoken.layers.moe import MoELayer
 
@@ -95,23 +96,18 @@ def install_recorder(llm: Any) -> RecordingBackend:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--model", default=None, help="checkpoint directory (default: the embedded model)")
     p.add_argument("--tokens", type=int, default=2000, help="decode tokens to record in all")
     p.add_argument("--chat", action="store_true", help="chat-formatted built-in questions, stopping at EOS")
     p.add_argument("--prompt", action="append", default=None, help="a prompt (repeatable; default: built-in)")
     p.add_argument("--out", required=True, help="output .npy file")
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None)
-    p.add_argument("--moe-backend", default="auto")
-    p.add_argument("--expert-cache", type=float, default=None)
+    add_config_args(p, EngineConfig, only=("model", "device", "dtype", "moe_backend", "expert_cache"))
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     from freetoken import LLM, SamplingParams
 
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, moe_backend=args.moe_backend,
-              expert_cache=args.expert_cache)  # fmt: skip
+    llm = LLM(**config_kwargs(EngineConfig, args))
     rec = install_recorder(llm)
     if args.chat:  # chat-formatted questions; each answer stops at the model's own end of turn
         tok = llm.tokenizer

@@ -6,7 +6,9 @@ import argparse
 import sys
 from typing import Any
 
-from freetoken.cli.common import add_engine_args, engine_config, load_engine, run_guarded
+from freetoken.cli.common import load_engine, run_guarded
+from freetoken.cli.flags import add_engine_args
+from freetoken.config import EngineConfig, config_from_args
 from freetoken.runner.sampling_params import SamplingParams
 
 HELP = "Type a message; /reset clears the conversation, /exit (or Ctrl-D) quits."
@@ -40,7 +42,7 @@ def _turn(engine: Any, ids: list[int], params: SamplingParams, turn: int) -> str
 
 def _chat(args: argparse.Namespace) -> int:
 
-    engine = load_engine(engine_config(args))
+    engine = load_engine(config_from_args(EngineConfig, args))
     tok = engine.tokenizer
     if tok is None or not getattr(tok, "chat_template", None):
         raise ValueError("the checkpoint has no tokenizer with a chat template")

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from freetoken.cli.common import add_engine_args, engine_config, load_engine, run_guarded
+from freetoken.cli.common import load_engine, run_guarded
+from freetoken.cli.flags import add_engine_args
+from freetoken.config import EngineConfig, config_from_args
 from freetoken.runner.sampling_params import SamplingParams
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="complete a prompt", description="Complete one prompt and stream it.")
-    add_engine_args(p)
+    add_engine_args(p, skip={"seed"})  # --seed: this prompt's sampling seed
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -31,7 +33,7 @@ def _generate(args: argparse.Namespace) -> int:
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
     )
-    engine = load_engine(engine_config(args))
+    engine = load_engine(config_from_args(EngineConfig, args))
     tok = engine.tokenizer
     if tok is None:
         raise ValueError(f"{args.model}: the checkpoint has no tokenizer; text prompts need one")

@@ -8,8 +8,9 @@ import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
-from freetoken.cli.common import add_engine_args, engine_config, run_guarded
-from freetoken.config import EngineConfig, field_docs
+from freetoken.cli.common import run_guarded
+from freetoken.cli.flags import add_engine_args
+from freetoken.config import EngineConfig, add_config_args, config_from_args
 from freetoken.server.settings import ServerConfig
 
 if TYPE_CHECKING:
@@ -20,49 +21,18 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    s, d = field_docs(ServerConfig), ServerConfig()  # help and defaults come from the dataclass
     p: argparse.ArgumentParser = sub.add_parser(
         "serve", help="serve a model over the OpenAI and Anthropic APIs", description=__doc__
     )
     add_engine_args(p)
-    p.add_argument("--host", default=d.host, help=s["host"])
-    p.add_argument("--port", type=int, default=d.port, help=s["port"])
-    p.add_argument("--api-key", default=None, help=s["api_key"])
-    p.add_argument("--served-model-name", nargs="+", default=None, help=s["served_model_names"])
-    p.add_argument("--tool-parser", default=None, help=s["tool_parser"])
-    p.add_argument("--reasoning-parser", default=None, help=s["reasoning_parser"])
-    p.add_argument("--max-body-bytes", type=int, default=ServerConfig.max_body_bytes, help=s["max_body_bytes"])
-    p.add_argument("--responses-store", type=int, default=d.responses_store, help=s["responses_store"])
-    p.add_argument(
-        "--shutdown-timeout", type=float, default=ServerConfig.shutdown_timeout_s, help=s["shutdown_timeout_s"]
-    )
-    p.add_argument("--allowed-hosts", type=comma_list, default=(), metavar="HOST,...", help=s["allowed_hosts"])
-    p.add_argument("--cors-origins", type=comma_list, default=(), metavar="ORIGIN,...", help=s["cors_origins"])
+    add_config_args(p, ServerConfig)
     p.add_argument("--log-level", default="info", choices=LOG_LEVELS,
                    help="log level; info and below show one access-log line per request")  # fmt: skip
     return p
 
 
 def configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
-    engine = engine_config(args)
-    server = ServerConfig(
-        host=args.host,
-        port=args.port,
-        api_key=args.api_key,
-        served_model_names=tuple(args.served_model_name or ()),
-        tool_parser=args.tool_parser,
-        reasoning_parser=args.reasoning_parser,
-        max_body_bytes=args.max_body_bytes,
-        shutdown_timeout_s=args.shutdown_timeout,
-        responses_store=args.responses_store,
-        allowed_hosts=args.allowed_hosts,
-        cors_origins=args.cors_origins,
-    )
-    return engine, server
-
-
-def comma_list(value: str) -> tuple[str, ...]:
-    return tuple(v.strip() for v in value.split(",") if v.strip())
+    return config_from_args(EngineConfig, args), config_from_args(ServerConfig, args)
 
 
 def announce(state: ServerState) -> None:

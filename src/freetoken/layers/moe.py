@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -11,7 +12,13 @@ from freetoken.experts.base import ExpertBackend
 from freetoken.experts.triton_support import triton_available
 from freetoken.layers import cpu_step
 from freetoken.layers.mlp import DenseMLP
-from freetoken.layers.routing_trace import RoutingTrace
+
+
+class RouterOverride(Protocol):
+    """Routes a MoE layer instead of its top-k (benchmarks install one on a built model: ``bench/routing_trace.py``).
+    ``probs [T, E]`` is the router's float32 softmax; returns (ids [T, k] int64, weights [T, k] float32)."""
+
+    def route(self, layer: int, probs: torch.Tensor, norm_topk: bool) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 @dataclass
@@ -23,23 +30,23 @@ class MoELayer:
     backend: ExpertBackend
     shared: DenseMLP | None = None
     shared_gate: torch.Tensor | None = None  # [1, D]: sigmoid gate on the shared expert
-    trace: RoutingTrace | None = None  # benchmarks only: route by a recorded trace
+    router_override: RouterOverride | None = None  # set on a built model (benchmarks): routes instead of top-k
 
     def __post_init__(self) -> None:
         self.router16 = cpu_step.bf16_copy(self.router)  # float32 CPU decode steps on a bf16 checkpoint
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, D] -> (topk_ids [T, k] int64, topk_w [T, k] float32)."""
-        if self.trace is None and x.is_cuda and triton_available():
+        if self.router_override is not None:
+            probs = F.softmax(F.linear(x, self.router), dim=-1, dtype=torch.float32)  # [T, E]
+            ids, w = self.router_override.route(self.moe_index, probs, self.norm_topk_prob)
+            return ids, w.to(x.dtype).to(torch.float32)
+        if x.is_cuda and triton_available():
             from freetoken.layers.router_triton import ONE_LAUNCH_TOKENS, route_linear_triton, route_triton
 
             if 0 < x.shape[0] <= ONE_LAUNCH_TOKENS:  # decode: the router's GEMM in the same launch
                 return route_linear_triton(x, self.router, self.top_k, self.norm_topk_prob)
             return route_triton(F.linear(x, self.router), self.top_k, self.norm_topk_prob, x.dtype)
-        if self.trace is not None:
-            probs = F.softmax(F.linear(x, self.router), dim=-1, dtype=torch.float32)  # [T, E]
-            ids, w = self.trace.route(self.moe_index, probs, self.norm_topk_prob)
-            return ids, w.to(x.dtype).to(torch.float32)
         logits = cpu_step.linear(x, self.router, self.router16)
         if cpu_step.available(logits):  # float32 on a CPU: one C++ call
             return cpu_step.route(logits, self.top_k, self.norm_topk_prob)

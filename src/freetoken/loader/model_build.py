@@ -30,7 +30,6 @@ from freetoken.layers.deltanet import GatedDeltaNet
 from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.moe import MoELayer
 from freetoken.layers.rope import Rotary
-from freetoken.layers.routing_trace import RoutingTrace
 from freetoken.loader.ftw_load import read_ftw_banks
 from freetoken.models.base import Family
 from freetoken.models.blocks import ExpertRead, MoEParts, attention, dense_mlp, expert_reads, moe_parts, norm
@@ -86,7 +85,6 @@ def build_model(
     dtype: torch.dtype,
     make_backend: Callable[[ExpertBanks], ExpertBackend],
     max_positions: int,
-    routing_trace: str | None = None,
     verify: str = "background",
 ) -> LoadedModel:
     ftw = read_manifest(hf.path)  # FTW: the routed experts come pre-banked, the rest is safetensors as usual
@@ -138,15 +136,12 @@ def build_model(
             else:
                 w.read_into(name, getattr(banks, bank)[index], shape)
         backend = make_backend(banks)
-    trace = RoutingTrace(routing_trace, len(moe_ids), hf.num_experts, hf.top_k, device) if routing_trace else None
     layers = []
     for i, (attn_norm, attn, ffn_norm, ffn) in enumerate(parts):
         if isinstance(ffn, MoEParts):
             assert backend is not None
             norm_topk = hf.norm_topk_prob or family.always_norm_topk
-            moe = MoELayer(
-                ffn.router, hf.top_k, norm_topk, moe_ids.index(i), backend, ffn.shared, ffn.shared_gate, trace
-            )
+            moe = MoELayer(ffn.router, hf.top_k, norm_topk, moe_ids.index(i), backend, ffn.shared, ffn.shared_gate)
             layers.append(DecoderLayer(attn_norm, attn, ffn_norm, moe))
         else:
             layers.append(DecoderLayer(attn_norm, attn, ffn_norm, ffn))

@@ -15,6 +15,7 @@ from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.hf_config import HFConfig, load_hf_config
 from freetoken.checkpoint.tokenizer import load_tokenizer
 from freetoken.config import EngineConfig
+from freetoken.experts.backends.registry import check_backend
 from freetoken.loader.memory_plan import StartPlan
 from freetoken.loader.model_build import LoadedModel, build_model
 from freetoken.memory.planner import MemoryPlan
@@ -86,6 +87,7 @@ def _close_backend(backend: Any) -> None:
 
 
 def setup_model(config: EngineConfig) -> ModelSetup:
+    check_backend(config.moe_backend)  # an unknown name is refused before the weights load
     path = Path(config.model) if config.model else default_model_path()
     if config.model is None and not (path / "config.json").exists():
         raise CheckpointError(f"{path}: the embedded default model is not installed; pass a model directory")
@@ -95,7 +97,7 @@ def setup_model(config: EngineConfig) -> ModelSetup:
     dtype = resolve_dtype(config.dtype, device)
     max_len = context_length(config, hf)
     start = StartPlan(config, hf, family, device, dtype, max_len)
-    loaded = build_model(hf, family, device, dtype, start, max_len, config.routing_trace, config.verify_weights)
+    loaded = build_model(hf, family, device, dtype, start, max_len, config.verify_weights)
     if loaded.backend is not None:  # when the model goes, or at exit if it never does: before the kernels' own
         weakref.finalize(loaded, _close_backend, loaded.backend)  # finalizers (registered earlier, run later)
     tokenizer = load_tokenizer(path)

@@ -71,5 +71,3 @@ class StaticFreqBackend(SlotBackend):
             self.route_counts.index_add_(0, eids, torch.ones_like(eids))
         return self.split_forward(layer, x, topk_ids, topk_w)  # share stays 0, FROZEN: no fills
 
-
-create = StaticFreqBackend.create  # the registry's factory

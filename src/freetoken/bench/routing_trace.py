@@ -1,4 +1,5 @@
-"""Benchmarks only: MoE layers route by a recorded trace instead of their routers.
+"""Benchmarks only: MoE layers route by a recorded trace instead of their routers (``install`` puts it on a built
+model as each ``MoELayer``'s ``router_override``: ``ft bench e2e --routing-trace``).
 
 A trace is ``[tokens, layers, k]`` uint8 expert ids (``/work/shared/traces``, ``ft bench record-routing``).
 The trace and its cursor live on the compute device, so replay copies nothing per step and runs inside
@@ -9,8 +10,12 @@ last MoE layer moves the cursor). The routing weights stay the router's, at the 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
+
+from freetoken.layers.moe import MoELayer
 
 
 class RoutingTrace:
@@ -37,3 +42,20 @@ class RoutingTrace:
         if layer == self.last_layer:
             self.cursor.add_(1)
         return ids, w
+
+
+def moe_layers(model: Any) -> list[MoELayer]:
+    """The MoE layers of a built model (``DecoderModel``), in order."""
+    return [layer.ffn for layer in model.layers if isinstance(layer.ffn, MoELayer)]
+
+
+def install(llm: Any, path: str) -> RoutingTrace:
+    """Routes every MoE layer of ``llm``'s model by the trace at ``path`` from now on (before its first step: the
+    engine's CUDA graphs capture the routing they meet). Raises ``ValueError`` for a trace the model cannot use."""
+    eng = llm.engine
+    layers = moe_layers(eng.setup.loaded.model)
+    hf = eng.hf
+    trace = RoutingTrace(path, len(layers), hf.num_experts, hf.top_k, eng.device)
+    for layer in layers:
+        layer.router_override = trace
+    return trace
