@@ -10,8 +10,8 @@ import time
 
 import torch
 
-from freetoken.layers.paged_attention import DecodeMeta
-from freetoken.layers.paged_attention.reference import paged_decode_reference
+from freetoken.kernels.attention import DecodeMeta
+from freetoken.kernels.attention.decode_reference import paged_decode_reference
 
 
 def main() -> None:

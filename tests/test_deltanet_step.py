@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from devices import _NO_INTERPRETER
-from freetoken.layers.gated_delta import deltanet_step_reference
-from freetoken.layers.norm import gated_rms_norm_reference
+from freetoken.kernels.gated_delta import deltanet_step_reference
+from freetoken.kernels.norm import gated_rms_norm_reference
 
 DEVICES = [
     pytest.param("cpu", marks=[pytest.mark.interp, _NO_INTERPRETER]),  # Triton's interpreter
@@ -54,7 +54,7 @@ def _rows(B, C, h, dv, dtype, device, g):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hk,h,dk,dv,K,block_v", SHAPES)
 def test_step_matches_the_reference(device, dtype, hk, h, dk, dv, K, block_v):
-    from freetoken.layers.deltanet_triton import _arrivals, deltanet_step_triton
+    from freetoken.kernels.deltanet_triton import _arrivals, deltanet_step_triton
 
     g = torch.Generator().manual_seed(dk * 10 + dv + K)
     C, conv_w, A_log, dt_bias = _weights(hk, h, dk, dv, K, dtype, device, g)
@@ -84,7 +84,7 @@ def test_step_matches_the_reference(device, dtype, hk, h, dk, dv, K, block_v):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gated_rms_norm_matches_the_reference(device, dtype):
-    from freetoken.layers.norm_triton import gated_rms_norm_triton
+    from freetoken.kernels.norm_triton import gated_rms_norm_triton
 
     g = torch.Generator().manual_seed(7)
     for T, H, n in ((1, 2, 16), (5, 3, 12)):
@@ -104,7 +104,7 @@ def test_gated_rms_norm_matches_the_reference(device, dtype):
 def test_step_at_qwen36_shape_replays_from_a_cuda_graph():
     """Qwen3.6-35B-A3B's layer (Hk 16, H 32, dk = dv = 128, K 4) in bf16 against the reference, eager and replayed
     from a captured graph (as the whole-step graph holds it), the states carried from step to step."""
-    from freetoken.layers.deltanet_triton import deltanet_step_triton
+    from freetoken.kernels.deltanet_triton import deltanet_step_triton
 
     dev, dtype, hk, h, dk, dv, K = "cuda", torch.bfloat16, 16, 32, 128, 128, 4
     g = torch.Generator().manual_seed(3)

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from freetoken import LLM, SamplingParams
-from freetoken.layers import gated_delta_fla
+from freetoken.kernels import gated_delta_fla
+from freetoken.kernels.gated_delta import chunk_gated_delta, l2norm
 from freetoken.layers.deltanet import GatedDeltaNet
-from freetoken.layers.gated_delta import chunk_gated_delta, l2norm
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 CUDA = torch.device("cuda")

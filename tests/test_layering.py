@@ -23,6 +23,7 @@ ROWS: list[tuple[str, ...]] = [
     ("models",),
     ("layers",),
     ("experts", "cache"),
+    ("kernels", "memory"),
     ("hardware",),
     ("checkpoint", "quant"),  # quant/: the weight formats, when quantised experts come
     ("config", "errors"),
@@ -33,7 +34,7 @@ EXPERTS_ROWS: list[tuple[str, ...]] = [
     ("backends",),
     ("prefill",),
     ("slots", "cpu"),
-    ("base",),  # the modules at experts/ top level: base, host_pool, reference, triton_support
+    ("base",),  # the modules at experts/ top level: base, host_pool, reference
 ]
 EXPERTS_ROW = {pkg: i for i, pkgs in enumerate(EXPERTS_ROWS) for pkg in pkgs}
 

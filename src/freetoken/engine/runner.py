@@ -14,8 +14,8 @@ from freetoken.engine.request import Request
 from freetoken.engine.step_graph import StepGraphs
 from freetoken.engine.step_sampler import Choice, StepSampler, pack
 from freetoken.experts.base import ExpertBackend
+from freetoken.kernels.attention import DecodeMeta, PrefillMeta
 from freetoken.layers.attention import AttnBatch, SeqAttn
-from freetoken.layers.paged_attention import DecodeMeta, PrefillMeta
 from freetoken.models.decoder import DecoderModel
 
 SMALL_STEP_TOKENS = 16

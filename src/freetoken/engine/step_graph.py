@@ -47,8 +47,8 @@ from freetoken.engine.request import Request
 from freetoken.engine.sampler import MAX_TOP_LOGPROBS, Features, SamplingBatch, sample_batch
 from freetoken.engine.step_sampler import Choice, StepSampler, features_of, pack
 from freetoken.experts.base import ExpertBackend
+from freetoken.kernels.attention import DecodeMeta
 from freetoken.layers.attention import AttnBatch
-from freetoken.layers.paged_attention import DecodeMeta
 from freetoken.models.decoder import DecoderModel
 
 log = logging.getLogger(__name__)

@@ -1,11 +1,10 @@
-"""Paged attention over the KV pool, behind one interface: decode and (varlen, causal) prefill.
-
-``decode_attention(q, k_cache, v_cache, meta, scale, window)``: one new token per sequence, each
-attending to its whole context through its page table, read in place. Backends: the in-repo Triton
-kernel (CUDA; split-KV, the path every GPU figure is measured on) and the torch reference (CPU, tests,
-and anywhere Triton is missing). ``prefill_attention``: every new token of a prefill or mixed step over
-its sequence's context, the same two backends (``triton_prefill.py``, ``prefill_reference.py``). Shapes:
-B sequences, H query heads, Hkv KV heads, hd head dim, P pages per sequence at most, S tokens per page.
+"""Paged attention over the KV pool behind the attention-backend registry (``registry.py``; the interface in
+``backend.py``): decode (one new token per sequence, each attending to its whole context through its page table,
+read in place) and varlen causal prefill. Backends: the in-repo Triton kernels (CUDA; split-KV decode, the path every
+GPU figure is measured on), the torch reference (``decode_reference.py``, ``prefill_reference.py``: everywhere, and
+the tests' oracle) and the CPU backend (the reference plus a C++ fused decode). This module holds the step metadata
+every backend reads. Shapes: B sequences, H query heads, Hkv KV heads, hd head dim, P pages per sequence at most,
+S tokens per page.
 """
 
 from __future__ import annotations
@@ -13,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-
-from freetoken.experts.triton_support import triton_available
 
 
 @dataclass
@@ -40,38 +37,3 @@ class PrefillMeta:
     page_size: int
     max_q_len: int  # host copy of q_len.max() (sizes the grid)
 
-
-def prefill_attention(
-    q: torch.Tensor,  # [T, H, hd]
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    meta: PrefillMeta,
-    scale: float,
-    window: int | None = None,
-) -> torch.Tensor:
-    """Causal attention of every new token over its sequence's context, never T x T: the Triton kernel (CUDA),
-    else the torch reference in blocks of query rows."""
-    if q.is_cuda and triton_available():
-        from freetoken.layers.paged_attention.triton_prefill import paged_prefill_triton
-
-        return paged_prefill_triton(q, k_cache, v_cache, meta, scale, window)
-    from freetoken.layers.paged_attention.prefill_reference import paged_prefill_reference
-
-    return paged_prefill_reference(q, k_cache, v_cache, meta, scale, window)
-
-
-def decode_attention(
-    q: torch.Tensor,  # [B, H, hd]
-    k_cache: torch.Tensor,  # [slots, Hkv, hd] (slot = page * S + offset)
-    v_cache: torch.Tensor,
-    meta: DecodeMeta,
-    scale: float,
-    window: int | None = None,
-) -> torch.Tensor:  # [B, H, hd], q's dtype
-    if q.is_cuda and triton_available():
-        from freetoken.layers.paged_attention.triton_decode import paged_decode_triton
-
-        return paged_decode_triton(q, k_cache, v_cache, meta, scale, window)
-    from freetoken.layers.paged_attention.reference import paged_decode_reference
-
-    return paged_decode_reference(q, k_cache, v_cache, meta, scale, window)

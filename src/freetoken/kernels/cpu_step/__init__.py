@@ -33,7 +33,7 @@ class DecodeAttnArgs(ctypes.Structure):
 
 @functools.lru_cache(maxsize=1)
 def _lib() -> ctypes.CDLL | None:
-    from freetoken.experts.cpu.build import BuildError, single_source_library
+    from freetoken.kernels.build import BuildError, single_source_library
 
     try:
         lib = ctypes.CDLL(str(single_source_library(_SRC, "libft_cpu_step.so", _FLAGS)))
