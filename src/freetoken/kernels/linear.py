@@ -31,7 +31,7 @@ class PreparedWeights:
         if key in self._held:
             return self._held[key]
         made = self._held[key] = self._make(w)
-        weakref.finalize(w, self._held.pop, key, None)
+        weakref.finalize(w, self._held.pop, key, None).atexit = False
         return made
 
     def held(self, w: torch.Tensor) -> torch.Tensor | None:
