@@ -1,4 +1,4 @@
-"""The CPU decode attention (``layers/paged_attention/reference.py``) per call, one thread, at a decode shape.
+"""The CPU decode attention (``kernels/attention/decode_reference.py``) per call, one thread, at a decode shape.
 
     PYTHONPATH=src python3 bench/cpu_decode_attention.py [--heads 4] [--kv-heads 2] [--head-dim 64] [--context 200]
 """

@@ -1,4 +1,4 @@
-"""The CPU decode step's C++ ops (``layers/cpu_step``) against their torch references in float32: the residual
+"""The CPU decode step's C++ ops (``kernels/cpu_step``) against their torch references in float32: the residual
 add + RMSNorm, the router's softmax + top-k, and a decode layer's attention (q/k norms, rotary, KV write, paged
 attention: GQA, windows, partial rotary, pages scattered over the pool, lengths across page edges); bad metadata
 is refused."""

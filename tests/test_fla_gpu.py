@@ -1,4 +1,4 @@
-"""flash-linear-attention's gated delta rule kernels (``layers/gated_delta_fla.py``) on CUDA against our float32
+"""flash-linear-attention's gated delta rule kernels (``kernels/gated_delta_fla.py``) on CUDA against our float32
 torch reference on the same bf16 inputs, at the fast-step issue's bf16 tolerance: chunked prefill (one sequence and
 variable-length batches, from given initial states), and tiny Qwen3-Next / Qwen3.5-MoE models in bf16 through fused
 and hybrid, fla vs the torch path (prefill; decode steps run ``deltanet_triton`` either way, ``test_deltanet_step.py``):

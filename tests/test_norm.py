@@ -38,7 +38,7 @@ def _check(device: str, dtype: torch.dtype, tol: float) -> None:
 
 
 def test_add_rms_norm_on_a_cpu() -> None:
-    """float32 rows take the C++ op (``layers/cpu_step``, its own test file), other dtypes the reference itself."""
+    """float32 rows take the C++ op (``kernels/cpu_step``, its own test file), other dtypes the reference itself."""
     x, d, w = _case(4, 32, torch.float32, "cpu")
     s, y = add_rms_norm(x, d, w, 1e-6)
     assert torch.equal(s, x + d)
