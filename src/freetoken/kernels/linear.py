@@ -55,7 +55,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
     bf16 copy."""
     if not takes_bf16_copy(x):
         return F.linear(x, w, bias)
-    return cpu_step.linear(x, w, BF16_COPIES.get(w), bias)
+    w16 = BF16_COPIES.get(w)
+    return F.linear(x, w, bias) if w16 is None else cpu_step.linear(x, w, w16, bias)
 
 
 def linear_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 Caches = tuple[torch.Tensor, torch.Tensor]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class QKVRope:
     """A step's inputs to the fused paths after the QKV GEMM: per-head q/k RMSNorms, rotary, the new K/V rows."""
 
