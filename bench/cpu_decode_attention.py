@@ -1,4 +1,4 @@
-"""The CPU decode attention (``layers/paged_attention/reference.py``) per call, one thread, at a decode shape.
+"""The CPU decode attention (``kernels/attention/decode_reference.py``) per call, one thread, at a decode shape.
 
     PYTHONPATH=src python3 bench/cpu_decode_attention.py [--heads 4] [--kv-heads 2] [--head-dim 64] [--context 200]
 """
@@ -10,8 +10,8 @@ import time
 
 import torch
 
-from freetoken.layers.paged_attention import DecodeMeta
-from freetoken.layers.paged_attention.reference import paged_decode_reference
+from freetoken.kernels.attention import DecodeMeta
+from freetoken.kernels.attention.decode_reference import paged_decode_reference
 
 
 def main() -> None:

@@ -47,11 +47,11 @@ def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def instrument() -> None:
     """Wraps the functions the layers call by name (the modules' own references)."""
-    import freetoken.layers.attention as attention
     import freetoken.layers.deltanet as deltanet
+    from freetoken.kernels.attention.torch_backend import TorchAttention  # the CPU backend's prefill is its
 
     deltanet.chunk_gated_delta = timed("delta rule", deltanet.chunk_gated_delta)  # type: ignore[assignment]
-    attention.prefill_attention = timed("attention", attention.prefill_attention)  # type: ignore[assignment]
+    TorchAttention.prefill = timed("attention", TorchAttention.prefill)  # type: ignore[method-assign]
 
 
 def main() -> None:

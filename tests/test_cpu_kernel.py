@@ -7,9 +7,10 @@ import ctypes
 import pytest
 import torch
 
-from freetoken.experts.cpu import build
 from freetoken.experts.cpu import kernel as kmod
 from freetoken.experts.cpu.kernel import ISAS, CpuExpertKernel, cpu_experts_reference
+from freetoken.experts.cpu.sources import CPU_EXPERTS
+from freetoken.kernels import build
 
 # (T, D, I, N): D, I odd / not multiples of 16; the last shares 2 experts among 19 routes (4-token tiles)
 SHAPES = [(1, 64, 32, 3), (3, 67, 45, 5), (4, 130, 19, 7), (6, 40, 24, 2)]
@@ -301,13 +302,13 @@ def test_build_is_cached_and_fails_cleanly_without_compiler(
 ) -> None:
     if build.find_compiler() is None:
         pytest.skip("no C++ compiler")
-    first = build.library_path()
+    first = build.library_path(CPU_EXPERTS)
     mtime = first.stat().st_mtime_ns
-    assert build.library_path() == first and first.stat().st_mtime_ns == mtime  # no rebuild
+    assert build.library_path(CPU_EXPERTS) == first and first.stat().st_mtime_ns == mtime  # no rebuild
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("CXX", raising=False)
     with pytest.raises(build.BuildError, match="no C\\+\\+ compiler"):
-        build.library_path(cache_dir=str(tmp_path))
+        build.library_path(CPU_EXPERTS, cache_dir=str(tmp_path))
 
 
 def test_build_drops_an_isa_the_compiler_cannot_build(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
@@ -320,6 +321,6 @@ def test_build_drops_an_isa_the_compiler_cannot_build(monkeypatch: pytest.Monkey
     fake.write_text(f'#!/bin/sh\n{refuse}\nexec {real} "$@"\n')
     fake.chmod(0o755)
     monkeypatch.setenv("CXX", str(fake))
-    lib = ctypes.CDLL(str(build.library_path(cache_dir=str(tmp_path))))
+    lib = ctypes.CDLL(str(build.library_path(CPU_EXPERTS, cache_dir=str(tmp_path))))
     assert lib.ft_isa_supported(ISAS.index("avx512bf16")) == 0
     assert lib.ft_isa_supported(ISAS.index("generic")) == 1

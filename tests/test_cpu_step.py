@@ -1,4 +1,4 @@
-"""The CPU decode step's C++ ops (``layers/cpu_step``) against their torch references in float32: the residual
+"""The CPU decode step's C++ ops (``kernels/cpu_step``) against their torch references in float32: the residual
 add + RMSNorm, the router's softmax + top-k, and a decode layer's attention (q/k norms, rotary, KV write, paged
 attention: GQA, windows, partial rotary, pages scattered over the pool, lengths across page edges); bad metadata
 is refused."""
@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from freetoken.checkpoint.hf_config import RopeConfig
-from freetoken.layers import cpu_step
+from freetoken.kernels import cpu_step
+from freetoken.kernels.attention import DecodeMeta
+from freetoken.kernels.attention.decode_reference import paged_decode_reference
+from freetoken.kernels.norm import rms_norm_reference
+from freetoken.kernels.route import route_reference
 from freetoken.layers.attention import Attention, AttentionWeights, AttnBatch
-from freetoken.layers.moe import route_reference
-from freetoken.layers.norm import rms_norm_reference
-from freetoken.layers.paged_attention import DecodeMeta
-from freetoken.layers.paged_attention.reference import paged_decode_reference
 from freetoken.layers.rope import Rotary
 
 pytestmark = pytest.mark.skipif(cpu_step._lib() is None, reason="no C++ compiler")

@@ -1,4 +1,4 @@
-"""A gated DeltaNet layer's fused decode kernels (``layers/deltanet_triton.py``, ``norm_triton.gated_rms_norm_triton``)
+"""A gated DeltaNet layer's fused decode kernels (``kernels/deltanet_triton.py``, ``norm_triton.gated_rms_norm_triton``)
 against their torch references (``gated_delta.deltanet_step_reference``, ``norm.gated_rms_norm_reference``): Triton's
 interpreter on the CPU, the kernels on CUDA. Random in_proj rows (the kernel reads them as views), GVA and plain
 heads, several dv blocks (one partial), fresh sequences (position 0, stale slot contents) beside continuing ones,
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from devices import _NO_INTERPRETER
-from freetoken.layers.gated_delta import deltanet_step_reference
-from freetoken.layers.norm import gated_rms_norm_reference
+from freetoken.kernels.gated_delta import deltanet_step_reference
+from freetoken.kernels.norm import gated_rms_norm_reference
 
 DEVICES = [
     pytest.param("cpu", marks=[pytest.mark.interp, _NO_INTERPRETER]),  # Triton's interpreter
@@ -54,7 +54,7 @@ def _rows(B, C, h, dv, dtype, device, g):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hk,h,dk,dv,K,block_v", SHAPES)
 def test_step_matches_the_reference(device, dtype, hk, h, dk, dv, K, block_v):
-    from freetoken.layers.deltanet_triton import _arrivals, deltanet_step_triton
+    from freetoken.kernels.deltanet_triton import _arrivals, deltanet_step_triton
 
     g = torch.Generator().manual_seed(dk * 10 + dv + K)
     C, conv_w, A_log, dt_bias = _weights(hk, h, dk, dv, K, dtype, device, g)
@@ -84,7 +84,7 @@ def test_step_matches_the_reference(device, dtype, hk, h, dk, dv, K, block_v):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gated_rms_norm_matches_the_reference(device, dtype):
-    from freetoken.layers.norm_triton import gated_rms_norm_triton
+    from freetoken.kernels.norm_triton import gated_rms_norm_triton
 
     g = torch.Generator().manual_seed(7)
     for T, H, n in ((1, 2, 16), (5, 3, 12)):
@@ -104,7 +104,7 @@ def test_gated_rms_norm_matches_the_reference(device, dtype):
 def test_step_at_qwen36_shape_replays_from_a_cuda_graph():
     """Qwen3.6-35B-A3B's layer (Hk 16, H 32, dk = dv = 128, K 4) in bf16 against the reference, eager and replayed
     from a captured graph (as the whole-step graph holds it), the states carried from step to step."""
-    from freetoken.layers.deltanet_triton import deltanet_step_triton
+    from freetoken.kernels.deltanet_triton import deltanet_step_triton
 
     dev, dtype, hk, h, dk, dv, K = "cuda", torch.bfloat16, 16, 32, 128, 128, 4
     g = torch.Generator().manual_seed(3)
@@ -133,10 +133,12 @@ def test_step_at_qwen36_shape_replays_from_a_cuda_graph():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_layer_decode_through_the_kernel(device):
-    """A layer's decode step with the fused kernel (forced on in the interpreter) equals its torch path: output and
-    both pools, a padded batch with a fresh sequence, two steps."""
+def test_layer_decode_through_the_kernel(device, monkeypatch):
+    """A layer's decode step with the fused kernel (the step's dispatch forced to it, in the interpreter on a CPU)
+    equals its torch path (forced to the reference): output and both pools, a padded batch with a fresh sequence,
+    two steps."""
     from freetoken.cache.state_pool import StatePool, StateShape
+    from freetoken.kernels import gated_delta
     from freetoken.layers.attention import AttnBatch
     from freetoken.layers.deltanet import DeltaNetWeights, GatedDeltaNet
 
@@ -150,7 +152,6 @@ def test_layer_decode_through_the_kernel(device):
     )  # fmt: skip
     w = DeltaNetWeights(*(t.to(device) for t in vars(w).values()))
     ref, fused = GatedDeltaNet(w, 0, hk, h, dk, dv, 1e-6), GatedDeltaNet(w, 0, hk, h, dk, dv, 1e-6)
-    ref.triton_step, fused.triton_step = False, True
     pools = [StatePool(StateShape(1, C, K - 1, h, dk, dv), 6, torch.float32, torch.device(device)) for _ in range(2)]
     for t in (pools[0].conv, pools[0].ssm):
         t.copy_(torch.randn(t.shape, generator=g))
@@ -162,7 +163,11 @@ def test_layer_decode_through_the_kernel(device):
                           state_slots=torch.tensor(SLOTS, device=device))  # fmt: skip
         x = torch.randn(len(SLOTS), D, generator=g).to(device)
         x[-1] = x[0]
-        want, got = ref.forward(x, batch, pools[0]), fused.forward(x, batch, pools[1])
+        with monkeypatch.context() as m:
+            m.setattr(gated_delta, "use_triton", lambda _: False)
+            want = ref.forward(x, batch, pools[0])
+            m.setattr(gated_delta, "use_triton", lambda _: True)
+            got = fused.forward(x, batch, pools[1])
         torch.testing.assert_close(got[:-1], want[:-1], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(pools[1].ssm, pools[0].ssm, rtol=1e-5, atol=1e-5)
         assert torch.equal(pools[1].conv, pools[0].conv)

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from freetoken.cache.state_pool import StatePool, StateShape
-from freetoken.layers import gated_delta_fla
+from freetoken.kernels import gated_delta_fla
+from freetoken.kernels.gated_delta import chunk_gated_delta, l2norm
 from freetoken.layers.attention import AttnBatch, SeqAttn
 from freetoken.layers.deltanet import DeltaNetWeights, GatedDeltaNet, _segments
-from freetoken.layers.gated_delta import chunk_gated_delta, l2norm
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
 
@@ -38,7 +38,7 @@ def test_never_on_the_cpu(fresh_choice, dtype):
 
 
 def test_float32_models_keep_the_reference(fresh_choice, caplog):
-    with caplog.at_level(logging.INFO, logger="freetoken.layers.gated_delta_fla"):
+    with caplog.at_level(logging.INFO, logger="freetoken.kernels.gated_delta_fla"):
         for _ in range(3):
             assert gated_delta_fla.kernels(CUDA, torch.float32) is None
     assert gated_delta_fla._import.cache_info().misses == 0
@@ -49,7 +49,7 @@ def test_float32_models_keep_the_reference(fresh_choice, caplog):
 
 def test_turned_off_by_the_environment(fresh_choice, freetoken_env, caplog):
     freetoken_env("FREETOKEN_FLA", "0")
-    with caplog.at_level(logging.INFO, logger="freetoken.layers.gated_delta_fla"):
+    with caplog.at_level(logging.INFO, logger="freetoken.kernels.gated_delta_fla"):
         assert gated_delta_fla.kernels(CUDA, torch.bfloat16) is None
         assert gated_delta_fla.kernels(CUDA, torch.bfloat16) is None
     assert gated_delta_fla._import.cache_info().misses == 0
@@ -58,7 +58,7 @@ def test_turned_off_by_the_environment(fresh_choice, freetoken_env, caplog):
 
 def test_not_importable_falls_back_said_once(fresh_choice, monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "fla.ops.gated_delta_rule", None)  # what a box without fla-core sees
-    with caplog.at_level(logging.INFO, logger="freetoken.layers.gated_delta_fla"):
+    with caplog.at_level(logging.INFO, logger="freetoken.kernels.gated_delta_fla"):
         for dtype in (torch.bfloat16, torch.float16, torch.bfloat16):
             assert gated_delta_fla.kernels(CUDA, dtype) is None
     [record] = caplog.records

@@ -1,4 +1,4 @@
-"""flash-linear-attention's gated delta rule kernels (``layers/gated_delta_fla.py``) on CUDA against our float32
+"""flash-linear-attention's gated delta rule kernels (``kernels/gated_delta_fla.py``) on CUDA against our float32
 torch reference on the same bf16 inputs, at the fast-step issue's bf16 tolerance: chunked prefill (one sequence and
 variable-length batches, from given initial states), and tiny Qwen3-Next / Qwen3.5-MoE models in bf16 through fused
 and hybrid, fla vs the torch path (prefill; decode steps run ``deltanet_triton`` either way, ``test_deltanet_step.py``):
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from freetoken import LLM, SamplingParams
-from freetoken.layers import gated_delta_fla
+from freetoken.kernels import gated_delta_fla
+from freetoken.kernels.gated_delta import chunk_gated_delta, l2norm
 from freetoken.layers.deltanet import GatedDeltaNet
-from freetoken.layers.gated_delta import chunk_gated_delta, l2norm
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 CUDA = torch.device("cuda")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from freetoken.layers.gated_delta import chunk_gated_delta, l2norm, recurrent_gated_delta
+from freetoken.kernels.gated_delta import chunk_gated_delta, l2norm, recurrent_gated_delta
 
 
 @pytest.mark.parametrize("n,chunk", [(1, 64), (63, 64), (200, 64), (130, 32)])

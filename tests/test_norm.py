@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from devices import TRITON_INTERPRETER
-from freetoken.layers.norm import add_rms_norm, rms_norm_reference
+from freetoken.kernels.norm import add_rms_norm, rms_norm_reference
 
 
 def _case(rows: int, n: int, dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -18,7 +18,7 @@ def _case(rows: int, n: int, dtype: torch.dtype, device: str) -> tuple[torch.Ten
 
 
 def _check(device: str, dtype: torch.dtype, tol: float) -> None:
-    from freetoken.layers.norm_triton import add_rms_norm_triton, embed_rms_norm_triton, rms_norm_triton
+    from freetoken.kernels.norm_triton import add_rms_norm_triton, embed_rms_norm_triton, rms_norm_triton
 
     for rows, n in ((1, 64), (3, 128), (5, 2048), (7, 100)):
         x, d, w = _case(rows, n, dtype, device)
@@ -38,7 +38,7 @@ def _check(device: str, dtype: torch.dtype, tol: float) -> None:
 
 
 def test_add_rms_norm_on_a_cpu() -> None:
-    """float32 rows take the C++ op (``layers/cpu_step``, its own test file), other dtypes the reference itself."""
+    """float32 rows take the C++ op (``kernels/cpu_step``, its own test file), other dtypes the reference itself."""
     x, d, w = _case(4, 32, torch.float32, "cpu")
     s, y = add_rms_norm(x, d, w, 1e-6)
     assert torch.equal(s, x + d)

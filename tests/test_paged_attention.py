@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from devices import TRITON_INTERPRETER
-from freetoken.layers.paged_attention import DecodeMeta
-from freetoken.layers.paged_attention.reference import paged_decode_reference
+from freetoken.kernels.attention import DecodeMeta
+from freetoken.kernels.attention.decode_reference import paged_decode_reference
 
 PAGE = 16
 
@@ -65,7 +65,7 @@ def test_reference_equals_a_plain_softmax(h: int, hkv: int, hd: int, window: int
 
 
 def _check_kernel(device: str, dtype: torch.dtype, h: int, hkv: int, hd: int, window: int | None, splits: int):
-    from freetoken.layers.paged_attention.triton_decode import paged_decode_triton
+    from freetoken.kernels.attention.triton_decode import paged_decode_triton
 
     for lens in LENS:
         q, k, v, meta = _case(lens, h, hkv, hd, dtype, device, seed=len(lens))
@@ -98,8 +98,8 @@ def test_triton_kernel_on_cuda(h: int, hkv: int, hd: int, window: int | None, sp
 def _check_tickets(device: str) -> None:
     """The merge in the last split's program: many splits (most of them empty for short rows), several launches on
     one ``DecodeMeta`` (each leaves its tickets at zero for the next), another batch's meta beside it."""
-    from freetoken.experts.triton_support import tickets
-    from freetoken.layers.paged_attention.triton_decode import paged_decode_triton
+    from freetoken.kernels.attention.triton_decode import paged_decode_triton
+    from freetoken.kernels.triton_support import tickets
 
     for lens, splits in (([1, 40, 3], 32), ([100, 2], 5)):
         q, k, v, meta = _case(lens, 8, 2, 32, torch.float32, device, seed=splits)
@@ -128,8 +128,8 @@ def _check_rope(device: str, dtype: torch.dtype) -> None:
     """The decode launch that makes q and the new K/V rows from the fused projection (per-head q/k norms, rotary,
     the K/V write) against the torch chain: the norms and rotary, ``index_copy_`` into the pool, the reference."""
     from freetoken.checkpoint.hf_config import RopeConfig
-    from freetoken.layers.norm import rms_norm_reference
-    from freetoken.layers.paged_attention.triton_decode import paged_decode_rope_triton
+    from freetoken.kernels.attention.triton_decode import paged_decode_rope_triton
+    from freetoken.kernels.norm import rms_norm_reference
     from freetoken.layers.rope import Rotary
 
     g = torch.Generator().manual_seed(3)
@@ -182,9 +182,11 @@ def test_rope_decode_on_cuda(dtype: torch.dtype) -> None:
 
 
 def test_dispatch_picks_the_reference_on_a_cpu() -> None:
-    from freetoken.layers.paged_attention import decode_attention
+    from freetoken.kernels.attention.registry import select
 
+    backend = select(torch.device("cpu"))
+    assert backend.name == "cpu"
     q, k, v, meta = _case([7, 40], 8, 2, 64, torch.float32, "cpu")
     torch.testing.assert_close(
-        decode_attention(q, k, v, meta, 0.125), paged_decode_reference(q, k, v, meta, 0.125), atol=0, rtol=0
+        backend.decode(q, k, v, meta, 0.125), paged_decode_reference(q, k, v, meta, 0.125), atol=0, rtol=0
     )

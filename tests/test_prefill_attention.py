@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from devices import TRITON_INTERPRETER
-from freetoken.layers.paged_attention import PrefillMeta
+from freetoken.kernels.attention import PrefillMeta
 
 PAGE = 16
 
@@ -63,7 +63,7 @@ def _check(
 ) -> None:
     """rel L2 <= tol; for bf16 also the worst element <= 2^-6 max|ref| (the decode kernel's tolerance)."""
     if fn is None:
-        from freetoken.layers.paged_attention.triton_prefill import paged_prefill_triton as fn
+        from freetoken.kernels.attention.triton_prefill import paged_prefill_triton as fn
     for seqs in CASES:
         q, k, v, meta = _case(seqs, h, hkv, hd, dtype, device)
         out = fn(q, k, v, meta, hd**-0.5, window).double().cpu()
@@ -77,7 +77,7 @@ def _check(
 
 @pytest.mark.parametrize("h,hkv,hd,window", [(4, 2, 16, None), (2, 2, 32, 24)])
 def test_prefill_reference_in_row_blocks(monkeypatch, h: int, hkv: int, hd: int, window: int | None) -> None:
-    from freetoken.layers.paged_attention import prefill_reference as pr
+    from freetoken.kernels.attention import prefill_reference as pr
 
     monkeypatch.setattr(pr, "SCORE_ELEMENTS", 1)  # blocks of MIN_ROWS rows: every case but the first spans several
     assert pr.rows_per_block(h, 100) == pr.MIN_ROWS
@@ -91,7 +91,7 @@ def test_prefill_reference_in_row_blocks(monkeypatch, h: int, hkv: int, hd: int,
 def test_prefill_reference_flash_on_cpu(h: int, hkv: int, hd: int, dtype: torch.dtype, tol: float) -> None:
     """No window on a CPU: the flash kernel over the context before the new tokens and over themselves, merged
     (the cases' chunks that start after an earlier context exercise the merge)."""
-    from freetoken.layers.paged_attention import prefill_reference as pr
+    from freetoken.kernels.attention import prefill_reference as pr
 
     _check("cpu", dtype, h, hkv, hd, None, tol, pr.paged_prefill_reference)
 

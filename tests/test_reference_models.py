@@ -7,6 +7,7 @@ import torch
 
 from devices import DEVICES
 from freetoken import LLM, SamplingParams
+from freetoken.kernels.linear import BF16_COPIES
 from reference import LOGIT_MARGIN, ROUTER_MARGIN, assert_close_logits, reference_greedy
 from tiny_models import FAMILIES, MOE_FAMILIES, make_model, save_checkpoint
 
@@ -98,7 +99,7 @@ def test_sharded_checkpoint(tmp_path, family):
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe", "llama"])
 def test_bf16_checkpoint_under_float32_steps(tmp_path, family):
     """A bf16 checkpoint run in float32 on a CPU (the embedded model's case): the engine keeps bf16 copies of the
-    experts and the decode step's linears (``layers/cpu_step``, the fused backend's widening kernel path); logits
+    experts and the decode step's linears (``kernels/linear.py``, the fused backend's widening kernel path); logits
     and greedy tokens still match transformers' float32 forward of the same checkpoint."""
     model = make_model(family, seed=SEEDS[family])
     with torch.no_grad():
@@ -113,10 +114,11 @@ def test_bf16_checkpoint_under_float32_steps(tmp_path, family):
     refs = _refs(model, family, prompts)
     llm = LLM(model=str(tmp_path), device="cpu", dtype="float32", moe_backend="fused")
     decoder = llm.engine.setup.loaded.model
-    assert decoder.lm_head16 is not None  # the bf16 copies are in use
     backend = llm.engine.setup.loaded.backend
     assert family not in MOE_FAMILIES or backend.gate_up.dtype == torch.bfloat16
     for r in refs:
         assert_close_logits(llm.engine.score(r.prompt), r.prompt_logits)
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True))
     assert [o.token_ids for o in outs] == [r.tokens for r in refs]
+    head16 = BF16_COPIES.held(decoder.lm_head)  # the decode steps read the head's bf16 copy (the op holds it)
+    assert head16 is not None and head16.dtype == torch.bfloat16

@@ -10,8 +10,8 @@ import torch
 from devices import TRITON_INTERPRETER
 from freetoken.checkpoint.hf_config import RopeConfig
 from freetoken.experts.slots.plan import group_routes
-from freetoken.layers.moe import route_reference
-from freetoken.layers.norm import rms_norm_reference
+from freetoken.kernels.norm import rms_norm_reference
+from freetoken.kernels.route import route_reference
 from freetoken.layers.rope import Rotary
 
 CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -30,7 +30,7 @@ def _qkv_reference(
 
 
 def _check_qkv(device: str, dtype: torch.dtype, tol: float) -> None:
-    from freetoken.layers.qkv_rope_triton import qkv_rope_triton
+    from freetoken.kernels.attention.qkv_rope_triton import qkv_rope_triton
 
     g = torch.Generator().manual_seed(0)
     for H, hkv, hd, partial, norms in ((4, 2, 16, 1.0, True), (8, 2, 32, 0.5, False), (2, 2, 64, 0.25, True)):
@@ -71,7 +71,7 @@ def test_qkv_rope_on_cuda(dtype: torch.dtype, tol: float) -> None:
 
 
 def _check_route(device: str, dtype: torch.dtype) -> None:
-    from freetoken.layers.router_triton import route_triton
+    from freetoken.kernels.router_triton import route_triton
 
     g = torch.Generator().manual_seed(2)
     for T, E, k in ((1, 8, 2), (4, 128, 8), (3, 60, 4), (2, 512, 10)):
@@ -92,8 +92,8 @@ def _check_route(device: str, dtype: torch.dtype) -> None:
 
 def _check_route_linear(device: str, dtype: torch.dtype) -> None:
     """The router's GEMM and routing in one launch against ``F.linear`` + the reference (decode sizes)."""
-    from freetoken.experts.triton_support import tickets
-    from freetoken.layers.router_triton import route_linear_triton
+    from freetoken.kernels.router_triton import route_linear_triton
+    from freetoken.kernels.triton_support import tickets
 
     g = torch.Generator().manual_seed(5)
     for T, E, k, D in ((1, 8, 2, 64), (4, 128, 8, 200), (16, 60, 4, 128), (3, 512, 10, 96), (2, 128, 8, 1000)):

@@ -24,8 +24,8 @@ def test_triton_kernels_compile(arch: int) -> None:
         pytest.skip("the interpreter replaces compilation")
     from freetoken.experts.cpu import stage_triton
     from freetoken.experts.slots import copy_triton, gemm_fp8_triton, gemm_triton, plan_triton
-    from freetoken.layers import deltanet_triton, norm_triton, qkv_rope_triton, router_triton
-    from freetoken.layers.paged_attention import triton_decode, triton_prefill
+    from freetoken.kernels import deltanet_triton, norm_triton, router_triton
+    from freetoken.kernels.attention import qkv_rope_triton, triton_decode, triton_prefill
 
     i64 = "*i64"
     plan_sig = dict.fromkeys(["ids_ptr", "slot_of", "eid_of", "stamp", "tick_ptr", "i64_out", "counters"], i64)

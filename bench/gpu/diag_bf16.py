@@ -7,7 +7,7 @@ import torch
 
 sys.path[:0] = ["tests", "src"]
 from freetoken import LLM  # noqa: E402
-from freetoken.layers.norm import rms_norm  # noqa: E402
+from freetoken.kernels.norm import rms_norm  # noqa: E402
 from tiny_models import save_checkpoint  # noqa: E402
 
 fam = sys.argv[1] if len(sys.argv) > 1 else "mixtral"

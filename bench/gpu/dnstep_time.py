@@ -13,10 +13,10 @@ from unittest import mock
 import torch
 
 from freetoken.cache.state_pool import StatePool, StateShape
-from freetoken.layers import norm_triton
+from freetoken.kernels import gated_delta, norm_triton
+from freetoken.kernels.deltanet_triton import deltanet_step_triton
 from freetoken.layers.attention import AttnBatch
 from freetoken.layers.deltanet import DeltaNetWeights, GatedDeltaNet
-from freetoken.layers.deltanet_triton import deltanet_step_triton
 
 D, HK, H, DK, DV, K, DT, DEV = 2048, 16, 32, 128, 128, 4, torch.bfloat16, torch.device("cuda")
 C = 2 * HK * DK + H * DV
@@ -61,8 +61,8 @@ def _row(w: DeltaNetWeights, B: int, x: torch.Tensor) -> None:
     batch = AttnBatch(torch.full((B,), 7, device=DEV), torch.zeros(B, dtype=torch.long, device=DEV),
                       decode=object(), state_slots=slots)  # fmt: skip
     fused = _replay_us(lambda: layer.forward(x, batch, pool))
-    layer.triton_step = False
-    with mock.patch.object(norm_triton, "gated_rms_norm_triton", _torch_gated_norm):
+    with mock.patch.object(norm_triton, "gated_rms_norm_triton", _torch_gated_norm), \
+            mock.patch.object(gated_delta, "use_triton", lambda _: False):  # the step's torch reference
         torch_ops = _replay_us(lambda: layer.forward(x, batch, pool))
     mixed, _, b, a = torch.nn.functional.linear(x, w.in_proj).split([C, H * DV, H, H], dim=-1)
 
@@ -75,7 +75,7 @@ def _row(w: DeltaNetWeights, B: int, x: torch.Tensor) -> None:
 
 
 def _torch_gated_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    from freetoken.layers.norm import rms_norm
+    from freetoken.kernels.norm import rms_norm
 
     return (rms_norm(x.to(z.dtype), weight, eps) * torch.nn.functional.silu(z.float())).to(z.dtype)
 

@@ -7,8 +7,8 @@ import time
 import torch
 
 sys.path.insert(0, "tests")
-from freetoken.layers import gated_delta_fla  # noqa: E402
-from freetoken.layers.gated_delta import chunk_gated_delta, l2norm  # noqa: E402
+from freetoken.kernels import gated_delta_fla  # noqa: E402
+from freetoken.kernels.gated_delta import chunk_gated_delta, l2norm  # noqa: E402
 
 fla = gated_delta_fla.kernels(torch.device("cuda"), torch.bfloat16)
 assert fla is not None

@@ -1,8 +1,9 @@
 """Attention over the paged KV pool (GQA, optional q/k norm, sliding window).
 
-Decode steps (one new token per sequence) and the others (prefill, mixed) read the pages in place through
-``paged_attention`` (Triton on CUDA, the torch reference elsewhere; never T x T). On CUDA a decode step's q/k
-norms, rotary, K/V write and attention are one launch after the QKV GEMM (``paged_decode_rope_triton``).
+Decode steps (one new token per sequence) and the others (prefill, mixed) read the pages in place through an
+attention backend (``kernels/attention``'s registry, chosen by device: Triton on CUDA, the torch reference elsewhere;
+never T x T). Where the backend has them, a decode step's q/k norms, rotary, K/V write and attention are one call
+after the QKV GEMM (one Triton launch on CUDA, one C++ call on a float32 CPU), and a prefill's q/k part is one.
 T = new tokens in the step (all sequences, flattened), H / Hkv = query / KV heads, hd = head dim.
 """
 
@@ -14,10 +15,11 @@ import torch
 import torch.nn.functional as F
 
 from freetoken.cache.kv_pool import KVPool
-from freetoken.experts.triton_support import triton_available
-from freetoken.layers import cpu_step
-from freetoken.layers.norm import rms_norm
-from freetoken.layers.paged_attention import DecodeMeta, PrefillMeta, decode_attention, prefill_attention
+from freetoken.kernels.attention import DecodeMeta, PrefillMeta
+from freetoken.kernels.attention.backend import QKVRope
+from freetoken.kernels.attention.registry import select
+from freetoken.kernels.linear import linear
+from freetoken.kernels.norm import rms_norm
 from freetoken.layers.rope import Rotary
 
 
@@ -42,7 +44,7 @@ class AttnBatch:
     prefill: PrefillMeta | None = None  # set on the other steps (prefill chunks, mixed steps)
     seqs: list[SeqAttn] = field(default_factory=list)  # the other steps' sequences (linear-attention layers)
     state_slots: torch.Tensor | None = None  # [B] int64 each sequence's recurrent-state slot (linear-attention layers)
-    cpu_checked: bool = False  # the CPU step ops checked this step's metadata in its first layer (``cpu_step``)
+    meta_checked: bool = False  # a fused decode call checked this step's metadata in an earlier layer
 
 
 @dataclass
@@ -72,8 +74,10 @@ class Attention:
         rotary: Rotary,
         clip_qkv: float | None = None,
         window: int | None = None,
+        backend: str = "auto",
     ) -> None:
         self.w, self.layer, self.window = w, layer, window
+        self.backend = select(w.q.device, backend)
         self.h, self.hkv, self.hd, self.eps = num_heads, num_kv_heads, head_dim, eps
         self.rotary, self.clip = rotary, clip_qkv
         self.scale = head_dim**-0.5
@@ -86,8 +90,6 @@ class Attention:
             [b if b is not None else torch.zeros(n, dtype=w.q.dtype, device=w.q.device)
              for b, n in zip(biases, (nq, nk, nk), strict=True)]
         )  # fmt: skip
-        # float32 CPU decode steps on a bf16 checkpoint read bf16 copies of the projections (cpu_step.linear)
-        self.qkv_w16, self.o_w16 = cpu_step.bf16_copy(self.qkv_w), cpu_step.bf16_copy(w.o)
         # The fused q/k-norm + rotary + KV-write kernel takes per-head norms (or none) and no clipping.
         per_head = all(n is None or n.numel() == head_dim for n in (w.q_norm, w.k_norm))
         self._fused_rope = per_head and clip_qkv is None
@@ -119,49 +121,32 @@ class Attention:
         return qh
 
     def forward(self, x: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
-        w = self.w
-        qkv = cpu_step.linear(x, self.qkv_w, self.qkv_w16, self.qkv_b)
-        k_cache, v_cache = kv.k[self.layer], kv.v[self.layer]
-        if self._fused_rope and x.is_cuda and triton_available() and batch.decode is not None:
-            from freetoken.layers.paged_attention.triton_decode import paged_decode_rope_triton
-
-            r = self.rotary
-            out = paged_decode_rope_triton(
-                qkv, batch.positions, batch.slot_mapping, r.cos, r.sin, w.q_norm, w.k_norm, self.eps,
-                k_cache, v_cache, batch.decode, self.h, self.hd, self.scale, self.window,
-            )  # fmt: skip
-            return self._out(x, out)
-        if self._fused_rope and x.is_cuda and triton_available():
-            from freetoken.layers.qkv_rope_triton import qkv_rope_triton
-
-            r = self.rotary
-            qh = qkv_rope_triton(
-                qkv, batch.positions, batch.slot_mapping, r.cos, r.sin, w.q_norm, w.k_norm,
-                k_cache, v_cache, self.h, self.hkv, self.hd, self.eps,
-            )  # fmt: skip
-        elif batch.decode is not None and self._fused_rope and cpu_step.available(qkv) and k_cache.dtype == qkv.dtype:
-            return self._out(x, self._decode_cpu(qkv, batch, batch.decode, k_cache, v_cache))
-        else:
+        qkv = linear(x, self.qkv_w, self.qkv_b)
+        caches = k_cache, v_cache = kv.k[self.layer], kv.v[self.layer]
+        qh = None
+        if self._fused_rope:
+            rope = self._rope(batch)
+            if batch.decode is not None:
+                fused = self.backend.decode_fused(
+                    qkv, rope, caches, batch.decode, self.scale, self.window, batch.meta_checked
+                )
+                if fused is not None:
+                    batch.meta_checked = True
+                    return self._out(x, fused)
+            qh = self.backend.qkv_rope(qkv, rope, caches)
+        if qh is None:
             qh = self._qkv_torch(qkv, batch, k_cache, v_cache)
         if batch.decode is not None:
-            out = decode_attention(qh.to(k_cache.dtype), k_cache, v_cache, batch.decode, self.scale, self.window)
+            out = self.backend.decode(qh.to(k_cache.dtype), k_cache, v_cache, batch.decode, self.scale, self.window)
             return self._out(x, out.to(x.dtype))
         assert batch.prefill is not None, "a step is a decode step or has prefill metadata"
-        out = prefill_attention(qh.to(k_cache.dtype), k_cache, v_cache, batch.prefill, self.scale, self.window)
+        out = self.backend.prefill(qh.to(k_cache.dtype), k_cache, v_cache, batch.prefill, self.scale, self.window)
         return self._out(x, out.to(x.dtype))
 
-    def _decode_cpu(
-        self, qkv: torch.Tensor, batch: AttnBatch, d: DecodeMeta, k_cache: torch.Tensor, v_cache: torch.Tensor
-    ) -> torch.Tensor:
-        """A float32 CPU decode step's q/k norms, rotary, KV write and attention in one C++ call -> [B, H, hd]."""
+    def _rope(self, batch: AttnBatch) -> QKVRope:
         w, r = self.w, self.rotary
-        out = cpu_step.decode_attention(
-            qkv, (self.h, self.hkv, self.hd), (w.q_norm, w.k_norm, self.eps), (r.cos, r.sin), batch.positions,
-            batch.slot_mapping, (k_cache, v_cache), d.block_table, d.seq_lens, d.page_size, self.scale, self.window,
-            batch.cpu_checked,
-        )  # fmt: skip
-        batch.cpu_checked = True
-        return out.view(qkv.shape[0], self.h, self.hd)
+        return QKVRope((self.h, self.hkv, self.hd), batch.positions, batch.slot_mapping, r.cos, r.sin, w.q_norm,
+                       w.k_norm, self.eps)  # fmt: skip
 
     def _out(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out [T, H, hd] -> [T, D]: the output gate if any, then o_proj."""
@@ -169,4 +154,4 @@ class Attention:
         flat = out.reshape(x.shape[0], self.h * self.hd)
         if w.gate is not None:
             flat = flat * torch.sigmoid(F.linear(x, w.gate))
-        return cpu_step.linear(flat, w.o, self.o_w16, w.o_bias)
+        return linear(flat, w.o, w.o_bias)

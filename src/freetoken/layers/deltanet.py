@@ -3,11 +3,11 @@ inputs and the delta-rule state) lives in a ``StatePool`` slot, read and written
 
 x -> one projection to the conv channels (q, k, v), z, b, a -> short causal conv + SiLU over q/k/v -> L2-normalised
 q/k (repeated from Hk key heads to H value heads), ``beta = sigmoid(b)``, ``g = -exp(A_log) * softplus(a + dt_bias)``
--> the gated delta rule (``gated_delta.py``) -> RMSNorm per head gated by SiLU(z) -> out_proj.
+-> the gated delta rule (``kernels/gated_delta.py``) -> RMSNorm per head gated by SiLU(z) -> out_proj.
 Decode steps (one token per sequence, every sequence) run batched from ``batch.state_slots`` with no host read (a
-CUDA graph captures them): on CUDA in one Triton launch between the two GEMMs (``deltanet_triton.py``) and the gated
-norm in another, else ``gated_delta.deltanet_step_reference``. Other steps run the conv per sequence, then the
-chunked rule: per sequence in torch, or with fla's kernels (``gated_delta_fla.py``, CUDA 16-bit models) every
+CUDA graph captures them) through ``kernels.gated_delta.deltanet_step`` (one Triton launch between the two GEMMs on
+CUDA) and the gated norm. Other steps run the conv per sequence, then the
+chunked rule: per sequence in torch, or with fla's kernels (``kernels/gated_delta_fla.py``, CUDA 16-bit models) every
 sequence in one variable-length launch. A sequence with checkpoints to take is cut into segments at them; fla runs
 the r-th segments of all sequences in one launch. T = tokens in the step, N = its sequences, D = hidden, C = conv
 channels (2*Hk*dk + H*dv).
@@ -21,11 +21,10 @@ import torch
 import torch.nn.functional as F
 
 from freetoken.cache.state_pool import StatePool
-from freetoken.experts.triton_support import triton_available
-from freetoken.layers import gated_delta_fla
+from freetoken.kernels import gated_delta_fla
+from freetoken.kernels.gated_delta import causal_conv, chunk_gated_delta, deltanet_step, gates, heads
+from freetoken.kernels.norm import gated_rms_norm
 from freetoken.layers.attention import AttnBatch, SeqAttn
-from freetoken.layers.gated_delta import causal_conv, chunk_gated_delta, deltanet_step_reference, gates, heads
-from freetoken.layers.norm import gated_rms_norm
 
 
 @dataclass
@@ -47,7 +46,6 @@ class GatedDeltaNet:
         self.channels = 2 * k_heads * k_dim + v_heads * v_dim
         device, dtype = w.in_proj.device, w.in_proj.dtype
         self.fla = gated_delta_fla.kernels(device, dtype)  # None: the torch path (prefill)
-        self.triton_step = device.type == "cuda" and triton_available()  # the decode step's fused kernel
         if self.fla is not None:
             gated_delta_fla.warm(self.fla, device, dtype, k_heads, v_heads, k_dim, v_dim)
 
@@ -152,11 +150,7 @@ class GatedDeltaNet:
         w, L = self.w, self.layer
         args = (mixed, b, a, states.conv[L], states.ssm[L], batch.state_slots, batch.positions, w.conv, w.A_log,
                 w.dt_bias, self.hk, self.dk)  # fmt: skip
-        if self.triton_step:
-            from freetoken.layers.deltanet_triton import deltanet_step_triton
-
-            return deltanet_step_triton(*args, out_dtype=mixed.dtype)
-        return deltanet_step_reference(*args)
+        return deltanet_step(*args)
 
 
 def _segments(s: SeqAttn) -> list[tuple[int, int]]:

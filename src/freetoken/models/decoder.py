@@ -9,12 +9,12 @@ import torch.nn.functional as F
 
 from freetoken.cache.kv_pool import KVPool
 from freetoken.cache.state_pool import StatePool
-from freetoken.layers import cpu_step
+from freetoken.kernels.linear import linear
+from freetoken.kernels.norm import add_rms_norm, embed_rms_norm, rms_norm
 from freetoken.layers.attention import Attention, AttnBatch
 from freetoken.layers.deltanet import GatedDeltaNet
 from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.moe import MoELayer
-from freetoken.layers.norm import add_rms_norm, embed_rms_norm, rms_norm
 
 
 @dataclass
@@ -36,7 +36,6 @@ class DecoderModel:
     ) -> None:
         self.embed, self.layers, self.final_norm, self.lm_head, self.eps = embed, layers, final_norm, lm_head, eps
         self.states: StatePool | None = None  # the linear-attention layers' state slots, set by the engine
-        self.lm_head16 = cpu_step.bf16_copy(lm_head)  # float32 CPU decode steps on a bf16 checkpoint
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
@@ -67,4 +66,4 @@ class DecoderModel:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, D] -> logits [n, V] in float32 (only rows where a token is sampled)."""
-        return cpu_step.linear(hidden, self.lm_head, self.lm_head16).float()
+        return linear(hidden, self.lm_head).float()

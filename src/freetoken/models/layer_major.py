@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from freetoken.cache.kv_pool import KVPool
+from freetoken.kernels.norm import rms_norm
 from freetoken.layers.attention import AttnBatch
-from freetoken.layers.norm import rms_norm
 from freetoken.models.decoder import DecoderModel
 
 

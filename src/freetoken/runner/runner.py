@@ -12,8 +12,8 @@ import torch
 from freetoken.cache.anchors import captures_in, due_captures
 from freetoken.cache.kv_pool import KVPool
 from freetoken.experts.base import ExpertBackend
+from freetoken.kernels.attention import DecodeMeta, PrefillMeta
 from freetoken.layers.attention import AttnBatch, SeqAttn
-from freetoken.layers.paged_attention import DecodeMeta, PrefillMeta
 from freetoken.models.decoder import DecoderModel
 from freetoken.runner.batch import R
 from freetoken.runner.inflight import Launch, launched

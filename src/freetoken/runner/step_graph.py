@@ -41,8 +41,8 @@ import torch
 from freetoken.cache.anchors import due_captures
 from freetoken.cache.kv_pool import KVPool
 from freetoken.experts.base import ExpertBackend
+from freetoken.kernels.attention import DecodeMeta
 from freetoken.layers.attention import AttnBatch
-from freetoken.layers.paged_attention import DecodeMeta
 from freetoken.models.decoder import DecoderModel
 from freetoken.runner import noise
 from freetoken.runner.batch import R, StepRequest

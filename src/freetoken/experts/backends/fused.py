@@ -27,7 +27,7 @@ from freetoken.experts.cpu.runner import make_kernel
 from freetoken.experts.reference import moe_reference
 from freetoken.experts.slots.gemm import SlotWeights, grouped_experts
 from freetoken.experts.slots.plan import group_routes
-from freetoken.experts.triton_support import triton_available
+from freetoken.kernels.triton_support import use_triton
 
 # Up to this many routes per step, gather the routed experts' weights and run one batched matmul
 # (fixed shapes, no host synchronisation: the decode path); above it, loop over distinct experts.
@@ -94,7 +94,7 @@ class FusedBackend(StepCapture, ExpertBackend):
             return self._grouped(layer, x, topk_ids, topk_w)
         if T * k > _GATHER_MAX_ROUTES:
             return moe_reference(x, topk_ids + layer * self.num_experts, topk_w, self.gate_up, self.down)
-        body = self._grouped if x.is_cuda and triton_available() else self._gathered
+        body = self._grouped if use_triton(x) else self._gathered
         if self.graphs is not None and self.graphs.eligible(T):
             return self.graphs.run(layer, x, topk_ids, topk_w, body, self)
         return body(layer, x, topk_ids, topk_w)
@@ -117,14 +117,14 @@ class FusedBackend(StepCapture, ExpertBackend):
         routed experts' weights are read once, in place, where a gather would copy them first (fixed shapes,
         no host sync on CUDA: capturable). Quantised banks always take it (they dequantise in its kernel)."""
         rows, off = int(self.gate_up.shape[0]), layer * self.num_experts
-        if x.is_cuda and triton_available() and topk_ids.numel() <= _GROUP_IN_GATE_UP and not self.fmt.quantized:
+        if use_triton(x) and topk_ids.numel() <= _GROUP_IN_GATE_UP and not self.fmt.quantized:
             from freetoken.experts.slots.gemm_triton import grouped_experts_routed_triton
 
             # the gate_up launch groups the routes itself: two launches for the layer's experts
             return grouped_experts_routed_triton(
                 x, topk_ids, off, topk_w, self.gate_up, self.down, self.num_experts, out_dtype=x.dtype
             )
-        if x.is_cuda and triton_available() and topk_ids.numel() <= _ONE_LAUNCH_GROUPING:
+        if use_triton(x) and topk_ids.numel() <= _ONE_LAUNCH_GROUPING:
             from freetoken.experts.slots.plan_triton import group_routes_triton
 
             groups = group_routes_triton(topk_ids, off, rows)

@@ -57,10 +57,11 @@ class PreparedBatches:
 @functools.lru_cache(maxsize=1)
 def load_library() -> ctypes.CDLL | None:
     """The built kernel library, or None (warned once) when it cannot be built here."""
-    from freetoken.experts.cpu.build import BuildError, library_path
+    from freetoken.experts.cpu.sources import CPU_EXPERTS
+    from freetoken.kernels.build import BuildError, library_path
 
     try:
-        lib = ctypes.CDLL(str(library_path()))
+        lib = ctypes.CDLL(str(library_path(CPU_EXPERTS)))
     except (BuildError, OSError) as exc:
         warnings.warn(f"CPU expert kernel unavailable, using the torch fallback: {exc}", stacklevel=2)
         return None

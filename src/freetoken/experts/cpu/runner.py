@@ -27,8 +27,8 @@ from freetoken.experts.cpu.reference import cpu_experts_reference
 from freetoken.experts.cpu.stream_ops import stream_ops
 from freetoken.experts.cpu.streamed import StreamedCpuBranch, StreamedHandle
 from freetoken.experts.host_pool import HostExpertPool
-from freetoken.experts.triton_support import triton_available
 from freetoken.hardware.cpus import default_kernel_threads
+from freetoken.kernels.triton_support import use_triton
 
 STREAMED_MAX_TOKENS = 64  # per-layer pinned buffers of the streamed branch hold this many tokens
 
@@ -119,7 +119,7 @@ class CpuExpertRunner:
         self.threads = threads
         self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ft-cpu-experts")
         self.kernel = make_kernel(pool.gate_up.dtype, threads)
-        self._want_streamed = device.type == "cuda" and self.kernel is not None and triton_available()
+        self._want_streamed = self.kernel is not None and use_triton(device)
         self._streamed: StreamedCpuBranch | None = None
 
     def _streamed_for(self, tokens: int, top_k: int) -> StreamedCpuBranch | None:

@@ -21,9 +21,9 @@ from freetoken.experts.host_pool import HostExpertPool
 from freetoken.experts.slots.copy import batched_fill, copy_rows, copy_runs
 from freetoken.experts.slots.gemm import SlotWeights
 from freetoken.experts.slots.plan import WARM, FillRule, RouteGroups, SlotTables, StepPlan, group_routes, plan_fills
-from freetoken.experts.triton_support import triton_available
 from freetoken.hardware.device_memory import device_zeros, remake, uses_driver_memory
 from freetoken.hardware.device_memory import free_bytes as free_device_bytes
+from freetoken.kernels.triton_support import use_triton
 
 
 class SlotCache:
@@ -96,7 +96,7 @@ class SlotCache:
         fused Triton plan (one launch instead of ~100 small ops), with identical results; it also adds the
         step to ``counters`` (``DeviceCounters.vector``; ``count_cpu``: the unfilled misses are CPU runs) and
         says so in ``plan.counted``."""
-        if self.device.type == "cuda" and triton_available():
+        if use_triton(self.device):
             from freetoken.experts.slots.plan_triton import MAX_ROUTES, plan_step_triton
 
             if topk_ids.numel() <= MAX_ROUTES:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from freetoken.experts.base import raw
-from freetoken.experts.triton_support import triton_available
+from freetoken.kernels.triton_support import use_triton
 
 
 def batched_fill_torch(
@@ -38,7 +38,7 @@ def batched_fill(
     count: torch.Tensor,  # [] int64 valid entries
 ) -> None:
     """The round's fills: on CUDA with Triton one gather launch for every bank."""
-    if dst[0].device.type == "cuda" and triton_available():
+    if use_triton(dst[0]):
         from freetoken.experts.slots.copy_triton import gather_rows_triton
 
         gather_rows_triton(src, dst, copy_src, copy_dst, count)

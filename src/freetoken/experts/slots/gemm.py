@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from freetoken.experts.base import dequantize_rows
 from freetoken.experts.reference import expert_ffn
 from freetoken.experts.slots.plan import RouteGroups
-from freetoken.experts.triton_support import triton_available
+from freetoken.kernels.triton_support import use_triton
 from freetoken.quant import BF16, WeightFormat
 
 
@@ -100,15 +100,14 @@ def grouped_experts(
     out_dtype: torch.dtype = torch.float32,  # the sum's dtype (the Triton kernels cast in their combine launch)
 ) -> torch.Tensor:
     """Dispatch: Triton on CUDA, else gather (small steps on CUDA) or loop. Returns [T, D], summed in float32."""
-    if x.device.type == "cuda":
-        if triton_available():
-            if sw.fmt.quantized:
-                from freetoken.experts.slots.gemm_fp8_triton import grouped_experts_fp8_triton
+    if use_triton(x):
+        if sw.fmt.quantized:
+            from freetoken.experts.slots.gemm_fp8_triton import grouped_experts_fp8_triton
 
-                return grouped_experts_fp8_triton(x, groups, slot, topk_w, sw, max_groups, out_dtype=out_dtype)
-            from freetoken.experts.slots.gemm_triton import grouped_experts_triton
+            return grouped_experts_fp8_triton(x, groups, slot, topk_w, sw, max_groups, out_dtype=out_dtype)
+        from freetoken.experts.slots.gemm_triton import grouped_experts_triton
 
-            return grouped_experts_triton(x, groups, slot, topk_w, sw.gate_up, sw.down, max_groups, out_dtype=out_dtype)
-        if groups.order.numel() <= GATHER_MAX_ROUTES:
-            return grouped_experts_gather(x, groups, slot, topk_w, sw).to(out_dtype)
+        return grouped_experts_triton(x, groups, slot, topk_w, sw.gate_up, sw.down, max_groups, out_dtype=out_dtype)
+    if x.device.type == "cuda" and groups.order.numel() <= GATHER_MAX_ROUTES:  # CUDA without Triton: small steps
+        return grouped_experts_gather(x, groups, slot, topk_w, sw).to(out_dtype)
     return grouped_experts_loop(x, groups, slot, topk_w, sw).to(out_dtype)

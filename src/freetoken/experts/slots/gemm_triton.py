@@ -21,7 +21,7 @@ import triton.language as tl
 
 from freetoken.experts.slots.plan import RouteGroups
 from freetoken.experts.slots.plan_triton import group_in_registers, group_tables, store_groups
-from freetoken.experts.triton_support import tickets
+from freetoken.kernels.triton_support import tickets
 
 _BM, _BN, _BK = 16, 64, 64
 _BM_BIG, _BIG_STEP = 64, 1024  # token tile for steps of more than _BIG_STEP routes

@@ -1,5 +1,6 @@
-"""Whether Triton is importable here: the GPU paths use its kernels where it is, torch ops elsewhere; and the ticket
-counters that let a kernel's last program to finish do the launch's final step (a merge, a sum) itself."""
+"""Whether an op takes its Triton kernel (``use_triton``: a CUDA tensor and Triton importable, the one rule every
+dispatch in the package follows), and the ticket counters that let a kernel's last program to finish do the launch's
+final step (a merge, a sum) itself."""
 
 from __future__ import annotations
 
@@ -15,6 +16,12 @@ def triton_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def use_triton(where: torch.Tensor | torch.device) -> bool:
+    """Whether an op on ``where`` (a tensor or its device) runs its Triton kernel: on CUDA where Triton imports."""
+    cuda = where.is_cuda if isinstance(where, torch.Tensor) else where.type == "cuda"
+    return cuda and triton_available()
 
 
 _TICKETS: dict[tuple[torch.device, str], torch.Tensor] = {}

@@ -4,13 +4,17 @@ Per value head, with a state S [dk, dv] (float32): ``S <- exp(g) * S``; ``S <- S
 ``o = S^T q``. ``chunk_gated_delta`` computes a whole sequence in chunks of ``chunk`` tokens (a UT transform
 inside a chunk, a scan over chunks); ``recurrent_gated_delta`` advances a batch of sequences by one token each.
 Shapes: n tokens, B sequences, H value heads, dk / dv key / value head dims; q and k already repeated to H heads,
-L2-normalised, q scaled by dk^-0.5.
+L2-normalised, q scaled by dk^-0.5. ``deltanet_step`` is the decode step's one dispatch point: one Triton launch on
+CUDA (``deltanet_triton.py``), ``deltanet_step_reference`` elsewhere; the chunked rule's CUDA kernels are fla's
+(``gated_delta_fla.py``, chosen per layer).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from freetoken.kernels.triton_support import use_triton
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -127,3 +131,26 @@ def deltanet_step_reference(
     core, state = recurrent_gated_delta(q, k, v, g, beta, ssm_pool[slots] * keep[..., None])
     ssm_pool.index_copy_(0, slots, state)
     return core
+
+
+def deltanet_step(
+    mixed: torch.Tensor,
+    b: torch.Tensor,
+    a: torch.Tensor,
+    conv_pool: torch.Tensor,
+    ssm_pool: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    conv_w: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    k_heads: int,
+    k_dim: int,
+) -> torch.Tensor:  # [B, H, dv]: mixed's dtype from Triton, float32 from the reference
+    """``deltanet_step_reference``'s step (same arguments), by Triton on CUDA."""
+    args = (mixed, b, a, conv_pool, ssm_pool, slots, positions, conv_w, A_log, dt_bias, k_heads, k_dim)
+    if use_triton(mixed):
+        from freetoken.kernels.deltanet_triton import deltanet_step_triton
+
+        return deltanet_step_triton(*args, out_dtype=mixed.dtype)
+    return deltanet_step_reference(*args)

@@ -1,7 +1,7 @@
 """The CPU decode step's small float32 ops in C++ (``step_ops.cpp``, ctypes): the residual add + RMSNorm, the
 router's softmax + top-k, and a decode layer's attention after its QKV projection (q/k norms, rotary, the KV
-write, paged attention) in one call each, where the torch references (``layers/norm.py``, ``layers/moe.py``,
-``layers/rope.py``, ``layers/paged_attention``) take dozens of tiny ops whose dispatch, not their arithmetic, sets
+write, paged attention) in one call each, where the torch references (``kernels/norm.py``, ``kernels/route.py``,
+``layers/rope.py``, ``kernels/attention``) take dozens of tiny ops whose dispatch, not their arithmetic, sets
 a CPU decode step's pace. ``available(t)`` says whether a tensor's step may take them: contiguous CPU float32, the
 library built (else the torch paths run, warned once).
 """
@@ -33,7 +33,7 @@ class DecodeAttnArgs(ctypes.Structure):
 
 @functools.lru_cache(maxsize=1)
 def _lib() -> ctypes.CDLL | None:
-    from freetoken.experts.cpu.build import BuildError, single_source_library
+    from freetoken.kernels.build import BuildError, single_source_library
 
     try:
         lib = ctypes.CDLL(str(single_source_library(_SRC, "libft_cpu_step.so", _FLAGS)))
@@ -111,7 +111,7 @@ def linear(
 
 def route(logits: torch.Tensor, top_k: int, norm_topk: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits [T, E] float32 (``available``) -> (ids [T, k] int64, weights [T, k] float32): softmax, top k
-    (descending), renormalised when asked; ``layers/moe.route_reference`` in one call."""
+    (descending), renormalised when asked; ``kernels/route.route_reference`` in one call."""
     lib = _lib()
     assert lib is not None, "call available() first"
     T, E = logits.shape

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from freetoken.layers.paged_attention import DecodeMeta
+from freetoken.kernels.attention import DecodeMeta
 
 
 def paged_decode_reference(

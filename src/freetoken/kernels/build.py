@@ -1,10 +1,12 @@
-"""Build the CPU expert kernel on first use and cache the shared library per machine.
+"""Build C++ ops on first use and cache the shared libraries per machine (no torch headers, no build step at
+install time: DESIGN §5).
 
-The .so lives under ``env().cache_dir/kernels/`` in a folder named by a hash of the sources, the
-compiler's version, the machine and the flags, so a source edit or a new compiler rebuilds and
-several processes may share one build (a file lock keeps them from building it twice at once).
-Each ISA path is its own translation unit with its own ``-m`` flags; a path the compiler cannot
-build is left out and the run-time dispatch never picks it.
+A library lives under ``env().cache_dir/kernels/`` in a folder named by a hash of its sources, the compiler's
+version, the machine and the flags, so a source edit or a new compiler rebuilds and several processes may share one
+build (a file lock keeps them from building it twice at once). Two shapes: ``single_source_library`` (one .cpp, the
+small CPU ops) and ``library_path`` for a ``CppLibrary`` of several translation units where each ISA path is its own
+unit with its own ``-m`` flags; a path the compiler cannot build is left out and the run-time dispatch never picks it
+(the CPU expert kernel, ``experts/cpu/sources.py``).
 """
 
 from __future__ import annotations
@@ -16,29 +18,29 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from freetoken.config import env
 
-SRC_DIR = Path(__file__).resolve().parent
-HEADERS = (
-    "kernel_api.h", "plan.h", "workers.h", "feeder.h", "job_queue.h", "relax.h", "flag_wait.h", "dot_impl.h",
-    "dot_rows.h", "isa_avx512_s.h",
-)  # fmt: skip
-CORE_SOURCES = ("kernel.cpp", "plan.cpp", "workers.cpp", "feeder.cpp", "isa_generic.cpp")
-DISPATCH_SOURCE = "kernel.cpp"  # compiled last, with the FT_HAVE_<ISA> macros of the paths that built
-_AVX2 = ("-mavx2", "-mfma", "-mf16c")  # F16C: fp8 weights widen through fp16
-_AVX512 = (*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl")
-# ISA translation unit -> (its -m flags, the macro that tells kernel.cpp it was built)
-ISA_SOURCES: dict[str, tuple[tuple[str, ...], str]] = {
-    "isa_avx2.cpp": (_AVX2, "FT_HAVE_AVX2"),
-    "isa_avx512.cpp": (_AVX512, "FT_HAVE_AVX512"),
-    "isa_avx512bf16.cpp": ((*_AVX512, "-mavx512bf16"), "FT_HAVE_AVX512BF16"),
-}
+AVX2_FLAGS = ("-mavx2", "-mfma", "-mf16c")  # F16C: fp8 weights widen through fp16
+AVX512_FLAGS = (*AVX2_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl")
 BASE_FLAGS = ("-std=c++17", "-O3", "-fPIC", "-pthread", "-fno-math-errno")
-LIB_NAME = "libft_cpu_experts.so"
+
+
+@dataclass(frozen=True)
+class CppLibrary:
+    """A shared library of several translation units in one folder."""
+
+    name: str  # the cache folder's prefix
+    src_dir: Path
+    lib_name: str  # the .so file
+    headers: tuple[str, ...]
+    core_sources: tuple[str, ...]  # always built (the dispatch source among them, compiled last)
+    dispatch_source: str  # compiled with the FT_HAVE_<ISA> macros of the ISA units that built
+    isa_sources: Mapping[str, tuple[tuple[str, ...], str]]  # ISA unit -> (its -m flags, its FT_HAVE_<ISA> macro)
 
 
 class BuildError(RuntimeError):
@@ -56,62 +58,62 @@ def _is_x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
 
-def build_key(cxx: str) -> str:
+def build_key(cxx: str, spec: CppLibrary) -> str:
     """Hash of everything the library depends on: sources, compiler version, machine, flags."""
     h = hashlib.sha256()
-    for name in (*HEADERS, *CORE_SOURCES, *ISA_SOURCES):
+    for name in (*spec.headers, *spec.core_sources, *spec.isa_sources):
         h.update(name.encode())
-        h.update((SRC_DIR / name).read_bytes())
+        h.update((spec.src_dir / name).read_bytes())
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
     h.update(version.encode())
-    h.update(f"{platform.machine()}|{platform.system()}|{BASE_FLAGS}|{ISA_SOURCES}".encode())
+    h.update(f"{platform.machine()}|{platform.system()}|{BASE_FLAGS}|{dict(spec.isa_sources)}".encode())
     return h.hexdigest()[:16]
 
 
-def _compile(cxx: str, src: str, flags: tuple[str, ...], obj: Path) -> tuple[bool, str]:
-    cmd = [cxx, *BASE_FLAGS, *flags, "-c", str(SRC_DIR / src), "-o", str(obj)]
+def _compile(cxx: str, src: Path, flags: tuple[str, ...], obj: Path) -> tuple[bool, str]:
+    cmd = [cxx, *BASE_FLAGS, *flags, "-c", str(src), "-o", str(obj)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     return proc.returncode == 0, proc.stderr[-2000:]
 
 
-def _build_into(cxx: str, out_dir: Path) -> None:
-    """Compile every TU in parallel (dropping ISA ones that fail), then kernel.cpp, and link."""
+def _build_into(cxx: str, spec: CppLibrary, out_dir: Path) -> None:
+    """Compile every TU in parallel (dropping ISA ones that fail), then the dispatch source, and link."""
     with tempfile.TemporaryDirectory(dir=out_dir.parent) as tmp:
-        tmpd = Path(tmp)
-        isa = ISA_SOURCES if _is_x86() else {}
+        tmpd, at = Path(tmp), spec.src_dir
+        isa = spec.isa_sources if _is_x86() else {}
         jobs = {src: flags for src, (flags, _) in isa.items()}
-        jobs.update({src: () for src in CORE_SOURCES if src != DISPATCH_SOURCE})
+        jobs.update({src: () for src in spec.core_sources if src != spec.dispatch_source})
         with ThreadPoolExecutor(max_workers=len(jobs)) as ex:
-            futs = {src: ex.submit(_compile, cxx, src, fl, tmpd / f"{src}.o") for src, fl in jobs.items()}
+            futs = {src: ex.submit(_compile, cxx, at / src, fl, tmpd / f"{src}.o") for src, fl in jobs.items()}
             results = {src: fut.result() for src, fut in futs.items()}
         for src, (ok, err) in results.items():
             if not ok and src not in isa:
                 raise BuildError(f"compiling {src} failed:\n{err}")
         built = [src for src in isa if results[src][0]]
         # the dispatcher learns which ISA paths exist from FT_HAVE_<ISA> macros
-        ok, err = _compile(cxx, DISPATCH_SOURCE, tuple(f"-D{ISA_SOURCES[s][1]}" for s in built), tmpd / "k.o")
+        macros = tuple(f"-D{isa[s][1]}" for s in built)
+        ok, err = _compile(cxx, at / spec.dispatch_source, macros, tmpd / "k.o")
         if not ok:
-            raise BuildError(f"compiling {DISPATCH_SOURCE} failed:\n{err}")
+            raise BuildError(f"compiling {spec.dispatch_source} failed:\n{err}")
         objs = [tmpd / f"{src}.o" for src in results if results[src][0]] + [tmpd / "k.o"]
-        lib_tmp = tmpd / LIB_NAME
+        lib_tmp = tmpd / spec.lib_name
         cmd = [cxx, "-shared", "-pthread", *map(str, objs), "-o", str(lib_tmp)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise BuildError(f"linking failed:\n{proc.stderr[-2000:]}")
-        os.replace(lib_tmp, out_dir / LIB_NAME)  # atomic: readers never see a half-written file
+        os.replace(lib_tmp, out_dir / spec.lib_name)  # atomic: readers never see a half-written file
 
 
-def library_path(cache_dir: str | None = None) -> Path:
-    """Path of the built library, building it first when needed. Raises BuildError."""
+def library_path(spec: CppLibrary, cache_dir: str | None = None) -> Path:
+    """Path of ``spec``'s built library, building it first when needed. Raises BuildError."""
     cxx = _compiler()
-    out_dir = Path(cache_dir or env().cache_dir) / "kernels" / f"cpu_experts-{build_key(cxx)}"
-    return _built_once(out_dir / LIB_NAME, lambda: _build_into(cxx, out_dir))
+    out_dir = Path(cache_dir or env().cache_dir) / "kernels" / f"{spec.name}-{build_key(cxx, spec)}"
+    return _built_once(out_dir / spec.lib_name, lambda: _build_into(cxx, spec, out_dir))
 
 
 def single_source_library(src: Path, lib_name: str, flags: tuple[str, ...] = ()) -> Path:
-    """A shared library of one C++ source (other packages' small CPU ops), built on first use and cached like the
-    expert kernel's: by a hash of the source, the compiler's version, the machine and the flags. Raises
-    BuildError."""
+    """A shared library of one C++ source (the small CPU ops), built on first use and cached like a ``CppLibrary``'s:
+    by a hash of the source, the compiler's version, the machine and the flags. Raises BuildError."""
     cxx = _compiler()
     h = hashlib.sha256(src.read_bytes())
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from freetoken.layers.paged_attention import PrefillMeta
+from freetoken.kernels.attention import PrefillMeta
 
 BLOCK_M = 32  # query rows per program
 BLOCK_N = 32  # context tokens per inner iteration

@@ -13,9 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
-from freetoken.experts.triton_support import tickets
-from freetoken.layers.paged_attention import DecodeMeta
-from freetoken.layers.qkv_rope_triton import _norm_rope
+from freetoken.kernels.attention import DecodeMeta
+from freetoken.kernels.attention.qkv_rope_triton import _norm_rope
+from freetoken.kernels.triton_support import tickets
 
 BLOCK_N = 32  # context tokens per inner iteration
 

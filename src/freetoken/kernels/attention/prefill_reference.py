@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from freetoken.layers.paged_attention import PrefillMeta
+from freetoken.kernels.attention import PrefillMeta
 
 SCORE_ELEMENTS = 1 << 24  # scores of one block of query rows, all heads (64 MiB in float32)
 MIN_ROWS = 16

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from freetoken.experts.triton_support import tickets
+from freetoken.kernels.triton_support import tickets
 
 _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 

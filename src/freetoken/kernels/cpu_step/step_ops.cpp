@@ -2,8 +2,8 @@
 // the residual add + RMSNorm, the router's softmax + top-k, a linear on bf16 weights widened exactly, and a
 // decode layer's attention after its QKV projection (q/k per-head RMSNorm, rotate-half rotary from the
 // precomputed tables, the new K/V into the paged pool, attention of each sequence's one new token over its
-// pages). Operation order follows the torch references (layers/norm.py, layers/moe.py, layers/rope.py,
-// layers/paged_attention/reference.py); built with -ffp-contract=off so no product-sum is fused into an FMA
+// pages). Operation order follows the torch references (kernels/norm.py, kernels/route.py, layers/rope.py,
+// kernels/attention/decode_reference.py); built with -ffp-contract=off so no product-sum is fused into an FMA
 // the references do not have. The hot loops are cloned for AVX-512 and AVX2 (picked when the library loads).
 #include <cmath>
 #include <cstdint>
