@@ -14,8 +14,9 @@ from freetoken.experts.backends.registry import create_backend
 from freetoken.experts.backends.split_policy import DEFAULT_SHARE, SplitPolicy
 from freetoken.experts.base import ExpertBackend, ExpertBanks
 from freetoken.experts.reference import moe_reference
-from freetoken.experts.slots.gemm import SlotWeights, grouped_experts_gather, grouped_experts_loop
+from freetoken.experts.slots.gemm import grouped_experts_gather, grouped_experts_loop
 from freetoken.experts.slots.plan import group_routes
+from freetoken.experts.slots.weights import SlotWeights
 
 D, I, K_TOP = 64, 32, 2
 SLOT_BACKENDS = ["offload", "cpu", "hybrid", "static-layers", "static-freq"]

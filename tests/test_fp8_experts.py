@@ -13,8 +13,9 @@ from freetoken.config import EngineConfig
 from freetoken.experts.backends.registry import create_backend
 from freetoken.experts.base import ExpertBanks
 from freetoken.experts.reference import moe_reference
-from freetoken.experts.slots.gemm import SlotWeights, grouped_experts, grouped_experts_gather, grouped_experts_loop
+from freetoken.experts.slots.gemm import grouped_experts, grouped_experts_gather, grouped_experts_loop
 from freetoken.experts.slots.plan import group_routes
+from freetoken.experts.slots.weights import SlotWeights
 from freetoken.quant import FP8_BLOCK_128
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")

@@ -18,10 +18,11 @@ from collections.abc import Callable
 
 import torch
 
-from freetoken.experts.slots.gemm import SlotWeights, grouped_experts_gather, grouped_experts_loop
+from freetoken.experts.slots.gemm import grouped_experts_gather, grouped_experts_loop
 from freetoken.experts.slots.gemm_fp8_triton import grouped_experts_fp8_triton
 from freetoken.experts.slots.gemm_triton import grouped_experts_triton
 from freetoken.experts.slots.plan import group_routes
+from freetoken.experts.slots.weights import SlotWeights
 from freetoken.quant import FP8_BLOCK_128
 
 D, INTER, TOP_K = 2048, 768, 8

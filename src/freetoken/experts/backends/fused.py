@@ -25,8 +25,9 @@ from freetoken.experts.base import ExpertBackend, ExpertBanks
 from freetoken.experts.cpu.kernel import CpuExpertKernel, widening_isa
 from freetoken.experts.cpu.runner import make_kernel
 from freetoken.experts.reference import moe_reference
-from freetoken.experts.slots.gemm import SlotWeights, grouped_experts
+from freetoken.experts.slots.gemm import grouped_experts
 from freetoken.experts.slots.plan import group_routes
+from freetoken.experts.slots.weights import SlotWeights
 from freetoken.kernels.triton_support import use_triton
 
 # Up to this many routes per step, gather the routed experts' weights and run one batched matmul

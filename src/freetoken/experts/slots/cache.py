@@ -19,8 +19,8 @@ import torch
 
 from freetoken.experts.host_pool import HostExpertPool
 from freetoken.experts.slots.copy import batched_fill, copy_rows, copy_runs
-from freetoken.experts.slots.gemm import SlotWeights
 from freetoken.experts.slots.plan import WARM, FillRule, RouteGroups, SlotTables, StepPlan, group_routes, plan_fills
+from freetoken.experts.slots.weights import SlotWeights
 from freetoken.hardware.device_memory import device_zeros, remake, uses_driver_memory
 from freetoken.hardware.device_memory import free_bytes as free_device_bytes
 from freetoken.kernels.triton_support import use_triton

@@ -13,33 +13,13 @@ Quantised slots (``SlotWeights.fmt``) reach the torch paths dequantised by the f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
-from freetoken.experts.base import dequantize_rows
 from freetoken.experts.reference import expert_ffn
 from freetoken.experts.slots.plan import RouteGroups
+from freetoken.experts.slots.weights import SlotWeights
 from freetoken.kernels.triton_support import use_triton
-from freetoken.quant import BF16, WeightFormat
-
-
-@dataclass(frozen=True)
-class SlotWeights:
-    """The slot banks a grouped GEMM reads: weights in ``fmt`` and, for a quantised one, their scales."""
-
-    gate_up: torch.Tensor  # [S+1, 2I, D']
-    down: torch.Tensor  # [S+1, D, I']
-    fmt: WeightFormat = BF16
-    gate_up_scale: torch.Tensor | None = None
-    down_scale: torch.Tensor | None = None
-
-    def rows(self, s: torch.Tensor | int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(gate_up, down) of slots ``s`` in ``dtype`` (a view, unquantised in ``dtype`` already)."""
-        if not self.fmt.quantized and self.gate_up.dtype == dtype:
-            return self.gate_up[s], self.down[s]
-        return dequantize_rows(self.fmt, self.gate_up, self.gate_up_scale, self.down, self.down_scale, s, dtype)
 
 # Above this many routes the torch path on CUDA stops gathering weights per route (prefill).
 GATHER_MAX_ROUTES = 64

@@ -16,9 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from freetoken.experts.slots.gemm import SlotWeights
-from freetoken.experts.slots.gemm_triton import _BIG_STEP, _BM, _BM_BIG, GemmTiles, combine_routes, decode_tiles
+from freetoken.experts.slots.gemm_triton import BIG_STEP, BM, BM_BIG, GemmTiles, combine_routes, decode_tiles
 from freetoken.experts.slots.plan import RouteGroups
+from freetoken.experts.slots.weights import SlotWeights
 
 BLOCK = 128  # rows and columns per scale
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -133,7 +133,7 @@ def grouped_experts_fp8_triton(
     T, k = topk_w.shape
     K = T * k
     G = K if max_groups is None else min(K, max_groups)
-    bm = _BM if K <= _BIG_STEP else _BM_BIG
+    bm = BM if K <= BIG_STEP else BM_BIG
     D = x.shape[1]
     I = weights.down.shape[2]
     t = tiles or decode_tiles(K)

@@ -23,8 +23,8 @@ from freetoken.experts.slots.plan import RouteGroups
 from freetoken.experts.slots.plan_triton import group_in_registers, group_tables, store_groups
 from freetoken.kernels.triton_support import tickets
 
-_BM, _BN, _BK = 16, 64, 64
-_BM_BIG, _BIG_STEP = 64, 1024  # token tile for steps of more than _BIG_STEP routes
+BM, _BN, _BK = 16, 64, 64
+BM_BIG, BIG_STEP = 64, 1024  # token tile for steps of more than BIG_STEP routes
 
 
 @dataclass(frozen=True)
@@ -286,7 +286,7 @@ def _run(
     T, k = topk_w.shape
     K = T * k
     G = K if max_groups is None else min(K, max_groups)  # groups g >= n_groups exit at once
-    bm = _BM if K <= _BIG_STEP else _BM_BIG  # long prefill steps: many tokens per expert
+    bm = BM if K <= BIG_STEP else BM_BIG  # long prefill steps: many tokens per expert
     D = x.shape[1]
     I = slot_down.shape[2]
     x = x.to(slot_gate_up.dtype).contiguous()

@@ -17,7 +17,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _norm_rope(x, xp, W, Wp, cos, sin, sign, d, eps, HD: tl.constexpr, ROT: tl.constexpr, HAS_NORM: tl.constexpr):
+def norm_rope(x, xp, W, Wp, cos, sin, sign, d, eps, HD: tl.constexpr, ROT: tl.constexpr, HAS_NORM: tl.constexpr):
     """x: one head's row (or [heads, HD] rows), xp: its rotate-half partners (same head); returns the rotated rows in
     x's dtype."""
     if HAS_NORM:
@@ -55,11 +55,11 @@ def _qkv_rope_kernel(
     x = tl.load(row + d)
     xp = tl.load(row + partner)
     if j < H:
-        y = _norm_rope(x, xp, QW, QW + partner, cos, sin, sign, d, eps, HD, ROT, HAS_QN)
+        y = norm_rope(x, xp, QW, QW + partner, cos, sin, sign, d, eps, HD, ROT, HAS_QN)
         tl.store(QOUT + (t * H + j) * HD + d, y)
     else:
         kh = j - H
-        y = _norm_rope(x, xp, KW, KW + partner, cos, sin, sign, d, eps, HD, ROT, HAS_KN)
+        y = norm_rope(x, xp, KW, KW + partner, cos, sin, sign, d, eps, HD, ROT, HAS_KN)
         slot = tl.load(SLOT + t).to(tl.int64)
         tl.store(KC + slot * stride_kc + kh * HD + d, y.to(KC.dtype.element_ty))
         v = tl.load(QKV + t * stride_t + (H + HKV + kh) * HD + d)

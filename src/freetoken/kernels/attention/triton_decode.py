@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from freetoken.kernels.attention import DecodeMeta
-from freetoken.kernels.attention.qkv_rope_triton import _norm_rope
+from freetoken.kernels.attention.qkv_rope_triton import norm_rope
 from freetoken.kernels.triton_support import tickets
 
 BLOCK_N = 32  # context tokens per inner iteration
@@ -58,10 +58,10 @@ def _paged_decode_kernel(
         row = Q + b.to(tl.int64) * stride_qb
         qx = tl.load(row + heads[:, None] * HD + d[None, :], mask=gmask[:, None], other=0.0)
         qp = tl.load(row + heads[:, None] * HD + partner[None, :], mask=gmask[:, None], other=0.0)
-        q = _norm_rope(qx, qp, QW, QW + partner, cos, sin, sign, d, eps, HD, ROT, HAS_QN).to(K.dtype.element_ty)
+        q = norm_rope(qx, qp, QW, QW + partner, cos, sin, sign, d, eps, HD, ROT, HAS_QN).to(K.dtype.element_ty)
         kx = tl.load(row + (H + kvh) * HD + d)
         kp = tl.load(row + (H + kvh) * HD + partner)
-        k_new = _norm_rope(kx, kp, KW, KW + partner, cos, sin, sign, d, eps, HD, ROT, HAS_KN).to(K.dtype.element_ty)
+        k_new = norm_rope(kx, kp, KW, KW + partner, cos, sin, sign, d, eps, HD, ROT, HAS_KN).to(K.dtype.element_ty)
         v_new = tl.load(row + (H + tl.num_programs(1) + kvh) * HD + d).to(V.dtype.element_ty)
         slot_new = tl.load(SLOT + b).to(tl.int64)
         own = (lo <= last) & (last < hi)  # the split that reads the new token writes it (for the later steps)
