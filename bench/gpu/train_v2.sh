@@ -28,7 +28,7 @@ T0=$(date +%s)
 # Data (about 30 s on 15 single-threaded workers) + the check + training: 400 s in all, on the clock.
 # V2_INIT=DIR continues from a carried checkpoint (e.g. the previous call's model in .carry/v2model; other data:
 # V2_TRAIN_ARGS="--seed 1").
-timeout 450 python3 training/default_model_v2/train.py --out "$OUT/model" --time-budget 400 --workers 15 \
+timeout 450 python3 -m training.default_model_v2.train --out "$OUT/model" --time-budget 400 --workers 15 \
   ${V2_INIT:+--init "$V2_INIT"} ${V2_TRAIN_ARGS:-} >> "$LOG" 2>&1
 echo "[sh] train rc $? after $(( $(date +%s) - T0 )) s" >> "$LOG"
 grep -q "chunk_gated_delta_rule. is falling back\|fla's gradients disagree" "$LOG" \
@@ -38,12 +38,12 @@ ls -l "$OUT/model" >> "$LOG" 2>&1
 # call with the model carried in: see docs/default_model.md).
 LEFT=$(( 560 - $(date +%s) + T0 ))  # the call's 600 s, less a margin
 [ $LEFT -gt 30 ] || { echo "[sh] no time left for the eval: run it with the model carried in" >> "$LOG"; LEFT=1; }
-timeout $LEFT python3 training/default_model_v2/evaluate.py --model "$OUT/model" --device "$DEV" \
+timeout $LEFT python3 -m training.default_model_v2.evaluate --model "$OUT/model" --device "$DEV" \
   --n-tool 40 --n-arith 20 --n-none 20 >> "$LOG" 2>&1
 rc=$?
 echo "[sh] eval (freetoken) rc $rc after $(( $(date +%s) - T0 )) s" >> "$LOG"
 if [ $rc -ne 0 ] && [ $LEFT -gt 100 ]; then
-  timeout 45 python3 training/default_model_v2/evaluate.py --model "$OUT/model" --engine transformers \
+  timeout 45 python3 -m training.default_model_v2.evaluate --model "$OUT/model" --engine transformers \
     --device "$DEV" --n-tool 20 --n-arith 10 --n-none 10 >> "$LOG" 2>&1
   echo "[sh] eval (transformers) rc $? after $(( $(date +%s) - T0 )) s" >> "$LOG"
 fi
