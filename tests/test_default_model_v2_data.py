@@ -10,6 +10,7 @@ from types import ModuleType
 import pytest
 
 from freetoken.server.internal import ToolSpec
+from training.default_model import evaluate as v1_evaluate
 from training.default_model import render, split
 from training.default_model_v2 import agent_data, agent_tasks, agent_tools, evaluate
 
@@ -112,13 +113,12 @@ def test_agent_prompt_renders_alike_in_training_transformers_and_the_server(mods
 def test_heldout_prompts_fit_their_size_and_end_at_the_request(mods: dict[str, ModuleType]) -> None:
     from transformers import AutoTokenizer
 
-    ev = evaluate
     tok = AutoTokenizer.from_pretrained(ROOT / "src" / "freetoken" / "assets" / "default_model")
 
     def count(text: str) -> int:
         return len(tok(text, add_special_tokens=False)["input_ids"])
 
-    rows = ev.heldout_set("tool", 4, 18, lambda c: ev.V1E.prompt_text(tok, c), count, 3000, 9000)
+    rows = evaluate.heldout_set("tool", 4, 18, lambda c: v1_evaluate.prompt_text(tok, c), count, 3000, 9000)
     for conv, text in rows:
         assert 3000 <= count(text) <= 9000 and text.endswith("<|im_start|>assistant\n")
         assert conv["messages"][-1]["role"] == "user"
