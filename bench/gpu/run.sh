@@ -88,13 +88,12 @@ stage_step() {
 }
 
 stage_experts() {
-  local t=${1:?"experts THREADS [model]"} routing=(--routing-trace $TRACE) pin=()
-  [ "${2:-trace}" = model ] && routing=()
+  local t=${1:?"experts THREADS [model]"} routing=(--routing-trace $TRACE) pin=() name
+  name=experts$t${2:+_$2}; [ "${2:-trace}" = model ] && routing=()
   [ -n "${CORES:-}" ] && pin=(taskset -c "$CORES")
-  run_logged 540 "experts$t${2:+_$2}" "${pin[@]}" "${DEC[@]}" --cpu-threads "$t" --repeats 3 --measure-bw \
-    --runahead "${routing[@]}" --policies "${POLICIES:-fused,offload,cpu,hybrid,static-layers,static-freq}" \
-    --json "$OUT/experts$t.json"
-  cat "$OUT/experts$t${2:+_$2}.log"
+  run_logged 540 "$name" "${pin[@]}" "${DEC[@]}" --cpu-threads "$t" --repeats 3 --measure-bw --runahead \
+    "${routing[@]}" --policies "${POLICIES:-fused,offload,cpu,hybrid,static-layers,static-freq}" --json "$OUT/$name.json"
+  cat "$OUT/$name.log"
 }
 
 stage_layers() {
@@ -126,11 +125,11 @@ stage_http() {
 }
 
 stage_cpu() {
-  run_logged 260 cpu_kernel python3 bench/cpu_kernel.py --threads 6,16 --read-gib 4 --pool-gib 2 --iters 10 --seq 12 \
+  run_logged 240 cpu_kernel python3 bench/cpu_kernel.py --threads 6,16 --read-gib 4 --pool-gib 2 --iters 10 --seq 12 \
     --huge-pages on --queued
-  run_logged 80 cpu_kernel_avx2 python3 bench/cpu_kernel.py --threads 16 --read-gib 2 --pool-gib 2 --iters 10 \
+  run_logged 70 cpu_kernel_avx2 python3 bench/cpu_kernel.py --threads 16 --read-gib 2 --pool-gib 2 --iters 10 \
     --seq 12 --huge-pages on --isa avx2
-  run_logged 220 cpu_fp8 python3 bench/cpu_fp8.py --threads 6,16 --iters 7 --pool-gib 2 --read-gib 4
+  run_logged 150 cpu_fp8 python3 bench/cpu_fp8.py --threads 6,16 --iters 7 --pool-gib 2 --read-gib 4
   tables cpu_kernel cpu_kernel_avx2 cpu_fp8
 }
 
@@ -149,14 +148,14 @@ stage_contention() {
 }
 
 stage_fla() {
-  run_logged 90 fla_dims python3 bench/gpu/fla_dims.py
+  run_logged 60 fla_dims python3 bench/gpu/fla_dims.py
   local E36=("${E2E[@]}" --preset qwen3.6-35b-a3b --dir $Q36 --cpu-threads 16) mode flag
   for mode in fla torch; do
     flag=1; [ $mode = torch ] && flag=0
-    FREETOKEN_FLA=$flag run_logged 200 "q36_decode_$mode" "${E36[@]}" --policies hybrid,fused --batch 1,4 \
+    FREETOKEN_FLA=$flag run_logged 170 "q36_decode_$mode" "${E36[@]}" --policies hybrid,fused --batch 1,4 \
       --repeats 2 --json "$OUT/q36_decode_$mode.json"
-    FREETOKEN_FLA=$flag run_logged 90 "q36_prefill_$mode" "${E36[@]}" --policies hybrid --no-decode --prefill 8192 \
-      --repeats 2 --json "$OUT/q36_prefill_$mode.json"
+    FREETOKEN_FLA=$flag run_logged 60 "q36_prefill_$mode" "${E36[@]}" --policies hybrid --no-decode --prefill 8192 \
+      --repeats 1 --json "$OUT/q36_prefill_$mode.json"
   done
   grep "^dk" "$OUT/fla_dims.log"; tables q36_decode_fla q36_decode_torch q36_prefill_fla q36_prefill_torch
 }
@@ -178,19 +177,20 @@ stage_load() {
 
 stage_llamacpp() {
   build_llama 14
-  wait_llama 84 || { echo "llama.cpp still building (or failed: $(tail -3 /tmp/lc/build.log 2>/dev/null)): call again"; return; }
+  wait_llama 60 || { echo "llama.cpp still building (or failed: $(tail -3 /tmp/lc/build.log 2>/dev/null)): call again"; return; }
   export PYTHONPATH=/tmp/lc/llama.cpp/gguf-py:$PYTHONPATH
   printf '| GGUF | test | --n-cpu-moe | threads | tok/s |\n|---|---|---|---|---|\n' | tee "$OUT/llamacpp.md"
   [ -f /tmp/m.gguf ] || timeout 120 python3 bench/gpu/make_gguf.py /tmp/m.gguf 12 bf16 > "$OUT/gguf.log" 2>&1
   { peer_decode /tmp/m.gguf 12:6 12:16 9:6 9:16 0:6 0:16; peer_prompt /tmp/m.gguf 8192; } | tee -a "$OUT/llamacpp.md"
-  timeout 120 python3 bench/gpu/make_gguf.py /tmp/q8.gguf 12 q8_0 >> "$OUT/gguf.log" 2>&1 \
+  [ $SECONDS -lt 420 ] && timeout 120 python3 bench/gpu/make_gguf.py /tmp/q8.gguf 12 q8_0 >> "$OUT/gguf.log" 2>&1 \
     && peer_decode /tmp/q8.gguf 9:6 9:16 | tee -a "$OUT/llamacpp.md"; rm -f /tmp/q8.gguf
 }
 
 stage_train() {  # ~9.5 min: data + fla's gradient check + training (400 s on the clock), then a quick eval
   local log=$OUT/run.log t0; t0=$(date +%s)
-  python3 -c "import fla, transformers, torch; print('fla', fla.__version__, 'transformers', transformers.__version__,
-    'torch', torch.__version__)" > "$log" 2>&1
+  python3 -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)" \
+    > "$log" 2>&1
+  python3 -c "import fla; print('fla-core', fla.__version__)" >> "$log" 2>&1
   timeout 450 python3 -m training.default_model_v2.train --out "$OUT/model" --time-budget 400 --workers 15 \
     ${V2_INIT:+--init "$V2_INIT"} ${V2_TRAIN_ARGS:-} >> "$log" 2>&1
   echo "[sh] train rc $? after $(( $(date +%s) - t0 )) s" >> "$log"
