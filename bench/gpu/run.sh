@@ -63,7 +63,7 @@ stage_e2e() {
     run_logged 420 e2e_fp8 "${E2E[@]}" --preset qwen3-30b-a3b-fp8 --dir /tmp/ft-e2e-qwen3-fp8-12 \
       --policies hybrid,offload,static-layers --cpu-threads 6,16 --batch 1 --repeats 2 --temperature 1.0 \
       --json "$OUT/e2e_fp8.json"
-    tables e2e_fp8; return
+    rm -rf /tmp/ft-e2e-qwen3-fp8-12; tables e2e_fp8; return  # 64 GiB of disk: the other stages' checkpoints stay
   fi
   run_logged 330 e2e_model "${E2E[@]}" --policies fused,offload,hybrid,static-layers --cpu-threads 6,16 \
     --batch 1,4 --repeats 2 --temperature 1.0 --json "$OUT/e2e_model.json"
@@ -157,6 +157,7 @@ stage_fla() {
     FREETOKEN_FLA=$flag run_logged 60 "q36_prefill_$mode" "${E36[@]}" --policies hybrid --no-decode --prefill 8192 \
       --repeats 1 --json "$OUT/q36_prefill_$mode.json"
   done
+  rm -rf $Q36  # 19 GB of the box's 64 GiB
   grep "^dk" "$OUT/fla_dims.log"; tables q36_decode_fla q36_decode_torch q36_prefill_fla q36_prefill_torch
 }
 
