@@ -2,13 +2,12 @@
 training/default_model_v2/hybrid_config.py), then the next turn (the prompt reused, a few new tokens), with the
 time split per part (the chunked delta rule, prefill attention, everything else).
 
-    PYTHONPATH=src python3 bench/cpu_hybrid_prefill.py [--tokens 8192 32768] [--turn 200] [--dir /tmp/v2_random]
+    PYTHONPATH=src:. python3 bench/cpu_hybrid_prefill.py [--tokens 8192 32768] [--turn 200] [--dir /tmp/v2_random]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -17,7 +16,6 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 16384
 SPENT: dict[str, float] = defaultdict(float)
 
@@ -25,9 +23,9 @@ SPENT: dict[str, float] = defaultdict(float)
 def build(path: Path) -> None:
     if (path / "config.json").exists():
         return
-    sys.path.insert(0, str(ROOT / "training" / "default_model_v2"))
-    from hybrid_config import build_config  # type: ignore[import-not-found]
     from transformers import Qwen3_5MoeForCausalLM
+
+    from training.default_model_v2.hybrid_config import build_config
 
     torch.manual_seed(0)
     model = Qwen3_5MoeForCausalLM(build_config(VOCAB, [1], 0)).to(torch.bfloat16)

@@ -1,15 +1,12 @@
-"""Test setup: make the test helpers (tiny_models, reference, devices) importable; skip GPU tests without CUDA."""
+"""Test setup: skip GPU tests without CUDA. (The helpers, tiny_models, reference, devices, are importable through
+pyproject's pytest `pythonpath`: src, tests and the repository root, which holds `training` and `bench`.)"""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -3,9 +3,7 @@ greedy held-out arithmetic through FreeToken's own engine (CPU)."""
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -14,30 +12,17 @@ import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from safetensors import safe_open
 
+from training.default_model import evaluate, generate, render, split
+
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = ROOT / "src" / "freetoken" / "assets" / "default_model"
-TRAINING = ROOT / "training" / "default_model"
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>",
             "</tool_call>", "<tool_response>", "</tool_response>"]
 
 
-def _training_modules(*names: str) -> dict[str, ModuleType]:
-    """Import the training scripts' modules without leaving their generic names (`generate`,
-    `render`, ...) in sys.path / sys.modules for other tests."""
-    saved_path, before = list(sys.path), set(sys.modules)
-    sys.path.insert(0, str(TRAINING))
-    try:
-        return {n: importlib.import_module(n) for n in names}
-    finally:
-        sys.path[:] = saved_path
-        for added in set(sys.modules) - before:
-            if Path(getattr(sys.modules[added], "__file__", None) or "/").parent == TRAINING:
-                del sys.modules[added]
-
-
 @pytest.fixture(scope="module")
 def mods() -> dict[str, ModuleType]:
-    return _training_modules("generate", "render", "split", "evaluate")
+    return {"generate": generate, "render": render, "split": split, "evaluate": evaluate}
 
 
 def test_checkpoint_layout_and_size() -> None:

@@ -22,7 +22,7 @@ import pytest
 from freetoken.loader.model_setup import default_model_path
 from freetoken.server.settings import ServerConfig
 from server_harness import Running, real_engine, serve
-from test_default_model import _training_modules
+from training.default_model import generate
 
 NAME = "freetoken-default"
 N = 50  # prompts per held-out set (the figure; do not shrink)
@@ -92,8 +92,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def heldout() -> dict[str, list[Conv]]:
-    gen = _training_modules("generate")["generate"]
-    return {"tool": gen.heldout_tool_prompts(N), "no_tool": gen.heldout_no_tool_prompts(N)}
+    return {"tool": generate.heldout_tool_prompts(N), "no_tool": generate.heldout_no_tool_prompts(N)}
 
 
 @pytest.fixture(scope="module")

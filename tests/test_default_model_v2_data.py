@@ -3,39 +3,24 @@ the held-out split (paths, cities, expressions, tool names) and the length curri
 
 from __future__ import annotations
 
-import importlib
 import random
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from freetoken.server.internal import ToolSpec
+from training.default_model import evaluate as v1_evaluate
+from training.default_model import render, split
+from training.default_model_v2 import agent_data, agent_tasks, agent_tools, evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
-V1_DIR, V2_DIR = ROOT / "training" / "default_model", ROOT / "training" / "default_model_v2"
-
-
-def v2_modules(*names: str) -> dict[str, ModuleType]:
-    """v2's modules `names` (and the v1 ones they import), removed from sys.path / sys.modules afterwards (a
-    module of the same bare name imported before, e.g. v1's `evaluate`, is set aside meanwhile)."""
-    saved_path, before = list(sys.path), set(sys.modules)
-    aside = {n: sys.modules.pop(n) for n in names if n in sys.modules}
-    sys.path[:0] = [str(V2_DIR), str(V1_DIR)]
-    try:
-        return {n: importlib.import_module(n) for n in names}
-    finally:
-        sys.path[:] = saved_path
-        sys.modules.update(aside)
-        for added in set(sys.modules) - before:
-            if Path(getattr(sys.modules[added], "__file__", None) or "/").parent in (V1_DIR, V2_DIR):
-                del sys.modules[added]
 
 
 @pytest.fixture(scope="module")
 def mods() -> dict[str, ModuleType]:
-    return v2_modules("agent_tasks", "agent_tools", "agent_data", "split", "render")
+    return {"agent_tasks": agent_tasks, "agent_tools": agent_tools, "agent_data": agent_data, "split": split,
+            "render": render}
 
 
 def test_tools_have_the_servers_rendered_shape(mods: dict[str, ModuleType]) -> None:
@@ -128,13 +113,12 @@ def test_agent_prompt_renders_alike_in_training_transformers_and_the_server(mods
 def test_heldout_prompts_fit_their_size_and_end_at_the_request(mods: dict[str, ModuleType]) -> None:
     from transformers import AutoTokenizer
 
-    ev = v2_modules("evaluate")["evaluate"]
     tok = AutoTokenizer.from_pretrained(ROOT / "src" / "freetoken" / "assets" / "default_model")
 
     def count(text: str) -> int:
         return len(tok(text, add_special_tokens=False)["input_ids"])
 
-    rows = ev.heldout_set("tool", 4, 18, lambda c: ev.V1E.prompt_text(tok, c), count, 3000, 9000)
+    rows = evaluate.heldout_set("tool", 4, 18, lambda c: v1_evaluate.prompt_text(tok, c), count, 3000, 9000)
     for conv, text in rows:
         assert 3000 <= count(text) <= 9000 and text.endswith("<|im_start|>assistant\n")
         assert conv["messages"][-1]["role"] == "user"

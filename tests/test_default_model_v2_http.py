@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from test_default_model_v2_data import v2_modules
+from training.default_model_v2 import evaluate, evaluate_http, untrained
 
 LO, HI = 700, 2500  # prompt tokens: evaluate.py's drawing with short bounds (its defaults are 8-40k)
 
 
 @pytest.fixture(scope="module")
 def mods() -> dict[str, ModuleType]:
-    return v2_modules("evaluate", "evaluate_http", "untrained")
+    return {"evaluate": evaluate, "evaluate_http": evaluate_http, "untrained": untrained}
 
 
 @pytest.fixture(scope="module")

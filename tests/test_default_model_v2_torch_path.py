@@ -8,7 +8,6 @@ import inspect
 import pytest
 import torch
 import torch.nn.functional as F
-from tests.test_default_model_v2_data import v2_modules
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as qwen35  # noqa: E402
@@ -16,7 +15,9 @@ from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as qwen35  # no
 
 @pytest.fixture(scope="module")
 def gradcheck():  # type: ignore[no-untyped-def]
-    return v2_modules("fla_gradcheck")["fla_gradcheck"]
+    from training.default_model_v2 import fla_gradcheck
+
+    return fla_gradcheck
 
 
 def test_scan_chunk_bounds_the_scan(gradcheck) -> None:  # type: ignore[no-untyped-def]

@@ -3,7 +3,7 @@ torch reference on the same bf16 inputs, at the fast-step issue's bf16 tolerance
 variable-length batches, from given initial states), and tiny Qwen3-Next / Qwen3.5-MoE models in bf16 through fused
 and hybrid, fla vs the torch path (prefill; decode steps run ``deltanet_triton`` either way, ``test_deltanet_step.py``):
 teacher-forced logits at the bf16 tolerance, greedy tokens equal under the near-tie rule (the GPU box, with fla-core
-on PYTHONPATH: ``bench/gpu/fla_check.sh``)."""
+on PYTHONPATH: ``bash bench/gpu/run.sh tests gpu1|gpu2``, which installs the carried fla-core wheel)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The package layering of ``../shared/DESIGN.md`` §3 holds: a package imports only packages on lower rows, and
-packages on one row do not import each other.
+"""The package layering holds (``ROWS`` below: the design's package map, top to bottom, as docs/architecture.md
+draws it): a package imports only packages on lower rows, and packages on one row do not import each other.
 
 Every ``import`` statement counts, wherever it stands: at module level, inside functions (lazy imports) and under
 ``if TYPE_CHECKING:`` (a type-only import still ties the two packages together: the reader of the lower one must
@@ -15,7 +15,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "freetoken"
 
-# DESIGN.md §3, top to bottom: a package may import only from rows below its own.
+# The package map, top to bottom: a package may import only from rows below its own.
 ROWS: list[tuple[str, ...]] = [
     ("cli", "bench"),
     ("server", "launch"),

@@ -3,19 +3,10 @@ step's fill, GEMM, other kernels and idle time (here on a synthetic Chrome trace
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _timeline():
-    spec = importlib.util.spec_from_file_location("timeline", ROOT / "bench" / "gpu" / "timeline.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from bench.gpu import timeline
 
 
 def _trace(path: Path, fills: list[float], wait: float) -> None:
@@ -32,7 +23,7 @@ def _trace(path: Path, fills: list[float], wait: float) -> None:
 
 
 def test_layer_breakdown(tmp_path: Path, capsys) -> None:
-    tl = _timeline()
+    tl = timeline
     f = tmp_path / "t.json"
     _trace(f, [400, 200, 300, 500], wait=40)
     cols = tl.layer_breakdown(tl.gpu_events(f))

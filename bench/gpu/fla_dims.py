@@ -1,14 +1,12 @@
 """Which head dims does fla-core's gated delta rule get right here? gated_delta_fla.chunk against the
 torch reference (float32) for dk, dv in 16..128, one sequence of 100 tokens from a random state (GPU box).
-    PYTHONPATH=src:.carry/pylib python3 bench/gpu/fla_dims.py"""
-import sys
+    PYTHONPATH=src python3 bench/gpu/fla_dims.py   (fla-core on the path: run.sh fla)"""
 import time
 
 import torch
 
-sys.path.insert(0, "tests")
-from freetoken.kernels import gated_delta_fla  # noqa: E402
-from freetoken.kernels.gated_delta import chunk_gated_delta, l2norm  # noqa: E402
+from freetoken.kernels import gated_delta_fla
+from freetoken.kernels.gated_delta import chunk_gated_delta, l2norm
 
 fla = gated_delta_fla.kernels(torch.device("cuda"), torch.bfloat16)
 assert fla is not None

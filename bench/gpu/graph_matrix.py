@@ -2,7 +2,7 @@
 top-p/top-k/min-p; presence/frequency/repetition penalties; logprobs with top logprobs; seeds; grammar masks; one
 row of each mixed), on a tiny Qwen3-MoE checkpoint (written by the script, with its tokenizer) on CUDA.
 
-Run by `bash bench/gpu/run.sh graphs` (PYTHONPATH=src): `python3 bench/gpu/graph_matrix.py [--backend fused]
+Run by `bash bench/gpu/run.sh graphs` (PYTHONPATH=src:tests): `python3 bench/gpu/graph_matrix.py [--backend fused]
 [--tokens 8] [--top-k 2]`. One engine with step graphs and one without (the same requests in the same order) run
 each case; a table row per case: bucket, feature set, decode steps, captures, replays, eager fallbacks (and their
 reasons), whether replays == decode steps - captures, whether the tokens equal the eager engine's. Exit status 1
@@ -17,11 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path[:0] = ["tests", "src"]
-
-from freetoken import LLM  # noqa: E402
-from graph_cases import BUCKETS, FEATURES, HEADER, run_case  # noqa: E402
-from tiny_models import _random_model, make_config, save_tokenizer  # noqa: E402
+from freetoken import LLM
+from graph_cases import BUCKETS, FEATURES, HEADER, run_case
+from tiny_models import _random_model, make_config, save_tokenizer
 
 
 def write_checkpoint(d: Path, top_k: int) -> None:

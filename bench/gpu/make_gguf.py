@@ -1,6 +1,7 @@
 """A random-weight GGUF of Qwen3-30B-A3B's per-layer shape for the llama.cpp peer, experts in bf16 or Q8_0
-(``../shared/baselines/make_gguf_qwen3moe.py``'s model, with the routed experts' type as an argument: Q8_0 is the
-peer of our fp8-block experts, one byte per weight plus a scale per 32).
+(random normal weights, std 0.02; 32 heads, 4 KV heads, head dim 128, 128 experts top-8, vocab 32000), the routed
+experts' type as an argument: Q8_0 is the peer of our fp8-block experts, one byte per weight plus a scale per 32.
+``bash bench/gpu/run.sh llamacpp`` writes both and times them.
 
     PYTHONPATH=llama.cpp/gguf-py python3 bench/gpu/make_gguf.py OUT.gguf LAYERS [bf16|q8_0]
 """

@@ -7,8 +7,8 @@ every request body and every error answer, for the facts (API, tools, first requ
 The engine behind it is either the scripted one (tests/clients/scripted.py: proves the wiring today) or
 a real model (``--model PATH``, or ``--model default`` for the embedded default model).
 
-    PYTHONPATH=src python3 tests/clients/harness.py --model scripted           # every client, scripted
-    PYTHONPATH=src python3 tests/clients/harness.py --model default claude     # the embedded model
+    PYTHONPATH=src:tests python3 tests/clients/harness.py --model scripted           # every client, scripted
+    PYTHONPATH=src:tests python3 tests/clients/harness.py --model default claude     # the embedded model
 """
 
 from __future__ import annotations
@@ -27,18 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: scripted_engine
+import client_install
 
-import client_install  # noqa: E402
-
-from freetoken.bench.loopback import Running, serve  # noqa: E402
-from freetoken.launch import base  # noqa: E402
-from freetoken.launch import claude as claude_launch  # noqa: E402
-from freetoken.launch import codex as codex_launch  # noqa: E402
-from freetoken.launch import hermes as hermes_launch  # noqa: E402
-from freetoken.launch import openclaw as openclaw_launch  # noqa: E402
-from freetoken.launch import opencode as opencode_launch  # noqa: E402
-from freetoken.server.settings import ServerConfig  # noqa: E402
+from freetoken.bench.loopback import Running, serve
+from freetoken.launch import base
+from freetoken.launch import claude as claude_launch
+from freetoken.launch import codex as codex_launch
+from freetoken.launch import hermes as hermes_launch
+from freetoken.launch import openclaw as openclaw_launch
+from freetoken.launch import opencode as opencode_launch
+from freetoken.server.settings import ServerConfig
 
 MODEL = "freetoken"
 NUMBER = "73914"

@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizer_train import MODEL_MAX_LENGTH, write_tokenizer_files
 from tokenizers import Tokenizer
 from transformers import Qwen3MoeForCausalLM
+
+from training.default_model.tokenizer_train import MODEL_MAX_LENGTH, write_tokenizer_files
 
 MAX_SHARD_BYTES = 15 * 2**20
 SHARD_SIZE = "15MB"  # save_pretrained's own accounting; checked against MAX_SHARD_BYTES below

@@ -8,9 +8,10 @@ from multiprocessing import Pool
 
 import numpy as np
 import torch
-from generate import training_conversations
-from render import pieces
 from tokenizers import Tokenizer
+
+from training.default_model.generate import training_conversations
+from training.default_model.render import pieces
 
 CHUNK = 2000  # conversations per generation chunk; chunk c is seeded by (seed, c), so workers don't matter
 PAD_MULTIPLE = 32

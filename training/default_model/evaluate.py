@@ -1,6 +1,6 @@
 """Evaluate the default model on the held-out sets with greedy decoding.
 
-    python training/default_model/evaluate.py --model src/freetoken/assets/default_model
+    python -m training.default_model.evaluate --model src/freetoken/assets/default_model
 
 Prints arithmetic exact-match (target >= 90%), tool name + argument accuracy (>= 90%) and the
 tool-call rate on prompts that need no tool (<= 10%). `--engine transformers` (default) decodes
@@ -12,15 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from generate import heldout_arithmetic, heldout_no_tool_prompts, heldout_tool_prompts  # noqa: E402
+from training.default_model.generate import heldout_arithmetic, heldout_no_tool_prompts, heldout_tool_prompts
 
 Generate = Callable[[list[str], int], list[str]]
 _INT = re.compile(r"-?\d+")

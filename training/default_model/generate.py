@@ -8,10 +8,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from pools import SYSTEM_PROMPTS
-from tasks_chat import chat_conversation
-from tasks_math import arithmetic_conversation, counting_conversation
-from tasks_tools import missing_tool_conversation, tool_conversation, tool_list
+from training.default_model.pools import SYSTEM_PROMPTS
+from training.default_model.tasks_chat import chat_conversation
+from training.default_model.tasks_math import arithmetic_conversation, counting_conversation
+from training.default_model.tasks_tools import missing_tool_conversation, tool_conversation, tool_list
 
 Conversation = dict[str, Any]
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from pools import GREETING_REPLIES, GREETINGS, HARMFUL_REQUESTS, IDENTITY_QUESTIONS, IDENTITY_REPLY, REFUSALS
+from training.default_model.pools import (
+    GREETING_REPLIES,
+    GREETINGS,
+    HARMFUL_REQUESTS,
+    IDENTITY_QUESTIONS,
+    IDENTITY_REPLY,
+    REFUSALS,
+)
 
 Conversation = dict[str, Any]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from pools import COUNT_WORDS
-from split import arith_key, is_heldout
+from training.default_model.pools import COUNT_WORDS
+from training.default_model.split import arith_key, is_heldout
 
 Conversation = dict[str, Any]
 OPS = ("add", "sub", "mul")

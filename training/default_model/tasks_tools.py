@@ -10,7 +10,7 @@ import json
 import random
 from typing import Any
 
-from pools import (
+from training.default_model.pools import (
     CONDITIONS,
     DISTRACTOR_KINDS,
     FILE_TEXTS,
@@ -21,7 +21,7 @@ from pools import (
     random_filename,
     synthetic_cities,
 )
-from split import is_heldout
+from training.default_model.split import is_heldout
 
 Conversation = dict[str, Any]
 Tool = dict[str, Any]

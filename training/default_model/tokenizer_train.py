@@ -10,8 +10,9 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from render import SPECIAL_TOKENS, template_source
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from training.default_model.render import SPECIAL_TOKENS, template_source
 
 # Qwen2's pre-tokenizer pattern: letters with an optional leading non-letter, single digits,
 # punctuation runs, newlines and spaces.

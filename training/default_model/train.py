@@ -1,6 +1,6 @@
 """Train FreeToken's embedded default model (tiny Qwen3-MoE) from scratch on synthetic data.
 
-    python training/default_model/train.py --out src/freetoken/assets/default_model
+    python -m training.default_model.train --out src/freetoken/assets/default_model
 
 Generates the data (seeded), trains the BPE tokenizer, trains with plain torch AdamW plus the
 router load-balancing loss, saves a midway checkpoint, then the final one, and prints the final
@@ -19,13 +19,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from checkpoint_io import save_checkpoint
-from data import batches, generate_pieces, tokenize
-from model_config import build_config, param_count
-from tokenizer_train import train_tokenizer
 from tokenizers import Tokenizer
 from transformers import Qwen3MoeForCausalLM
-from usage import expert_usage, format_usage
+
+from training.default_model.checkpoint_io import save_checkpoint
+from training.default_model.data import batches, generate_pieces, tokenize
+from training.default_model.model_config import build_config, param_count
+from training.default_model.tokenizer_train import train_tokenizer
+from training.default_model.usage import expert_usage, format_usage
 
 SAVE_RESERVE_S = 15.0  # time kept back from --time-budget for the checkpoints and the usage report
 

@@ -16,11 +16,12 @@ from multiprocessing import Pool
 
 import numpy as np
 import torch
-from agent_tasks import agent_conversation
-from data import tokenize
-from generate import training_conversations
-from render import pieces
 from tokenizers import Tokenizer
+
+from training.default_model.data import tokenize
+from training.default_model.generate import training_conversations
+from training.default_model.render import pieces
+from training.default_model_v2.agent_tasks import agent_conversation
 
 CHUNK = {"short": 2000, "medium": 100, "long": 20, "xl": 5}
 # Prompt sizes (tokens asked of agent_conversation; the rendered prompt comes out a little longer).

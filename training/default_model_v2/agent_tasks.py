@@ -11,13 +11,13 @@ import json
 import random
 from typing import Any
 
-from agent_tools import STYLES, canonical_names, catalogue
-from pools import FILE_STEMS, FILE_TEXTS, PATH_DIRS, random_dir, random_file
-from prose import environment_block, instructions, paragraph
-from split import is_heldout
-from tasks_chat import chat_conversation
-from tasks_math import arithmetic_conversation
-from tasks_tools import draw_argument
+from training.default_model.pools import FILE_STEMS, FILE_TEXTS, PATH_DIRS, random_dir, random_file
+from training.default_model.split import is_heldout
+from training.default_model.tasks_chat import chat_conversation
+from training.default_model.tasks_math import arithmetic_conversation
+from training.default_model.tasks_tools import draw_argument
+from training.default_model_v2.agent_tools import STYLES, canonical_names, catalogue
+from training.default_model_v2.prose import environment_block, instructions, paragraph
 
 Conversation = dict[str, Any]
 CHARS_PER_TOKEN = 2.1

@@ -16,8 +16,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from prose import usage_notes
-from split import is_heldout
+from training.default_model.split import is_heldout
+from training.default_model_v2.prose import usage_notes
 
 Tool = dict[str, Any]
 STYLES = ("anthropic", "codex", "opencode")

@@ -1,7 +1,7 @@
 """Evaluate the default model v2 on held-out agent-shaped prompts (8-40k tokens) with greedy decoding.
 
-    PYTHONPATH=src python training/default_model_v2/evaluate.py --model DIR               # freetoken.LLM
-    python training/default_model_v2/evaluate.py --model DIR --engine transformers
+    PYTHONPATH=src python -m training.default_model_v2.evaluate --model DIR               # freetoken.LLM
+    python -m training.default_model_v2.evaluate --model DIR --engine transformers
 
 Each prompt has a long system prompt, a tool catalogue in one of three client styles (as the server renders
 it), a history with tool results, and the request last. Figures: tool name + exact arguments (held-out paths,
@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import v1
-from agent_tasks import agent_conversation
 
-V1E = v1.load("evaluate")
+from training.default_model import evaluate as v1_evaluate
+from training.default_model_v2.agent_tasks import agent_conversation
+
 _INT = re.compile(r"-?\d+")
 Conversation = dict[str, Any]
 
@@ -68,8 +68,8 @@ class Reply:
 
 def completion_reply(completion: str) -> Reply:
     """A raw completion (special tokens kept, cut at <|im_end|>) read the way v1's evaluation reads it."""
-    return Reply(V1E.parse_tool_call(completion), "<tool_call>" in completion, V1E.final_content(completion),
-                 completion)
+    return Reply(v1_evaluate.parse_tool_call(completion), "<tool_call>" in completion,
+                 v1_evaluate.final_content(completion), completion)
 
 
 Prompts = list[tuple[Conversation, str]]
@@ -85,7 +85,7 @@ def text_generator_answerer(gen: Callable[[list[str], int], list[str]]) -> Answe
 def renderer(tok: Any) -> tuple[Callable[[Conversation], str], Callable[[str], int]]:
     """(render: the conversation as the chat template renders it, count: its tokens) with the model's tokenizer."""
     def render(conv: Conversation) -> str:
-        return str(V1E.prompt_text(tok, conv))
+        return str(v1_evaluate.prompt_text(tok, conv))
 
     def count(text: str) -> int:
         return len(tok(text, add_special_tokens=False)["input_ids"])
@@ -166,9 +166,9 @@ def main() -> None:
     add_set_args(p)
     a = p.parse_args()
     if a.engine == "freetoken":
-        gen, tok = V1E.freetoken_generator(a.model, a.device)
+        gen, tok = v1_evaluate.freetoken_generator(a.model, a.device)
     else:
-        gen, tok = V1E.transformers_generator(a.model, a.device, torch.float32, batch_size=4)
+        gen, tok = v1_evaluate.transformers_generator(a.model, a.device, torch.float32, batch_size=4)
     evaluate({"": text_generator_answerer(gen)}, tok, a.n_tool, a.n_arith, a.n_none, a.min_tokens, a.max_tokens,
              a.show_misses)
 

@@ -1,8 +1,8 @@
 """evaluate.py's held-out evaluation through the server and the official SDKs: OpenAI chat completions and
 Anthropic messages.
 
-    PYTHONPATH=src python training/default_model_v2/evaluate_http.py --model DIR            # starts the server
-    PYTHONPATH=src python training/default_model_v2/evaluate_http.py --model DIR --url http://127.0.0.1:8000
+    PYTHONPATH=src python -m training.default_model_v2.evaluate_http --model DIR            # starts the server
+    PYTHONPATH=src python -m training.default_model_v2.evaluate_http --model DIR --url http://127.0.0.1:8000
 
 The same held-out sets as evaluate.py (its drawing code, seeds and sizes, measured with the model's tokenizer:
 `--model` is needed with `--url` too), each conversation sent in each API's own shape: the system prompt, the tool
@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from evaluate import Answerer, Conversation, Prompts, Reply, add_set_args, evaluate, renderer
+from training.default_model_v2.evaluate import Answerer, Conversation, Prompts, Reply, add_set_args, evaluate, renderer
 
 MODEL_ALIAS = "freetoken-v2"
 

@@ -6,7 +6,7 @@ with autograd. train.py calls `check` in its own process (the kernels it compile
 training runs): agree, and training runs fla with the guard lifted; else `unbind_fla` puts transformers' torch path
 under the DeltaNet layers. Alone: exit 0 when they agree, 1 when not, 2 when fla does not import.
 
-    python3 training/default_model_v2/fla_gradcheck.py [--device cuda]
+    python3 -m training.default_model_v2.fla_gradcheck [--device cuda]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Time one training step of the full v2 model per batch shape (the torch DeltaNet path, as train.py runs it
 without fla): what a run of the curriculum would cost on this device.
 
-    python training/default_model_v2/step_time.py --device cpu --shapes 16x256,1x4096,1x16384
+    python -m training.default_model_v2.step_time --device cpu --shapes 16x256,1x4096,1x16384
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import time
 
-import fla_gradcheck
 import torch
-import v1  # noqa: F401 - first: puts v1's modules on sys.path
-from hybrid_config import build_config
 from transformers import Qwen3_5MoeForCausalLM
+
+from training.default_model_v2 import fla_gradcheck
+from training.default_model_v2.hybrid_config import build_config
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Train the embedded default model v2 (tiny Qwen3.5-MoE hybrid, 64k context) from scratch on synthetic data.
 
-    python training/default_model_v2/train.py --out /tmp/v2 --time-budget 330
+    python -m training.default_model_v2.train --out /tmp/v2 --time-budget 330
 
 Generates v1's short tasks plus agent-shaped conversations (long tool-laden system prompts, histories, the
 request last), tokenises them with v1's tokenizer, trains with plain torch AdamW plus the router load-balancing
@@ -18,18 +18,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-import fla_gradcheck
 import numpy as np
 import torch
-import v1  # first: puts v1's modules on sys.path
-from agent_data import batches, describe, generate_samples
-from checkpoint_io import save_checkpoint
-from hybrid_config import MAX_POSITIONS, build_config
 from tokenizers import Tokenizer
 from transformers import Qwen3_5MoeForCausalLM
-from usage import format_usage
 
-V1 = v1.load("train")
+from training.default_model import train as v1_train
+from training.default_model.checkpoint_io import save_checkpoint
+from training.default_model.usage import format_usage
+from training.default_model_v2 import fla_gradcheck
+from training.default_model_v2.agent_data import batches, describe, generate_samples
+from training.default_model_v2.hybrid_config import MAX_POSITIONS, build_config
+from training.default_model_v2.v1 import V1_TOKENIZER
+
 SAVE_RESERVE_S = 12.0
 
 
@@ -42,7 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--medium", type=int, default=5_000, help="agent conversations of 1-7k asked prompt tokens")
     p.add_argument("--long", type=int, default=2_000, help="agent conversations of 7-36k asked prompt tokens")
     p.add_argument("--xl", type=int, default=250, help="agent conversations of 40-62k asked prompt tokens")
-    p.add_argument("--tokenizer", type=Path, default=v1.V1_TOKENIZER, help="v1's tokenizer.json")
+    p.add_argument("--tokenizer", type=Path, default=V1_TOKENIZER, help="v1's tokenizer.json")
     p.add_argument("--max-len", type=int, default=MAX_POSITIONS)
     p.add_argument("--batch-tokens", type=int, default=65_536, help="padded tokens per step (>= --max-len)")
     p.add_argument("--steps", type=int, default=100_000, help="optimizer steps (upper bound with --time-budget)")
@@ -72,7 +73,7 @@ def lr_at(progress: float, step: int, peak: float, warmup: int) -> float:
 
 def set_experts_impl(model: Any, batch: dict[str, torch.Tensor], device: str) -> None:
     try:
-        V1.pick_experts_implementation(model, batch, device)
+        v1_train.pick_experts_implementation(model, batch, device)
     except Exception as exc:  # a transformers without set_experts_implementation: its default
         print(f"[model] keeping the default experts implementation ({type(exc).__name__}: {exc})", flush=True)
 
@@ -99,7 +100,7 @@ def train(args: argparse.Namespace) -> None:
     counts = {"short": args.short, "medium": args.medium, "long": args.long, "xl": args.xl}
     samples = generate_samples(counts, args.seed, args.workers, str(args.tokenizer), args.max_len)
     print(f"[data] {describe(samples)}; {time.time() - t0:.1f}s", flush=True)
-    pad, im_end = V1.token_id(tok, "<|endoftext|>"), V1.token_id(tok, "<|im_end|>")
+    pad, im_end = v1_train.token_id(tok, "<|endoftext|>"), v1_train.token_id(tok, "<|im_end|>")
     cfg = build_config(tok.get_vocab_size(), [im_end, pad], pad, toy=args.toy)
     fla_rc = 2
     if args.device.startswith("cuda") and not args.toy:  # fla's backward at v2's head dims, before training on it
@@ -121,7 +122,7 @@ def train(args: argparse.Namespace) -> None:
 
 
 def run_loop(args: argparse.Namespace, model: Any, it: Any, tok: Tokenizer, t0: float) -> None:
-    opt = V1.make_optimizer(model, args.lr)
+    opt = v1_train.make_optimizer(model, args.lr)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if args.device.startswith("cuda") else None
     t_start = time.time()
     train_budget = args.time_budget - (t_start - t0) - SAVE_RESERVE_S if args.time_budget > 0 else 0.0
@@ -133,12 +134,12 @@ def run_loop(args: argparse.Namespace, model: Any, it: Any, tok: Tokenizer, t0: 
     step, progress, mid_saved = 0, 0.0, args.mid_out is None
     while step < args.steps and progress < 1.0:
         batch = {k: v.to(args.device, non_blocking=True) for k, v in next(it).items()}
-        out, ce_t = V1.train_step(model, opt, batch, lr_at(progress, step, args.lr, args.warmup), amp)
+        out, ce_t = v1_train.train_step(model, opt, batch, lr_at(progress, step, args.lr, args.warmup), amp)
         recent = (recent + [ce_t])[-20:]
         trained_tokens += batch["input_ids"].numel()
         step += 1
         if step % 10 == 0 or step == 1:
-            V1._sync(args.device)
+            v1_train._sync(args.device)
             progress = ((time.time() - t_start) / train_budget if train_budget > 0 else step / args.steps)
         if step % 50 == 0 or step == 1:
             rows, width = batch["input_ids"].shape

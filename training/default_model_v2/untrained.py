@@ -1,8 +1,8 @@
 """An untrained (randomly initialised) v2 checkpoint with v1's tokenizer and chat template: for checking the
 mechanics of serving and evaluating v2 (the engine, the server, the SDK evaluation) before a trained one exists.
 
-    python training/default_model_v2/untrained.py --out /tmp/v2untrained          # full size (13.4 M parameters)
-    python training/default_model_v2/untrained.py --out /tmp/v2toy --toy          # toy size, seconds on a CPU
+    python -m training.default_model_v2.untrained --out /tmp/v2untrained          # full size (13.4 M parameters)
+    python -m training.default_model_v2.untrained --out /tmp/v2toy --toy          # toy size, seconds on a CPU
 """
 
 from __future__ import annotations
@@ -11,19 +11,19 @@ import argparse
 from pathlib import Path
 
 import torch
-import v1  # first: puts v1's modules on sys.path
-from checkpoint_io import save_checkpoint
-from hybrid_config import MAX_POSITIONS, build_config
 from tokenizers import Tokenizer
 from transformers import Qwen3_5MoeForCausalLM
 
-V1 = v1.load("train")
+from training.default_model import train as v1_train
+from training.default_model.checkpoint_io import save_checkpoint
+from training.default_model_v2.hybrid_config import MAX_POSITIONS, build_config
+from training.default_model_v2.v1 import V1_TOKENIZER
 
 
 def save_untrained(out: Path, toy: bool = False, seed: int = 0) -> Path:
     """The checkpoint train.py would write, with the initial weights (seeded); returns `out`."""
-    tok = Tokenizer.from_file(str(v1.V1_TOKENIZER))
-    pad, im_end = V1.token_id(tok, "<|endoftext|>"), V1.token_id(tok, "<|im_end|>")
+    tok = Tokenizer.from_file(str(V1_TOKENIZER))
+    pad, im_end = v1_train.token_id(tok, "<|endoftext|>"), v1_train.token_id(tok, "<|im_end|>")
     torch.manual_seed(seed)
     model = Qwen3_5MoeForCausalLM(build_config(tok.get_vocab_size(), [im_end, pad], pad, toy=toy)).eval()
     save_checkpoint(model, tok, out, MAX_POSITIONS)

@@ -1,0 +1,1 @@
+"""v1 of the embedded default model: synthetic data, tokenizer, training and evaluation."""
