@@ -10,7 +10,7 @@ All policies run in one process on identical inputs (same seeds; ``--routing-tra
 routing). Only the routed-expert path is modelled: no attention, embeddings or sampling.
 
     python -m freetoken.bench.decode --preset qwen3-30b-a3b --layers 12 --expert-cache 0.25 \
-        --routing-trace /work/shared/traces/locality-48x128x8.npy
+        --routing-trace bench/traces/locality-48x128x8.npy
 """
 
 from __future__ import annotations

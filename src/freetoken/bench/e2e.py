@@ -2,7 +2,7 @@
 MoE layers alone on the same backend in the same process.
 
 ``ft bench e2e`` (``python -m freetoken.bench.e2e``). Writes (or reuses) a synthetic checkpoint whose
-``qwen3-30b-a3b`` preset is the model of ``shared/baselines/make_gguf_qwen3moe.py`` (32 heads, 4 KV
+``qwen3-30b-a3b`` preset is the model of ``bench/gpu/make_gguf.py`` (32 heads, 4 KV
 heads, head dim 128, vocab 32000; every layer real; ``qwen3.6-35b-a3b``: its own hybrid layers, 3 gated DeltaNet
 to 1 gated attention, and shared expert, vocab 32000), or takes ``--model DIR`` (``--model default``: the
 embedded model). Per CPU-thread count, policy and batch size: B requests with random prompts decode
@@ -39,7 +39,7 @@ from freetoken.config import FLAGS, EngineConfig, Flag, add_config_args, config_
 ENGINE_FLAGS = ("device", "dtype", "expert_cache", "max_batched_tokens", "prefill_order", "prefill_interleave_ms",
                 "overlap_steps")  # fmt: skip
 ENGINE_DEFAULTS = {"expert_cache": 0.25, "prefill_interleave_ms": None}  # None: the engine's
-# the peer's model (shared/baselines/make_gguf_qwen3moe.py): attention and vocabulary of Qwen3-30B-A3B
+# the peer's model (bench/gpu/make_gguf.py): attention and vocabulary of Qwen3-30B-A3B
 ATTENTION = {"heads": 32, "kv_heads": 4, "hd": 128, "vocab": 32000, "max_positions": 131072}
 
 

@@ -4,7 +4,7 @@
 
 Runs greedy generation through ``LLM`` one prompt at a time and records, for every decode token, the
 sorted expert ids each MoE layer routes it to: a ``uint8`` array ``[tokens, layers, k]`` saved with
-``numpy.save`` (the format of ``/work/shared/traces``). Prefill tokens are not recorded.
+``numpy.save`` (the format of ``bench/traces/``). Prefill tokens are not recorded.
 
     python -m freetoken.bench.record_routing --model /path/to/Qwen3-30B-A3B --tokens 2000 --out trace.npy
 """

@@ -1,7 +1,7 @@
 """Benchmarks only: MoE layers route by a recorded trace instead of their routers (``install`` puts it on a built
 model as each ``MoELayer``'s ``router_override``: ``ft bench e2e --routing-trace``).
 
-A trace is ``[tokens, layers, k]`` uint8 expert ids (``/work/shared/traces``, ``ft bench record-routing``).
+A trace is ``[tokens, layers, k]`` uint8 expert ids (``bench/traces/``, ``ft bench record-routing``).
 The trace and its cursor live on the compute device, so replay copies nothing per step and runs inside
 the engine's CUDA graphs. Row ``t`` of a step reads trace token ``(cursor + t * (n // T)) % n``: the
 requests of a decode batch follow their own stretches of the trace, one token further each step (the

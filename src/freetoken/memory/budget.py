@@ -1,4 +1,4 @@
-"""The memory planner: a VRAM budget split into expert slots + KV pages + a reserve (pure: no torch).
+"""The budget split: a VRAM budget into expert slots + KV pages + a reserve (pure: no torch; ``planner.py`` plans).
 
 The budget covers what elastic memory can move: the expert-slot cache (``slot_bytes`` each), the KV
 pool (``page_bytes`` each) and a reserve left free for a step's activations and graphs (the VRAM
