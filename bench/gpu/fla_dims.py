@@ -30,4 +30,5 @@ for dk, dv, scale in CASES:
     ref, ref_state = chunk_gated_delta(rq, rk, v.float(), decay, beta, state[0])
     e_out = float((out.float() - ref).norm() / ref.norm())
     e_st = float((final[0] - ref_state).norm() / ref_state.norm())
-    print(f"dk {dk:3d} dv {dv:3d} decay >= -{scale:4.1f}: chunk out {e_out:.2e} state {e_st:.2e} ({time.time() - t0:.1f} s)", flush=True)
+    took = time.time() - t0
+    print(f"dk {dk:3d} dv {dv:3d} decay >= -{scale:4.1f}: chunk out {e_out:.2e} state {e_st:.2e} ({took:.1f} s)", flush=True)
