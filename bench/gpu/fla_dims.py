@@ -31,4 +31,5 @@ for dk, dv, scale in CASES:
     e_out = float((out.float() - ref).norm() / ref.norm())
     e_st = float((final[0] - ref_state).norm() / ref_state.norm())
     took = time.time() - t0
-    print(f"dk {dk:3d} dv {dv:3d} decay >= -{scale:4.1f}: chunk out {e_out:.2e} state {e_st:.2e} ({took:.1f} s)", flush=True)
+    what = f"dk {dk:3d} dv {dv:3d} decay >= -{scale:4.1f}"
+    print(f"{what}: chunk out {e_out:.2e} state {e_st:.2e} ({took:.1f} s)", flush=True)
