@@ -48,21 +48,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "ab.log")
     args, e2e_args = p.parse_args(argv[:cut]), argv[cut + 1 :]
     runs: dict[str, dict[Key, list[float]]] = {"before": {}, "after": {}}
-    for r in range(args.rounds):
-        order = ("before", "after") if r % 2 == 0 else ("after", "before")
-        for side in order:
-            for key, tok_s in run_once(getattr(args, side), e2e_args, args.log).items():
-                runs[side].setdefault(key, []).append(tok_s)
-            print(f"round {r + 1} {side} done", file=sys.stderr, flush=True)
+    done = 0
+    try:  # SIGINT (a time limit): the table of the rounds done so far
+        for r in range(args.rounds):
+            order = ("before", "after") if r % 2 == 0 else ("after", "before")
+            for side in order:
+                for key, tok_s in run_once(getattr(args, side), e2e_args, args.log).items():
+                    runs[side].setdefault(key, []).append(tok_s)
+                print(f"round {r + 1} {side} done", file=sys.stderr, flush=True)
+            done = r + 1
+    except KeyboardInterrupt:
+        print(f"interrupted after {done} whole round(s)", flush=True)
+    return _table(runs, done, args.floor)
+
+
+def _table(runs: dict[str, dict[Key, list[float]]], rounds: int, floor: float) -> int:
     worst = float("inf")
     print(f"{'policy':<10} {'threads':>7} {'batch':>5} {'before tok/s':>12} {'after tok/s':>12} {'after/before':>12}")
     for key in sorted(runs["before"], key=str):
-        b, a = statistics.median(runs["before"][key]), statistics.median(runs["after"].get(key, [0.0]))
+        if not runs["after"].get(key):
+            continue
+        b, a = statistics.median(runs["before"][key]), statistics.median(runs["after"][key])
         worst = min(worst, a / b)
         policy, threads, batch = key
         print(f"{policy:<10} {threads or '-'!s:>7} {batch:>5} {b:>12.2f} {a:>12.2f} {a / b:>12.3f}")
-    print(f"medians of {args.rounds} runs a side, alternating; worst row {worst:.3f} (floor {args.floor})")
-    return 0 if worst >= args.floor else 1
+    print(f"medians of {rounds} whole round(s) a side, alternating; worst row {worst:.3f} (floor {floor})")
+    return 0 if worst >= floor else 1
 
 
 if __name__ == "__main__":
