@@ -7,7 +7,6 @@ import logging
 import pytest
 import torch
 
-import freetoken.bench.placements  # noqa: F401 - registers the static-layers and static-freq backends
 from freetoken.config import EngineConfig
 from freetoken.experts.backends.auto import choose_backend
 from freetoken.experts.backends.registry import create_backend
@@ -23,6 +22,9 @@ SLOT_BACKENDS = ["offload", "cpu", "hybrid", "static-layers", "static-freq"]
 HAS_CUDA = torch.cuda.is_available()
 
 from devices import DEVICES, TRITON_INTERPRETER  # noqa: E402
+from freetoken.bench.placements import register  # noqa: E402
+
+register()  # the static-layers and static-freq backends
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from freetoken.bench import e2e_prefill, routing_trace
-from freetoken.bench.placements import PLACEMENTS  # registers the peers' placements as MoE backends
+from freetoken.bench.placements import PLACEMENTS, register
 from freetoken.bench.presets import PRESETS, MoEShape, get_preset
 from freetoken.config import FLAGS, EngineConfig, Flag, add_config_args, config_kwargs, env
 
@@ -214,6 +214,7 @@ def _sync(dev: torch.device) -> None:
 def run(args: argparse.Namespace) -> int:
     from freetoken import LLM
 
+    register()  # the placements, when a policy names one
     path = checkpoint(args)
     dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = args.dtype or ("bfloat16" if dev == "cuda" else "float32")
