@@ -14,6 +14,7 @@ from collections import defaultdict
 import torch
 
 from freetoken import LLM
+from freetoken.config import env
 from freetoken.kernels.gated_delta import heads, recurrent_gated_delta
 from freetoken.layers.deltanet import GatedDeltaNet
 
@@ -85,7 +86,10 @@ def main() -> None:
     logits = {}
     for use_fla in (False, True):
         os.environ["FREETOKEN_FLA"] = "1" if use_fla else "0"
+        env.cache_clear()  # read once per process: again for this model
         llm = LLM(model=d, device=args.device, dtype="bfloat16", moe_backend="fused", max_batched_tokens=64)
+        mixers = [m.attn for m in llm.engine.runner.model.layers if isinstance(m.attn, GatedDeltaNet)]
+        assert mixers and all((m.fla is not None) == use_fla for m in mixers), "fla-core not importable here?"
         if use_fla:
             patch()
         logits[use_fla] = [llm.engine.score(pr + pr[:16], chunk=64).float() for pr in prompts]
