@@ -38,7 +38,8 @@ def sigmoid_routing(hf: HFConfig, family: Family) -> SigmoidRouting | None:
         raise CheckpointError(f"{where}: num_experts_per_tok ({k}) must be in [1, {most}] (topk_group "
                               f"{topk_group} of n_group {n_group} groups of {E // n_group} experts)")  # fmt: skip
     try:
-        scale = float(raw.get("routed_scaling_factor", 1.0) or 1.0)
+        value = raw.get("routed_scaling_factor")
+        scale = 1.0 if value is None else float(value)
     except (TypeError, ValueError):
         raise CheckpointError(f"{where}: routed_scaling_factor must be a number") from None
     if not scale > 0:
