@@ -193,3 +193,36 @@ def test_bf16_agreement_on_gpu(sigmoid_ckpt):
             for r in refs]  # fmt: skip
     print(f"bf16 {family}: first divergences {agree}, prefill logit rel errs {[round(e, 4) for e in errs]}")
     assert max(agree) >= 1 and min(errs) < 0.1
+
+
+# ---- FP8 as GLM-4.5-FP8 ships it ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def fp8_glm(tmp_path_factory):
+    pytest.importorskip("accelerate")  # transformers' FP8 loading needs it (a test extra)
+    from tiny_models import load_fp8_reference, make_fp8_glm_config, save_fp8_checkpoint
+
+    d = tmp_path_factory.mktemp("fp8_glm")
+    save_fp8_checkpoint(d, seed=2, cfg=make_fp8_glm_config())  # seed picked: no near ties (asserted)
+    ref = load_fp8_reference(d)
+    g = torch.Generator().manual_seed(1002)
+    runs = [reference_greedy(ref, torch.randint(3, 512, (n,), generator=g).tolist(), STEPS, 2) for n in (5, 13)]
+    for r in runs:
+        assert r.min_logit_margin > LOGIT_MARGIN and r.min_router_margin > ROUTER_MARGIN, "near tie: change the seed"
+    return d, ref, runs
+
+
+@pytest.mark.parametrize("backend,cache,fill", BACKENDS)
+def test_fp8_glm_matches_transformers_dequantised(fp8_glm, backend, cache, fill):
+    """Every projection of whole blocks in FP8 (attention q/o, the dense layer, the shared and routed experts): the
+    routed experts stay packed in the pool, the rest is dequantised at load to transformers' own values."""
+    d, ref, runs = fp8_glm
+    llm = _llm(d, backend, cache, fill)
+    loaded = llm.engine.setup.loaded
+    assert loaded.banks is not None and loaded.banks.gate_up.dtype == torch.float8_e4m3fn
+    layer = loaded.model.layers[1]
+    theirs = ref.model.layers[1]
+    assert torch.equal(layer.attn.w.q, theirs.self_attn.q_proj.weight.detach())
+    assert torch.equal(layer.ffn.shared.gate, theirs.mlp.shared_experts.gate_proj.weight.detach())
+    assert_close_logits(llm.engine.score(runs[1].prompt), runs[1].prompt_logits)
+    outs = llm.generate([r.prompt for r in runs], SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [r.tokens for r in runs]

@@ -172,7 +172,20 @@ def make_fp8_config() -> Any:
 FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
 
 
-def save_fp8_checkpoint(directory: Path, seed: int = 0) -> None:
+def make_fp8_glm_config() -> Any:
+    """A GLM-4.5 (group-limited sigmoid routing, first layer dense, a shared expert) whose projections are whole
+    128x128 blocks but k/v (FP8 as GLM-4.5-FP8 ships it: attention, dense, shared and routed experts)."""
+    import transformers as tf
+
+    return tf.Glm4MoeConfig(
+        vocab_size=512, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, max_position_embeddings=512, tie_word_embeddings=False, num_hidden_layers=3, n_routed_experts=8,
+        num_experts_per_tok=2, moe_intermediate_size=128, n_shared_experts=1, first_k_dense_replace=1, n_group=2,
+        topk_group=1, routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True,
+    )  # fmt: skip
+
+
+def save_fp8_checkpoint(directory: Path, seed: int = 0, cfg: Any = None) -> None:
     """A fake FP8-block checkpoint as the Qwen3/DeepSeek FP8 releases ship it: every projection of whole 128x128
     blocks in float8_e4m3fn with a float32 ``weight_scale_inv`` beside it, per-expert names, ``quantization_config``
     in config.json. The weights are random (std 0.2) rounded by the reference quantiser."""
@@ -182,7 +195,7 @@ def save_fp8_checkpoint(directory: Path, seed: int = 0) -> None:
 
     from freetoken.quant import FP8_BLOCK_128
 
-    _random_model(make_fp8_config(), seed).save_pretrained(directory)
+    _random_model(cfg if cfg is not None else make_fp8_config(), seed).save_pretrained(directory)
     state = load_file(directory / "model.safetensors")
     out: dict[str, torch.Tensor] = {}
     for name, t in state.items():
