@@ -32,9 +32,20 @@ from freetoken.layers.moe import MoELayer
 from freetoken.layers.rope import Rotary
 from freetoken.loader.ftw_load import read_ftw_banks
 from freetoken.models.base import Family
-from freetoken.models.blocks import ExpertRead, MoEParts, attention, dense_mlp, expert_reads, moe_parts, norm
+from freetoken.models.blocks import (
+    ExpertRead,
+    MoEParts,
+    attention,
+    dense_mlp,
+    expert_reads,
+    moe_parts,
+    norm,
+    rope,
+    skippable,
+)
 from freetoken.models.decoder import DecoderLayer, DecoderModel
 from freetoken.models.hybrid_blocks import LINEAR, deltanet, layer_kinds, state_shape
+from freetoken.models.routing import sigmoid_routing
 from freetoken.quant import BF16, QuantizationError, WeightFormat, format_from_config
 
 
@@ -90,11 +101,13 @@ def build_model(
     ftw = read_manifest(hf.path)  # FTW: the routed experts come pre-banked, the rest is safetensors as usual
     reader = SafetensorsReader(hf.path)
     fmt = weight_format(reader, hf)
-    check_supported(hf.raw, reader, family.skippable, fmt)
+    skip = skippable(family, hf)
+    check_supported(hf.raw, reader, skip, fmt)
     w = CheckpointWeights(reader, device, dtype, fmt)
     n = family.naming
     D, V = hf.hidden_size, hf.vocab_size
-    rotary = Rotary(hf.rope, hf.head_dim, max_positions, device)
+    rotary = Rotary(rope(family, hf), hf.head_dim, max_positions, device)
+    sigmoid = sigmoid_routing(hf, family)  # checked before any weight is read
     moe_ids = hf.moe_layer_ids
     parts: list[tuple[torch.Tensor, Attention | GatedDeltaNet, torch.Tensor, DenseMLP | MoEParts]] = []
     reads: list[ExpertRead] = []
@@ -120,7 +133,7 @@ def build_model(
     scales = [w.layout.scale_name(r[0]) for r in reads if w.is_packed(r[0])] if w.layout is not None else []
     w.claim([r[0] for r in reads] + scales + ([n.lm_head] if n.lm_head in w else []))  # a tied head's copy is not read
     final_norm = norm(w, family, n.final_norm, (D,))
-    w.check_all_used(hf.architecture, family.skippable)
+    w.check_all_used(hf.architecture, skip)
     banks = backend = check = None
     if moe_ids and ftw is not None:
         banks, check = read_ftw_banks(ftw, hf, dtype, verify)
@@ -141,7 +154,8 @@ def build_model(
         if isinstance(ffn, MoEParts):
             assert backend is not None
             norm_topk = hf.norm_topk_prob or family.always_norm_topk
-            moe = MoELayer(ffn.router, hf.top_k, norm_topk, moe_ids.index(i), backend, ffn.shared, ffn.shared_gate)
+            moe = MoELayer(ffn.router, hf.top_k, norm_topk, moe_ids.index(i), backend, ffn.shared, ffn.shared_gate,
+                           sigmoid=sigmoid, bias=ffn.bias)  # fmt: skip
             layers.append(DecoderLayer(attn_norm, attn, ffn_norm, moe))
         else:
             layers.append(DecoderLayer(attn_norm, attn, ffn_norm, ffn))

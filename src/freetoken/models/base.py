@@ -25,6 +25,7 @@ class Naming:
     mlp: str = "mlp."  # dense MLP prefix
     moe: str = "mlp."  # MoE block prefix
     router: str = "gate.weight"
+    router_bias: str = "gate.e_score_correction_bias"  # sigmoid routing's correction bias [E]
     experts: tuple[str, str, str] = (
         "experts.{e}.gate_proj.weight",
         "experts.{e}.up_proj.weight",
@@ -42,7 +43,14 @@ class Family:
     architectures: tuple[str, ...]
     naming: Naming = field(default_factory=Naming)
     qk_norm: str = "none"  # "none" | "head" (per head, [hd]) | "full" (whole projection, [H*hd])
+    qk_norm_key: str | None = None  # config key that switches qk_norm on (GLM-4.5: "use_qk_norm"); None: always
+    partial_rotary: float = 1.0  # the rotary share of a head when config.json names none (GLM-4.5: 0.5)
+    # config key counting the multi-token-prediction layers saved after the decoder's (``model.layers.{N + j}.*``):
+    # not used (skipped at load, said once)
+    mtp_layers_key: str | None = None
     always_norm_topk: bool = False  # Mixtral renormalises top-k weights regardless of config
+    routing: str = "softmax"  # "softmax" (top-k of a softmax) | "sigmoid" (DeepSeek-V3 style: ``models/routing.py``)
+    routing_groups: bool = True  # sigmoid routing reads n_group, topk_group, routed_scaling_factor (MiniMax-M2: no)
     qkv_bias_key: str | None = None  # config key forcing q/k/v biases (Qwen2: "qkv_bias")
     clip_qkv_key: str | None = None  # config key of a q/k/v clamp (OLMoE: "clip_qkv")
     # Checkpoint tensors the family does not read (fnmatch patterns); any other unread tensor is refused.

@@ -4,11 +4,11 @@ expert banks. The model's assembly (``loader/model_build.py``) composes them lay
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from freetoken.checkpoint.hf_config import HFConfig
+from freetoken.checkpoint.hf_config import HFConfig, RopeConfig
 from freetoken.checkpoint.weights import CheckpointWeights
 from freetoken.layers.attention import Attention, AttentionWeights
 from freetoken.layers.mlp import DenseMLP
@@ -24,6 +24,7 @@ class MoEParts:
     router: torch.Tensor
     shared: DenseMLP | None
     shared_gate: torch.Tensor | None
+    bias: torch.Tensor | None = None  # [E] float32: sigmoid routing's correction bias
 
 
 def attention(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, kv_index: int, rotary: Rotary) -> Attention:
@@ -32,8 +33,9 @@ def attention(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, kv_index:
     # Llama's attention_bias covers o_proj too; Qwen2's qkv_bias only q/k/v.
     bias = hf.attention_bias or bool(fam.qkv_bias_key and hf.raw.get(fam.qkv_bias_key, False))
     o_bias = bool(hf.raw.get("attention_bias", False)) and fam.qkv_bias_key is None
-    norm_q = {"none": None, "head": (hd,), "full": (H * hd,)}[fam.qk_norm]
-    norm_k = {"none": None, "head": (hd,), "full": (Hkv * hd,)}[fam.qk_norm]
+    qk_norm = fam.qk_norm if fam.qk_norm_key is None or hf.raw.get(fam.qk_norm_key) else "none"
+    norm_q = {"none": None, "head": (hd,), "full": (H * hd,)}[qk_norm]
+    norm_k = {"none": None, "head": (hd,), "full": (Hkv * hd,)}[qk_norm]
     gated = fam.attn_output_gate
     q, gate = w.get(p + "q_proj.weight", (H * hd * (2 if gated else 1), D)), None
     if gated:
@@ -56,6 +58,20 @@ def attention(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, kv_index:
     )
     clip = hf.raw.get(fam.clip_qkv_key) if fam.clip_qkv_key else None
     return Attention(aw, kv_index, H, Hkv, hd, hf.rms_eps, rotary, float(clip) if clip else None, hf.sliding_window)
+
+
+def skippable(fam: Family, hf: HFConfig) -> tuple[str, ...]:
+    """The tensors this checkpoint holds that the family does not read: its fixed patterns, and the layers of
+    multi-token prediction saved after the decoder's (``model.layers.{N + j}.*``)."""
+    mtp = int(hf.raw.get(fam.mtp_layers_key) or 0) if fam.mtp_layers_key else 0
+    return fam.skippable + tuple(fam.naming.layer.format(i=hf.num_layers + j) + "*" for j in range(mtp))
+
+
+def rope(fam: Family, hf: HFConfig) -> RopeConfig:
+    """The config's rotary settings, with the family's partial rotary share where config.json names none."""
+    if "partial_rotary_factor" in hf.rope.params or fam.partial_rotary == 1.0:
+        return hf.rope
+    return replace(hf.rope, params={**hf.rope.params, "partial_rotary_factor": fam.partial_rotary})
 
 
 def norm(w: CheckpointWeights, fam: Family, name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -82,7 +98,12 @@ def moe_parts(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int) -> MoEPar
     if n.shared_expert and hf.shared_expert_intermediate_size:
         shared = dense_mlp(w, mp + n.shared_expert, D, hf.shared_expert_intermediate_size)
         shared_gate = w.opt(mp + (n.shared_expert_gate or ""), (1, D))
-    return MoEParts(w.get(mp + n.router, (hf.num_experts, D)), shared, shared_gate)
+    if fam.routing != "sigmoid":
+        return MoEParts(w.get(mp + n.router, (hf.num_experts, D)), shared, shared_gate)
+    # sigmoid routing runs its GEMM in float32 as the references do: the router kept in float32 (no cast a step);
+    # the correction bias too (its differences between experts are far below bf16's resolution)
+    router = w.get(mp + n.router, (hf.num_experts, D), torch.float32)
+    return MoEParts(router, shared, shared_gate, w.get(mp + n.router_bias, (hf.num_experts,), torch.float32))
 
 
 # One read of routed-expert weights: (tensor name, "gate_up" or "down", index into that bank, expected shape,
