@@ -2,9 +2,10 @@
 
 Cache kinds: full-attention layers keep K and V per token in the paged KV pool (a sliding-window layer keeps them in
 the same pages); multi-head latent attention layers (a config with ``kv_lora_rank``) keep one latent of
-``kv_lora_rank + qk_rope_head_dim`` per token instead (``kv_geometry``); gated DeltaNet (linear-attention) layers keep one recurrent state per request - the last K-1 conv
-inputs in the model dtype and a [H, dk, dv] float32 state - and state checkpoints are copies of that state; a
-layer-major prefill keeps two hidden vectors (``h`` and ``x``) per token. ``tests/test_memory_sizes.py`` checks these
+``kv_lora_rank + qk_rope_head_dim`` per token instead (``kv_geometry``); gated DeltaNet (linear-attention) layers
+keep one recurrent state per request - the last K-1 conv inputs in the model dtype and a [H, dk, dv] float32 state -
+and state checkpoints are copies of that state; a layer-major prefill keeps two hidden vectors (``h`` and ``x``) per
+token. ``tests/test_memory_sizes.py`` checks these
 numbers against the tensors the engine allocates for a tiny model of every family.
 """
 
