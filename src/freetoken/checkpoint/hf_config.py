@@ -49,10 +49,12 @@ class HFConfig:
     dtype: str | None
     raw: dict[str, Any]
     layer_types: tuple[str, ...] | None = None  # per layer ("full_attention", "linear_attention", ...); None: unsaid
+    first_k_dense: int = 0  # DeepSeek-style ``first_k_dense_replace``: the first k layers have a dense MLP
 
     def is_moe_layer(self, i: int) -> bool:
         return (
             self.num_experts > 0
+            and i >= self.first_k_dense
             and i not in self.mlp_only_layers
             and (i + 1) % max(self.decoder_sparse_step, 1) == 0
         )
@@ -108,7 +110,8 @@ def load_hf_config(directory: str | Path) -> HFConfig:
     try:
         hidden = int(raw["hidden_size"])
         heads = int(raw["num_attention_heads"])
-        num_experts = int(raw.get("num_local_experts", raw.get("num_experts", 0)) or 0)
+        num_experts = int(raw.get("num_local_experts", raw.get("num_experts", raw.get("n_routed_experts", 0))) or 0)
+        moe_inter = int(raw.get("moe_intermediate_size") or raw.get("intermediate_size", 0))
         return HFConfig(
             path=d,
             architecture=str(archs[0]),
@@ -128,15 +131,19 @@ def load_hf_config(directory: str | Path) -> HFConfig:
             sliding_window=_sliding_window(raw),
             num_experts=num_experts,
             top_k=int(raw.get("num_experts_per_tok", 0) or 0),
-            moe_intermediate_size=int(raw.get("moe_intermediate_size") or raw.get("intermediate_size", 0)),
+            moe_intermediate_size=moe_inter,
             norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
-            shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size", 0) or 0),
+            # Qwen2-MoE names the shared expert's width; DeepSeek-style configs count shared experts of the routed width
+            shared_expert_intermediate_size=int(
+                raw.get("shared_expert_intermediate_size") or int(raw.get("n_shared_experts") or 0) * moe_inter
+            ),
             mlp_only_layers=tuple(int(i) for i in raw.get("mlp_only_layers", []) or []),
             decoder_sparse_step=int(raw.get("decoder_sparse_step", 1) or 1),
             eos_token_ids=_eos(d, raw),
             dtype=raw.get("dtype", raw.get("torch_dtype")),
             raw=raw,
             layer_types=_layer_types(raw),
+            first_k_dense=int(raw.get("first_k_dense_replace", 0) or 0),
         )
     except KeyError as e:
         raise CheckpointError(f"{path}: required field {e.args[0]!r} is missing") from None

@@ -38,8 +38,8 @@ class CheckpointWeights:
     def __contains__(self, name: str) -> bool:
         return name in self.reader
 
-    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        """Tensor ``name`` of ``shape`` in the compute dtype, on the compute device."""
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Tensor ``name`` of ``shape`` in the compute dtype (or ``dtype``), on the compute device."""
         got = self.reader.shape(name)
         if got != shape:
             raise CheckpointError(
@@ -50,9 +50,10 @@ class CheckpointWeights:
             assert self.layout is not None
             scale = self.layout.scale_name(name)  # its shape was checked with the headers (check_supported)
             self.used.add(scale)
-            w = self.layout.dequantize(self.reader.read(name), self.reader.read(scale, torch.float32), self.dtype)
+            raw, scales = self.reader.read(name), self.reader.read(scale, torch.float32)
+            w = self.layout.dequantize(raw, scales, dtype or self.dtype)
             return w.to(self.device)
-        return self.reader.read(name, self.dtype).to(self.device)
+        return self.reader.read(name, dtype or self.dtype).to(self.device)
 
     def opt(self, name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
         return self.get(name, shape) if name in self.reader else None

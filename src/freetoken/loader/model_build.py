@@ -35,6 +35,7 @@ from freetoken.models.base import Family
 from freetoken.models.blocks import ExpertRead, MoEParts, attention, dense_mlp, expert_reads, moe_parts, norm
 from freetoken.models.decoder import DecoderLayer, DecoderModel
 from freetoken.models.hybrid_blocks import LINEAR, deltanet, layer_kinds, state_shape
+from freetoken.models.routing import sigmoid_routing
 from freetoken.quant import BF16, QuantizationError, WeightFormat, format_from_config
 
 
@@ -95,6 +96,7 @@ def build_model(
     n = family.naming
     D, V = hf.hidden_size, hf.vocab_size
     rotary = Rotary(hf.rope, hf.head_dim, max_positions, device)
+    sigmoid = sigmoid_routing(hf, family)  # checked before any weight is read
     moe_ids = hf.moe_layer_ids
     parts: list[tuple[torch.Tensor, Attention | GatedDeltaNet, torch.Tensor, DenseMLP | MoEParts]] = []
     reads: list[ExpertRead] = []
@@ -141,7 +143,8 @@ def build_model(
         if isinstance(ffn, MoEParts):
             assert backend is not None
             norm_topk = hf.norm_topk_prob or family.always_norm_topk
-            moe = MoELayer(ffn.router, hf.top_k, norm_topk, moe_ids.index(i), backend, ffn.shared, ffn.shared_gate)
+            moe = MoELayer(ffn.router, hf.top_k, norm_topk, moe_ids.index(i), backend, ffn.shared, ffn.shared_gate,
+                           sigmoid=sigmoid, bias=ffn.bias)  # fmt: skip
             layers.append(DecoderLayer(attn_norm, attn, ffn_norm, moe))
         else:
             layers.append(DecoderLayer(attn_norm, attn, ffn_norm, ffn))

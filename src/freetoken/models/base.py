@@ -25,6 +25,7 @@ class Naming:
     mlp: str = "mlp."  # dense MLP prefix
     moe: str = "mlp."  # MoE block prefix
     router: str = "gate.weight"
+    router_bias: str = "gate.e_score_correction_bias"  # sigmoid routing's correction bias [E]
     experts: tuple[str, str, str] = (
         "experts.{e}.gate_proj.weight",
         "experts.{e}.up_proj.weight",
@@ -43,6 +44,8 @@ class Family:
     naming: Naming = field(default_factory=Naming)
     qk_norm: str = "none"  # "none" | "head" (per head, [hd]) | "full" (whole projection, [H*hd])
     always_norm_topk: bool = False  # Mixtral renormalises top-k weights regardless of config
+    routing: str = "softmax"  # "softmax" (top-k of a softmax) | "sigmoid" (DeepSeek-V3 style: ``models/routing.py``)
+    routing_groups: bool = True  # sigmoid routing reads n_group, topk_group, routed_scaling_factor (MiniMax-M2: no)
     qkv_bias_key: str | None = None  # config key forcing q/k/v biases (Qwen2: "qkv_bias")
     clip_qkv_key: str | None = None  # config key of a q/k/v clamp (OLMoE: "clip_qkv")
     # Checkpoint tensors the family does not read (fnmatch patterns); any other unread tensor is refused.

@@ -24,6 +24,7 @@ class MoEParts:
     router: torch.Tensor
     shared: DenseMLP | None
     shared_gate: torch.Tensor | None
+    bias: torch.Tensor | None = None  # [E] float32: sigmoid routing's correction bias
 
 
 def attention(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, kv_index: int, rotary: Rotary) -> Attention:
@@ -82,7 +83,9 @@ def moe_parts(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int) -> MoEPar
     if n.shared_expert and hf.shared_expert_intermediate_size:
         shared = dense_mlp(w, mp + n.shared_expert, D, hf.shared_expert_intermediate_size)
         shared_gate = w.opt(mp + (n.shared_expert_gate or ""), (1, D))
-    return MoEParts(w.get(mp + n.router, (hf.num_experts, D)), shared, shared_gate)
+    # the correction bias stays float32 (its differences between experts are far below bf16's resolution)
+    bias = w.get(mp + n.router_bias, (hf.num_experts,), torch.float32) if fam.routing == "sigmoid" else None
+    return MoEParts(w.get(mp + n.router, (hf.num_experts, D)), shared, shared_gate, bias)
 
 
 # One read of routed-expert weights: (tensor name, "gate_up" or "down", index into that bank, expected shape,
