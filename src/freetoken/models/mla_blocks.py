@@ -55,20 +55,19 @@ def mla_attention(
     d = mla_dims(hf)
     D, H, R, dr, dn, dv = hf.hidden_size, d.heads, d.rank, d.rope_dim, d.nope_dim, d.v_dim
     bias = hf.attention_bias
+    q_rows = "num_attention_heads x (qk_nope_head_dim + qk_rope_head_dim)"
+    _check_rows(w, p + ("q_b_proj.weight" if hf.raw.get("q_lora_rank") else "q_proj.weight"), H * (dn + dr), q_rows, hf)
     _check_rows(w, p + "kv_a_proj_with_mqa.weight", R + dr, "kv_lora_rank + qk_rope_head_dim", hf)
     _check_rows(w, p + "kv_b_proj.weight", H * (dn + dv), "num_attention_heads x (qk_nope_head_dim + v_head_dim)", hf)
-    q_rows = "num_attention_heads x (qk_nope_head_dim + qk_rope_head_dim)"
     q_lora = hf.raw.get("q_lora_rank")
     q = q_a = q_a_norm = q_b = q_a_bias = None
     if q_lora:
         ql = _field(hf, "q_lora_rank")
-        _check_rows(w, p + "q_b_proj.weight", H * (dn + dr), q_rows, hf)
         q_a = w.get(p + "q_a_proj.weight", (ql, D))
         q_a_bias = w.get(p + "q_a_proj.bias", (ql,)) if bias else None
         q_a_norm = w.get(p + "q_a_layernorm.weight", (ql,))
         q_b = w.get(p + "q_b_proj.weight", (H * (dn + dr), ql))
     else:
-        _check_rows(w, p + "q_proj.weight", H * (dn + dr), q_rows, hf)
         q = w.get(p + "q_proj.weight", (H * (dn + dr), D))
     kv_a = w.get(p + "kv_a_proj_with_mqa.weight", (R + dr, D))
     kv_a_bias = w.get(p + "kv_a_proj_with_mqa.bias", (R + dr,)) if bias else None
