@@ -108,4 +108,3 @@ def _scale_kind(name: str) -> str:
         if last == suffix or (suffix.startswith("_") and last.endswith(suffix)):
             return suffix.lstrip("_")
     return ""
-

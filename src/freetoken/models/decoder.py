@@ -17,7 +17,6 @@ from freetoken.layers.mla import MLAttention
 from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.moe import MoELayer
 
-
 Mixer = Attention | MLAttention | GatedDeltaNet  # full attention (GQA or latent) over KV pages, or linear attention
 
 

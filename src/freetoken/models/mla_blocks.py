@@ -15,7 +15,7 @@ from freetoken.layers.mla import MLADims, MLAttention, MLAWeights
 from freetoken.layers.rope import Rotary, yarn_mscale
 from freetoken.models.base import Family
 
-LATENT_NORM_EPS = 1e-6  # q_a_layernorm and kv_a_layernorm: transformers builds them with the default eps, not the config's
+LATENT_NORM_EPS = 1e-6  # q_a_layernorm, kv_a_layernorm: transformers builds them with the default eps
 
 
 def _field(hf: HFConfig, key: str) -> int:

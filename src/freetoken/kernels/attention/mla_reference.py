@@ -40,9 +40,7 @@ def mla_decode_reference(
     return out[:, :, 0, :].to(q.dtype)
 
 
-def expand_latents(
-    lat: torch.Tensor, kv_b: torch.Tensor, dims: tuple[int, int]
-) -> tuple[torch.Tensor, torch.Tensor]:
+def expand_latents(lat: torch.Tensor, kv_b: torch.Tensor, dims: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
     """lat [n, R + dr] -> per-head keys [H, n, dn + dr] and values [H, n, dv] (kv_b [H * (dn + dv), R])."""
     dn, dv = dims
     rank = kv_b.shape[1]
