@@ -74,8 +74,9 @@ def test_graphed_mla_step_on_cuda(ckpt, backend: str) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     outs = []
     for graphs in (False, True):
-        llm = LLM(str(d), device="cuda", dtype="float32", moe_backend=backend,
-                  expert_cache=None if backend == "fused" else 0.5, max_running_requests=4, cuda_graphs=graphs)  # fmt: skip
+        cache = None if backend == "fused" else 0.5
+        llm = LLM(str(d), device="cuda", dtype="float32", moe_backend=backend, expert_cache=cache,
+                  max_running_requests=4, cuda_graphs=graphs)  # fmt: skip
         outs.append([r.token_ids for r in llm.generate(prompts, params)])
         assert not graphs or llm.stats()["step_graph_replays"] > 0
         close = getattr(llm.engine.setup.loaded.backend, "close", None)
