@@ -9,8 +9,13 @@ import pytest
 import torch
 
 from devices import TRITON_INTERPRETER
-from freetoken.kernels.attention import DecodeMeta, PrefillMeta
-from freetoken.kernels.attention.mla_reference import mla_decode_reference, mla_prefill_reference
+from freetoken.kernels.attention import DecodeMeta, PrefillMeta, mla_reference
+from freetoken.kernels.attention.mla_reference import (
+    attend_flash_cpu,
+    attend_in_row_blocks,
+    mla_decode_reference,
+    mla_prefill_reference,
+)
 
 PAGE = 16
 
@@ -68,7 +73,14 @@ def test_absorbed_decode_equals_expanded_attention(H: int, R: int, dr: int, dn: 
 
 
 @pytest.mark.parametrize("H,R,dr,dn,dv", [(4, 32, 16, 24, 16), (2, 16, 8, 8, 32)])
-def test_expanded_prefill_is_causal_over_the_context(H: int, R: int, dr: int, dn: int, dv: int) -> None:
+@pytest.mark.parametrize("key_block", [None, 7])
+def test_expanded_prefill_is_causal_over_the_context(
+    H: int, R: int, dr: int, dn: int, dv: int, key_block: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One key block, or the context before the new tokens expanded 7 keys at a time (the blocks merged by their
+    log-sum-exps)."""
+    if key_block is not None:
+        monkeypatch.setattr(mla_reference, "KV_BLOCK_ELEMENTS", key_block * H * (dn + dr + dv))
     g = torch.Generator().manual_seed(7)
     ctx, new = [9, 40], [9, 5]  # a whole prompt; a chunk after 35 cached tokens
     cache, table = _pool(ctx, R + dr, torch.float32, "cpu", g)
@@ -86,6 +98,20 @@ def test_expanded_prefill_is_causal_over_the_context(H: int, R: int, dr: int, dn
         qs = q[q0 : q0 + n]
         ref = _expanded(qs[..., :dn], qs[..., dn:], lat, w_uk, w_uv, scale, c - n)
         torch.testing.assert_close(out[q0 : q0 + n].double(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_row_blocks_equal_the_cpu_flash_kernel(causal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device path of the expanded prefill (rows in blocks, float32) against the CPU one, output and
+    log-sum-exp, with blocks of 16 rows; query/key and value head dims that differ."""
+    monkeypatch.setattr(mla_reference, "rows_per_block", lambda heads, keys: 16)
+    g = torch.Generator().manual_seed(5)
+    n, m = 37, 37 if causal else 50
+    q, k, v = (torch.randn(shape, generator=g) for shape in ((3, n, 24), (3, m, 24), (3, m, 40)))
+    o1, lse1 = attend_in_row_blocks(q, k, v, 0.2, causal)
+    o2, lse2 = attend_flash_cpu(q, k, v, 0.2, causal)
+    torch.testing.assert_close(o1, o2, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse1, lse2, rtol=1e-5, atol=1e-5)
 
 
 def _check_kernel(device: str, dtype: torch.dtype, H: int, R: int, dr: int, splits: int | None) -> None:
