@@ -131,4 +131,4 @@ def merge_parts(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         return parts[0][0]
     lses = torch.stack([lse for _, lse in parts])  # [P, H, n]
     w = torch.exp(lses - lses.amax(dim=0, keepdim=True))
-    return sum(o * wi[..., None] for (o, _), wi in zip(parts, w)) / w.sum(dim=0)[..., None]  # type: ignore[return-value]
+    return sum(o * wi[..., None] for (o, _), wi in zip(parts, w)) / w.sum(dim=0)[..., None]
