@@ -67,7 +67,8 @@ def _llm(d: Path, backend: str = "auto", cache: float | None = None, fill: float
 
 
 def test_logits_match_one_shot_chunked_and_token_by_token(mla_ckpt):
-    """Prefill expands the latents; chunks read the latents earlier chunks wrote; chunk 1 is the absorbed decode."""
+    """Prefill expands the latents; chunks read the latents earlier chunks wrote (chunk-major and layer-major);
+    chunk 1 is the absorbed decode."""
     variant, d, model, refs, full = mla_ckpt
     llm = _llm(d)
     for r, ref in zip(refs, full):
@@ -75,6 +76,7 @@ def test_logits_match_one_shot_chunked_and_token_by_token(mla_ckpt):
         seq = r.prompt + r.tokens
         for chunk in (1, 7):
             assert_close_logits(llm.engine.score(seq, chunk=chunk).double(), ref)
+        assert_close_logits(llm.engine.score(seq, chunk=7, layer_major=True).double(), ref)  # layer by layer
     llm.check_integrity()
 
 

@@ -99,5 +99,6 @@ def mla_decode_triton(
         H=H, R=rank, DR=dr, BLOCK_R=block_r, BLOCK_DR=max(16, triton.next_power_of_2(dr)),
         PAGE=meta.page_size, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, SPLITS=s,
         PREC="ieee" if cache.dtype == torch.float32 else "tf32",  # float32 exact (TF32 would round it)
+        num_warps=8 if block_r >= 256 else 4,  # DeepSeek's R = 512: a [16, 512] float32 accumulator per program
     )  # fmt: skip
     return merge_splits(acc[..., :rank], mx, sm).to(q.dtype)
