@@ -29,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 PROMPT_LENGTHS = (5, 13, 29)
 STEPS = 12
 # Seeds picked so the reference has no near ties (asserted below, DESIGN §8).
-SEEDS = {"deepseek_v3": 0, "glm4_moe_lite": 2, "deepseek_yarn": 1}
+SEEDS = {"deepseek_v3": 0, "glm4_moe_lite": 2, "deepseek_yarn": 3}
 # (backend, expert cache, fill fraction): 2 slots of 16 routed experts is a small cache
 BACKENDS = [("fused", None, None), ("offload", 0.125, None), ("cpu", None, None), ("hybrid", 0.125, 0.5)]
 PARAMS = SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True)

@@ -19,7 +19,7 @@ MLA: dict[str, Any] = dict(
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128,
         "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.707}  # fmt: skip
 # deepseek_v3: q LoRA, 2 groups of 4 experts (1 kept), the first layer dense; glm4_moe_lite: a plain q_proj,
-# GLM's mlp_layer_types; deepseek_yarn: YaRN with mscale != mscale_all_dim and the rotate-half rope layout
+# GLM's mlp_layer_types; deepseek_yarn: YaRN with mscale != mscale_all_dim, the rotate-half rope layout, biases
 VARIANTS = ["deepseek_v3", "glm4_moe_lite", "deepseek_yarn"]
 
 
@@ -33,7 +33,7 @@ def make_config(variant: str) -> Any:
         return tf.Glm4MoeLiteConfig(**MLA, q_lora_rank=None, routed_scaling_factor=1.8)
     if variant == "deepseek_yarn":
         return tf.DeepseekV3Config(**MLA, q_lora_rank=40, first_k_dense_replace=1, n_group=1, topk_group=1,
-                                   rope_parameters=dict(YARN), rope_interleave=False)  # fmt: skip
+                                   rope_parameters=dict(YARN), rope_interleave=False, attention_bias=True)  # fmt: skip
     raise ValueError(variant)
 
 
