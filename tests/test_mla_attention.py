@@ -146,3 +146,24 @@ def test_triton_mla_decode_in_the_interpreter(H: int, R: int, dr: int, splits: i
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_triton_mla_decode_on_cuda(H: int, R: int, dr: int, splits: int | None, dtype: torch.dtype) -> None:
     _check_kernel("cuda", dtype, H, R, dr, splits)
+
+
+def test_latent_pool_resizes_keeping_the_used_rows() -> None:
+    """A KV pool of latents (one row per token, no V: ``value_dim=0``): its bytes, and a shrink that moves the used
+    pages below the new size with their rows."""
+    from freetoken.cache.kv_pool import KVPool
+
+    kv = KVPool(2, 8, 4, 1, 6, torch.float32, torch.device("cpu"), value_dim=0)
+    assert kv.page_bytes == 2 * 4 * 6 * 4 and kv.v[0].shape == (32, 1, 0)
+    pages = kv.allocate(8, "r")
+    kv.free(pages[:6], "r")
+    kept = pages[6:]
+    for layer in kv.k:
+        layer.copy_(torch.arange(layer.numel(), dtype=torch.float32).view_as(layer))
+    rows = {p: [t[p * 4 : (p + 1) * 4].clone() for t in kv.k] for p in kept}
+    moves = kv.resize(3)
+    assert kv.num_pages == 3 and kv.k[0].shape == (12, 1, 6) and kv.v[1].shape == (12, 1, 0)
+    for p in kept:
+        q = moves.get(p, p)
+        assert all(torch.equal(t[q * 4 : (q + 1) * 4], r) for t, r in zip(kv.k, rows[p]))
+    kv.check_integrity({"r": [moves.get(p, p) for p in kept]})
