@@ -210,3 +210,10 @@ def test_mtp_layer_skipped_said_once(mla_ckpt, tmp_path, caplog):
     bad = _edited(d, tmp_path / "stray", tensors=lambda s: {**s, **stray})
     with pytest.raises(CheckpointError, match=f"model.layers.{n + 1}.eh_proj.weight"):
         LLM(model=str(bad), device="cpu", dtype="float32")
+
+
+def test_chat_family_of_the_mla_model_types():
+    from freetoken.chat.registry import detect_family
+
+    assert detect_family("deepseek_v3") == "deepseek_v3"
+    assert detect_family("glm4_moe_lite") == "glm45"
