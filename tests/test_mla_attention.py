@@ -134,7 +134,7 @@ def _check_kernel(device: str, dtype: torch.dtype, H: int, R: int, dr: int, spli
 
 
 @TRITON_INTERPRETER
-@pytest.mark.parametrize("H,R,dr,splits", [(4, 32, 16, 1), (20, 48, 8, 3)])
+@pytest.mark.parametrize("H,R,dr,splits", [(4, 32, 16, 1), (20, 48, 8, 3), (4, 512, 64, 2)])
 def test_triton_mla_decode_in_the_interpreter(H: int, R: int, dr: int, splits: int) -> None:
     _check_kernel("cpu", torch.float32, H, R, dr, splits)
 

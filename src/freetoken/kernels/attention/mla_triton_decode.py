@@ -15,7 +15,7 @@ import triton.language as tl
 from freetoken.kernels.attention import DecodeMeta
 from freetoken.kernels.attention.triton_decode import merge_splits
 
-BLOCK_N = 32  # context tokens per inner iteration
+BLOCK_N = 32  # context tokens per inner iteration (16 for float32 latents of 512)
 BLOCK_H = 16  # query heads per program (tl.dot's smallest tile)
 
 
@@ -88,6 +88,8 @@ def mla_decode_triton(
     dr = width - rank
     block_r = max(16, triton.next_power_of_2(rank))
     s = splits or default_splits(B, H)
+    wide = block_r >= 256
+    block_n = BLOCK_N // 2 if block_r * cache.element_size() > 1024 else BLOCK_N  # a latent tile within shared memory
     acc = torch.empty((B, H, s, block_r), dtype=torch.float32, device=q.device)
     mx = torch.empty((B, H, s), dtype=torch.float32, device=q.device)
     sm = torch.empty((B, H, s), dtype=torch.float32, device=q.device)
@@ -97,8 +99,8 @@ def mla_decode_triton(
         q.stride(0), q.stride(1), cache.stride(0), bt.stride(0), H * s, s, 1,
         scale,
         H=H, R=rank, DR=dr, BLOCK_R=block_r, BLOCK_DR=max(16, triton.next_power_of_2(dr)),
-        PAGE=meta.page_size, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, SPLITS=s,
+        PAGE=meta.page_size, BLOCK_H=BLOCK_H, BLOCK_N=block_n, SPLITS=s,
         PREC="ieee" if cache.dtype == torch.float32 else "tf32",  # float32 exact (TF32 would round it)
-        num_warps=8 if block_r >= 256 else 4,  # DeepSeek's R = 512: a [16, 512] float32 accumulator per program
+        num_warps=8 if wide else 4, num_stages=2 if wide else 3,  # DeepSeek's R = 512: a [16, 512] accumulator
     )  # fmt: skip
     return merge_splits(acc[..., :rank], mx, sm).to(q.dtype)
