@@ -22,7 +22,6 @@ _NO_INTERPRETER = pytest.mark.skipif(
 def TRITON_INTERPRETER(fn: Any) -> Any:  # noqa: N802 - used as a marker
     return pytest.mark.interp(_NO_INTERPRETER(fn))
 
-
 DEVICES = [
     "cpu",
     pytest.param(

@@ -31,14 +31,8 @@ def _top2_margin(x: torch.Tensor) -> torch.Tensor:
 
 # transformers binds these to an installed kernel package (fla, causal-conv1d) when it imports one, its own torch
 # function otherwise; the oracle is the torch function (fla's kernels do not run on the CPU and multiply in TF32).
-KERNEL_FUNCTIONS = {
-    "chunk_gated_delta_rule",
-    "fused_recurrent_gated_delta_rule",
-    "torch_chunk_gated_delta_rule",
-    "torch_recurrent_gated_delta_rule",
-    "causal_conv1d_fn",
-    "causal_conv1d_update",
-}
+KERNEL_FUNCTIONS = {"chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "torch_chunk_gated_delta_rule",
+                    "torch_recurrent_gated_delta_rule", "causal_conv1d_fn", "causal_conv1d_update"}
 
 
 @contextlib.contextmanager
@@ -85,7 +79,7 @@ def _reference_greedy(model, prompt: list[int], steps: int, top_k: int | None) -
             top = torch.topk(probs, top_k + 1, dim=-1).values
             router_margin = min(router_margin, float((top[:, top_k - 1] - top[:, top_k]).min()))
     assert first_logits is not None
-    return RefRun(prompt, ids[len(prompt) :], first_logits, min(margins), router_margin)
+    return RefRun(prompt, ids[len(prompt):], first_logits, min(margins), router_margin)
 
 
 def assert_close_logits(ours: torch.Tensor, ref: torch.Tensor, rel: float = 1e-4) -> None:

@@ -101,12 +101,8 @@ class _Builder:
             return st.tuples(*(self.build(p) for p in s["prefixItems"])).map(list)
         lo = s.get("minItems", 0)
         item = self.build(s.get("items", True))
-        return st.lists(
-            item,
-            min_size=lo,
-            max_size=max(lo, min(s.get("maxItems", 3), 3)),
-            unique_by=_json_key if s.get("uniqueItems") else None,
-        )
+        return st.lists(item, min_size=lo, max_size=max(lo, min(s.get("maxItems", 3), 3)),
+                        unique_by=_json_key if s.get("uniqueItems") else None)
 
     def _object(self, s: dict[str, Any]) -> st.SearchStrategy[Any]:
         props: dict[str, Any] = s.get("properties", {})
@@ -135,12 +131,9 @@ def _number(kind: str, s: dict[str, Any]) -> st.SearchStrategy[Any]:
     if kind == "integer":
         return ints
     floats = st.floats(
-        min_value=lo if lo is not None else xlo,
-        max_value=hi if hi is not None else xhi,
-        exclude_min=lo is None and xlo is not None,
-        exclude_max=hi is None and xhi is not None,
-        allow_nan=False,
-        allow_infinity=False,
+        min_value=lo if lo is not None else xlo, max_value=hi if hi is not None else xhi,
+        exclude_min=lo is None and xlo is not None, exclude_max=hi is None and xhi is not None,
+        allow_nan=False, allow_infinity=False,
     )
     return floats | ints
 

@@ -171,7 +171,9 @@ def test_qwen3_coder_tolerates_missing_parameter_close_and_keeps_bad_types_as_te
 
 
 def test_qwen3_coder_with_reasoning_started_in_prompt_and_json_body():
-    text = 'plan it\n</think>\n\n<tool_call>\n{"name": "run_shell", "arguments": {"cmd": "make"}}\n</tool_call>'
+    text = (
+        'plan it\n</think>\n\n<tool_call>\n{"name": "run_shell", "arguments": {"cmd": "make"}}\n</tool_call>'
+    )
     msg = check(text, "qwen3_coder", sir=True)
     assert msg.reasoning == "plan it" and calls(msg) == [("run_shell", {"cmd": "make"})]
 
@@ -220,5 +222,7 @@ def test_unknown_names_are_refused():
         make_stream_parser("qwen3", TOOLS, False, tool_parser="nope")
     # Overriding one half: GLM's tool syntax with no reasoning parser.
     p = make_stream_parser("qwen3", TOOLS, False, tool_parser="glm45", reasoning_parser="none")
-    msg = p.parse_all("<think>x</think><tool_call>run_shell<arg_key>cmd</arg_key><arg_value>ls</arg_value></tool_call>")
+    msg = p.parse_all(
+        "<think>x</think><tool_call>run_shell<arg_key>cmd</arg_key><arg_value>ls</arg_value></tool_call>"
+    )
     assert msg.content == "<think>x</think>" and calls(msg) == [("run_shell", {"cmd": "ls"})]

@@ -142,7 +142,9 @@ def test_render_matches_transformers_apply_chat_template(tok):
     msgs_obj[2]["tool_calls"][0]["function"]["arguments"] = {"path": "cfg.toml"}
     for kw in ({}, {"enable_thinking": False}):
         ours = render(QWEN3_STYLE, msgs, TOOLS, add_generation_prompt=True, **kw)
-        theirs = hf.apply_chat_template(msgs_obj, tools=TOOLS, tokenize=False, add_generation_prompt=True, **kw)
+        theirs = hf.apply_chat_template(
+            msgs_obj, tools=TOOLS, tokenize=False, add_generation_prompt=True, **kw
+        )
         assert ours == theirs
     assert '"path": "cfg.toml"' in ours and "Read a file — returns" in ours  # tojson keeps non-ASCII
 

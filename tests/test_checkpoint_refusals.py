@@ -96,10 +96,8 @@ def test_fp8_experts_of_partial_blocks_are_refused(plain: Path, tmp_path: Path) 
     d = _variant(plain, tmp_path / "fp8small", _fp8, _with_fp8_config)
     with pytest.raises(CheckpointError) as err:
         _load(d)
-    assert str(err.value) == (
-        f"{d}: routed expert weight model.layers.0.mlp.experts.0.gate_proj.weight [32, 64] is "
-        "not whole 128x128 fp8 blocks: routed experts of partial blocks are not implemented"
-    )
+    assert str(err.value) == (f"{d}: routed expert weight model.layers.0.mlp.experts.0.gate_proj.weight [32, 64] is "
+                              "not whole 128x128 fp8 blocks: routed experts of partial blocks are not implemented")
 
 
 def test_fp8_weights_without_a_quantization_config_are_refused(plain: Path, tmp_path: Path) -> None:

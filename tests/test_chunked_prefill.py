@@ -18,14 +18,8 @@ def ckpt(tmp_path_factory):
 
 @pytest.mark.parametrize("backend,cache", [("fused", None), ("offload", 0.5), ("hybrid", 1.0)])
 def test_chunked_prefill_logits_equal_one_shot(ckpt, backend, cache):
-    llm = LLM(
-        model=str(ckpt),
-        device="cpu",
-        dtype="float32",
-        moe_backend=backend,
-        expert_cache=cache,
-        fill_fraction=0.5 if backend == "hybrid" else None,
-    )
+    llm = LLM(model=str(ckpt), device="cpu", dtype="float32", moe_backend=backend, expert_cache=cache,
+              fill_fraction=0.5 if backend == "hybrid" else None)
     ids = torch.randint(3, 512, (61,), generator=torch.Generator().manual_seed(5)).tolist()
     ref = llm.engine.score(ids)
     for chunk in (1, 7, 16, 60):

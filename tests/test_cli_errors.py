@@ -96,11 +96,7 @@ def test_chat_streams_replies_and_exits(ckpt):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     r = subprocess.run(
         [sys.executable, "-m", "freetoken.cli", "chat", "--model", str(ckpt), "--max-tokens", "6", "--device", "cpu"],
-        input="Hello there\n/reset\nHow are you?\n/exit\n",
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
+        input="Hello there\n/reset\nHow are you?\n/exit\n", capture_output=True, text=True, env=env, timeout=300,
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("> ") == 4  # a prompt for each of the four input lines

@@ -113,10 +113,6 @@ def test_bench_e2e_passes_its_engine_flags_on() -> None:
 
     args = build_parser().parse_args(["bench", "e2e", "--no-overlap", "--max-batched-tokens", "64"])
     assert config_kwargs(EngineConfig, args) == {
-        "device": None,
-        "dtype": None,
-        "expert_cache": 0.25,
-        "max_batched_tokens": 64,
-        "prefill_order": "auto",
+        "device": None, "dtype": None, "expert_cache": 0.25, "max_batched_tokens": 64, "prefill_order": "auto",
         "overlap_steps": False,
     }  # fmt: skip  (no prefill_interleave_ms: None there means the engine's)

@@ -297,7 +297,9 @@ def test_torch_fallback_without_library(monkeypatch: pytest.MonkeyPatch) -> None
         kern.run(x, tok, torch.full_like(row, 4), weight, gate_up, down)
 
 
-def test_build_is_cached_and_fails_cleanly_without_compiler(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+def test_build_is_cached_and_fails_cleanly_without_compiler(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
     if build.find_compiler() is None:
         pytest.skip("no C++ compiler")
     first = build.library_path(CPU_EXPERTS)

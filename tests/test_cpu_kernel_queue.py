@@ -70,14 +70,8 @@ def test_batches_wait_for_ready_then_run_in_order(dtype: torch.dtype) -> None:
     time.sleep(0.05)
     assert int(done[0]) == 0 and torch.isnan(outs[0]).all()  # nothing starts before its ready flag
     with pytest.raises(RuntimeError, match="queued"):
-        kern.submit(
-            cases[0][0],
-            torch.zeros(0, dtype=torch.int32),
-            torch.zeros(0, dtype=torch.int64),
-            torch.zeros(0),
-            cases[0][3],
-            cases[0][4],
-        )  # direct batches wait for the queue
+        kern.submit(cases[0][0], torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.int64),
+                    torch.zeros(0), cases[0][3], cases[0][4])  # direct batches wait for the queue
     ready[0] = 1
     wait_flag(done, 1)
     time.sleep(0.02)

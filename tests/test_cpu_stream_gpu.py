@@ -22,9 +22,8 @@ D, I, E, L, K = 64, 32, 16, 3, 2
 
 def _banks(seed: int = 5) -> ExpertBanks:
     g = torch.Generator().manual_seed(seed)
-    return ExpertBanks(
-        torch.randn(L * E, 2 * I, D, generator=g) / D**0.5, torch.randn(L * E, D, I, generator=g) / I**0.5, L, E
-    )
+    return ExpertBanks(torch.randn(L * E, 2 * I, D, generator=g) / D**0.5,
+                       torch.randn(L * E, D, I, generator=g) / I**0.5, L, E)
 
 
 def _inputs(T: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:

@@ -16,17 +16,8 @@ from training.default_model import evaluate, generate, render, split
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = ROOT / "src" / "freetoken" / "assets" / "default_model"
-SPECIALS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<think>",
-    "</think>",
-    "<tool_call>",
-    "</tool_call>",
-    "<tool_response>",
-    "</tool_response>",
-]
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>",
+            "</tool_call>", "<tool_response>", "</tool_response>"]
 
 
 @pytest.fixture(scope="module")
@@ -82,10 +73,8 @@ def _tool_conversation(mods: dict[str, ModuleType]) -> dict[str, Any]:
         conv = mods["generate"].tool_conversation(rng)
         if list(conv["tools"][0]) == ["function", "type"] and len(conv["messages"]) == 4:
             break
-    earlier = [
-        {"role": "user", "content": "Hi"},
-        {"role": "assistant", "content": "Hello!", "reasoning_content": "EARLIER-THOUGHT"},
-    ]
+    earlier = [{"role": "user", "content": "Hi"},
+               {"role": "assistant", "content": "Hello!", "reasoning_content": "EARLIER-THOUGHT"}]
     # Up to the tool result: the prompt for the final answer.
     conv["messages"] = [{"role": "system", "content": "Be brief."}] + earlier + conv["messages"][:-1]
     return conv
@@ -102,13 +91,9 @@ def test_chat_template_renders_alike_everywhere(mods: dict[str, ModuleType], ena
     source = json.loads((ASSETS / "tokenizer_config.json").read_text())["chat_template"]
     kw: dict[str, Any] = {} if enable_thinking else {"enable_thinking": False}
     hf = AutoTokenizer.from_pretrained(ASSETS).apply_chat_template(
-        msgs, tools=tools, tokenize=False, add_generation_prompt=True, **kw
-    )
-    plain = (
-        ImmutableSandboxedEnvironment()
-        .from_string(source)
-        .render(messages=msgs, tools=tools, add_generation_prompt=True, **kw)
-    )
+        msgs, tools=tools, tokenize=False, add_generation_prompt=True, **kw)
+    plain = ImmutableSandboxedEnvironment().from_string(source).render(
+        messages=msgs, tools=tools, add_generation_prompt=True, **kw)
     assert hf == plain == ft_render(source, msgs, tools, add_generation_prompt=True, **kw)
     call = msgs[-2]["tool_calls"][0]["function"]
     assert "<tools>\n" + json.dumps(tools[0]) in hf  # tools as JSON inside <tools></tools>

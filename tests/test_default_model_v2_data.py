@@ -19,13 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def mods() -> dict[str, ModuleType]:
-    return {
-        "agent_tasks": agent_tasks,
-        "agent_tools": agent_tools,
-        "agent_data": agent_data,
-        "split": split,
-        "render": render,
-    }
+    return {"agent_tasks": agent_tasks, "agent_tools": agent_tools, "agent_data": agent_data, "split": split,
+            "render": render}
 
 
 def test_tools_have_the_servers_rendered_shape(mods: dict[str, ModuleType]) -> None:
@@ -95,9 +90,8 @@ def test_batches_keep_the_token_budget_and_the_curriculum(mods: dict[str, Module
 
 
 @pytest.mark.parametrize("style_seed", [0, 1, 2])
-def test_agent_prompt_renders_alike_in_training_transformers_and_the_server(
-    mods: dict[str, ModuleType], style_seed: int
-) -> None:
+def test_agent_prompt_renders_alike_in_training_transformers_and_the_server(mods: dict[str, ModuleType],
+                                                                            style_seed: int) -> None:
     """Training renders with render.py; evaluation with transformers; the server with freetoken.chat.template."""
     from transformers import AutoTokenizer
 
@@ -110,9 +104,8 @@ def test_agent_prompt_renders_alike_in_training_transformers_and_the_server(
     source = mods["render"].template_source()
     ours = mods["render"].render(conv, last_user + 1, add_generation_prompt=True)
     hf = AutoTokenizer.from_pretrained(assets).apply_chat_template(
-        msgs[: last_user + 1], tools=tools, tokenize=False, add_generation_prompt=True
-    )
-    assert ours == hf == ft_render(source, msgs[: last_user + 1], tools, add_generation_prompt=True)
+        msgs[:last_user + 1], tools=tools, tokenize=False, add_generation_prompt=True)
+    assert ours == hf == ft_render(source, msgs[:last_user + 1], tools, add_generation_prompt=True)
     calls = sum(1 for m in msgs[:last_user] if m.get("tool_calls"))
     assert ours.count("<tool_call>") == calls + 2  # the history's calls + the two in the format line
 

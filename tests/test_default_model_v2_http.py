@@ -48,10 +48,8 @@ def convs(mods: dict[str, ModuleType], tok: Any) -> list[tuple[Any, str]]:
     was drawn with sorted keys."""
     ev, http = mods["evaluate"], mods["evaluate_http"]
     render, count = ev.renderer(tok)
-    sets = {
-        t: ev.heldout_set(t, n, ev.SEEDS[t], render, count, LO, HI)
-        for t, n in (("tool", 24), ("arith", 1), ("none", 2))
-    }
+    sets = {t: ev.heldout_set(t, n, ev.SEEDS[t], render, count, LO, HI) for t, n in (("tool", 24), ("arith", 1),
+                                                                                       ("none", 2))}
     picked = sets["tool"][:2] + sets["arith"] + sets["none"]
     picked.append(next(p for p in sets["tool"] if render(http.server_shaped(p[0])) != p[1]))
     if not any(m["role"] == "tool" for c, _ in picked for m in c["messages"]):
@@ -60,9 +58,8 @@ def convs(mods: dict[str, ModuleType], tok: Any) -> list[tuple[Any, str]]:
 
 
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
-def test_server_prompt_equals_evaluate_py_token_for_token(
-    api: str, mods: dict[str, ModuleType], tok: Any, server: tuple[str, Any], convs: list[Any]
-) -> None:
+def test_server_prompt_equals_evaluate_py_token_for_token(api: str, mods: dict[str, ModuleType], tok: Any,
+                                                          server: tuple[str, Any], convs: list[Any]) -> None:
     http = mods["evaluate_http"]
     render = mods["evaluate"].renderer(tok)[0]
     url, recorder = server
@@ -82,30 +79,21 @@ def test_server_prompt_equals_evaluate_py_token_for_token(
     assert 1 <= reordered < len(convs)
 
 
-def test_requests_carry_calls_and_results_in_each_apis_shape(mods: dict[str, ModuleType], convs: list[Any]) -> None:
+def test_requests_carry_calls_and_results_in_each_apis_shape(mods: dict[str, ModuleType],
+                                                             convs: list[Any]) -> None:
     http = mods["evaluate_http"]
     conv = next(c for c, _ in convs if any(m["role"] == "tool" for m in c["messages"]))
     oa = http.openai_kwargs(conv)
     calls = [tc for m in oa["messages"] if m["role"] == "assistant" for tc in m.get("tool_calls") or []]
     results = [m["tool_call_id"] for m in oa["messages"] if m["role"] == "tool"]
-    assert calls and results == [tc["id"] for tc in calls][: len(results)]
+    assert calls and results == [tc["id"] for tc in calls][:len(results)]
     assert all(isinstance(tc["function"]["arguments"], str) for tc in calls)
     an = http.anthropic_kwargs(conv)
     assert an["system"] == conv["messages"][0]["content"]
     assert [m["role"] for m in an["messages"]] == ["user", "assistant"] * (len(an["messages"]) // 2) + ["user"]
-    uses = [
-        b["id"]
-        for m in an["messages"]
-        if m["role"] == "assistant" and isinstance(m["content"], list)
-        for b in m["content"]
-        if b["type"] == "tool_use"
-    ]
-    answered = [
-        b["tool_use_id"]
-        for m in an["messages"]
-        if m["role"] == "user" and isinstance(m["content"], list)
-        for b in m["content"]
-        if b["type"] == "tool_result"
-    ]
-    assert uses and answered == uses[: len(answered)]
+    uses = [b["id"] for m in an["messages"] if m["role"] == "assistant" and isinstance(m["content"], list)
+            for b in m["content"] if b["type"] == "tool_use"]
+    answered = [b["tool_use_id"] for m in an["messages"] if m["role"] == "user" and isinstance(m["content"], list)
+                for b in m["content"] if b["type"] == "tool_result"]
+    assert uses and answered == uses[:len(answered)]
     assert {t["name"] for t in an["tools"]} == {t["function"]["name"] for t in conv["tools"]}

@@ -60,23 +60,10 @@ def test_unbind_binds_the_scan_chunk(gradcheck, monkeypatch) -> None:  # type: i
     # what transformers does when fla imports: the module's name is a wrapper around its torch function
     monkeypatch.setattr(qwen35, "torch_chunk_gated_delta_rule", gradcheck.with_scan_chunk(spy))
     cfg = qwen35.Qwen3_5MoeTextConfig(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=2,
-        layer_types=["linear_attention", "full_attention"],
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        linear_num_key_heads=1,
-        linear_num_value_heads=2,
-        linear_key_head_dim=16,
-        linear_value_head_dim=8,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=16,
-        shared_expert_intermediate_size=16,
-        max_position_embeddings=20000,
-    )
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_key_heads=1, linear_num_value_heads=2,
+        linear_key_head_dim=16, linear_value_head_dim=8, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=16, shared_expert_intermediate_size=16, max_position_embeddings=20000)
     model = qwen35.Qwen3_5MoeForCausalLM(cfg)
     assert gradcheck.unbind_fla(model) >= 1
     assert inspect.unwrap(qwen35.torch_chunk_gated_delta_rule) is spy

@@ -200,7 +200,9 @@ def test_resizing_slots_and_kv_mid_generation_keeps_greedy_tokens(ckpt: str, bac
     assert preempted > 0  # 14 pages cannot hold three running contexts: the newest went back to the queue
 
 
-def test_a_size_the_device_refuses_falls_back_and_keeps_everything(ckpt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_size_the_device_refuses_falls_back_and_keeps_everything(
+    ckpt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Another program took the memory between the free and the new allocation: a grow returns to the old size,
     with every page and expert where it was, and the engine goes on."""
     import freetoken.cache.kv_pool as kv_pool

@@ -120,7 +120,9 @@ BAD: list[tuple[str, str, Any]] = [
 
 
 @pytest.mark.parametrize("name,path,body", BAD, ids=[f"{b[0]} {b[1]}" for b in BAD])
-def test_bad_values_are_400_and_the_connection_stays_usable(srv: Running, name: str, path: str, body: Any) -> None:
+def test_bad_values_are_400_and_the_connection_stays_usable(
+    srv: Running, name: str, path: str, body: Any
+) -> None:
     with httpx.Client(timeout=60) as c:
         for stream in (False, True):
             if isinstance(body, bytes):

@@ -178,11 +178,9 @@ def test_auto_follows_the_saved_profiles_recommendation(monkeypatch: pytest.Monk
     banks = ExpertBanks(torch.zeros(4, 2 * 768, 2048, dtype=torch.bfloat16),
                         torch.zeros(4, 2048, 768, dtype=torch.bfloat16), 1, 4)  # fmt: skip
     cuda = torch.device("cuda")
-    for bw, want in (
-        (dict(fill=42.0, layer=54.0, fill_concurrent=40.0, cpu_kernel_concurrent=30.0), "hybrid"),
-        (dict(fill=42.0, layer=54.0, fill_concurrent=42.0, cpu_kernel_concurrent=2.0), "offload"),
-        (dict(fill=2.0, layer=3.0, fill_concurrent=2.0, cpu_kernel_concurrent=60.0), "hybrid"),
-    ):
+    for bw, want in ((dict(fill=42.0, layer=54.0, fill_concurrent=40.0, cpu_kernel_concurrent=30.0), "hybrid"),
+                     (dict(fill=42.0, layer=54.0, fill_concurrent=42.0, cpu_kernel_concurrent=2.0), "offload"),
+                     (dict(fill=2.0, layer=3.0, fill_concurrent=2.0, cpu_kernel_concurrent=60.0), "hybrid")):
         prof = _profile(gpu, **bw)
         name, why = auto.choose_backend(banks, cuda, pool_fits=False, profile=prof)
         assert name == want and why == f"machine profile: {recommend(prof, banks.expert_bytes)}"

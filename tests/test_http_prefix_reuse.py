@@ -10,16 +10,8 @@ from freetoken.server.settings import ServerConfig
 from server_harness import real_engine, serve
 
 NAME = "freetoken-default"
-QUESTIONS = [
-    "What is 12 + 7?",
-    "Hello! Who are you?",
-    "add 31 and 45",
-    "What is 8 * 9?",
-    "How many items are in this list: cat, dog, sun?",
-    "23 minus 19",
-    "What is 56 + 27?",
-    "Thanks!",
-]
+QUESTIONS = ["What is 12 + 7?", "Hello! Who are you?", "add 31 and 45", "What is 8 * 9?",
+             "How many items are in this list: cat, dog, sun?", "23 minus 19", "What is 56 + 27?", "Thanks!"]
 
 
 def test_eight_turns_reuse_everything_before_the_first_changed_token(capsys):

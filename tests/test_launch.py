@@ -39,12 +39,8 @@ MODELS = {
     "data": [
         {"id": "qwen3-moe", "object": "model", "context_length": 131072, "max_output_tokens": 8192},
         {"id": "small", "object": "model", "context_length": 32768},
-        {
-            "id": "tiny",
-            "object": "model",
-            "context_length": 2048,
-            "capabilities": {"tool_calls": False, "reasoning": True},
-        },
+        {"id": "tiny", "object": "model", "context_length": 2048,
+         "capabilities": {"tool_calls": False, "reasoning": True}},
     ],
 }
 CHARS_PER_TOKEN = 4  # what the fake server's count_tokens counts
@@ -57,7 +53,8 @@ LAUNCH_ONLY = (
     "sys.exit(launch.run(p.parse_args(sys.argv[1:])))\n"
 )
 RECORDER = (
-    "import json, os, sys\njson.dump({'argv': sys.argv, 'env': dict(os.environ)}, open(os.environ['FT_RECORD'], 'w'))\n"
+    "import json, os, sys\n"
+    "json.dump({'argv': sys.argv, 'env': dict(os.environ)}, open(os.environ['FT_RECORD'], 'w'))\n"
 )
 
 
@@ -185,7 +182,9 @@ _scalar = st.one_of(
 )
 _value = st.recursive(
     _scalar,
-    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=5), inner, max_size=3)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
     max_leaves=12,
 )
 
@@ -223,7 +222,9 @@ args = ["--port", "9"]
 
 def test_set_tables_replaces_only_our_tables_and_keeps_comments() -> None:
     table = {"name": "FreeToken", "base_url": "http://h/v1"}
-    out = tomlw.set_tables(CODEX_CONFIG, {("model_providers", "freetoken"): table, ("profiles", "freetoken"): None})
+    out = tomlw.set_tables(
+        CODEX_CONFIG, {("model_providers", "freetoken"): table, ("profiles", "freetoken"): None}
+    )
     doc = tomllib.loads(out)
     assert doc["model_providers"] == {
         "other": {"name": "Other", "base_url": "https://other.example/v1"},
@@ -354,14 +355,19 @@ def test_codex_writes_provider_and_profile(server: str, box: dict[str, Any], tmp
     codex_home = tmp_path / "codexhome"  # $CODEX_HOME wins over ~/.codex
     codex_home.mkdir()
     (codex_home / "config.toml").write_text(CODEX_CONFIG)
-    res = ft_launch(box, "codex", "--server", server, "--model", "small", extra_env={"CODEX_HOME": str(codex_home)})
+    res = ft_launch(
+        box, "codex", "--server", server, "--model", "small", extra_env={"CODEX_HOME": str(codex_home)}
+    )
     assert res.returncode == 0, res.stderr
     assert recorded(box)["argv"][1:] == ["--profile", "freetoken"]
     cfg = tomllib.loads((codex_home / "config.toml").read_text())
     assert cfg["model_providers"]["freetoken"]["base_url"] == server + "/v1"
     assert cfg["model_providers"]["freetoken"]["wire_api"] == "responses"
     assert cfg["model"] == "gpt-5" and cfg["approval_policy"] == "on-request"  # unrelated settings kept
-    assert cfg["model_providers"]["other"]["name"] == "Other" and cfg["mcp_servers"]["docs"]["command"] == "docs-mcp"
+    assert (
+        cfg["model_providers"]["other"]["name"] == "Other"
+        and cfg["mcp_servers"]["docs"]["command"] == "docs-mcp"
+    )
     assert "freetoken" not in cfg.get("profiles", {})
     assert "# my codex settings" in (codex_home / "config.toml").read_text()
     profile = tomllib.loads((codex_home / "freetoken.config.toml").read_text())
@@ -378,7 +384,9 @@ def test_codex_writes_provider_and_profile(server: str, box: dict[str, Any], tmp
 
 def test_opencode_env_merges_inline_config(server: str, box: dict[str, Any]) -> None:
     fake_agent(box, "opencode")
-    res = ft_launch(box, "opencode", "--server", server, extra_env={"OPENCODE_CONFIG_CONTENT": '{"theme": "tokyo"}'})
+    res = ft_launch(
+        box, "opencode", "--server", server, extra_env={"OPENCODE_CONFIG_CONTENT": '{"theme": "tokyo"}'}
+    )
     assert res.returncode == 0, res.stderr
     cfg = json.loads(recorded(box)["env"]["OPENCODE_CONFIG_CONTENT"])
     prov = cfg["provider"]["freetoken"]
@@ -504,7 +512,9 @@ def test_second_launch_changes_nothing(agent: str, server: str, box: dict[str, A
         ("hermes", "hermes-agent"),
     ],
 )
-def test_missing_binary_prints_install_hint(agent: str, hint: str, dead_url: str, box: dict[str, Any]) -> None:
+def test_missing_binary_prints_install_hint(
+    agent: str, hint: str, dead_url: str, box: dict[str, Any]
+) -> None:
     res = ft_launch(box, agent, "--server", dead_url)
     assert res.returncode == 127
     assert hint in res.stderr and "Traceback" not in res.stderr
@@ -516,7 +526,11 @@ def test_bad_command_lines_are_errors(box: dict[str, Any], dead_url: str) -> Non
     assert res.returncode == 2 and "after `--`" in res.stderr
     for argv in ([], ["vim"]):
         res = ft_launch(box, *argv)
-        assert res.returncode == 2 and "choose one of claude, codex" in res.stderr and "Traceback" not in res.stderr
+        assert (
+            res.returncode == 2
+            and "choose one of claude, codex" in res.stderr
+            and "Traceback" not in res.stderr
+        )
 
 
 def test_options_after_agent_name(box: dict[str, Any], dead_url: str) -> None:

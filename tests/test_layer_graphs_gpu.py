@@ -50,9 +50,8 @@ def test_flag_operations_capture_and_replay() -> None:
 
 def _banks() -> ExpertBanks:
     g = torch.Generator().manual_seed(21)
-    return ExpertBanks(
-        torch.randn(L * E, 2 * I, D, generator=g) / D**0.5, torch.randn(L * E, D, I, generator=g) / I**0.5, L, E
-    )
+    return ExpertBanks(torch.randn(L * E, 2 * I, D, generator=g) / D**0.5,
+                       torch.randn(L * E, D, I, generator=g) / I**0.5, L, E)
 
 
 def _steps(sizes: list[int], seed: int) -> list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:

@@ -146,22 +146,16 @@ def test_the_check_sees_imports_of_every_kind() -> None:
 
 
 def test_the_check_orders_the_rooms_of_experts() -> None:
-    got = _probe(
-        "experts/slots/probe.py",
-        "from freetoken.experts.backends.registry import BACKENDS\n"
-        "from freetoken.experts.cpu import runner\nfrom freetoken.experts.base import ExpertBanks\n",
-    )
+    got = _probe("experts/slots/probe.py", "from freetoken.experts.backends.registry import BACKENDS\n"
+                 "from freetoken.experts.cpu import runner\nfrom freetoken.experts.base import ExpertBanks\n")
     assert got == ["experts/slots imports freetoken.experts.backends.registry, a room above or beside it",
                    "experts/slots imports freetoken.experts.cpu, a room above or beside it"]  # fmt: skip
 
 
 def test_kernels_know_no_model() -> None:
     """kernels/ (row 8) imports nothing above it (layers, models, experts/, cache/) nor memory/ beside it."""
-    got = _probe(
-        "kernels/probe.py",
-        "from freetoken.layers.attention import Attention\n"
-        "import freetoken.experts.base\nfrom freetoken.memory import planner\nfrom freetoken import errors\n",
-    )
+    got = _probe("kernels/probe.py", "from freetoken.layers.attention import Attention\n"
+                 "import freetoken.experts.base\nfrom freetoken.memory import planner\nfrom freetoken import errors\n")
     assert got == ["kernels/ imports freetoken.layers.attention, a higher row",
                    "kernels/ imports freetoken.experts.base, a higher row",
                    "kernels/ imports freetoken.memory, a package on its own row"]  # fmt: skip

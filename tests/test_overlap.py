@@ -69,18 +69,8 @@ def _mixed(stop: int, stop_str: str) -> list[tuple[list[int], SamplingParams]]:
         (PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True)),
         (PROMPTS[1], SamplingParams(temperature=0.9, top_p=0.9, max_tokens=14, seed=7, ignore_eos=True, logprobs=2)),
         (PROMPTS[2], SamplingParams(temperature=0.0, max_tokens=20, stop_token_ids=[stop])),
-        (
-            PROMPTS[3],
-            SamplingParams(
-                temperature=1.0,
-                max_tokens=12,
-                seed=3,
-                presence_penalty=0.8,
-                frequency_penalty=0.4,
-                repetition_penalty=1.2,
-                ignore_eos=True,
-            ),
-        ),  # fmt: skip
+        (PROMPTS[3], SamplingParams(temperature=1.0, max_tokens=12, seed=3, presence_penalty=0.8,
+                                    frequency_penalty=0.4, repetition_penalty=1.2, ignore_eos=True)),  # fmt: skip
         (PROMPTS[4], SamplingParams(temperature=0.0, max_tokens=24, stop=[stop_str], ignore_eos=True)),
     ]
 

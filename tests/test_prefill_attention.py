@@ -58,7 +58,9 @@ def _naive(q, k, v, meta: PrefillMeta, scale: float, window: int | None) -> torc
 CASES = [[(5, 5)], [(40, 40), (3, 70), (17, 17)], [(33, 100)]]
 
 
-def _check(device: str, dtype: torch.dtype, h: int, hkv: int, hd: int, window: int | None, tol: float, fn=None) -> None:
+def _check(
+    device: str, dtype: torch.dtype, h: int, hkv: int, hd: int, window: int | None, tol: float, fn=None
+) -> None:
     """rel L2 <= tol; for bf16 also the worst element <= 2^-6 max|ref| (the decode kernel's tolerance)."""
     if fn is None:
         from freetoken.kernels.attention.triton_prefill import paged_prefill_triton as fn

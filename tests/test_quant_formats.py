@@ -68,10 +68,8 @@ def test_quantization_config_read() -> None:
         ({"quant_method": "fp8", "weight_block_size": [1, 128]}, "weight_block_size [1, 128]: only [128, 128]"),
         ({"quant_method": "fp8"}, "one scale per tensor (no weight_block_size): not supported yet"),
         ({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]}, "in 'e5m2': only e4m3"),
-        (
-            {"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": [128, 128]},
-            "activation_scheme 'static'",
-        ),
+        ({"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": [128, 128]},
+         "activation_scheme 'static'"),
     ],
 )
 def test_quantization_config_refused(qc: dict, said: str) -> None:

@@ -15,13 +15,8 @@ from freetoken.server.openai.protocol import ChatCompletionRequest, ResponsesReq
 from schema_strategies import from_schema
 
 BOUNDS: dict[str, Any] = {
-    "$defs": {
-        "Node": {
-            "type": "object",
-            "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/Node"}, "maxItems": 2}},
-            "additionalProperties": False,
-        }
-    },
+    "$defs": {"Node": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/Node"},
+                                                                 "maxItems": 2}}, "additionalProperties": False}},
     "type": "object",
     "required": ["n", "x", "s", "tag", "node"],
     "additionalProperties": {"type": "integer"},

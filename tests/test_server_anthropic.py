@@ -35,7 +35,6 @@ STREAM_BODY: dict[str, Any] = {
     "messages": [{"role": "user", "content": "Weather?"}],
 }
 
-
 @pytest.fixture(scope="module")
 def scripted(tokenizer: Any) -> Iterator[Running]:
     def script(ids: list[int]) -> str:

@@ -39,7 +39,9 @@ def make_pool(num_layers: int = L, num_experts: int = E) -> HostExpertPool:
     return HostExpertPool(banks, pin=False)
 
 
-def step(cache: SlotCache, layer: int, ids: list[list[int]], share: float = 1.0, min_fill: int = 1) -> StepPlan:
+def step(
+    cache: SlotCache, layer: int, ids: list[list[int]], share: float = 1.0, min_fill: int = 1
+) -> StepPlan:
     groups = cache.group(layer, torch.tensor(ids))
     plan = cache.plan(groups, groups.valid, torch.tensor(share), FillRule(min_fill))
     cache.copy(plan)
@@ -220,7 +222,9 @@ class LruModel:
     steps=st.lists(
         st.tuples(
             st.integers(0, L - 1),  # layer
-            st.lists(st.lists(st.integers(0, E - 1), min_size=2, max_size=2, unique=True), min_size=1, max_size=5),
+            st.lists(
+                st.lists(st.integers(0, E - 1), min_size=2, max_size=2, unique=True), min_size=1, max_size=5
+            ),
             st.sampled_from([0.0, 0.3, 0.5, 1.0]),
             st.sampled_from([0, 1]),
         ),

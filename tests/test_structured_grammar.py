@@ -80,7 +80,7 @@ CALLS = {
     '<parameter name="days">2</parameter>\n</invoke>\n</minimax:tool_call>',
     "deepseek_v3": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Oslo", "days": 2}'
     "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
-    "kimi_k2": "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+    "kimi_k2": '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>'
     '{"city": "Oslo", "days": 2}<|tool_call_end|><|tool_calls_section_end|>',
 }
 

@@ -48,49 +48,22 @@ def test_triton_kernels_compile(arch: int) -> None:
         ),
         (
             gemm_triton._down_kernel,
-            {
-                "h": "*fp32",
-                "dn": "*fp32",
-                "y": "*fp32",
-                "wts": "*fp32",
-                **groups,
-                "out": "*fp32",
-                "route_group": i64,
-                "tickets": "*i32",
-                "T": "i32",
-            },  # fmt: skip
-            {
-                "D": 64,
-                "I": 32,
-                "BM": 16,
-                "BN": 64,
-                "BK": 64,
-                "PREC": "ieee",
-                "TOPK": 2,
-                "COMBINE": True,
-                "BT": 4,
-                "BKP": 2,
-            },  # fmt: skip
+            {"h": "*fp32", "dn": "*fp32", "y": "*fp32", "wts": "*fp32", **groups, "out": "*fp32", "route_group": i64,
+             "tickets": "*i32", "T": "i32"},  # fmt: skip
+            {"D": 64, "I": 32, "BM": 16, "BN": 64, "BK": 64, "PREC": "ieee", "TOPK": 2, "COMBINE": True, "BT": 4,
+             "BKP": 2},  # fmt: skip
         ),
         (
             copy_triton._gather_rows_kernel,
-            {
-                **{f"{a}_{b}": "*bf16" for a in ("src", "dst") for b in ("gu", "dn", "gs", "ds")},
-                "copy_src": i64,
-                "copy_dst": i64,
-                "count_ptr": i64,
-            },  # fmt: skip
+            {**{f"{a}_{b}": "*bf16" for a in ("src", "dst") for b in ("gu", "dn", "gs", "ds")}, "copy_src": i64,
+             "copy_dst": i64, "count_ptr": i64},  # fmt: skip
             {"GU": 2 * 768 * 2048, "DN": 768 * 2048, "GS": 0, "DS": 0, "BLOCK": 4096, "ITERS": 8},
         ),
         # a packed pool's fill (fp8 weights and fp32 scales as int32 words) and the fp8 GEMM, decode and prefill tiles
         (
             copy_triton._gather_rows_kernel,
-            {
-                **{f"{a}_{b}": "*i32" for a in ("src", "dst") for b in ("gu", "dn", "gs", "ds")},
-                "copy_src": i64,
-                "copy_dst": i64,
-                "count_ptr": i64,
-            },  # fmt: skip
+            {**{f"{a}_{b}": "*i32" for a in ("src", "dst") for b in ("gu", "dn", "gs", "ds")}, "copy_src": i64,
+             "copy_dst": i64, "count_ptr": i64},  # fmt: skip
             {"GU": 768 * 2048 // 2, "DN": 768 * 2048 // 4, "GS": 12 * 16, "DS": 16 * 6, "BLOCK": 4096, "ITERS": 8},
         ),
         (
@@ -110,16 +83,8 @@ def test_triton_kernels_compile(arch: int) -> None:
         ),
         (
             stage_triton._stage_kernel,
-            {
-                "x": "*bf16",
-                "codes": i64,
-                "w": "*fp32",
-                "x_dst": "*fp32",
-                "codes_dst": i64,
-                "w_dst": "*fp32",
-                "NX": "i32",
-                "NK": "i32",
-            },  # fmt: skip
+            {"x": "*bf16", "codes": i64, "w": "*fp32", "x_dst": "*fp32", "codes_dst": i64, "w_dst": "*fp32",
+             "NX": "i32", "NK": "i32"},  # fmt: skip
             {"BLOCK": 1024},
         ),
     ]

@@ -29,18 +29,9 @@ MOE_FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"]
 HYBRID_FAMILIES = ["qwen3_next", "qwen3_5_moe", "qwen3_5_moe_vl"]
 # 4 layers, 3 DeltaNet : 1 full attention (the real ratio); 2 value heads per key head; head dims 16 (rotary 4)
 HYBRID: dict[str, Any] = dict(
-    COMMON,
-    num_hidden_layers=4,
-    head_dim=16,
-    num_experts=8,
-    num_experts_per_tok=2,
-    moe_intermediate_size=32,
-    shared_expert_intermediate_size=48,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    linear_key_head_dim=16,
-    linear_value_head_dim=16,
-    linear_conv_kernel_dim=4,
+    COMMON, num_hidden_layers=4, head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+    shared_expert_intermediate_size=48, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+    linear_value_head_dim=16, linear_conv_kernel_dim=4,
 )
 VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
 
@@ -50,36 +41,20 @@ def make_config(family: str) -> Any:
 
     if family == "qwen3_moe":
         return tf.Qwen3MoeConfig(
-            **COMMON,
-            num_hidden_layers=3,
-            head_dim=16,
-            num_experts=8,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            norm_topk_prob=True,
-            mlp_only_layers=[1],
+            **COMMON, num_hidden_layers=3, head_dim=16, num_experts=8, num_experts_per_tok=2,
+            moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1],
         )
     if family == "qwen2_moe":
         return tf.Qwen2MoeConfig(
-            **COMMON,
-            num_hidden_layers=2,
-            num_experts=8,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            shared_expert_intermediate_size=48,
-            norm_topk_prob=False,
+            **COMMON, num_hidden_layers=2, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+            shared_expert_intermediate_size=48, norm_topk_prob=False,
         )
     if family == "mixtral":
         return tf.MixtralConfig(**COMMON, num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=2)
     if family == "olmoe":
         return tf.OlmoeConfig(
-            **COMMON,
-            num_hidden_layers=2,
-            num_experts=8,
-            num_experts_per_tok=2,
-            clip_qkv=4.0,
-            pad_token_id=0,
-            eos_token_id=1,
+            **COMMON, num_hidden_layers=2, num_experts=8, num_experts_per_tok=2, clip_qkv=4.0,
+            pad_token_id=0, eos_token_id=1,
         )
     if family == "qwen3":
         return tf.Qwen3Config(**COMMON, num_hidden_layers=2, head_dim=16)
@@ -148,8 +123,7 @@ def save_tokenizer(directory: Path, vocab_size: int = 500) -> Any:
         "Café, naïve, 東京, emoji 🙂 — unicode text must decode cleanly.",
     ] * 20
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(ADDED),
-        special_tokens=SPECIAL,
+        vocab_size=vocab_size - len(ADDED), special_tokens=SPECIAL,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(corpus, trainer)

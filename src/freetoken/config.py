@@ -247,16 +247,11 @@ FLAGS: dict[str, Flag] = {  # EngineConfig's and ServerConfig's (server/settings
     "state_checkpoint_gib": _GIB,
     "state_checkpoint_host_gib": _GIB,
     "state_checkpoint_every": Flag(metavar="TOKENS"),
-    "verify_weights": Flag(
-        consts=(
-            (
-                "--verify",
-                "load",
-                "FTW checkpoints: check every checksum before serving (default: in the background once serving starts)",
-            ),
-            ("--no-verify", "off", "FTW checkpoints: do not check the checksums"),
-        )
-    ),  # fmt: skip
+    "verify_weights": Flag(consts=(
+        ("--verify", "load", "FTW checkpoints: check every checksum before serving (default: in the background once "
+                             "serving starts)"),
+        ("--no-verify", "off", "FTW checkpoints: do not check the checksums"),
+    )),  # fmt: skip
     "served_model_names": Flag(name="--served-model-name", metavar="NAME", nargs="+"),
     "allowed_hosts": Flag(metavar="HOST,..."),
     "cors_origins": Flag(metavar="ORIGIN,..."),

@@ -16,9 +16,13 @@ _GIB = 2**30
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--threads", type=int, default=None, help="CPU kernel threads (default: physical cores - 1)")
+    p.add_argument(
+        "--threads", type=int, default=None, help="CPU kernel threads (default: physical cores - 1)"
+    )
     p.add_argument("--isa", default="auto", help="CPU kernel path: auto, avx2, avx512, avx512bf16, generic")
-    p.add_argument("--read-gib", type=float, default=4.0, help="GiB of distinct data for the host read figure")
+    p.add_argument(
+        "--read-gib", type=float, default=4.0, help="GiB of distinct data for the host read figure"
+    )
     p.add_argument("--pool-gib", type=float, default=1.25, help="GiB of experts cycled over (>> L3)")
     p.add_argument("--hidden", type=int, default=2048, help="expert hidden size D (default: Qwen3-30B-A3B)")
     p.add_argument("--inter", type=int, default=768, help="expert intermediate size I")
@@ -28,7 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layer-experts", type=int, default=128, help="experts per layer (B_P,layer copy size)")
     p.add_argument("--seconds", type=float, default=1.0, help="measurement window per figure")
     p.add_argument("--device", default="cuda", help="copy target: cuda[:N] (skipped without CUDA) or cpu")
-    p.add_argument("--expert-mb", type=float, action="append", default=[], help="extra expert size to advise on")
+    p.add_argument(
+        "--expert-mb", type=float, action="append", default=[], help="extra expert size to advise on"
+    )
     p.add_argument("--no-save", action="store_true", help="do not save the profile")
 
 

@@ -215,19 +215,12 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         action="store_true",
         help="CUDA: also measure how often the host queues the last MoE layer before the GPU ends the first",
     )
-    p.add_argument(
-        "--cpu-trace",
-        action="store_true",
-        help="trace the CPU branch's batches in the measured steps: idle, start, phases, GB/s by size",
-    )
+    p.add_argument("--cpu-trace", action="store_true",
+                   help="trace the CPU branch's batches in the measured steps: idle, start, phases, GB/s by size")
     p.add_argument("--profile-dir", default=None, help="with --runahead: write a profiler trace of each policy here")
-    p.add_argument(
-        "--host-lag",
-        type=int,
-        default=0,
-        help="CUDA: the host sleeps (blocking event) until step i-N is done before queuing step i+1; "
-        "0: it runs ahead until the driver's queue blocks it (the policy option '+lag': 1)",
-    )
+    p.add_argument("--host-lag", type=int, default=0,
+                   help="CUDA: the host sleeps (blocking event) until step i-N is done before queuing step i+1; "
+                   "0: it runs ahead until the driver's queue blocks it (the policy option '+lag': 1)")
     return p
 
 

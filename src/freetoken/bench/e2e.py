@@ -286,12 +286,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=64, help="timed tokens per request")
     p.add_argument("--warmup", type=int, default=16, help="untimed tokens per request first")
     p.add_argument("--prompt-tokens", type=int, default=32)
-    p.add_argument(
-        "--temperature",
-        type=float,
-        default=0.0,
-        help="0: greedy; > 0: seeded sampling (varied tokens, so varied routing, on random weights)",
-    )
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0: greedy; > 0: seeded sampling (varied tokens, so varied routing, on random weights)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--routing-trace", default=None, help="replay [tokens, layers, k] uint8 routing (.npy)")
     p.add_argument("--moe-only", action=argparse.BooleanOptionalAction, default=True,

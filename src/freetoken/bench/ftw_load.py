@@ -210,10 +210,8 @@ def report(rows: dict[str, list[dict[str, Any]]], src: Path, ftw: Path, device: 
     print(f"# {src.name} ({nbytes / _GB:.2f} GB as FTW), {device} {args.dtype}, {args.moe_backend} cache "
           f"{args.expert_cache}; medians of {args.repeats}; page cache dropped before each; raw O_DIRECT read "
           f"{raw_s:.2f} s ({nbytes / raw_s / _GB:.2f} GB/s; into fresh memory {fresh_s:.2f} s)")  # fmt: skip
-    print(
-        "| format | to first token s | imports s | load s | bank read s | load / raw | peak RSS GB | "
-        "pool + non-expert GB | peak / (pool + non-expert) | (peak - imports) / (pool + non-expert) |"
-    )
+    print("| format | to first token s | imports s | load s | bank read s | load / raw | peak RSS GB | "
+          "pool + non-expert GB | peak / (pool + non-expert) | (peak - imports) / (pool + non-expert) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     same = all(r["tokens"] == rows["safetensors"][0]["tokens"] for r in rows["safetensors"] + rows["ftw"])
     print(f"# 16 greedy tokens, FTW equal to safetensors: {same}; backend {rows['ftw'][0]['backend']}")

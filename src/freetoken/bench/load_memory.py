@@ -57,8 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         t.numel() * t.element_size()
         for t in [m.embed, m.lm_head, m.final_norm]
         + [v for layer in m.layers for v in vars(layer.attn.w).values() if v is not None]
-        + [layer.attn_norm for layer in m.layers]
-        + [layer.ffn_norm for layer in m.layers]
+        + [layer.attn_norm for layer in m.layers] + [layer.ffn_norm for layer in m.layers]
     )
     weights += sum(
         t.numel() * t.element_size()
@@ -69,16 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     banks = eng.setup.loaded.banks
     if banks is not None:
         weights += banks.gate_up.numel() * banks.gate_up.element_size() + banks.down.numel() * banks.down.element_size()
-    print(
-        json.dumps(
-            {
-                "weights_bytes": weights,
-                "peak_minus_base": peak - base,
-                "ratio": (peak - base) / weights,
-                "load_seconds": round(secs, 2),
-            }
-        )
-    )
+    print(json.dumps({"weights_bytes": weights, "peak_minus_base": peak - base,
+                      "ratio": (peak - base) / weights, "load_seconds": round(secs, 2)}))
     return 0
 
 

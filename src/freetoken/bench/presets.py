@@ -60,27 +60,10 @@ PRESETS: dict[str, MoEShape] = {
     for s in (
         MoEShape("qwen3-30b-a3b", 2048, 768, 128, 8, 48),
         MoEShape("qwen3-30b-a3b-fp8", 2048, 768, 128, 8, 48, "Qwen3-30B-A3B-FP8's experts", "fp8_block"),
-        MoEShape(
-            "qwen3.6-35b-a3b",
-            2048,
-            512,
-            256,
-            8,
-            40,
-            "e2e: DeltaNet 3 : 1 gated attention, shared expert",
-            hybrid=HybridShape(),
-        ),
-        MoEShape(
-            "qwen3.6-35b-a3b-fp8",
-            2048,
-            512,
-            256,
-            8,
-            40,
-            "the FP8 release's experts; e2e: hybrid as above",
-            "fp8_block",
-            HybridShape(),
-        ),
+        MoEShape("qwen3.6-35b-a3b", 2048, 512, 256, 8, 40, "e2e: DeltaNet 3 : 1 gated attention, shared expert",
+                 hybrid=HybridShape()),
+        MoEShape("qwen3.6-35b-a3b-fp8", 2048, 512, 256, 8, 40, "the FP8 release's experts; e2e: hybrid as above",
+                 "fp8_block", HybridShape()),
         MoEShape("gpt-oss-20b", 2880, 2880, 32, 4, 24, "bf16 experts here (the checkpoint ships MXFP4)"),
     )
 }

@@ -39,24 +39,12 @@ def write_qwen3_moe(
     layer gets the same random values (speed does not depend on them; writing is then disk-bound)."""
     directory.mkdir(parents=True, exist_ok=True)
     cfg = {
-        "architectures": ["Qwen3MoeForCausalLM"],
-        "model_type": "qwen3_moe",
-        "vocab_size": vocab,
-        "hidden_size": hidden,
-        "num_hidden_layers": num_layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": hd,
-        "intermediate_size": 4 * hidden,
-        "moe_intermediate_size": moe_inter,
-        "num_experts": num_experts,
-        "num_experts_per_tok": top_k,
-        "norm_topk_prob": True,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1e6,
-        "max_position_embeddings": max_positions,
-        "tie_word_embeddings": False,
-        "dtype": str(dtype).removeprefix("torch."),
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": vocab,
+        "hidden_size": hidden, "num_hidden_layers": num_layers, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "head_dim": hd, "intermediate_size": 4 * hidden,
+        "moe_intermediate_size": moe_inter, "num_experts": num_experts, "num_experts_per_tok": top_k,
+        "norm_topk_prob": True, "rms_norm_eps": 1e-6, "rope_theta": 1e6, "max_position_embeddings": max_positions,
+        "tie_word_embeddings": False, "dtype": str(dtype).removeprefix("torch."),
     }
     if hybrid is not None:
         cfg |= hybrid_config(hybrid, num_layers)
@@ -99,14 +87,8 @@ def write_qwen3_moe(
 
     norm = torch.zeros if hybrid is not None else torch.ones  # Qwen3.5's norms scale by 1 + w
     embed = (torch.randn((vocab, hidden), generator=g) * embed_std).to(dtype)
-    flush(
-        {
-            "model.embed_tokens.weight": embed,
-            "lm_head.weight": rnd(vocab, hidden),
-            "model.norm.weight": norm(hidden, dtype=dtype),
-        },
-        "model-embed.safetensors",
-    )
+    flush({"model.embed_tokens.weight": embed, "lm_head.weight": rnd(vocab, hidden),
+           "model.norm.weight": norm(hidden, dtype=dtype)}, "model-embed.safetensors")
     for i in range(num_layers):
         p = f"model.layers.{i}."
         t = {

@@ -30,33 +30,18 @@ def layer_tensors(h: HybridShape, p: str, i: int, hidden: int, rnd: Rnd, dtype: 
     t: dict[str, torch.Tensor] = {}
     if (i + 1) % h.interval == 0:
         a, hd = p + "self_attn.", h.head_dim
-        t |= {
-            a + "q_proj.weight": rnd(2 * h.heads * hd, hidden),
-            a + "k_proj.weight": rnd(h.kv_heads * hd, hidden),
-            a + "v_proj.weight": rnd(h.kv_heads * hd, hidden),
-            a + "o_proj.weight": rnd(hidden, h.heads * hd),
-            a + "q_norm.weight": torch.zeros(hd, dtype=dtype),
-            a + "k_norm.weight": torch.zeros(hd, dtype=dtype),
-        }
+        t |= {a + "q_proj.weight": rnd(2 * h.heads * hd, hidden), a + "k_proj.weight": rnd(h.kv_heads * hd, hidden),
+              a + "v_proj.weight": rnd(h.kv_heads * hd, hidden), a + "o_proj.weight": rnd(hidden, h.heads * hd),
+              a + "q_norm.weight": torch.zeros(hd, dtype=dtype), a + "k_norm.weight": torch.zeros(hd, dtype=dtype)}
     else:
         la = p + "linear_attn."
         kd, vd, nv = h.linear_k_heads * h.linear_k_dim, h.linear_v_heads * h.linear_v_dim, h.linear_v_heads
-        t |= {
-            la + "in_proj_qkv.weight": rnd(2 * kd + vd, hidden),
-            la + "in_proj_z.weight": rnd(vd, hidden),
-            la + "in_proj_b.weight": rnd(nv, hidden),
-            la + "in_proj_a.weight": rnd(nv, hidden),
-            la + "conv1d.weight": rnd(2 * kd + vd, 1, h.conv_kernel),
-            la + "dt_bias": torch.ones(nv, dtype=dtype),
-            la + "A_log": torch.zeros(nv, dtype=dtype),
-            la + "norm.weight": torch.ones(h.linear_v_dim, dtype=dtype),
-            la + "out_proj.weight": rnd(hidden, vd),
-        }
+        t |= {la + "in_proj_qkv.weight": rnd(2 * kd + vd, hidden), la + "in_proj_z.weight": rnd(vd, hidden),
+              la + "in_proj_b.weight": rnd(nv, hidden), la + "in_proj_a.weight": rnd(nv, hidden),
+              la + "conv1d.weight": rnd(2 * kd + vd, 1, h.conv_kernel), la + "dt_bias": torch.ones(nv, dtype=dtype),
+              la + "A_log": torch.zeros(nv, dtype=dtype), la + "norm.weight": torch.ones(h.linear_v_dim, dtype=dtype),
+              la + "out_proj.weight": rnd(hidden, vd)}
     s = p + "mlp.shared_expert."
-    t |= {
-        s + "gate_proj.weight": rnd(h.shared_inter, hidden),
-        s + "up_proj.weight": rnd(h.shared_inter, hidden),
-        s + "down_proj.weight": rnd(hidden, h.shared_inter),
-        p + "mlp.shared_expert_gate.weight": rnd(1, hidden),
-    }
+    t |= {s + "gate_proj.weight": rnd(h.shared_inter, hidden), s + "up_proj.weight": rnd(h.shared_inter, hidden),
+          s + "down_proj.weight": rnd(hidden, h.shared_inter), p + "mlp.shared_expert_gate.weight": rnd(1, hidden)}
     return t

@@ -78,7 +78,11 @@ def coalesce(events: Iterable[Event]) -> list[Event]:
             out[-1] = ContentDelta(prev.text + ev.text)
         elif isinstance(ev, ReasoningDelta) and isinstance(prev, ReasoningDelta):
             out[-1] = ReasoningDelta(prev.text + ev.text)
-        elif isinstance(ev, ToolCallArgsDelta) and isinstance(prev, ToolCallArgsDelta) and prev.index == ev.index:
+        elif (
+            isinstance(ev, ToolCallArgsDelta)
+            and isinstance(prev, ToolCallArgsDelta)
+            and prev.index == ev.index
+        ):
             out[-1] = ToolCallArgsDelta(ev.index, prev.text + ev.text)
         else:
             out.append(ev)

@@ -145,7 +145,9 @@ class Sentinels:
         """Descriptions anywhere in tool definitions (MCP servers write them); names, types and
         enums stay plain, since templates build syntax from them."""
         if isinstance(tools, dict):
-            return {k: self.wrap(v) if k == "description" else self.protect_tools(v) for k, v in tools.items()}
+            return {
+                k: self.wrap(v) if k == "description" else self.protect_tools(v) for k, v in tools.items()
+            }
         if isinstance(tools, list):
             return [self.protect_tools(x) for x in tools]
         return tools

@@ -71,7 +71,9 @@ def _tojson(
     separators: Any = None,
     sort_keys: bool = False,
 ) -> str:
-    dumped = json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    dumped = json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
     return mark_json(dumped, ensure_ascii)
 
 
@@ -80,7 +82,9 @@ def _strftime_now(fmt: str) -> str:
 
 
 def make_environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, loopcontrols]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -105,7 +109,9 @@ def pick_template(
     for key in (name, "tool_use" if has_tools else None, "default"):
         if key and key in named:
             return named[key]
-    raise TemplateRenderError(f"no chat template named {name or 'default'!r}; have: {', '.join(sorted(named))}")
+    raise TemplateRenderError(
+        f"no chat template named {name or 'default'!r}; have: {', '.join(sorted(named))}"
+    )
 
 
 @lru_cache(maxsize=16)

@@ -65,10 +65,8 @@ class WeightsCheck:
 
     def _check(self, part: FilePart, bank: torch.Tensor | None) -> None:
         path = self.manifest.directory / part.file
-        got = (
-            xxh3_of(byte_view(bank, part.bank_offset, part.nbytes))
-            if bank is not None
-            else xxh3_of_file(path, part.nbytes)
+        got = xxh3_of(byte_view(bank, part.bank_offset, part.nbytes)) if bank is not None else xxh3_of_file(
+            path, part.nbytes
         )
         if got != part.xxh3_64:
             raise CheckpointError(f"{path}: checksum mismatch (xxh3-64 {got}, {MANIFEST} says {part.xxh3_64}): "
@@ -88,7 +86,6 @@ class WeightsCheck:
 
     def start(self) -> None:
         """Check in a background thread (one core); a mismatch is logged as an error and kept in ``status``."""
-
         def body() -> None:
             try:
                 self.run()

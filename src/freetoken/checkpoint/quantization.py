@@ -108,3 +108,4 @@ def _scale_kind(name: str) -> str:
         if last == suffix or (suffix.startswith("_") and last.endswith(suffix)):
             return suffix.lstrip("_")
     return ""
+

@@ -65,9 +65,8 @@ def _chat(args: argparse.Namespace) -> int:
             continue
         messages.append({"role": "user", "content": line})
         kwargs = {"enable_thinking": False} if args.no_thinking else {}
-        ids = list(
-            tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs)
-        )
+        ids = list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                           return_dict=False, **kwargs))
         if len(ids) >= engine.max_model_len:
             print(f"(conversation too long: {len(ids)} tokens >= {engine.max_model_len}; /reset)", file=sys.stderr)
             messages.pop()

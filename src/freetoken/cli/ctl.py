@@ -23,13 +23,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--server", default="http://127.0.0.1:1919", help="server URL")
     p.add_argument("--api-key", default=None, help="API key, if the server wants one")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for an answer")
-    p.add_argument(
-        "--vram-budget",
-        type=float,
-        default=None,
-        metavar="GIB",
-        help="with 'memory': resize the engine to this VRAM budget (slots + KV pages + reserve)",
-    )
+    p.add_argument("--vram-budget", type=float, default=None, metavar="GIB",
+                   help="with 'memory': resize the engine to this VRAM budget (slots + KV pages + reserve)")
     p.add_argument("--reason", default="ft ctl memory", help="with --vram-budget: why (shown in the stats)")
     return p
 

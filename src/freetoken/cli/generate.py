@@ -38,11 +38,8 @@ def _generate(args: argparse.Namespace) -> int:
     if tok is None:
         raise ValueError(f"{args.model}: the checkpoint has no tokenizer; text prompts need one")
     if args.chat:
-        ids = list(
-            tok.apply_chat_template(
-                [{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-        )
+        ids = list(tok.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True,
+                                           tokenize=True, return_dict=False))
     else:
         ids = tok.encode(args.prompt, add_special_tokens=False)
     engine.add_request("cli", ids, params)

@@ -30,7 +30,9 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool = False) -> None:
         default=argparse.SUPPRESS if suppress else False,
         help="print the env vars and file diffs that would be applied; change nothing",
     )
-    p.add_argument("--server", default=default, metavar="URL", help=f"FreeToken server (default {DEFAULT_SERVER})")
+    p.add_argument(
+        "--server", default=default, metavar="URL", help=f"FreeToken server (default {DEFAULT_SERVER})"
+    )
     p.add_argument(
         "--model",
         default=default,

@@ -7,6 +7,7 @@ from freetoken.errors import FreeTokenError, InputError
 __all__ = ["EngineDeadError", "FreeTokenError", "InputError", "PromptTooLongError", "QueueFullError"]
 
 
+
 class PromptTooLongError(InputError):
     def __init__(self, prompt_tokens: int, max_model_len: int) -> None:
         self.prompt_tokens = prompt_tokens

@@ -160,7 +160,9 @@ class LayerMajorJob:
 
 
 class LayerMajorPlanner:
-    def __init__(self, config: EngineConfig, pages: KVManager, runner: ModelRunner, hf: HFConfig, tokens: int) -> None:
+    def __init__(
+        self, config: EngineConfig, pages: KVManager, runner: ModelRunner, hf: HFConfig, tokens: int
+    ) -> None:
         """``tokens``: how many tokens' activations one pass may keep (the memory plan's activations share)."""
         if config.prefill_order not in ORDERS:
             raise ValueError(f"prefill_order must be one of {ORDERS}, got {config.prefill_order!r}")

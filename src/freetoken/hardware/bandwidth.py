@@ -112,9 +112,8 @@ class KernelLoad:
 
     def run_for(self, seconds: float, start: threading.Barrier | None = None) -> float:
         """Calls until `seconds` have passed; returns GB/s of expert weights read."""
-        self.kern.run(
-            self.x, self.tok, self.route_sets[0], self.w, self.gate_up, self.down, out=self.out, scales=self.scales
-        )
+        self.kern.run(self.x, self.tok, self.route_sets[0], self.w, self.gate_up, self.down, out=self.out,
+                      scales=self.scales)
         if start is not None:
             start.wait()
         calls, t0 = 0, time.perf_counter()

@@ -86,7 +86,9 @@ def load_profile(path: str | Path, machine: MachineInfo | None = None) -> Hardwa
     return profile
 
 
-def current_profile(cache_dir: str | None = None, machine: MachineInfo | None = None) -> HardwareProfile | None:
+def current_profile(
+    cache_dir: str | None = None, machine: MachineInfo | None = None
+) -> HardwareProfile | None:
     """This machine's saved profile, or None (missing, unreadable or from other hardware: warned)."""
     machine = machine or probe()
     path = profiles_dir(cache_dir) / f"{machine.fingerprint()}.json"

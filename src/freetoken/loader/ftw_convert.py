@@ -111,3 +111,4 @@ def convert(src: str | Path, dst: str | Path, dtype: str | None = None, layers_p
     write_manifest(m)
     log.info("converted %s to FTW in %s (%.1f s)", src, dst, time.perf_counter() - t0)
     return m
+

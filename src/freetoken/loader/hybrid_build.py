@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-
 def make_state_pool(
     loaded: LoadedModel, max_running: int, dtype: torch.dtype, device: torch.device, checkpoints: int = 0
 ) -> StatePool | None:

@@ -20,11 +20,9 @@ def layer_kinds(hf: HFConfig, family: Family) -> list[str]:
     if family.deltanet_proj is None:
         return [FULL] * hf.num_layers
     n, every = hf.num_layers, family.full_attention_interval
-    kinds = (
-        list(hf.layer_types)
-        if hf.layer_types is not None
-        else [FULL if (i + 1) % every == 0 else LINEAR for i in range(n)]
-    )
+    kinds = list(hf.layer_types) if hf.layer_types is not None else [
+        FULL if (i + 1) % every == 0 else LINEAR for i in range(n)
+    ]
     where = hf.path / "config.json"
     if len(kinds) != n:
         raise CheckpointError(f"{where}: layer_types has {len(kinds)} entries for {n} layers")

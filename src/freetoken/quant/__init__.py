@@ -6,12 +6,5 @@ from freetoken.quant.bf16 import BF16
 from freetoken.quant.fp8_block import FP8_BLOCK_128, Fp8BlockFormat
 from freetoken.quant.registry import format_by_name, format_from_config
 
-__all__ = [
-    "BF16",
-    "FP8_BLOCK_128",
-    "Fp8BlockFormat",
-    "QuantizationError",
-    "WeightFormat",
-    "format_by_name",
-    "format_from_config",
-]
+__all__ = ["BF16", "FP8_BLOCK_128", "Fp8BlockFormat", "QuantizationError", "WeightFormat", "format_by_name",
+           "format_from_config"]

@@ -70,3 +70,4 @@ class StaticFreqBackend(SlotBackend):
             eids = topk_ids.reshape(-1) + layer * self.pool.num_experts
             self.route_counts.index_add_(0, eids, torch.ones_like(eids))
         return self.split_forward(layer, x, topk_ids, topk_w)  # share stays 0, FROZEN: no fills
+

@@ -42,3 +42,4 @@ class StaticLayersBackend(SlotBackend):
 
     def forward(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
         return self.split_forward(layer, x, topk_ids, topk_w)  # share stays 0, FROZEN: no fills
+

@@ -85,7 +85,9 @@ class FusedBackend(StepCapture, ExpertBackend):
         self.graphs = LayerGraphs(_GATHER_MAX_ROUTES) if cuda_graphs and device.type == "cuda" else None
         self._tok: dict[tuple[int, int], torch.Tensor] = {}
 
-    def forward(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
+    ) -> torch.Tensor:
         T, k = topk_ids.shape
         if self.kernel is not None and T * k <= _KERNEL_ROUTES_PER_EXPERT * self.num_experts:
             return self._on_kernel(layer, x, topk_ids, topk_w)

@@ -118,13 +118,8 @@ class LayerGraphs:
                             "%d calls", key[0], key[1], RETRY_AFTER)  # fmt: skip
                 return None
             self.enabled = False
-            log.warning(
-                "CUDA graph capture of MoE layer %d (%d tokens) failed, running eagerly: %s: %s",
-                key[0],
-                key[1],
-                type(exc).__name__,
-                exc,
-            )
+            log.warning("CUDA graph capture of MoE layer %d (%d tokens) failed, running eagerly: %s: %s",
+                        key[0], key[1], type(exc).__name__, exc)
             return None
         finally:
             host.capture_end()
@@ -157,11 +152,8 @@ class LayerGraphs:
         self._steps.clear()
 
     def stats(self) -> dict[str, int]:
-        return {
-            "moe_graphs": len(self._entries),
-            "moe_graph_replays": self.replays,
-            "moe_graph_failures": self.failures,
-        }
+        return {"moe_graphs": len(self._entries), "moe_graph_replays": self.replays,
+                "moe_graph_failures": self.failures}
 
 
 class StepCapture:

@@ -47,7 +47,9 @@ def check_backend(name: str) -> None:
         raise ValueError(f"MoE backend {name!r} is not available; available: {', '.join(backend_names())}")
 
 
-def create_backend(config: EngineConfig, banks: ExpertBanks, device: torch.device, dtype: torch.dtype) -> ExpertBackend:
+def create_backend(
+    config: EngineConfig, banks: ExpertBanks, device: torch.device, dtype: torch.dtype
+) -> ExpertBackend:
     name = config.moe_backend
     check_backend(name)
     if name == "auto":

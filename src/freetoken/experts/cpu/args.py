@@ -27,16 +27,8 @@ ERRORS = {
 _P, _I64, _I32, _U32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_uint32
 # The field runs both C structs share, in their order: the activations and shapes; the banks and output.
 _SHAPES: list[Any] = [("x", _P), ("T", _I64), ("D", _I64), ("I", _I64)]
-_BANKS: list[Any] = [
-    ("gate_up", _P),
-    ("down", _P),
-    ("N", _I64),
-    ("fmt", _I32),
-    ("act", _I32),
-    ("out", _P),
-    ("gate_up_scale", _P),
-    ("down_scale", _P),
-]
+_BANKS: list[Any] = [("gate_up", _P), ("down", _P), ("N", _I64), ("fmt", _I32), ("act", _I32), ("out", _P),
+                     ("gate_up_scale", _P), ("down_scale", _P)]
 
 
 class MoeArgs(ctypes.Structure):  # mirrors FtMoeArgs in plan.h
@@ -117,14 +109,19 @@ def check_args(
             f"tok, row and weight must have one entry per route, got {tok.shape[0]}, {R}, {weight.shape[0]}"
         )
     if bounds and R and (int(row.min()) < 0 or int(row.max()) >= N):
-        raise ValueError(f"row entries must be pool rows in [0, {N}), got [{int(row.min())}, {int(row.max())}]")
+        raise ValueError(
+            f"row entries must be pool rows in [0, {N}), got [{int(row.min())}, {int(row.max())}]"
+        )
     check_scales(gate_up, down, scales)
     if bounds and R and (int(tok.min()) < 0 or int(tok.max()) >= T):
-        raise ValueError(f"tok entries must be token indices in [0, {T}), got [{int(tok.min())}, {int(tok.max())}]")
+        raise ValueError(
+            f"tok entries must be token indices in [0, {T}), got [{int(tok.min())}, {int(tok.max())}]"
+        )
     if out is not None:
         check_tensor("out", out, (torch.float32,), 2)
         if tuple(out.shape) != (T, D):
             raise ValueError(f"out must be [T={T}, D={D}], got {tuple(out.shape)}")
+
 
 
 def check_scales(gate_up: torch.Tensor, down: torch.Tensor, scales: Scales | None) -> None:

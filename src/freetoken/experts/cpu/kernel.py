@@ -273,21 +273,13 @@ class CpuExpertKernel:
             raise RuntimeError("a submitted batch is still running: call wait() first")
         T = x.shape[0] if x.dim() == 2 else -1
         k = codes.numel() // T if T > 0 else 1
-        check_args(
-            x,
-            torch.zeros(0, dtype=torch.int32),
-            torch.zeros(0, dtype=torch.int64),
-            torch.zeros(0),
-            gate_up,
-            down,
-            activation,
-            out,
-            scales=scales,
-        )
+        check_args(x, torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.int64),
+                   torch.zeros(0), gate_up, down, activation, out, scales=scales)
         check_tensor("codes", codes, (torch.int64,), 1)
         check_tensor("weight", weight, (torch.float32,), 1)
         if T > 0 and (codes.numel() != T * k or weight.numel() != codes.numel()):
-            raise ValueError(f"codes and weight must hold T*k entries for T={T}, got {codes.numel()}, {weight.numel()}")
+            raise ValueError(f"codes and weight must hold T*k entries for T={T}, got {codes.numel()}, "
+                             f"{weight.numel()}")
         for name, (flag, _) in (("ready flag", ready), ("done flag", done)):
             check_tensor(name, flag, (torch.int32,), 1)
         if stats is not None:

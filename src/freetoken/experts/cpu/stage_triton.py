@@ -31,3 +31,4 @@ def stage_inputs_triton(
     nx, nk = x.numel(), codes.numel()
     block = 1024
     _stage_kernel[(triton.cdiv(max(nx, nk), block),)](x, codes, w, x_dst, codes_dst, w_dst, nx, nk, BLOCK=block)
+

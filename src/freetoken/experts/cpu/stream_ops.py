@@ -90,8 +90,7 @@ def stream_ops() -> StreamOps | None:
         if int(flag[0]) != 5:
             raise StreamOpsError(f"the stream wrote {int(flag[0])}, not 5")
     except (OSError, StreamOpsError) as exc:
-        log.warning(
-            "CUDA stream memory operations unavailable (%s): the CPU expert branch hands back through the host", exc
-        )
+        log.warning("CUDA stream memory operations unavailable (%s): the CPU expert branch hands back "
+                    "through the host", exc)
         return None
     return ops

@@ -65,7 +65,6 @@ class SlotTables:
     @classmethod
     def empty(cls, num_rows: int, num_slots: int, device: torch.device | str = "cpu") -> SlotTables:
         """Tables of an empty cache: no eid resident, every slot free."""
-
         def unset(n: int) -> torch.Tensor:
             return torch.full((n + 1,), -1, dtype=torch.long, device=device)
 

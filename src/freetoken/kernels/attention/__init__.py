@@ -36,3 +36,4 @@ class PrefillMeta:
     block_table: torch.Tensor  # [S, P] int32
     page_size: int
     max_q_len: int  # host copy of q_len.max() (sizes the grid)
+
