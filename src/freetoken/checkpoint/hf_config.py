@@ -143,7 +143,7 @@ def load_hf_config(directory: str | Path) -> HFConfig:
             shared_expert_intermediate_size=int(
                 raw.get("shared_expert_intermediate_size") or int(raw.get("n_shared_experts") or 0) * moe_inter
             ),
-            mlp_only_layers=tuple(int(i) for i in raw.get("mlp_only_layers", []) or []),
+            mlp_only_layers=_mlp_only_layers(raw),
             decoder_sparse_step=int(raw.get("decoder_sparse_step", 1) or 1),
             eos_token_ids=_eos(d, raw),
             dtype=raw.get("dtype", raw.get("torch_dtype")),
@@ -166,6 +166,13 @@ def _layer_types(raw: dict[str, Any]) -> tuple[str, ...] | None:
         n = int(raw["num_hidden_layers"])
         return tuple("full_attention" if (i + 1) % int(interval) == 0 else "linear_attention" for i in range(n))
     return None
+
+
+def _mlp_only_layers(raw: dict[str, Any]) -> tuple[int, ...]:
+    """Layers with a dense MLP: ``mlp_only_layers`` (Qwen), or the "dense" entries of ``mlp_layer_types`` (GLM)."""
+    dense = [int(i) for i in raw.get("mlp_only_layers", []) or []]
+    dense += [i for i, t in enumerate(raw.get("mlp_layer_types") or []) if t == "dense"]
+    return tuple(sorted(set(dense)))
 
 
 def _sliding_window(raw: dict[str, Any]) -> int | None:

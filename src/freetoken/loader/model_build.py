@@ -25,26 +25,15 @@ from freetoken.checkpoint.quantization import check_supported
 from freetoken.checkpoint.safetensors_io import SafetensorsReader
 from freetoken.checkpoint.weights import CheckpointWeights
 from freetoken.experts.base import ExpertBackend, ExpertBanks
-from freetoken.layers.attention import Attention
-from freetoken.layers.deltanet import GatedDeltaNet
 from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.moe import MoELayer
 from freetoken.layers.rope import Rotary
 from freetoken.loader.ftw_load import read_ftw_banks
-from freetoken.models.base import Family
-from freetoken.models.blocks import (
-    ExpertRead,
-    MoEParts,
-    attention,
-    dense_mlp,
-    expert_reads,
-    moe_parts,
-    norm,
-    rope,
-    skippable,
-)
-from freetoken.models.decoder import DecoderLayer, DecoderModel
+from freetoken.models.base import Family, skip_patterns
+from freetoken.models.blocks import ExpertRead, MoEParts, attention, dense_mlp, expert_reads, moe_parts, norm, rope
+from freetoken.models.decoder import DecoderLayer, DecoderModel, Mixer
 from freetoken.models.hybrid_blocks import LINEAR, deltanet, layer_kinds, state_shape
+from freetoken.models.mla_blocks import mla_attention, mla_dims
 from freetoken.models.routing import sigmoid_routing
 from freetoken.quant import BF16, QuantizationError, WeightFormat, format_from_config
 
@@ -101,15 +90,16 @@ def build_model(
     ftw = read_manifest(hf.path)  # FTW: the routed experts come pre-banked, the rest is safetensors as usual
     reader = SafetensorsReader(hf.path)
     fmt = weight_format(reader, hf)
-    skip = skippable(family, hf)
-    check_supported(hf.raw, reader, skip, fmt)
+    skippable = skip_patterns(family, hf.raw, hf.num_layers)  # with the multi-token-prediction layers, if any
+    check_supported(hf.raw, reader, skippable, fmt)
     w = CheckpointWeights(reader, device, dtype, fmt)
     n = family.naming
     D, V = hf.hidden_size, hf.vocab_size
-    rotary = Rotary(rope(family, hf), hf.head_dim, max_positions, device)
+    mla = family.attention == "mla"
+    rotary = Rotary(rope(family, hf), mla_dims(hf).rope_dim if mla else hf.head_dim, max_positions, device)
     sigmoid = sigmoid_routing(hf, family)  # checked before any weight is read
     moe_ids = hf.moe_layer_ids
-    parts: list[tuple[torch.Tensor, Attention | GatedDeltaNet, torch.Tensor, DenseMLP | MoEParts]] = []
+    parts: list[tuple[torch.Tensor, Mixer, torch.Tensor, DenseMLP | MoEParts]] = []
     reads: list[ExpertRead] = []
     kinds = layer_kinds(hf, family)
     kv_layers, linear_layers = 0, 0
@@ -121,9 +111,11 @@ def build_model(
             reads += expert_reads(w, family, hf, i, moe_ids.index(i)) if ftw is None else []
         else:
             ffn = dense_mlp(w, lp + n.mlp, D, hf.intermediate_size, bool(hf.raw.get("mlp_bias", False)))
-        mixer: Attention | GatedDeltaNet
+        mixer: Mixer
         if kinds[i] == LINEAR:
             mixer, linear_layers = deltanet(w, family, hf, i, linear_layers), linear_layers + 1
+        elif mla:
+            mixer, kv_layers = mla_attention(w, family, hf, i, kv_layers, rotary), kv_layers + 1
         else:
             mixer, kv_layers = attention(w, family, hf, i, kv_layers, rotary), kv_layers + 1
         parts.append((norm(w, family, lp + n.attn_norm, (D,)), mixer, norm(w, family, lp + n.ffn_norm, (D,)), ffn))
@@ -133,7 +125,7 @@ def build_model(
     scales = [w.layout.scale_name(r[0]) for r in reads if w.is_packed(r[0])] if w.layout is not None else []
     w.claim([r[0] for r in reads] + scales + ([n.lm_head] if n.lm_head in w else []))  # a tied head's copy is not read
     final_norm = norm(w, family, n.final_norm, (D,))
-    w.check_all_used(hf.architecture, skip)
+    w.check_all_used(hf.architecture, skippable)
     banks = backend = check = None
     if moe_ids and ftw is not None:
         banks, check = read_ftw_banks(ftw, hf, dtype, verify)

@@ -1,9 +1,11 @@
 """What each cache kind costs for a model, from its Hugging Face config alone (pure: no torch, no allocation).
 
 Cache kinds: full-attention layers keep K and V per token in the paged KV pool (a sliding-window layer keeps them in
-the same pages); gated DeltaNet (linear-attention) layers keep one recurrent state per request - the last K-1 conv
-inputs in the model dtype and a [H, dk, dv] float32 state - and state checkpoints are copies of that state; a
-layer-major prefill keeps two hidden vectors (``h`` and ``x``) per token. ``tests/test_memory_sizes.py`` checks these
+the same pages); multi-head latent attention layers (a config with ``kv_lora_rank``) keep one latent of
+``kv_lora_rank + qk_rope_head_dim`` per token instead (``kv_geometry``); gated DeltaNet (linear-attention) layers
+keep one recurrent state per request - the last K-1 conv inputs in the model dtype and a [H, dk, dv] float32 state -
+and state checkpoints are copies of that state; a layer-major prefill keeps two hidden vectors (``h`` and ``x``) per
+token. ``tests/test_memory_sizes.py`` checks these
 numbers against the tensors the engine allocates for a tiny model of every family.
 """
 
@@ -19,10 +21,32 @@ SSM_BYTES = 4  # the recurrent state is kept in float32 whatever the model dtype
 
 
 @dataclass(frozen=True)
+class KVGeometry:
+    """One attention layer's rows per token in the KV pool: ``heads`` x (``k_dim`` + ``v_dim``)."""
+
+    heads: int
+    k_dim: int
+    v_dim: int
+
+    @property
+    def per_token(self) -> int:
+        """Elements per token and layer."""
+        return self.heads * (self.k_dim + self.v_dim)
+
+
+def kv_geometry(hf: HFConfig) -> KVGeometry:
+    """GQA: K and V heads of ``head_dim``; MLA (``kv_lora_rank`` set): one latent row of ``kv_lora_rank +
+    qk_rope_head_dim`` (the compressed K/V and the shared rotary key), no V."""
+    if hf.raw.get("kv_lora_rank"):
+        return KVGeometry(1, _raw_int(hf, "kv_lora_rank") + _raw_int(hf, "qk_rope_head_dim"), 0)
+    return KVGeometry(hf.num_kv_heads, hf.head_dim, hf.head_dim)
+
+
+@dataclass(frozen=True)
 class ModelBytes:
     kv_layers: int  # full-attention layers (each keeps K and V per token)
     linear_layers: int  # gated DeltaNet layers (each keeps a recurrent state per request)
-    kv_per_token: int  # K and V of one token, every full-attention layer
+    kv_per_token: int  # K and V (MLA: the latent) of one token, every full-attention layer
     state_per_request: int  # one request's recurrent state, every linear-attention layer (a checkpoint: the same)
     activations_per_token: int  # what a layer-major pass keeps per token (``h`` and ``x``)
 
@@ -62,6 +86,6 @@ def state_bytes_per_layer(hf: HFConfig, dtype_bytes: int) -> int:
 def model_bytes(hf: HFConfig, dtype_bytes: int, full_attention_interval: int | None = None) -> ModelBytes:
     """The bytes of every cache kind of this model in a ``dtype_bytes``-byte compute dtype."""
     kv_layers, linear = layer_counts(hf, full_attention_interval)
-    kv = 2 * kv_layers * hf.num_kv_heads * hf.head_dim * dtype_bytes
+    kv = kv_layers * kv_geometry(hf).per_token * dtype_bytes
     state = linear * state_bytes_per_layer(hf, dtype_bytes) if linear else 0
     return ModelBytes(kv_layers, linear, kv, state, 2 * hf.hidden_size * dtype_bytes)

@@ -60,13 +60,6 @@ def attention(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, kv_index:
     return Attention(aw, kv_index, H, Hkv, hd, hf.rms_eps, rotary, float(clip) if clip else None, hf.sliding_window)
 
 
-def skippable(fam: Family, hf: HFConfig) -> tuple[str, ...]:
-    """The tensors this checkpoint holds that the family does not read: its fixed patterns, and the layers of
-    multi-token prediction saved after the decoder's (``model.layers.{N + j}.*``)."""
-    mtp = int(hf.raw.get(fam.mtp_layers_key) or 0) if fam.mtp_layers_key else 0
-    return fam.skippable + tuple(fam.naming.layer.format(i=hf.num_layers + j) + "*" for j in range(mtp))
-
-
 def rope(fam: Family, hf: HFConfig) -> RopeConfig:
     """The config's rotary settings, with the family's partial rotary share where config.json names none."""
     if "partial_rotary_factor" in hf.rope.params or fam.partial_rotary == 1.0:

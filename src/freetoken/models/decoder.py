@@ -13,14 +13,17 @@ from freetoken.kernels.linear import linear
 from freetoken.kernels.norm import add_rms_norm, embed_rms_norm, rms_norm
 from freetoken.layers.attention import Attention, AttnBatch
 from freetoken.layers.deltanet import GatedDeltaNet
+from freetoken.layers.mla import MLAttention
 from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.moe import MoELayer
+
+Mixer = Attention | MLAttention | GatedDeltaNet  # full attention (GQA or latent) over KV pages, or linear attention
 
 
 @dataclass
 class DecoderLayer:
     attn_norm: torch.Tensor
-    attn: Attention | GatedDeltaNet  # the token mixer: full attention over KV pages, or linear attention
+    attn: Mixer  # the token mixer
     ffn_norm: torch.Tensor
     ffn: DenseMLP | MoELayer
 
@@ -61,7 +64,7 @@ class DecoderModel:
     def mix(self, layer: DecoderLayer, x: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
         """A layer's token mixer: full attention over the KV pages, or linear attention over its state slots."""
         m = layer.attn
-        return m.forward(x, batch, kv) if isinstance(m, Attention) else m.forward(x, batch, self.states)
+        return m.forward(x, batch, self.states) if isinstance(m, GatedDeltaNet) else m.forward(x, batch, kv)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

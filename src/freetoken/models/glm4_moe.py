@@ -13,6 +13,6 @@ FAMILY = Family(
     qk_norm_key="use_qk_norm",
     qkv_bias_key="attention_bias",
     partial_rotary=0.5,
-    mtp_layers_key="num_nextn_predict_layers",
+    mtp_keys=("num_nextn_predict_layers",),
     routing="sigmoid",
 )

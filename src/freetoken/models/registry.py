@@ -20,6 +20,8 @@ _FAMILIES: dict[str, str] = {
     "OlmoeForCausalLM": "freetoken.models.olmoe",
     "Qwen3ForCausalLM": "freetoken.models.qwen3",
     "LlamaForCausalLM": "freetoken.models.llama",
+    "DeepseekV3ForCausalLM": "freetoken.models.deepseek_v3",
+    "Glm4MoeLiteForCausalLM": "freetoken.models.glm4_moe_lite",
 }
 
 

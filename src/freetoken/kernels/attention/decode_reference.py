@@ -20,9 +20,9 @@ def paged_decode_reference(
     B, H, hd = q.shape
     hkv = k_cache.shape[1]
     if meta.block_table.is_cuda:  # a graph's metadata is rewritten in place: nothing may be kept from it
-        slots, valid = _slots(meta, window)
+        slots, valid = context_slots(meta, window)
     else:
-        slots, valid = meta.gathered.get(window) or meta.gathered.setdefault(window, _slots(meta, window))
+        slots, valid = meta.gathered.get(window) or meta.gathered.setdefault(window, context_slots(meta, window))
     k = k_cache[slots].float().transpose(1, 2)  # [B, Hkv, n, hd]
     v = v_cache[slots].float().transpose(1, 2)
     out = F.scaled_dot_product_attention(
@@ -31,7 +31,7 @@ def paged_decode_reference(
     return out[:, :, 0, :].to(q.dtype)
 
 
-def _slots(meta: DecodeMeta, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+def context_slots(meta: DecodeMeta, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Each sequence's context slots [B, n] through its page table (0 where masked) and the mask [B, n]."""
     S = meta.page_size
     n = meta.block_table.shape[1] * S  # positions 0..n-1 the page table can address
