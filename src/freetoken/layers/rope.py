@@ -42,8 +42,10 @@ def _yarn(inv: torch.Tensor, base: float, dim: int, p: dict, max_pos: int) -> tu
     def correction_dim(rot: float) -> float:
         return (dim * math.log(old / (rot * 2 * math.pi))) / (2 * math.log(base))
 
-    low = float(max(math.floor(correction_dim(beta_fast)), 0))
-    high = float(min(math.ceil(correction_dim(beta_slow)), dim - 1))
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if p.get("truncate", True):  # gpt-oss keeps the range's fractional bounds ("truncate": false)
+        low, high = math.floor(low), math.ceil(high)
+    low, high = float(max(low, 0)), float(min(high, dim - 1))
     if low == high:
         high += 0.001
     ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)

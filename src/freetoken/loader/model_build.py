@@ -11,7 +11,7 @@ their scales (``ExpertBanks.fmt``): the pool, the slots and both kernels read th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +31,7 @@ from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.moe import MoELayer
 from freetoken.layers.rope import Rotary
 from freetoken.loader.ftw_load import read_ftw_banks
+from freetoken.models import gpt_oss
 from freetoken.models.base import Family
 from freetoken.models.blocks import ExpertRead, MoEParts, attention, dense_mlp, expert_reads, moe_parts, norm
 from freetoken.models.decoder import DecoderLayer, DecoderModel
@@ -78,6 +79,15 @@ def _expert_format(
     return fmt
 
 
+def _gated_experts(banks: ExpertBanks, family: Family, ffns: Sequence[object]) -> None:
+    """gpt-oss: the banks' activation and the gate/up biases of every MoE layer, in eid order (float32 rows)."""
+    if not family.gpt_oss_experts:
+        return
+    biases = [ffn.gate_up_bias for ffn in ffns if isinstance(ffn, MoEParts) and ffn.gate_up_bias is not None]
+    banks.activation = gpt_oss.ACTIVATION
+    banks.gate_up_bias = torch.cat(biases).contiguous()
+
+
 def build_model(
     hf: HFConfig,
     family: Family,
@@ -92,6 +102,8 @@ def build_model(
     fmt = weight_format(reader, hf)
     check_supported(hf.raw, reader, family.skippable, fmt)
     w = CheckpointWeights(reader, device, dtype, fmt)
+    if family.gpt_oss_experts:
+        gpt_oss.check_activation(hf)
     n = family.naming
     D, V = hf.hidden_size, hf.vocab_size
     rotary = Rotary(hf.rope, hf.head_dim, max_positions, device)
@@ -105,7 +117,11 @@ def build_model(
         ffn: DenseMLP | MoEParts
         if i in moe_ids:
             ffn = moe_parts(w, family, hf, i)
-            reads += expert_reads(w, family, hf, i, moe_ids.index(i)) if ftw is None else []
+            if family.gpt_oss_experts:
+                ffn.gate_up_bias, ffn.down_bias = gpt_oss.expert_biases(w, hf, i)
+                reads += [(*r, ()) for r in gpt_oss.expert_reads(hf, i, moe_ids.index(i))] if ftw is None else []
+            else:
+                reads += expert_reads(w, family, hf, i, moe_ids.index(i)) if ftw is None else []
         else:
             ffn = dense_mlp(w, lp + n.mlp, D, hf.intermediate_size, bool(hf.raw.get("mlp_bias", False)))
         mixer: Attention | GatedDeltaNet
@@ -124,6 +140,7 @@ def build_model(
     banks = backend = check = None
     if moe_ids and ftw is not None:
         banks, check = read_ftw_banks(ftw, hf, dtype, verify)
+        _gated_experts(banks, family, [p[3] for p in parts])
         backend = make_backend(banks)
     elif moe_ids:
         efmt = _expert_format(w, fmt, reads, hf)
@@ -133,15 +150,19 @@ def build_model(
             if efmt.quantized:
                 scale_bank = getattr(banks, bank + "_scale")
                 w.read_packed_into(name, getattr(banks, bank)[index], scale_bank[scale_index], shape)
+            elif family.gpt_oss_experts:
+                gpt_oss.read_expert_bank(w, name, bank, getattr(banks, bank)[index], shape)
             else:
                 w.read_into(name, getattr(banks, bank)[index], shape)
+        _gated_experts(banks, family, [p[3] for p in parts])
         backend = make_backend(banks)
     layers = []
     for i, (attn_norm, attn, ffn_norm, ffn) in enumerate(parts):
         if isinstance(ffn, MoEParts):
             assert backend is not None
             norm_topk = hf.norm_topk_prob or family.always_norm_topk
-            moe = MoELayer(ffn.router, hf.top_k, norm_topk, moe_ids.index(i), backend, ffn.shared, ffn.shared_gate)
+            moe = MoELayer(ffn.router, hf.top_k, norm_topk, moe_ids.index(i), backend, ffn.shared, ffn.shared_gate,
+                           router_bias=ffn.router_bias, down_bias=ffn.down_bias)  # fmt: skip
             layers.append(DecoderLayer(attn_norm, attn, ffn_norm, moe))
         else:
             layers.append(DecoderLayer(attn_norm, attn, ffn_norm, ffn))

@@ -24,6 +24,18 @@ class MoEParts:
     router: torch.Tensor
     shared: DenseMLP | None
     shared_gate: torch.Tensor | None
+    router_bias: torch.Tensor | None = None  # [E] (gpt-oss)
+    gate_up_bias: torch.Tensor | None = None  # [E, 2I] the experts' gate/up biases, gate half then up half (gpt-oss)
+    down_bias: torch.Tensor | None = None  # [E, D]
+
+
+def layer_window(hf: HFConfig, i: int) -> int | None:
+    """Layer ``i``'s sliding window: where ``layer_types`` names sliding layers (gpt-oss alternates them with full
+    attention) only those layers have it; otherwise every layer has the config's window, if any."""
+    types = hf.layer_types
+    if types is not None and "sliding_attention" in types:
+        return hf.sliding_window if i < len(types) and types[i] == "sliding_attention" else None
+    return hf.sliding_window
 
 
 def attention(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, kv_index: int, rotary: Rotary) -> Attention:
@@ -55,7 +67,9 @@ def attention(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, kv_index:
         gate=gate,
     )
     clip = hf.raw.get(fam.clip_qkv_key) if fam.clip_qkv_key else None
-    return Attention(aw, kv_index, H, Hkv, hd, hf.rms_eps, rotary, float(clip) if clip else None, hf.sliding_window)
+    sinks = w.get(p + "sinks", (H,)).float() if fam.attn_sinks else None
+    return Attention(aw, kv_index, H, Hkv, hd, hf.rms_eps, rotary, float(clip) if clip else None, layer_window(hf, i),
+                     sinks=sinks)  # fmt: skip
 
 
 def norm(w: CheckpointWeights, fam: Family, name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -82,7 +96,10 @@ def moe_parts(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int) -> MoEPar
     if n.shared_expert and hf.shared_expert_intermediate_size:
         shared = dense_mlp(w, mp + n.shared_expert, D, hf.shared_expert_intermediate_size)
         shared_gate = w.opt(mp + (n.shared_expert_gate or ""), (1, D))
-    return MoEParts(w.get(mp + n.router, (hf.num_experts, D)), shared, shared_gate)
+    parts = MoEParts(w.get(mp + n.router, (hf.num_experts, D)), shared, shared_gate)
+    if fam.router_bias:
+        parts.router_bias = w.get(mp + n.router.replace(".weight", ".bias"), (hf.num_experts,))
+    return parts
 
 
 # One read of routed-expert weights: (tensor name, "gate_up" or "down", index into that bank, expected shape,

@@ -18,6 +18,7 @@ _FAMILIES: dict[str, str] = {
     "OlmoeForCausalLM": "freetoken.models.olmoe",
     "Qwen3ForCausalLM": "freetoken.models.qwen3",
     "LlamaForCausalLM": "freetoken.models.llama",
+    "GptOssForCausalLM": "freetoken.models.gpt_oss",
 }
 
 

@@ -37,6 +37,7 @@ def cpu_experts_reference(
     activation: str = "silu",
     out: torch.Tensor | None = None,  # [T, D] float32, overwritten
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,  # fp8 banks: their 128x128 block scales
+    gate_up_bias: torch.Tensor | None = None,  # [N, 2I]: added to gate_up @ x before the activation (gpt-oss)
 ) -> torch.Tensor:
     """``out[t] = sum over routes s of t: weight[s] * down[row[s]] @ act(gate_up[row[s]] @ x[t])``; fp8 banks
     dequantised per expert by the format's reference (``quant/fp8_block.py``)."""
@@ -55,6 +56,8 @@ def cpu_experts_reference(
         gu, dn = _expert(gate_up, down, scales, r)
         gate = F.linear(xs, gu[:inter])  # [n, I]
         up = F.linear(xs, gu[inter:])
+        if gate_up_bias is not None:
+            gate, up = gate + gate_up_bias[r, :inter].float(), up + gate_up_bias[r, inter:].float()
         h = activate(gate, up, activation)
         y = F.linear(h, dn)  # [n, D]
         out.index_add_(0, tok[sel], y * weight[sel].float()[:, None])
