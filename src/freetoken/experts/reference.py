@@ -8,7 +8,20 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from freetoken.experts.cpu.reference import activate
+ACTIVATIONS = ("silu", "gptoss")  # in the C++ kernel's order (``experts/cpu/kernel_api.h``)
+GPTOSS_LIMIT = 7.0
+GPTOSS_ALPHA = 1.702
+
+
+def activate(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
+    """``silu(gate) * up``, or gpt-oss's clamped gated activation."""
+    if activation == "silu":
+        return F.silu(gate) * up
+    if activation == "gptoss":
+        gate = gate.clamp(max=GPTOSS_LIMIT)
+        up = up.clamp(min=-GPTOSS_LIMIT, max=GPTOSS_LIMIT)
+        return (up + 1.0) * (gate * torch.sigmoid(GPTOSS_ALPHA * gate))
+    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import torch
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.hf_config import HFConfig
 from freetoken.checkpoint.weights import CheckpointWeights
-from freetoken.experts.cpu.reference import GPTOSS_ALPHA, GPTOSS_LIMIT
+from freetoken.experts.reference import GPTOSS_ALPHA, GPTOSS_LIMIT
 from freetoken.models.base import Family, Naming
 
 FAMILY = Family(

@@ -9,22 +9,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+# the activations by the kernel's index, defined with the experts' torch reference
+from freetoken.experts.reference import ACTIVATIONS, GPTOSS_ALPHA, GPTOSS_LIMIT, activate
 from freetoken.quant import FP8_BLOCK_128
 
-ACTIVATIONS = ("silu", "gptoss")
-GPTOSS_LIMIT = 7.0
-GPTOSS_ALPHA = 1.702
-
-
-def activate(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
-    """``silu(gate) * up``, or gpt-oss's clamped gated activation."""
-    if activation == "silu":
-        return F.silu(gate) * up
-    if activation == "gptoss":
-        gate = gate.clamp(max=GPTOSS_LIMIT)
-        up = up.clamp(min=-GPTOSS_LIMIT, max=GPTOSS_LIMIT)
-        return (up + 1.0) * (gate * torch.sigmoid(GPTOSS_ALPHA * gate))
-    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+__all__ = ["ACTIVATIONS", "GPTOSS_ALPHA", "GPTOSS_LIMIT", "activate", "cpu_experts_reference"]
 
 
 def cpu_experts_reference(
