@@ -64,7 +64,7 @@ PRESETS: dict[str, MoEShape] = {
                  hybrid=HybridShape()),
         MoEShape("qwen3.6-35b-a3b-fp8", 2048, 512, 256, 8, 40, "the FP8 release's experts; e2e: hybrid as above",
                  "fp8_block", HybridShape()),
-        MoEShape("gpt-oss-20b", 2880, 2880, 32, 4, 24, "bf16 experts here (the checkpoint ships MXFP4)"),
+        MoEShape("gpt-oss-20b-bf16", 2880, 2880, 32, 4, 24, "bf16 experts (the checkpoint ships MXFP4)"),
     )
 }
 
