@@ -30,12 +30,22 @@ from freetoken.layers.deltanet import GatedDeltaNet
 from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.moe import MoELayer
 from freetoken.layers.rope import Rotary
+from freetoken.layers.window_attention import WindowAttention
 from freetoken.loader.ftw_load import read_ftw_banks
 from freetoken.models import gpt_oss
 from freetoken.models.base import Family
-from freetoken.models.blocks import ExpertRead, MoEParts, attention, dense_mlp, expert_reads, moe_parts, norm
+from freetoken.models.blocks import (
+    ExpertRead,
+    MoEParts,
+    attention,
+    dense_mlp,
+    expert_reads,
+    moe_parts,
+    norm,
+    window_attention,
+)
 from freetoken.models.decoder import DecoderLayer, DecoderModel
-from freetoken.models.hybrid_blocks import LINEAR, deltanet, layer_kinds, state_shape
+from freetoken.models.hybrid_blocks import LINEAR, SLIDING, deltanet, layer_kinds, state_shape
 from freetoken.quant import BF16, QuantizationError, WeightFormat, format_from_config
 
 
@@ -108,10 +118,11 @@ def build_model(
     D, V = hf.hidden_size, hf.vocab_size
     rotary = Rotary(hf.rope, hf.head_dim, max_positions, device)
     moe_ids = hf.moe_layer_ids
-    parts: list[tuple[torch.Tensor, Attention | GatedDeltaNet, torch.Tensor, DenseMLP | MoEParts]] = []
+    parts: list[tuple[torch.Tensor, Attention | GatedDeltaNet | WindowAttention, torch.Tensor, DenseMLP | MoEParts]]
+    parts = []
     reads: list[ExpertRead] = []
     kinds = layer_kinds(hf, family)
-    kv_layers, linear_layers = 0, 0
+    kv_layers, linear_layers, rings = 0, 0, 0
     for i in range(hf.num_layers):
         lp = n.layer.format(i=i)
         ffn: DenseMLP | MoEParts
@@ -124,9 +135,11 @@ def build_model(
                 reads += expert_reads(w, family, hf, i, moe_ids.index(i)) if ftw is None else []
         else:
             ffn = dense_mlp(w, lp + n.mlp, D, hf.intermediate_size, bool(hf.raw.get("mlp_bias", False)))
-        mixer: Attention | GatedDeltaNet
+        mixer: Attention | GatedDeltaNet | WindowAttention
         if kinds[i] == LINEAR:
             mixer, linear_layers = deltanet(w, family, hf, i, linear_layers), linear_layers + 1
+        elif kinds[i] == SLIDING:
+            mixer, rings = window_attention(w, family, hf, i, rings, rotary), rings + 1
         else:
             mixer, kv_layers = attention(w, family, hf, i, kv_layers, rotary), kv_layers + 1
         parts.append((norm(w, family, lp + n.attn_norm, (D,)), mixer, norm(w, family, lp + n.ffn_norm, (D,)), ffn))
@@ -166,6 +179,6 @@ def build_model(
             layers.append(DecoderLayer(attn_norm, attn, ffn_norm, moe))
         else:
             layers.append(DecoderLayer(attn_norm, attn, ffn_norm, ffn))
-    states = state_shape(hf, linear_layers) if linear_layers else None
+    states = state_shape(hf, linear_layers, rings) if linear_layers or rings else None
     model = DecoderModel(embed, layers, final_norm, lm_head, hf.rms_eps)
     return LoadedModel(hf, model, banks, backend, kv_layers, states, check)

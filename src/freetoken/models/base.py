@@ -57,6 +57,9 @@ class Family:
     attn_sinks: bool = False
     router_bias: bool = False
     gpt_oss_experts: bool = False
+    # The sliding-window layers (``layer_types``) keep only their window of KV: a ring per request in the state pool,
+    # checkpointed at anchors like the recurrent states (``layers/window_attention.py``)
+    window_ring: bool = False
     # Special tokens where agent harnesses edit the context (``cache/anchors.py``): opening and closing ones.
     anchor_starts: tuple[str, ...] = ()
     anchor_ends: tuple[str, ...] = ()

@@ -13,6 +13,7 @@ from freetoken.checkpoint.weights import CheckpointWeights
 from freetoken.layers.attention import Attention, AttentionWeights
 from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.rope import Rotary
+from freetoken.layers.window_attention import WindowAttention
 from freetoken.models.base import Family
 from freetoken.models.hybrid_blocks import split_gated_q
 
@@ -39,6 +40,32 @@ def layer_window(hf: HFConfig, i: int) -> int | None:
 
 
 def attention(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, kv_index: int, rotary: Rotary) -> Attention:
+    """Layer i's attention over the KV pages (the ``kv_index``-th layer of the pool)."""
+    aw = attention_weights(w, fam, hf, i)
+    clip = hf.raw.get(fam.clip_qkv_key) if fam.clip_qkv_key else None
+    H, Hkv, hd = hf.num_heads, hf.num_kv_heads, hf.head_dim
+    return Attention(aw, kv_index, H, Hkv, hd, hf.rms_eps, rotary, float(clip) if clip else None, layer_window(hf, i),
+                     sinks=attention_sinks(w, fam, hf, i))  # fmt: skip
+
+
+def window_attention(
+    w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, ring: int, rotary: Rotary
+) -> WindowAttention:
+    """Layer i's sliding-window attention over a KV ring, the ``ring``-th ring of the state pool."""
+    aw = attention_weights(w, fam, hf, i)
+    window = int(hf.sliding_window or 0)
+    return WindowAttention(aw, ring, hf.num_heads, hf.num_kv_heads, hf.head_dim, rotary, window,
+                           attention_sinks(w, fam, hf, i))  # fmt: skip
+
+
+def attention_sinks(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int) -> torch.Tensor | None:
+    """Layer i's sink logits [H] float32 (families with ``attn_sinks``)."""
+    if not fam.attn_sinks:
+        return None
+    return w.get(fam.naming.layer.format(i=i) + fam.naming.attn + "sinks", (hf.num_heads,)).float()
+
+
+def attention_weights(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int) -> AttentionWeights:
     p = fam.naming.layer.format(i=i) + fam.naming.attn
     D, H, Hkv, hd = hf.hidden_size, hf.num_heads, hf.num_kv_heads, hf.head_dim
     # Llama's attention_bias covers o_proj too; Qwen2's qkv_bias only q/k/v.
@@ -66,10 +93,7 @@ def attention(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, kv_index:
         k_norm=norm(w, fam, p + fam.naming.k_norm, norm_k) if norm_k else None,
         gate=gate,
     )
-    clip = hf.raw.get(fam.clip_qkv_key) if fam.clip_qkv_key else None
-    sinks = w.get(p + "sinks", (H,)).float() if fam.attn_sinks else None
-    return Attention(aw, kv_index, H, Hkv, hd, hf.rms_eps, rotary, float(clip) if clip else None, layer_window(hf, i),
-                     sinks=sinks)  # fmt: skip
+    return aw
 
 
 def norm(w: CheckpointWeights, fam: Family, name: str, shape: tuple[int, ...]) -> torch.Tensor:

@@ -15,12 +15,14 @@ from freetoken.layers.attention import Attention, AttnBatch
 from freetoken.layers.deltanet import GatedDeltaNet
 from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.moe import MoELayer
+from freetoken.layers.window_attention import WindowAttention
 
 
 @dataclass
 class DecoderLayer:
     attn_norm: torch.Tensor
-    attn: Attention | GatedDeltaNet  # the token mixer: full attention over KV pages, or linear attention
+    # the token mixer: attention over KV pages, linear attention, or a window over a KV ring (both over state slots)
+    attn: Attention | GatedDeltaNet | WindowAttention
     ffn_norm: torch.Tensor
     ffn: DenseMLP | MoELayer
 
@@ -59,7 +61,8 @@ class DecoderModel:
         return add_rms_norm(h, layer.ffn.forward(x), after, self.eps)
 
     def mix(self, layer: DecoderLayer, x: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
-        """A layer's token mixer: full attention over the KV pages, or linear attention over its state slots."""
+        """A layer's token mixer: attention over the KV pages, or linear attention or a window ring over its state
+        slots."""
         m = layer.attn
         return m.forward(x, batch, kv) if isinstance(m, Attention) else m.forward(x, batch, self.states)
 

@@ -26,6 +26,7 @@ FAMILY = Family(
     attn_sinks=True,
     router_bias=True,
     gpt_oss_experts=True,
+    window_ring=True,
     anchor_starts=("<|start|>", "<|channel|>"),
     anchor_ends=("<|end|>", "<|call|>", "<|return|>"),
 )
