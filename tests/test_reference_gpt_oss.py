@@ -1,8 +1,9 @@
 """gpt-oss (``GptOssForCausalLM``, bf16-style experts) against transformers' forward on a tiny random checkpoint (CPU,
 fp32) through the fused, offload, cpu and hybrid expert backends: prefill logits, prefill in chunks that cut the
-sliding window, greedy tokens of a batch decoding well past the window (8 tokens: the sliding layers' masking); the
-MoE layer alone on inputs large enough that the clamp of the gated activation binds; which layers slide; a config
-whose activation constants the kernels do not have is refused naming the field."""
+sliding window (and layer-major, and one token a step: the window rings' decode path), greedy tokens of a batch
+decoding well past the 8-token window; the MoE layer alone on inputs large enough that the clamp of the gated
+activation binds; which layers slide; the FTW form; a config whose activation constants the kernels do not have is
+refused naming the field."""
 
 from __future__ import annotations
 
@@ -66,7 +67,11 @@ def test_logits_and_greedy_tokens_match(ckpt, backend, cache, fill):
     llm = _llm(d, backend, cache, fill)
     for r, ref in zip(refs, full):
         assert_close_logits(llm.engine.score(r.prompt), r.prompt_logits)
-        assert_close_logits(llm.engine.score(r.prompt + r.tokens, chunk=5), ref)  # chunks cut the window
+        seq = r.prompt + r.tokens
+        assert_close_logits(llm.engine.score(seq, chunk=5), ref)  # chunks cut the window
+        assert_close_logits(llm.engine.score(seq, chunk=1), ref)  # every step a decode step through the ring
+        cut = [3, 11, len(seq) - 14]
+        assert_close_logits(llm.engine.score(seq, chunk=cut, layer_major=True), ref)
     params = SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True)
     outs = llm.generate([r.prompt for r in refs], params)
     assert [o.token_ids for o in outs] == [r.tokens for r in refs]
@@ -110,3 +115,17 @@ def test_other_activation_constants_are_refused(tmp_path, key, value):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match=key):
         LLM(model=str(tmp_path), device="cpu", dtype="float32")
+
+
+def test_ftw_conversion_keeps_the_layout_and_the_biases(ckpt, tmp_path):
+    """``ft convert``: the banks are written de-interleaved and transposed as the loader banks them; the expert
+    biases stay with the other tensors and are read from there at load."""
+    from freetoken.loader.ftw_convert import convert
+
+    d, _, refs, full = ckpt
+    convert(d, tmp_path / "ftw")
+    llm = LLM(model=str(tmp_path / "ftw"), device="cpu", dtype="float32", moe_backend="cpu")
+    banks = llm.engine.setup.loaded.banks
+    assert banks is not None and banks.activation == "gptoss" and banks.gate_up_bias is not None
+    r = refs[2]
+    assert_close_logits(llm.engine.score(r.prompt + r.tokens), full[2])
