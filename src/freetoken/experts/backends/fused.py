@@ -126,14 +126,14 @@ class FusedBackend(StepCapture, ExpertBackend):
         routed experts' weights are read once, in place, where a gather would copy them first (fixed shapes,
         no host sync on CUDA: capturable). Quantised banks always take it (they dequantise in its kernel)."""
         rows, off = int(self.gate_up.shape[0]), layer * self.num_experts
-        if use_triton(x) and topk_ids.numel() <= _GROUP_IN_GATE_UP and not self.fmt.quantized and self.act is None:
+        if use_triton(x) and topk_ids.numel() <= _GROUP_IN_GATE_UP and not self.fmt.quantized:
             from freetoken.experts.slots.gemm_triton import grouped_experts_routed_triton
 
             # the gate_up launch groups the routes itself: two launches for the layer's experts
             return grouped_experts_routed_triton(
-                x, topk_ids, off, topk_w, self.gate_up, self.down, self.num_experts, out_dtype=x.dtype
+                x, topk_ids, off, topk_w, self.gate_up, self.down, self.num_experts, out_dtype=x.dtype, act=self.act
             )
-        if use_triton(x) and topk_ids.numel() <= _ONE_LAUNCH_GROUPING and self.act is None:
+        if use_triton(x) and topk_ids.numel() <= _ONE_LAUNCH_GROUPING:
             from freetoken.experts.slots.plan_triton import group_routes_triton
 
             groups = group_routes_triton(topk_ids, off, rows)

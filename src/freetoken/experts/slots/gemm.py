@@ -87,14 +87,15 @@ def grouped_experts(
     out_dtype: torch.dtype = torch.float32,  # the sum's dtype (the Triton kernels cast in their combine launch)
 ) -> torch.Tensor:
     """Dispatch: Triton on CUDA, else gather (small steps on CUDA) or loop. Returns [T, D], summed in float32."""
-    if use_triton(x) and sw.act is None:  # gpt-oss's biased activation: the torch paths (no Triton form yet)
+    if use_triton(x) and not (sw.fmt.quantized and sw.act is not None):  # quantised gpt-oss: the torch paths
         if sw.fmt.quantized:
             from freetoken.experts.slots.gemm_fp8_triton import grouped_experts_fp8_triton
 
             return grouped_experts_fp8_triton(x, groups, slot, topk_w, sw, max_groups, out_dtype=out_dtype)
         from freetoken.experts.slots.gemm_triton import grouped_experts_triton
 
-        return grouped_experts_triton(x, groups, slot, topk_w, sw.gate_up, sw.down, max_groups, out_dtype=out_dtype)
+        return grouped_experts_triton(x, groups, slot, topk_w, sw.gate_up, sw.down, max_groups, out_dtype=out_dtype,
+                                      act=sw.act)  # fmt: skip
     if x.device.type == "cuda" and groups.order.numel() <= GATHER_MAX_ROUTES:  # CUDA without Triton: small steps
         return grouped_experts_gather(x, groups, slot, topk_w, sw).to(out_dtype)
     return grouped_experts_loop(x, groups, slot, topk_w, sw).to(out_dtype)
