@@ -121,8 +121,9 @@ def test_decode_steps_through_the_ring_capture_and_replay(ckpt, monkeypatch):
 
     monkeypatch.setattr(StepGraphs, "_body", fresh_body)
     monkeypatch.setattr(Rotary, "_tables", fresh_tables)
-    kw = dict(device="cpu", dtype="float32", max_running_requests=4, page_size=PAGE, moe_backend="fused",
-              state_checkpoints=0)  # fmt: skip (a step that takes a checkpoint runs eagerly)
+    kw = dict(
+        device="cpu", dtype="float32", max_running_requests=4, page_size=PAGE, moe_backend="fused", state_checkpoints=0
+    )  # fmt: skip (a step that takes a checkpoint runs eagerly)
     graphed, eager = LLM(model=str(ckpt), **kw), LLM(model=str(ckpt), **kw)
     eng = graphed.engine
     backend = eng.setup.loaded.backend
