@@ -67,6 +67,13 @@ def make_config(family: str) -> Any:
         return tf.Qwen3Config(**COMMON, num_hidden_layers=2, head_dim=16)
     if family == "llama":
         return tf.LlamaConfig(**COMMON, num_hidden_layers=2, attention_bias=True, mlp_bias=True)
+    if family == "gpt_oss":  # sliding and full layers alternate; yarn as shipped (truncate off), scaled down
+        return tf.GptOssConfig(
+            **{k: v for k, v in COMMON.items() if k != "intermediate_size"}, intermediate_size=32,
+            num_hidden_layers=4, head_dim=16, num_local_experts=8, num_experts_per_tok=2, sliding_window=8,
+            rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=4.0, beta_fast=32.0, beta_slow=1.0,
+                                 truncate=False, original_max_position_embeddings=128),
+        )
     if family == "qwen3_next":
         return tf.Qwen3NextConfig(**HYBRID, norm_topk_prob=True)
     if family == "qwen3_5_moe":

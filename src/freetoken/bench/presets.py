@@ -89,7 +89,7 @@ PRESETS: dict[str, MoEShape] = {
                  hybrid=HybridShape()),
         MoEShape("qwen3.6-35b-a3b-fp8", 2048, 512, 256, 8, 40, "the FP8 release's experts; e2e: hybrid as above",
                  "fp8_block", HybridShape()),
-        MoEShape("gpt-oss-20b", 2880, 2880, 32, 4, 24, "bf16 experts here (the checkpoint ships MXFP4)"),
+        MoEShape("gpt-oss-20b-bf16", 2880, 2880, 32, 4, 24, "bf16 experts (the checkpoint ships MXFP4)"),
         # GLM-4.5/4.6/4.7: 92 layers, the first 3 dense (intermediate 12288); 160 experts + 1 shared; FP8 as shipped
         # (every projection). 12 layers = 3 dense + 9 MoE: 37 GB with the bench's 32000-token vocabulary.
         MoEShape("glm-4.7", 5120, 1536, 160, 8, 89, "GLM-4.7-FP8: 3 dense layers first, 96 heads, 8 KV heads",

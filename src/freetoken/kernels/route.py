@@ -17,16 +17,19 @@ from freetoken.kernels.linear import linear
 from freetoken.kernels.triton_support import use_triton
 
 
-def route(x: torch.Tensor, router: torch.Tensor, top_k: int, norm_topk: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, D], router [E, D] -> (ids [T, k] int64, weights [T, k] float32), as ``route_reference`` of
-    ``F.linear(x, router)``."""
+def route(
+    x: torch.Tensor, router: torch.Tensor, top_k: int, norm_topk: bool, bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, D], router [E, D] (and its bias [E], gpt-oss) -> (ids [T, k] int64, weights [T, k] float32), as
+    ``route_reference`` of ``F.linear(x, router, bias)``. (gpt-oss's softmax over the top-k logits is the top-k of the
+    softmax renormalised: ``norm_topk``.)"""
     if use_triton(x):
         from freetoken.kernels.router_triton import ONE_LAUNCH_TOKENS, route_linear_triton, route_triton
 
-        if 0 < x.shape[0] <= ONE_LAUNCH_TOKENS:  # decode: the router's GEMM in the same launch
+        if 0 < x.shape[0] <= ONE_LAUNCH_TOKENS and bias is None:  # decode: the router's GEMM in the same launch
             return route_linear_triton(x, router, top_k, norm_topk)
-        return route_triton(F.linear(x, router), top_k, norm_topk, x.dtype)
-    logits = linear(x, router)
+        return route_triton(F.linear(x, router, bias), top_k, norm_topk, x.dtype)
+    logits = linear(x, router, bias)
     if cpu_step.available(logits):  # float32 on a CPU: one C++ call
         return cpu_step.route(logits, top_k, norm_topk)
     return route_reference(logits, top_k, norm_topk, x.dtype)

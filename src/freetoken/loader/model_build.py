@@ -11,7 +11,7 @@ their scales (``ExpertBanks.fmt``): the pool, the slots and both kernels read th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -29,10 +29,21 @@ from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.moe import MoELayer
 from freetoken.layers.rope import Rotary
 from freetoken.loader.ftw_load import read_ftw_banks
+from freetoken.models import gpt_oss
 from freetoken.models.base import Family, skip_patterns
-from freetoken.models.blocks import ExpertRead, MoEParts, attention, dense_mlp, expert_reads, moe_parts, norm, rope
+from freetoken.models.blocks import (
+    ExpertRead,
+    MoEParts,
+    attention,
+    dense_mlp,
+    expert_reads,
+    moe_parts,
+    norm,
+    rope,
+    window_attention,
+)
 from freetoken.models.decoder import DecoderLayer, DecoderModel, Mixer
-from freetoken.models.hybrid_blocks import LINEAR, deltanet, layer_kinds, state_shape
+from freetoken.models.hybrid_blocks import LINEAR, SLIDING, deltanet, layer_kinds, state_shape
 from freetoken.models.mla_blocks import mla_attention, mla_dims
 from freetoken.models.routing import sigmoid_routing
 from freetoken.quant import BF16, QuantizationError, WeightFormat, format_from_config
@@ -78,6 +89,15 @@ def _expert_format(
     return fmt
 
 
+def _gated_experts(banks: ExpertBanks, family: Family, ffns: Sequence[object]) -> None:
+    """gpt-oss: the banks' activation and the gate/up biases of every MoE layer, in eid order (float32 rows)."""
+    if not family.gpt_oss_experts:
+        return
+    biases = [ffn.gate_up_bias for ffn in ffns if isinstance(ffn, MoEParts) and ffn.gate_up_bias is not None]
+    banks.activation = gpt_oss.ACTIVATION
+    banks.gate_up_bias = torch.cat(biases).contiguous()
+
+
 def build_model(
     hf: HFConfig,
     family: Family,
@@ -93,6 +113,8 @@ def build_model(
     skippable = skip_patterns(family, hf.raw, hf.num_layers)  # with the multi-token-prediction layers, if any
     check_supported(hf.raw, reader, skippable, fmt)
     w = CheckpointWeights(reader, device, dtype, fmt)
+    if family.gpt_oss_experts:
+        gpt_oss.check_activation(hf)
     n = family.naming
     D, V = hf.hidden_size, hf.vocab_size
     mla = family.attention == "mla"
@@ -102,18 +124,24 @@ def build_model(
     parts: list[tuple[torch.Tensor, Mixer, torch.Tensor, DenseMLP | MoEParts]] = []
     reads: list[ExpertRead] = []
     kinds = layer_kinds(hf, family)
-    kv_layers, linear_layers = 0, 0
+    kv_layers, linear_layers, rings = 0, 0, 0
     for i in range(hf.num_layers):
         lp = n.layer.format(i=i)
         ffn: DenseMLP | MoEParts
         if i in moe_ids:
             ffn = moe_parts(w, family, hf, i)
-            reads += expert_reads(w, family, hf, i, moe_ids.index(i)) if ftw is None else []
+            if family.gpt_oss_experts:
+                ffn.gate_up_bias, ffn.down_bias = gpt_oss.expert_biases(w, hf, i)
+                reads += [(*r, ()) for r in gpt_oss.expert_reads(hf, i, moe_ids.index(i))] if ftw is None else []
+            else:
+                reads += expert_reads(w, family, hf, i, moe_ids.index(i)) if ftw is None else []
         else:
             ffn = dense_mlp(w, lp + n.mlp, D, hf.intermediate_size, bool(hf.raw.get("mlp_bias", False)))
         mixer: Mixer
         if kinds[i] == LINEAR:
             mixer, linear_layers = deltanet(w, family, hf, i, linear_layers), linear_layers + 1
+        elif kinds[i] == SLIDING:
+            mixer, rings = window_attention(w, family, hf, i, rings, rotary), rings + 1
         elif mla:
             mixer, kv_layers = mla_attention(w, family, hf, i, kv_layers, rotary), kv_layers + 1
         else:
@@ -129,6 +157,7 @@ def build_model(
     banks = backend = check = None
     if moe_ids and ftw is not None:
         banks, check = read_ftw_banks(ftw, hf, dtype, verify)
+        _gated_experts(banks, family, [p[3] for p in parts])
         backend = make_backend(banks)
     elif moe_ids:
         efmt = _expert_format(w, fmt, reads, hf)
@@ -138,8 +167,11 @@ def build_model(
             if efmt.quantized:
                 scale_bank = getattr(banks, bank + "_scale")
                 w.read_packed_into(name, getattr(banks, bank)[index], scale_bank[scale_index], shape)
+            elif family.gpt_oss_experts:
+                gpt_oss.read_expert_bank(w, name, bank, getattr(banks, bank)[index], shape)
             else:
                 w.read_into(name, getattr(banks, bank)[index], shape)
+        _gated_experts(banks, family, [p[3] for p in parts])
         backend = make_backend(banks)
     layers = []
     for i, (attn_norm, attn, ffn_norm, ffn) in enumerate(parts):
@@ -147,10 +179,11 @@ def build_model(
             assert backend is not None
             norm_topk = hf.norm_topk_prob or family.always_norm_topk
             moe = MoELayer(ffn.router, hf.top_k, norm_topk, moe_ids.index(i), backend, ffn.shared, ffn.shared_gate,
-                           sigmoid=sigmoid, bias=ffn.bias)  # fmt: skip
+                           sigmoid=sigmoid, bias=ffn.bias, router_bias=ffn.router_bias,
+                           down_bias=ffn.down_bias)  # fmt: skip
             layers.append(DecoderLayer(attn_norm, attn, ffn_norm, moe))
         else:
             layers.append(DecoderLayer(attn_norm, attn, ffn_norm, ffn))
-    states = state_shape(hf, linear_layers) if linear_layers else None
+    states = state_shape(hf, linear_layers, rings) if linear_layers or rings else None
     model = DecoderModel(embed, layers, final_norm, lm_head, hf.rms_eps)
     return LoadedModel(hf, model, banks, backend, kv_layers, states, check)

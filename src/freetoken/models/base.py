@@ -60,6 +60,14 @@ class Family:
     attn_output_gate: bool = False  # q_proj also yields a per-head sigmoid gate on the attention output
     deltanet_proj: str | None = None  # None: no linear-attention layers; "qkvz" (Qwen3-Next) | "split" (Qwen3.5)
     full_attention_interval: int = 4  # layer_types when config.json gives none: every n-th layer full attention
+    # gpt-oss: a learned logit per head in every softmax's denominator ("sinks"); a router bias; routed experts stored
+    # transposed ([E, D, 2I], gate and up columns interleaved; [E, I, D]) with biases, under the clamped activation
+    attn_sinks: bool = False
+    router_bias: bool = False
+    gpt_oss_experts: bool = False
+    # The sliding-window layers (``layer_types``) keep only their window of KV: a ring per request in the state pool,
+    # checkpointed at anchors like the recurrent states (``layers/window_attention.py``)
+    window_ring: bool = False
     # Special tokens where agent harnesses edit the context (``cache/anchors.py``): opening and closing ones.
     anchor_starts: tuple[str, ...] = ()
     anchor_ends: tuple[str, ...] = ()

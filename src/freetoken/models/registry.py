@@ -22,6 +22,7 @@ _FAMILIES: dict[str, str] = {
     "LlamaForCausalLM": "freetoken.models.llama",
     "DeepseekV3ForCausalLM": "freetoken.models.deepseek_v3",
     "Glm4MoeLiteForCausalLM": "freetoken.models.glm4_moe_lite",
+    "GptOssForCausalLM": "freetoken.models.gpt_oss",
 }
 
 

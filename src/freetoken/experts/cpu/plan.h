@@ -24,6 +24,7 @@ extern "C" struct FtMoeArgs {
   float* out;  // [T, D] fp32
   const float* gate_up_scale;  // FMT_FP8_BLOCK: [N, 2I/128, D/128]; null otherwise
   const float* down_scale;     // [N, D/128, I/128]
+  const float* gate_up_bias;   // [N, 2I] fp32 (gate half, then up half); null: no bias
 };
 
 namespace ft {

@@ -41,21 +41,21 @@ class AttentionBackend(Protocol):
 
     def decode(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: DecodeMeta, scale: float,
-        window: int | None = None,
+        window: int | None = None, sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
         """q [B, H, hd] (one new token per sequence) over its pages -> [B, H, hd] in q's dtype."""
         ...
 
     def prefill(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PrefillMeta, scale: float,
-        window: int | None = None,
+        window: int | None = None, sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
         """q [T, H, hd], every new token causally over its sequence's context (never T x T) -> [T, H, hd]."""
         ...
 
     def decode_fused(
         self, qkv: torch.Tensor, rope: QKVRope, caches: Caches, meta: DecodeMeta, scale: float, window: int | None,
-        checked: bool,
+        checked: bool, sinks: torch.Tensor | None = None,
     ) -> torch.Tensor | None:  # fmt: skip
         """A decode step from its QKV projection [B, (H + 2 Hkv) hd]: norms, rotary, the K/V rows written, attention
         -> [B, H, hd]; or None. ``checked``: an earlier layer of this step passed the step's metadata already."""

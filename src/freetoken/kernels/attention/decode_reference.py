@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from freetoken.kernels.attention import DecodeMeta
+from freetoken.kernels.attention.sinks import sdpa_with_sinks
 
 
 def paged_decode_reference(
@@ -16,6 +17,7 @@ def paged_decode_reference(
     meta: DecodeMeta,
     scale: float,
     window: int | None = None,
+    sinks: torch.Tensor | None = None,  # [H] float32: a sink logit per head (gpt-oss)
 ) -> torch.Tensor:
     B, H, hd = q.shape
     hkv = k_cache.shape[1]
@@ -25,6 +27,8 @@ def paged_decode_reference(
         slots, valid = meta.gathered.get(window) or meta.gathered.setdefault(window, context_slots(meta, window))
     k = k_cache[slots].float().transpose(1, 2)  # [B, Hkv, n, hd]
     v = v_cache[slots].float().transpose(1, 2)
+    if sinks is not None:
+        return sdpa_with_sinks(q[:, :, None, :], k, v, valid[:, None, None, :], scale, sinks)[:, :, 0, :].to(q.dtype)
     out = F.scaled_dot_product_attention(
         q.float()[:, :, None, :], k, v, attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=H != hkv
     )  # [B, H, 1, hd]: one call instead of two einsums, a mask and a softmax (the CPU decode step's hot spot)
