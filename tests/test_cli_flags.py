@@ -38,7 +38,7 @@ BEFORE: dict[str, list[tuple[str, Any]]] = {
         ("--seed", None), ("--chat", False),
     ],
     "bench e2e": [
-        ("--preset", "qwen3-30b-a3b"), ("--layers", 12), ("--model", None), ("--dir", None),
+        ("--preset", "qwen3-30b-a3b"), ("--layers", None), ("--model", None), ("--dir", None),
         ("--policies", "fused,offload,hybrid"), ("--expert-cache", 0.25), ("--cpu-threads", None), ("--batch", "1,4"),
         ("--tokens", 64), ("--warmup", 16), ("--prompt-tokens", 32), ("--temperature", 0.0), ("--repeats", 3),
         ("--routing-trace", None), ("--moe-only", True), ("--no-moe-only", True), ("--moe-steps", 128),
