@@ -19,6 +19,7 @@ import torch
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.quantization import PackedLayout
 from freetoken.checkpoint.safetensors_io import SafetensorsReader
+from freetoken.errors import FreeTokenError
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +49,7 @@ class CheckpointWeights:
         self.used.add(name)
         if self.is_packed(name):
             assert self.layout is not None
-            scale = self.layout.scale_name(name)  # its shape was checked with the headers (check_supported)
-            self.used.add(scale)
-            w = self.layout.dequantize(self.reader.read(name), self.reader.read(scale, torch.float32), self.dtype)
+            w = self.layout.dequantize(self.reader.read(name), self._bank_scale(name), self.dtype)
             return w.to(self.device)
         return self.reader.read(name, self.dtype).to(self.device)
 
@@ -67,17 +66,39 @@ class CheckpointWeights:
         self.used.add(name)
 
     def read_packed_into(self, name: str, dst: torch.Tensor, scale_dst: torch.Tensor, shape: tuple[int, ...]) -> None:
-        """Read packed weight ``name`` (checked against ``shape``) into ``dst`` as it is, and its scale tensor into
-        ``scale_dst`` (float32)."""
+        """Read packed weight ``name`` (``shape``: its unpacked shape, checked against the packed one) into ``dst``
+        as it is, and its scales into ``scale_dst`` as the bank holds them (``WeightFormat.bank_scale``)."""
         assert self.layout is not None
-        self.read_into(name, dst, shape)
-        scale = self.layout.scale_name(name)
-        self.reader.read_into(scale, scale_dst)
-        self.used.add(scale)
+        self.read_into(name, dst, self.layout.checkpoint_packed_shape(name, shape))
+        scale_dst.copy_(self._bank_scale(name).view(scale_dst.shape))
+
+    def side_tensors(self, name: str) -> list[str]:
+        """The scale tensors read with packed weight ``name``."""
+        assert self.layout is not None
+        return [s for s in (self.layout.scale_name(name), self.layout.scale2_name(name)) if s]
+
+    def _bank_scale(self, name: str) -> torch.Tensor:
+        """Packed ``name``'s scale tensors (shapes and dtypes checked with the headers: ``check_supported``) as
+        one bank scale tensor."""
+        assert self.layout is not None
+        scale, scale2 = self.layout.scale_name(name), self.layout.scale2_name(name)
+        self.used.update(s for s in (scale, scale2) if s)
+        s2 = self.reader.read(scale2) if scale2 else None
+        try:
+            return self.layout.bank_scale(self.reader.read(scale), s2)
+        except FreeTokenError as exc:  # a quant/ QuantizationError (quant/ sits on this row)
+            raise CheckpointError(f"{self.reader.directory}: scales of {name}: {exc}") from exc
 
     def check_all_used(self, architecture: str, skippable: tuple[str, ...]) -> None:
         """Refuse tensors nobody read, except those matching a ``skippable`` pattern (fnmatch), said once."""
         left = sorted(set(self.reader.tensors) - self.used)
+        ignored = self.layout.ignored_suffixes if self.layout is not None else ()
+        passed = [n for n in left if ignored and n.endswith(ignored)]
+        if passed:  # weight-only: activation scales have no use here
+            log.info("%s: %d activation scale tensor(s) (%s) read and ignored: %s runs weight-only, activations "
+                     "stay in the compute dtype", self.reader.directory, len(passed), ", ".join(ignored),
+                     self.layout.name if self.layout is not None else "")  # fmt: skip
+            left = [n for n in left if n not in set(passed)]
         skipped = [n for n in left if any(fnmatch.fnmatchcase(n, p) for p in skippable)]
         unknown = [n for n in left if n not in set(skipped)]
         if unknown:
