@@ -5,7 +5,8 @@ against what the config implies (the tensor is named in the error). Every name t
 (``get``, ``opt``, ``read_into``, ``claim``) is recorded, so ``check_all_used`` can refuse a checkpoint holding
 tensors no one reads (weights the engine would silently drop) before the expert banks are read. A weight stored
 packed in the checkpoint's format (``layout``) is read with its scale tensor: dequantised by the format's
-reference (``get``: non-expert weights), or kept packed (``read_packed_into``: the expert banks).
+reference (``get``: non-expert weights), or kept packed (``read_packed_into``: the expert banks). Names are the
+float checkpoint's: where a layout stores a packed ``<name>_packed`` instead (compressed-tensors), that is read.
 """
 
 from __future__ import annotations
@@ -31,34 +32,45 @@ class CheckpointWeights:
         self.reader, self.device, self.dtype, self.layout = reader, device, dtype, layout
         self.used: set[str] = set()
 
+    def resolve(self, name: str) -> str:
+        """The stored name of weight ``name``: ``<name>_packed`` where the checkpoint has that and not ``name``."""
+        if self.layout is not None and name not in self.reader and name + "_packed" in self.reader:
+            return name + "_packed"
+        return name
+
     def is_packed(self, name: str) -> bool:
         """Whether ``name`` is stored in the layout's packed dtype (then a scale tensor sits beside it)."""
-        info = self.reader.tensors.get(name)
+        info = self.reader.tensors.get(self.resolve(name))
         return self.layout is not None and info is not None and info.dtype_name in self.layout.checkpoint_dtypes
 
     def __contains__(self, name: str) -> bool:
-        return name in self.reader
+        return self.resolve(name) in self.reader
 
     def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """Tensor ``name`` of ``shape`` in the compute dtype, on the compute device."""
+        packed = self.is_packed(name)
+        name = self.resolve(name)
         got = self.reader.shape(name)
+        if packed:
+            assert self.layout is not None
+            shape = self.layout.checkpoint_packed_shape(name, shape)
         if got != shape:
             raise CheckpointError(
                 f"{self.reader.directory}: tensor {name} has shape {list(got)}, expected {list(shape)} from config.json"
             )
         self.used.add(name)
-        if self.is_packed(name):
+        if packed:
             assert self.layout is not None
             w = self.layout.dequantize(self.reader.read(name), self._bank_scale(name), self.dtype)
             return w.to(self.device)
         return self.reader.read(name, self.dtype).to(self.device)
 
     def opt(self, name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
-        return self.get(name, shape) if name in self.reader else None
+        return self.get(name, shape) if name in self else None
 
     def claim(self, names: Iterable[str]) -> None:
         """Names read later (``read_into``) or deliberately not read (a tied head): they count as used."""
-        self.used.update(names)
+        self.used.update(self.resolve(n) for n in names)
 
     def read_into(self, name: str, dst: torch.Tensor, shape: tuple[int, ...]) -> None:
         """Read ``name`` (checked against ``shape``) into ``dst``, a CPU tensor of any dtype."""
@@ -69,12 +81,14 @@ class CheckpointWeights:
         """Read packed weight ``name`` (``shape``: its unpacked shape, checked against the packed one) into ``dst``
         as it is, and its scales into ``scale_dst`` as the bank holds them (``WeightFormat.bank_scale``)."""
         assert self.layout is not None
+        name = self.resolve(name)
         self.read_into(name, dst, self.layout.checkpoint_packed_shape(name, shape))
         scale_dst.copy_(self._bank_scale(name).view(scale_dst.shape))
 
     def side_tensors(self, name: str) -> list[str]:
         """The scale tensors read with packed weight ``name``."""
         assert self.layout is not None
+        name = self.resolve(name)
         return [s for s in (self.layout.scale_name(name), self.layout.scale2_name(name)) if s]
 
     def _bank_scale(self, name: str) -> torch.Tensor:
