@@ -29,7 +29,7 @@ SCALE_SUFFIXES = ("weight_scale_inv", "weight_scale", "input_scale", "weight_zer
 # Name endings of scale tensors that must sit beside a packed weight of the declared format.
 _SIDE_SUFFIXES = ("_scale_inv", "weight_scale", "weight_scale_2", "weight_global_scale", "_scales")
 _TYPE_NAMES = {"F8_E4M3": "float8_e4m3fn", "F8_E8M0": "float8_e8m0fnu", "F8_E5M2": "float8_e5m2", "I8": "int8",
-               "U8": "uint8", "I32": "int32",
+               "U8": "uint8", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I32": "int32",
                "I16": "int16", "I64": "int64", "BOOL": "bool"}  # fmt: skip
 
 
