@@ -137,3 +137,19 @@ def test_pool_and_slot_bytes_are_packed_bytes(fp4_ckpt, backend: str) -> None:
     llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     stats = llm.stats()
     assert stats["expert_fills"] > 0 and stats["pcie_bytes"] == stats["expert_fills"] * packed
+
+
+def test_ftw_holds_packed_banks(fp4_ckpt, tmp_path) -> None:
+    """``ft convert`` banks FP4 experts as they are (packed bytes and scale rows) and the FTW copy serves the same
+    tokens as the dequantised model."""
+    from freetoken.loader.ftw_convert import convert
+
+    layout, d, _, _, prompts, runs = fp4_ckpt
+    manifest = convert(d, tmp_path / "ftw")
+    assert manifest.expert_format == layout_format(layout).name
+    llm = LLM(model=str(tmp_path / "ftw"), device="cpu", dtype="float32", moe_backend="hybrid", expert_cache=0.5,
+              fill_fraction=0.5)  # fmt: skip
+    banks = llm.engine.setup.loaded.banks
+    assert banks is not None and banks.gate_up.dtype == torch.uint8 and banks.gate_up_scale is not None
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [r.tokens for r in runs]
