@@ -86,3 +86,39 @@ def test_fp4_triton_gemm_cuda(fmt: str, T: int) -> None:
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     out16 = grouped_experts(x.bfloat16(), groups, slot, w, sw, 12)
     assert float((out16 - ref).abs().max()) <= 2e-2 * max(1.0, float(ref.abs().max()))
+
+
+def test_fp4_presets_and_synthetic_banks() -> None:
+    """The FP4 presets count packed bytes (what the split and the bandwidth bounds use); synthetic banks follow
+    the preset's format."""
+    from freetoken.bench.presets import PRESETS, MoEShape
+    from freetoken.bench.synthetic import random_banks
+
+    nv = PRESETS["qwen3.6-35b-a3b-nvfp4"]
+    assert nv.expert_bytes() == 3 * 2048 * 512 // 2 + 2 * 512 * (2048 // 16 + 4) + 2048 * (512 // 16 + 4)
+    assert PRESETS["qwen3.6-35b-a3b"].expert_bytes() / nv.expert_bytes() > 3.5  # bf16 / NVFP4
+    ds = PRESETS["deepseek-v4-flash-experts"]
+    assert ds.fmt == MXFP4 and ds.expert_bytes() == 3 * 4096 * 2048 // 2 + 3 * 4096 * 2048 // 32
+    for name, fmt in FORMATS.items():
+        tiny = MoEShape(f"tiny-{name}", D, I, 8, 2, 2, weights=name)
+        banks = random_banks(tiny, 2, torch.float32, seed=1)
+        assert banks.fmt == fmt and banks.expert_bytes == tiny.expert_bytes() and banks.gate_up.dtype == torch.uint8
+        gu, _ = banks.dequantized(slice(0, 8), torch.float32)
+        assert torch.isfinite(gu).all() and 0.5 < float(gu.std() * D**0.5) < 2.0
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_fp4_synthetic_checkpoint_generates(tmp_path, fmt: str) -> None:
+    """``bench/synthetic_checkpoint.py`` writes an FP4 preset's checkpoint (NVFP4 in ModelOpt's layout, MXFP4
+    experts per weight): it loads packed and decodes alike on fused and hybrid."""
+    from freetoken import LLM, SamplingParams
+    from freetoken.bench.synthetic_checkpoint import write_qwen3_moe
+
+    write_qwen3_moe(tmp_path, num_layers=2, hidden=64, num_experts=8, moe_inter=32, vocab=512, fmt=FORMATS[fmt])
+    outs = []
+    for name in ("fused", "hybrid"):
+        llm = LLM(model=str(tmp_path), device="cpu", dtype="float32", moe_backend=name, expert_cache=0.5)
+        banks = llm.engine.setup.loaded.banks
+        assert banks is not None and banks.fmt == FORMATS[fmt] and banks.gate_up.dtype == torch.uint8
+        outs.append(llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))[0])
+    assert outs[0].token_ids == outs[1].token_ids and len(outs[0].token_ids) == 6

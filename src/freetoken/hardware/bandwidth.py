@@ -53,7 +53,7 @@ class BandwidthConfig:
     layer_experts: int = 128  # experts in one layer (B_P,layer copy size)
     seconds: float = 1.0  # measurement window per figure
     device: str = "cuda"
-    weights: str = "bf16"  # the experts' format (``quant.format_by_name``): "bf16" or "fp8_block"
+    weights: str = "bf16"  # the experts' format (``quant.format_by_name``): "bf16", "fp8_block", "mxfp4" or "nvfp4"
 
     @property
     def expert_bytes(self) -> int:
