@@ -153,3 +153,18 @@ def test_ftw_holds_packed_banks(fp4_ckpt, tmp_path) -> None:
     assert banks is not None and banks.gate_up.dtype == torch.uint8 and banks.gate_up_scale is not None
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True))
     assert [o.token_ids for o in outs] == [r.tokens for r in runs]
+
+
+def test_activation_scales_are_read_past_once(fp4_ckpt, caplog: pytest.LogCaptureFixture) -> None:
+    """Weight-only: ModelOpt's ``input_scale`` tensors are accepted and said once, not refused as unread."""
+    import logging
+
+    layout, d, tensors, _, _, _ = fp4_ckpt
+    if layout != "nvfp4":
+        pytest.skip("ModelOpt's layout ships input_scale")
+    assert any(n.endswith("input_scale") for n in tensors)
+    with caplog.at_level(logging.INFO, logger="freetoken.checkpoint.weights"):
+        setup = setup_model(EngineConfig(model=str(d), device="cpu", dtype="float32", moe_backend="cpu"))
+    said = [r.getMessage() for r in caplog.records if "read and ignored" in r.getMessage()]
+    assert len(said) == 1 and "input_scale" in said[0] and "weight-only" in said[0]
+    setup.loaded.backend.close()

@@ -146,3 +146,31 @@ def test_fp4_configs_refused(qc: dict, said: str) -> None:
     with pytest.raises(QuantizationError) as err:
         format_from_config({"quantization_config": qc})
     assert said in str(err.value)
+
+
+def test_gpt_oss_blocks_read_packed(tmp_path) -> None:
+    """gpt-oss's fused ``*_blocks`` / ``*_scales`` pass the header checks and read straight into bank rows
+    ``[E, rows, cols / 2]`` with their e8m0 scales; dequantised, they equal transformers' conversion."""
+    from safetensors.torch import save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    from freetoken.checkpoint.quantization import check_supported
+    from freetoken.checkpoint.safetensors_io import SafetensorsReader
+    from freetoken.checkpoint.weights import CheckpointWeights
+
+    E, rows, cols = 3, 64, 96
+    name = "model.layers.0.mlp.experts.gate_up_proj_blocks"
+    t = MXFP4.checkpoint_tensors(name, torch.randn(E, rows, cols, generator=torch.Generator().manual_seed(4)))
+    save_file(t, tmp_path / "model.safetensors")
+    reader = SafetensorsReader(tmp_path)
+    check_supported({"quantization_config": {"quant_method": "mxfp4"}}, reader, (), MXFP4)
+    w = CheckpointWeights(reader, torch.device("cpu"), torch.float32, MXFP4)
+    bank = torch.empty(E, rows, cols // 2, dtype=torch.uint8)
+    scales = torch.empty(E, *MXFP4.scale_shape(rows, cols), dtype=torch.uint8)
+    w.read_packed_into(name, bank, scales, (E, rows, cols))
+    ref = convert_moe_packed_tensors(t[name], t[name[: -len("_blocks")] + "_scales"], dtype=torch.float32)
+    assert torch.equal(MXFP4.dequantize(bank, scales, torch.float32), ref.transpose(1, 2))
+    bad = {**t, name[: -len("_blocks")] + "_scales": t[name[: -len("_blocks")] + "_scales"][:, :, :2].contiguous()}
+    save_file(bad, tmp_path / "model.safetensors")
+    with pytest.raises(Exception, match="gate_up_proj_scales has shape \\[3, 64, 2\\].*needs \\[3, 64, 3\\]"):
+        check_supported({"quantization_config": {"quant_method": "mxfp4"}}, SafetensorsReader(tmp_path), (), MXFP4)
