@@ -73,6 +73,9 @@ def test_dequantised_weights_equal_references(fp4_ckpt) -> None:
             torch.testing.assert_close(dn[e], _by_spec(layout, tensors, p + "down_proj.weight"), rtol=2.4e-7, atol=0)
         experts = ref.model.layers[layer].mlp.experts  # the oracle's model holds the reference's dequantisation
         assert torch.equal(gu, experts.gate_up_proj.detach()) and torch.equal(dn, experts.down_proj.detach())
+    if layout == "nvfp4":  # gate and up keep their own per-tensor scales in one bank (each row carries its own)
+        p = "model.layers.0.mlp.experts.0."
+        assert float(tensors[p + "gate_proj.weight_scale_2"]) != float(tensors[p + "up_proj.weight_scale_2"])
     q = loaded.model.layers[0].attn.w.q
     assert torch.equal(q, ref.model.layers[0].self_attn.q_proj.weight.detach())
     if layout.startswith("nvfp4"):  # attention was NVFP4 too: dequantised at load
