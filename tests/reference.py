@@ -74,7 +74,12 @@ def _reference_greedy(model, prompt: list[int], steps: int, top_k: int | None) -
     router_margin = float("inf")
     if top_k:
         out = model(torch.tensor([ids[:-1]]), use_cache=False, output_router_logits=True)
-        for rl in out.router_logits:
+        sigmoid = sigmoid_routers(model)
+        for i, rl in enumerate(out.router_logits):
+            if sigmoid:
+                bias, n_group, topk_group = sigmoid[i]
+                router_margin = min(router_margin, sigmoid_router_margin(rl, bias, top_k, n_group, topk_group))
+                continue
             probs = torch.softmax(rl.float().reshape(-1, rl.shape[-1]), dim=-1)
             top = torch.topk(probs, top_k + 1, dim=-1).values
             router_margin = min(router_margin, float((top[:, top_k - 1] - top[:, top_k]).min()))
@@ -86,3 +91,35 @@ def assert_close_logits(ours: torch.Tensor, ref: torch.Tensor, rel: float = 1e-4
     tol = rel * max(1.0, float(ref.abs().max()))
     err = float((ours - ref).abs().max())
     assert err <= tol, f"logits differ by {err:.3g} > {tol:.3g}"
+
+
+def sigmoid_routers(model: Any) -> list[tuple[torch.Tensor, int, int]]:
+    """A sigmoid-routed model's MoE layers in order: (correction bias, n_group, topk_group); [] for softmax routing.
+    The bias sits on the router (GLM, DeepSeek-V3) or on the MoE block (MiniMax-M2)."""
+    found = []
+    for m in model.modules():
+        bias = dict(m.named_buffers(recurse=False)).get("e_score_correction_bias")
+        if bias is not None:
+            found.append((bias, int(getattr(m, "num_group", 1)), int(getattr(m, "topk_group", 1))))
+    return found
+
+
+def sigmoid_router_margin(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_group: int = 1,
+                          topk_group: int = 1) -> float:  # fmt: skip
+    """The near-tie rule for sigmoid routing with a correction bias and group limits (DESIGN §8, extended): the
+    smallest gap a choice depends on, over tokens: the k-th minus the (k+1)-th biased score inside the chosen groups,
+    and, where groups limit the choice, the ``topk_group``-th minus the next group score."""
+    choice = logits.float().reshape(-1, logits.shape[-1]).sigmoid() + bias.float()
+    T, E = choice.shape
+    margin = float("inf")
+    if n_group > 1 and topk_group < n_group:
+        groups = choice.view(T, n_group, E // n_group).topk(2, dim=-1).values.sum(dim=-1)  # [T, G]
+        top = groups.topk(topk_group + 1, dim=-1)
+        margin = float((top.values[:, topk_group - 1] - top.values[:, topk_group]).min())
+        keep = torch.zeros_like(groups, dtype=torch.bool).scatter_(1, top.indices[:, :topk_group], True)
+        choice = choice.view(T, n_group, -1).masked_fill(~keep.unsqueeze(-1), float("-inf")).view(T, E)
+    if top_k < E:
+        top = choice.topk(top_k + 1, dim=-1).values
+        gap = top[:, top_k - 1] - top[:, top_k]
+        margin = min(margin, float(gap[torch.isfinite(gap)].min()) if bool(torch.isfinite(gap).any()) else margin)
+    return margin

@@ -7,7 +7,6 @@ import logging
 import pytest
 import torch
 
-import freetoken.bench.placements  # noqa: F401 - registers the static-layers and static-freq backends
 from freetoken.config import EngineConfig
 from freetoken.experts.backends.auto import choose_backend
 from freetoken.experts.backends.registry import create_backend
@@ -23,6 +22,9 @@ SLOT_BACKENDS = ["offload", "cpu", "hybrid", "static-layers", "static-freq"]
 HAS_CUDA = torch.cuda.is_available()
 
 from devices import DEVICES, TRITON_INTERPRETER  # noqa: E402
+from freetoken.bench.placements import register  # noqa: E402
+
+register()  # the static-layers and static-freq backends
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
@@ -405,6 +407,7 @@ def test_fused_on_cpu_runs_the_cpu_kernel_in_place(dtype: torch.dtype) -> None:
     many-token steps on torch's per-expert matmuls; both match the reference."""
     from freetoken.experts.backends.fused import FusedBackend
     from freetoken.experts.cpu.kernel import load_library
+    from freetoken.experts.reference import ExpertAct
 
     banks = make_banks(2, 8, seed=3)
     backend = FusedBackend(banks, torch.device("cpu"), dtype)
@@ -418,8 +421,20 @@ def test_fused_on_cpu_runs_the_cpu_kernel_in_place(dtype: torch.dtype) -> None:
         tol = 1e-5 if dtype == torch.float32 else 3e-2
         torch.testing.assert_close(backend.forward(1, x, ids, w).float(), ref.float(), rtol=tol, atol=tol)
     backend.close()
-    gptoss = ExpertBanks(banks.gate_up, banks.down, 2, 8, activation="gptoss")
-    assert FusedBackend(gptoss, torch.device("cpu"), dtype).kernel is None  # its torch paths are SiLU only
+    # gpt-oss's clamped activation after gate/up biases: the kernel and the torch paths alike
+    bias = torch.randn(16, 2 * banks.intermediate_size, generator=g)
+    gptoss = ExpertBanks(banks.gate_up, banks.down, 2, 8, activation="gptoss", gate_up_bias=bias)
+    backend = FusedBackend(gptoss, torch.device("cpu"), dtype)
+    assert (backend.kernel is not None) == (load_library() is not None)
+    act = ExpertAct.of("gptoss", bias, torch.device("cpu"))
+    for T in (1, 3, 40):
+        x = (torch.randn(T, D, generator=g) * 4).to(dtype)
+        ids = torch.rand(T, 8, generator=g).argsort(dim=1)[:, :K_TOP]
+        w = torch.softmax(torch.randn(T, K_TOP, generator=g), dim=-1)
+        ref = moe_reference(x.float(), ids + 8, w, banks.gate_up.float(), banks.down.float(), act)
+        tol = (1e-5 if dtype == torch.float32 else 3e-2) * max(1.0, float(ref.abs().max()))  # bf16: gu rounded
+        torch.testing.assert_close(backend.forward(1, x, ids, w).float(), ref.float(), rtol=0, atol=tol)
+    backend.close()
 
 
 @pytest.mark.parametrize("T", [1, 4])

@@ -12,7 +12,7 @@ from server_harness import tiny_checkpoint
 def test_http_ttft_through_ft_serve(tmp_path: Path, capsys) -> None:
     model = tiny_checkpoint(str(tmp_path / "m"))
     out = tmp_path / "http.json"
-    argv = ["--model", model, "--device", "cpu", "--dtype", "float32", "--policy", "offload", "--clients", "3",
+    argv = ["--model", model, "--device", "cpu", "--dtype", "float32", "--policy", "static-layers", "--clients", "3",
             "--prompt-tokens", "96", "--rounds", "2", "--max-tokens", "2", "--json", str(out),
             "--server-log", str(tmp_path / "server.log")]  # fmt: skip
     assert http_ttft.main(argv) == 0
@@ -20,7 +20,7 @@ def test_http_ttft_through_ft_serve(tmp_path: Path, capsys) -> None:
     assert row["errors"] == 0 and len(row["ttft_ms"]) == 3 * 2
     assert 0 < row["p50_ms"] <= row["p99_ms"] == max(row["ttft_ms"])
     assert 96 <= row["prompt_tokens"] <= 96 + 64  # the text's tokens plus the chat template's
-    assert "| offload | 3 |" in capsys.readouterr().out
+    assert "| static-layers | 3 |" in capsys.readouterr().out
 
 
 def test_prompt_text_length() -> None:

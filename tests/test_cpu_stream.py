@@ -6,11 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import freetoken.bench.placements  # noqa: F401 - registers the static-layers and static-freq backends
 from devices import TRITON_INTERPRETER
+from freetoken.bench.placements import register
 from freetoken.config import EngineConfig
 from freetoken.experts.backends.registry import create_backend
 from test_backends import HAS_CUDA, make_banks, run_steps
+
+register()  # the static-layers and static-freq backends
 
 
 @TRITON_INTERPRETER

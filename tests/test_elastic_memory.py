@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import freetoken.bench.placements  # noqa: F401 - registers the static-layers and static-freq backends
 from devices import DEVICES
 from freetoken import LLM, SamplingParams
+from freetoken.bench.placements import register
 from freetoken.cache.kv_pool import KVPool
 from freetoken.cache.radix import RadixCache
 from freetoken.config import EngineConfig
@@ -27,6 +27,8 @@ from freetoken.experts.reference import moe_reference
 from freetoken.memory.budget import MemorySplit
 from reference import LOGIT_MARGIN, ROUTER_MARGIN, reference_greedy
 from tiny_models import save_checkpoint
+
+register()  # the static-layers and static-freq backends
 
 S = 2  # page size of the unit tests
 PAGE = 8  # page size of the engine tests

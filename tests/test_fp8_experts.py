@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import freetoken.bench.placements  # noqa: F401 - registers the static-layers and static-freq backends
 from devices import DEVICES, TRITON_INTERPRETER
+from freetoken.bench.placements import register
 from freetoken.config import EngineConfig
 from freetoken.experts.backends.registry import create_backend
 from freetoken.experts.base import ExpertBanks
@@ -17,6 +17,8 @@ from freetoken.experts.slots.gemm import grouped_experts, grouped_experts_gather
 from freetoken.experts.slots.plan import group_routes
 from freetoken.experts.slots.weights import SlotWeights
 from freetoken.quant import FP8_BLOCK_128
+
+register()  # the static-layers and static-freq backends
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 

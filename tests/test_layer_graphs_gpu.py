@@ -8,12 +8,14 @@ import time
 import pytest
 import torch
 
-import freetoken.bench.placements  # noqa: F401 - registers the static-layers and static-freq backends
+from freetoken.bench.placements import register
 from freetoken.config import EngineConfig
 from freetoken.experts.backends.registry import create_backend
 from freetoken.experts.base import ExpertBanks
 from freetoken.experts.cpu.stream_ops import stream_ops
 from freetoken.experts.reference import moe_reference
+
+register()  # the static-layers and static-freq backends
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 D, I, E, L, K = 64, 32, 16, 3, 2

@@ -16,7 +16,7 @@ from freetoken.checkpoint.hf_config import load_hf_config
 from freetoken.memory.sizes import model_bytes
 from freetoken.models.layer_major import activation_bytes
 from freetoken.models.registry import get_family
-from tiny_models import FAMILIES, HYBRID_FAMILIES, MOE_FAMILIES, save_checkpoint
+from tiny_models import FAMILIES, HYBRID_FAMILIES, MOE_FAMILIES, SIGMOID_FAMILIES, save_checkpoint
 
 PAGE = 8
 
@@ -25,7 +25,7 @@ def _nbytes(tensors: list[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-@pytest.mark.parametrize("family", FAMILIES + HYBRID_FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + HYBRID_FAMILIES + SIGMOID_FAMILIES)
 def test_bytes_per_token_match_what_the_engine_allocates(tmp_path: Path, family: str) -> None:
     d = tmp_path / family
     save_checkpoint(family, d, seed=0)
@@ -33,7 +33,7 @@ def test_bytes_per_token_match_what_the_engine_allocates(tmp_path: Path, family:
     fam = get_family(hf.architecture)
     hybrid = family in HYBRID_FAMILIES
     b = model_bytes(hf, 4, fam.full_attention_interval if fam.deltanet_proj is not None else None)
-    moe = family in MOE_FAMILIES or hybrid
+    moe = family in MOE_FAMILIES or family in SIGMOID_FAMILIES or hybrid
     backend = "hybrid" if moe else "auto"
     llm = LLM(model=str(d), device="cpu", dtype="float32", moe_backend=backend, page_size=PAGE, max_model_len=64,
               max_running_requests=2, state_checkpoints=3 if hybrid else None,

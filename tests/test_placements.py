@@ -1,5 +1,5 @@
 """The peers' placements (``bench/placements/``: static-layers, static-freq) are benchmark policies: they register
-with the expert-backend registry when the bench imports them, production code never does, and ``ft serve
+with the expert-backend registry when a benchmark calls ``register()``, production code never does, and ``ft serve
 --moe-backend static-layers`` says in one line where they went."""
 
 from __future__ import annotations
@@ -11,11 +11,13 @@ import sys
 import pytest
 import torch
 
-import freetoken.bench.placements  # noqa: F401 - registers the static-layers and static-freq backends
+from freetoken.bench.placements import register
 from freetoken.cli.main import main
 from freetoken.config import EngineConfig
 from freetoken.experts.backends.registry import backend_names, create_backend, register_backend
 from test_backends import make_banks, run_steps
+
+register()  # the static-layers and static-freq backends
 
 
 def test_static_backends_hit_once_placed() -> None:
@@ -67,23 +69,43 @@ def test_production_code_knows_no_placement() -> None:
     )
 
 
-@pytest.mark.parametrize("command", ["serve", "chat", "generate"])
-@pytest.mark.parametrize("name", ["static-layers", "static-freq"])
-def test_cli_moe_backend_says_where_the_placement_went(
-    command: str, name: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    argv = [command, "--moe-backend", name] + (["--prompt", "hi"] if command == "generate" else [])
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert err == f"ft {command}: error: {name} is a benchmark placement now: ft bench decode --policies {name}\n"
+MOVED = """
+import contextlib, io, sys
+from freetoken.cli.main import main
+
+for command in ("serve", "chat", "generate"):
+    for name in ("static-layers", "static-freq"):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            try:
+                main([command, "--moe-backend", name] + (["--prompt", "hi"] if command == "generate" else []))
+            except SystemExit as e:
+                print(e.code, err.getvalue(), end="")
+"""
+
+
+def test_cli_moe_backend_says_where_the_placement_went() -> None:
+    """Production ``ft`` (a fresh process: no placement registered) ends each loading command with one line."""
+    out = subprocess.run([sys.executable, "-c", MOVED], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    want = [f"2 ft {command}: error: {name} is a benchmark placement now: ft bench decode --policies {name}"
+            for command in ("serve", "chat", "generate") for name in ("static-layers", "static-freq")]  # fmt: skip
+    assert out.stdout.splitlines() == want
+
+
+def test_a_process_that_registered_the_placements_takes_them() -> None:
+    """Where the placements are registered (here, as in the server ``ft bench http`` starts), the flag takes them."""
+    from freetoken.cli.main import build_parser
+
+    args = build_parser().parse_args(["serve", "--moe-backend", "static-layers"])
+    assert args.moe_backend == "static-layers"
 
 
 def test_cli_moe_backend_refuses_an_unknown_name(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["serve", "--moe-backend", "fastest"])
-    assert "invalid choice: 'fastest' (choose from auto, fused, offload, cpu, hybrid)" in capsys.readouterr().err
+    names = "auto, fused, offload, cpu, hybrid, static-layers, static-freq"  # this process registered the placements
+    assert f"invalid choice: 'fastest' (choose from {names})" in capsys.readouterr().err
 
 
 def test_bench_decode_runs_the_placements() -> None:

@@ -224,3 +224,13 @@ def test_a_one_token_prompt_chunk_is_not_a_decode_step(
     assert [r.token_ids for r in graphed.generate(prompts, sp)] == want
     s = graphed.stats()
     assert s["step_graph_replays"] > 0 and s["step_graph_eager_fallbacks"] == 0
+
+
+@pytest.mark.parametrize("family", ["glm4_moe_groups", "minimax_m2"])
+def test_sigmoid_routing_captures_and_replays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, family: str) -> None:
+    """Group-limited sigmoid routing with its correction bias (``kernels/route.route_sigmoid``) inside the step
+    graph: nothing a CUDA capture refuses, and the eager engine's tokens."""
+    save_checkpoint(family, tmp_path, seed=1, tokenizer=True)
+    graphed, eager = _graphed(tmp_path, monkeypatch), _llm(tmp_path)
+    c = run_case(graphed, eager, 2, "greedy")
+    assert c.ok and c.replays > 0 and c.fallbacks == 0, c.row()

@@ -32,7 +32,8 @@ def test_triton_kernels_compile(arch: int) -> None:
     plan_sig |= dict.fromkeys(["K", "layer_off", "N", "S", "KV", "protect", "fill_rows"], "i32")
     plan_sig |= {"locked": "*u8", "share_ptr": "*fp32", "b_out": "*u8"}
     groups = dict.fromkeys(["order", "gstart", "gcount", "gslot", "ngroups_ptr"], i64)
-    grouping = {"ids": i64, "K": "i32", "layer_off": "i32", "n_rows": "i32", "tables": i64, "valid_out": "*u8"}
+    grouping = {"ids": i64, "K": "i32", "layer_off": "i32", "n_rows": "i32", "tables": i64, "valid_out": "*u8",
+                "geid": i64, "bias": "*fp32"}  # fmt: skip
     cases: list[tuple[object, dict[str, str], dict[str, object]]] = [
         (plan_triton._plan_kernel, plan_sig, {"MIN_FILL": 1, "RECENT_LAST": True, "KB": 32, "BS": 512, "COUNT": 2}),
         (plan_triton._plan_kernel, plan_sig, {"MIN_FILL": 0, "RECENT_LAST": False, "KB": 64, "BS": 512, "COUNT": 0}),
@@ -45,6 +46,12 @@ def test_triton_kernels_compile(arch: int) -> None:
             gemm_triton._gate_up_kernel,
             {"x": "*bf16", "gu": "*bf16", "h": "*fp32", **groups, **grouping},
             {"D": 2880, "I": 2880, "TOPK": 4, "BM": 64, "BN": 64, "BK": 64, "PREC": "tf32", "GROUP": False, "KB": 1},
+        ),
+        (  # gpt-oss's experts: gate/up biases by eid, the clamped activation
+            gemm_triton._gate_up_kernel,
+            {"x": "*bf16", "gu": "*bf16", "h": "*fp32", **groups, **grouping},
+            {"D": 2880, "I": 2880, "TOPK": 4, "BM": 16, "BN": 32, "BK": 128, "PREC": "tf32", "GROUP": True, "KB": 16,
+             "HAS_BIAS": True, "GPTOSS": True},  # fmt: skip
         ),
         (
             gemm_triton._down_kernel,
@@ -109,13 +116,16 @@ def test_triton_kernels_compile(arch: int) -> None:
     ]
     attn = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "BT": "*i32", "LENS": "*i32", "ACC": "*fp32", "MAX": "*fp32",
             "SUM": "*fp32", "OUT": "*bf16", "CNT": "*i32", "POS": i64, "SLOT": i64, "COS": "*fp32", "SIN": "*fp32",
-            "QW": "*bf16", "KW": "*bf16", "scale": "fp32", "window": "i32", "eps": "fp32"}  # fmt: skip
+            "QW": "*bf16", "KW": "*bf16", "SINKS": "*fp32", "scale": "fp32", "window": "i32",
+            "eps": "fp32"}  # fmt: skip
     strides = ("qb", "qh", "kt", "kh", "vt", "vh", "bt", "ab", "ah", "as", "ob", "oh")
     attn |= dict.fromkeys([f"stride_{n}" for n in strides], "i32")
-    for hd, g, window, splits, rope in ((128, 8, False, 32, True), (64, 1, True, 8, False), (256, 2, False, 1, True)):
+    for hd, g, window, splits, rope, sinks in ((128, 8, False, 32, True, False), (64, 1, True, 8, False, False),
+                                               (256, 2, False, 1, True, False), (64, 8, True, 8, True, True),
+                                               (64, 8, False, 1, False, True)):  # fmt: skip
         consts = {"PAGE": 16, "G": g, "BLOCK_G": 16, "HD": hd, "BLOCK_N": 32, "SPLITS": splits,
                   "BLOCK_S": max(2, splits), "HAS_WINDOW": window, "ROPE": rope, "H": 4 * g, "ROT": hd // 2 if window
-                  else hd, "HAS_QN": rope, "HAS_KN": rope}  # fmt: skip
+                  else hd, "HAS_QN": rope, "HAS_KN": rope, "HAS_SINKS": sinks}  # fmt: skip
         consts["PREC"] = "tf32"
         tables = {"BT": i64, "LENS": i64} if rope else {}  # the step graph's int64 rows, read in place
         cases.append((triton_decode._paged_decode_kernel, {**attn, **tables}, consts))
@@ -151,10 +161,11 @@ def test_triton_kernels_compile(arch: int) -> None:
     grp = {"ids_ptr": i64, "K": "i32", "layer_off": "i32", "N": "i32", "i64_out": i64, "b_out": "*u8"}
     cases.append((plan_triton._group_kernel, grp, {"KB": 32}))
     pre = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "BT": "*i32", "QSTART": "*i32", "QLEN": "*i32",
-           "CTX": "*i32", "scale": "fp32", "window": "i32"}  # fmt: skip
+           "CTX": "*i32", "SINKS": "*fp32", "scale": "fp32", "window": "i32"}  # fmt: skip
     pre |= dict.fromkeys([f"stride_{n}" for n in ("qt", "qh", "kt", "kh", "vt", "vh", "ot", "oh", "bt")], "i32")
-    for hd, window in ((128, False), (64, True), (256, False)):
-        consts = {"PAGE": 16, "G": 8, "HD": hd, "BLOCK_M": 32, "BLOCK_N": 32, "HAS_WINDOW": window, "PREC": "tf32"}
+    for hd, window, sinks in ((128, False, False), (64, True, False), (256, False, False), (64, True, True)):
+        consts = {"PAGE": 16, "G": 8, "HD": hd, "BLOCK_M": 32, "BLOCK_N": 32, "HAS_WINDOW": window, "PREC": "tf32",
+                  "HAS_SINKS": sinks}  # fmt: skip
         cases.append((triton_prefill._paged_prefill_kernel, pre, consts))
     # the gated DeltaNet decode step (Qwen3.6's layer; a tiny GVA one with two dv blocks) and its gated norm
     step = {"Mixed": "*bf16", "Bg": "*bf16", "Ag": "*bf16", "stride_x": "i32", "Conv": "*bf16", "Ssm": "*fp32",

@@ -33,6 +33,13 @@ HYBRID: dict[str, Any] = dict(
     shared_expert_intermediate_size=48, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
     linear_value_head_dim=16, linear_conv_kernel_dim=4,
 )
+# DeepSeek-V3-style sigmoid routing (``kernels/route.py``): GLM-4.5+ with and without group limits, MiniMax-M2
+SIGMOID_FAMILIES = ["glm4_moe", "glm4_moe_groups", "minimax_m2"]
+# 3 layers (GLM: the first dense), head dims 16: GLM rotates half of each head, MiniMax-M2 rotary_dim 8
+GLM: dict[str, Any] = dict(
+    COMMON, num_hidden_layers=3, head_dim=16, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+    n_shared_experts=1, first_k_dense_replace=1,
+)  # fmt: skip
 VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
 
 
@@ -60,6 +67,13 @@ def make_config(family: str) -> Any:
         return tf.Qwen3Config(**COMMON, num_hidden_layers=2, head_dim=16)
     if family == "llama":
         return tf.LlamaConfig(**COMMON, num_hidden_layers=2, attention_bias=True, mlp_bias=True)
+    if family == "gpt_oss":  # sliding and full layers alternate; yarn as shipped (truncate off), scaled down
+        return tf.GptOssConfig(
+            **{k: v for k, v in COMMON.items() if k != "intermediate_size"}, intermediate_size=32,
+            num_hidden_layers=4, head_dim=16, num_local_experts=8, num_experts_per_tok=2, sliding_window=8,
+            rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=4.0, beta_fast=32.0, beta_slow=1.0,
+                                 truncate=False, original_max_position_embeddings=128),
+        )
     if family == "qwen3_next":
         return tf.Qwen3NextConfig(**HYBRID, norm_topk_prob=True)
     if family == "qwen3_5_moe":
@@ -67,6 +81,15 @@ def make_config(family: str) -> Any:
     if family == "qwen3_5_moe_vl":
         text = {k: v for k, v in HYBRID.items() if k not in ("intermediate_size", "tie_word_embeddings")}
         return tf.Qwen3_5MoeConfig(text_config=text, vision_config=VISION, tie_word_embeddings=False)
+    if family == "glm4_moe":  # GLM-4.5's switches: qk norms, q/k/v biases, scaled top-k, no groups
+        return tf.Glm4MoeConfig(**GLM, use_qk_norm=True, attention_bias=True, routed_scaling_factor=2.5)
+    if family == "glm4_moe_groups":  # group-limited (1 of 2 groups of 4), weights not renormalised
+        return tf.Glm4MoeConfig(**GLM, n_group=2, topk_group=1, norm_topk_prob=False, routed_scaling_factor=1.5)
+    if family == "minimax_m2":
+        return tf.MiniMaxM2Config(
+            **COMMON, num_hidden_layers=2, head_dim=16, num_local_experts=8, num_experts_per_tok=2, rotary_dim=8,
+            bos_token_id=None, eos_token_id=None,
+        )  # fmt: skip
     raise ValueError(family)
 
 
@@ -84,7 +107,13 @@ def _random_model(cfg: Any, seed: int) -> Any:
         model = tf.Qwen3_5MoeForCausalLM(cfg).float()
     else:
         model = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    return randomize(model, seed)
+    model = randomize(model, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():  # a correction bias as wide as the scores' spread: it moves choices
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn(b.shape, generator=g) * 0.1)
+    return model
 
 
 def save_checkpoint(
@@ -150,7 +179,20 @@ def make_fp8_config() -> Any:
 FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
 
 
-def save_fp8_checkpoint(directory: Path, seed: int = 0) -> None:
+def make_fp8_glm_config() -> Any:
+    """A GLM-4.5 (group-limited sigmoid routing, first layer dense, a shared expert) whose projections are whole
+    128x128 blocks but k/v (FP8 as GLM-4.5-FP8 ships it: attention, dense, shared and routed experts)."""
+    import transformers as tf
+
+    return tf.Glm4MoeConfig(
+        vocab_size=512, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, max_position_embeddings=512, tie_word_embeddings=False, num_hidden_layers=3, n_routed_experts=8,
+        num_experts_per_tok=2, moe_intermediate_size=128, n_shared_experts=1, first_k_dense_replace=1, n_group=2,
+        topk_group=1, routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True,
+    )  # fmt: skip
+
+
+def save_fp8_checkpoint(directory: Path, seed: int = 0, cfg: Any = None) -> None:
     """A fake FP8-block checkpoint as the Qwen3/DeepSeek FP8 releases ship it: every projection of whole 128x128
     blocks in float8_e4m3fn with a float32 ``weight_scale_inv`` beside it, per-expert names, ``quantization_config``
     in config.json. The weights are random (std 0.2) rounded by the reference quantiser."""
@@ -160,7 +202,7 @@ def save_fp8_checkpoint(directory: Path, seed: int = 0) -> None:
 
     from freetoken.quant import FP8_BLOCK_128
 
-    _random_model(make_fp8_config(), seed).save_pretrained(directory)
+    _random_model(cfg if cfg is not None else make_fp8_config(), seed).save_pretrained(directory)
     state = load_file(directory / "model.safetensors")
     out: dict[str, torch.Tensor] = {}
     for name, t in state.items():

@@ -39,7 +39,7 @@ from freetoken.bench.decode_report import (
     print_table,
     summarize,
 )
-from freetoken.bench.placements import PLACEMENTS  # registers the peers' placements as MoE backends
+from freetoken.bench.placements import PLACEMENTS, register
 from freetoken.bench.presets import PRESETS, MoEShape, get_preset
 from freetoken.bench.synthetic import SyntheticRouter, TraceRouter, random_banks, rms_norm
 from freetoken.config import EngineConfig
@@ -115,6 +115,7 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torc
 def run_policy(
     policy: str, banks: ExpertBanks, shape: MoEShape, args: argparse.Namespace, dev: torch.device, dtype: torch.dtype
 ) -> PolicyResult:
+    register()  # the placements, when a policy names one
     backend = create_backend(policy_config(policy, args), banks, dev, dtype)
     router = make_router(args, shape, dev, dtype)
     g = torch.Generator(device=dev).manual_seed(args.seed)

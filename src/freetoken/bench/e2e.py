@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from freetoken.bench import e2e_prefill, routing_trace
-from freetoken.bench.placements import PLACEMENTS  # registers the peers' placements as MoE backends
+from freetoken.bench.placements import PLACEMENTS, register
 from freetoken.bench.presets import PRESETS, MoEShape, get_preset
 from freetoken.config import FLAGS, EngineConfig, Flag, add_config_args, config_kwargs, env
 
@@ -69,14 +69,21 @@ def checkpoint(args: argparse.Namespace) -> Path:
         return Path(args.model)
     shape = get_preset(args.preset)
     cache = Path(env().cache_dir)
-    d = Path(args.dir) if args.dir else cache / "bench" / f"{shape.name}-{args.layers}layers-v2"
-    if not (d / "model.safetensors.index.json").exists():
+    layers = args.layers or shape.e2e_layers
+    d = Path(args.dir) if args.dir else cache / "bench" / f"{shape.name}-{layers}layers-v2"
+    if not (d / "model.safetensors.index.json").exists() and shape.frontier is not None:
+        from freetoken.bench.synthetic_frontier import write_frontier
+
+        t0, a = time.perf_counter(), ATTENTION
+        written = write_frontier(d, shape, layers, a["vocab"], a["max_positions"], EMBED_STD, shape.fmt)
+        print(f"# wrote {d} ({written / 1e9:.1f} GB) in {time.perf_counter() - t0:.0f} s", flush=True)
+    elif not (d / "model.safetensors.index.json").exists():
         from freetoken.bench.synthetic_checkpoint import write_qwen3_moe
 
         t0 = time.perf_counter()
         a = ATTENTION
         written = write_qwen3_moe(
-            d, num_layers=args.layers, hidden=shape.hidden, num_experts=shape.experts, moe_inter=shape.inter,
+            d, num_layers=layers, hidden=shape.hidden, num_experts=shape.experts, moe_inter=shape.inter,
             vocab=a["vocab"], heads=a["heads"], kv_heads=a["kv_heads"], hd=a["hd"], top_k=shape.top_k,
             max_positions=a["max_positions"], shared_experts=True, fmt=shape.fmt, embed_std=EMBED_STD,
             hybrid=shape.hybrid,
@@ -214,6 +221,7 @@ def _sync(dev: torch.device) -> None:
 def run(args: argparse.Namespace) -> int:
     from freetoken import LLM
 
+    register()  # the placements, when a policy names one
     path = checkpoint(args)
     dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = args.dtype or ("bfloat16" if dev == "cuda" else "float32")
@@ -276,7 +284,8 @@ def run(args: argparse.Namespace) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--preset", default="qwen3-30b-a3b", choices=sorted(PRESETS), help="per-layer model shape")
-    p.add_argument("--layers", type=int, default=12, help="layers of the synthetic checkpoint")
+    p.add_argument("--layers", type=int, default=None,
+                   help="layers of the synthetic checkpoint (default: the preset's, 12 for most)")  # fmt: skip
     p.add_argument("--model", default=None, help="a checkpoint directory instead ('default': the embedded model)")
     p.add_argument("--dir", default=None, help="where the synthetic checkpoint is written (default: the cache)")
     p.add_argument("--policies", default="fused,offload,hybrid",

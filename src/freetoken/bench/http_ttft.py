@@ -26,9 +26,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from freetoken.bench.placements import PLACEMENTS
 from freetoken.bench.presets import PRESETS
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# ``ft`` with the placements registered, for a placement policy: production ``ft serve`` knows only the engine's
+# backends, and the benchmarks may not import the CLI (DESIGN.md §3), so the server process does it itself
+SERVE_PLACED = ("from freetoken.bench.placements import register; register(); "
+                "from freetoken.cli.main import main; raise SystemExit(main())")
 
 
 @dataclass
@@ -83,7 +88,8 @@ def _free_port() -> int:
 
 
 def start_server(path: Path, args: argparse.Namespace, port: int, log: Any) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "freetoken.cli", "serve", "--model", str(path), "--host", "127.0.0.1",
+    ft = ["-c", SERVE_PLACED] if args.policy in PLACEMENTS else ["-m", "freetoken.cli"]
+    cmd = [sys.executable, *ft, "serve", "--model", str(path), "--host", "127.0.0.1",
            "--port", str(port), "--moe-backend", args.policy, "--expert-cache", str(args.expert_cache),
            "--max-running-requests", str(max(args.clients, 4)), "--served-model-name", "bench", "--log-level",
            "warning"]  # fmt: skip

@@ -32,6 +32,29 @@ class HybridShape:
 
 
 @dataclass(frozen=True)
+class FrontierShape:
+    """The rest of a sigmoid-routed frontier model (GLM-4.5 to 4.7, MiniMax-M2) as its config ships it: attention,
+    the first dense layers, shared experts, routing (``bench/synthetic_frontier.py`` writes such a checkpoint)."""
+
+    family: str  # "glm4_moe" | "minimax_m2"
+    heads: int
+    kv_heads: int
+    head_dim: int
+    partial_rotary: float
+    dense_layers: int = 0  # first_k_dense_replace
+    dense_inter: int = 0  # their MLP's intermediate size
+    shared_experts: int = 0  # n_shared_experts, each of the routed experts' width
+    n_group: int = 1
+    topk_group: int = 1
+    scale: float = 1.0  # routed_scaling_factor
+    rope_theta: float = 1e6
+
+
+GLM_4_7 = FrontierShape("glm4_moe", 96, 8, 128, 0.5, dense_layers=3, dense_inter=12288, shared_experts=1, scale=2.5)
+MINIMAX_M2 = FrontierShape("minimax_m2", 48, 8, 128, 0.5, rope_theta=5e6)  # rotary_dim 64 of 128
+
+
+@dataclass(frozen=True)
 class MoEShape:
     name: str
     hidden: int  # D
@@ -42,6 +65,8 @@ class MoEShape:
     note: str = ""
     weights: str = "bf16"  # the routed experts' format (``quant.format_by_name``)
     hybrid: HybridShape | None = None  # synthetic checkpoints: a Qwen3.5-MoE with these mixers (None: Qwen3-MoE)
+    frontier: FrontierShape | None = None  # synthetic checkpoints: that family's own layers instead
+    e2e_layers: int = 12  # ``ft bench e2e``'s synthetic layers when --layers is not given (dense layers count)
 
     @property
     def fmt(self) -> WeightFormat:
@@ -71,7 +96,14 @@ PRESETS: dict[str, MoEShape] = {
         # D and I are inferred from the 284B total (43 x 256 x 3 x D x I): check them against its config.json
         MoEShape("deepseek-v4-flash-experts", 4096, 2048, 256, 6, 43, "DeepSeek-V4-Flash's routed experts, MoE only",
                  "mxfp4"),
-        MoEShape("gpt-oss-20b", 2880, 2880, 32, 4, 24, "bf16 experts here (the checkpoint ships MXFP4)"),
+        MoEShape("gpt-oss-20b-bf16", 2880, 2880, 32, 4, 24, "bf16 experts (the checkpoint ships MXFP4)"),
+        # GLM-4.5/4.6/4.7: 92 layers, the first 3 dense (intermediate 12288); 160 experts + 1 shared; FP8 as shipped
+        # (every projection). 12 layers = 3 dense + 9 MoE: 37 GB with the bench's 32000-token vocabulary.
+        MoEShape("glm-4.7", 5120, 1536, 160, 8, 89, "GLM-4.7-FP8: 3 dense layers first, 96 heads, 8 KV heads",
+                 "fp8_block", frontier=GLM_4_7, e2e_layers=12),
+        # MiniMax-M2/M2.1/M2.5: 62 layers, 256 experts of 1536; FP8 as shipped. 10 layers: 37 GB.
+        MoEShape("minimax-m2", 3072, 1536, 256, 8, 62, "MiniMax-M2 (FP8): 48 heads, 8 KV heads, rotary_dim 64",
+                 "fp8_block", frontier=MINIMAX_M2, e2e_layers=10),
     )
 }
 

@@ -1,8 +1,9 @@
 """The host-RAM tier of the recurrent-state checkpoints: checkpoints the device tier (the ``StatePool``'s checkpoint
 slots) evicts move here, and a request resumes from one by copying it back into its state slot.
 
-Layout: slot-major, ``conv`` ``[n, L, C, K-1]`` (the model dtype) and ``ssm`` ``[n, L, H, dk, dv]`` (float32), so a
-checkpoint is one contiguous block per tensor; allocated empty (a slot is read only after a save wrote it: on the CPU
+Layout: slot-major, ``conv`` ``[n, L, C, K-1]`` (the model dtype) and ``ssm`` ``[n, L, H, dk, dv]`` (float32), and the
+window layers' KV rings ``[n, Lr, W, Hkv, hd]`` (``ring_k``, ``ring_v``), so a checkpoint is one contiguous block per
+tensor; allocated empty (a slot is read only after a save wrote it: on the CPU
 the pages are committed as they are written); pinned on a CUDA device (copies are DMA, asynchronous to the host
 thread). Ordering on CUDA: ``save`` copies device -> host on a copy stream of its own, after everything the compute
 stream has queued (the state was written there; earlier ``load`` reads of the host slot were queued there too), and
@@ -28,39 +29,43 @@ class HostStates:
         if num_slots < 1:
             raise ValueError("a host state checkpoint tier needs at least one slot")
         self.pool, self.num_slots = pool, num_slots
-        s, device = pool.shape, pool.conv.device
-        conv = (num_slots, s.num_layers, s.conv_channels, s.conv_len)
-        ssm = (num_slots, s.num_layers, s.heads, s.k_dim, s.v_dim)
+        device = pool.conv.device
         self.pinned = device.type == "cuda"
         try:
-            self.conv = torch.empty(conv, dtype=pool.conv.dtype, pin_memory=self.pinned)
-            self.ssm = torch.empty(ssm, dtype=torch.float32, pin_memory=self.pinned)
+            self.tensors = self._alloc(pool, num_slots, self.pinned)
         except RuntimeError as e:  # a system that caps page-locked memory: pageable (the copies wait for the host)
             log.warning("state checkpoints: the host tier could not be pinned (%s); pageable instead", e)
             self.pinned = False
-            self.conv = torch.empty(conv, dtype=pool.conv.dtype)
-            self.ssm = torch.empty(ssm, dtype=torch.float32)
+            self.tensors = self._alloc(pool, num_slots, False)
+        self.conv, self.ssm, self.ring_k, self.ring_v = self.tensors
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._saved: dict[int, torch.cuda.Event] = {}  # host slot -> its device -> host copy is done
         self._read: dict[int, torch.cuda.Event] = {}  # device slot -> the copy reading it is done
         self.num_saved = self.num_loaded = 0
 
+    @staticmethod
+    def _alloc(pool: StatePool, num_slots: int, pin: bool) -> tuple[torch.Tensor, ...]:
+        """Slot-major host copies of every pool tensor ([n, layers, ...])."""
+        return tuple(torch.empty((num_slots, t.shape[0], *t.shape[2:]), dtype=t.dtype, pin_memory=pin)
+                     for t in pool.tensors)  # fmt: skip
+
     @property
     def bytes(self) -> int:
-        return self.conv.numel() * self.conv.element_size() + self.ssm.numel() * 4
+        return sum(t.numel() * t.element_size() for t in self.tensors)
 
     def save(self, src: int, dst: int) -> None:
         """Device slot ``src``'s state (every layer) into host slot ``dst``."""
         self.num_saved += 1
+        pairs = list(zip(self.tensors, self.pool.tensors, strict=True))
         if self._stream is None:
-            self.conv[dst].copy_(self.pool.conv[:, src])
-            self.ssm[dst].copy_(self.pool.ssm[:, src])
+            for host, dev in pairs:
+                host[dst].copy_(dev[:, src])
             return
         compute = torch.cuda.current_stream(self.pool.conv.device)
         self._stream.wait_stream(compute)
         with torch.cuda.stream(self._stream):
-            self.conv[dst].copy_(self.pool.conv[:, src], non_blocking=True)
-            self.ssm[dst].copy_(self.pool.ssm[:, src], non_blocking=True)
+            for host, dev in pairs:
+                host[dst].copy_(dev[:, src], non_blocking=True)
             done = torch.cuda.Event()
             done.record(self._stream)
         self._saved[dst], self._read[src] = done, done
@@ -69,16 +74,17 @@ class HostStates:
         """Host slot ``src`` into device slot ``dst`` (a request's state slot), ordered before the compute stream's
         later work."""
         self.num_loaded += 1
+        pairs = list(zip(self.tensors, self.pool.tensors, strict=True))
         if self._stream is None:
-            self.pool.conv[:, dst].copy_(self.conv[src])
-            self.pool.ssm[:, dst].copy_(self.ssm[src])
+            for host, dev in pairs:
+                dev[:, dst].copy_(host[src])
             return
         saved = self._saved.pop(src, None)
         compute = torch.cuda.current_stream(self.pool.conv.device)
         if saved is not None:
             compute.wait_event(saved)
-        self.pool.conv[:, dst].copy_(self.conv[src], non_blocking=True)
-        self.pool.ssm[:, dst].copy_(self.ssm[src], non_blocking=True)
+        for host, dev in pairs:
+            dev[:, dst].copy_(host[src], non_blocking=True)
 
     def fence(self, device_slot: int) -> None:
         """Device slot ``device_slot`` is about to be written again: the compute stream waits (on the device, not

@@ -1,8 +1,10 @@
 """Paged KV pool: fixed-size pages of K/V slots for every attention layer, and their owners.
 
-Shapes: L = attention layers, P = pages, S = page_size, H = KV heads, hd = head dim.
-``k[l]`` / ``v[l]`` are ``[P * S, H, hd]``, one tensor per layer: token slot ``page * S + offset``. Page
-tables live with the requests (a list of page ids per request); this pool only hands pages out and back.
+Shapes: L = attention layers, P = pages, S = page_size, H = KV heads, hd = head dim, vd = value head dim.
+``k[l]`` is ``[P * S, H, hd]`` and ``v[l]`` ``[P * S, H, vd]``, one tensor per layer: token slot ``page * S + offset``.
+Multi-head latent attention (``layers/mla.py``) keeps one latent row per token in ``k`` (H = 1, hd = kv_lora_rank
++ qk_rope_head_dim) and nothing in ``v`` (vd = 0). Page tables live with the requests (a list of page ids per
+request); this pool only hands pages out and back.
 
 A page is in one of three states: free; owned by a request (its private tail, by request id); or
 owned by the radix prefix tree (shared, possibly locked by several requests that read it). Owners
@@ -30,6 +32,7 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        value_dim: int | None = None,
     ) -> None:
         if num_pages < 1:
             raise ValueError("the KV pool needs at least one page")
@@ -37,10 +40,11 @@ class KVPool:
         self.page_size = page_size
         self.device = torch.device(device)
         self.num_layers = num_layers
-        self.page_bytes = 2 * num_layers * page_size * num_kv_heads * head_dim * dtype.itemsize
-        shape = (num_pages * page_size, num_kv_heads, head_dim)
-        self.k = [device_zeros(shape, dtype, self.device) for _ in range(num_layers)]
-        self.v = [device_zeros(shape, dtype, self.device) for _ in range(num_layers)]
+        vd = head_dim if value_dim is None else value_dim
+        self.page_bytes = num_layers * page_size * num_kv_heads * (head_dim + vd) * dtype.itemsize
+        rows = num_pages * page_size
+        self.k = [device_zeros((rows, num_kv_heads, head_dim), dtype, self.device) for _ in range(num_layers)]
+        self.v = [device_zeros((rows, num_kv_heads, vd), dtype, self.device) for _ in range(num_layers)]
         # LIFO free list: recently freed pages are reused first (warm in caches).
         self._free: list[int] = list(range(num_pages - 1, -1, -1))
         self._owner: dict[int, object] = {}  # page -> request id or the radix tree
@@ -118,7 +122,7 @@ class KVPool:
         S = self.page_size
         used = sorted(self._owner)
         src = torch.tensor([p * S + i for p in used for i in range(S)], dtype=torch.long, device=self.device)
-        shapes = [(tuple(t.shape[1:]), t.dtype) for t in self.k]
+        shapes = [(tuple(t.shape[1:]), t.dtype) for t in (*self.k, *self.v)]  # K layers, then V layers
         old = [self.k, self.v]
         staged: list[list[torch.Tensor]] = []
 
@@ -225,14 +229,16 @@ class KVPool:
     def _banks(
         self, num_pages: int, shapes: list[tuple[tuple[int, ...], torch.dtype]]
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """K and V layers of ``num_pages`` pages, all or none (a refused one drops those made before it)."""
+        """K and V layers of ``num_pages`` pages (``shapes``: the K layers', then the V layers'), all or none (a
+        refused one drops those made before it)."""
         try:
-            made = [device_zeros((num_pages * self.page_size, *shape), dt, self.device) for shape, dt in shapes * 2]
+            made = [device_zeros((num_pages * self.page_size, *shape), dt, self.device) for shape, dt in shapes]
         except torch.OutOfMemoryError:
             if self.device.type == "cuda" and not uses_driver_memory(self.device):
                 torch.cuda.empty_cache()  # what was made before the refusal goes back to the device
             raise
-        return made[: len(shapes)], made[len(shapes) :]
+        half = len(shapes) // 2
+        return made[:half], made[half:]
 
     def slots(self, pages: list[int], start: int, end: int) -> list[int]:
         """Flat slot ids of token positions [start, end) of a sequence with page table ``pages``."""

@@ -1,11 +1,14 @@
-"""Recurrent-state slots of the running requests (gated DeltaNet layers): one slot per request, like a KV page table
-of one page, allocated at admission and freed at finish or preemption.
+"""Recurrent-state slots of the running requests (gated DeltaNet layers, and the KV rings of sliding-window attention
+layers: gpt-oss): one slot per request, like a KV page table of one page, allocated at admission and freed at finish
+or preemption.
 
 Shapes: L = linear-attention layers, S = slots, C = conv channels, K = conv kernel, H = value heads, dk / dv = key /
 value head dims. ``conv[l]`` is ``[S, C, K-1]`` (the last K-1 conv inputs, the model dtype), ``ssm[l]`` is
-``[S, H, dk, dv]`` (float32). The layers read and write a slot in place, so a decode step captured in a CUDA graph
-reads the slot ids from a static buffer; a slot's contents are valid only for its owner's computed tokens (a request
-starting at position 0 starts from zeros, whatever the slot held). ``free + used == total`` always. Slots past
+``[S, H, dk, dv]`` (float32); ``ring_k[r]`` and ``ring_v[r]`` are ``[S, W, Hkv, hd]`` (the model dtype: window layer r's
+K/V of a request's last W tokens, position p at ring row p % W). The layers read and write a slot in place, so a
+decode step captured in a CUDA graph reads the slot ids from a static buffer; a slot's contents are valid only for its
+owner's computed tokens (a request starting at position 0 starts from zeros, whatever the slot held; a ring's rows of
+positions below 0 are masked). ``free + used == total`` always. Slots past
 ``num_slots`` hold checkpoints (``state_checkpoints.py``), copied from and to request slots (``copy``).
 """
 
@@ -27,10 +30,16 @@ class StateShape:
     heads: int
     k_dim: int
     v_dim: int
+    # sliding-window attention layers whose KV is a ring of a request's last ``ring_len`` (the window) tokens
+    ring_layers: int = 0
+    ring_len: int = 0
+    ring_heads: int = 0  # KV heads
+    ring_dim: int = 0  # head dim
 
     def slot_bytes(self, dtype: torch.dtype) -> int:
         conv = self.conv_channels * self.conv_len * dtype.itemsize
-        return self.num_layers * (conv + self.heads * self.k_dim * self.v_dim * 4)
+        ring = 2 * self.ring_layers * self.ring_len * self.ring_heads * self.ring_dim * dtype.itemsize
+        return self.num_layers * (conv + self.heads * self.k_dim * self.v_dim * 4) + ring
 
 
 class StatePool:
@@ -43,6 +52,9 @@ class StatePool:
         L, n = shape.num_layers, num_slots + num_checkpoints
         self.conv = torch.zeros((L, n, shape.conv_channels, shape.conv_len), dtype=dtype, device=device)
         self.ssm = torch.zeros((L, n, shape.heads, shape.k_dim, shape.v_dim), dtype=torch.float32, device=device)
+        ring = (shape.ring_layers, n, shape.ring_len, shape.ring_heads, shape.ring_dim)
+        self.ring_k = torch.zeros(ring, dtype=dtype, device=device)
+        self.ring_v = torch.zeros(ring, dtype=dtype, device=device)
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
         self._owner: dict[int, object] = {}
 
@@ -51,8 +63,13 @@ class StatePool:
         return len(self._free)
 
     @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every per-slot tensor, ``[layers, slots, ...]`` each: what a checkpoint copies."""
+        return (self.conv, self.ssm, self.ring_k, self.ring_v)
+
+    @property
     def bytes(self) -> int:
-        return self.conv.numel() * self.conv.element_size() + self.ssm.numel() * 4
+        return sum(t.numel() * t.element_size() for t in self.tensors)
 
     @property
     def checkpoint_slots(self) -> range:
@@ -60,7 +77,7 @@ class StatePool:
 
     def copy(self, src: int, dst: int) -> None:
         """Slot ``src``'s state into slot ``dst``, every layer (a checkpoint taken or restored)."""
-        for t in (self.conv, self.ssm):
+        for t in self.tensors:
             t[:, dst].copy_(t[:, src])
 
     def allocate(self, owner: object) -> int:

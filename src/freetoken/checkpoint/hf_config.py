@@ -49,10 +49,12 @@ class HFConfig:
     dtype: str | None
     raw: dict[str, Any]
     layer_types: tuple[str, ...] | None = None  # per layer ("full_attention", "linear_attention", ...); None: unsaid
+    first_k_dense: int = 0  # DeepSeek-style ``first_k_dense_replace``: the first k layers have a dense MLP
 
     def is_moe_layer(self, i: int) -> bool:
         return (
             self.num_experts > 0
+            and i >= self.first_k_dense
             and i not in self.mlp_only_layers
             and (i + 1) % max(self.decoder_sparse_step, 1) == 0
         )
@@ -62,11 +64,16 @@ class HFConfig:
         return [i for i in range(self.num_layers) if self.is_moe_layer(i)]
 
 
-def _rope(raw: dict[str, Any]) -> RopeConfig:
+def _rope(raw: dict[str, Any], head_dim: int) -> RopeConfig:
     params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
     theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
     kind = params.get("rope_type", params.get("type", "default")) or "default"
     extra = {k: v for k, v in params.items() if k not in ("rope_theta", "rope_type", "type")}
+    if "partial_rotary_factor" not in extra:  # the older form: top level, or MiniMax-M2's rotary_dim
+        if raw.get("partial_rotary_factor") is not None:
+            extra["partial_rotary_factor"] = float(raw["partial_rotary_factor"])
+        elif raw.get("rotary_dim"):
+            extra["partial_rotary_factor"] = int(raw["rotary_dim"]) / head_dim
     return RopeConfig(theta=theta, kind=str(kind), params=extra)
 
 
@@ -109,7 +116,9 @@ def load_hf_config(directory: str | Path) -> HFConfig:
     try:
         hidden = int(raw["hidden_size"])
         heads = int(raw["num_attention_heads"])
-        num_experts = int(raw.get("num_local_experts", raw.get("num_experts", 0)) or 0)
+        head_dim = int(raw.get("head_dim") or hidden // heads)
+        num_experts = int(raw.get("num_local_experts", raw.get("num_experts", raw.get("n_routed_experts", 0))) or 0)
+        moe_inter = int(raw.get("moe_intermediate_size") or raw.get("intermediate_size", 0))
         return HFConfig(
             path=d,
             architecture=str(archs[0]),
@@ -119,25 +128,29 @@ def load_hf_config(directory: str | Path) -> HFConfig:
             num_layers=int(raw["num_hidden_layers"]),
             num_heads=heads,
             num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=int(raw.get("head_dim") or hidden // heads),
+            head_dim=head_dim,
             intermediate_size=int(raw.get("intermediate_size", 0)),
             rms_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope=_rope(raw),
+            rope=_rope(raw, head_dim),
             max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=bool(raw.get("attention_bias", raw.get("qkv_bias", False))),
             sliding_window=_sliding_window(raw),
             num_experts=num_experts,
             top_k=int(raw.get("num_experts_per_tok", 0) or 0),
-            moe_intermediate_size=int(raw.get("moe_intermediate_size") or raw.get("intermediate_size", 0)),
+            moe_intermediate_size=moe_inter,
             norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
-            shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size", 0) or 0),
-            mlp_only_layers=tuple(int(i) for i in raw.get("mlp_only_layers", []) or []),
+            # Qwen2-MoE names the shared expert's width; DeepSeek-style configs count shared experts of the routed width
+            shared_expert_intermediate_size=int(
+                raw.get("shared_expert_intermediate_size") or int(raw.get("n_shared_experts") or 0) * moe_inter
+            ),
+            mlp_only_layers=_mlp_only_layers(raw),
             decoder_sparse_step=int(raw.get("decoder_sparse_step", 1) or 1),
             eos_token_ids=_eos(d, raw),
             dtype=raw.get("dtype", raw.get("torch_dtype")),
             raw=raw,
             layer_types=_layer_types(raw),
+            first_k_dense=int(raw.get("first_k_dense_replace", 0) or 0),
         )
     except KeyError as e:
         raise CheckpointError(f"{path}: required field {e.args[0]!r} is missing") from None
@@ -166,6 +179,13 @@ def _layer_types(raw: dict[str, Any]) -> tuple[str, ...] | None:
         n = int(raw["num_hidden_layers"])
         return tuple("full_attention" if (i + 1) % int(interval) == 0 else "linear_attention" for i in range(n))
     return None
+
+
+def _mlp_only_layers(raw: dict[str, Any]) -> tuple[int, ...]:
+    """Layers with a dense MLP: ``mlp_only_layers`` (Qwen), or the "dense" entries of ``mlp_layer_types`` (GLM)."""
+    dense = [int(i) for i in raw.get("mlp_only_layers", []) or []]
+    dense += [i for i, t in enumerate(raw.get("mlp_layer_types") or []) if t == "dense"]
+    return tuple(sorted(set(dense)))
 
 
 def _sliding_window(raw: dict[str, Any]) -> int | None:

@@ -27,6 +27,7 @@ from freetoken.engine.stats import engine_stats
 from freetoken.loader.hybrid_build import make_state_pool, state_checkpoints
 from freetoken.loader.model_setup import ModelSetup, setup_model
 from freetoken.memory.budget import parse_budget_gib
+from freetoken.memory.sizes import kv_geometry
 from freetoken.runner.constraint import TokenConstraint
 from freetoken.runner.runner import ModelRunner
 from freetoken.runner.sampling_params import SamplingParams
@@ -46,9 +47,8 @@ class LLMEngine:
         self.tokenizer = s.tokenizer
         self.max_model_len = s.max_model_len
         self.eos_token_ids = s.eos_token_ids
-        self.kv = KVPool(
-            s.loaded.kv_layers, s.kv_pages, config.page_size, s.hf.num_kv_heads, s.hf.head_dim, s.dtype, s.device
-        )
+        g = kv_geometry(s.hf)  # GQA heads, or MLA's one latent row per token
+        self.kv = KVPool(s.loaded.kv_layers, s.kv_pages, config.page_size, g.heads, g.k_dim, s.dtype, s.device, g.v_dim)
         checkpoints = s.plan.state_checkpoints  # every size below comes from the memory plan (``s.plan``)
         self.states = make_state_pool(s.loaded, config.max_running_requests, s.dtype, s.device, checkpoints)
         # a recurrent state resumes only from a checkpoint: without any, no prefix reuse

@@ -15,7 +15,7 @@ import torch
 from freetoken.hardware.huge_pages import advise_huge_pages
 from freetoken.quant import BF16, WeightFormat
 
-ACTIVATIONS = ("silu",)
+ACTIVATIONS = ("silu", "gptoss")
 
 
 @dataclass
@@ -38,6 +38,9 @@ class ExpertBanks:
     fmt: WeightFormat = BF16
     gate_up_scale: torch.Tensor | None = None  # [N, *fmt.scale_shape(2I, D)]
     down_scale: torch.Tensor | None = None  # [N, *fmt.scale_shape(D, I)]
+    # gpt-oss: biases added to gate_up @ x before the activation, float32 [N, 2I] (gate half, then up half); small,
+    # so not a bank: every kernel reads them by eid (the down biases live on the MoE layer, ``layers/moe.py``)
+    gate_up_bias: torch.Tensor | None = None
 
     @property
     def hidden_size(self) -> int:  # rows are never packed: D from down's rows

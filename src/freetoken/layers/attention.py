@@ -1,4 +1,4 @@
-"""Attention over the paged KV pool (GQA, optional q/k norm, sliding window).
+"""Attention over the paged KV pool (GQA, optional q/k norm, sliding window, attention sinks).
 
 Decode steps (one new token per sequence) and the others (prefill, mixed) read the pages in place through an
 attention backend (``kernels/attention``'s registry, chosen by device: Triton on CUDA, the torch reference elsewhere;
@@ -75,8 +75,11 @@ class Attention:
         clip_qkv: float | None = None,
         window: int | None = None,
         backend: str = "auto",
+        sinks: torch.Tensor | None = None,
     ) -> None:
-        self.w, self.layer, self.window = w, layer, window
+        """``window``: this layer's sliding window (None: full attention); ``sinks``: [H] float32 sink logits
+        (gpt-oss: one per head, in every softmax's denominator)."""
+        self.w, self.layer, self.window, self.sinks = w, layer, window, sinks
         self.backend = select(w.q.device, backend)
         self.h, self.hkv, self.hd, self.eps = num_heads, num_kv_heads, head_dim, eps
         self.rotary, self.clip = rotary, clip_qkv
@@ -128,7 +131,7 @@ class Attention:
             rope = self._rope(batch)
             if batch.decode is not None:
                 fused = self.backend.decode_fused(
-                    qkv, rope, caches, batch.decode, self.scale, self.window, batch.meta_checked
+                    qkv, rope, caches, batch.decode, self.scale, self.window, batch.meta_checked, self.sinks
                 )
                 if fused is not None:
                     batch.meta_checked = True
@@ -137,10 +140,14 @@ class Attention:
         if qh is None:
             qh = self._qkv_torch(qkv, batch, k_cache, v_cache)
         if batch.decode is not None:
-            out = self.backend.decode(qh.to(k_cache.dtype), k_cache, v_cache, batch.decode, self.scale, self.window)
+            out = self.backend.decode(
+                qh.to(k_cache.dtype), k_cache, v_cache, batch.decode, self.scale, self.window, self.sinks
+            )
             return self._out(x, out.to(x.dtype))
         assert batch.prefill is not None, "a step is a decode step or has prefill metadata"
-        out = self.backend.prefill(qh.to(k_cache.dtype), k_cache, v_cache, batch.prefill, self.scale, self.window)
+        out = self.backend.prefill(
+            qh.to(k_cache.dtype), k_cache, v_cache, batch.prefill, self.scale, self.window, self.sinks
+        )
         return self._out(x, out.to(x.dtype))
 
     def _rope(self, batch: AttnBatch) -> QKVRope:

@@ -33,17 +33,28 @@ def inv_freq_and_scale(rope: RopeConfig, head_dim: int, max_pos: int) -> tuple[t
     raise ValueError(f"unsupported rope type {rope.kind!r} (supported: default, linear, llama3, yarn)")
 
 
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude scale ``0.1 * mscale * ln(factor) + 1`` (1 without stretch)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
 def _yarn(inv: torch.Tensor, base: float, dim: int, p: dict, max_pos: int) -> tuple[torch.Tensor, float]:
     factor = float(p["factor"])
     old = float(p.get("original_max_position_embeddings", max_pos))
-    beta_fast, beta_slow = float(p.get("beta_fast", 32)), float(p.get("beta_slow", 1))
-    mscale = float(p.get("attention_factor") or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0))
+    beta_fast, beta_slow = float(p.get("beta_fast") or 32), float(p.get("beta_slow") or 1)
+    mscale = p.get("attention_factor")
+    if mscale is None:  # DeepSeek's configs: the ratio of mscale and mscale_all_dim (the rest goes to the softmax)
+        ms, ms_all = p.get("mscale"), p.get("mscale_all_dim")
+        mscale = yarn_mscale(factor, ms) / yarn_mscale(factor, ms_all) if ms and ms_all else yarn_mscale(factor)
+    mscale = float(mscale)
+    truncate = bool(p.get("truncate", True))
 
     def correction_dim(rot: float) -> float:
         return (dim * math.log(old / (rot * 2 * math.pi))) / (2 * math.log(base))
 
-    low = float(max(math.floor(correction_dim(beta_fast)), 0))
-    high = float(min(math.ceil(correction_dim(beta_slow)), dim - 1))
+    lo, hi = correction_dim(beta_fast), correction_dim(beta_slow)
+    low = float(max(math.floor(lo) if truncate else lo, 0))
+    high = float(min(math.ceil(hi) if truncate else hi, dim - 1))
     if low == high:
         high += 0.001
     ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)

@@ -60,7 +60,7 @@ class StartPlan:
                  context: int) -> None:  # fmt: skip
         self.config, self.hf, self.device, self.dtype = config, hf, device, dtype
         interval = family.full_attention_interval if family.deltanet_proj is not None else None
-        self.bytes = model_bytes(hf, dtype.itemsize, interval)
+        self.bytes = model_bytes(hf, dtype.itemsize, interval, family.window_ring)
         self.wants = wants(config, context)
         self.plan: MemoryPlan | None = None
 

@@ -11,7 +11,7 @@ their scales (``ExpertBanks.fmt``): the pool, the slots and both kernels read th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -25,16 +25,27 @@ from freetoken.checkpoint.quantization import check_supported
 from freetoken.checkpoint.safetensors_io import SafetensorsReader
 from freetoken.checkpoint.weights import CheckpointWeights
 from freetoken.experts.base import ExpertBackend, ExpertBanks
-from freetoken.layers.attention import Attention
-from freetoken.layers.deltanet import GatedDeltaNet
 from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.moe import MoELayer
 from freetoken.layers.rope import Rotary
 from freetoken.loader.ftw_load import read_ftw_banks
-from freetoken.models.base import Family
-from freetoken.models.blocks import ExpertRead, MoEParts, attention, dense_mlp, expert_reads, moe_parts, norm
-from freetoken.models.decoder import DecoderLayer, DecoderModel
-from freetoken.models.hybrid_blocks import LINEAR, deltanet, layer_kinds, state_shape
+from freetoken.models import gpt_oss
+from freetoken.models.base import Family, skip_patterns
+from freetoken.models.blocks import (
+    ExpertRead,
+    MoEParts,
+    attention,
+    dense_mlp,
+    expert_reads,
+    moe_parts,
+    norm,
+    rope,
+    window_attention,
+)
+from freetoken.models.decoder import DecoderLayer, DecoderModel, Mixer
+from freetoken.models.hybrid_blocks import LINEAR, SLIDING, deltanet, layer_kinds, state_shape
+from freetoken.models.mla_blocks import mla_attention, mla_dims
+from freetoken.models.routing import sigmoid_routing
 from freetoken.quant import BF16, QuantizationError, WeightFormat, format_from_config
 
 
@@ -78,6 +89,15 @@ def _expert_format(
     return fmt
 
 
+def _gated_experts(banks: ExpertBanks, family: Family, ffns: Sequence[object]) -> None:
+    """gpt-oss: the banks' activation and the gate/up biases of every MoE layer, in eid order (float32 rows)."""
+    if not family.gpt_oss_experts:
+        return
+    biases = [ffn.gate_up_bias for ffn in ffns if isinstance(ffn, MoEParts) and ffn.gate_up_bias is not None]
+    banks.activation = gpt_oss.ACTIVATION
+    banks.gate_up_bias = torch.cat(biases).contiguous()
+
+
 def build_model(
     hf: HFConfig,
     family: Family,
@@ -90,27 +110,40 @@ def build_model(
     ftw = read_manifest(hf.path)  # FTW: the routed experts come pre-banked, the rest is safetensors as usual
     reader = SafetensorsReader(hf.path)
     fmt = weight_format(reader, hf)
-    check_supported(hf.raw, reader, family.skippable, fmt)
+    skippable = skip_patterns(family, hf.raw, hf.num_layers)  # with the multi-token-prediction layers, if any
+    check_supported(hf.raw, reader, skippable, fmt)
     w = CheckpointWeights(reader, device, dtype, fmt)
+    if family.gpt_oss_experts:
+        gpt_oss.check_activation(hf)
     n = family.naming
     D, V = hf.hidden_size, hf.vocab_size
-    rotary = Rotary(hf.rope, hf.head_dim, max_positions, device)
+    mla = family.attention == "mla"
+    rotary = Rotary(rope(family, hf), mla_dims(hf).rope_dim if mla else hf.head_dim, max_positions, device)
+    sigmoid = sigmoid_routing(hf, family)  # checked before any weight is read
     moe_ids = hf.moe_layer_ids
-    parts: list[tuple[torch.Tensor, Attention | GatedDeltaNet, torch.Tensor, DenseMLP | MoEParts]] = []
+    parts: list[tuple[torch.Tensor, Mixer, torch.Tensor, DenseMLP | MoEParts]] = []
     reads: list[ExpertRead] = []
     kinds = layer_kinds(hf, family)
-    kv_layers, linear_layers = 0, 0
+    kv_layers, linear_layers, rings = 0, 0, 0
     for i in range(hf.num_layers):
         lp = n.layer.format(i=i)
         ffn: DenseMLP | MoEParts
         if i in moe_ids:
             ffn = moe_parts(w, family, hf, i)
-            reads += expert_reads(w, family, hf, i, moe_ids.index(i)) if ftw is None else []
+            if family.gpt_oss_experts:
+                ffn.gate_up_bias, ffn.down_bias = gpt_oss.expert_biases(w, hf, i)
+                reads += [(*r, ()) for r in gpt_oss.expert_reads(hf, i, moe_ids.index(i))] if ftw is None else []
+            else:
+                reads += expert_reads(w, family, hf, i, moe_ids.index(i)) if ftw is None else []
         else:
             ffn = dense_mlp(w, lp + n.mlp, D, hf.intermediate_size, bool(hf.raw.get("mlp_bias", False)))
-        mixer: Attention | GatedDeltaNet
+        mixer: Mixer
         if kinds[i] == LINEAR:
             mixer, linear_layers = deltanet(w, family, hf, i, linear_layers), linear_layers + 1
+        elif kinds[i] == SLIDING:
+            mixer, rings = window_attention(w, family, hf, i, rings, rotary), rings + 1
+        elif mla:
+            mixer, kv_layers = mla_attention(w, family, hf, i, kv_layers, rotary), kv_layers + 1
         else:
             mixer, kv_layers = attention(w, family, hf, i, kv_layers, rotary), kv_layers + 1
         parts.append((norm(w, family, lp + n.attn_norm, (D,)), mixer, norm(w, family, lp + n.ffn_norm, (D,)), ffn))
@@ -120,10 +153,11 @@ def build_model(
     scales = [s for r in reads if w.is_packed(r[0]) for s in w.side_tensors(r[0])] if w.layout is not None else []
     w.claim([r[0] for r in reads] + scales + ([n.lm_head] if n.lm_head in w else []))  # a tied head's copy is not read
     final_norm = norm(w, family, n.final_norm, (D,))
-    w.check_all_used(hf.architecture, family.skippable)
+    w.check_all_used(hf.architecture, skippable)
     banks = backend = check = None
     if moe_ids and ftw is not None:
         banks, check = read_ftw_banks(ftw, hf, dtype, verify)
+        _gated_experts(banks, family, [p[3] for p in parts])
         backend = make_backend(banks)
     elif moe_ids:
         efmt = _expert_format(w, fmt, reads, hf)
@@ -133,18 +167,23 @@ def build_model(
             if efmt.quantized:
                 scale_bank = getattr(banks, bank + "_scale")
                 w.read_packed_into(name, getattr(banks, bank)[index], scale_bank[scale_index], shape)
+            elif family.gpt_oss_experts:
+                gpt_oss.read_expert_bank(w, name, bank, getattr(banks, bank)[index], shape)
             else:
                 w.read_into(name, getattr(banks, bank)[index], shape)
+        _gated_experts(banks, family, [p[3] for p in parts])
         backend = make_backend(banks)
     layers = []
     for i, (attn_norm, attn, ffn_norm, ffn) in enumerate(parts):
         if isinstance(ffn, MoEParts):
             assert backend is not None
             norm_topk = hf.norm_topk_prob or family.always_norm_topk
-            moe = MoELayer(ffn.router, hf.top_k, norm_topk, moe_ids.index(i), backend, ffn.shared, ffn.shared_gate)
+            moe = MoELayer(ffn.router, hf.top_k, norm_topk, moe_ids.index(i), backend, ffn.shared, ffn.shared_gate,
+                           sigmoid=sigmoid, bias=ffn.bias, router_bias=ffn.router_bias,
+                           down_bias=ffn.down_bias)  # fmt: skip
             layers.append(DecoderLayer(attn_norm, attn, ffn_norm, moe))
         else:
             layers.append(DecoderLayer(attn_norm, attn, ffn_norm, ffn))
-    states = state_shape(hf, linear_layers) if linear_layers else None
+    states = state_shape(hf, linear_layers, rings) if linear_layers or rings else None
     model = DecoderModel(embed, layers, final_norm, lm_head, hf.rms_eps)
     return LoadedModel(hf, model, banks, backend, kv_layers, states, check)

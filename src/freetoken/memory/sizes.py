@@ -1,10 +1,13 @@
 """What each cache kind costs for a model, from its Hugging Face config alone (pure: no torch, no allocation).
 
 Cache kinds: full-attention layers keep K and V per token in the paged KV pool (a sliding-window layer keeps them in
-the same pages); gated DeltaNet (linear-attention) layers keep one recurrent state per request - the last K-1 conv
-inputs in the model dtype and a [H, dk, dv] float32 state - and state checkpoints are copies of that state; a
-layer-major prefill keeps two hidden vectors (``h`` and ``x``) per token. ``tests/test_memory_sizes.py`` checks these
-numbers against the tensors the engine allocates for a tiny model of every family.
+the same pages, except where its family keeps a ring: gpt-oss's window layers keep K and V of a request's last W tokens
+in its state slot, ``window_ring``); multi-head latent attention layers (a config with ``kv_lora_rank``) keep one
+latent of ``kv_lora_rank + qk_rope_head_dim`` per token instead (``kv_geometry``); gated DeltaNet (linear-attention)
+layers keep one recurrent state per request - the last K-1 conv inputs in the model dtype and a [H, dk, dv] float32
+state - and state checkpoints are copies of that state (rings included); a layer-major prefill keeps two hidden
+vectors (``h`` and ``x``) per token. ``tests/test_memory_sizes.py`` checks these numbers against the tensors the
+engine allocates for a tiny model of every family.
 """
 
 from __future__ import annotations
@@ -14,17 +17,40 @@ from dataclasses import dataclass
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.hf_config import HFConfig
 
-FULL, LINEAR = "full_attention", "linear_attention"
+FULL, LINEAR, SLIDING = "full_attention", "linear_attention", "sliding_attention"
 SSM_BYTES = 4  # the recurrent state is kept in float32 whatever the model dtype
+
+
+@dataclass(frozen=True)
+class KVGeometry:
+    """One attention layer's rows per token in the KV pool: ``heads`` x (``k_dim`` + ``v_dim``)."""
+
+    heads: int
+    k_dim: int
+    v_dim: int
+
+    @property
+    def per_token(self) -> int:
+        """Elements per token and layer."""
+        return self.heads * (self.k_dim + self.v_dim)
+
+
+def kv_geometry(hf: HFConfig) -> KVGeometry:
+    """GQA: K and V heads of ``head_dim``; MLA (``kv_lora_rank`` set): one latent row of ``kv_lora_rank +
+    qk_rope_head_dim`` (the compressed K/V and the shared rotary key), no V."""
+    if hf.raw.get("kv_lora_rank"):
+        return KVGeometry(1, _raw_int(hf, "kv_lora_rank") + _raw_int(hf, "qk_rope_head_dim"), 0)
+    return KVGeometry(hf.num_kv_heads, hf.head_dim, hf.head_dim)
 
 
 @dataclass(frozen=True)
 class ModelBytes:
     kv_layers: int  # full-attention layers (each keeps K and V per token)
     linear_layers: int  # gated DeltaNet layers (each keeps a recurrent state per request)
-    kv_per_token: int  # K and V of one token, every full-attention layer
+    kv_per_token: int  # K and V (MLA: the latent) of one token, every full-attention layer
     state_per_request: int  # one request's recurrent state, every linear-attention layer (a checkpoint: the same)
     activations_per_token: int  # what a layer-major pass keeps per token (``h`` and ``x``)
+    ring_layers: int = 0  # sliding-window layers keeping a KV ring per request (in ``state_per_request``)
 
     def page_bytes(self, page_size: int) -> int:
         return self.kv_per_token * page_size
@@ -43,6 +69,18 @@ def layer_counts(hf: HFConfig, full_attention_interval: int | None) -> tuple[int
     return len(kinds) - linear, linear
 
 
+def ring_layer_count(hf: HFConfig) -> int:
+    """Layers ``layer_types`` names sliding, where the config has a window: those a ``window_ring`` family rings."""
+    if hf.layer_types is None or not hf.sliding_window:
+        return 0
+    return sum(1 for k in hf.layer_types if k == SLIDING)
+
+
+def ring_bytes_per_layer(hf: HFConfig, dtype_bytes: int) -> int:
+    """One window layer's ring: K and V of the window's tokens."""
+    return 2 * int(hf.sliding_window or 0) * hf.num_kv_heads * hf.head_dim * dtype_bytes
+
+
 def _raw_int(hf: HFConfig, key: str) -> int:
     try:
         return int(hf.raw[key])
@@ -59,9 +97,15 @@ def state_bytes_per_layer(hf: HFConfig, dtype_bytes: int) -> int:
     return (2 * hk * dk + h * dv) * (k - 1) * dtype_bytes + h * dk * dv * SSM_BYTES
 
 
-def model_bytes(hf: HFConfig, dtype_bytes: int, full_attention_interval: int | None = None) -> ModelBytes:
-    """The bytes of every cache kind of this model in a ``dtype_bytes``-byte compute dtype."""
+def model_bytes(
+    hf: HFConfig, dtype_bytes: int, full_attention_interval: int | None = None, window_ring: bool = False
+) -> ModelBytes:
+    """The bytes of every cache kind of this model in a ``dtype_bytes``-byte compute dtype. ``window_ring``: the
+    family keeps its sliding layers' KV as a ring per request (a state), not in KV pages."""
     kv_layers, linear = layer_counts(hf, full_attention_interval)
-    kv = 2 * kv_layers * hf.num_kv_heads * hf.head_dim * dtype_bytes
+    rings = ring_layer_count(hf) if window_ring else 0
+    kv_layers -= rings
+    kv = kv_layers * kv_geometry(hf).per_token * dtype_bytes
     state = linear * state_bytes_per_layer(hf, dtype_bytes) if linear else 0
-    return ModelBytes(kv_layers, linear, kv, state, 2 * hf.hidden_size * dtype_bytes)
+    state += rings * ring_bytes_per_layer(hf, dtype_bytes)
+    return ModelBytes(kv_layers, linear, kv, state, 2 * hf.hidden_size * dtype_bytes, rings)

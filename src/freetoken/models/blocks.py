@@ -4,15 +4,16 @@ expert banks. The model's assembly (``loader/model_build.py``) composes them lay
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from freetoken.checkpoint.hf_config import HFConfig
+from freetoken.checkpoint.hf_config import HFConfig, RopeConfig
 from freetoken.checkpoint.weights import CheckpointWeights
 from freetoken.layers.attention import Attention, AttentionWeights
 from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.rope import Rotary
+from freetoken.layers.window_attention import WindowAttention
 from freetoken.models.base import Family
 from freetoken.models.hybrid_blocks import split_gated_q
 
@@ -24,16 +25,56 @@ class MoEParts:
     router: torch.Tensor
     shared: DenseMLP | None
     shared_gate: torch.Tensor | None
+    bias: torch.Tensor | None = None  # [E] float32: sigmoid routing's correction bias
+    router_bias: torch.Tensor | None = None  # [E] (gpt-oss)
+    gate_up_bias: torch.Tensor | None = None  # [E, 2I] the experts' gate/up biases, gate half then up half (gpt-oss)
+    down_bias: torch.Tensor | None = None  # [E, D]
+
+
+def layer_window(hf: HFConfig, i: int) -> int | None:
+    """Layer ``i``'s sliding window: where ``layer_types`` names sliding layers (gpt-oss alternates them with full
+    attention) only those layers have it; otherwise every layer has the config's window, if any."""
+    types = hf.layer_types
+    if types is not None and "sliding_attention" in types:
+        return hf.sliding_window if i < len(types) and types[i] == "sliding_attention" else None
+    return hf.sliding_window
 
 
 def attention(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, kv_index: int, rotary: Rotary) -> Attention:
+    """Layer i's attention over the KV pages (the ``kv_index``-th layer of the pool)."""
+    aw = attention_weights(w, fam, hf, i)
+    clip = hf.raw.get(fam.clip_qkv_key) if fam.clip_qkv_key else None
+    H, Hkv, hd = hf.num_heads, hf.num_kv_heads, hf.head_dim
+    return Attention(aw, kv_index, H, Hkv, hd, hf.rms_eps, rotary, float(clip) if clip else None, layer_window(hf, i),
+                     sinks=attention_sinks(w, fam, hf, i))  # fmt: skip
+
+
+def window_attention(
+    w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, ring: int, rotary: Rotary
+) -> WindowAttention:
+    """Layer i's sliding-window attention over a KV ring, the ``ring``-th ring of the state pool."""
+    aw = attention_weights(w, fam, hf, i)
+    window = int(hf.sliding_window or 0)
+    return WindowAttention(aw, ring, hf.num_heads, hf.num_kv_heads, hf.head_dim, rotary, window,
+                           attention_sinks(w, fam, hf, i))  # fmt: skip
+
+
+def attention_sinks(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int) -> torch.Tensor | None:
+    """Layer i's sink logits [H] float32 (families with ``attn_sinks``)."""
+    if not fam.attn_sinks:
+        return None
+    return w.get(fam.naming.layer.format(i=i) + fam.naming.attn + "sinks", (hf.num_heads,)).float()
+
+
+def attention_weights(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int) -> AttentionWeights:
     p = fam.naming.layer.format(i=i) + fam.naming.attn
     D, H, Hkv, hd = hf.hidden_size, hf.num_heads, hf.num_kv_heads, hf.head_dim
     # Llama's attention_bias covers o_proj too; Qwen2's qkv_bias only q/k/v.
     bias = hf.attention_bias or bool(fam.qkv_bias_key and hf.raw.get(fam.qkv_bias_key, False))
     o_bias = bool(hf.raw.get("attention_bias", False)) and fam.qkv_bias_key is None
-    norm_q = {"none": None, "head": (hd,), "full": (H * hd,)}[fam.qk_norm]
-    norm_k = {"none": None, "head": (hd,), "full": (Hkv * hd,)}[fam.qk_norm]
+    qk_norm = fam.qk_norm if fam.qk_norm_key is None or hf.raw.get(fam.qk_norm_key) else "none"
+    norm_q = {"none": None, "head": (hd,), "full": (H * hd,)}[qk_norm]
+    norm_k = {"none": None, "head": (hd,), "full": (Hkv * hd,)}[qk_norm]
     gated = fam.attn_output_gate
     q, gate = w.get(p + "q_proj.weight", (H * hd * (2 if gated else 1), D)), None
     if gated:
@@ -54,8 +95,14 @@ def attention(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, kv_index:
         k_norm=norm(w, fam, p + fam.naming.k_norm, norm_k) if norm_k else None,
         gate=gate,
     )
-    clip = hf.raw.get(fam.clip_qkv_key) if fam.clip_qkv_key else None
-    return Attention(aw, kv_index, H, Hkv, hd, hf.rms_eps, rotary, float(clip) if clip else None, hf.sliding_window)
+    return aw
+
+
+def rope(fam: Family, hf: HFConfig) -> RopeConfig:
+    """The config's rotary settings, with the family's partial rotary share where config.json names none."""
+    if "partial_rotary_factor" in hf.rope.params or fam.partial_rotary == 1.0:
+        return hf.rope
+    return replace(hf.rope, params={**hf.rope.params, "partial_rotary_factor": fam.partial_rotary})
 
 
 def norm(w: CheckpointWeights, fam: Family, name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -82,7 +129,15 @@ def moe_parts(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int) -> MoEPar
     if n.shared_expert and hf.shared_expert_intermediate_size:
         shared = dense_mlp(w, mp + n.shared_expert, D, hf.shared_expert_intermediate_size)
         shared_gate = w.opt(mp + (n.shared_expert_gate or ""), (1, D))
-    return MoEParts(w.get(mp + n.router, (hf.num_experts, D)), shared, shared_gate)
+    if fam.routing == "sigmoid":
+        # sigmoid routing runs its GEMM in float32 as the references do: the router kept in float32 (no cast a
+        # step); the correction bias too (its differences between experts are far below bf16's resolution)
+        router = w.get(mp + n.router, (hf.num_experts, D), torch.float32)
+        return MoEParts(router, shared, shared_gate, w.get(mp + n.router_bias, (hf.num_experts,), torch.float32))
+    parts = MoEParts(w.get(mp + n.router, (hf.num_experts, D)), shared, shared_gate)
+    if fam.router_bias:
+        parts.router_bias = w.get(mp + n.router.replace(".weight", ".bias"), (hf.num_experts,))
+    return parts
 
 
 # One read of routed-expert weights: (tensor name, "gate_up" or "down", index into that bank, expected shape,

@@ -13,14 +13,20 @@ from freetoken.kernels.linear import linear
 from freetoken.kernels.norm import add_rms_norm, embed_rms_norm, rms_norm
 from freetoken.layers.attention import Attention, AttnBatch
 from freetoken.layers.deltanet import GatedDeltaNet
+from freetoken.layers.mla import MLAttention
 from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.moe import MoELayer
+from freetoken.layers.window_attention import WindowAttention
+
+# the token mixer: full attention (GQA or latent) over KV pages, linear attention, or a window over a KV ring (both
+# over state slots)
+Mixer = Attention | MLAttention | GatedDeltaNet | WindowAttention
 
 
 @dataclass
 class DecoderLayer:
     attn_norm: torch.Tensor
-    attn: Attention | GatedDeltaNet  # the token mixer: full attention over KV pages, or linear attention
+    attn: Mixer  # the token mixer
     ffn_norm: torch.Tensor
     ffn: DenseMLP | MoELayer
 
@@ -59,9 +65,12 @@ class DecoderModel:
         return add_rms_norm(h, layer.ffn.forward(x), after, self.eps)
 
     def mix(self, layer: DecoderLayer, x: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
-        """A layer's token mixer: full attention over the KV pages, or linear attention over its state slots."""
+        """A layer's token mixer: attention (GQA or latent) over the KV pages, or linear attention or a window ring over
+        its state slots."""
         m = layer.attn
-        return m.forward(x, batch, kv) if isinstance(m, Attention) else m.forward(x, batch, self.states)
+        if isinstance(m, GatedDeltaNet | WindowAttention):
+            return m.forward(x, batch, self.states)
+        return m.forward(x, batch, kv)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

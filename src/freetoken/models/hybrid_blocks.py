@@ -12,12 +12,18 @@ from freetoken.checkpoint.weights import CheckpointWeights
 from freetoken.layers.deltanet import DeltaNetWeights, GatedDeltaNet
 from freetoken.models.base import Family
 
-FULL, LINEAR = "full_attention", "linear_attention"
+FULL, LINEAR, SLIDING = "full_attention", "linear_attention", "sliding_attention"
 
 
 def layer_kinds(hf: HFConfig, family: Family) -> list[str]:
-    """Each layer's token mixer; a hybrid family's unknown kind is refused, naming it."""
+    """Each layer's token mixer; a hybrid family's unknown kind is refused, naming it. SLIDING: a window layer whose KV
+    is a ring in the state pool (families with ``window_ring``); others' window layers are FULL (masked pages)."""
     if family.deltanet_proj is None:
+        if family.window_ring and hf.layer_types is not None and hf.sliding_window:
+            if len(hf.layer_types) != hf.num_layers:
+                raise CheckpointError(f"{hf.path / 'config.json'}: layer_types has {len(hf.layer_types)} entries for "
+                                      f"{hf.num_layers} layers")  # fmt: skip
+            return [SLIDING if k == SLIDING else FULL for k in hf.layer_types]
         return [FULL] * hf.num_layers
     n, every = hf.num_layers, family.full_attention_interval
     kinds = list(hf.layer_types) if hf.layer_types is not None else [
@@ -45,9 +51,11 @@ def _dims(hf: HFConfig) -> tuple[int, int, int, int, int]:
     return hk, h, dk, dv, K
 
 
-def state_shape(hf: HFConfig, num_linear: int) -> StateShape:
-    hk, h, dk, dv, K = _dims(hf)
-    return StateShape(num_linear, 2 * hk * dk + h * dv, K - 1, h, dk, dv)
+def state_shape(hf: HFConfig, num_linear: int, num_rings: int = 0) -> StateShape:
+    """A request's state: its linear-attention layers' conv and delta-rule states, its window layers' KV rings."""
+    hk, h, dk, dv, K = _dims(hf) if num_linear else (0, 0, 0, 0, 1)
+    ring = (num_rings, int(hf.sliding_window or 0), hf.num_kv_heads, hf.head_dim) if num_rings else (0, 0, 0, 0)
+    return StateShape(num_linear, 2 * hk * dk + h * dv, K - 1, h, dk, dv, *ring)
 
 
 def deltanet(w: CheckpointWeights, family: Family, hf: HFConfig, i: int, li: int) -> GatedDeltaNet:

@@ -15,9 +15,14 @@ _FAMILIES: dict[str, str] = {
     "Qwen3MoeForCausalLM": "freetoken.models.qwen3_moe",
     "Qwen2MoeForCausalLM": "freetoken.models.qwen2_moe",
     "MixtralForCausalLM": "freetoken.models.mixtral",
+    "Glm4MoeForCausalLM": "freetoken.models.glm4_moe",
+    "MiniMaxM2ForCausalLM": "freetoken.models.minimax_m2",
     "OlmoeForCausalLM": "freetoken.models.olmoe",
     "Qwen3ForCausalLM": "freetoken.models.qwen3",
     "LlamaForCausalLM": "freetoken.models.llama",
+    "DeepseekV3ForCausalLM": "freetoken.models.deepseek_v3",
+    "Glm4MoeLiteForCausalLM": "freetoken.models.glm4_moe_lite",
+    "GptOssForCausalLM": "freetoken.models.gpt_oss",
 }
 
 

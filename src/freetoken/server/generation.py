@@ -47,6 +47,17 @@ Event = Any  # one of freetoken.chat.events' dataclasses, or Finish
 Events = AsyncGenerator[Any, None]
 
 
+def template_kwargs(req: ChatRequest) -> dict[str, Any]:
+    """What the chat template gets beside the messages and tools: the caller's own kwargs, the reasoning switch
+    (``enable_thinking``) and level (``reasoning_effort``: gpt-oss harmony's "Reasoning: <level>" system line)."""
+    kwargs: dict[str, Any] = dict(req.template_kwargs)
+    if req.reasoning is not None:
+        kwargs["enable_thinking"] = req.reasoning
+    if req.reasoning_effort is not None:
+        kwargs["reasoning_effort"] = req.reasoning_effort
+    return kwargs
+
+
 @dataclass
 class Prepared:
     request: ChatRequest
@@ -77,9 +88,7 @@ class Generation:
         if tok is None or not template:
             raise APIError.invalid("this model has no tokenizer or no chat template, so it cannot serve chat requests")
         tools = [t.template_dict() for t in self._prompt_tools(req)] or None
-        kwargs: dict[str, Any] = {"add_generation_prompt": True, **req.template_kwargs}
-        if req.reasoning is not None:
-            kwargs["enable_thinking"] = req.reasoning
+        kwargs: dict[str, Any] = {"add_generation_prompt": True, **template_kwargs(req)}
         try:
             return render_and_tokenize(tok, template, merge_leading_system(req.messages), tools, **kwargs)
         except APIError:

@@ -18,6 +18,22 @@ from freetoken.server.errors import APIError
 
 ToolChoiceMode = Literal["auto", "none", "required", "named"]
 
+# The APIs' effort names -> the reasoning levels chat templates take (gpt-oss harmony: "Reasoning: low|medium|high" in
+# the system message): OpenAI's none/minimal/xhigh and Anthropic's xhigh/max fold into the nearest level.
+EFFORTS = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high",
+           "max": "high"}  # fmt: skip
+
+
+def effort_level(value: object, param: str) -> str | None:
+    """An API's reasoning effort as the template's level (None: unset); a name no API has is refused, naming
+    ``param`` (templates interpolate the value unchecked)."""
+    if value is None:
+        return None
+    level = EFFORTS.get(value) if isinstance(value, str) else None
+    if level is None:
+        raise APIError.invalid(f"{param} must be one of {', '.join(EFFORTS)}, got {value!r}", param=param)
+    return level
+
 
 @dataclass(frozen=True)
 class ToolSpec:
@@ -73,6 +89,7 @@ class ChatRequest:
     ignore_eos: bool = False  # extension (vLLM's name): keep going past end-of-sequence
     stop: list[str] = field(default_factory=list)
     reasoning: bool | None = None  # None: the template's default (enable_thinking unset)
+    reasoning_effort: str | None = None  # "low" | "medium" | "high" (``effort_level``); None: the template's default
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     response_format: ResponseFormat | None = None  # a JSON answer, enforced by grammar
 

@@ -1,7 +1,10 @@
 """The peers' expert placements, as benchmark policies beside the engine's backends: ``static-layers``
 (llama.cpp's ``--n-cpu-moe``) and ``static-freq`` (KTransformers). Each is a ``SlotBackend`` whose placement is
-fixed (locked slots, no fills); importing this package registers both with the expert-backend registry
-(``experts/backends/registry.py``), so ``EngineConfig(moe_backend="static-layers")`` builds one in this process.
+fixed (locked slots, no fills); ``register()`` adds both to the expert-backend registry
+(``experts/backends/registry.py``) of this process, so ``EngineConfig(moe_backend="static-layers")`` builds one.
+The benchmarks that run them register them (``decode``, ``e2e``, and the server ``http_ttft`` starts); importing
+this package does not, so ``ft serve``, whose parser imports the benchmarks' modules for their flags, never takes
+a placement.
 """
 
 from __future__ import annotations
@@ -13,5 +16,8 @@ from freetoken.experts.backends.slot_backend import SlotBackend
 
 PLACEMENTS: dict[str, type[SlotBackend]] = {"static-layers": StaticLayersBackend, "static-freq": StaticFreqBackend}
 
-for _name, _cls in PLACEMENTS.items():
-    register_backend(_name, _cls.create)
+
+def register() -> None:
+    """Adds the placements to this process's expert-backend registry (again: no change)."""
+    for name, cls in PLACEMENTS.items():
+        register_backend(name, cls.create)

@@ -24,7 +24,7 @@ from freetoken.experts.backends.layer_graphs import LayerGraphs, StepCapture
 from freetoken.experts.base import ExpertBackend, ExpertBanks
 from freetoken.experts.cpu.kernel import CpuExpertKernel, widening_isa
 from freetoken.experts.cpu.runner import make_kernel
-from freetoken.experts.reference import moe_reference
+from freetoken.experts.reference import ExpertAct, moe_reference
 from freetoken.experts.slots.gemm import grouped_experts
 from freetoken.experts.slots.plan import group_routes
 from freetoken.experts.slots.weights import SlotWeights
@@ -67,7 +67,12 @@ class FusedBackend(StepCapture, ExpertBackend):
         self.fmt = banks.fmt
         wdtype = None if banks.fmt.quantized else dtype  # packed banks keep their dtype
         self.kernel: CpuExpertKernel | None = None
-        if device.type == "cpu" and banks.activation == "silu":  # the torch paths here compute SiLU experts
+        # gpt-oss's clamped activation after its gate/up biases (None: SiLU), rows = eids as here; the C++ kernel
+        # takes the biases as float32 host rows
+        self.act = ExpertAct.of(banks.activation, banks.gate_up_bias, device)
+        self._kernel_bias = None if self.act is None or self.act.gate_up_bias is None else (
+            self.act.gate_up_bias.contiguous())  # fmt: skip
+        if device.type == "cpu":
             # float32 steps on bf16 values keep the banks in bf16 for the kernel's widening path: the bits of
             # float32 banks from half the bytes (its dot-product path splits x, so is not taken)
             keep = dtype == torch.float32 and not banks.fmt.quantized and _bf16_valued(banks.gate_up, banks.down)
@@ -80,7 +85,7 @@ class FusedBackend(StepCapture, ExpertBackend):
         self.gate_up = banks.gate_up.to(device=device, dtype=wdtype)
         self.down = banks.down.to(device=device, dtype=wdtype)
         gs, ds = (None if t is None else t.to(device) for t in (banks.gate_up_scale, banks.down_scale))
-        self.weights = SlotWeights(self.gate_up, self.down, banks.fmt, gs, ds)
+        self.weights = SlotWeights(self.gate_up, self.down, banks.fmt, gs, ds, self.act)
         self.scales = None if gs is None or ds is None else (gs, ds)
         self.graphs = LayerGraphs(_GATHER_MAX_ROUTES) if cuda_graphs and device.type == "cuda" else None
         self._tok: dict[tuple[int, int], torch.Tensor] = {}
@@ -94,7 +99,7 @@ class FusedBackend(StepCapture, ExpertBackend):
         if self.fmt.quantized:
             return self._grouped(layer, x, topk_ids, topk_w)
         if T * k > _GATHER_MAX_ROUTES:
-            return moe_reference(x, topk_ids + layer * self.num_experts, topk_w, self.gate_up, self.down)
+            return moe_reference(x, topk_ids + layer * self.num_experts, topk_w, self.gate_up, self.down, self.act)
         body = self._grouped if use_triton(x) else self._gathered
         if self.graphs is not None and self.graphs.eligible(T):
             return self.graphs.run(layer, x, topk_ids, topk_w, body, self)
@@ -107,8 +112,11 @@ class FusedBackend(StepCapture, ExpertBackend):
         flat = rows.reshape(-1)
         xs = x.repeat_interleave(k, dim=0).unsqueeze(-1)  # [T*k, D, 1]
         gu = torch.bmm(self.gate_up[flat].to(x.dtype), xs).squeeze(-1)  # [T*k, 2I] (CPU bf16 banks: widened)
-        gate, up = gu.chunk(2, dim=-1)
-        h = (F.silu(gate) * up).unsqueeze(-1)  # [T*k, I, 1]
+        if self.act is not None:
+            h = self.act.apply(gu, flat).unsqueeze(-1)
+        else:
+            gate, up = gu.chunk(2, dim=-1)
+            h = (F.silu(gate) * up).unsqueeze(-1)  # [T*k, I, 1]
         y = torch.bmm(self.down[flat].to(x.dtype), h).squeeze(-1).float()  # [T*k, D]
         y = (y * topk_w.reshape(-1, 1).float()).view(T, k, -1).sum(dim=1)
         return y.to(x.dtype)
@@ -123,7 +131,7 @@ class FusedBackend(StepCapture, ExpertBackend):
 
             # the gate_up launch groups the routes itself: two launches for the layer's experts
             return grouped_experts_routed_triton(
-                x, topk_ids, off, topk_w, self.gate_up, self.down, self.num_experts, out_dtype=x.dtype
+                x, topk_ids, off, topk_w, self.gate_up, self.down, self.num_experts, out_dtype=x.dtype, act=self.act
             )
         if use_triton(x) and topk_ids.numel() <= _ONE_LAUNCH_GROUPING:
             from freetoken.experts.slots.plan_triton import group_routes_triton
@@ -144,7 +152,9 @@ class FusedBackend(StepCapture, ExpertBackend):
         if tok is None:  # each route's token: the same for every layer of a step
             tok = self._tok.setdefault((T, k), torch.arange(T, dtype=torch.int32).repeat_interleave(k))
         w = topk_w.reshape(-1).float().contiguous()
-        out = self.kernel.run(x.float().contiguous(), tok, rows, w, self.gate_up, self.down, scales=self.scales)
+        act = "silu" if self.act is None else self.act.name
+        out = self.kernel.run(x.float().contiguous(), tok, rows, w, self.gate_up, self.down, act, scales=self.scales,
+                              bias=self._kernel_bias)  # fmt: skip
         return out.to(x.dtype)
 
     def close(self) -> None:

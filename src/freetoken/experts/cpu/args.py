@@ -34,7 +34,7 @@ _P, _I64, _I32, _U32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c
 # The field runs both C structs share, in their order: the activations and shapes; the banks and output.
 _SHAPES: list[Any] = [("x", _P), ("T", _I64), ("D", _I64), ("I", _I64)]
 _BANKS: list[Any] = [("gate_up", _P), ("down", _P), ("N", _I64), ("fmt", _I32), ("act", _I32), ("out", _P),
-                     ("gate_up_scale", _P), ("down_scale", _P)]
+                     ("gate_up_scale", _P), ("down_scale", _P), ("gate_up_bias", _P)]
 
 
 class MoeArgs(ctypes.Structure):  # mirrors FtMoeArgs in plan.h
@@ -177,3 +177,13 @@ def _check_fp4_scales(gate_up: torch.Tensor, scales: Scales | None) -> None:
 
 def scale_ptrs(scales: Scales | None) -> tuple[int | None, int | None]:
     return (None, None) if scales is None else (scales[0].data_ptr(), scales[1].data_ptr())
+
+
+def check_bias(gate_up: torch.Tensor, bias: torch.Tensor | None) -> int | None:
+    """The gate/up biases' pointer (gpt-oss: float32 [N, 2I], gate half then up half); None without them."""
+    if bias is None:
+        return None
+    check_tensor("gate_up_bias", bias, (torch.float32,), 2)
+    if tuple(bias.shape) != tuple(gate_up.shape[:2]):
+        raise ValueError(f"gate_up_bias must be [N, 2I] = {list(gate_up.shape[:2])}, got {list(bias.shape)}")
+    return bias.data_ptr()

@@ -192,6 +192,19 @@ static inline float activate(int32_t act, float g, float u) {
   return g / (1.f + __builtin_expf(-g)) * u;  // SiLU-gated
 }
 
+// Phase 1's activations of one route's block of h indices [i0, i0 + n): the expert's gate/up biases added first
+// where the plan has them (gpt-oss: row g's biases are gate_up_bias[g, 0:I] and [g, I:2I]).
+static inline void activate_block(const Plan& p, int64_t row, int64_t i0, int64_t n, int nt, int t, const float* gate,
+                                  const float* up, float* h) {
+  if (!p.gate_up_bias) {
+    for (int64_t i = 0; i < n; ++i) h[i] = activate(p.act, gate[i * nt + t], up[i * nt + t]);
+    return;
+  }
+  const float* bg = p.gate_up_bias + row * 2 * p.I + i0;
+  const float* bu = bg + p.I;
+  for (int64_t i = 0; i < n; ++i) h[i] = activate(p.act, gate[i * nt + t] + bg[i], up[i * nt + t] + bu[i]);
+}
+
 // The operand side of a tile: nt fp32 vectors (and their bf16 hi/lo halves on the DP path).
 struct Operands {
   int nt;
@@ -306,7 +319,7 @@ static void phase1(const Plan& p, int64_t u) {
     }
     for (int t = 0; t < nt; ++t) {
       float* h = p.h + (s + t) * I + i0;
-      for (int64_t i = 0; i < n; ++i) h[i] = activate(p.act, gate[i * nt + t], up[i * nt + t]);
+      activate_block(p, p.group_row[g], i0, n, nt, t, gate, up, h);
       if (DP) {
         for (int64_t i = 0; i < n; ++i) {
           const uint16_t hi = f32_to_bf16(h[i]);

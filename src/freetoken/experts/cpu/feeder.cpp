@@ -88,7 +88,8 @@ int Feeder::compute(const FtQueuedArgs& a) {
     tok_.push_back(static_cast<int32_t>(i / a.k)), row_.push_back(-1 - c), w_.push_back(a.w[i]);  // rows: the plan checks
   }
   const FtMoeArgs m{a.x, a.T, a.D, a.I, tok_.data(), row_.data(), w_.data(), static_cast<int64_t>(row_.size()),
-                    a.gate_up, a.down, a.N, a.fmt, a.act, a.out, a.gate_up_scale, a.down_scale};
+                    a.gate_up, a.down, a.N, a.fmt, a.act, a.out, a.gate_up_scale, a.down_scale,
+                    a.gate_up_bias};
   return run_(m);
 }
 

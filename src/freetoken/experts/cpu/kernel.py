@@ -25,6 +25,7 @@ from freetoken.experts.cpu.args import (
     QueuedArgs,
     Scales,
     check_args,
+    check_bias,
     check_tensor,
     kernel_format,
     scale_ptrs,
@@ -175,9 +176,11 @@ class CpuExpertKernel:
         activation: str = "silu",
         out: torch.Tensor | None = None,
         scales: Scales | None = None,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Start a batch and return ``out`` at once; its content is valid after ``wait()``."""
-        return self._begin(x, tok, row, weight, gate_up, down, activation, out, scales, inline=False)
+        """Start a batch and return ``out`` at once; its content is valid after ``wait()``. ``bias``: float32
+        [N, 2I] gate/up biases added before the activation (gpt-oss), or None."""
+        return self._begin(x, tok, row, weight, gate_up, down, activation, out, scales, inline=False, bias=bias)
 
     def _begin(
         self,
@@ -191,6 +194,7 @@ class CpuExpertKernel:
         out: torch.Tensor | None,
         scales: Scales | None,
         inline: bool,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Checked arguments to the library: started on the workers, or (``inline``) computed on this thread."""
         if self._inflight is not None:
@@ -198,17 +202,20 @@ class CpuExpertKernel:
         if self.queued():
             raise RuntimeError("queued batches are pending: call drain() first")
         check_args(x, tok, row, weight, gate_up, down, activation, out, bounds=self._pool is None, scales=scales)
+        bias_ptr = check_bias(gate_up, bias)
         T, D = x.shape
         if out is None:
             out = torch.empty((T, D), dtype=torch.float32)
         if self._pool is None or self._lib is None:
-            cpu_experts_reference(x, tok, row, weight, gate_up, down, activation, out=out, scales=scales)
+            cpu_experts_reference(x, tok, row, weight, gate_up, down, activation, out=out, scales=scales,
+                                  gate_up_bias=bias)  # fmt: skip
         else:
             args = MoeArgs(
                 x.data_ptr(), T, D, gate_up.shape[1] // 2,
                 tok.data_ptr(), row.data_ptr(), weight.data_ptr(), row.shape[0],
                 gate_up.data_ptr(), down.data_ptr(), gate_up.shape[0],
                 kernel_format(gate_up, scales), ACTIVATIONS.index(activation), out.data_ptr(), *scale_ptrs(scales),
+                bias_ptr,
             )  # fmt: skip
             call = self._lib.ft_moe_run_inline if inline else self._lib.ft_moe_submit
             rc = call(self._pool, ctypes.byref(args))
@@ -217,7 +224,8 @@ class CpuExpertKernel:
             if rc != 0:
                 raise ValueError(ERRORS.get(rc, f"kernel error {rc}"))
         if not inline:  # keep every buffer alive until the workers are done with it
-            self._inflight = (x, tok, row, weight, gate_up, down, out, *(scales or ()))
+            kept = (*(scales or ()), *(() if bias is None else (bias,)))
+            self._inflight = (x, tok, row, weight, gate_up, down, out, *kept)
         return out
 
     def wait(self) -> None:
@@ -237,11 +245,12 @@ class CpuExpertKernel:
         activation: str = "silu",
         out: torch.Tensor | None = None,
         scales: Scales | None = None,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Synchronous ``submit`` + ``wait``; returns out float32 [T, D]. Batches reading up to ``inline_bytes`` of
         weights run on the calling thread alone (no worker woken)."""
         inline = row.shape[0] * (gate_up[0].nbytes + down[0].nbytes) <= self.inline_bytes
-        out = self._begin(x, tok, row, weight, gate_up, down, activation, out, scales, inline)
+        out = self._begin(x, tok, row, weight, gate_up, down, activation, out, scales, inline, bias=bias)
         if not inline:
             self.wait()
         return out
@@ -259,6 +268,7 @@ class CpuExpertKernel:
         stats: torch.Tensor | None = None,
         activation: str = "silu",
         scales: Scales | None = None,
+        bias: torch.Tensor | None = None,
     ) -> QueuedArgs:
         """Queue a batch that starts once ``ready[0][0]`` reaches ``ready[1]`` (cyclic int32 compare);
         returns at once. Routes come as codes: x [T, D] float32, codes int64 [T*k] (``c < 0``: token
@@ -290,6 +300,7 @@ class CpuExpertKernel:
             x.data_ptr(), T, x.shape[1], gate_up.shape[1] // 2, codes.data_ptr(), weight.data_ptr(), max(k, 1),
             gate_up.data_ptr(), down.data_ptr(), gate_up.shape[0],
             kernel_format(gate_up, scales), ACTIVATIONS.index(activation), out.data_ptr(), *scale_ptrs(scales),
+            check_bias(gate_up, bias),
             ready[0].data_ptr(), ready[1] & 0xFFFFFFFF, done[0].data_ptr(), done[1] & 0xFFFFFFFF,
             None if stats is None else stats.data_ptr(),
         )  # fmt: skip

@@ -39,6 +39,7 @@ struct Plan {
   Bank gate_up;  // [N, 2I, D] (+ scales)
   Bank down;     // [N, D, I] (+ scales)
   int32_t fmt, act;
+  const float* gate_up_bias;  // [N, 2I] fp32 added to gate_up . x before the activation (gpt-oss); null: none
   float* out;  // [T, D] fp32, written (not accumulated) in phase 3
   // Routes sorted by pool row (stable): group g covers sorted positions [group_start[g], group_start[g+1]).
   int64_t R, G;

@@ -89,6 +89,7 @@ void PlanBuilder::build_chunk(const FtMoeArgs& a, int64_t t0, int64_t t1, Chunk&
   p = Plan{};
   p.x = a.x, p.T = a.T, p.D = a.D, p.I = a.I, p.t0 = t0, p.t1 = t1;
   p.gate_up = Bank{a.gate_up, a.gate_up_scale}, p.down = Bank{a.down, a.down_scale}, p.fmt = a.fmt, p.act = a.act, p.out = a.out;
+  p.gate_up_bias = a.gate_up_bias;
   p.R = R, p.G = static_cast<int64_t>(c.group_row.size());
   p.group_row = c.group_row.data(), p.group_start = c.group_start.data();
   p.s_tok = c.s_tok.data(), p.s_w = c.s_w.data();

@@ -9,22 +9,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+# the activations by the kernel's index, defined with the experts' torch reference
+from freetoken.experts.reference import ACTIVATIONS, GPTOSS_ALPHA, GPTOSS_LIMIT, activate
 from freetoken.quant import FP8_BLOCK_128, MXFP4, NVFP4, WeightFormat
 
-ACTIVATIONS = ("silu", "gptoss")
-GPTOSS_LIMIT = 7.0
-GPTOSS_ALPHA = 1.702
-
-
-def activate(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
-    """``silu(gate) * up``, or gpt-oss's clamped gated activation."""
-    if activation == "silu":
-        return F.silu(gate) * up
-    if activation == "gptoss":
-        gate = gate.clamp(max=GPTOSS_LIMIT)
-        up = up.clamp(min=-GPTOSS_LIMIT, max=GPTOSS_LIMIT)
-        return (up + 1.0) * (gate * torch.sigmoid(GPTOSS_ALPHA * gate))
-    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+__all__ = ["ACTIVATIONS", "GPTOSS_ALPHA", "GPTOSS_LIMIT", "activate", "cpu_experts_reference"]
 
 
 def cpu_experts_reference(
@@ -37,6 +26,7 @@ def cpu_experts_reference(
     activation: str = "silu",
     out: torch.Tensor | None = None,  # [T, D] float32, overwritten
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,  # packed banks: their scale banks
+    gate_up_bias: torch.Tensor | None = None,  # [N, 2I]: added to gate_up @ x before the activation (gpt-oss)
 ) -> torch.Tensor:
     """``out[t] = sum over routes s of t: weight[s] * down[row[s]] @ act(gate_up[row[s]] @ x[t])``; packed banks
     dequantised per expert by the format's reference (``quant/``: ``bank_format`` says which)."""
@@ -55,6 +45,8 @@ def cpu_experts_reference(
         gu, dn = _expert(gate_up, down, scales, r)
         gate = F.linear(xs, gu[:inter])  # [n, I]
         up = F.linear(xs, gu[inter:])
+        if gate_up_bias is not None:
+            gate, up = gate + gate_up_bias[r, :inter].float(), up + gate_up_bias[r, inter:].float()
         h = activate(gate, up, activation)
         y = F.linear(h, dn)  # [n, D]
         out.index_add_(0, tok[sel], y * weight[sel].float()[:, None])

@@ -66,7 +66,7 @@ def _submit_routes(
     routes, rows = _routes_here(codes)
     tok = torch.div(routes, k, rounding_mode="floor").to(torch.int32)
     out = kernel.submit(x.float().contiguous(), tok, rows.contiguous(), w[routes].contiguous(), pool.gate_up, pool.down,
-                        scales=pool.scales)  # fmt: skip
+                        pool.activation, scales=pool.scales, bias=pool.gate_up_bias)  # fmt: skip
     return CpuResult(out, int(rows.unique().numel()), t0)
 
 
@@ -87,7 +87,8 @@ def _run_routes(pool: HostExpertPool, x: torch.Tensor, codes: torch.Tensor, w: t
     t0 = time.perf_counter()
     routes, rows = _routes_here(codes)
     tok = torch.div(routes, k, rounding_mode="floor").to(torch.int32)
-    out = cpu_experts_reference(x.float(), tok, rows, w[routes].float(), pool.gate_up, pool.down, scales=pool.scales)
+    out = cpu_experts_reference(x.float(), tok, rows, w[routes].float(), pool.gate_up, pool.down, pool.activation,
+                                scales=pool.scales, gate_up_bias=pool.gate_up_bias)  # fmt: skip
     return CpuResult(out, int(rows.unique().numel()), time.perf_counter() - t0)
 
 

@@ -109,7 +109,7 @@ class StreamedCpuBranch:
                 self._args[layer] = self.kernel.enqueue(
                     xs, cs, ws, self.pool.gate_up, self.pool.down, out,
                     ready=(self.ready, seq), done=(self.done, seq), stats=self.stats[layer],
-                    scales=self.pool.scales)  # fmt: skip
+                    activation=self.pool.activation, scales=self.pool.scales, bias=self.pool.gate_up_bias)  # fmt: skip
             else:
                 self.kernel.enqueue_prepared(self._args[layer], T, seq, seq)
         except Exception:

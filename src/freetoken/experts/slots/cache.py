@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from freetoken.experts.host_pool import HostExpertPool
+from freetoken.experts.reference import ExpertAct
 from freetoken.experts.slots.copy import batched_fill, copy_rows, copy_runs
 from freetoken.experts.slots.plan import WARM, FillRule, RouteGroups, SlotTables, StepPlan, group_routes, plan_fills
 from freetoken.experts.slots.weights import SlotWeights
@@ -42,6 +43,7 @@ class SlotCache:
         self.tables = SlotTables.empty(N, S, device)
         self._src = pool.device_views(device)
         self._held: list[int] = []  # eids the cache held, newest first (``resize``): a grow brings them back
+        self.act = ExpertAct.of(pool.activation, pool.gate_up_bias, device)  # gpt-oss: biases by eid, not in slots
 
     @property
     def slot_gate_up(self) -> torch.Tensor:  # [S+1, 2I, D']
@@ -55,7 +57,7 @@ class SlotCache:
     def weights(self) -> SlotWeights:
         """The slot banks as the grouped GEMM reads them (with the format and its scale banks)."""
         gs, ds = (self.slots[2], self.slots[3]) if len(self.slots) == 4 else (None, None)
-        return SlotWeights(self.slots[0], self.slots[1], self.pool.fmt, gs, ds)
+        return SlotWeights(self.slots[0], self.slots[1], self.pool.fmt, gs, ds, self.act)
 
     # -- sizes ---------------------------------------------------------------------------------------
     @property

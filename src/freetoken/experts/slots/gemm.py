@@ -25,6 +25,14 @@ from freetoken.kernels.triton_support import use_triton
 GATHER_MAX_ROUTES = 64
 
 
+def _activate(gu: torch.Tensor, sw: SlotWeights, eids: torch.Tensor) -> torch.Tensor:
+    """gu [K, 2I] of routes of pool rows ``eids`` -> h [K, I]: SiLU-gated, or the slots' ``act``."""
+    if sw.act is not None:
+        return sw.act.apply(gu, eids)
+    gate, up = gu.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 def grouped_experts_gather(
     x: torch.Tensor,  # [T, D]
     groups: RouteGroups,
@@ -40,8 +48,7 @@ def grouped_experts_gather(
     xs = x.repeat_interleave(k, dim=0).unsqueeze(-1)  # [K, D, 1]
     wgu, wdn = sw.rows(s, x.dtype)
     gu = torch.bmm(wgu, xs).squeeze(-1)  # [K, 2I]
-    gate, up = gu.chunk(2, dim=-1)
-    h = (F.silu(gate) * up).unsqueeze(-1)  # [K, I, 1]
+    h = _activate(gu, sw, groups.eids).unsqueeze(-1)  # [K, I, 1]
     y = torch.bmm(wdn, h).squeeze(-1).float()  # [K, D]
     w = torch.where(on, topk_w.reshape(-1).float(), torch.zeros_like(topk_w.reshape(-1), dtype=torch.float32))
     y = torch.where(on[:, None], y * w[:, None], torch.zeros_like(y))
@@ -58,14 +65,14 @@ def grouped_experts_loop(
     T, k = topk_w.shape
     out = torch.zeros((T, x.shape[1]), dtype=torch.float32, device=x.device)
     flat_w = topk_w.reshape(-1).float()
-    starts, counts, slots = groups.start.tolist(), groups.count.tolist(), slot.tolist()
+    starts, counts, slots, eids = groups.start.tolist(), groups.count.tolist(), slot.tolist(), groups.eid.tolist()
     order = groups.order
     for g in range(int(groups.n_groups)):
         if slots[g] < 0:
             continue
         routes = order[starts[g] : starts[g] + counts[g]]
         tok = torch.div(routes, k, rounding_mode="floor")
-        y = expert_ffn(x[tok], *sw.rows(slots[g], x.dtype)).float()
+        y = expert_ffn(x[tok], *sw.rows(slots[g], x.dtype), sw.act, eids[g]).float()
         out.index_add_(0, tok, y * flat_w[routes, None])
     return out
 
@@ -80,7 +87,7 @@ def grouped_experts(
     out_dtype: torch.dtype = torch.float32,  # the sum's dtype (the Triton kernels cast in their combine launch)
 ) -> torch.Tensor:
     """Dispatch: Triton on CUDA, else gather (small steps on CUDA) or loop. Returns [T, D], summed in float32."""
-    if use_triton(x):
+    if use_triton(x) and not (sw.fmt.quantized and sw.act is not None):  # quantised gpt-oss: the torch paths
         if sw.fmt.name in ("mxfp4", "nvfp4"):
             from freetoken.experts.slots.gemm_fp4_triton import grouped_experts_fp4
 
@@ -91,7 +98,8 @@ def grouped_experts(
             return grouped_experts_fp8_triton(x, groups, slot, topk_w, sw, max_groups, out_dtype=out_dtype)
         from freetoken.experts.slots.gemm_triton import grouped_experts_triton
 
-        return grouped_experts_triton(x, groups, slot, topk_w, sw.gate_up, sw.down, max_groups, out_dtype=out_dtype)
+        return grouped_experts_triton(x, groups, slot, topk_w, sw.gate_up, sw.down, max_groups, out_dtype=out_dtype,
+                                      act=sw.act)  # fmt: skip
     if x.device.type == "cuda" and groups.order.numel() <= GATHER_MAX_ROUTES:  # CUDA without Triton: small steps
         return grouped_experts_gather(x, groups, slot, topk_w, sw).to(out_dtype)
     return grouped_experts_loop(x, groups, slot, topk_w, sw).to(out_dtype)

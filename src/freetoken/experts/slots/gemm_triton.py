@@ -3,7 +3,8 @@
 Two kernels, grid (group, N-tile); groups g >= n_groups or with slot -1 return at once, so the grid
 is fixed per step size and nothing is read back by the host:
 1. ``h[p] = silu(x[tok_p] @ Wg[s].T) * (x[tok_p] @ Wu[s].T)`` for the routes p of group g ([K, I] fp32,
-   in sorted order);
+   in sorted order); gpt-oss's experts (``act``): the gate/up biases of the group's eid added, then its clamped
+   activation;
 2. ``y[route_p] = w_p * (h[p] @ Wd[s].T)`` written at the route's original index ([K, D] fp32);
 3. ``out[t] = sum_j y[t*k + j]`` over the routes served here (slot >= 0), cast to the output dtype (deterministic:
    no atomics on the sums): at decode sizes (``COMBINE_IN_DOWN_MAX`` routes) in the down launch itself, by the last
@@ -19,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from freetoken.experts.reference import ExpertAct
 from freetoken.experts.slots.plan import RouteGroups
 from freetoken.experts.slots.plan_triton import group_in_registers, group_tables, store_groups
 from freetoken.kernels.triton_support import tickets
@@ -66,6 +68,8 @@ def _gate_up_kernel(
     n_rows,
     tables,
     valid_out,
+    geid,
+    bias,
     D: tl.constexpr,
     I: tl.constexpr,
     TOPK: tl.constexpr,
@@ -75,6 +79,8 @@ def _gate_up_kernel(
     PREC: tl.constexpr,
     GROUP: tl.constexpr,  # group the K routes ``ids`` here (every program, in registers; slot = eid), no tables read
     KB: tl.constexpr,
+    HAS_BIAS: tl.constexpr = False,  # gate/up biases by eid ``bias`` [N, 2I] float32 (gpt-oss)
+    GPTOSS: tl.constexpr = False,  # gpt-oss's clamped activation instead of SiLU
 ):
     g = tl.program_id(0)
     nt = tl.program_id(1)
@@ -121,9 +127,24 @@ def _gate_up_kernel(
                 wu = tl.load(wbase + (I + offs_n)[None, :] * D + offs_k[:, None], mask=wmask, other=0.0)
                 acc_g = tl.dot(xa, wg, acc_g, input_precision=PREC)
                 acc_u = tl.dot(xa, wu, acc_u, input_precision=PREC)
-            hv = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+            if HAS_BIAS:
+                eid = s if GROUP else tl.load(geid + g)
+                brow = bias + eid.to(tl.int64) * (2 * I)
+                acc_g += tl.load(brow + offs_n, mask=nmask, other=0.0)[None, :]
+                acc_u += tl.load(brow + I + offs_n, mask=nmask, other=0.0)[None, :]
+            hv = _activate(acc_g, acc_u, GPTOSS)
             hp = h + (start + rows).to(tl.int64)[:, None] * I + offs_n[None, :]
             tl.store(hp, hv, mask=mmask[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _activate(g, u, GPTOSS: tl.constexpr):
+    """SiLU-gated, or gpt-oss's: gate clamped above at 7, up to [-7, 7], ``(u + 1) * g * sigmoid(1.702 g)``."""
+    if GPTOSS:
+        g = tl.minimum(g, 7.0)
+        u = tl.minimum(tl.maximum(u, -7.0), 7.0)
+        return (u + 1.0) * (g / (1.0 + tl.exp(-1.702 * g)))
+    return g / (1.0 + tl.exp(-g)) * u
 
 
 @triton.jit
@@ -256,8 +277,9 @@ def grouped_experts_triton(
     max_groups: int | None = None,  # distinct experts a step can route to (a layer's E): bounds the grid
     tiles: GemmTiles | None = None,  # None: decode_tiles(K) (``bench/gpu/gemm_tiles.py`` compares settings)
     out_dtype: torch.dtype = torch.float32,
+    act: ExpertAct | None = None,  # gpt-oss's biased clamped activation (None: SiLU)
 ) -> torch.Tensor:  # [T, D] out_dtype
-    return _run(x, groups, slot, topk_w, slot_gate_up, slot_down, max_groups, tiles, out_dtype, None)
+    return _run(x, groups, slot, topk_w, slot_gate_up, slot_down, max_groups, tiles, out_dtype, None, act)
 
 
 def grouped_experts_routed_triton(
@@ -269,19 +291,20 @@ def grouped_experts_routed_triton(
     down: torch.Tensor,
     max_groups: int | None = None,
     out_dtype: torch.dtype = torch.float32,
+    act: ExpertAct | None = None,
 ) -> torch.Tensor:
     """``grouped_experts_triton(x, group_routes_triton(topk_ids, layer_offset, N), eids, ...)`` in two launches: the
     gate_up kernel's programs group the routes themselves (one of them writes the tables the down kernel reads)."""
     ids = topk_ids.reshape(-1)
     i64, b, groups = group_tables(ids.numel(), ids.device)
     grouping = (ids, layer_offset, int(gate_up.shape[0]), i64, b)
-    return _run(x, groups, groups.eid, topk_w, gate_up, down, max_groups, None, out_dtype, grouping)
+    return _run(x, groups, groups.eid, topk_w, gate_up, down, max_groups, None, out_dtype, grouping, act)
 
 
 def _run(
     x: torch.Tensor, groups: RouteGroups, slot: torch.Tensor, topk_w: torch.Tensor, slot_gate_up: torch.Tensor,
     slot_down: torch.Tensor, max_groups: int | None, tiles: GemmTiles | None, out_dtype: torch.dtype,
-    grouping: tuple[torch.Tensor, int, int, torch.Tensor, torch.Tensor] | None,
+    grouping: tuple[torch.Tensor, int, int, torch.Tensor, torch.Tensor] | None, act: ExpertAct | None = None,
 ) -> torch.Tensor:  # fmt: skip
     T, k = topk_w.shape
     K = T * k
@@ -302,8 +325,11 @@ def _run(
     ids, off, n_rows, i64, b = grouping or (groups.order, 0, 0, groups.order, groups.order)  # unused without GROUP
     kb = max(16, triton.next_power_of_2(K)) if grouping is not None else 1
     grp = (ids, K, off, n_rows, i64, b)
-    _gate_up_kernel[(G, triton.cdiv(I, t.gu_bn))](x, slot_gate_up, h, *routes, *grp, TOPK=k, GROUP=grouping is not None,
-                                                  KB=kb, **gu)  # fmt: skip
+    bias = act.gate_up_bias if act is not None and act.gate_up_bias is not None else None
+    gptoss = act is not None and act.name == "gptoss"
+    _gate_up_kernel[(G, triton.cdiv(I, t.gu_bn))](x, slot_gate_up, h, *routes, *grp, groups.eid,
+                                                  h if bias is None else bias, TOPK=k, GROUP=grouping is not None,
+                                                  KB=kb, HAS_BIAS=bias is not None, GPTOSS=gptoss, **gu)  # fmt: skip
     n_tiles = triton.cdiv(D, t.dn_bn)
     one_launch = K <= COMBINE_IN_DOWN_MAX
     out = torch.empty((T, D), dtype=out_dtype, device=x.device) if one_launch else y

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from freetoken.experts.base import dequantize_rows
+from freetoken.experts.reference import ExpertAct
 from freetoken.quant import BF16, WeightFormat
 
 
@@ -19,6 +20,7 @@ class SlotWeights:
     fmt: WeightFormat = BF16
     gate_up_scale: torch.Tensor | None = None
     down_scale: torch.Tensor | None = None
+    act: ExpertAct | None = None  # gpt-oss's biased clamped activation (None: SiLU); its rows are eids, not slots
 
     def rows(self, s: torch.Tensor | int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(gate_up, down) of slots ``s`` in ``dtype`` (a view, unquantised in ``dtype`` already)."""

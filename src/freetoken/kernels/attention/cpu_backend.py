@@ -20,9 +20,9 @@ class CpuAttention(TorchAttention):
 
     def decode_fused(
         self, qkv: torch.Tensor, rope: QKVRope, caches: Caches, meta: DecodeMeta, scale: float, window: int | None,
-        checked: bool,
+        checked: bool, sinks: torch.Tensor | None = None,
     ) -> torch.Tensor | None:  # fmt: skip
-        if not cpu_step.available(qkv) or caches[0].dtype != qkv.dtype:
+        if not cpu_step.available(qkv) or caches[0].dtype != qkv.dtype or sinks is not None:  # no sinks in C++
             return None
         H, _, hd = rope.heads
         out = cpu_step.decode_attention(

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from freetoken.kernels.attention import PrefillMeta
+from freetoken.kernels.attention.sinks import sdpa_with_sinks
 
 SCORE_ELEMENTS = 1 << 24  # scores of one block of query rows, all heads (64 MiB in float32)
 MIN_ROWS = 16
@@ -33,6 +34,7 @@ def paged_prefill_reference(
     meta: PrefillMeta,
     scale: float,
     window: int | None = None,
+    sinks: torch.Tensor | None = None,  # [H] float32: a sink logit per head (gpt-oss)
 ) -> torch.Tensor:  # [T, H, hd], q's dtype
     out = torch.empty_like(q)
     S = meta.page_size
@@ -44,10 +46,10 @@ def paged_prefill_reference(
         slots = table[s, pos // S] * S + pos % S
         ks, vs = k_cache[slots].transpose(0, 1), v_cache[slots].transpose(0, 1)  # [Hkv, ctx, hd]
         qs = q[q0 : q0 + n].transpose(0, 1)  # [H, n, hd]
-        if window is None and q.device.type == "cpu":
+        if window is None and q.device.type == "cpu" and sinks is None:
             o = causal_flash_cpu(qs, ks, vs, scale)
         else:
-            o = causal_in_row_blocks(qs, ks, vs, scale, window)
+            o = causal_in_row_blocks(qs, ks, vs, scale, window, sinks)
         out[q0 : q0 + n] = o.transpose(0, 1)
     return out
 
@@ -71,10 +73,11 @@ def causal_flash_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 
 
 def causal_in_row_blocks(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None
-) -> torch.Tensor:
-    """As ``causal_flash_cpu``, with an optional sliding window, on any device: blocks of query rows, each with
-    its [rows, keys] mask."""
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """As ``causal_flash_cpu``, with an optional sliding window and sinks, on any device: blocks of query rows, each
+    with its [rows, keys] mask."""
     H, n, ctx = q.shape[0], q.shape[1], k.shape[1]
     out = torch.empty_like(q)
     step = rows_per_block(H, ctx)
@@ -87,9 +90,10 @@ def causal_in_row_blocks(
         mask = k_pos <= q_pos
         if window is not None:
             mask &= (q_pos - k_pos) < window
-        o = F.scaled_dot_product_attention(
-            q[None, :, r0:r1], k[None, :, lo:last], v[None, :, lo:last], attn_mask=mask, scale=scale,
-            enable_gqa=H != k.shape[0],
-        )  # fmt: skip
+        qb, kb, vb = q[None, :, r0:r1], k[None, :, lo:last], v[None, :, lo:last]
+        if sinks is not None:
+            out[:, r0:r1] = sdpa_with_sinks(qb, kb, vb, mask, scale, sinks)[0].to(out.dtype)
+            continue
+        o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale, enable_gqa=H != k.shape[0])
         out[:, r0:r1] = o[0]
     return out

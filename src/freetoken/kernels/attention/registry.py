@@ -1,7 +1,7 @@
 """The attention backends by name (lazily imported: adding one is a new file plus one line here), and the choice by
 device: ``select(device)`` is the in-repo Triton kernels on CUDA where Triton imports, the CPU backend (C++ fused
-decode) on a CPU, the torch reference elsewhere. Paged GQA today; MLA, sparse indexers, sinks and windows are further
-entries."""
+decode) on a CPU, the torch reference elsewhere. Two kinds: paged GQA (``BACKENDS``, ``select``) and multi-head latent
+attention over paged latents (``MLA_BACKENDS``, ``select_mla``); sparse indexers and sinks are further entries."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import importlib
 import torch
 
 from freetoken.errors import FreeTokenError
-from freetoken.kernels.attention.backend import AttentionBackend
+from freetoken.kernels.attention.backend import AttentionBackend, MLABackend
 from freetoken.kernels.triton_support import use_triton
 
 # name -> "module:class"
@@ -20,6 +20,11 @@ BACKENDS: dict[str, str] = {
     "cpu": "freetoken.kernels.attention.cpu_backend:CpuAttention",
     "triton": "freetoken.kernels.attention.triton_backend:TritonAttention",
 }
+# the MLA kind: name -> "module:class"
+MLA_BACKENDS: dict[str, str] = {
+    "torch": "freetoken.kernels.attention.mla_backend:TorchMLA",
+    "triton": "freetoken.kernels.attention.mla_backend:TritonMLA",
+}
 
 
 class UnknownAttentionBackend(FreeTokenError, ValueError):
@@ -27,12 +32,24 @@ class UnknownAttentionBackend(FreeTokenError, ValueError):
 
 
 @functools.cache
+def _load(kind: str, name: str) -> object:
+    table = MLA_BACKENDS if kind == "mla" else BACKENDS
+    if name not in table:
+        what = "MLA backend" if kind == "mla" else "attention backend"
+        raise UnknownAttentionBackend(f"unknown {what} {name!r}; known: {', '.join(sorted(table))}")
+    module, cls = table[name].split(":")
+    return getattr(importlib.import_module(module), cls)()
+
+
 def get(name: str) -> AttentionBackend:
-    """The backend registered as ``name`` (one instance per name; backends hold no state)."""
-    if name not in BACKENDS:
-        raise UnknownAttentionBackend(f"unknown attention backend {name!r}; known: {', '.join(sorted(BACKENDS))}")
-    module, cls = BACKENDS[name].split(":")
-    backend: AttentionBackend = getattr(importlib.import_module(module), cls)()
+    """The GQA backend registered as ``name`` (one instance per name; backends hold no state)."""
+    backend: AttentionBackend = _load("gqa", name)  # type: ignore[assignment]
+    return backend
+
+
+def get_mla(name: str) -> MLABackend:
+    """The MLA backend registered as ``name``."""
+    backend: MLABackend = _load("mla", name)  # type: ignore[assignment]
     return backend
 
 
@@ -45,3 +62,8 @@ def auto_name(device: torch.device) -> str:
 def select(device: torch.device, name: str = "auto") -> AttentionBackend:
     """``name``'s backend; "auto": the one ``auto_name`` picks for ``device``."""
     return get(auto_name(device) if name == "auto" else name)
+
+
+def select_mla(device: torch.device, name: str = "auto") -> MLABackend:
+    """``name``'s MLA backend; "auto": Triton's decode on CUDA where Triton imports, the torch reference elsewhere."""
+    return get_mla(("triton" if use_triton(device) else "torch") if name == "auto" else name)

@@ -20,19 +20,19 @@ class TorchAttention:
 
     def decode(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: DecodeMeta, scale: float,
-        window: int | None = None,
+        window: int | None = None, sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
-        return paged_decode_reference(q, k_cache, v_cache, meta, scale, window)
+        return paged_decode_reference(q, k_cache, v_cache, meta, scale, window, sinks)
 
     def prefill(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PrefillMeta, scale: float,
-        window: int | None = None,
+        window: int | None = None, sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
-        return paged_prefill_reference(q, k_cache, v_cache, meta, scale, window)
+        return paged_prefill_reference(q, k_cache, v_cache, meta, scale, window, sinks)
 
     def decode_fused(
         self, qkv: torch.Tensor, rope: QKVRope, caches: Caches, meta: DecodeMeta, scale: float, window: int | None,
-        checked: bool,
+        checked: bool, sinks: torch.Tensor | None = None,
     ) -> torch.Tensor | None:  # fmt: skip
         return None
 

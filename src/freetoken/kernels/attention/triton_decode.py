@@ -23,7 +23,7 @@ BLOCK_N = 32  # context tokens per inner iteration
 @triton.jit
 def _paged_decode_kernel(
     Q, K, V, BT, LENS, ACC, MAX, SUM, OUT, CNT,
-    POS, SLOT, COS, SIN, QW, KW,
+    POS, SLOT, COS, SIN, QW, KW, SINKS,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_bt,
     stride_ab, stride_ah, stride_as, stride_ob, stride_oh,
     scale, window, eps,
@@ -31,6 +31,7 @@ def _paged_decode_kernel(
     BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HAS_WINDOW: tl.constexpr,
     PREC: tl.constexpr,
     ROPE: tl.constexpr, H: tl.constexpr, ROT: tl.constexpr, HAS_QN: tl.constexpr, HAS_KN: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -92,6 +93,8 @@ def _paged_decode_kernel(
         m = m_new
     optr = OUT + b * stride_ob + heads[:, None] * stride_oh + d[None, :]
     if SPLITS == 1:
+        if HAS_SINKS:  # the sink logit joins the denominator (it carries no value)
+            l_sum += tl.exp(tl.load(SINKS + heads, mask=gmask, other=0.0) - m)
         l_sum = tl.where(gmask, l_sum, 1.0)  # padding heads: no 0 / 0
         tl.store(optr, (acc / l_sum[:, None]).to(OUT.dtype.element_ty), mask=gmask[:, None])
     else:
@@ -104,15 +107,16 @@ def _paged_decode_kernel(
         ticket = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
         if ticket == SPLITS - 1:  # the last split of (b, kv head): the others' partials are visible
             strides = (stride_ab, stride_ah, stride_as, stride_ob, stride_oh)
-            _merge(ACC, MAX, SUM, OUT, b, kvh, *strides, G, SPLITS, BLOCK_S, HD)
+            _merge(ACC, MAX, SUM, OUT, SINKS, b, kvh, *strides, G, SPLITS, BLOCK_S, HD, HAS_SINKS)
             tl.store(cnt, 0)  # ready for the next launch
 
 
 @triton.jit
-def _merge(ACC, MAX, SUM, OUT, b, kvh, stride_ab, stride_ah, stride_as, stride_ob, stride_oh,
-           G: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HD: tl.constexpr):  # fmt: skip
+def _merge(ACC, MAX, SUM, OUT, SINKS, b, kvh, stride_ab, stride_ah, stride_as, stride_ob, stride_oh,
+           G: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HD: tl.constexpr,
+           HAS_SINKS: tl.constexpr):  # fmt: skip
     """Per head of this KV head: the splits' partial sums weighted by exp(max - top), over the weighted sums (read
-    from L2: other programs wrote them)."""
+    from L2: other programs wrote them), plus exp(sink - top) with sinks."""
     sp = tl.arange(0, BLOCK_S)
     smask = sp < SPLITS
     d = tl.arange(0, HD)
@@ -122,7 +126,10 @@ def _merge(ACC, MAX, SUM, OUT, b, kvh, stride_ab, stride_ah, stride_as, stride_o
         w = tl.where(smask, tl.exp(mx - tl.max(mx, 0)), 0.0)  # an empty split: exp(-inf) = 0
         sm = tl.load(SUM + row, mask=smask, other=0.0, cache_modifier=".cg")
         acc = tl.load(ACC + row[:, None] * HD + d[None, :], mask=smask[:, None], other=0.0, cache_modifier=".cg")
-        o = tl.sum(acc * w[:, None], 0) / tl.sum(sm * w, 0)
+        den = tl.sum(sm * w, 0)
+        if HAS_SINKS:
+            den += tl.exp(tl.load(SINKS + kvh * G + gi) - tl.max(mx, 0))
+        o = tl.sum(acc * w[:, None], 0) / den
         tl.store(OUT + b * stride_ob + (kvh * G + gi) * stride_oh + d, o.to(OUT.dtype.element_ty))
 
 
@@ -139,11 +146,12 @@ def paged_decode_triton(
     scale: float,
     window: int | None = None,
     splits: int | None = None,
+    sinks: torch.Tensor | None = None,  # [H] float32 sink logits (gpt-oss)
 ) -> torch.Tensor:
     B, H, hd = q.shape
     if q.stride(2) != 1:
         raise ValueError("paged decode: the head dim must be contiguous")
-    return _launch(q, (q.stride(0), q.stride(1)), H, hd, k_cache, v_cache, meta, scale, window, splits, None)
+    return _launch(q, (q.stride(0), q.stride(1)), H, hd, k_cache, v_cache, meta, scale, window, splits, None, sinks)
 
 
 def paged_decode_rope_triton(
@@ -163,6 +171,7 @@ def paged_decode_rope_triton(
     scale: float,
     window: int | None = None,
     splits: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [B, H, hd] in qkv's dtype
     """``qkv_rope_triton`` (q/k norms, rotary, the K/V rows written) and ``paged_decode_triton`` in one launch: each
     program makes its q heads and its KV head's new row from ``qkv`` with the same arithmetic."""
@@ -175,12 +184,13 @@ def paged_decode_rope_triton(
     qw = q_norm.to(qkv.dtype).contiguous() if q_norm is not None else qkv
     kw = k_norm.to(qkv.dtype).contiguous() if k_norm is not None else qkv
     rope = (positions, slot_mapping, cos, sin, qw, kw, eps, rot, q_norm is not None, k_norm is not None)
-    return _launch(qkv, (qkv.stride(0), hd), num_heads, hd, k_cache, v_cache, meta, scale, window, splits, rope)
+    return _launch(qkv, (qkv.stride(0), hd), num_heads, hd, k_cache, v_cache, meta, scale, window, splits, rope, sinks)
 
 
 def _launch(
     q: torch.Tensor, q_strides: tuple[int, int], H: int, hd: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
     meta: DecodeMeta, scale: float, window: int | None, splits: int | None, rope: tuple | None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     B, hkv = q.shape[0], k_cache.shape[1]
     if H % hkv or hd & (hd - 1) or hd < 16:
@@ -195,22 +205,29 @@ def _launch(
     sm = torch.empty((B, H, s), dtype=torch.float32, device=q.device)
     pos, slots, cos, sin, qw, kw, eps, rot, qn, kn = rope or (q, q, q, q, q, q, 0.0, 2, False, False)
     bt = meta.block_table
+    sk = q if sinks is None else sinks.to(device=q.device, dtype=torch.float32).contiguous()
     _paged_decode_kernel[(B, hkv, s)](
         q, k_cache, v_cache, bt, meta.seq_lens, acc, mx, sm, out, tickets(q.device, B * hkv, "paged_decode"),
-        pos, slots, cos, sin, qw, kw,
+        pos, slots, cos, sin, qw, kw, sk,
         *q_strides, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         bt.stride(0), H * s, s, 1, out.stride(0), out.stride(1),
         scale, window or 0, eps,
         PAGE=meta.page_size, G=g, BLOCK_G=max(16, triton.next_power_of_2(g)), HD=hd,
         BLOCK_N=BLOCK_N, SPLITS=s, BLOCK_S=max(2, triton.next_power_of_2(s)), HAS_WINDOW=window is not None,
         PREC="ieee" if k_cache.dtype == torch.float32 else "tf32",  # float32 exact (TF32 would round it)
-        ROPE=rope is not None, H=H, ROT=rot, HAS_QN=qn, HAS_KN=kn,
+        ROPE=rope is not None, H=H, ROT=rot, HAS_QN=qn, HAS_KN=kn, HAS_SINKS=sinks is not None,
     )  # fmt: skip
     return out
 
 
-def merge_splits(acc: torch.Tensor, mx: torch.Tensor, sm: torch.Tensor) -> torch.Tensor:
-    """Exact softmax merge of the splits' partial sums: acc [B, H, S, hd], max / sum [B, H, S]."""
+def merge_splits(
+    acc: torch.Tensor, mx: torch.Tensor, sm: torch.Tensor, sinks: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Exact softmax merge of the splits' partial sums: acc [B, H, S, hd], max / sum [B, H, S] (sinks [H]: each
+    head's sink logit joins the denominator)."""
     top = mx.max(dim=-1, keepdim=True).values
     w = torch.exp(mx - top)  # an empty split: exp(-inf) = 0
-    return (acc * w[..., None]).sum(dim=2) / (sm * w).sum(dim=-1, keepdim=True)
+    den = (sm * w).sum(dim=-1, keepdim=True)
+    if sinks is not None:
+        den = den + torch.exp(sinks.float()[None, :, None] - top)
+    return (acc * w[..., None]).sum(dim=2) / den

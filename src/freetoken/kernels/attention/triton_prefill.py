@@ -16,11 +16,11 @@ BLOCK_N = 32  # context tokens per inner iteration
 
 @triton.jit
 def _paged_prefill_kernel(
-    Q, K, V, O, BT, QSTART, QLEN, CTX,
+    Q, K, V, O, BT, QSTART, QLEN, CTX, SINKS,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_bt,
     scale, window,
     PAGE: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, PREC: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):  # fmt: skip
     s = tl.program_id(0)
     mblock = tl.program_id(1)
@@ -63,6 +63,8 @@ def _paged_prefill_kernel(
         l_sum = l_sum * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m = m_new
+    if HAS_SINKS:  # the head's sink logit joins the denominator (every stored row saw its own token: m finite)
+        l_sum += tl.exp(tl.load(SINKS + h) - tl.where(m == float("-inf"), 0.0, m))
     out = acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]  # rows past the sequence: never stored
     tl.store(O + (q_start + rows)[:, None] * stride_ot + h * stride_oh + d[None, :], out.to(O.dtype.element_ty),
              mask=rmask[:, None])  # fmt: skip
@@ -75,6 +77,7 @@ def paged_prefill_triton(
     meta: PrefillMeta,
     scale: float,
     window: int | None = None,
+    sinks: torch.Tensor | None = None,  # [H] float32 sink logits (gpt-oss)
 ) -> torch.Tensor:
     T, H, hd = q.shape
     hkv = k_cache.shape[1]
@@ -87,10 +90,12 @@ def paged_prefill_triton(
     grid = (S, triton.cdiv(meta.max_q_len, BLOCK_M), H)
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, out, bt, meta.q_start, meta.q_len, meta.ctx_len,
+        q if sinks is None else sinks.to(device=q.device, dtype=torch.float32).contiguous(),
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         out.stride(0), out.stride(1), bt.stride(0),
         scale, window or 0,
         PAGE=meta.page_size, G=H // hkv, HD=hd, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
         HAS_WINDOW=window is not None, PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        HAS_SINKS=sinks is not None,
     )  # fmt: skip
     return out

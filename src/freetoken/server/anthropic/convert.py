@@ -7,7 +7,7 @@ from typing import Any
 
 from freetoken.server.anthropic.protocol import ContentBlock, Conversation, Message, MessagesRequest, Part
 from freetoken.server.errors import APIError
-from freetoken.server.internal import ChatRequest, ResponseFormat, ToolChoice, ToolSpec
+from freetoken.server.internal import ChatRequest, ResponseFormat, ToolChoice, ToolSpec, effort_level
 from freetoken.server.openai.convert import MEDIA_PARTS, media_placeholder, tool_call_dict
 
 # Claude Code puts a per-request checksum (cch=…) in a billing line at the top of the system
@@ -48,6 +48,7 @@ def to_internal(body: Conversation) -> ChatRequest:
         tool_choice=choice,
         parallel_tool_calls=parallel,
         reasoning=reasoning,
+        reasoning_effort=effort_level(body.output_config and body.output_config.effort, "output_config.effort"),
     )
     if isinstance(body, MessagesRequest):
         req.max_tokens = body.max_tokens

@@ -58,6 +58,10 @@ class Thinking(_Open):
     budget_tokens: Int32 | None = None
 
 
+class OutputConfig(_Open):
+    effort: str | None = None  # low | medium | high | xhigh | max: the reasoning level (gpt-oss harmony)
+
+
 class Conversation(_Open):
     """What /v1/messages and /v1/messages/count_tokens share: the conversation ``convert.to_internal`` reads."""
 
@@ -67,6 +71,7 @@ class Conversation(_Open):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
 
 
 class OutputFormat(_Open):

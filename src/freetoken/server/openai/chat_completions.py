@@ -23,6 +23,7 @@ from freetoken.server.internal import (
     TokenLogprobs,
     ToolChoice,
     ToolSpec,
+    effort_level,
 )
 from freetoken.server.openai.convert import text_of, tool_call_dict
 from freetoken.server.openai.protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice
@@ -63,6 +64,10 @@ def to_internal(body: ChatCompletionRequest) -> ChatRequest:
     reasoning = kwargs.pop("enable_thinking", None)
     if reasoning is None and body.reasoning_effort is not None:
         reasoning = body.reasoning_effort != "none"
+    if "reasoning_effort" in kwargs:  # the template kwarg itself: checked like the field
+        effort = effort_level(kwargs.pop("reasoning_effort"), "chat_template_kwargs.reasoning_effort")
+    else:
+        effort = effort_level(body.reasoning_effort, "reasoning_effort")
     return ChatRequest(
         model=body.model,
         messages=messages,
@@ -82,6 +87,7 @@ def to_internal(body: ChatCompletionRequest) -> ChatRequest:
         ignore_eos=body.ignore_eos,
         stop=stop,
         reasoning=reasoning,
+        reasoning_effort=effort,
         template_kwargs=kwargs,
         response_format=_response_format(body),
     )

@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from freetoken.server.errors import APIError
-from freetoken.server.internal import ChatRequest, ResponseFormat, ToolChoice, ToolSpec
+from freetoken.server.internal import ChatRequest, ResponseFormat, ToolChoice, ToolSpec, effort_level
 from freetoken.server.openai.convert import text_of, tool_call_dict
 from freetoken.server.openai.protocol import ResponsesItem, ResponsesRequest, ResponsesTool
 
@@ -42,9 +42,10 @@ def to_internal(body: ResponsesRequest, earlier: list[dict[str, Any]] | None = N
         items = body.input
     _Items(messages).add_all(items)
     tools = [t for t in (_tool(d, i) for i, d in enumerate(body.tools or [])) if t is not None]
-    reasoning = None
+    reasoning = effort = None
     if body.reasoning is not None and body.reasoning.effort is not None:
         reasoning = body.reasoning.effort not in ("none",)
+        effort = effort_level(body.reasoning.effort, "reasoning.effort")
     return ChatRequest(
         model=body.model,
         messages=messages,
@@ -57,6 +58,7 @@ def to_internal(body: ResponsesRequest, earlier: list[dict[str, Any]] | None = N
         seed=body.seed,
         ignore_eos=body.ignore_eos,
         reasoning=reasoning,
+        reasoning_effort=effort,
         response_format=text_format(body.text),
     )
 
