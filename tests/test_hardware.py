@@ -80,6 +80,13 @@ def test_bandwidth_of_fp8_experts_counts_packed_bytes() -> None:
     assert bw.expert_bytes == 3 * 128 * 128 + 3 * 4 and bw.cpu_kernel > 0
 
 
+@pytest.mark.parametrize("weights, scale_bytes", [("mxfp4", 64 * 2 + 64 * 1), ("nvfp4", 64 * 8 + 64 * 6)])
+def test_bandwidth_of_fp4_experts_counts_packed_bytes(weights: str, scale_bytes: int) -> None:
+    """FP4 weights: half a byte per weight plus the scale rows (D = 64, I = 32)."""
+    bw = _measure(dataclasses.replace(TINY, hidden=64, inter=32, weights=weights))
+    assert bw.expert_bytes == 3 * 64 * 32 // 2 + scale_bytes and bw.cpu_kernel > 0
+
+
 def test_bandwidth_tiny_sizes_cpu_pool_copies() -> None:
     """device="cpu": fills are memcpy into a CPU slot pool; every copy figure is measured."""
     bw = _measure(dataclasses.replace(TINY, device="cpu", layer_experts=16))

@@ -63,7 +63,7 @@ def test_quantization_config_read() -> None:
     "qc, said",
     [
         ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "uses quantization 'gptq' (4-bit, group 128)"),
-        ({"quant_method": "mxfp4"}, "uses quantization 'mxfp4': not supported yet"),
+        ({"quant_method": "awq", "bits": 4}, "uses quantization 'awq' (4-bit): not supported yet"),
         ({"quant_method": "fp8", "weight_block_size": [64, 64]}, "weight_block_size [64, 64]: only [128, 128]"),
         ({"quant_method": "fp8", "weight_block_size": [1, 128]}, "weight_block_size [1, 128]: only [128, 128]"),
         ({"quant_method": "fp8"}, "one scale per tensor (no weight_block_size): not supported yet"),

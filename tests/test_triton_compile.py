@@ -23,7 +23,7 @@ def test_triton_kernels_compile(arch: int) -> None:
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("the interpreter replaces compilation")
     from freetoken.experts.cpu import stage_triton
-    from freetoken.experts.slots import copy_triton, gemm_fp8_triton, gemm_triton, plan_triton
+    from freetoken.experts.slots import copy_triton, gemm_fp4_triton, gemm_fp8_triton, gemm_triton, plan_triton
     from freetoken.kernels import deltanet_triton, norm_triton, router_triton
     from freetoken.kernels.attention import qkv_rope_triton, triton_decode, triton_prefill
 
@@ -87,6 +87,25 @@ def test_triton_kernels_compile(arch: int) -> None:
             gemm_fp8_triton._down_fp8_kernel,
             {"h": "*fp32", "dn": "*u8", "dns": "*fp32", "y": "*fp32", "wts": "*fp32", **groups},
             {"D": 2048, "I": 768, "BM": 16, "BN": 64, "BK": 64, "DT": 1, "PREC": "tf32"},
+        ),
+        # the FP4 GEMM (MXFP4 = KIND 0, NVFP4 = KIND 1: uint8 weights and scale rows), decode and prefill tiles
+        (
+            gemm_fp4_triton._gate_up_fp4_kernel,
+            {"x": "*bf16", "gu": "*u8", "gus": "*u8", "h": "*fp32", **groups},
+            {"D": 2048, "I": 768, "TOPK": 8, "BM": 16, "BN": 32, "BK": 128, "DT": 1, "PREC": "tf32", "KIND": 1,
+             "SROW": 2048 // 16 + 4},  # fmt: skip
+        ),
+        (
+            gemm_fp4_triton._gate_up_fp4_kernel,
+            {"x": "*bf16", "gu": "*u8", "gus": "*u8", "h": "*fp32", **groups},
+            {"D": 2880, "I": 2880, "TOPK": 4, "BM": 64, "BN": 64, "BK": 64, "DT": 1, "PREC": "tf32", "KIND": 0,
+             "SROW": 2880 // 32},  # fmt: skip
+        ),
+        (
+            gemm_fp4_triton._down_fp4_kernel,
+            {"h": "*fp32", "dn": "*u8", "dns": "*u8", "y": "*fp32", "wts": "*fp32", **groups},
+            {"D": 2048, "I": 768, "BM": 16, "BN": 64, "BK": 64, "DT": 1, "PREC": "tf32", "KIND": 1,
+             "SROW": 768 // 16 + 4},  # fmt: skip
         ),
         (
             stage_triton._stage_kernel,

@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden", type=int, default=2048, help="expert hidden size D (default: Qwen3-30B-A3B)")
     p.add_argument("--inter", type=int, default=768, help="expert intermediate size I")
     p.add_argument("--top-k", type=int, default=8, help="experts per kernel call / per fill batch")
-    p.add_argument("--weights", default="bf16", choices=("bf16", "fp8_block"),
+    p.add_argument("--weights", default="bf16", choices=("bf16", "fp8_block", "mxfp4", "nvfp4"),
                    help="the experts' format: B_H and the copies count its packed bytes")  # fmt: skip
     p.add_argument("--layer-experts", type=int, default=128, help="experts per layer (B_P,layer copy size)")
     p.add_argument("--seconds", type=float, default=1.0, help="measurement window per figure")

@@ -1,5 +1,6 @@
 """Per-layer shapes of the MoE models the benchmarks emulate (routed experts only; bf16, or the checkpoint's
-quantised format for the ``-fp8`` presets: the same shape in fp8 e4m3 with 128x128 block scales).
+quantised format for the ``-fp8`` presets: the same shape in fp8 e4m3 with 128x128 block scales; ``-nvfp4`` and
+``deepseek-v4-flash-experts``: FP4 experts, ``quant/nvfp4.py`` and ``quant/mxfp4.py``).
 
 Synthetic runs keep a preset's per-layer shape exact and may run fewer layers (``--layers``) to fit
 the machine; reports say how many ran.
@@ -89,6 +90,12 @@ PRESETS: dict[str, MoEShape] = {
                  hybrid=HybridShape()),
         MoEShape("qwen3.6-35b-a3b-fp8", 2048, 512, 256, 8, 40, "the FP8 release's experts; e2e: hybrid as above",
                  "fp8_block", HybridShape()),
+        MoEShape("qwen3.6-35b-a3b-nvfp4", 2048, 512, 256, 8, 40, "the NVFP4 release's experts; e2e: hybrid as above",
+                 "nvfp4", HybridShape()),
+        # MoE-only (no model family yet): 43 all-MoE layers, 256 routed experts, top-6, MXFP4 experts as shipped.
+        # D and I are inferred from the 284B total (43 x 256 x 3 x D x I): check them against its config.json
+        MoEShape("deepseek-v4-flash-experts", 4096, 2048, 256, 6, 43, "DeepSeek-V4-Flash's routed experts, MoE only",
+                 "mxfp4"),
         MoEShape("gpt-oss-20b-bf16", 2880, 2880, 32, 4, 24, "bf16 experts (the checkpoint ships MXFP4)"),
         # GLM-4.5/4.6/4.7: 92 layers, the first 3 dense (intermediate 12288); 160 experts + 1 shared; FP8 as shipped
         # (every projection). 12 layers = 3 dense + 9 MoE: 37 GB with the bench's 32000-token vocabulary.

@@ -25,9 +25,10 @@ def random_banks(shape: MoEShape, layers: int, dtype: torch.dtype, seed: int = 0
     banks = ExpertBanks.empty(layers, shape.experts, shape.hidden, shape.inter, dtype, fmt)
     g = torch.Generator().manual_seed(seed)
     n = banks.gate_up.shape[0]
-    gu = (banks.gate_up, banks.gate_up_scale, shape.hidden**-0.5)
-    for bank, scale, std in (gu, (banks.down, banks.down_scale, shape.inter**-0.5)):
-        block = torch.randn((_BLOCK_EXPERTS, *bank.shape[1:]), generator=g) * std
+    D, I = shape.hidden, shape.inter
+    gu = (banks.gate_up, banks.gate_up_scale, (2 * I, D), D**-0.5)
+    for bank, scale, dims, std in (gu, (banks.down, banks.down_scale, (D, I), I**-0.5)):
+        block = torch.randn((_BLOCK_EXPERTS, *dims), generator=g) * std  # unpacked: FP4 banks hold D/2 bytes
         packed, block_scale = fmt.quantize(block) if fmt.quantized else (block.to(dtype), None)
         for start in range(0, n, _BLOCK_EXPERTS):
             stop = min(n, start + _BLOCK_EXPERTS)

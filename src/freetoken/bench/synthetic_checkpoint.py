@@ -1,6 +1,7 @@
 """Write a synthetic Qwen3-MoE checkpoint of a chosen size to disk, shard by shard (bounded memory); with a
 quantised ``fmt`` (a preset's, e.g. ``qwen3-30b-a3b-fp8``) every projection of whole blocks is written packed
-with its scales and ``quantization_config``, as the FP8 releases ship it; with ``hybrid`` a Qwen3.5-MoE
+with its scales and ``quantization_config``, as the FP8 releases ship it (NVFP4: ModelOpt's layout; MXFP4: the
+routed experts only); with ``hybrid`` a Qwen3.5-MoE
 (``synthetic_hybrid.py``: gated DeltaNet and gated attention layers, a shared expert)."""
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ def write_qwen3_moe(
     if fmt == FP8_BLOCK_128:
         cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
                                       "activation_scheme": "dynamic"}  # fmt: skip
+    elif fmt.name == "nvfp4":  # ModelOpt's layout (config.json form): every projection packed
+        cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}
+    elif fmt.name == "mxfp4":  # the routed experts packed, per weight (``weight`` + ``weight_scale``)
+        cfg["quantization_config"] = {"quant_method": "mxfp4"}
     elif fmt.quantized:
         raise ValueError(f"no checkpoint layout for {fmt.name}")
     (directory / "config.json").write_text(json.dumps(cfg, indent=1))
@@ -68,11 +73,12 @@ def write_qwen3_moe(
             return tensors
         out: dict[str, torch.Tensor] = {}
         for k, v in tensors.items():
-            whole = v.dim() == 2 and v.shape[0] % 128 == 0 and v.shape[1] % 128 == 0
+            if fmt.name == "fp8_block":
+                whole = v.dim() == 2 and v.shape[0] % 128 == 0 and v.shape[1] % 128 == 0
+            else:  # FP4: whole groups; MXFP4 releases pack the routed experts only
+                whole = v.dim() == 2 and v.shape[1] % 32 == 0 and (fmt.name == "nvfp4" or ".mlp.experts." in k)
             if k.endswith("proj.weight") and whole and v.dtype != fmt.packed_dtype:  # packed already: as it is
-                q, sc = fmt.quantize(v)
-                assert sc is not None
-                out[k], out[fmt.scale_name(k)] = q, sc
+                out.update(fmt.checkpoint_tensors(k, v))
             else:
                 out[k] = v
         return out
@@ -108,15 +114,16 @@ def write_qwen3_moe(
                 p + "self_attn.k_norm.weight": torch.ones(hd, dtype=dtype),
             }
         one = (rnd(moe_inter, hidden), rnd(moe_inter, hidden), rnd(hidden, moe_inter)) if shared_experts else None
-        one_packed = [fmt.quantize(w) for w in one] if one is not None and fmt.quantized else None  # once a layer
+        # once a layer, under a placeholder name ("W.weight") renamed per expert below
+        one_packed = [fmt.checkpoint_tensors("W.weight", w) for w in one] if one is not None and fmt.quantized else None
         for e in range(num_experts):
             gate, up, down = one or (rnd(moe_inter, hidden), rnd(moe_inter, hidden), rnd(hidden, moe_inter))
             names = [p + f"mlp.experts.{e}.{n}_proj.weight" for n in ("gate", "up", "down")]
             for j, (name, w) in enumerate(zip(names, (gate, up, down))):
-                q, sc = one_packed[j] if one_packed is not None else (w, None)
-                t[name] = q.clone()
-                if sc is not None:
-                    t[fmt.scale_name(name)] = sc.clone()
+                if one_packed is None:
+                    t[name] = w
+                    continue
+                t.update({name[: -len("weight")] + k[2:]: v.clone() for k, v in one_packed[j].items()})
         flush(t, f"model-layer{i:03d}.safetensors")
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index))

@@ -109,6 +109,7 @@ def load_hf_config(directory: str | Path) -> HFConfig:
         raise CheckpointError(f"{path}: missing (not a Hugging Face checkpoint directory)")
     raw = _load_json(path)
     raw = {**raw.get("text_config", {}), **raw} if "text_config" in raw else raw
+    raw = _with_modelopt_config(d, raw)
     archs = raw.get("architectures") or []
     if not archs:
         raise CheckpointError(f"{path}: no 'architectures' entry")
@@ -155,6 +156,18 @@ def load_hf_config(directory: str | Path) -> HFConfig:
         raise CheckpointError(f"{path}: required field {e.args[0]!r} is missing") from None
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: a field has the wrong type ({e})") from None
+
+
+def _with_modelopt_config(directory: Path, raw: dict[str, Any]) -> dict[str, Any]:
+    """A ModelOpt export without ``quantization_config`` in config.json declares it in ``hf_quant_config.json``
+    (``{"quantization": {"quant_algo": ..., "group_size": ...}}``): read as ``quant_method: modelopt``."""
+    if raw.get("quantization_config") or raw.get("compression_config"):
+        return raw
+    extra = _load_json(directory / "hf_quant_config.json")
+    q = extra.get("quantization")
+    if not isinstance(q, dict):
+        return raw
+    return {**raw, "quantization_config": {"quant_method": "modelopt", **q}}
 
 
 def _layer_types(raw: dict[str, Any]) -> tuple[str, ...] | None:

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from freetoken.quant import format_by_name
+from freetoken.quant import WeightFormat, format_by_name
 
 _GB = 1e9
 
@@ -53,7 +53,7 @@ class BandwidthConfig:
     layer_experts: int = 128  # experts in one layer (B_P,layer copy size)
     seconds: float = 1.0  # measurement window per figure
     device: str = "cuda"
-    weights: str = "bf16"  # the experts' format (``quant.format_by_name``): "bf16" or "fp8_block"
+    weights: str = "bf16"  # the experts' format (``quant.format_by_name``): "bf16", "fp8_block", "mxfp4" or "nvfp4"
 
     @property
     def expert_bytes(self) -> int:
@@ -88,20 +88,32 @@ def host_read_gbps(kern: ExpertKernel, nbytes: int, reps: int = 3) -> float:
     return buf.numel() / statistics.median(times) / _GB
 
 
+def _packed_bank(fmt: WeightFormat, n: int, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` experts' ``[rows, cols]`` weights packed in ``fmt``, with scales: a few quantised once and repeated
+    (values do not matter for bandwidth; quantising the whole pool would need it in float first)."""
+    block = min(n, 8)
+    packed, scale = fmt.quantize(torch.empty(block, rows, cols).normal_(0, 0.02))
+    assert scale is not None
+    reps = -(-n // block)
+    bank = packed.view(torch.uint8).repeat(reps, 1, 1)[:n].contiguous().view(packed.dtype)  # fp8 cannot repeat
+    return bank, scale.repeat(reps, *([1] * (scale.dim() - 1)))[:n].contiguous()
+
+
 class KernelLoad:
     """The CPU expert kernel on one token's top-k experts, call after call."""
 
     def __init__(self, kern: ExpertKernel, cfg: BandwidthConfig) -> None:
         n = max(2 * cfg.top_k, cfg.pool_bytes // cfg.expert_bytes)
         # values do not matter for bandwidth; small normals keep activations finite
-        self.gate_up = torch.empty(n, 2 * cfg.inter, cfg.hidden, dtype=torch.bfloat16).normal_(0, 0.02)
-        self.down = torch.empty(n, cfg.hidden, cfg.inter, dtype=torch.bfloat16).normal_(0, 0.02)
         self.scales: tuple[torch.Tensor, torch.Tensor] | None = None
         fmt = format_by_name(cfg.weights)
         if fmt.quantized:  # packed experts: what the pool holds, scales and all
-            (self.gate_up, gs), (self.down, ds) = fmt.quantize(self.gate_up), fmt.quantize(self.down)
-            assert gs is not None and ds is not None
+            self.gate_up, gs = _packed_bank(fmt, n, 2 * cfg.inter, cfg.hidden)
+            self.down, ds = _packed_bank(fmt, n, cfg.hidden, cfg.inter)
             self.scales = (gs, ds)
+        else:
+            self.gate_up = torch.empty(n, 2 * cfg.inter, cfg.hidden, dtype=torch.bfloat16).normal_(0, 0.02)
+            self.down = torch.empty(n, cfg.hidden, cfg.inter, dtype=torch.bfloat16).normal_(0, 0.02)
         self.kern, self.k, self.n, self.expert_bytes = kern, cfg.top_k, n, cfg.expert_bytes
         self.x = torch.randn(1, cfg.hidden)
         self.tok = torch.zeros(cfg.top_k, dtype=torch.int32)

@@ -51,9 +51,9 @@ def _expert_names(reader: SafetensorsReader, hf: HFConfig, family: Family) -> li
     names: list[str] = []
     for li, i in enumerate(hf.moe_layer_ids):
         for name, *_ in expert_reads(w, family, hf, i, li):
-            names.append(name)
+            names.append(w.resolve(name))  # a compressed-tensors ``<name>_packed``
             if w.is_packed(name) and w.layout is not None:
-                names.append(w.layout.scale_name(name))
+                names += w.side_tensors(name)  # its scales (and an NVFP4 per-tensor scale)
     return names
 
 

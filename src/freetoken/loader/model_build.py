@@ -150,7 +150,7 @@ def build_model(
     embed = w.get(n.embed, (V, D))
     tied = hf.tie_word_embeddings or n.lm_head not in w
     lm_head = embed if tied else w.get(n.lm_head, (V, D))
-    scales = [w.layout.scale_name(r[0]) for r in reads if w.is_packed(r[0])] if w.layout is not None else []
+    scales = [s for r in reads if w.is_packed(r[0]) for s in w.side_tensors(r[0])] if w.layout is not None else []
     w.claim([r[0] for r in reads] + scales + ([n.lm_head] if n.lm_head in w else []))  # a tied head's copy is not read
     final_norm = norm(w, family, n.final_norm, (D,))
     w.check_all_used(hf.architecture, skippable)

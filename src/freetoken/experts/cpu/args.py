@@ -9,11 +9,17 @@ from typing import Any
 
 import torch
 
-from freetoken.experts.cpu.reference import ACTIVATIONS
+from freetoken.experts.cpu.reference import ACTIVATIONS, bank_format
 
-FORMATS = {torch.float32: 0, torch.bfloat16: 1, torch.float8_e4m3fn: 2}  # FMT_FP8_BLOCK: with 128x128 block scales
+# bank dtype -> the kernel's format code (FMT_FP8_BLOCK: with 128x128 block scales; uint8: FP4, FMT_MXFP4 = 3 or
+# FMT_NVFP4 = 4 by the scale rows: ``kernel_format``)
+FORMATS = {torch.float32: 0, torch.bfloat16: 1, torch.float8_e4m3fn: 2, torch.uint8: 3}
+_FP4_CODES = {"mxfp4": 3, "nvfp4": 4}
 FP8_BLOCK = 128
-Scales = tuple[torch.Tensor, torch.Tensor]  # (gate_up_scale [N, 2I/128, D/128], down_scale [N, D/128, I/128]) fp32
+FP4_COLS = 32  # FP4 banks: D and I multiples of this
+# fp8: (gate_up_scale [N, 2I/128, D/128], down_scale [N, D/128, I/128]) fp32; FP4: uint8 scale rows
+# ([N, 2I, S(D)], [N, D, S(I)], S(K) = K/32 for MXFP4, K/16 + 4 for NVFP4: quant/mxfp4.py, quant/nvfp4.py)
+Scales = tuple[torch.Tensor, torch.Tensor]
 ERRORS = {
     -1: "the previous batch is still running: call wait() first",
     -2: "bad dimensions or null pointers",
@@ -99,10 +105,11 @@ def check_args(
     N, two_i, _ = gate_up.shape
     if gate_up.dtype != down.dtype:
         raise ValueError(f"gate_up and down must share a dtype, got {gate_up.dtype} and {down.dtype}")
-    if two_i % 2 or two_i == 0 or gate_up.shape[2] != D:
-        raise ValueError(f"gate_up must be [N, 2I, D={D}], got {tuple(gate_up.shape)}")
-    if tuple(down.shape) != (N, D, two_i // 2):
-        raise ValueError(f"down must be [N={N}, D={D}, I={two_i // 2}], got {tuple(down.shape)}")
+    per = 2 if gate_up.dtype == torch.uint8 else 1  # FP4: two weights a byte
+    if two_i % 2 or two_i == 0 or gate_up.shape[2] * per != D:
+        raise ValueError(f"gate_up must be [N, 2I, D={D} / {per}], got {tuple(gate_up.shape)}")
+    if tuple(down.shape) != (N, D, two_i // 2 // per):
+        raise ValueError(f"down must be [N={N}, D={D}, I={two_i // 2} / {per}], got {tuple(down.shape)}")
     R = row.shape[0]
     if tok.shape[0] != R or weight.shape[0] != R:
         raise ValueError(
@@ -124,8 +131,18 @@ def check_args(
 
 
 
+def kernel_format(gate_up: torch.Tensor, scales: Scales | None) -> int:
+    """The kernel's format code of these banks (``FORMATS``; FP4 told apart by its scale rows)."""
+    fmt = bank_format(gate_up, scales)
+    return _FP4_CODES[fmt.name] if fmt is not None and fmt.name in _FP4_CODES else FORMATS[gate_up.dtype]
+
+
 def check_scales(gate_up: torch.Tensor, down: torch.Tensor, scales: Scales | None) -> None:
-    """fp8 banks come with their 128x128 block scales (and D, I whole blocks); other banks with none."""
+    """fp8 banks come with their 128x128 block scales (and D, I whole blocks), FP4 banks with their scale rows (and
+    D, I multiples of 32); other banks with none."""
+    if gate_up.dtype == torch.uint8:
+        _check_fp4_scales(gate_up, scales)
+        return
     fp8 = gate_up.dtype == torch.float8_e4m3fn
     if not fp8:
         if scales is not None:
@@ -142,6 +159,20 @@ def check_scales(gate_up: torch.Tensor, down: torch.Tensor, scales: Scales | Non
         check_tensor(name, t, (torch.float32,), 3)
         if tuple(t.shape) != shape:
             raise ValueError(f"{name} must be {list(shape)}, got {list(t.shape)}")
+
+
+def _check_fp4_scales(gate_up: torch.Tensor, scales: Scales | None) -> None:
+    fmt = bank_format(gate_up, scales)
+    assert fmt is not None and scales is not None  # bank_format refuses uint8 banks without their scales
+    N, two_i, half_d = gate_up.shape
+    D, I = 2 * half_d, two_i // 2
+    if D % FP4_COLS or I % FP4_COLS:
+        raise ValueError(f"{fmt.name} banks need D and I multiples of {FP4_COLS}, got D={D}, I={I}")
+    want = ((N, *fmt.scale_shape(two_i, D)), (N, *fmt.scale_shape(D, I)))
+    for name, t, shape in zip(("gate_up_scale", "down_scale"), scales, want):
+        check_tensor(name, t, (torch.uint8,), 3)
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} must be {list(shape)} ({fmt.name}), got {list(t.shape)}")
 
 
 def scale_ptrs(scales: Scales | None) -> tuple[int | None, int | None]:

@@ -13,7 +13,9 @@
 // weight), and kScaled: whether the operands of a run of rows are scaled first (scaled_operands below).
 // Block-scaled formats decode in load2, in registers, and move the block scale onto the operand: every row of a
 // phase unit lies in one block row, so x (or h) times that row's scales, once per unit, makes every weight's scale
-// multiply go away. mxfp4 / nvfp4 plug in the same way; the phases stay as they are.
+// multiply go away. FP4 formats (FmtFP4) cannot: their scales change along a row and from row to row, so load2
+// decodes 2W e2m1 codes through a 16-entry table shuffle (S::load_e2m1x2: twice the values, small integers, exact)
+// and multiplies each W-half by its group's scale (S::mul, S::set1). The phases stay as they are.
 #pragma once
 
 #include "kernel_api.h"
@@ -54,6 +56,57 @@ struct FmtFP8 {
   static inline Row row(const Bank& bank, int64_t index, int64_t K) { return static_cast<const uint8_t*>(bank.w) + index * K; }
   static inline void load2(Row r, int64_t k, S::vec& a, S::vec& b) { S::load_fp8x2(r + k, a, b); }
   static inline float at(Row r, int64_t k) { return fp8_to_f32(r[k]) * (1.f / 256.f); }
+};
+
+// Scale decode tables of the FP4 formats (this TU's own): e4m3 codes (NVFP4) and e8m0 codes (MXFP4) -> fp32, each
+// times 0.5, which undoes load_e2m1x2's doubling (exact: powers of two).
+struct Fp4ScaleTables {
+  float e4m3[256], e8m0[256];
+  Fp4ScaleTables() {
+    for (int i = 0; i < 256; ++i) {
+      e4m3[i] = fp8_to_f32(static_cast<uint8_t>(i));
+      const uint32_t u = i == 0 ? 0x00400000u : i == 255 ? 0x7F800000u : static_cast<uint32_t>(i) << 23;  // 2^(i-127)
+      __builtin_memcpy(&e8m0[i], &u, 4);
+    }
+  }
+};
+static const Fp4ScaleTables kFp4Scales;
+
+// A FP4 row: its packed bytes, its scale row, and (NVFP4) the tensor's multiplier from the scale row's tail.
+struct Fp4Row {
+  const uint8_t* w;
+  const uint8_t* s;
+  float mult;
+};
+
+// FP4 e2m1 rows (MXFP4: NV = false, e8m0 per 32; NVFP4: NV = true, e4m3 per 16 times the row's multiplier). A
+// group's scale is computed as the reference computes it (e4m3 * multiplier, rounded once), then halved exactly.
+template <bool NV>
+struct FmtFP4 {
+  static constexpr bool kScaled = false;
+  static constexpr int64_t G = NV ? 16 : 32;  // elements per scale
+  using Row = Fp4Row;
+  static inline Row row(const Bank& bank, int64_t index, int64_t K) {
+    const int64_t sb = NV ? K / 16 + 4 : K / 32;  // scale-row bytes
+    Fp4Row r{static_cast<const uint8_t*>(bank.w) + index * (K / 2), static_cast<const uint8_t*>(bank.scale) + index * sb,
+             1.f};
+    if (NV) __builtin_memcpy(&r.mult, r.s + K / 16, 4);
+    return r;
+  }
+  static inline float scale(const Row& r, int64_t k) {
+    if (NV) return (kFp4Scales.e4m3[r.s[k / G]] * r.mult) * 0.5f;
+    return kFp4Scales.e8m0[r.s[k / G]] * 0.5f;
+  }
+  static inline void load2(const Row& r, int64_t k, S::vec& a, S::vec& b) {
+    S::load_e2m1x2(r.w + k / 2, a, b);  // 2W elements from k (k even: whole bytes)
+    a = S::mul(a, S::set1(scale(r, k)));
+    b = S::mul(b, S::set1(scale(r, k + S::W)));
+  }
+  static inline float at(const Row& r, int64_t k) {
+    static constexpr float kTwice[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    const uint8_t byte = r.w[k / 2];
+    return kTwice[(k & 1) ? byte >> 4 : byte & 15] * scale(r, k);
+  }
 };
 
 // res[t] = dot(row[0:K], xs[t][0:K]) for t < NT. Every token owns two accumulators and one scalar
@@ -187,7 +240,7 @@ static inline Operands scaled_operands(const Bank& bank, int64_t first, int64_t 
   if constexpr (!F::kScaled) {
     return in;
   } else {
-    const float* s = bank.scale + (first / kFp8Block) * (K / kFp8Block);
+    const float* s = static_cast<const float*>(bank.scale) + (first / kFp8Block) * (K / kFp8Block);
     float* buf = tl_scale_scratch.get(2 * FT_NT_MAX * K) + half * FT_NT_MAX * K;
     Operands out = in;
     for (int t = 0; t < in.nt; ++t) {
@@ -334,6 +387,8 @@ static uint64_t stream_sum(const uint64_t* p, int64_t words) {
 
 static void phase1_dispatch(const Plan& p, int64_t u) {
   if (p.fmt == FMT_FP8_BLOCK) return phase1<FmtFP8, false>(p, u);
+  if (p.fmt == FMT_MXFP4) return phase1<FmtFP4<false>, false>(p, u);
+  if (p.fmt == FMT_NVFP4) return phase1<FmtFP4<true>, false>(p, u);
 #ifdef FT_DOT_BF16
   if (p.fmt == FMT_BF16 && p.x_hi) return phase1<FmtBF16, true>(p, u);
 #endif
@@ -343,6 +398,8 @@ static void phase1_dispatch(const Plan& p, int64_t u) {
 
 static void phase2_dispatch(const Plan& p, int64_t u) {
   if (p.fmt == FMT_FP8_BLOCK) return phase2<FmtFP8, false>(p, u);
+  if (p.fmt == FMT_MXFP4) return phase2<FmtFP4<false>, false>(p, u);
+  if (p.fmt == FMT_NVFP4) return phase2<FmtFP4<true>, false>(p, u);
 #ifdef FT_DOT_BF16
   if (p.fmt == FMT_BF16 && p.h_hi) return phase2<FmtBF16, true>(p, u);
 #endif

@@ -30,8 +30,8 @@ extern "C" struct FtQueuedArgs {
   int64_t N;
   int32_t fmt, act;
   float* out;                  // [T, D] fp32, fully written (zeros for tokens without routes here)
-  const float* gate_up_scale;  // FMT_FP8_BLOCK: scale banks (see FtMoeArgs); null otherwise
-  const float* down_scale;
+  const void* gate_up_scale;  // FMT_FP8_BLOCK / FP4 formats: scale banks (see FtMoeArgs); null otherwise
+  const void* down_scale;
   const float* gate_up_bias;  // [N, 2I] fp32 or null (see FtMoeArgs)
   uint32_t* ready_flag;  // start once (int32)(*ready_flag - ready_value) >= 0 (mode 0)
   uint32_t ready_value;

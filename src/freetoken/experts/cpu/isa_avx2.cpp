@@ -17,6 +17,8 @@ struct S {
   static inline vec load(const float* p) { return _mm256_loadu_ps(p); }
   static inline vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
   static inline vec add(vec a, vec b) { return _mm256_add_ps(a, b); }
+  static inline vec mul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+  static inline vec set1(float f) { return _mm256_set1_ps(f); }
   static inline float hsum(vec a) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -39,6 +41,17 @@ struct S {
         _mm256_set1_epi16(static_cast<short>(0xBFFF)));
     a = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
     b = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+  }
+  // 8 bytes of e2m1 nibbles (16 codes, low nibble first) -> two fp32 vectors of twice their values: the nibbles
+  // interleaved into element order index a 16-entry table of 2 * e2m1 (small integers) with one byte shuffle.
+  static inline void load_e2m1x2(const uint8_t* p, vec& a, vec& b) {
+    const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i m = _mm_set1_epi8(0x0F);
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    const __m128i idx = _mm_unpacklo_epi8(_mm_and_si128(bytes, m), _mm_and_si128(_mm_srli_epi16(bytes, 4), m));
+    const __m128i v = _mm_shuffle_epi8(lut, idx);
+    a = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+    b = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)));
   }
 };
 }  // namespace avx2

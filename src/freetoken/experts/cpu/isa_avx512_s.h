@@ -10,6 +10,8 @@ struct S {
   static inline vec load(const float* p) { return _mm512_loadu_ps(p); }
   static inline vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
   static inline vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
+  static inline vec mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+  static inline vec set1(float f) { return _mm512_set1_ps(f); }
   // Fixed-order reduction (not _mm512_reduce_add_ps, which trips a GCC 12 -Wuninitialized false alarm).
   static inline float hsum(vec a) {
     const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_castps512_ps256(_mm512_shuffle_f32x4(a, a, 0xEE)));
@@ -32,5 +34,18 @@ struct S {
         _mm512_set1_epi16(static_cast<short>(0xBFFF)));
     a = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
     b = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+  }
+  // 16 bytes of e2m1 nibbles (32 codes) -> two fp32 vectors of twice their values, by one 16-entry table shuffle
+  // over all 32 codes (vpshufb on a ymm: the table in both lanes), as on the AVX2 path (isa_avx2.cpp).
+  static inline void load_e2m1x2(const uint8_t* p, vec& a, vec& b) {
+    const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+                                         0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i m = _mm_set1_epi8(0x0F);
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i lo = _mm_and_si128(bytes, m), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), m);
+    const __m256i idx = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+    const __m256i v = _mm256_shuffle_epi8(lut, idx);
+    a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v)));
+    b = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1)));
   }
 };

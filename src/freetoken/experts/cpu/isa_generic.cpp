@@ -42,6 +42,22 @@ struct S {
     return s;
   }
   static inline float sfma(float a, float b, float c) { return a * b + c; }
+  static inline vec mul(vec a, vec b) {
+    for (int i = 0; i < W; ++i) a.v[i] *= b.v[i];
+    return a;
+  }
+  static inline vec set1(float f) {
+    vec r;
+    for (int i = 0; i < W; ++i) r.v[i] = f;
+    return r;
+  }
+  static inline void load_e2m1x2(const uint8_t* p, vec& a, vec& b) {  // twice the values, as the SIMD paths
+    static constexpr float kTwice[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    for (int i = 0; i < W / 2; ++i) {
+      a.v[2 * i] = kTwice[p[i] & 15], a.v[2 * i + 1] = kTwice[p[i] >> 4];
+      b.v[2 * i] = kTwice[p[W / 2 + i] & 15], b.v[2 * i + 1] = kTwice[p[W / 2 + i] >> 4];
+    }
+  }
   static inline void load_bf16x2(const uint16_t* p, vec& a, vec& b) {
     for (int i = 0; i < W; ++i) a.v[i] = bf16_to_f32(p[i]), b.v[i] = bf16_to_f32(p[W + i]);
   }

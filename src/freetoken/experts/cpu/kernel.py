@@ -21,13 +21,13 @@ import torch
 
 from freetoken.experts.cpu.args import (
     ERRORS,
-    FORMATS,
     MoeArgs,
     QueuedArgs,
     Scales,
     check_args,
     check_bias,
     check_tensor,
+    kernel_format,
     scale_ptrs,
 )
 from freetoken.experts.cpu.reference import ACTIVATIONS, cpu_experts_reference
@@ -211,10 +211,10 @@ class CpuExpertKernel:
                                   gate_up_bias=bias)  # fmt: skip
         else:
             args = MoeArgs(
-                x.data_ptr(), T, D, down.shape[2],
+                x.data_ptr(), T, D, gate_up.shape[1] // 2,
                 tok.data_ptr(), row.data_ptr(), weight.data_ptr(), row.shape[0],
                 gate_up.data_ptr(), down.data_ptr(), gate_up.shape[0],
-                FORMATS[gate_up.dtype], ACTIVATIONS.index(activation), out.data_ptr(), *scale_ptrs(scales),
+                kernel_format(gate_up, scales), ACTIVATIONS.index(activation), out.data_ptr(), *scale_ptrs(scales),
                 bias_ptr,
             )  # fmt: skip
             call = self._lib.ft_moe_run_inline if inline else self._lib.ft_moe_submit
@@ -297,9 +297,9 @@ class CpuExpertKernel:
             if stats.numel() < 4:
                 raise ValueError("stats must hold 4 elements")
         args = QueuedArgs(
-            x.data_ptr(), T, x.shape[1], down.shape[2], codes.data_ptr(), weight.data_ptr(), max(k, 1),
+            x.data_ptr(), T, x.shape[1], gate_up.shape[1] // 2, codes.data_ptr(), weight.data_ptr(), max(k, 1),
             gate_up.data_ptr(), down.data_ptr(), gate_up.shape[0],
-            FORMATS[gate_up.dtype], ACTIVATIONS.index(activation), out.data_ptr(), *scale_ptrs(scales),
+            kernel_format(gate_up, scales), ACTIVATIONS.index(activation), out.data_ptr(), *scale_ptrs(scales),
             check_bias(gate_up, bias),
             ready[0].data_ptr(), ready[1] & 0xFFFFFFFF, done[0].data_ptr(), done[1] & 0xFFFFFFFF,
             None if stats is None else stats.data_ptr(),

@@ -5,7 +5,10 @@
 // N pool rows (eid = layer * E + expert). Banks: gate_up [N, 2I, D] (gate rows, then up rows),
 // down [N, D, I]; weights bf16 (uint16 storage), fp32, or fp8 e4m3 with one fp32 scale per 128x128 block
 // (FMT_FP8_BLOCK: scale banks gate_up_scale [N, 2I/128, D/128], down_scale [N, D/128, I/128]; D and I whole
-// blocks, so a global weight row r's block scales start at scale + (r / 128) * (K / 128)).
+// blocks, so a global weight row r's block scales start at scale + (r / 128) * (K / 128)), or FP4 e2m1 nibbles,
+// two a byte, low nibble first ([N, rows, K/2] bytes) with per-row scale rows: FMT_MXFP4 one e8m0 byte per 32
+// ([N, rows, K/32]); FMT_NVFP4 one e4m3 byte per 16 then the row's fp32 multiplier ([N, rows, K/16 + 4] bytes,
+// quant/nvfp4.py). FP4 needs D and I multiples of 32.
 #pragma once
 
 #include <cstddef>
@@ -15,13 +18,14 @@ namespace ft {
 
 constexpr int64_t kMaxHBlock = 64;  // upper bound of Plan::hblock (stack buffers in phase 1)
 
-enum WeightFormat : int32_t { FMT_F32 = 0, FMT_BF16 = 1, FMT_FP8_BLOCK = 2 };
+enum WeightFormat : int32_t { FMT_F32 = 0, FMT_BF16 = 1, FMT_FP8_BLOCK = 2, FMT_MXFP4 = 3, FMT_NVFP4 = 4 };
+constexpr int64_t kFp4Cols = 32;  // FP4 formats: D and I are multiples of this
 constexpr int64_t kFp8Block = 128;  // FMT_FP8_BLOCK: rows and columns per scale
 
 // One bank of weight rows and, for a block-scaled format, its scales (null otherwise).
 struct Bank {
   const void* w;
-  const float* scale;
+  const void* scale;  // fp32 blocks (FMT_FP8_BLOCK) or scale-row bytes (FP4 formats)
 };
 enum Activation : int32_t { ACT_SILU = 0, ACT_GPTOSS = 1 };
 enum Isa : int32_t { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512BF16 = 3, ISA_COUNT = 4 };

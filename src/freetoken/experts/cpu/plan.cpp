@@ -12,6 +12,9 @@ constexpr int64_t kOBlock = 512;  // output columns per phase-3 unit
 // fp8 rows are half a bf16 row's bytes: twice the rows per unit keep a unit's contiguous runs as long (the
 // prefetcher's ramp per run) and halve the per-unit operand scaling
 constexpr int64_t kHBlockFp8 = 2 * kHBlock, kDBlockFp8 = 2 * kDBlock;
+// FP4 rows are a quarter of a bf16 row's bytes (plus scale rows): four times the rows, for the same reason
+constexpr int64_t kHBlockFp4 = 4 * kHBlock, kDBlockFp4 = 4 * kDBlock;
+static_assert(kHBlockFp4 <= kMaxHBlock, "phase 1 keeps a block of gate/up values on the stack");
 static_assert(kHBlockFp8 <= kMaxHBlock, "phase 1 keeps a block of gate/up values on the stack");
 static_assert(kFp8Block % kHBlockFp8 == 0 && kFp8Block % kDBlockFp8 == 0, "a phase unit's rows share one fp8 block row");
 
@@ -22,9 +25,10 @@ int check(const FtMoeArgs& a) {
     if (a.tok[s] < 0 || a.tok[s] >= a.T) return -3;
     if (a.row[s] < 0 || a.row[s] >= a.N) return -4;
   }
-  if ((a.fmt != FMT_F32 && a.fmt != FMT_BF16 && a.fmt != FMT_FP8_BLOCK) || (a.act != ACT_SILU && a.act != ACT_GPTOSS))
-    return -5;
+  if (a.fmt < FMT_F32 || a.fmt > FMT_NVFP4 || (a.act != ACT_SILU && a.act != ACT_GPTOSS)) return -5;
   if (a.fmt == FMT_FP8_BLOCK && (!a.gate_up_scale || !a.down_scale || a.D % kFp8Block || a.I % kFp8Block)) return -2;
+  const bool fp4 = a.fmt == FMT_MXFP4 || a.fmt == FMT_NVFP4;
+  if (fp4 && (!a.gate_up_scale || !a.down_scale || a.D % kFp4Cols || a.I % kFp4Cols)) return -2;
   return 0;
 }
 
@@ -90,9 +94,9 @@ void PlanBuilder::build_chunk(const FtMoeArgs& a, int64_t t0, int64_t t1, Chunk&
   p.group_row = c.group_row.data(), p.group_start = c.group_start.data();
   p.s_tok = c.s_tok.data(), p.s_w = c.s_w.data();
   p.tok_start = c.tok_start.data(), p.tok_route = c.tok_route.data();
-  const bool fp8 = a.fmt == FMT_FP8_BLOCK;
-  p.hblock = fp8 ? kHBlockFp8 : kHBlock, p.units1 = p.G * ((a.I + p.hblock - 1) / p.hblock);
-  p.dblock = fp8 ? kDBlockFp8 : kDBlock, p.units2 = p.G * ((a.D + p.dblock - 1) / p.dblock);
+  const bool fp8 = a.fmt == FMT_FP8_BLOCK, fp4 = a.fmt == FMT_MXFP4 || a.fmt == FMT_NVFP4;
+  p.hblock = fp4 ? kHBlockFp4 : fp8 ? kHBlockFp8 : kHBlock, p.units1 = p.G * ((a.I + p.hblock - 1) / p.hblock);
+  p.dblock = fp4 ? kDBlockFp4 : fp8 ? kDBlockFp8 : kDBlock, p.units2 = p.G * ((a.D + p.dblock - 1) / p.dblock);
   p.oblock = kOBlock, p.units3 = (t1 - t0) * ((a.D + kOBlock - 1) / kOBlock);
 }
 

@@ -22,8 +22,8 @@ extern "C" struct FtMoeArgs {
   int64_t N;
   int32_t fmt, act;
   float* out;  // [T, D] fp32
-  const float* gate_up_scale;  // FMT_FP8_BLOCK: [N, 2I/128, D/128]; null otherwise
-  const float* down_scale;     // [N, D/128, I/128]
+  const void* gate_up_scale;  // FMT_FP8_BLOCK: fp32 [N, 2I/128, D/128]; FP4: scale rows (kernel_api.h); else null
+  const void* down_scale;     // [N, D/128, I/128] fp32, or FP4 scale rows
   const float* gate_up_bias;   // [N, 2I] fp32 (gate half, then up half); null: no bias
 };
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 # the activations by the kernel's index, defined with the experts' torch reference
 from freetoken.experts.reference import ACTIVATIONS, GPTOSS_ALPHA, GPTOSS_LIMIT, activate
-from freetoken.quant import FP8_BLOCK_128
+from freetoken.quant import FP8_BLOCK_128, MXFP4, NVFP4, WeightFormat
 
 __all__ = ["ACTIVATIONS", "GPTOSS_ALPHA", "GPTOSS_LIMIT", "activate", "cpu_experts_reference"]
 
@@ -25,13 +25,13 @@ def cpu_experts_reference(
     down: torch.Tensor,  # [N, D, I]
     activation: str = "silu",
     out: torch.Tensor | None = None,  # [T, D] float32, overwritten
-    scales: tuple[torch.Tensor, torch.Tensor] | None = None,  # fp8 banks: their 128x128 block scales
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,  # packed banks: their scale banks
     gate_up_bias: torch.Tensor | None = None,  # [N, 2I]: added to gate_up @ x before the activation (gpt-oss)
 ) -> torch.Tensor:
-    """``out[t] = sum over routes s of t: weight[s] * down[row[s]] @ act(gate_up[row[s]] @ x[t])``; fp8 banks
-    dequantised per expert by the format's reference (``quant/fp8_block.py``)."""
+    """``out[t] = sum over routes s of t: weight[s] * down[row[s]] @ act(gate_up[row[s]] @ x[t])``; packed banks
+    dequantised per expert by the format's reference (``quant/``: ``bank_format`` says which)."""
     T, D = x.shape
-    inter = down.shape[2]
+    inter = gate_up.shape[1] // 2
     if out is None:
         out = torch.empty((T, D), dtype=torch.float32)
     out.zero_()
@@ -53,11 +53,29 @@ def cpu_experts_reference(
     return out
 
 
+def bank_format(gate_up: torch.Tensor, scales: tuple[torch.Tensor, torch.Tensor] | None) -> WeightFormat | None:
+    """The packed format of banks as the kernel takes them (None: float banks): fp8 blocks by dtype; the FP4
+    formats (both uint8) by their scale rows' width: D/32 bytes (MXFP4) or D/16 + 4 (NVFP4)."""
+    if gate_up.dtype == torch.float8_e4m3fn:
+        return FP8_BLOCK_128
+    if gate_up.dtype != torch.uint8:
+        return None
+    D = 2 * gate_up.shape[-1]
+    if scales is None or scales[0].dim() != 3:
+        raise ValueError("uint8 (FP4) banks need their scale banks")
+    width = scales[0].shape[-1]
+    if width == MXFP4.scale_shape(1, D)[1]:
+        return MXFP4
+    if width == NVFP4.scale_shape(1, D)[1]:
+        return NVFP4
+    raise ValueError(f"uint8 banks with scale rows of {width} bytes for D={D}: neither mxfp4 nor nvfp4")
+
+
 def _expert(
     gate_up: torch.Tensor, down: torch.Tensor, scales: tuple[torch.Tensor, torch.Tensor] | None, r: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Expert ``r``'s (gate_up, down) in float32."""
-    if scales is None:
+    fmt = bank_format(gate_up, scales)
+    if fmt is None or scales is None:
         return gate_up[r].float(), down[r].float()
-    return (FP8_BLOCK_128.dequantize(gate_up[r], scales[0][r], torch.float32),
-            FP8_BLOCK_128.dequantize(down[r], scales[1][r], torch.float32))  # fmt: skip
+    return fmt.dequantize(gate_up[r], scales[0][r], torch.float32), fmt.dequantize(down[r], scales[1][r], torch.float32)

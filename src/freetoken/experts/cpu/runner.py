@@ -102,7 +102,8 @@ def make_kernel(dtype: torch.dtype, threads: int | None, isa: str = "auto") -> C
     """The C++ expert kernel for banks of ``dtype`` (None for a dtype it does not take) with ``threads``
     computing threads in all: the workers and the thread that runs each batch (the feeder, or the caller of
     ``wait()``), which takes units too. None: ``default_kernel_threads()``."""
-    if dtype not in (torch.float32, torch.bfloat16, torch.float8_e4m3fn):  # fp8: with 128x128 block scales
+    # fp8: with 128x128 block scales; uint8: FP4 (MXFP4 / NVFP4) with their scale rows
+    if dtype not in (torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.uint8):
         return None
     n = default_kernel_threads() if threads is None else threads
     return CpuExpertKernel(num_threads=max(1, n - 1), isa=isa, caller_helps=True, inline_bytes=INLINE_BYTES)

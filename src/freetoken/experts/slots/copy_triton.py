@@ -54,7 +54,8 @@ def as_words(banks: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         return banks
     for t in banks:
         assert (t[0].numel() * t.element_size()) % 4 == 0, "bank rows must be whole int32 words"
-    return tuple(t.view(torch.uint8).view(torch.int32) for t in banks)
+    # rows flattened first: a row's bytes are whole words where its last dimension is not (FP4 scale rows)
+    return tuple(t.view(torch.uint8).reshape(t.shape[0], -1).view(torch.int32) for t in banks)
 
 
 def gather_rows_triton(

@@ -6,8 +6,8 @@ Three implementations of one contract, returning the float32 partial ``[T, D]``:
 - ``gather``: gather each route's weights and batch-matmul; fixed shapes, no sync (decode, torch).
 - ``loop``: one matmul per group, reads the groups on the host (prefill on a GPU without Triton,
   and every step on the CPU, where "host reads" cost nothing).
-- Triton grouped GEMM (``gemm_triton``; quantised slots: ``gemm_fp8_triton``, which dequantises in registers) on
-  CUDA: fixed grid, skips unused groups on the device.
+- Triton grouped GEMM (``gemm_triton``; quantised slots: ``gemm_fp8_triton``, ``gemm_fp4_triton``, which
+  dequantise in registers) on CUDA: fixed grid, skips unused groups on the device.
 Quantised slots (``SlotWeights.fmt``) reach the torch paths dequantised by the format's reference.
 """
 
@@ -88,6 +88,10 @@ def grouped_experts(
 ) -> torch.Tensor:
     """Dispatch: Triton on CUDA, else gather (small steps on CUDA) or loop. Returns [T, D], summed in float32."""
     if use_triton(x) and not (sw.fmt.quantized and sw.act is not None):  # quantised gpt-oss: the torch paths
+        if sw.fmt.name in ("mxfp4", "nvfp4"):
+            from freetoken.experts.slots.gemm_fp4_triton import grouped_experts_fp4
+
+            return grouped_experts_fp4(x, groups, slot, topk_w, sw, max_groups, out_dtype=out_dtype)
         if sw.fmt.quantized:
             from freetoken.experts.slots.gemm_fp8_triton import grouped_experts_fp8_triton
 

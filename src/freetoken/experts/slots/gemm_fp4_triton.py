@@ -1,0 +1,198 @@
+"""Triton grouped expert GEMM over slots holding FP4 weights (MXFP4 or NVFP4, ``quant/mxfp4.py``,
+``quant/nvfp4.py``), dequantised in registers: the grid and route layout of ``gemm_triton.py`` (which says how),
+but each (BK x BN) weight tile loads its packed bytes and scale-row bytes, decodes e2m1 and the group scales with
+integer ops and bitcasts only (no fp8 or fp4 type reaches Triton), multiplies them in float32 as the torch
+reference does (``e2m1 * scale``; NVFP4 ``scale = e4m3 * the row's multiplier``), rounds once to the compute dtype
+and runs the dot. Exact against the reference's dequantised weights; only summation order differs.
+
+Hopper (the GPU box) has no FP4 tensor cores, so this path dequantises; ``grouped_experts_fp4`` is the dispatch
+point where a Blackwell path (native e2m1 operands with block scales) would plug in, taking the same slots.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from freetoken.experts.slots.gemm_triton import BIG_STEP, BM, BM_BIG, GemmTiles, combine_routes, decode_tiles
+from freetoken.experts.slots.plan import RouteGroups
+from freetoken.experts.slots.weights import SlotWeights
+
+COLS = 32  # D and I are multiples of this; reduction tiles too
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_KINDS = {"mxfp4": 0, "nvfp4": 1}
+
+
+@triton.jit
+def _as_dt(v, DT: tl.constexpr):
+    if DT == 0:
+        out = v.to(tl.float32)
+    elif DT == 1:
+        out = v.to(tl.bfloat16)
+    else:
+        out = v.to(tl.float16)
+    return out
+
+
+@triton.jit
+def _bits_f32(u):
+    return u.to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e2m1(code):
+    """e2m1 codes (int32 in [0, 16)) -> float32 values, exactly."""
+    mag = code & 7
+    e = mag >> 1
+    m = mag & 1
+    normal = _bits_f32(((e + 126) << 23) | (m << 22))  # (1 + m/2) * 2^(e - 1)
+    v = tl.where(e == 0, m.to(tl.float32) * 0.5, normal)
+    return tl.where((code & 8) != 0, -v, v)
+
+
+@triton.jit
+def _w_tile(wp, sp, rows, offs_k, rmask, kmask, K: tl.constexpr, KIND: tl.constexpr, DT: tl.constexpr):
+    """The [BK, BN] weight tile of ``rows`` x ``offs_k`` of one slot bank (``wp`` packed bytes [rows, K/2],
+    ``sp`` scale rows) in the compute dtype."""
+    m = kmask[:, None] & rmask[None, :]
+    r = rows[None, :].to(tl.int64)
+    b = tl.load(wp + r * (K // 2) + (offs_k // 2)[:, None], mask=m, other=0).to(tl.int32)
+    code = (b >> ((offs_k & 1) * 4)[:, None]) & 15
+    if KIND == 0:  # MXFP4: e8m0 per 32 -> 2^(s - 127) (code 0: 2^-127, a subnormal)
+        s = tl.load(sp + r * (K // 32) + (offs_k // 32)[:, None], mask=m, other=127).to(tl.int32)
+        scale = _bits_f32(tl.where(s == 0, 0x00400000, s << 23))
+    else:  # NVFP4: e4m3 per 16, times the row's float32 multiplier (the scale row's last 4 bytes)
+        SB: tl.constexpr = K // 16 + 4
+        c = tl.load(sp + r * SB + (offs_k // 16)[:, None], mask=m, other=0).to(tl.int32)
+        ce = (c >> 3) & 15
+        cm = c & 7
+        s8 = tl.where(ce == 0, cm.to(tl.float32) * (1.0 / 512.0), _bits_f32(((ce + 120) << 23) | (cm << 20)))
+        s8 = tl.where((c & 0x80) != 0, -s8, s8)
+        mb = sp + rows.to(tl.int64) * SB + K // 16
+        u = (tl.load(mb, mask=rmask, other=0).to(tl.int32) | (tl.load(mb + 1, mask=rmask, other=0).to(tl.int32) << 8)
+             | (tl.load(mb + 2, mask=rmask, other=0).to(tl.int32) << 16)
+             | (tl.load(mb + 3, mask=rmask, other=0).to(tl.int32) << 24))  # fmt: skip
+        scale = s8 * _bits_f32(u)[None, :]
+    return _as_dt(_e2m1(code) * scale, DT)
+
+
+@triton.jit
+def _gate_up_fp4_kernel(
+    x, gu, gus, h, order, gstart, gcount, gslot, ngroups_ptr,
+    D: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    DT: tl.constexpr, PREC: tl.constexpr, KIND: tl.constexpr, SROW: tl.constexpr,
+):  # fmt: skip
+    g = tl.program_id(0)
+    nt = tl.program_id(1)
+    s = tl.load(gslot + g)
+    if (g < tl.load(ngroups_ptr)) & (s >= 0):
+        start = tl.load(gstart + g)
+        cnt = tl.load(gcount + g)
+        wp = gu + s.to(tl.int64) * (2 * I * (D // 2))
+        sp = gus + s.to(tl.int64) * (2 * I * SROW)
+        offs_n = nt * BN + tl.arange(0, BN)
+        nmask = offs_n < I
+        for m0 in range(0, cnt, BM):
+            rows = m0 + tl.arange(0, BM)
+            mmask = rows < cnt
+            ridx = tl.load(order + start + rows, mask=mmask, other=0)
+            tok = (ridx // TOPK).to(tl.int64)
+            acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+            acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+            for d0 in range(0, D, BK):
+                offs_k = d0 + tl.arange(0, BK)
+                kmask = offs_k < D
+                xa = tl.load(x + tok[:, None] * D + offs_k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
+                wg = _w_tile(wp, sp, offs_n, offs_k, nmask, kmask, D, KIND, DT)
+                wu = _w_tile(wp, sp, I + offs_n, offs_k, nmask, kmask, D, KIND, DT)
+                acc_g += tl.dot(xa, wg, input_precision=PREC)
+                acc_u += tl.dot(xa, wu, input_precision=PREC)
+            hv = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+            hp = h + (start + rows).to(tl.int64)[:, None] * I + offs_n[None, :]
+            tl.store(hp, hv, mask=mmask[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _down_fp4_kernel(
+    h, dn, dns, y, wts, order, gstart, gcount, gslot, ngroups_ptr,
+    D: tl.constexpr, I: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr,
+    PREC: tl.constexpr, KIND: tl.constexpr, SROW: tl.constexpr,
+):  # fmt: skip
+    g = tl.program_id(0)
+    nt = tl.program_id(1)
+    s = tl.load(gslot + g)
+    if (g < tl.load(ngroups_ptr)) & (s >= 0):
+        start = tl.load(gstart + g)
+        cnt = tl.load(gcount + g)
+        wp = dn + s.to(tl.int64) * (D * (I // 2))
+        sp = dns + s.to(tl.int64) * (D * SROW)
+        offs_n = nt * BN + tl.arange(0, BN)
+        nmask = offs_n < D
+        for m0 in range(0, cnt, BM):
+            rows = m0 + tl.arange(0, BM)
+            mmask = rows < cnt
+            ridx = tl.load(order + start + rows, mask=mmask, other=0).to(tl.int64)
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+            for i0 in range(0, I, BK):
+                offs_k = i0 + tl.arange(0, BK)
+                kmask = offs_k < I
+                wd = _w_tile(wp, sp, offs_n, offs_k, nmask, kmask, I, KIND, DT)
+                hp = h + (start + rows).to(tl.int64)[:, None] * I + offs_k[None, :]
+                ha = _as_dt(tl.load(hp, mask=mmask[:, None] & kmask[None, :], other=0.0), DT)
+                acc += tl.dot(ha, wd, input_precision=PREC)
+            w = tl.load(wts + ridx, mask=mmask, other=0.0)
+            yp = y + ridx[:, None] * D + offs_n[None, :]
+            tl.store(yp, acc * w[:, None], mask=mmask[:, None] & nmask[None, :])
+
+
+def grouped_experts_fp4(
+    x: torch.Tensor,
+    groups: RouteGroups,
+    slot: torch.Tensor,
+    topk_w: torch.Tensor,
+    weights: SlotWeights,
+    max_groups: int | None = None,
+    out_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """The FP4 dispatch point: the dequantising Triton kernels (every GPU Triton targets). A Blackwell path (FP4
+    tensor cores) would be chosen here by device capability; none is built."""
+    return grouped_experts_fp4_triton(x, groups, slot, topk_w, weights, max_groups, out_dtype=out_dtype)
+
+
+def grouped_experts_fp4_triton(
+    x: torch.Tensor,  # [T, D] compute dtype
+    groups: RouteGroups,
+    slot: torch.Tensor,  # [K] per group, -1 = not here
+    topk_w: torch.Tensor,  # [T, k]
+    weights: SlotWeights,  # uint8 slots [S+1, 2I, D/2], [S+1, D, I/2] with their uint8 scale rows
+    max_groups: int | None = None,  # distinct experts a step can route to (a layer's E): bounds the grid
+    tiles: GemmTiles | None = None,  # None: decode_tiles(K)
+    out_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:  # [T, D] out_dtype
+    T, k = topk_w.shape
+    K = T * k
+    G = K if max_groups is None else min(K, max_groups)
+    bm = BM if K <= BIG_STEP else BM_BIG
+    D = x.shape[1]
+    I = weights.gate_up.shape[1] // 2
+    kind = _KINDS[weights.fmt.name]
+    t = tiles or decode_tiles(K)
+    assert t.gu_bk % COLS == 0 and t.dn_bk % COLS == 0, f"fp4 reduction tiles must be multiples of {COLS}"
+    assert weights.gate_up_scale is not None and weights.down_scale is not None and D % COLS == 0 and I % COLS == 0
+    srow_gu, srow_dn = weights.gate_up_scale.shape[-1], weights.down_scale.shape[-1]
+    dt = _DTYPES[x.dtype]
+    x = x.contiguous()
+    h = torch.empty((K, I), dtype=torch.float32, device=x.device)
+    y = torch.empty((K, D), dtype=torch.float32, device=x.device)  # rows of unserved routes: never read
+    wts = topk_w.reshape(-1).float().contiguous()
+    ng = groups.n_groups.reshape(1)
+    prec = "ieee" if x.dtype == torch.float32 else "tf32"
+    routes = (groups.order, groups.start, groups.count, slot, ng)
+    common = {"D": D, "I": I, "BM": bm, "DT": dt, "PREC": prec, "KIND": kind}
+    gu = {**common, "BN": t.gu_bn, "BK": t.gu_bk, "SROW": srow_gu, "num_warps": t.gu_warps}
+    dn = {**common, "BN": t.dn_bn, "BK": t.dn_bk, "SROW": srow_dn, "num_warps": t.dn_warps}
+    _gate_up_fp4_kernel[(G, triton.cdiv(I, t.gu_bn))](x, weights.gate_up, weights.gate_up_scale, h, *routes, TOPK=k,
+                                                      **gu)  # fmt: skip
+    _down_fp4_kernel[(G, triton.cdiv(D, t.dn_bn))](h, weights.down, weights.down_scale, y, wts, *routes, **dn)
+    return combine_routes(y, groups, slot, T, k, out_dtype)
