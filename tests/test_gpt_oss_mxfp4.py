@@ -4,7 +4,7 @@ the experts packed, without dequantising (pool, slot and fill bytes are the pack
 equals transformers' own ``Mxfp4Config(dequantize=True)`` load, which runs on the CPU and is the oracle: greedy
 tokens of ``fused``, ``offload``, ``cpu`` and ``hybrid`` at a small cache equal its (fp32) forward's. Bad input is
 refused at load naming the tensor: scales of the wrong shape or dtype, a block size MXFP4 does not have, experts
-mixing formats."""
+mixing formats; scales typed float8_e8m0fnu bank the same bytes as uint8 ones."""
 
 from __future__ import annotations
 
@@ -30,10 +30,24 @@ E, D, I = 8, 64, 32  # the tiny gpt-oss (``tiny_models.make_config("gpt_oss")``)
 PACKED = 2 * I * D // 2 + D * I // 2 + 2 * I * (D // 32) + D * (I // 32)  # an expert: e2m1 pairs + e8m0 bytes
 
 
+def _model(seed: int):
+    """The tiny gpt-oss with sinks that matter and gate/up weights wide enough that the clamp binds on wide inputs
+    (as ``tests/test_reference_gpt_oss.py`` has it)."""
+    model = make_model("gpt_oss", seed)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("sinks"):
+                p.copy_(torch.randn(p.shape, generator=g) + 1.0)
+            elif name.endswith("gate_up_proj"):
+                p.mul_(4.0)
+    return model
+
+
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     d = tmp_path_factory.mktemp("gpt_oss_mxfp4")
-    tensors = write_mxfp4_checkpoint(make_model("gpt_oss", SEED), d)
+    tensors = write_mxfp4_checkpoint(_model(SEED), d)
     ref = load_dequantised(d)
     g = torch.Generator().manual_seed(1000 + SEED)
     prompts = [torch.randint(3, 512, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
@@ -97,6 +111,24 @@ def test_greedy_tokens_equal_the_dequantised_model(ckpt, backend, cache, fill) -
         assert stats["expert_cpu_runs"] > 0
 
 
+@pytest.mark.parametrize("backend,cache,fill", BACKENDS)
+def test_moe_layer_matches_transformers_where_the_clamp_binds(ckpt, backend, cache, fill) -> None:
+    """Layer 0's MoE part on wide inputs (the activation's clamps bind): transformers' ``GptOssMLP`` over its
+    dequantised experts is the oracle."""
+    d, _, ref, _, _ = ckpt
+    llm = _llm(d, backend, cache, fill)
+    moe = llm.engine.setup.loaded.model.layers[0].ffn
+    mlp = ref.model.layers[0].mlp
+    x = torch.randn((12, D), generator=torch.Generator().manual_seed(7)) * 3.0
+    with torch.no_grad():
+        want = mlp(x[None])[0][0]
+        gu = torch.einsum("td,edf->tef", x, mlp.experts.gate_up_proj) + mlp.experts.gate_up_proj_bias
+    assert float(gu[..., 0::2].max()) > 7.0 and float(gu[..., 1::2].abs().max()) > 7.0  # the clamps bind
+    llm.engine.setup.loaded.backend.begin_step(12, False)
+    got = moe.forward(x)
+    torch.testing.assert_close(got, want, atol=1e-4 * max(1.0, float(want.abs().max())), rtol=0)
+
+
 @pytest.mark.parametrize("backend", ["offload", "hybrid"])
 def test_pool_and_slot_bytes_are_packed_bytes(ckpt, backend: str) -> None:
     """An expert in the pool, in a slot and in a fill is 2I x D/2 + D x I/2 bytes of e2m1 pairs and a byte per 32."""
@@ -151,3 +183,14 @@ def test_ftw_holds_the_packed_banks(ckpt, tmp_path) -> None:
     assert banks is not None and banks.gate_up.dtype == torch.uint8 and banks.gate_up_bias is not None
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True))
     assert [o.token_ids for o in outs] == [r.tokens for r in runs]
+
+
+def test_e8m0_typed_scales_bank_the_same_bytes(ckpt, tmp_path) -> None:
+    """Scales stored as ``float8_e8m0fnu`` (safetensors F8_E8M0) rather than uint8: the same bank bytes."""
+    d, tensors, _, _, _ = ckpt
+    shutil.copytree(d, tmp_path / "e8m0")
+    rewrite(tmp_path / "e8m0", {n: t.view(torch.float8_e8m0fnu) for n, t in tensors.items() if n.endswith("_scales")})
+    a, b = _llm(d).engine.setup.loaded.banks, _llm(tmp_path / "e8m0").engine.setup.loaded.banks
+    assert a is not None and b is not None and b.gate_up_scale is not None and a.gate_up_scale is not None
+    assert torch.equal(a.gate_up_scale, b.gate_up_scale) and torch.equal(a.gate_up, b.gate_up)
+    assert b.gate_up_scale.dtype == torch.uint8
