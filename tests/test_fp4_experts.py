@@ -1,6 +1,7 @@
 """Routed experts in MXFP4 and NVFP4 through the grouped GEMM: the torch paths and the FP4 Triton kernels (decode
 and prefill tile sizes, through Triton's interpreter on the CPU; on CUDA on the GPU box) against the torch
-reference on the dequantised banks (``ExpertBanks.dequantized``), and the fill kernel copying FP4 banks."""
+reference on the dequantised banks (``ExpertBanks.dequantized``), gpt-oss's biases and clamped activation included,
+and the fill kernel copying FP4 banks."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 
 from devices import TRITON_INTERPRETER
 from freetoken.experts.base import ExpertBanks
-from freetoken.experts.reference import moe_reference
+from freetoken.experts.reference import ExpertAct, moe_reference
 from freetoken.experts.slots.gemm import grouped_experts, grouped_experts_gather, grouped_experts_loop
 from freetoken.experts.slots.plan import group_routes
 from freetoken.experts.slots.weights import SlotWeights
@@ -28,10 +29,12 @@ def make_fp4_banks(fmt: WeightFormat, L: int, E: int, seed: int) -> ExpertBanks:
     return ExpertBanks(gu, dn, L, E, fmt=fmt, gate_up_scale=gus, down_scale=dns)
 
 
-def _fp4_case(fmt: WeightFormat, T: int, E: int, seed: int, device: str = "cpu"):
+def _fp4_case(fmt: WeightFormat, T: int, E: int, seed: int, device: str = "cpu", gptoss: bool = False):
+    """gptoss: gate/up biases by eid and the clamped activation, inputs wide enough that its clamps bind."""
     g = torch.Generator().manual_seed(seed)
     banks = make_fp4_banks(fmt, 1, E, seed)
-    x = torch.randn(T, D, generator=g)
+    x = torch.randn(T, D, generator=g) * (6.0 if gptoss else 1.0)
+    act = ExpertAct("gptoss", torch.randn(E, 2 * I, generator=g).to(device)) if gptoss else None
     ids = torch.rand(T, E, generator=g).argsort(dim=1)[:, :K_TOP]
     w = torch.softmax(torch.randn(T, K_TOP, generator=g), dim=-1)
     groups = group_routes(ids.reshape(-1), E)
@@ -39,11 +42,15 @@ def _fp4_case(fmt: WeightFormat, T: int, E: int, seed: int, device: str = "cpu")
     slot = torch.where(torch.arange(T * K_TOP) % 3 == 2, -1, groups.eid.clamp(max=E - 1))
     slot = torch.where(groups.valid, slot, -1)
     parts = [torch.cat([t, torch.zeros_like(t[:1])]) for t in banks.tensors()]
-    sw = SlotWeights(*(p.to(device) for p in parts[:2]), fmt, *(p.to(device) for p in parts[2:]))
+    sw = SlotWeights(*(p.to(device) for p in parts[:2]), fmt, *(p.to(device) for p in parts[2:]), act)
     on = slot[groups.route_group] >= 0
     w_on = torch.where(on.view(T, K_TOP), w, torch.zeros_like(w))
     gu, dn = banks.dequantized(slice(None), torch.float32)
-    ref = moe_reference(x, ids, w_on, gu, dn).float()
+    ref = moe_reference(x, ids, w_on, gu, dn, None if act is None else ExpertAct("gptoss", act.gate_up_bias.cpu()))
+    if gptoss:  # the clamps bind: gate above 7, up outside [-7, 7], on some routes
+        pre = torch.einsum("td,efd->tef", x, gu) + act.gate_up_bias.cpu()
+        assert float(pre[..., :I].max()) > 7.0 and float(pre[..., I:].abs().max()) > 7.0
+    ref = ref.float()
     dev = torch.device(device)
     return x.to(dev), group_routes(ids.reshape(-1).to(dev), E), slot.to(dev), w.to(dev), sw, ref.to(dev)
 
@@ -75,13 +82,34 @@ def test_fp4_triton_kernels_in_interpreter(fmt: str, T: int) -> None:
         assert torch.equal(d[2], s[3]) and torch.equal(d[0], s[7]) and int(d[5].sum()) == 0
 
 
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_fp4_gpt_oss_torch_paths(fmt: str) -> None:
+    x, groups, slot, w, sw, ref = _fp4_case(FORMATS[fmt], 5, 12, seed=4, gptoss=True)
+    for fn in (grouped_experts_gather, grouped_experts_loop):
+        torch.testing.assert_close(fn(x, groups, slot, w, sw), ref, rtol=1e-5, atol=1e-4)
+
+
+@TRITON_INTERPRETER
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("T", [1, 5, 300])
+def test_fp4_triton_gpt_oss_in_interpreter(fmt: str, T: int) -> None:
+    """gpt-oss's gate/up biases (by eid) and clamped activation in the FP4 kernel: decode and prefill tiles."""
+    from freetoken.experts.slots.gemm_fp4_triton import grouped_experts_fp4_triton
+
+    x, groups, slot, w, sw, ref = _fp4_case(FORMATS[fmt], T, 12, seed=10 + T, gptoss=True)
+    out = grouped_experts_fp4_triton(x, groups, slot, w, sw, 12)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("T", [1, 5, 40, 600])
-def test_fp4_triton_gemm_cuda(fmt: str, T: int) -> None:
-    """On the GPU: fp32 compute equals the reference; bf16 compute stays within bf16 rounding of it."""
-    x, groups, slot, w, sw, ref = _fp4_case(FORMATS[fmt], T, 12, seed=T, device="cuda")
+@pytest.mark.parametrize("gptoss", [False, True])
+def test_fp4_triton_gemm_cuda(fmt: str, T: int, gptoss: bool) -> None:
+    """On the GPU: fp32 compute equals the reference; bf16 compute stays within bf16 rounding of it; gpt-oss's
+    experts stay on the FP4 kernel (the dispatch no longer falls back to torch for them)."""
+    x, groups, slot, w, sw, ref = _fp4_case(FORMATS[fmt], T, 12, seed=T, device="cuda", gptoss=gptoss)
     out = grouped_experts(x, groups, slot, w, sw, 12)  # the dispatch takes the FP4 Triton kernel
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     out16 = grouped_experts(x.bfloat16(), groups, slot, w, sw, 12)

@@ -4,7 +4,8 @@ MoE layers alone on the same backend in the same process.
 ``ft bench e2e`` (``python -m freetoken.bench.e2e``). Writes (or reuses) a synthetic checkpoint whose
 ``qwen3-30b-a3b`` preset is the model of ``bench/gpu/make_gguf.py`` (32 heads, 4 KV
 heads, head dim 128, vocab 32000; every layer real; ``qwen3.6-35b-a3b``: its own hybrid layers, 3 gated DeltaNet
-to 1 gated attention, and shared expert, vocab 32000), or takes ``--model DIR`` (``--model default``: the
+to 1 gated attention, and shared expert, vocab 32000; ``gpt-oss-20b``: gpt-oss itself, MXFP4 experts as shipped,
+sinks, windows and its own vocabulary, ``synthetic_gpt_oss.py``), or takes ``--model DIR`` (``--model default``: the
 embedded model). Per CPU-thread count, policy and batch size: B requests with random prompts decode
 greedily through ``LLM``'s engine; the timed tokens are those after a warm-up (which includes the CUDA
 graph captures). ``--prefill`` / ``--itl-prompt``: time to first token of long prompts and running streams'
@@ -70,8 +71,15 @@ def checkpoint(args: argparse.Namespace) -> Path:
     shape = get_preset(args.preset)
     cache = Path(env().cache_dir)
     layers = args.layers or shape.e2e_layers
-    d = Path(args.dir) if args.dir else cache / "bench" / f"{shape.name}-{layers}layers-v2"
-    if not (d / "model.safetensors.index.json").exists() and shape.frontier is not None:
+    kind = "gptoss" if shape.gpt_oss is not None else "v2"  # gpt-oss presets were Qwen3-MoE-shaped under "v2"
+    d = Path(args.dir) if args.dir else cache / "bench" / f"{shape.name}-{layers}layers-{kind}"
+    if not (d / "model.safetensors.index.json").exists() and shape.gpt_oss is not None:
+        from freetoken.bench.synthetic_gpt_oss import write_gpt_oss
+
+        t0 = time.perf_counter()
+        written = write_gpt_oss(d, shape, layers, None, ATTENTION["max_positions"], EMBED_STD, shape.fmt)
+        print(f"# wrote {d} ({written / 1e9:.1f} GB) in {time.perf_counter() - t0:.0f} s", flush=True)
+    elif not (d / "model.safetensors.index.json").exists() and shape.frontier is not None:
         from freetoken.bench.synthetic_frontier import write_frontier
 
         t0, a = time.perf_counter(), ATTENTION

@@ -1,6 +1,6 @@
 """Per-layer shapes of the MoE models the benchmarks emulate (routed experts only; bf16, or the checkpoint's
 quantised format for the ``-fp8`` presets: the same shape in fp8 e4m3 with 128x128 block scales; ``-nvfp4`` and
-``deepseek-v4-flash-experts``: FP4 experts, ``quant/nvfp4.py`` and ``quant/mxfp4.py``).
+``deepseek-v4-flash-experts``, ``gpt-oss-20b``: FP4 experts, ``quant/nvfp4.py`` and ``quant/mxfp4.py``).
 
 Synthetic runs keep a preset's per-layer shape exact and may run fewer layers (``--layers``) to fit
 the machine; reports say how many ran.
@@ -50,6 +50,18 @@ class FrontierShape:
     rope_theta: float = 1e6
 
 
+@dataclass(frozen=True)
+class GptOssShape:
+    """The rest of gpt-oss as its config ships it (``bench/synthetic_gpt_oss.py`` writes such a checkpoint):
+    attention with biases and sinks, sliding-window layers alternating with full ones, its vocabulary."""
+
+    heads: int = 64
+    kv_heads: int = 8
+    head_dim: int = 64
+    window: int = 128
+    vocab: int = 201088
+
+
 GLM_4_7 = FrontierShape("glm4_moe", 96, 8, 128, 0.5, dense_layers=3, dense_inter=12288, shared_experts=1, scale=2.5)
 MINIMAX_M2 = FrontierShape("minimax_m2", 48, 8, 128, 0.5, rope_theta=5e6)  # rotary_dim 64 of 128
 
@@ -66,6 +78,7 @@ class MoEShape:
     weights: str = "bf16"  # the routed experts' format (``quant.format_by_name``)
     hybrid: HybridShape | None = None  # synthetic checkpoints: a Qwen3.5-MoE with these mixers (None: Qwen3-MoE)
     frontier: FrontierShape | None = None  # synthetic checkpoints: that family's own layers instead
+    gpt_oss: GptOssShape | None = None  # synthetic checkpoints: a gpt-oss (its experts in ``weights``)
     e2e_layers: int = 12  # ``ft bench e2e``'s synthetic layers when --layers is not given (dense layers count)
 
     @property
@@ -96,7 +109,12 @@ PRESETS: dict[str, MoEShape] = {
         # D and I are inferred from the 284B total (43 x 256 x 3 x D x I): check them against its config.json
         MoEShape("deepseek-v4-flash-experts", 4096, 2048, 256, 6, 43, "DeepSeek-V4-Flash's routed experts, MoE only",
                  "mxfp4"),
-        MoEShape("gpt-oss-20b-bf16", 2880, 2880, 32, 4, 24, "bf16 experts (the checkpoint ships MXFP4)"),
+        # gpt-oss-20b: 24 layers, all MoE, 32 experts of 2880, top-4; MXFP4 experts as shipped (14 GB with its
+        # 201088-token vocabulary: every layer fits); the bf16 one is the same model with bf16 experts
+        MoEShape("gpt-oss-20b", 2880, 2880, 32, 4, 24, "gpt-oss-20b as shipped: MXFP4 experts, sinks, windows",
+                 "mxfp4", gpt_oss=GptOssShape(), e2e_layers=24),
+        MoEShape("gpt-oss-20b-bf16", 2880, 2880, 32, 4, 24, "bf16 experts (the checkpoint ships MXFP4)",
+                 gpt_oss=GptOssShape()),
         # GLM-4.5/4.6/4.7: 92 layers, the first 3 dense (intermediate 12288); 160 experts + 1 shared; FP8 as shipped
         # (every projection). 12 layers = 3 dense + 9 MoE: 37 GB with the bench's 32000-token vocabulary.
         MoEShape("glm-4.7", 5120, 1536, 160, 8, 89, "GLM-4.7-FP8: 3 dense layers first, 96 heads, 8 KV heads",

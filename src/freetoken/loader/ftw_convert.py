@@ -24,6 +24,7 @@ from freetoken.checkpoint.safetensors_io import SafetensorsReader
 from freetoken.checkpoint.weights import CheckpointWeights
 from freetoken.experts.base import ExpertBackend, ExpertBanks
 from freetoken.loader.model_build import build_model, weight_format
+from freetoken.models import gpt_oss
 from freetoken.models.base import Family
 from freetoken.models.blocks import expert_reads
 from freetoken.models.registry import get_family
@@ -50,7 +51,8 @@ def _expert_names(reader: SafetensorsReader, hf: HFConfig, family: Family) -> li
     w = CheckpointWeights(reader, torch.device("cpu"), torch.float32, weight_format(reader, hf))
     names: list[str] = []
     for li, i in enumerate(hf.moe_layer_ids):
-        for name, *_ in expert_reads(w, family, hf, i, li):
+        reads = gpt_oss.expert_reads(w, hf, i, li) if family.gpt_oss_experts else expert_reads(w, family, hf, i, li)
+        for name, *_ in reads:
             names.append(w.resolve(name))  # a compressed-tensors ``<name>_packed``
             if w.is_packed(name) and w.layout is not None:
                 names += w.side_tensors(name)  # its scales (and an NVFP4 per-tensor scale)

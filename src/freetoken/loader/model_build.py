@@ -132,7 +132,7 @@ def build_model(
             ffn = moe_parts(w, family, hf, i)
             if family.gpt_oss_experts:
                 ffn.gate_up_bias, ffn.down_bias = gpt_oss.expert_biases(w, hf, i)
-                reads += [(*r, ()) for r in gpt_oss.expert_reads(hf, i, moe_ids.index(i))] if ftw is None else []
+                reads += gpt_oss.expert_reads(w, hf, i, moe_ids.index(i)) if ftw is None else []
             else:
                 reads += expert_reads(w, family, hf, i, moe_ids.index(i)) if ftw is None else []
         else:
@@ -164,11 +164,12 @@ def build_model(
         banks = ExpertBanks.empty(len(moe_ids), hf.num_experts, D, hf.moe_intermediate_size, dtype, efmt)
         banks.top_k = hf.top_k
         for name, bank, index, shape, scale_index in reads:
-            if efmt.quantized:
-                scale_bank = getattr(banks, bank + "_scale")
+            scale_bank = getattr(banks, bank + "_scale")
+            if family.gpt_oss_experts:  # MXFP4 blocks or float, gate/up interleaved
+                scale_rows = None if scale_bank is None else scale_bank[scale_index]
+                gpt_oss.read_expert_bank(w, name, bank, getattr(banks, bank)[index], shape, scale_rows)
+            elif efmt.quantized:
                 w.read_packed_into(name, getattr(banks, bank)[index], scale_bank[scale_index], shape)
-            elif family.gpt_oss_experts:
-                gpt_oss.read_expert_bank(w, name, bank, getattr(banks, bank)[index], shape)
             else:
                 w.read_into(name, getattr(banks, bank)[index], shape)
         _gated_experts(banks, family, [p[3] for p in parts])

@@ -6,7 +6,13 @@ The routed experts are stored transposed with gate and up interleaved: ``gate_up
 j, 2j + 1 is up j), ``gate_up_proj_bias`` [E, 2I] likewise, ``down_proj`` [E, I, D], ``down_proj_bias`` [E, D]. They
 are banked in the engine's layout (``gate_up[eid]`` [2I, D], gate rows then up rows; ``down[eid]`` [D, I]), the gate/up
 biases beside the banks (``ExpertBanks.gate_up_bias``) and the down biases on the MoE layer (``layers/moe.py``).
-This file holds bf16 (or float) experts; MXFP4 ones (``*_blocks`` / ``*_scales``) are the FP4 formats' part.
+
+As shipped (``quant_method: mxfp4``) the experts are MXFP4, already in [out, in] orientation: ``gate_up_proj_blocks``
+[E, 2I, D/32, 16] uint8 (rows interleaved as above; 16 bytes = 32 e2m1 codes a block, the even element in the low
+nibble), ``gate_up_proj_scales`` [E, 2I, D/32] uint8 (e8m0, bias 127), ``down_proj_blocks`` [E, D, I/32, 16],
+``down_proj_scales`` [E, D, I/32] (transformers' ``integrations/mxfp4.py``). They are banked packed, as they are:
+the blocks' last two dimensions flattened into the bank's bytes, gate/up rows de-interleaved in the bytes and in
+the scales alike; no weight is dequantised (``quant/mxfp4.py``'s bank layout is the same bytes).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import torch
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.hf_config import HFConfig
 from freetoken.checkpoint.weights import CheckpointWeights
+from freetoken.errors import FreeTokenError
 from freetoken.experts.reference import GPTOSS_ALPHA, GPTOSS_LIMIT
 from freetoken.models.base import Family, Naming
 
@@ -57,17 +64,38 @@ def expert_biases(w: CheckpointWeights, hf: HFConfig, i: int) -> tuple[torch.Ten
     return gate_up.contiguous(), w.get(p + "down_proj_bias", (E, D))
 
 
-def expert_reads(hf: HFConfig, i: int, li: int) -> list[tuple[str, str, tuple[slice], tuple[int, ...]]]:
-    """(tensor, bank, bank rows, stored shape) of layer ``i``'s routed experts, banked at rows [li*E, (li+1)*E)."""
+ExpertRead = tuple[str, str, tuple[slice], tuple[int, ...], tuple[slice]]
+
+
+def expert_reads(w: CheckpointWeights, hf: HFConfig, i: int, li: int) -> list[ExpertRead]:
+    """(tensor, bank, bank rows, stored shape, scale bank rows) of layer ``i``'s routed experts, banked at rows
+    [li*E, (li+1)*E): ``<name>_blocks`` where the checkpoint has it (MXFP4, shape: the unpacked [out, in]), else the
+    float tensor (shape: as stored, [in, out])."""
     p = FAMILY.naming.layer.format(i=i) + FAMILY.naming.moe
     E, D, I = hf.num_experts, hf.hidden_size, hf.moe_intermediate_size
     rows = (slice(li * E, (li + 1) * E),)
     gate_up, down = FAMILY.naming.fused_experts
-    return [(p + gate_up, "gate_up", rows, (E, D, 2 * I)), (p + down, "down", rows, (E, I, D))]
+    reads: list[ExpertRead] = []
+    for name, bank, stored, packed in ((gate_up, "gate_up", (E, D, 2 * I), (E, 2 * I, D)),
+                                       (down, "down", (E, I, D), (E, D, I))):  # fmt: skip
+        blocks = p + name + "_blocks"
+        reads.append((blocks, bank, rows, packed, rows) if blocks in w else (p + name, bank, rows, stored, rows))
+    return reads
 
 
-def read_expert_bank(w: CheckpointWeights, name: str, bank: str, dst: torch.Tensor, shape: tuple[int, ...]) -> None:
-    """One layer's stored experts into its bank rows ``dst`` ([E, 2I, D] or [E, D, I]): transposed, gate/up split."""
+def read_expert_bank(
+    w: CheckpointWeights,
+    name: str,
+    bank: str,
+    dst: torch.Tensor,
+    shape: tuple[int, ...],
+    scale_dst: torch.Tensor | None = None,
+) -> None:
+    """One layer's stored experts into its bank rows ``dst`` ([E, 2I, D] or [E, D, I]): transposed, gate/up split;
+    MXFP4 blocks (``scale_dst``: the scale bank's rows) kept packed."""
+    if scale_dst is not None:
+        _read_packed(w, name, bank, dst, scale_dst, shape)
+        return
     got = w.reader.shape(name)
     if got != shape:
         raise CheckpointError(
@@ -76,3 +104,41 @@ def read_expert_bank(w: CheckpointWeights, name: str, bank: str, dst: torch.Tens
     t = w.reader.read(name, dst.dtype)
     dst.copy_(deinterleave(t).transpose(1, 2) if bank == "gate_up" else t.transpose(1, 2))
     w.claim([name])
+
+
+def _read_packed(
+    w: CheckpointWeights, name: str, bank: str, dst: torch.Tensor, scale_dst: torch.Tensor, shape: tuple[int, ...]
+) -> None:
+    """MXFP4 ``<x>_blocks`` [E, rows, cols/32, 16] and ``<x>_scales`` [E, rows, cols/32] (``shape``: [E, rows, cols])
+    into packed bank rows ``dst`` [E, rows, cols/2] and ``scale_dst`` [E, rows, cols/32], gate/up de-interleaved.
+    Shapes and dtypes are refused naming the tensor (the scales' were checked with the headers)."""
+    where = w.reader.directory
+    if w.layout is None or w.layout.name != "mxfp4":
+        fmt = w.layout.name if w.layout is not None else "no quantization_config"
+        raise CheckpointError(f"{where}: tensor {name} holds MXFP4 blocks, but the checkpoint declares {fmt}")
+    got = tuple(w.reader.shape(name))
+    E, rows, cols = shape
+    if len(got) == 4 and got[:2] == (E, rows) and got[2] * got[3] * 2 == cols and got[3] != _BLOCK_BYTES:
+        raise CheckpointError(f"{where}: tensor {name} has blocks of {got[3] * 2} elements; mxfp4 has blocks of "
+                              f"{_BLOCK_BYTES * 2}")  # fmt: skip
+    want = (E, rows, cols // (_BLOCK_BYTES * 2), _BLOCK_BYTES)
+    if got != want:
+        raise CheckpointError(f"{where}: tensor {name} has shape {list(got)}, expected {list(want)} from config.json")
+    scale_name = w.layout.scale_name(name)
+    want_s = want[:-1]
+    if tuple(w.reader.shape(scale_name)) != want_s:
+        raise CheckpointError(f"{where}: scale tensor {scale_name} has shape {list(w.reader.shape(scale_name))}, "
+                              f"expected {list(want_s)} for {name}")  # fmt: skip
+    blocks = w.reader.read(name).view(torch.uint8).reshape(E, rows, cols // 2)
+    try:
+        scales = w.layout.bank_scale(w.reader.read(scale_name))
+    except FreeTokenError as exc:  # quant/'s QuantizationError: a scale dtype mxfp4 does not have
+        raise CheckpointError(f"{where}: scales of {name}: {exc}") from exc
+    if bank == "gate_up":  # interleaved rows (2j gate j, 2j + 1 up j) -> gate rows, then up rows
+        blocks, scales = (torch.cat((t[:, 0::2], t[:, 1::2]), dim=1) for t in (blocks, scales))
+    dst.copy_(blocks)
+    scale_dst.copy_(scales.view(scale_dst.shape))
+    w.claim([name, scale_name])
+
+
+_BLOCK_BYTES = 16  # an MXFP4 block: 32 e2m1 codes, two a byte

@@ -87,11 +87,11 @@ def grouped_experts(
     out_dtype: torch.dtype = torch.float32,  # the sum's dtype (the Triton kernels cast in their combine launch)
 ) -> torch.Tensor:
     """Dispatch: Triton on CUDA, else gather (small steps on CUDA) or loop. Returns [T, D], summed in float32."""
-    if use_triton(x) and not (sw.fmt.quantized and sw.act is not None):  # quantised gpt-oss: the torch paths
-        if sw.fmt.name in ("mxfp4", "nvfp4"):
-            from freetoken.experts.slots.gemm_fp4_triton import grouped_experts_fp4
+    if use_triton(x) and sw.fmt.name in ("mxfp4", "nvfp4"):  # gpt-oss's biases and activation included
+        from freetoken.experts.slots.gemm_fp4_triton import grouped_experts_fp4
 
-            return grouped_experts_fp4(x, groups, slot, topk_w, sw, max_groups, out_dtype=out_dtype)
+        return grouped_experts_fp4(x, groups, slot, topk_w, sw, max_groups, out_dtype=out_dtype)
+    if use_triton(x) and not (sw.fmt.quantized and sw.act is not None):  # FP8 gpt-oss: the torch paths
         if sw.fmt.quantized:
             from freetoken.experts.slots.gemm_fp8_triton import grouped_experts_fp8_triton
 

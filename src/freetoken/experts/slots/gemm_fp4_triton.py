@@ -3,7 +3,9 @@
 but each (BK x BN) weight tile loads its packed bytes and scale-row bytes, decodes e2m1 and the group scales with
 integer ops and bitcasts only (no fp8 or fp4 type reaches Triton), multiplies them in float32 as the torch
 reference does (``e2m1 * scale``; NVFP4 ``scale = e4m3 * the row's multiplier``), rounds once to the compute dtype
-and runs the dot. Exact against the reference's dequantised weights; only summation order differs.
+and runs the dot. Exact against the reference's dequantised weights; only summation order differs. gpt-oss's experts
+(``SlotWeights.act``) add the gate/up biases of the group's eid to the float32 accumulators, then take the clamped
+activation, as ``gemm_triton.py`` does for bf16 slots (the same ``gated_activation``).
 
 Hopper (the GPU box) has no FP4 tensor cores, so this path dequantises; ``grouped_experts_fp4`` is the dispatch
 point where a Blackwell path (native e2m1 operands with block scales) would plug in, taking the same slots.
@@ -15,7 +17,16 @@ import torch
 import triton
 import triton.language as tl
 
-from freetoken.experts.slots.gemm_triton import BIG_STEP, BM, BM_BIG, GemmTiles, combine_routes, decode_tiles
+from freetoken.experts.reference import ExpertAct
+from freetoken.experts.slots.gemm_triton import (
+    BIG_STEP,
+    BM,
+    BM_BIG,
+    GemmTiles,
+    combine_routes,
+    decode_tiles,
+    gated_activation,
+)
 from freetoken.experts.slots.plan import RouteGroups
 from freetoken.experts.slots.weights import SlotWeights
 
@@ -79,9 +90,11 @@ def _w_tile(wp, sp, rows, offs_k, rmask, kmask, K: tl.constexpr, KIND: tl.conste
 
 @triton.jit
 def _gate_up_fp4_kernel(
-    x, gu, gus, h, order, gstart, gcount, gslot, ngroups_ptr,
+    x, gu, gus, h, order, gstart, gcount, gslot, ngroups_ptr, geid, bias,
     D: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, KIND: tl.constexpr, SROW: tl.constexpr,
+    HAS_BIAS: tl.constexpr = False,  # gate/up biases by eid ``bias`` [N, 2I] float32 (gpt-oss)
+    GPTOSS: tl.constexpr = False,  # gpt-oss's clamped activation instead of SiLU
 ):  # fmt: skip
     g = tl.program_id(0)
     nt = tl.program_id(1)
@@ -108,7 +121,11 @@ def _gate_up_fp4_kernel(
                 wu = _w_tile(wp, sp, I + offs_n, offs_k, nmask, kmask, D, KIND, DT)
                 acc_g += tl.dot(xa, wg, input_precision=PREC)
                 acc_u += tl.dot(xa, wu, input_precision=PREC)
-            hv = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+            if HAS_BIAS:
+                brow = bias + tl.load(geid + g).to(tl.int64) * (2 * I)
+                acc_g += tl.load(brow + offs_n, mask=nmask, other=0.0)[None, :]
+                acc_u += tl.load(brow + I + offs_n, mask=nmask, other=0.0)[None, :]
+            hv = gated_activation(acc_g, acc_u, GPTOSS)
             hp = h + (start + rows).to(tl.int64)[:, None] * I + offs_n[None, :]
             tl.store(hp, hv, mask=mmask[:, None] & nmask[None, :])
 
@@ -155,8 +172,9 @@ def grouped_experts_fp4(
     max_groups: int | None = None,
     out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """The FP4 dispatch point: the dequantising Triton kernels (every GPU Triton targets). A Blackwell path (FP4
-    tensor cores) would be chosen here by device capability; none is built."""
+    """The FP4 dispatch point: the dequantising Triton kernels (every GPU Triton targets), gpt-oss's biases and
+    activation included (``weights.act``). A Blackwell path (FP4 tensor cores) would be chosen here by device
+    capability; none is built."""
     return grouped_experts_fp4_triton(x, groups, slot, topk_w, weights, max_groups, out_dtype=out_dtype)
 
 
@@ -181,6 +199,11 @@ def grouped_experts_fp4_triton(
     assert t.gu_bk % COLS == 0 and t.dn_bk % COLS == 0, f"fp4 reduction tiles must be multiples of {COLS}"
     assert weights.gate_up_scale is not None and weights.down_scale is not None and D % COLS == 0 and I % COLS == 0
     srow_gu, srow_dn = weights.gate_up_scale.shape[-1], weights.down_scale.shape[-1]
+    act: ExpertAct | None = weights.act  # biases by eid (``groups.eid``), not by slot
+    bias = act.gate_up_bias if act is not None and act.gate_up_bias is not None else None
+    gptoss = act is not None and act.name == "gptoss"
+    if act is not None and not gptoss and act.name != "silu":
+        raise ValueError(f"the FP4 grouped GEMM has no {act.name!r} activation")
     dt = _DTYPES[x.dtype]
     x = x.contiguous()
     h = torch.empty((K, I), dtype=torch.float32, device=x.device)
@@ -192,7 +215,8 @@ def grouped_experts_fp4_triton(
     common = {"D": D, "I": I, "BM": bm, "DT": dt, "PREC": prec, "KIND": kind}
     gu = {**common, "BN": t.gu_bn, "BK": t.gu_bk, "SROW": srow_gu, "num_warps": t.gu_warps}
     dn = {**common, "BN": t.dn_bn, "BK": t.dn_bk, "SROW": srow_dn, "num_warps": t.dn_warps}
-    _gate_up_fp4_kernel[(G, triton.cdiv(I, t.gu_bn))](x, weights.gate_up, weights.gate_up_scale, h, *routes, TOPK=k,
-                                                      **gu)  # fmt: skip
+    _gate_up_fp4_kernel[(G, triton.cdiv(I, t.gu_bn))](x, weights.gate_up, weights.gate_up_scale, h, *routes,
+                                                      groups.eid, h if bias is None else bias, TOPK=k,
+                                                      HAS_BIAS=bias is not None, GPTOSS=gptoss, **gu)  # fmt: skip
     _down_fp4_kernel[(G, triton.cdiv(D, t.dn_bn))](h, weights.down, weights.down_scale, y, wts, *routes, **dn)
     return combine_routes(y, groups, slot, T, k, out_dtype)

@@ -132,13 +132,13 @@ def _gate_up_kernel(
                 brow = bias + eid.to(tl.int64) * (2 * I)
                 acc_g += tl.load(brow + offs_n, mask=nmask, other=0.0)[None, :]
                 acc_u += tl.load(brow + I + offs_n, mask=nmask, other=0.0)[None, :]
-            hv = _activate(acc_g, acc_u, GPTOSS)
+            hv = gated_activation(acc_g, acc_u, GPTOSS)
             hp = h + (start + rows).to(tl.int64)[:, None] * I + offs_n[None, :]
             tl.store(hp, hv, mask=mmask[:, None] & nmask[None, :])
 
 
 @triton.jit
-def _activate(g, u, GPTOSS: tl.constexpr):
+def gated_activation(g, u, GPTOSS: tl.constexpr):
     """SiLU-gated, or gpt-oss's: gate clamped above at 7, up to [-7, 7], ``(u + 1) * g * sigmoid(1.702 g)``."""
     if GPTOSS:
         g = tl.minimum(g, 7.0)
