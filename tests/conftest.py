@@ -3,6 +3,8 @@ pyproject's pytest `pythonpath`: src, tests and the repository root, which holds
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -90,3 +92,27 @@ def _round_bf16_to_nearest(interpreter: Any) -> None:
 
 
 _triton_interpreter_numpy_shim()
+
+
+# ``ft launch``'s tests (test_launch.py, test_launch_keys.py): a dead port and a temporary HOME with a PATH of fakes
+@pytest.fixture
+def dead_url() -> str:
+    with socket.socket() as s:  # a port nobody listens on once this socket closes
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> dict[str, Any]:
+    """A temporary HOME, an empty bin/ for PATH, and the env the launcher runs with."""
+    home, bindir = tmp_path / "home", tmp_path / "bin"
+    home.mkdir()
+    bindir.mkdir()
+    env = {
+        "HOME": str(home),
+        "PATH": str(bindir),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"),
+        "FT_RECORD": str(tmp_path / "record.json"),
+    }
+    return {"home": home, "bin": bindir, "env": env, "record": tmp_path / "record.json"}

@@ -9,7 +9,6 @@ exec path runs and no real agent is ever started.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -90,29 +89,6 @@ def server() -> Iterator[str]:
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
     httpd.shutdown()
     httpd.server_close()
-
-
-@pytest.fixture
-def dead_url() -> str:
-    with socket.socket() as s:  # a port nobody listens on once this socket closes
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
-
-
-@pytest.fixture
-def box(tmp_path: Path) -> dict[str, Any]:
-    """A temporary HOME, an empty bin/ for PATH, and the env the launcher runs with."""
-    home, bindir = tmp_path / "home", tmp_path / "bin"
-    home.mkdir()
-    bindir.mkdir()
-    env = {
-        "HOME": str(home),
-        "PATH": str(bindir),
-        "PYTHONPATH": str(SRC),
-        "FT_RECORD": str(tmp_path / "record.json"),
-    }
-    return {"home": home, "bin": bindir, "env": env, "record": tmp_path / "record.json"}
 
 
 def fake_agent(box: dict[str, Any], name: str) -> None:
@@ -481,6 +457,7 @@ def test_hermes_writes_model_section(server: str, box: dict[str, Any]) -> None:
         "provider": "custom",
         "base_url": server + "/v1",
         "context_length": 131072,
+        "api_key": "freetoken",  # ours (the placeholder: no --api-key), not the stale one for another provider
     }
     assert cfg["terminal"] == {"backend": "docker"}
     names = [p["name"] for p in cfg["custom_providers"]]

@@ -158,7 +158,7 @@ def workspace(root: Path) -> tuple[Path, Path]:
 
 
 def client_env(
-    client: Client, url: str, home: Path, bin_dir: Path, model: str | None = MODEL
+    client: Client, url: str, home: Path, bin_dir: Path, model: str | None = MODEL, key: str = base.API_KEY
 ) -> tuple[list[str], dict[str, str]]:
     """The command line and environment ``ft launch <client>`` would run, files written into ``home``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "CODEX_", "OPENCODE_"))}
@@ -166,19 +166,21 @@ def client_env(
     env.update({"XDG_CONFIG_HOME": str(home / ".config"), "XDG_DATA_HOME": str(home / ".local/share")})
     env["XDG_CACHE_HOME"] = str(client_install.prefix() / "xdg-cache") if client.name in SHARED_CACHE else ""
     env = {k: v for k, v in env.items() if v}
-    server = base.probe_server(url, model)
+    server = base.probe_server(url, model, key=key)
     plan = client.launch.plan(server, env, client.args(PROMPT))
     base.apply_plan(plan)
     return [str(bin_dir / plan.binary), *plan.args], {**plan.child_env(env), **client.env}
 
 
 def run_client(
-    client: Client, running: Running | str, recorder: Recorder, root: Path, bin_dir: Path, timeout: float
-) -> Outcome:
-    """``running``: our server, or the URL of an ``ft serve`` started elsewhere (its first model is used)."""
+    client: Client, running: Running | str, recorder: Recorder, root: Path, bin_dir: Path, timeout: float,
+    key: str = base.API_KEY,
+) -> Outcome:  # fmt: skip
+    """``running``: our server, or the URL of an ``ft serve`` started elsewhere (its first model is used); ``key``:
+    what ``ft launch`` is given as ``--api-key``."""
     work, home = workspace(root)
     url = running if isinstance(running, str) else running.url
-    cmd, env = client_env(client, url, home, bin_dir, None if isinstance(running, str) else MODEL)
+    cmd, env = client_env(client, url, home, bin_dir, None if isinstance(running, str) else MODEL, key)
     env["PWD"] = str(work)  # opencode takes its project folder from $PWD, not from the process's cwd
     if not isinstance(running, str) and hasattr(running.engine, "workdir"):
         running.engine.workdir = str(work)  # the scripted model's tool calls name this folder
@@ -208,9 +210,11 @@ def _kill_session(pgid: int) -> None:
 
 
 @contextmanager
-def server(model: str, tmp: Path, max_model_len: int | None = None) -> Iterator[tuple[Running, Recorder]]:
+def server(
+    model: str, tmp: Path, max_model_len: int | None = None, api_key: str | None = None
+) -> Iterator[tuple[Running, Recorder]]:
     """``model``: "scripted", "default" (the embedded model) or a checkpoint path; ``max_model_len`` (scripted
-    only, in its toy tokenizer's tokens): a context to overflow."""
+    only, in its toy tokenizer's tokens): a context to overflow; ``api_key``: the key the server checks."""
     recorder = Recorder()
     engine: Any
     if model == "scripted":
@@ -226,7 +230,7 @@ def server(model: str, tmp: Path, max_model_len: int | None = None) -> Iterator[
         def engine() -> Any:
             return AsyncLLM.start(cfg)
 
-    with serve(engine, ServerConfig(served_model_names=(MODEL,)), wrap=recorder.wrap) as running:
+    with serve(engine, ServerConfig(served_model_names=(MODEL,), api_key=api_key), wrap=recorder.wrap) as running:
         yield running, recorder
 
 

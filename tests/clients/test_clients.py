@@ -20,6 +20,7 @@ from freetoken.bench.loopback import Running
 API_PATH = {"claude": "/v1/messages", "codex": "/v1/responses"}  # the others: "/v1/chat/completions"
 TIMEOUT_S = 120
 OVERFLOW_CONTEXT = 4096  # toy tokens: every client's first request is 10-40k of them
+KEY = "k3y-for-the-clients"  # the keyed server's --api-key
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +43,16 @@ def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Run
         yield pair
 
 
-def _run(name: str, srv: tuple[Running, Recorder], tmp: Path, dirs: dict[str, Path], timeout: float) -> Outcome:
+@pytest.fixture(scope="module")
+def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, Recorder]]:
+    with server("scripted", tmp_path_factory.mktemp("keyed"), api_key=KEY) as pair:
+        yield pair
+
+
+def _run(name: str, srv: tuple[Running, Recorder], tmp: Path, dirs: dict[str, Path], timeout: float,
+         key: str | None = None) -> Outcome:  # fmt: skip
     running, recorder = srv
-    return run_client(CLIENTS[name], running, recorder, tmp, dirs[name], timeout)
+    return run_client(CLIENTS[name], running, recorder, tmp, dirs[name], timeout, *([key] if key else []))
 
 
 @pytest.mark.parametrize("name", list(CLIENTS))
@@ -92,3 +100,12 @@ def test_opencode_loops_on_prompt_too_long(small_server, tmp_path: Path, dirs) -
     refused = [e for e in out.exchanges if e.status == 400]
     assert out.rc is None and len(refused) >= 2, out.describe()
     assert "prompt is too long: " in out.stdout + out.stderr, out.describe()
+
+
+@pytest.mark.parametrize("name", list(CLIENTS))
+def test_client_sends_the_servers_key(name: str, keyed_server, tmp_path: Path, dirs) -> None:
+    """``ft launch --api-key KEY`` against a server started with ``--api-key KEY``: the client's requests carry
+    the key (every one answered 200: the server refuses any other with 401) and the task completes."""
+    out = _run(name, keyed_server, tmp_path, dirs, TIMEOUT_S, key=KEY)
+    assert out.answered, out.describe()
+    assert out.exchanges and all(e.status == 200 for e in out.exchanges), out.describe()

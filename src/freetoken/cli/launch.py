@@ -1,4 +1,4 @@
-"""``ft launch AGENT [--dry-run] [--server URL] [--model NAME] [-- AGENT ARGS]``."""
+"""``ft launch AGENT [--dry-run] [--force] [--no-server-check] [--server URL] [--model NAME] [--api-key KEY] [-- AGENT ARGS]``."""
 
 from __future__ import annotations
 
@@ -9,8 +9,11 @@ import sys
 
 from freetoken.launch import AGENTS, fit, load_agent
 from freetoken.launch.base import (
+    API_KEY_ENV,
+    DEFAULT_CONTEXT_LENGTH,
     DEFAULT_SERVER,
     LaunchError,
+    api_key,
     apply_plan,
     exec_agent,
     find_binary,
@@ -45,12 +48,19 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool = False) -> None:
         default=argparse.SUPPRESS if suppress else False,
         help="launch even when the agent's first request does not fit the model's context",
     )
+    p.add_argument("--api-key", default=default, metavar="KEY",
+                   help=f"the server's --api-key, sent by ft launch and written for the agent (default: "
+                   f"${API_KEY_ENV}, else a placeholder for a server that checks none)")  # fmt: skip
+    p.add_argument("--no-server-check", action="store_true", default=argparse.SUPPRESS if suppress else False,
+                   help="start the agent even when the server does not answer (with the model name, context "
+                   f"length {DEFAULT_CONTEXT_LENGTH} and output limit it then assumes)")  # fmt: skip
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "launch",
-        usage="ft launch [-h] [--dry-run] [--force] [--server URL] [--model NAME] AGENT [-- AGENT_ARGS ...]",
+        usage="ft launch [-h] [--dry-run] [--force] [--no-server-check] [--server URL] [--model NAME] [--api-key KEY] "
+        "AGENT [-- AGENT_ARGS ...]",
         help="point a coding agent at the FreeToken server and start it",
         description="Configure a coding agent for the FreeToken server (env vars and config files, "
         "each changed file backed up first) and start it. Arguments after `--` go to the agent. "
@@ -87,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         name, agent_args = _split_argv(args)
         agent = load_agent(name)
-        server = probe_server(args.server, args.model)
+        server = probe_server(args.server, args.model, key=api_key(args.api_key, env))
         verdict = None
         if server.reachable:
             verdict = fit.check(name, agent.FIRST_REQUEST_CHARS, server, fit.chars_per_token(server))
@@ -112,6 +122,10 @@ def run(args: argparse.Namespace) -> int:
     if path is None:
         print(f"ft launch: {agent.INSTALL_HINT}", file=sys.stderr)
         return EXIT_NOT_FOUND
+    if not server.reachable and not args.no_server_check:  # an agent started blind hangs on its first request
+        print(f"ft launch: {server.warnings[0]}; start `ft serve` first (or pass --no-server-check to start "
+              f"{name} with these assumptions); nothing was changed", file=sys.stderr)  # fmt: skip
+        return 1
     for changed, backup in apply_plan(plan):
         print(f"wrote {changed}" + (f" (backup: {backup})" if backup else ""))
     sys.stdout.flush()

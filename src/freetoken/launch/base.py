@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -23,8 +24,10 @@ DEFAULT_SERVER = "http://127.0.0.1:1919"
 DEFAULT_MODEL = "freetoken"
 # Used only when the server cannot be asked. Hermes refuses windows under 64k.
 DEFAULT_CONTEXT_LENGTH = 65536
-# The server checks no key; this placeholder satisfies agents that insist on sending one.
+# The key sent when none is given (--api-key, FREETOKEN_API_KEY): a server started without --api-key checks none, and
+# this placeholder satisfies agents that insist on sending one.
 API_KEY = "freetoken"
+API_KEY_ENV = "FREETOKEN_API_KEY"
 
 
 class LaunchError(Exception):
@@ -44,6 +47,7 @@ class ServerInfo:
     warnings: tuple[str, ...] = ()
     tool_calls: bool = True  # the server reads the model's tool calls
     reasoning: bool = False  # the model writes a reasoning block
+    api_key: str = API_KEY  # what the agent sends (and ``ft launch`` sent to probe)
 
     @property
     def openai_base(self) -> str:
@@ -67,9 +71,15 @@ def default_output_tokens(context_length: int) -> int:
     return max(256, min(32768, context_length // 8))
 
 
-def fetch_models(base_url: str, timeout: float = 2.0) -> list[dict[str, object]]:
+def api_key(given: str | None, env: Mapping[str, str]) -> str:
+    """The key to send: ``--api-key``, else ``$FREETOKEN_API_KEY``, else the placeholder."""
+    return given or env.get(API_KEY_ENV) or API_KEY
+
+
+def fetch_models(base_url: str, timeout: float = 2.0, key: str = API_KEY) -> list[dict[str, object]]:
     """GET ``/v1/models``; raises ``OSError``/``ValueError`` when it cannot be read."""
-    req = urllib.request.Request(base_url + "/v1/models", headers={"Accept": "application/json"})
+    headers = {"Accept": "application/json", "Authorization": f"Bearer {key}"}
+    req = urllib.request.Request(base_url + "/v1/models", headers=headers)
     with opener_for(base_url).open(req, timeout=timeout) as resp:
         body = json.loads(resp.read().decode("utf-8"))
     data = body.get("data") if isinstance(body, dict) else None
@@ -92,13 +102,19 @@ def _int_field(entry: Mapping[str, object], *names: str) -> int | None:
     return None
 
 
-def probe_server(url: str | None, model: str | None = None, timeout: float = 2.0) -> ServerInfo:
-    """Ask the server for its models; fall back to ``model``/defaults when it is down."""
+def probe_server(url: str | None, model: str | None = None, timeout: float = 2.0, key: str = API_KEY) -> ServerInfo:
+    """Ask the server for its models with ``key``; fall back to ``model``/defaults when it is down or refuses the
+    key (``reachable`` False, the reason in ``warnings``)."""
     base = normalize_server_url(url)
     try:
-        entries = fetch_models(base, timeout)
+        entries = fetch_models(base, timeout, key)
+    except urllib.error.HTTPError as exc:
+        why = f"it answered {exc.code} {exc.reason}"
+        if exc.code in (401, 403):
+            why += f": pass the server's key with --api-key or {API_KEY_ENV}"
+        return _offline(base, model, why, key)
     except (OSError, ValueError) as exc:
-        return _offline(base, model, str(getattr(exc, "reason", exc)))
+        return _offline(base, model, str(getattr(exc, "reason", exc)), key)
     ids = tuple(str(e["id"]) for e in entries)
     warnings: list[str] = []
     chosen = next((e for e in entries if e["id"] == model), None)
@@ -125,13 +141,14 @@ def probe_server(url: str | None, model: str | None = None, timeout: float = 2.0
         warnings=tuple(warnings),
         tool_calls=caps.get("tool_calls") is not False,
         reasoning=caps.get("reasoning") is True,
+        api_key=key,
     )
 
 
-def _offline(base: str, model: str | None, reason: str) -> ServerInfo:
+def _offline(base: str, model: str | None, reason: str, key: str) -> ServerInfo:
     name, ctx = model or DEFAULT_MODEL, DEFAULT_CONTEXT_LENGTH
     warning = f"server {base} not reachable ({reason}); using model {name!r} and context length {ctx}"
-    return ServerInfo(base, name, ctx, default_output_tokens(ctx), reachable=False, warnings=(warning,))
+    return ServerInfo(base, name, ctx, default_output_tokens(ctx), reachable=False, warnings=(warning,), api_key=key)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from freetoken.launch.base import API_KEY, LaunchPlan, ServerInfo
+from freetoken.launch.base import LaunchPlan, ServerInfo
 
 BINARY = "claude"
 INSTALL_HINT = (
@@ -36,7 +36,7 @@ def plan(server: ServerInfo, env: Mapping[str, str], args: Sequence[str]) -> Lau
         "ANTHROPIC_BASE_URL": server.base_url,
         # Sent as "Authorization: Bearer ..."; the user's real API key is removed below
         # so it never reaches the local server (and Claude Code sees no auth conflict).
-        "ANTHROPIC_AUTH_TOKEN": API_KEY,
+        "ANTHROPIC_AUTH_TOKEN": server.api_key,
         **{var: server.model for var in MODEL_VARS},
         # The per-request attribution header changes every turn and defeats prefix reuse.
         "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from freetoken.launch import tomlw
-from freetoken.launch.base import LaunchError, LaunchPlan, ServerInfo, home_dir
+from freetoken.launch.base import API_KEY_ENV, LaunchError, LaunchPlan, ServerInfo, home_dir
 from freetoken.launch.files import FileChange, read_text
 
 BINARY = "codex"
@@ -44,6 +44,7 @@ def provider_table(server: ServerInfo) -> dict[str, object]:
         "name": "FreeToken",
         "base_url": server.openai_base,
         "wire_api": "responses",
+        "env_key": API_KEY_ENV,  # Codex sends $FREETOKEN_API_KEY as the bearer token (the plan sets it)
         "stream_idle_timeout_ms": STREAM_IDLE_TIMEOUT_MS,
     }
 
@@ -89,4 +90,5 @@ def plan(server: ServerInfo, env: Mapping[str, str], args: Sequence[str]) -> Lau
             files.append(make(path, server))
         except tomlw.TOMLDecodeError as exc:
             raise LaunchError(f"cannot parse {path} ({exc}); fix it first") from exc
-    return LaunchPlan(agent="codex", binary=BINARY, args=("--profile", PROFILE, *args), files=tuple(files))
+    return LaunchPlan(agent="codex", binary=BINARY, args=("--profile", PROFILE, *args), files=tuple(files),
+                      env_set={API_KEY_ENV: server.api_key})  # fmt: skip

@@ -42,7 +42,7 @@ def chars_per_token(server: ServerInfo, timeout: float = 5.0) -> float:
     req = urllib.request.Request(
         server.base_url + "/v1/messages/count_tokens",
         data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json", "Authorization": "Bearer freetoken"},
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {server.api_key}"},
     )
     try:
         with opener_for(server.base_url).open(req, timeout=timeout) as resp:

@@ -52,11 +52,13 @@ def updated_config(current: Mapping[str, Any], server: ServerInfo) -> dict[str, 
         "provider": "custom",
         "base_url": server.openai_base,
         "context_length": server.context_length,
+        "api_key": server.api_key,  # Hermes' credential for a custom model (``model_config``)
     }
     entry = {
         "name": PROVIDER,
         "base_url": server.openai_base,
         "api_mode": "chat_completions",
+        "api_key": server.api_key,
         "models": {server.model: {"context_length": server.context_length}},
     }
     providers = cfg.get("custom_providers")

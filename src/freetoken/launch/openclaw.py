@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from freetoken.launch.base import API_KEY, LaunchError, LaunchPlan, ServerInfo, home_dir
+from freetoken.launch.base import LaunchError, LaunchPlan, ServerInfo, home_dir
 from freetoken.launch.files import FileChange, deep_merge, loads_json5, read_text
 
 BINARY = "openclaw"
@@ -43,7 +43,7 @@ def config_path(env: Mapping[str, str]) -> Path:
 def provider_entry(server: ServerInfo) -> dict[str, Any]:
     return {
         "baseUrl": server.openai_base,
-        "apiKey": API_KEY,  # OpenClaw wants a key even for servers that check none
+        "apiKey": server.api_key,  # OpenClaw wants a key even for servers that check none
         "api": "openai-completions",
         "models": [
             {

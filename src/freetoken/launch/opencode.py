@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
-from freetoken.launch.base import API_KEY, LaunchPlan, ServerInfo
+from freetoken.launch.base import LaunchPlan, ServerInfo
 from freetoken.launch.files import deep_merge
 
 BINARY = "opencode"
@@ -33,7 +33,7 @@ def config(server: ServerInfo) -> dict[str, object]:
             PROVIDER: {
                 "npm": "@ai-sdk/openai-compatible",
                 "name": "FreeToken",
-                "options": {"baseURL": server.openai_base, "apiKey": API_KEY},
+                "options": {"baseURL": server.openai_base, "apiKey": server.api_key},
                 "models": {
                     server.model: {
                         "name": server.model,
