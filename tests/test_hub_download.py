@@ -110,11 +110,29 @@ def test_an_unsupported_family_is_refused_before_any_weight_byte(cache: Path, hu
     assert hub.weight_requests("tiny/falcon") == [] and fetched == {"config.json"}
 
 
-def test_gated_repo_needs_a_token(cache: Path, hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_download_that_cannot_fit_is_refused_first(cache: Path, hub: FakeHub, monkeypatch: pytest.MonkeyPatch
+                                                     ) -> None:  # fmt: skip
+    from freetoken.loader import hub_files
+
+    monkeypatch.setattr(hub_files, "DISK_MARGIN", 1 << 60)  # no disk has an exbibyte free
+    with pytest.raises(HubError, match=r"^tiny/qwen3-moe: needs 0\.0 GiB \(\+ 1073741824 GiB margin\) in .* GiB free"):
+        resolve_model(REPO)
+    assert hub.weight_requests(REPO) == []
+
+
+def test_gated_repo_needs_a_token(
+    cache: Path, hub: FakeHub, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(HubError, match=r"^tiny/gated is gated: accept its terms at https://huggingface.co/tiny/gated "
                                        "and set HF_TOKEN"):  # fmt: skip
         resolve_model("tiny/gated")
     assert hub.weight_requests("tiny/gated") == []
+    from freetoken.cli.main import main
+
+    assert main(["generate", "--model", "tiny/gated", "--prompt", "hi", "--device", "cpu"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["ft generate: error: tiny/gated is gated: accept its terms at https://huggingface.co/tiny/gated and "
+                   "set HF_TOKEN to a token of that account"]  # fmt: skip
     monkeypatch.setenv("HF_TOKEN", "hf_granted")  # read when asked, as huggingface_hub does
     assert (resolve_model("tiny/gated", lambda _: None) / "config.json").is_file()
 
