@@ -7,7 +7,7 @@ a model (tests point ``HF_ENDPOINT`` at it):
   ``Content-Length``; ``Range: bytes=N-`` answered 206; a gated repo without the right ``Authorization`` is
   401 ``X-Error-Code: GatedRepo``.
 
-It logs every request, and can drop the connection once mid-body for a chosen file (the client must resume).
+It logs every request, and can drop the connection mid-body for a chosen file (the client must resume).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ class Request:
 class FakeHub:
     repos: dict[str, Repo] = field(default_factory=dict)
     log: list[Request] = field(default_factory=list)
-    drop_once: set[str] = field(default_factory=set)  # "repo/filename": first GET sends half, then hangs up
+    drops: dict[str, int] = field(default_factory=dict)  # "repo/filename": the next N GETs send half, then hang up
+    starves: dict[str, int] = field(default_factory=dict)  # then the next N send no byte of the body
     url: str = ""
 
     def add(self, repo_id: str, directory: Path, gated_token: str | None = None, extra: dict[str, bytes] | None = None
@@ -136,10 +137,12 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             part = body[start:]
             headers["Content-Length"] = str(len(part))
             key = f"{repo_id}/{name}"
-            if send_body and key in hub.drop_once:
-                hub.drop_once.discard(key)
+            if send_body and (hub.drops.get(key) or hub.starves.get(key)):
+                half = bool(hub.drops.get(key))
+                counter = hub.drops if half else hub.starves
+                counter[key] -= 1
                 self._reply(206 if start else 200, b"", headers, send_body=False)
-                self.wfile.write(part[: len(part) // 2])
+                self.wfile.write(part[: len(part) // 2] if half else b"")
                 self.wfile.flush()
                 self.close_connection = True
                 return

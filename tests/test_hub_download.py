@@ -94,13 +94,35 @@ def test_a_dropped_connection_is_resumed_with_a_range_request(
     monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 4096)  # the Hub's shards are far larger than its chunks
     shard = sorted(p.name for p in ckpt.glob("*.safetensors"))[0]
     size = (ckpt / shard).stat().st_size
-    hub.drop_once.add(f"{REPO}/{shard}")
+    hub.drops[f"{REPO}/{shard}"] = 1
     path = resolve_model(REPO, lambda _: None)
     assert (path / shard).read_bytes() == (ckpt / shard).read_bytes()
     gets = [r for r in hub.log if r.filename == shard and r.method == "GET"]
     assert [g.range is None for g in gets] == [True, False]
     start = int(gets[1].range.removeprefix("bytes=").removesuffix("-"))  # type: ignore[union-attr]
     assert 0 < start <= size // 2  # the second asks only for what the first did not deliver (whole chunks kept)
+
+
+def test_an_interrupted_run_keeps_what_it_fetched(
+    cache: Path, hub: FakeHub, ckpt: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection drops mid-file, then gives nothing through huggingface_hub's retries (5, 1 s apart): the run
+    fails with one line, and the next run fetches only the file that was cut."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 4096)
+    shard = sorted(p.name for p in ckpt.glob("*.safetensors"))[-1]  # the last file fetched
+    hub.drops[f"{REPO}/{shard}"], hub.starves[f"{REPO}/{shard}"] = 1, 5
+    with pytest.raises(HubError, match=r"^tiny/qwen3-moe: the download was interrupted \(RemoteProtocolError: .*"
+                                       r"run again: the files already fetched are kept$"):  # fmt: skip
+        resolve_model(REPO, lambda _: None)
+    gets = [r for r in hub.log if r.method == "GET" and r.filename]
+    assert [r.range is None for r in gets if r.filename == shard] == [True] + [False] * 5  # resumed, then given up
+    forget_resolved()
+    hub.log.clear()
+    path = resolve_model(REPO, lambda _: None)
+    assert (path / shard).read_bytes() == (ckpt / shard).read_bytes()
+    assert [r.filename for r in hub.log if r.method == "GET" and r.filename] == [shard]
 
 
 def test_an_unsupported_family_is_refused_before_any_weight_byte(cache: Path, hub: FakeHub) -> None:

@@ -52,10 +52,16 @@ def _fetch(ref: HubRef, cache_dir: Path, say: Callable[[str], None]) -> Path:
         return _cached(ref, cache_dir, "offline (HF_HUB_OFFLINE=1)", say)
     try:
         info = HfApi().model_info(ref.repo_id, revision=ref.revision, files_metadata=True)
-        return download(ref, info, cache_dir, say)
     except Exception as e:
         if _is_network(e):
             return _cached(ref, cache_dir, f"the Hub cannot be reached ({type(e).__name__})", say)
+        raise _hub_error(ref, e) from e
+    try:
+        return download(ref, info, cache_dir, say)
+    except Exception as e:
+        if _is_network(e):  # huggingface_hub resumed with Range requests while bytes came, then gave up
+            raise HubError(f"{ref}: the download was interrupted ({type(e).__name__}: {e}); run again: the files "
+                           "already fetched are kept") from e  # fmt: skip
         raise _hub_error(ref, e) from e
 
 

@@ -2,9 +2,10 @@
 
 Order: ``config.json`` first, and the support check (``loader/hub_support.py``) before anything else is fetched;
 then the safetensors index, the free-disk check against what is still missing, then the small files and the
-weights, each through ``hf_hub_download`` (resumable: a dropped connection is resumed with a Range request, an
-interrupted run leaves an ``.incomplete`` blob the next run continues; huggingface_hub's progress bar shows bytes
-and rate; ``HF_TOKEN`` is read by huggingface_hub).
+weights, each through ``hf_hub_download``: resumable within a run (a dropped connection is resumed with a Range request
+from the bytes on disk, retried as long as bytes keep coming) and across runs by file (the files already fetched
+are kept; huggingface_hub 2 restarts a half-fetched file over HTTP, while Xet-stored files resume from Xet's chunk
+cache); huggingface_hub's progress bar shows bytes and rate; it reads ``HF_TOKEN`` itself.
 """
 
 from __future__ import annotations
