@@ -32,10 +32,16 @@ def hub(ckpt: Path, tmp_path_factory: pytest.TempPathFactory):
         shutil.copy(p, falcon / p.name)
     cfg = json.loads((falcon / "config.json").read_text())
     (falcon / "config.json").write_text(json.dumps({**cfg, "architectures": ["FalconForCausalLM"]}))
+    gptq = tmp_path_factory.mktemp("gptq")
+    for p in ckpt.iterdir():
+        shutil.copy(p, gptq / p.name)
+    qc = {"quant_method": "gptq", "bits": 4, "group_size": 128}
+    (gptq / "config.json").write_text(json.dumps({**cfg, "quantization_config": qc}))
     with HubServer() as h:
         # what the engine never reads: a duplicate tree and another weight format
         h.add(REPO, ckpt, extra={"original/consolidated.safetensors": b"\0" * 4096, "pytorch_model.bin": b"\0" * 64})
         h.add("tiny/falcon", falcon)
+        h.add("tiny/gptq", gptq)
         h.add("tiny/gated", ckpt, gated_token="hf_granted")
         yield h
 
@@ -125,11 +131,17 @@ def test_an_interrupted_run_keeps_what_it_fetched(
     assert [r.filename for r in hub.log if r.method == "GET" and r.filename] == [shard]
 
 
-def test_an_unsupported_family_is_refused_before_any_weight_byte(cache: Path, hub: FakeHub) -> None:
-    with pytest.raises(HubError, match=r"tiny/falcon: this engine cannot serve it.*'FalconForCausalLM'"):
-        resolve_model("tiny/falcon")
+@pytest.mark.parametrize(("repo", "why"), [
+    ("tiny/falcon", r"config.json: unsupported architecture 'FalconForCausalLM'; supported: "),
+    ("tiny/gptq", r"config.json: uses quantization 'gptq' \(4-bit, group 128\): not supported yet"),
+])  # fmt: skip
+def test_an_unsupported_family_or_format_is_refused_before_any_weight_byte(
+    cache: Path, hub: FakeHub, repo: str, why: str
+) -> None:
+    with pytest.raises(HubError, match=rf"^{repo}: this engine cannot serve it, nothing else downloaded \({why}"):
+        resolve_model(repo)
     fetched = {r.filename for r in hub.log if r.filename}
-    assert hub.weight_requests("tiny/falcon") == [] and fetched == {"config.json"}
+    assert hub.weight_requests(repo) == [] and fetched == {"config.json"}
 
 
 def test_a_download_that_cannot_fit_is_refused_first(cache: Path, hub: FakeHub, monkeypatch: pytest.MonkeyPatch

@@ -33,9 +33,9 @@ def support_of(directory: Path) -> Support:
         fmt = format_from_config(hf.raw)
         form = fmt.name if fmt is not None else str(hf.dtype or "unquantised")
     except QuantizationError as e:
-        return Support(hf.architecture, "?", False, f"{directory / 'config.json'}: {e}")
+        return Support(hf.architecture, "?", False, f"config.json: {e}")
     try:
-        get_family(hf.architecture, str(directory / "config.json"))
+        get_family(hf.architecture, "config.json")
     except CheckpointError as e:
         return Support(hf.architecture, form, False, str(e))
     return Support(hf.architecture, form, True, "")
