@@ -5,7 +5,7 @@ a model (tests point ``HF_ENDPOINT`` at it):
   an unknown repo is 401 ``X-Error-Code: RepoNotFound``, an unknown revision 404 ``RevisionNotFound``;
 - ``HEAD``/``GET /{repo}/resolve/{rev}/{filename}`` (``hf_hub_download``): ``X-Repo-Commit``, ``ETag`` and
   ``Content-Length``; ``Range: bytes=N-`` answered 206; a gated repo without the right ``Authorization`` is
-  401 ``X-Error-Code: GatedRepo``.
+  401 (403 with another token) ``X-Error-Code: GatedRepo``.
 
 It logs every request, and can drop the connection mid-body for a chosen file (the client must resume).
 """
@@ -35,6 +35,7 @@ class Request:
     repo: str
     filename: str | None  # None: the API
     range: str | None
+    status: int = 0  # the answer's
 
 
 @dataclass
@@ -64,12 +65,15 @@ _RESOLVE = re.compile(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)")
 def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        entry: Request | None = None
 
         def log_message(self, format: str, *args: object) -> None:  # quiet
             pass
 
         def _reply(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
                    send_body: bool = True) -> None:  # fmt: skip
+            if self.entry is not None:
+                self.entry.status = status
             self.send_response(status)
             for k, v in (headers or {}).items():
                 self.send_header(k, v)
@@ -94,14 +98,17 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             self._serve(send_body=False)
 
         def _serve(self, send_body: bool) -> None:
+            self.entry = None
             path = unquote(urlsplit(self.path).path)
             if m := _API.fullmatch(path):
                 repo_id, rev = m.group(1), m.group(2)
-                hub.log.append(Request(self.command, repo_id, None, None))
+                self.entry = Request(self.command, repo_id, None, None)
+                hub.log.append(self.entry)
                 return self._api(repo_id, rev)
             if m := _RESOLVE.fullmatch(path):
                 repo_id, rev, name = m.groups()
-                hub.log.append(Request(self.command, repo_id, name, self.headers.get("Range")))
+                self.entry = Request(self.command, repo_id, name, self.headers.get("Range"))
+                hub.log.append(self.entry)
                 return self._resolve(repo_id, rev, name, send_body)
             self._error(404, "NotFound", f"no route {path}")
 
@@ -121,8 +128,9 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             repo = hub.repos.get(repo_id)
             if repo is None:
                 return self._error(401, "RepoNotFound", "Repository not found")
-            if repo.gated_token is not None and self.headers.get("Authorization") != f"Bearer {repo.gated_token}":
-                return self._error(401, "GatedRepo", "Access to model is restricted and you are not in the list")
+            auth = self.headers.get("Authorization")
+            if repo.gated_token is not None and auth != f"Bearer {repo.gated_token}":  # 403: a token without access
+                return self._error(403 if auth else 401, "GatedRepo", "Access to model is restricted")
             if not self._revision(repo, rev):
                 return self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
             body = repo.files.get(name)

@@ -161,12 +161,17 @@ def test_gated_repo_needs_a_token(
                                        "and set HF_TOKEN"):  # fmt: skip
         resolve_model("tiny/gated")
     assert hub.weight_requests("tiny/gated") == []
+    assert [r.status for r in hub.log if r.filename == "config.json"] == [401]  # no token
     from freetoken.cli.main import main
 
     assert main(["generate", "--model", "tiny/gated", "--prompt", "hi", "--device", "cpu"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["ft generate: error: tiny/gated is gated: accept its terms at https://huggingface.co/tiny/gated and "
                    "set HF_TOKEN to a token of that account"]  # fmt: skip
+    monkeypatch.setenv("HF_TOKEN", "hf_other")  # a token without access: 403
+    with pytest.raises(HubError, match=r"^tiny/gated is gated: accept its terms"):
+        resolve_model("tiny/gated")
+    assert [r.status for r in hub.log if r.filename == "config.json"][-1] == 403
     monkeypatch.setenv("HF_TOKEN", "hf_granted")  # read when asked, as huggingface_hub does
     assert (resolve_model("tiny/gated", lambda _: None) / "config.json").is_file()
 

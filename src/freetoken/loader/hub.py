@@ -50,19 +50,25 @@ def _fetch(ref: HubRef, cache_dir: Path, say: Callable[[str], None]) -> Path:
 
     if constants.HF_HUB_OFFLINE:
         return _cached(ref, cache_dir, "offline (HF_HUB_OFFLINE=1)", say)
+    from huggingface_hub.errors import HfHubHTTPError
+
     try:
         info = HfApi().model_info(ref.repo_id, revision=ref.revision, files_metadata=True)
     except Exception as e:
         if _is_network(e):
             return _cached(ref, cache_dir, f"the Hub cannot be reached ({type(e).__name__})", say)
-        raise _hub_error(ref, e) from e
+        if isinstance(e, HfHubHTTPError):
+            raise _hub_error(ref, e) from e
+        raise
     try:
         return download(ref, info, cache_dir, say)
     except Exception as e:
         if _is_network(e):  # huggingface_hub resumed with Range requests while bytes came, then gave up
             raise HubError(f"{ref}: the download was interrupted ({type(e).__name__}: {e}); run again: the files "
                            "already fetched are kept") from e  # fmt: skip
-        raise _hub_error(ref, e) from e
+        if isinstance(e, HfHubHTTPError):
+            raise _hub_error(ref, e) from e
+        raise
 
 
 def _network_errors() -> tuple[type[BaseException], ...]:
@@ -88,9 +94,9 @@ def _is_network(e: BaseException) -> bool:
     return isinstance(e, _network_errors())
 
 
-def _hub_error(ref: HubRef, e: Exception) -> Exception:
-    """One line for what the Hub refused; anything else (ours included) as it is."""
-    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+def _hub_error(ref: HubRef, e: Exception) -> HubError:
+    """One line for what the Hub refused."""
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
     page = f"https://huggingface.co/{ref.repo_id}"
     if isinstance(e, GatedRepoError):
@@ -101,12 +107,11 @@ def _hub_error(ref: HubRef, e: Exception) -> Exception:
     if isinstance(e, RepositoryNotFoundError):
         return HubError(f"{ref.repo_id}: no such local directory, and no Hugging Face repo of that name that this "
                         "token can see (a private repo needs HF_TOKEN)")  # fmt: skip
-    status = e.response.status_code if isinstance(e, HfHubHTTPError) and e.response is not None else None
+    response = getattr(e, "response", None)
+    status = getattr(response, "status_code", None)
     if status in (401, 403):
         return HubError(f"{ref.repo_id}: access refused ({status}): set HF_TOKEN to a token with access to {page}")
-    if isinstance(e, HfHubHTTPError):
-        return HubError(f"{ref}: the Hub answered {status}: {str(e).splitlines()[0]}")
-    return e
+    return HubError(f"{ref}: the Hub answered {status}: {str(e).splitlines()[0]}")
 
 
 def _cached(ref: HubRef, cache_dir: Path, why: str, say: Callable[[str], None]) -> Path:
