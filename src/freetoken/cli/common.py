@@ -17,8 +17,18 @@ def load_engine(config: EngineConfig) -> Any:
     from freetoken.checkpoint.ftw_progress import shown_elsewhere
     from freetoken.engine.engine import LLMEngine
 
+    fetch_model(config)
     with Console(stderr=True).status(f"loading {config.model or 'the default model'} …"), shown_elsewhere():
         return LLMEngine(config)
+
+
+def fetch_model(config: EngineConfig) -> None:
+    """A Hugging Face repo id on ``--model`` downloaded (or found in the cache) before the loading spinner starts,
+    so the download's progress bar has the terminal to itself; the engine's own resolve then finds it."""
+    if config.model:
+        from freetoken.loader.hub import resolve_model
+
+        resolve_model(config.model)
 
 
 def run_guarded(command: str, body: Callable[[], int]) -> int:

@@ -1,4 +1,5 @@
-"""``ft launch AGENT [--dry-run] [--force] [--no-server-check] [--server URL] [--model NAME] [--api-key KEY] [-- AGENT ARGS]``."""
+"""``ft launch AGENT [--dry-run] [--force] [--no-server-check] [--server URL] [--model NAME] [--api-key KEY]
+[-- AGENT ARGS]``."""
 
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, str] = {
     "launch": "freetoken.cli.launch",
     "ctl": "freetoken.cli.ctl",
     "convert": "freetoken.cli.convert",
+    "models": "freetoken.cli.models",
 }
 
 

@@ -8,7 +8,7 @@ import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
-from freetoken.cli.common import run_guarded
+from freetoken.cli.common import fetch_model, run_guarded
 from freetoken.cli.flags import add_engine_args
 from freetoken.config import EngineConfig, add_config_args, config_from_args
 from freetoken.server.settings import ServerConfig
@@ -105,6 +105,7 @@ def load(config: EngineConfig) -> AsyncLLM:
     from freetoken.engine.errors import EngineDeadError
     from freetoken.errors import FreeTokenError
 
+    fetch_model(config)
     what = config.model or "the default model"
     console = Console(stderr=True)
     text = f"FreeToken: loading {what} (weights, then the CPU kernel build on first use) …"

@@ -16,6 +16,7 @@ from freetoken.checkpoint.hf_config import HFConfig, load_hf_config
 from freetoken.checkpoint.tokenizer import load_tokenizer
 from freetoken.config import EngineConfig
 from freetoken.experts.backends.registry import check_backend
+from freetoken.loader.hub import resolve_model
 from freetoken.loader.memory_plan import StartPlan
 from freetoken.loader.model_build import LoadedModel, build_model
 from freetoken.memory.planner import MemoryPlan
@@ -88,7 +89,7 @@ def _close_backend(backend: Any) -> None:
 
 def setup_model(config: EngineConfig) -> ModelSetup:
     check_backend(config.moe_backend)  # an unknown name is refused before the weights load
-    path = Path(config.model) if config.model else default_model_path()
+    path = resolve_model(config.model) if config.model else default_model_path()  # a local dir, or a Hub repo id
     if config.model is None and not (path / "config.json").exists():
         raise CheckpointError(f"{path}: the embedded default model is not installed; pass a model directory")
     hf = load_hf_config(path)
