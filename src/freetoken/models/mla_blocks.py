@@ -11,9 +11,11 @@ import torch
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.hf_config import HFConfig
 from freetoken.checkpoint.weights import CheckpointWeights
+from freetoken.layers.dsa import DSAttention
 from freetoken.layers.mla import MLADims, MLAttention, MLAWeights
 from freetoken.layers.rope import Rotary, yarn_mscale
 from freetoken.models.base import Family
+from freetoken.models.dsa_blocks import indexer_weights
 
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm, kv_a_layernorm: transformers builds them with the default eps
 
@@ -86,4 +88,7 @@ def mla_attention(
         q=q, q_a=q_a, q_a_norm=q_a_norm, q_b=q_b, q_a_bias=q_a_bias, kv_a_bias=kv_a_bias,
         o_bias=w.get(p + "o_proj.bias", (D,)) if bias else None,
     )  # fmt: skip
+    if fam.attention == "dsa":
+        idx = indexer_weights(w, fam, hf, i, dr)
+        return DSAttention(mw, kv_index, d, LATENT_NORM_EPS, rotary, mla_scale(hf, d), idx)
     return MLAttention(mw, kv_index, d, LATENT_NORM_EPS, rotary, mla_scale(hf, d))

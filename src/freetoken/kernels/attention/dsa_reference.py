@@ -1,0 +1,88 @@
+"""The torch reference of DeepSeek sparse attention (DSA: DeepSeek-V3.2, GLM-5) over paged latents. Each cache row
+holds the MLA latent ``[c (R), kr (dr)]`` (``mla_reference.py``) followed by the lightning indexer's key ``ik`` [Di].
+
+- The indexer scores every context position t for a query: ``sum_h w[h] * relu(iq[h] . ik[t])`` (the head weights
+  ``w`` carry the ``Hi^-0.5 * Di^-0.5`` scales: ``layers/dsa.py``), in float32 (``index_scores``).
+- Each query keeps the ``min(topk, visible)`` best of the positions it may see (causal: its own and earlier ones;
+  ``select``): with a context no longer than ``index_topk`` it attends everything, as dense MLA does.
+- decode (``dsa_decode_reference``): the absorbed MQA of ``mla_decode_reference`` over the kept latents only.
+- prefill (``dsa_prefill_reference``): per sequence the context's latents expanded through kv_b_proj and each new
+  token attending its kept positions.
+Shapes: B sequences, T new tokens, H heads, Hi indexer heads, Di indexer head dim, L = R + dr (latent width).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from freetoken.kernels.attention import DecodeMeta, PrefillMeta
+from freetoken.kernels.attention.decode_reference import context_slots
+from freetoken.kernels.attention.mla_reference import expand_latents
+
+
+def index_scores(iq: torch.Tensor, iw: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """iq [..., n, Hi, Di], iw [..., n, Hi], keys [..., m, Di] -> the indexer's scores [..., n, m] float32."""
+    dots = torch.matmul(iq.float(), keys.float().transpose(-1, -2).unsqueeze(-3))  # [..., n, Hi, m]
+    return torch.matmul(iw.float().unsqueeze(-2), F.relu(dots)).squeeze(-2)
+
+
+def select(scores: torch.Tensor, visible: torch.Tensor, topk: int) -> torch.Tensor:
+    """The kept positions [..., n, m] bool: each row's ``topk`` best visible scores (all visible ones when fewer)."""
+    masked = scores.masked_fill(~visible, float("-inf"))
+    k = min(topk, masked.shape[-1])
+    idx = masked.topk(k, dim=-1).indices
+    return torch.zeros_like(visible).scatter_(-1, idx, True) & visible
+
+
+def dsa_decode_reference(
+    q: torch.Tensor,  # [B, H, L] the absorbed query
+    cache: torch.Tensor,  # [slots, 1, L + Di]
+    meta: DecodeMeta,
+    scale: float,
+    rank: int,  # R
+    iq: torch.Tensor,  # [B, Hi, Di]
+    iw: torch.Tensor,  # [B, Hi]
+    topk: int,
+) -> torch.Tensor:  # [B, H, R], q's dtype
+    L = q.shape[-1]
+    if meta.block_table.is_cuda:  # a graph's metadata is rewritten in place: nothing may be kept from it
+        slots, valid = context_slots(meta, None)
+    else:
+        slots, valid = meta.gathered.get(None) or meta.gathered.setdefault(None, context_slots(meta, None))
+    rows = cache[slots, 0]  # [B, n, L + Di]
+    keep = select(index_scores(iq[:, None], iw[:, None], rows[..., L:])[:, 0], valid, topk)  # [B, n]
+    kv = rows[..., :L].float()[:, None]  # [B, 1, n, L]
+    out = F.scaled_dot_product_attention(
+        q.float()[:, :, None, :], kv, kv[..., :rank], attn_mask=keep[:, None, None, :], scale=scale, enable_gqa=True
+    )  # [B, H, 1, R]
+    return out[:, :, 0, :].to(q.dtype)
+
+
+def dsa_prefill_reference(
+    q: torch.Tensor,  # [T, H, dn + dr]
+    cache: torch.Tensor,  # [slots, 1, L + Di]
+    kv_b: torch.Tensor,  # [H * (dn + dv), R]
+    meta: PrefillMeta,
+    scale: float,
+    dims: tuple[int, int],  # (dn, dv)
+    iq: torch.Tensor,  # [T, Hi, Di]
+    iw: torch.Tensor,  # [T, Hi]
+    topk: int,
+) -> torch.Tensor:  # [T, H, dv], q's dtype
+    T, H, _ = q.shape
+    L = kv_b.shape[1] + q.shape[-1] - dims[0]  # R + dr
+    out = q.new_empty((T, H, dims[1]))
+    S, table = meta.page_size, meta.block_table.long()
+    for s, (q0, n, ctx) in enumerate(zip(meta.q_start.tolist(), meta.q_len.tolist(), meta.ctx_len.tolist())):
+        if n == 0:
+            continue
+        pos = torch.arange(ctx, device=q.device)
+        rows = cache[table[s, pos // S] * S + pos % S, 0]  # [ctx, L + Di]
+        visible = pos[None, :] <= pos[ctx - n :, None]  # [n, ctx] causal
+        keep = select(index_scores(iq[q0 : q0 + n], iw[q0 : q0 + n], rows[:, L:]), visible, topk)
+        k, v = expand_latents(rows[:, :L], kv_b, dims)  # [H, ctx, dn + dr], [H, ctx, dv]
+        qs = q[q0 : q0 + n].transpose(0, 1).float()  # [H, n, dn + dr]
+        o = F.scaled_dot_product_attention(qs, k.float(), v.float(), attn_mask=keep[None], scale=scale)
+        out[q0 : q0 + n] = o.transpose(0, 1).to(q.dtype)
+    return out

@@ -1,0 +1,81 @@
+"""DeepSeek sparse attention (DSA: DeepSeek-V3.2, GLM-5): multi-head latent attention (``layers/mla.py``) whose every
+query attends only the ``index_topk`` context positions a lightning indexer picks.
+
+The indexer (transformers' ``DeepseekV32Indexer``): per token a key ``ik = rope(LayerNorm(wk x))`` [Di], cached in the
+KV pool's row beside the latent (``memory/sizes.py``: the row is ``R + dr + Di`` wide); per query ``Hi`` heads
+``iq = rope(wq_b q_resid)`` [Hi, Di] from the q LoRA's normed residual, and head weights ``weights_proj x`` [Hi].
+Rotary turns the first ``dr`` dims of the indexer's q and k (rotate-half; GLM-5's interleaved layout is permuted into it
+at load, ``models/dsa_blocks.py``). The scoring, selection and sparse attention are
+``kernels/attention/dsa_reference.py``'s; decode is absorbed as in MLA, prefill expands the context's latents.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from freetoken.cache.kv_pool import KVPool
+from freetoken.kernels.attention.dsa_reference import dsa_decode_reference, dsa_prefill_reference
+from freetoken.kernels.linear import linear
+from freetoken.layers.attention import AttnBatch
+from freetoken.layers.mla import MLADims, MLAttention, MLAWeights
+from freetoken.layers.rope import Rotary
+
+INDEXER_NORM_EPS = 1e-6  # the indexer's k_norm (a LayerNorm built with eps=1e-6)
+
+
+@dataclass
+class IndexerWeights:
+    wq_b: torch.Tensor  # [Hi * Di, q_lora_rank] (rope rows in rotate-half order)
+    wk: torch.Tensor  # [Di, D]
+    k_norm: torch.Tensor  # [Di] LayerNorm weight
+    k_norm_bias: torch.Tensor  # [Di]
+    weights_proj: torch.Tensor  # [Hi, D] float32 (transformers keeps it in float32)
+    heads: int  # index_n_heads Hi
+    head_dim: int  # index_head_dim Di
+    topk: int  # index_topk
+
+
+class DSAttention(MLAttention):
+    def __init__(
+        self, w: MLAWeights, layer: int, dims: MLADims, eps: float, rotary: Rotary, scale: float, idx: IndexerWeights
+    ) -> None:
+        super().__init__(w, layer, dims, eps, rotary, scale)
+        assert w.q_b is not None, "DSA's indexer reads the q LoRA's residual"
+        self.idx = idx
+        # the head weights' scales folded in: relu(s q.k) = s relu(q.k) for s > 0
+        self.head_scale = float(idx.heads**-0.5 * idx.head_dim**-0.5)
+
+    def index_keys(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [T, D] -> the indexer's rotated keys [T, Di]."""
+        i = self.idx
+        k = F.layer_norm(linear(x, i.wk), (i.head_dim,), i.k_norm, i.k_norm_bias, INDEXER_NORM_EPS)
+        return self.rotary.apply(k[:, None], positions)[:, 0]
+
+    def index_queries(
+        self, x: torch.Tensor, q_resid: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> the indexer's rotated queries [T, Hi, Di] and its head weights [T, Hi] float32 (scales included)."""
+        i = self.idx
+        iq = self.rotary.apply(linear(q_resid, i.wq_b).view(-1, i.heads, i.head_dim), positions)
+        return iq, linear(x.float(), i.weights_proj) * self.head_scale
+
+    def forward(self, x: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
+        d, w, T = self.dims, self.w, x.shape[0]
+        cache = kv.k[self.layer]  # [slots, 1, R + dr + Di]
+        q_nope, q_rope, q_resid, lat = self.project(x, batch)
+        row = torch.cat((lat, self.index_keys(x, batch.positions)), dim=-1)
+        cache.index_copy_(0, batch.slot_mapping, row[:, None].to(cache.dtype))
+        iq, iw = self.index_queries(x, q_resid, batch.positions)
+        if batch.decode is not None:
+            q = self.absorb(q_nope, q_rope, cache.dtype)
+            o_lat = dsa_decode_reference(q, cache, batch.decode, self.scale, d.rank, iq, iw, self.idx.topk)
+            o = self.out(o_lat, x.dtype)  # [T, H, dv]
+        else:
+            assert batch.prefill is not None, "a step is a decode step or has prefill metadata"
+            qf = torch.cat((q_nope, q_rope), dim=-1).to(cache.dtype)
+            o = dsa_prefill_reference(qf, cache, w.kv_b, batch.prefill, self.scale, (d.nope_dim, d.v_dim), iq, iw,
+                                      self.idx.topk).to(x.dtype)  # fmt: skip
+        return linear(o.reshape(T, d.heads * d.v_dim), w.o, w.o_bias)
