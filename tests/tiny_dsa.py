@@ -42,3 +42,35 @@ def save_dsa_checkpoint(variant: str, directory: Path, seed: int, **over: Any) -
     model = make_model(variant, seed, **over)
     model.save_pretrained(directory)
     return model
+
+
+@torch.no_grad()
+def index_margin(model: Any, ids: list[int]) -> float:
+    """The smallest relative gap, over every indexer layer and query, between the last kept and the first dropped
+    position's score (DESIGN §8's near-tie rule for the indexer's top-k; inf where no query drops a position).
+    transformers' indexers end in ``index_scores.topk(k)`` over [B, S, T]: that call's input is recorded."""
+    from reference import torch_ops
+
+    k, n = model.config.index_topk, len(ids)
+    seen: list[torch.Tensor] = []
+    topk = torch.Tensor.topk
+
+    def record(self: torch.Tensor, *args: Any, **kw: Any) -> Any:
+        if self.dim() == 3 and self.shape[-2:] == (n, n):
+            seen.append(self.detach().clone())
+        return topk(self, *args, **kw)
+
+    torch.Tensor.topk = record  # type: ignore[method-assign]
+    try:
+        with torch_ops(model):
+            model(torch.tensor([ids]), use_cache=False)
+    finally:
+        torch.Tensor.topk = topk  # type: ignore[method-assign]
+    assert seen, "no indexer top-k seen"
+    margin = float("inf")
+    for scores in seen:
+        for row in scores[0, k:]:  # query positions k.. see more than k positions
+            top = row[torch.isfinite(row) & (row > -1e30)].sort(descending=True).values
+            gap = (top[k - 1] - top[k]) / max(1.0, float(top.abs().max()))
+            margin = min(margin, float(gap))
+    return margin
