@@ -15,7 +15,7 @@ from freetoken.layers.dsa import DSAttention
 from freetoken.layers.mla import MLADims, MLAttention, MLAWeights
 from freetoken.layers.rope import Rotary, yarn_mscale
 from freetoken.models.base import Family
-from freetoken.models.dsa_blocks import indexer_weights
+from freetoken.models.dsa_blocks import dsa_fields, indexer_weights
 
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm, kv_a_layernorm: transformers builds them with the default eps
 
@@ -54,6 +54,8 @@ def mla_attention(
     w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, kv_index: int, rotary: Rotary
 ) -> MLAttention:
     p = fam.naming.layer.format(i=i) + fam.naming.attn
+    if fam.attention == "dsa":
+        dsa_fields(hf)  # before the q path: DSA needs the q LoRA
     d = mla_dims(hf)
     D, H, R, dr, dn, dv = hf.hidden_size, d.heads, d.rank, d.rope_dim, d.nope_dim, d.v_dim
     bias = hf.attention_bias
