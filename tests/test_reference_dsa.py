@@ -166,3 +166,10 @@ def test_real_config_bytes_per_token(tmp_path, name, layers):
            "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 32}  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     assert model_bytes(load_hf_config(tmp_path), 2).kv_per_token == (576 + 128) * 2 * layers
+
+
+def test_chat_family_of_the_dsa_model_types():
+    from freetoken.chat.registry import detect_family
+
+    assert detect_family("deepseek_v32") == "deepseek_v3"
+    assert detect_family("glm_moe_dsa") == "glm45"

@@ -6,7 +6,8 @@ KV pool's row beside the latent (``memory/sizes.py``: the row is ``R + dr + Di``
 ``iq = rope(wq_b q_resid)`` [Hi, Di] from the q LoRA's normed residual, and head weights ``weights_proj x`` [Hi].
 Rotary turns the first ``dr`` dims of the indexer's q and k (rotate-half; GLM-5's interleaved layout is permuted into it
 at load, ``models/dsa_blocks.py``). The scoring, selection and sparse attention are
-``kernels/attention/dsa_reference.py``'s; decode is absorbed as in MLA, prefill expands the context's latents.
+``kernels/attention/dsa_reference.py``'s; decode is absorbed as in MLA (on CUDA: MLA's Triton decode over the kept
+latents, ``dsa_triton_decode.py``), prefill expands the context's latents.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from freetoken.cache.kv_pool import KVPool
 from freetoken.kernels.attention.dsa_reference import dsa_decode_reference, dsa_prefill_reference
 from freetoken.kernels.linear import linear
+from freetoken.kernels.triton_support import use_triton
 from freetoken.layers.attention import AttnBatch
 from freetoken.layers.mla import MLADims, MLAttention, MLAWeights
 from freetoken.layers.rope import Rotary
@@ -47,6 +49,7 @@ class DSAttention(MLAttention):
         self.idx = idx
         # the head weights' scales folded in: relu(s q.k) = s relu(q.k) for s > 0
         self.head_scale = float(idx.heads**-0.5 * idx.head_dim**-0.5)
+        self.triton = use_triton(w.kv_a.device)  # decode: Triton over the kept latents (``dsa_triton_decode.py``)
 
     def index_keys(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [T, D] -> the indexer's rotated keys [T, Di]."""
@@ -71,7 +74,10 @@ class DSAttention(MLAttention):
         iq, iw = self.index_queries(x, q_resid, batch.positions)
         if batch.decode is not None:
             q = self.absorb(q_nope, q_rope, cache.dtype)
-            o_lat = dsa_decode_reference(q, cache, batch.decode, self.scale, d.rank, iq, iw, self.idx.topk)
+            decode = dsa_decode_reference
+            if self.triton:
+                from freetoken.kernels.attention.dsa_triton_decode import dsa_decode_triton as decode
+            o_lat = decode(q, cache, batch.decode, self.scale, d.rank, iq, iw, self.idx.topk)
             o = self.out(o_lat, x.dtype)  # [T, H, dv]
         else:
             assert batch.prefill is not None, "a step is a decode step or has prefill metadata"

@@ -35,6 +35,25 @@ def select(scores: torch.Tensor, visible: torch.Tensor, topk: int) -> torch.Tens
     return torch.zeros_like(visible).scatter_(-1, idx, True) & visible
 
 
+def _decode_context(meta: DecodeMeta) -> tuple[torch.Tensor, torch.Tensor]:
+    if meta.block_table.is_cuda:  # a graph's metadata is rewritten in place: nothing may be kept from it
+        return context_slots(meta, None)
+    return meta.gathered.get(None) or meta.gathered.setdefault(None, context_slots(meta, None))
+
+
+def selected_slots(
+    cache: torch.Tensor, meta: DecodeMeta, width: int, iq: torch.Tensor, iw: torch.Tensor, topk: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decode step's kept positions as cache slots [B, K] int64, best first (K = min(topk, addressable
+    positions); entries past a sequence's count are not slots), and the counts [B] int32 (min(topk, length)): a
+    page table of page size 1 over the kept latents (``dsa_triton_decode.py``). No host sync."""
+    slots, valid = _decode_context(meta)
+    scores = index_scores(iq[:, None], iw[:, None], cache[slots, 0, width:])[:, 0]  # [B, n]
+    k = min(topk, scores.shape[-1])
+    idx = scores.masked_fill(~valid, float("-inf")).topk(k, dim=-1).indices  # visible positions first
+    return slots.gather(1, idx), meta.seq_lens.clamp(max=k).to(torch.int32)
+
+
 def dsa_decode_reference(
     q: torch.Tensor,  # [B, H, L] the absorbed query
     cache: torch.Tensor,  # [slots, 1, L + Di]
@@ -46,10 +65,7 @@ def dsa_decode_reference(
     topk: int,
 ) -> torch.Tensor:  # [B, H, R], q's dtype
     L = q.shape[-1]
-    if meta.block_table.is_cuda:  # a graph's metadata is rewritten in place: nothing may be kept from it
-        slots, valid = context_slots(meta, None)
-    else:
-        slots, valid = meta.gathered.get(None) or meta.gathered.setdefault(None, context_slots(meta, None))
+    slots, valid = _decode_context(meta)
     rows = cache[slots, 0]  # [B, n, L + Di]
     keep = select(index_scores(iq[:, None], iw[:, None], rows[..., L:])[:, 0], valid, topk)  # [B, n]
     kv = rows[..., :L].float()[:, None]  # [B, 1, n, L]
