@@ -1,6 +1,6 @@
 """DeepSeek sparse attention's kernels (``kernels/attention/dsa_*.py``) against a float64 brute force over paged
 latents: each query's indexer scores, its top-k of the positions it sees, attention over those alone (decode
-absorbed, prefill expanded; contexts shorter and longer than index_topk); the Triton decode over the kept latents
+and prefill absorbed; contexts shorter and longer than index_topk); the Triton decode over the kept latents
 against the float32 reference (Triton's interpreter on the CPU, the kernel itself on CUDA)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from devices import TRITON_INTERPRETER
-from freetoken.kernels.attention import DecodeMeta, PrefillMeta
+from freetoken.kernels.attention import DecodeMeta, PrefillMeta, dsa_reference
 from freetoken.kernels.attention.dsa_reference import dsa_decode_reference, dsa_prefill_reference
 from test_mla_attention import PAGE, _pool, _weights
 
@@ -44,7 +44,7 @@ def test_decode_keeps_the_top_k_positions(topk: int) -> None:
     g = torch.Generator().manual_seed(topk)
     lens = [1, 17, 40]
     cache, table = _pool(lens, R + dr + DI, torch.float32, "cpu", g)
-    kv_b, w_uk, w_uv = _weights(H, dn, dv, R, g)
+    _, w_uk, w_uv = _weights(H, dn, dv, R, g)
     B = len(lens)
     q_nope, q_rope = torch.randn((B, H, dn), generator=g), torch.randn((B, H, dr), generator=g)
     iq, iw = torch.randn((B, HI, DI), generator=g), torch.randn((B, HI), generator=g)
@@ -58,19 +58,24 @@ def test_decode_keeps_the_top_k_positions(topk: int) -> None:
         torch.testing.assert_close(out[b], ref[0], rtol=1e-5, atol=1e-5)
 
 
-def test_prefill_keeps_each_query_s_top_k_of_what_it_sees() -> None:
+@pytest.mark.parametrize("elements", [None, 2000])  # 2000: blocks of a few queries
+def test_prefill_keeps_each_query_s_top_k_of_what_it_sees(elements: int | None, monkeypatch: pytest.MonkeyPatch):
+    if elements is not None:
+        monkeypatch.setattr(dsa_reference, "ELEMENTS", elements)
     H, R, dr, dn, dv, topk = 3, 32, 16, 24, 16, 6
     g = torch.Generator().manual_seed(3)
     lens, news = [9, 30, 21], [9, 12, 1]  # a first chunk, a later chunk, one token
     cache, table = _pool(lens, R + dr + DI, torch.float32, "cpu", g)
-    kv_b, w_uk, w_uv = _weights(H, dn, dv, R, g)
+    _, w_uk, w_uv = _weights(H, dn, dv, R, g)
     T = sum(news)
     q_nope, q_rope = torch.randn((T, H, dn), generator=g), torch.randn((T, H, dr), generator=g)
     iq, iw = torch.randn((T, HI, DI), generator=g), torch.randn((T, HI), generator=g)
     starts = [0, news[0], news[0] + news[1]]
     meta = PrefillMeta(torch.tensor(starts, dtype=torch.int32), torch.tensor(news, dtype=torch.int32),
                        torch.tensor(lens, dtype=torch.int32), table, PAGE, max(news))  # fmt: skip
-    out = dsa_prefill_reference(torch.cat((q_nope, q_rope), -1), cache, kv_b, meta, 0.2, (dn, dv), iq, iw, topk)
+    q_abs = torch.cat((torch.einsum("thd,hdr->thr", q_nope, w_uk), q_rope), dim=-1)
+    o_lat = dsa_prefill_reference(q_abs, cache, meta, 0.2, R, iq, iw, topk)
+    out = torch.einsum("thr,hdr->thd", o_lat.double(), w_uv.double())
     for s, (q0, n, ctx) in enumerate(zip(starts, news, lens)):
         sl = slice(q0, q0 + n)
         ref = _brute(q_nope[sl], q_rope[sl], _rows(cache, table, s, ctx), w_uk, w_uv, iq[sl], iw[sl], 0.2, topk,

@@ -6,8 +6,8 @@ KV pool's row beside the latent (``memory/sizes.py``: the row is ``R + dr + Di``
 ``iq = rope(wq_b q_resid)`` [Hi, Di] from the q LoRA's normed residual, and head weights ``weights_proj x`` [Hi].
 Rotary turns the first ``dr`` dims of the indexer's q and k (rotate-half; GLM-5's interleaved layout is permuted into it
 at load, ``models/dsa_blocks.py``). The scoring, selection and sparse attention are
-``kernels/attention/dsa_reference.py``'s; decode is absorbed as in MLA (on CUDA: MLA's Triton decode over the kept
-latents, ``dsa_triton_decode.py``), prefill expands the context's latents.
+``kernels/attention/dsa_reference.py``'s; decode and prefill are both absorbed as MLA's decode is (each query reads
+at most ``index_topk`` latents; on CUDA decode is MLA's Triton kernel over the kept latents, ``dsa_triton_decode.py``).
 """
 
 from __future__ import annotations
@@ -72,16 +72,14 @@ class DSAttention(MLAttention):
         row = torch.cat((lat, self.index_keys(x, batch.positions)), dim=-1)
         cache.index_copy_(0, batch.slot_mapping, row[:, None].to(cache.dtype))
         iq, iw = self.index_queries(x, q_resid, batch.positions)
+        q = self.absorb(q_nope, q_rope, cache.dtype)  # prefill too: each query reads at most topk latents
         if batch.decode is not None:
-            q = self.absorb(q_nope, q_rope, cache.dtype)
             decode = dsa_decode_reference
             if self.triton:
                 from freetoken.kernels.attention.dsa_triton_decode import dsa_decode_triton as decode
             o_lat = decode(q, cache, batch.decode, self.scale, d.rank, iq, iw, self.idx.topk)
-            o = self.out(o_lat, x.dtype)  # [T, H, dv]
         else:
             assert batch.prefill is not None, "a step is a decode step or has prefill metadata"
-            qf = torch.cat((q_nope, q_rope), dim=-1).to(cache.dtype)
-            o = dsa_prefill_reference(qf, cache, w.kv_b, batch.prefill, self.scale, (d.nope_dim, d.v_dim), iq, iw,
-                                      self.idx.topk).to(x.dtype)  # fmt: skip
+            o_lat = dsa_prefill_reference(q, cache, batch.prefill, self.scale, d.rank, iq, iw, self.idx.topk)
+        o = self.out(o_lat, x.dtype)  # [T, H, dv]
         return linear(o.reshape(T, d.heads * d.v_dim), w.o, w.o_bias)

@@ -6,8 +6,8 @@ holds the MLA latent ``[c (R), kr (dr)]`` (``mla_reference.py``) followed by the
 - Each query keeps the ``min(topk, visible)`` best of the positions it may see (causal: its own and earlier ones;
   ``select``): with a context no longer than ``index_topk`` it attends everything, as dense MLA does.
 - decode (``dsa_decode_reference``): the absorbed MQA of ``mla_decode_reference`` over the kept latents only.
-- prefill (``dsa_prefill_reference``): per sequence the context's latents expanded through kv_b_proj and each new
-  token attending its kept positions.
+- prefill (``dsa_prefill_reference``): absorbed too - each new token gathers its kept latents (at most topk
+  whatever the context) and attends them as decode does; a block of tokens at a time, memory bounded.
 Shapes: B sequences, T new tokens, H heads, Hi indexer heads, Di indexer head dim, L = R + dr (latent width).
 """
 
@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from freetoken.kernels.attention import DecodeMeta, PrefillMeta
 from freetoken.kernels.attention.decode_reference import context_slots
-from freetoken.kernels.attention.mla_reference import expand_latents
+
+ELEMENTS = 1 << 26  # float32 values a prefill block of queries may hold (scores over the context, kept latents)
 
 
 def index_scores(iq: torch.Tensor, iw: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -76,29 +77,38 @@ def dsa_decode_reference(
 
 
 def dsa_prefill_reference(
-    q: torch.Tensor,  # [T, H, dn + dr]
+    q: torch.Tensor,  # [T, H, L] the absorbed queries
     cache: torch.Tensor,  # [slots, 1, L + Di]
-    kv_b: torch.Tensor,  # [H * (dn + dv), R]
     meta: PrefillMeta,
     scale: float,
-    dims: tuple[int, int],  # (dn, dv)
+    rank: int,  # R
     iq: torch.Tensor,  # [T, Hi, Di]
     iw: torch.Tensor,  # [T, Hi]
     topk: int,
-) -> torch.Tensor:  # [T, H, dv], q's dtype
-    T, H, _ = q.shape
-    L = kv_b.shape[1] + q.shape[-1] - dims[0]  # R + dr
-    out = q.new_empty((T, H, dims[1]))
+) -> torch.Tensor:  # [T, H, R], q's dtype
+    """Per sequence, a block of its new tokens at a time: the block's indexer scores over the context, each query's
+    kept positions (``select``'s rule, as indices), their latents gathered [rows, K, L] and attended absorbed. Memory
+    is bounded by ``ELEMENTS`` per block however long the context; work grows with K = min(topk, context), not with
+    the context."""
+    T, H, L = q.shape
+    out = q.new_empty((T, H, rank))
     S, table = meta.page_size, meta.block_table.long()
     for s, (q0, n, ctx) in enumerate(zip(meta.q_start.tolist(), meta.q_len.tolist(), meta.ctx_len.tolist())):
         if n == 0:
             continue
         pos = torch.arange(ctx, device=q.device)
-        rows = cache[table[s, pos // S] * S + pos % S, 0]  # [ctx, L + Di]
-        visible = pos[None, :] <= pos[ctx - n :, None]  # [n, ctx] causal
-        keep = select(index_scores(iq[q0 : q0 + n], iw[q0 : q0 + n], rows[:, L:]), visible, topk)
-        k, v = expand_latents(rows[:, :L], kv_b, dims)  # [H, ctx, dn + dr], [H, ctx, dv]
-        qs = q[q0 : q0 + n].transpose(0, 1).float()  # [H, n, dn + dr]
-        o = F.scaled_dot_product_attention(qs, k.float(), v.float(), attn_mask=keep[None], scale=scale)
-        out[q0 : q0 + n] = o.transpose(0, 1).to(q.dtype)
+        slots = table[s, pos // S] * S + pos % S
+        keys = cache[slots, 0, L:]  # [ctx, Di]
+        k = min(topk, ctx)
+        step = max(1, ELEMENTS // (ctx * iq.shape[1] + k * (L + H)))
+        for r0 in range(0, n, step):
+            r1 = min(n, r0 + step)
+            rows = slice(q0 + r0, q0 + r1)
+            visible = pos[None, :] <= pos[ctx - n + r0 : ctx - n + r1, None]  # [rows, ctx] causal
+            scores = index_scores(iq[rows], iw[rows], keys).masked_fill(~visible, float("-inf"))
+            idx = scores.topk(k, dim=-1).indices  # [rows, K]
+            lat = cache[slots[idx], 0, :L].float()  # [rows, K, L]
+            sc = torch.einsum("nhl,nkl->nhk", q[rows].float(), lat) * scale
+            p = torch.softmax(sc.masked_fill(~visible.gather(1, idx)[:, None, :], float("-inf")), dim=-1)
+            out[rows] = torch.einsum("nhk,nkr->nhr", p, lat[..., :rank]).to(q.dtype)
     return out
