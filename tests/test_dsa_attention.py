@@ -10,7 +10,12 @@ import torch
 
 from devices import TRITON_INTERPRETER
 from freetoken.kernels.attention import DecodeMeta, PrefillMeta, dsa_reference
-from freetoken.kernels.attention.dsa_reference import dsa_decode_reference, dsa_prefill_reference
+from freetoken.kernels.attention.dsa_reference import (
+    decode_selection,
+    dsa_decode_reference,
+    dsa_prefill_reference,
+    prefill_selection,
+)
 from test_mla_attention import PAGE, _pool, _weights
 
 HI, DI = 4, 16  # indexer heads and head dim
@@ -50,7 +55,8 @@ def test_decode_keeps_the_top_k_positions(topk: int) -> None:
     iq, iw = torch.randn((B, HI, DI), generator=g), torch.randn((B, HI), generator=g)
     q_abs = torch.cat((torch.einsum("bhd,hdr->bhr", q_nope, w_uk), q_rope), dim=-1)
     meta = DecodeMeta(table, torch.tensor(lens, dtype=torch.int32), PAGE)
-    o_lat = dsa_decode_reference(q_abs, cache, meta, 0.2, R, iq, iw, topk)
+    sel = decode_selection(cache, meta, R + dr, iq, iw, topk)
+    o_lat = dsa_decode_reference(q_abs, cache, sel, 0.2, R)
     out = torch.einsum("bhr,hdr->bhd", o_lat.double(), w_uv.double())
     for b, n in enumerate(lens):
         ref = _brute(q_nope[b : b + 1], q_rope[b : b + 1], _rows(cache, table, b, n), w_uk, w_uv, iq[b : b + 1],
@@ -74,7 +80,7 @@ def test_prefill_keeps_each_query_s_top_k_of_what_it_sees(elements: int | None, 
     meta = PrefillMeta(torch.tensor(starts, dtype=torch.int32), torch.tensor(news, dtype=torch.int32),
                        torch.tensor(lens, dtype=torch.int32), table, PAGE, max(news))  # fmt: skip
     q_abs = torch.cat((torch.einsum("thd,hdr->thr", q_nope, w_uk), q_rope), dim=-1)
-    o_lat = dsa_prefill_reference(q_abs, cache, meta, 0.2, R, iq, iw, topk)
+    o_lat = dsa_prefill_reference(q_abs, cache, prefill_selection(cache, meta, R + dr, iq, iw, topk, H), 0.2, R)
     out = torch.einsum("thr,hdr->thd", o_lat.double(), w_uv.double())
     for s, (q0, n, ctx) in enumerate(zip(starts, news, lens)):
         sl = slice(q0, q0 + n)
@@ -93,8 +99,9 @@ def _check_triton(device: str, dtype: torch.dtype, H: int, R: int, dr: int, topk
         q = torch.randn((B, H, R + dr), generator=g).to(dtype).to(device)
         iq, iw = (torch.randn(s, generator=g).to(device) for s in ((B, HI, DI), (B, HI)))
         meta = DecodeMeta(table, torch.tensor(lens, dtype=torch.int32, device=device), PAGE)
-        ref = dsa_decode_reference(q.float(), cache.float(), meta, 0.1, R, iq, iw, topk)
-        out = dsa_decode_triton(q, cache, meta, 0.1, R, iq, iw, topk).float()
+        sel = decode_selection(cache, meta, R + dr, iq, iw, topk)
+        ref = dsa_decode_reference(q.float(), cache.float(), sel, 0.1, R)
+        out = dsa_decode_triton(q, cache, sel, 0.1, R).float()
         rel = float((out - ref).norm() / ref.norm())
         if dtype == torch.float32:  # exact in the interpreter; TF32 products on a GPU
             assert rel < (1e-5 if device == "cpu" else 5e-3), (lens, rel)

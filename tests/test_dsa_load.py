@@ -61,10 +61,38 @@ def test_index_topk_must_be_positive(ckpt, tmp_path, value):
     _refused(_edited(ckpt, tmp_path / "topk", config=lambda c: c.update(index_topk=value)), "index_topk")
 
 
-def test_dsa_without_a_q_lora_and_shared_indexers_are_refused(ckpt, tmp_path):
+def test_dsa_without_a_q_lora_and_bad_indexer_kinds_are_refused(ckpt, tmp_path):
     _refused(_edited(ckpt, tmp_path / "lora", config=lambda c: c.update(q_lora_rank=None)), "q_lora_rank")
-    _refused(_edited(ckpt, tmp_path / "shared", config=lambda c: c.update(indexer_types=["full", "shared"])),
-             r"indexer_types\[1\] is 'shared'")  # fmt: skip
+    _refused(_edited(ckpt, tmp_path / "first", config=lambda c: c.update(indexer_types=["shared", "full"])),
+             r"indexer_types\[0\] is 'shared'")  # fmt: skip
+    _refused(_edited(ckpt, tmp_path / "kind", config=lambda c: c.update(indexer_types=["full", "half"])),
+             r"indexer_types\[1\] is 'half'")  # fmt: skip
+    _refused(_edited(ckpt, tmp_path / "short", config=lambda c: c.update(indexer_types=["full"])), "indexer_types")
+    # a shared layer with indexer tensors of its own: they would be unused, and are refused naming one
+    _refused(_edited(ckpt, tmp_path / "unused", config=lambda c: c.update(indexer_types=["full", "shared"])),
+             r"model\.layers\.1\.self_attn\.indexer\.")  # fmt: skip
+
+
+@pytest.mark.parametrize("raw,kinds", [
+    ({"indexer_types": ["full", "shared", "full", "shared"]}, "FSFS"),
+    ({"index_topk_pattern": "FFSS"}, "FFSS"),
+    ({}, "FFFF"),  # transformers' defaults: every layer from layer 1 (offset 2), each one
+    ({"index_topk_freq": 2}, "FFSF"),
+    ({"index_topk_freq": 3, "index_skip_topk_offset": 1}, "FSSF"),
+])  # fmt: skip
+def test_indexer_kinds_follow_transformers(tmp_path, raw, kinds):
+    """GLM-5's layers sharing an indexer, derived as ``GlmMoeDsaConfig`` does; DeepSeek-V3.2 ignores these keys."""
+    from freetoken.checkpoint.hf_config import load_hf_config
+    from freetoken.models.dsa_blocks import indexer_kinds
+    from freetoken.models.registry import get_family
+
+    for arch, want in (("GlmMoeDsaForCausalLM", kinds), ("DeepseekV32ForCausalLM", "FFFF")):
+        cfg = {"architectures": [arch], "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 4,
+               "vocab_size": 100, **raw}  # fmt: skip
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
+        hf = load_hf_config(tmp_path)
+        got = "".join(k[0].upper() for k in indexer_kinds(hf, get_family(arch)))
+        assert got == want, (arch, raw)
 
 
 def test_glm5_next_is_refused_in_one_line(ckpt, tmp_path):

@@ -3,8 +3,9 @@ checkpoints (CPU, fp32; ``tiny_dsa.py``, ``index_topk`` 6 under prompts of 5 to 
 positions): prefill logits one shot, in chunks, layer-major and one token at a time (absorbed decode over the kept
 latents); the same weights with a dense ``index_topk`` give other logits (the sparsity is real); greedy tokens of a
 batch mixing prefill chunks and decode rows through the fused, offload, cpu and hybrid expert backends at a small
-cache; prefix reuse after an edit and preemption (the indexer's keys live in the latent's pages). Then the memory
-plan's bytes per token."""
+cache; prefix reuse after an edit and preemption (the indexer's keys live in the latent's pages); a GLM-5 whose
+middle layer attends by the first layer's top-k (``indexer_types``: full, shared, full). Then the memory plan's bytes
+per token."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ PROMPT_LENGTHS = (5, 13, 29)
 STEPS = 10
 INDEX_MARGIN = 1e-4
 # Seeds picked so the reference has no near ties (logits, routers, the indexer's top-k; asserted below, DESIGN §8).
-SEEDS = {"deepseek_v32": 2, "glm_moe_dsa": 0}
+SEEDS = {"deepseek_v32": 2, "glm_moe_dsa": 0, "glm_moe_dsa_shared": 2}
 # (backend, expert cache, fill fraction): 2 slots of 16 routed experts is a small cache
 BACKENDS = [("fused", None, None), ("offload", 0.125, None), ("cpu", None, None), ("hybrid", 0.125, 0.5)]
 PARAMS = SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True)

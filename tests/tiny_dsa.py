@@ -13,13 +13,17 @@ from freetoken.bench.tiny_hybrid import randomize
 from tiny_mla import MLA
 
 INDEXER: dict[str, Any] = dict(index_topk=6, index_n_heads=8, index_head_dim=24)
-VARIANTS = ["deepseek_v32", "glm_moe_dsa"]
+# glm_moe_dsa_shared: GLM-5 whose layer 1 attends by layer 0's top-k (index_topk_freq 2 from layer 1: F, S, F)
+VARIANTS = ["deepseek_v32", "glm_moe_dsa", "glm_moe_dsa_shared"]
+SHARED = {"index_topk_freq": 2, "index_skip_topk_offset": 1}
 
 
 def make_config(variant: str, **over: Any) -> Any:
     import transformers as tf
 
-    cls = {"deepseek_v32": tf.DeepseekV32Config, "glm_moe_dsa": tf.GlmMoeDsaConfig}[variant]
+    cls = {"deepseek_v32": tf.DeepseekV32Config, "glm_moe_dsa": tf.GlmMoeDsaConfig}[variant.removesuffix("_shared")]
+    if variant.endswith("_shared"):
+        over = {**SHARED, **over}
     kw: dict[str, Any] = {**MLA, **INDEXER, "q_lora_rank": 48, "first_k_dense_replace": 1, "n_group": 2,
                           "topk_group": 1, "routed_scaling_factor": 2.5, **over}  # fmt: skip
     return cls(**kw)

@@ -18,7 +18,12 @@ import torch
 import torch.nn.functional as F
 
 from freetoken.cache.kv_pool import KVPool
-from freetoken.kernels.attention.dsa_reference import dsa_decode_reference, dsa_prefill_reference
+from freetoken.kernels.attention.dsa_reference import (
+    decode_selection,
+    dsa_decode_reference,
+    dsa_prefill_reference,
+    prefill_selection,
+)
 from freetoken.kernels.linear import linear
 from freetoken.kernels.triton_support import use_triton
 from freetoken.layers.attention import AttnBatch
@@ -41,29 +46,43 @@ class IndexerWeights:
 
 
 class DSAttention(MLAttention):
+    """``idx``: this layer's indexer; None on a layer sharing layer ``source``'s selection (GLM-5's "shared" layers:
+    the step's selection of the last indexer layer before it, kept on the batch)."""
+
     def __init__(
-        self, w: MLAWeights, layer: int, dims: MLADims, eps: float, rotary: Rotary, scale: float, idx: IndexerWeights
-    ) -> None:
+        self, w: MLAWeights, layer: int, dims: MLADims, eps: float, rotary: Rotary, scale: float,
+        idx: IndexerWeights | None, source: int, index_dim: int,
+    ) -> None:  # fmt: skip
         super().__init__(w, layer, dims, eps, rotary, scale)
         assert w.q_b is not None, "DSA's indexer reads the q LoRA's residual"
-        self.idx = idx
+        self.idx, self.source, self.index_dim = idx, source, index_dim
         # the head weights' scales folded in: relu(s q.k) = s relu(q.k) for s > 0
-        self.head_scale = float(idx.heads**-0.5 * idx.head_dim**-0.5)
+        self.head_scale = 0.0 if idx is None else float(idx.heads**-0.5 * idx.head_dim**-0.5)
         self.triton = use_triton(w.kv_a.device)  # decode: Triton over the kept latents (``dsa_triton_decode.py``)
 
     def index_keys(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x [T, D] -> the indexer's rotated keys [T, Di]."""
+        """x [T, D] -> the indexer's rotated keys [T, Di] (zeros on a sharing layer: its rows' keys are unused)."""
         i = self.idx
+        if i is None:
+            return x.new_zeros((x.shape[0], self.index_dim))
         k = F.layer_norm(linear(x, i.wk), (i.head_dim,), i.k_norm, i.k_norm_bias, INDEXER_NORM_EPS)
         return self.rotary.apply(k[:, None], positions)[:, 0]
 
-    def index_queries(
-        self, x: torch.Tensor, q_resid: torch.Tensor, positions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> the indexer's rotated queries [T, Hi, Di] and its head weights [T, Hi] float32 (scales included)."""
+    def select(self, x: torch.Tensor, q_resid: torch.Tensor, batch: AttnBatch, cache: torch.Tensor) -> object:
+        """This step's kept positions: the indexer's (kept on the batch for the layers sharing it), or the source's."""
         i = self.idx
-        iq = self.rotary.apply(linear(q_resid, i.wq_b).view(-1, i.heads, i.head_dim), positions)
-        return iq, linear(x.float(), i.weights_proj) * self.head_scale
+        if i is None:
+            return batch.selections[self.source]
+        iq = self.rotary.apply(linear(q_resid, i.wq_b).view(-1, i.heads, i.head_dim), batch.positions)
+        iw = linear(x.float(), i.weights_proj) * self.head_scale
+        L = self.dims.rank + self.dims.rope_dim
+        if batch.decode is not None:
+            sel: object = decode_selection(cache, batch.decode, L, iq, iw, i.topk)
+        else:
+            assert batch.prefill is not None, "a step is a decode step or has prefill metadata"
+            sel = prefill_selection(cache, batch.prefill, L, iq, iw, i.topk, self.dims.heads)
+        batch.selections[self.layer] = sel
+        return sel
 
     def forward(self, x: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
         d, w, T = self.dims, self.w, x.shape[0]
@@ -71,15 +90,16 @@ class DSAttention(MLAttention):
         q_nope, q_rope, q_resid, lat = self.project(x, batch)
         row = torch.cat((lat, self.index_keys(x, batch.positions)), dim=-1)
         cache.index_copy_(0, batch.slot_mapping, row[:, None].to(cache.dtype))
-        iq, iw = self.index_queries(x, q_resid, batch.positions)
+        sel = self.select(x, q_resid, batch, cache)
         q = self.absorb(q_nope, q_rope, cache.dtype)  # prefill too: each query reads at most topk latents
         if batch.decode is not None:
+            assert isinstance(sel, tuple)
             decode = dsa_decode_reference
             if self.triton:
                 from freetoken.kernels.attention.dsa_triton_decode import dsa_decode_triton as decode
-            o_lat = decode(q, cache, batch.decode, self.scale, d.rank, iq, iw, self.idx.topk)
+            o_lat = decode(q, cache, sel, self.scale, d.rank)
         else:
-            assert batch.prefill is not None, "a step is a decode step or has prefill metadata"
-            o_lat = dsa_prefill_reference(q, cache, batch.prefill, self.scale, d.rank, iq, iw, self.idx.topk)
+            assert isinstance(sel, list)
+            o_lat = dsa_prefill_reference(q, cache, sel, self.scale, d.rank)
         o = self.out(o_lat, x.dtype)  # [T, H, dv]
         return linear(o.reshape(T, d.heads * d.v_dim), w.o, w.o_bias)

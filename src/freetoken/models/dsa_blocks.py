@@ -1,9 +1,9 @@
 """DeepSeek sparse attention's lightning indexer (``layers/dsa.py``) read from a checkpoint: ``indexer.wq_b``,
 ``indexer.wk``, ``indexer.k_norm`` (weight and bias), ``indexer.weights_proj`` beside each layer's MLA tensors, and
 the config's ``index_topk``, ``index_n_heads``, ``index_head_dim``, each checked (a missing tensor, a non-positive
-field, a model without a q LoRA, GLM-5's shared-indexer layers: refused naming it). GLM-5's indexer rotates its first
-``qk_rope_head_dim`` dims in the interleaved layout: those rows of ``wq_b`` (per head), ``wk`` and ``k_norm`` are
-permuted into rotate-half order, which changes no score."""
+field, a model without a q LoRA: refused naming it); which layers share another's selection (GLM-5,
+``indexer_kinds``). GLM-5's indexer rotates its first ``qk_rope_head_dim`` dims in the interleaved layout: those rows
+of ``wq_b`` (per head), ``wk`` and ``k_norm`` are permuted into rotate-half order, which changes no score."""
 
 from __future__ import annotations
 
@@ -34,12 +34,34 @@ def dsa_fields(hf: HFConfig) -> tuple[int, int, int]:
         raise CheckpointError(f"{where}: index_head_dim = {head_dim} is smaller than qk_rope_head_dim")
     if not hf.raw.get("q_lora_rank"):
         raise CheckpointError(f"{where}: DSA's indexer reads the q LoRA: q_lora_rank must be set ({hf.architecture})")
-    shared = [i for i, t in enumerate(hf.raw.get("indexer_types") or []) if t != "full"]
-    if shared:
-        kind = hf.raw["indexer_types"][shared[0]]
-        raise CheckpointError(f"{where}: indexer_types[{shared[0]}] is {kind!r}: layers reusing another layer's top-k "
-                              "(GLM-5's shared indexers) are not implemented")  # fmt: skip
     return heads, head_dim, topk
+
+
+def indexer_kinds(hf: HFConfig, fam: Family) -> list[str]:
+    """Each layer's indexer: "full" (its own) or "shared" (the last full layer's selection), as transformers'
+    ``GlmMoeDsaConfig`` derives it: ``indexer_types``, else ``index_topk_pattern`` ("F"/"S"), else every
+    ``index_topk_freq``-th layer from ``index_skip_topk_offset`` on (defaults 1 and 2: all full). DeepSeek-V3.2: all
+    full. The first layer must be full."""
+    n, raw, where = hf.num_layers, hf.raw, hf.path / "config.json"
+    if not fam.indexer_sharing:
+        return ["full"] * n
+    kinds, field = raw.get("indexer_types"), "indexer_types"
+    if kinds is None and raw.get("index_topk_pattern") is not None:
+        pattern, field = raw["index_topk_pattern"], "index_topk_pattern"
+        kinds = [{"F": "full", "S": "shared"}.get(c, c) for c in pattern] if isinstance(pattern, str) else pattern
+    if kinds is None:
+        freq, offset = raw.get("index_topk_freq", 1), raw.get("index_skip_topk_offset", 2)
+        if not isinstance(freq, int) or not isinstance(offset, int) or isinstance(freq, bool) or offset < 0:
+            raise CheckpointError(f"{where}: index_topk_freq / index_skip_topk_offset must be integers, not "
+                                  f"{freq!r} / {offset!r}")  # fmt: skip
+        return ["full" if max(i - offset + 1, 0) % max(freq, 1) == 0 else "shared" for i in range(n)]
+    if not isinstance(kinds, list) or len(kinds) < n:
+        raise CheckpointError(f"{where}: {field} must list an indexer kind for each of the {n} layers, not {kinds!r}")
+    for i, k in enumerate(kinds[:n]):
+        if k not in ("full", "shared") or (i == 0 and k != "full"):
+            raise CheckpointError(f"{where}: {field}[{i}] is {k!r}: each layer's indexer is 'full' or 'shared' "
+                                  "(the first 'full')")  # fmt: skip
+    return list(kinds[:n])
 
 
 def indexer_weights(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, rope_dim: int) -> IndexerWeights:

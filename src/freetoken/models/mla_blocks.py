@@ -15,7 +15,7 @@ from freetoken.layers.dsa import DSAttention
 from freetoken.layers.mla import MLADims, MLAttention, MLAWeights
 from freetoken.layers.rope import Rotary, yarn_mscale
 from freetoken.models.base import Family
-from freetoken.models.dsa_blocks import dsa_fields, indexer_weights
+from freetoken.models.dsa_blocks import dsa_fields, indexer_kinds, indexer_weights
 
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm, kv_a_layernorm: transformers builds them with the default eps
 
@@ -91,6 +91,9 @@ def mla_attention(
         o_bias=w.get(p + "o_proj.bias", (D,)) if bias else None,
     )  # fmt: skip
     if fam.attention == "dsa":
-        idx = indexer_weights(w, fam, hf, i, dr)
-        return DSAttention(mw, kv_index, d, LATENT_NORM_EPS, rotary, mla_scale(hf, d), idx)
+        kinds = indexer_kinds(hf, fam)
+        source = max(j for j in range(i + 1) if kinds[j] == "full")  # the selection this layer attends by
+        idx = indexer_weights(w, fam, hf, i, dr) if source == i else None
+        return DSAttention(mw, kv_index, d, LATENT_NORM_EPS, rotary, mla_scale(hf, d), idx, kv_index - (i - source),
+                           dsa_fields(hf)[1])  # fmt: skip
     return MLAttention(mw, kv_index, d, LATENT_NORM_EPS, rotary, mla_scale(hf, d))
