@@ -12,6 +12,7 @@ from devices import TRITON_INTERPRETER
 from freetoken.kernels.attention import DecodeMeta, PrefillMeta, dsa_reference
 from freetoken.kernels.attention.dsa_reference import (
     decode_selection,
+    dense_meta,
     dsa_decode_reference,
     dsa_prefill_reference,
     prefill_selection,
@@ -82,6 +83,11 @@ def test_prefill_keeps_each_query_s_top_k_of_what_it_sees(elements: int | None, 
     q_abs = torch.cat((torch.einsum("thd,hdr->thr", q_nope, w_uk), q_rope), dim=-1)
     o_lat = dsa_prefill_reference(q_abs, cache, prefill_selection(cache, meta, R + dr, iq, iw, topk, H), 0.2, R)
     out = torch.einsum("thr,hdr->thd", o_lat.double(), w_uv.double())
+    # contexts within topk keep everything they see: marked dense, for MLA's prefill (``layers/dsa.py``)
+    blocks = prefill_selection(cache, meta, R + dr, iq, iw, 21, H)
+    assert [b.seq for b in blocks if b.slots is None] == [0, 2]
+    dense = dense_meta(meta, blocks)
+    assert dense is not None and dense.q_start.tolist() == [0, 21] and dense.max_q_len == 9
     for s, (q0, n, ctx) in enumerate(zip(starts, news, lens)):
         sl = slice(q0, q0 + n)
         ref = _brute(q_nope[sl], q_rope[sl], _rows(cache, table, s, ctx), w_uk, w_uv, iq[sl], iw[sl], 0.2, topk,

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from freetoken.cache.kv_pool import KVPool
 from freetoken.kernels.attention.dsa_reference import (
     decode_selection,
+    dense_meta,
     dsa_decode_reference,
     dsa_prefill_reference,
     prefill_selection,
@@ -97,9 +98,16 @@ class DSAttention(MLAttention):
             decode = dsa_decode_reference
             if self.triton:
                 from freetoken.kernels.attention.dsa_triton_decode import dsa_decode_triton as decode
-            o_lat = decode(q, cache, sel, self.scale, d.rank)
+            o = self.out(decode(q, cache, sel, self.scale, d.rank), x.dtype)  # [T, H, dv]
         else:
-            assert isinstance(sel, list)
-            o_lat = dsa_prefill_reference(q, cache, sel, self.scale, d.rank)
-        o = self.out(o_lat, x.dtype)  # [T, H, dv]
+            assert isinstance(sel, list) and batch.prefill is not None
+            o = self.out(dsa_prefill_reference(q, cache, sel, self.scale, d.rank), x.dtype)
+            dense = dense_meta(batch.prefill, sel)
+            if dense is not None:  # contexts within topk keep all they see: MLA's expanded prefill (its flash kernel)
+                qf = torch.cat((q_nope, q_rope), dim=-1).to(cache.dtype)
+                od = self.backend.prefill(qf, cache[..., : d.rank + d.rope_dim], w.kv_b, dense, self.scale,
+                                          (d.nope_dim, d.v_dim))  # fmt: skip
+                for b in sel:
+                    if b.slots is None:
+                        o[b.start : b.stop] = od[b.start : b.stop].to(o.dtype)
         return linear(o.reshape(T, d.heads * d.v_dim), w.o, w.o_bias)

@@ -8,7 +8,8 @@ holds the MLA latent ``[c (R), kr (dr)]`` (``mla_reference.py``) followed by the
   per indexer layer (``decode_selection``, ``prefill_selection``) and may serve later layers (GLM-5's shared ones).
 - Attention over the kept latents is absorbed, as MLA's decode: the query [H, R + dr] over the latents, values
   their first R columns (``dsa_decode_reference``; ``dsa_prefill_reference``: each new token gathers its kept
-  latents - at most topk whatever the context - a block of tokens at a time, memory bounded).
+  latents - at most topk whatever the context - a block of tokens at a time, memory bounded; a sequence whose
+  context is no longer than topk is dense causal MLA, which the layer runs as MLA's prefill).
 Shapes: B sequences, T new tokens, H heads, Hi indexer heads, Di indexer head dim, L = R + dr (latent width).
 """
 
@@ -69,13 +70,26 @@ def dsa_decode_reference(
 
 @dataclass
 class PrefillBlock:
-    """A block of one sequence's new tokens: rows ``start:stop`` of the step, each query's kept positions as cache
-    slots [rows, K] (best first) and whether each is one it sees [rows, K]."""
+    """A block of sequence ``seq``'s new tokens: rows ``start:stop`` of the step, each query's kept positions as
+    cache slots [rows, K] (best first) and whether each is one it sees [rows, K]. ``slots`` None: the sequence's
+    context is no longer than topk, so every query keeps all it sees - dense causal MLA (``dense_meta``)."""
 
+    seq: int
     start: int
     stop: int
-    slots: torch.Tensor
-    kept: torch.Tensor
+    slots: torch.Tensor | None = None
+    kept: torch.Tensor | None = None
+
+
+def dense_meta(meta: PrefillMeta, blocks: list[PrefillBlock]) -> PrefillMeta | None:
+    """The step's metadata restricted to the dense blocks' sequences (None: there are none)."""
+    seqs = [b.seq for b in blocks if b.slots is None]
+    if not seqs:
+        return None
+    idx = torch.tensor(seqs, device=meta.q_start.device)
+    q_len = meta.q_len[idx]
+    return PrefillMeta(meta.q_start[idx], q_len, meta.ctx_len[idx], meta.block_table[idx], meta.page_size,
+                       max(b.stop - b.start for b in blocks if b.slots is None))  # fmt: skip
 
 
 def prefill_selection(
@@ -88,6 +102,9 @@ def prefill_selection(
     for s, (q0, n, ctx) in enumerate(zip(meta.q_start.tolist(), meta.q_len.tolist(), meta.ctx_len.tolist())):
         if n == 0:
             continue
+        if ctx <= topk:
+            blocks.append(PrefillBlock(s, q0, q0 + n))
+            continue
         pos = torch.arange(ctx, device=iq.device)
         slots = table[s, pos // S] * S + pos % S
         keys = cache[slots, 0, width:]  # [ctx, Di]
@@ -98,7 +115,7 @@ def prefill_selection(
             visible = pos[None, :] <= pos[ctx - n + r0 : ctx - n + r1, None]  # [rows, ctx] causal
             scores = index_scores(iq[q0 + r0 : q0 + r1], iw[q0 + r0 : q0 + r1], keys)
             idx = scores.masked_fill(~visible, float("-inf")).topk(k, dim=-1).indices  # [rows, K]
-            blocks.append(PrefillBlock(q0 + r0, q0 + r1, slots[idx], visible.gather(1, idx)))
+            blocks.append(PrefillBlock(s, q0 + r0, q0 + r1, slots[idx], visible.gather(1, idx)))
     return blocks
 
 
@@ -109,9 +126,12 @@ def dsa_prefill_reference(
     scale: float,
     rank: int,  # R
 ) -> torch.Tensor:  # [T, H, R], q's dtype
+    """The sparse blocks' rows (the dense ones' stay zero: the layer runs them as MLA's prefill)."""
     L = q.shape[-1]
-    out = q.new_empty((q.shape[0], q.shape[1], rank))
+    out = q.new_zeros((q.shape[0], q.shape[1], rank))
     for b in selection:
+        if b.slots is None or b.kept is None:
+            continue
         lat = cache[b.slots, 0, :L].float()  # [rows, K, L]
         sc = torch.einsum("nhl,nkl->nhk", q[b.start : b.stop].float(), lat) * scale
         p = torch.softmax(sc.masked_fill(~b.kept[:, None, :], float("-inf")), dim=-1)
