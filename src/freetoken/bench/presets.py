@@ -8,7 +8,7 @@ the machine; reports say how many ran.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from freetoken.quant import WeightFormat, format_by_name
 
@@ -32,11 +32,27 @@ class HybridShape:
 
 
 @dataclass(frozen=True)
-class FrontierShape:
-    """The rest of a sigmoid-routed frontier model (GLM-4.5 to 4.7, MiniMax-M2) as its config ships it: attention,
-    the first dense layers, shared experts, routing (``bench/synthetic_frontier.py`` writes such a checkpoint)."""
+class MLAShape:
+    """Multi-head latent attention's shapes (DeepSeek-V3, GLM-5), and DeepSeek sparse attention's indexer where
+    ``index_heads`` > 0 (``bench/synthetic_mla.py`` writes them)."""
 
-    family: str  # "glm4_moe" | "minimax_m2"
+    q_lora: int
+    nope_dim: int
+    v_dim: int
+    kv_lora: int = 512
+    rope_dim: int = 64
+    index_heads: int = 0
+    index_dim: int = 128
+    index_topk: int = 2048
+
+
+@dataclass(frozen=True)
+class FrontierShape:
+    """The rest of a sigmoid-routed frontier model (GLM-4.5 to 4.7, GLM-5, MiniMax-M2, DeepSeek-V3/V3.2) as its config
+    ships it: attention, the first dense layers, shared experts, routing (``bench/synthetic_frontier.py`` writes such a
+    checkpoint). ``mla``: latent attention of those shapes (heads = query heads; kv_heads and head_dim unused)."""
+
+    family: str  # "glm4_moe" | "minimax_m2" | "deepseek_v3" | "deepseek_v32" | "glm_moe_dsa"
     heads: int
     kv_heads: int
     head_dim: int
@@ -48,6 +64,7 @@ class FrontierShape:
     topk_group: int = 1
     scale: float = 1.0  # routed_scaling_factor
     rope_theta: float = 1e6
+    mla: MLAShape | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +81,14 @@ class GptOssShape:
 
 GLM_4_7 = FrontierShape("glm4_moe", 96, 8, 128, 0.5, dense_layers=3, dense_inter=12288, shared_experts=1, scale=2.5)
 MINIMAX_M2 = FrontierShape("minimax_m2", 48, 8, 128, 0.5, rope_theta=5e6)  # rotary_dim 64 of 128
+# DeepSeek-V3/V3.2: 128 heads, q LoRA 1536, the latent 512 + 64, 8 groups of 32 experts (4 kept); V3.2's indexer
+# 64 heads of 128. GLM-5: 64 heads, q LoRA 2048, no-rope 192, values 256, one group, its indexer 32 heads of 128.
+DEEPSEEK_MLA = MLAShape(q_lora=1536, nope_dim=128, v_dim=128)
+DEEPSEEK_V3 = FrontierShape("deepseek_v3", 128, 128, 64, 1.0, dense_layers=3, dense_inter=18432, shared_experts=1,
+                            n_group=8, topk_group=4, scale=2.5, rope_theta=1e4, mla=DEEPSEEK_MLA)  # fmt: skip
+DEEPSEEK_V32 = replace(DEEPSEEK_V3, family="deepseek_v32", mla=replace(DEEPSEEK_MLA, index_heads=64))
+GLM_5 = FrontierShape("glm_moe_dsa", 64, 64, 64, 1.0, dense_layers=3, dense_inter=12288, shared_experts=1, scale=2.5,
+                      mla=MLAShape(q_lora=2048, nope_dim=192, v_dim=256, index_heads=32))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -122,6 +147,15 @@ PRESETS: dict[str, MoEShape] = {
         # MiniMax-M2/M2.1/M2.5: 62 layers, 256 experts of 1536; FP8 as shipped. 10 layers: 37 GB.
         MoEShape("minimax-m2", 3072, 1536, 256, 8, 62, "MiniMax-M2 (FP8): 48 heads, 8 KV heads, rotary_dim 64",
                  "fp8_block", frontier=MINIMAX_M2, e2e_layers=10),
+        # DeepSeek-V3/V3.1/V3.2: 61 layers, the first 3 dense (18432); 256 experts of 2048 + 1 shared; FP8 as
+        # shipped. 6 layers = 3 dense + 3 MoE: 36 GB.
+        MoEShape("deepseek-v3", 7168, 2048, 256, 8, 58, "DeepSeek-V3 (FP8): MLA, 128 heads, 3 dense layers first",
+                 "fp8_block", frontier=DEEPSEEK_V3, e2e_layers=6),
+        MoEShape("deepseek-v3.2", 7168, 2048, 256, 8, 58, "DeepSeek-V3.2 (FP8): V3 with sparse attention (top 2048)",
+                 "fp8_block", frontier=DEEPSEEK_V32, e2e_layers=6),
+        # GLM-5: 78 layers, the first 3 dense (12288); 256 experts of 2048 + 1 shared; FP8. 6 layers: 31 GB.
+        MoEShape("glm-5", 6144, 2048, 256, 8, 75, "GLM-5 (FP8): MLA + sparse attention (top 2048), 64 heads",
+                 "fp8_block", frontier=GLM_5, e2e_layers=6),
     )
 }
 

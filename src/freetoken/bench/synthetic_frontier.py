@@ -1,8 +1,9 @@
-"""Write a synthetic checkpoint of a sigmoid-routed frontier model (``presets.FrontierShape``: GLM-4.5 to 4.7 or
-MiniMax-M2) with its real per-layer shapes, shard by shard: the first dense layers, attention with that family's
-biases, norms and partial rotary, routed experts (every expert of a layer the same random values: speed does not
-depend on them, and writing stays disk-bound), shared experts, the router and its correction bias. With a quantised
-``fmt`` every projection of whole blocks is written packed with its scales, as the FP8 releases ship them."""
+"""Write a synthetic checkpoint of a sigmoid-routed frontier model (``presets.FrontierShape``: GLM-4.5 to 4.7,
+MiniMax-M2; with latent attention, ``bench/synthetic_mla.py``: DeepSeek-V3/V3.2, GLM-5) with its real per-layer
+shapes, shard by shard: the first dense layers, attention with that family's biases, norms and partial rotary, routed
+experts (every expert of a layer the same random values: speed does not depend on them, and writing stays disk-bound),
+shared experts, the router and its correction bias. With a quantised ``fmt`` every projection of whole blocks is
+written packed with its scales, as the FP8 releases ship them."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ import torch
 from safetensors.torch import save_file
 
 from freetoken.bench.presets import FrontierShape, MoEShape
+from freetoken.bench.synthetic_mla import ARCH as MLA_ARCH
+from freetoken.bench.synthetic_mla import mla_bytes, mla_config, mla_tensors
 from freetoken.quant import BF16, FP8_BLOCK_128, WeightFormat
 
-ARCH = {"glm4_moe": "Glm4MoeForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM"}
+ARCH = {"glm4_moe": "Glm4MoeForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM", **MLA_ARCH}
 
 
 def frontier_config(s: MoEShape, f: FrontierShape, num_layers: int, vocab: int, max_positions: int) -> dict[str, Any]:
@@ -28,13 +31,15 @@ def frontier_config(s: MoEShape, f: FrontierShape, num_layers: int, vocab: int, 
     }  # fmt: skip
     cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": f.rope_theta,
                               "partial_rotary_factor": f.partial_rotary}  # fmt: skip
-    if f.family == "glm4_moe":
+    if f.mla is not None:
+        cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": f.rope_theta}
+        cfg |= mla_config(f.mla) | {"num_key_value_heads": f.heads}
+    if f.family != "minimax_m2":
         return cfg | {
             "intermediate_size": f.dense_inter, "moe_intermediate_size": s.inter, "n_routed_experts": s.experts,
             "n_shared_experts": f.shared_experts, "first_k_dense_replace": f.dense_layers, "n_group": f.n_group,
-            "topk_group": f.topk_group, "routed_scaling_factor": f.scale, "use_qk_norm": True, "attention_bias": True,
-            "num_nextn_predict_layers": 0,
-        }  # fmt: skip
+            "topk_group": f.topk_group, "routed_scaling_factor": f.scale, "num_nextn_predict_layers": 0,
+        } | ({} if f.mla else {"use_qk_norm": True, "attention_bias": True})  # fmt: skip
     return cfg | {"intermediate_size": s.inter, "num_local_experts": s.experts, "scoring_func": "sigmoid"}
 
 
@@ -55,7 +60,7 @@ def write_frontier(
     (directory / "config.json").write_text(json.dumps(cfg, indent=1))
     g = torch.Generator().manual_seed(seed)
     D, I, E, dt = shape.hidden, shape.inter, shape.experts, torch.bfloat16
-    glm = f.family == "glm4_moe"
+    glm = f.family != "minimax_m2"  # GLM's and DeepSeek's MoE names
 
     def rnd(*dims: int) -> torch.Tensor:
         return (torch.randn(dims, generator=g) * 0.02).to(dt)
@@ -88,12 +93,15 @@ def write_frontier(
     H, Hkv, hd = f.heads, f.kv_heads, f.head_dim
     for i in range(num_layers):
         p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
-        t = {p + "input_layernorm.weight": ones(D), p + "post_attention_layernorm.weight": ones(D),
-             a + "q_proj.weight": rnd(H * hd, D), a + "k_proj.weight": rnd(Hkv * hd, D),
-             a + "v_proj.weight": rnd(Hkv * hd, D), a + "o_proj.weight": rnd(D, H * hd)}  # fmt: skip
-        norm_q, norm_k = (hd, hd) if glm else (H * hd, Hkv * hd)  # GLM per head, MiniMax-M2 over all heads
-        t |= {a + "q_norm.weight": ones(norm_q), a + "k_norm.weight": ones(norm_k)}
-        if glm:
+        t = {p + "input_layernorm.weight": ones(D), p + "post_attention_layernorm.weight": ones(D)}
+        if f.mla is not None:
+            t |= mla_tensors(a, f.mla, D, H, rnd, dt)
+        else:
+            t |= {a + "q_proj.weight": rnd(H * hd, D), a + "k_proj.weight": rnd(Hkv * hd, D),
+                  a + "v_proj.weight": rnd(Hkv * hd, D), a + "o_proj.weight": rnd(D, H * hd)}  # fmt: skip
+            norm_q, norm_k = (hd, hd) if glm else (H * hd, Hkv * hd)  # GLM per head, MiniMax-M2 over all heads
+            t |= {a + "q_norm.weight": ones(norm_q), a + "k_norm.weight": ones(norm_k)}
+        if glm and f.mla is None:
             t |= {a + "q_proj.bias": rnd(H * hd), a + "k_proj.bias": rnd(Hkv * hd), a + "v_proj.bias": rnd(Hkv * hd)}
         if i < f.dense_layers:
             t |= {p + "mlp.gate_proj.weight": rnd(f.dense_inter, D), p + "mlp.up_proj.weight": rnd(f.dense_inter, D),
@@ -136,7 +144,7 @@ def frontier_bytes(shape: MoEShape, num_layers: int, vocab: int = 32000) -> int:
     f = shape.frontier
     assert f is not None, f"{shape.name} is not a frontier preset"
     fmt, D, I, E = shape.fmt, shape.hidden, shape.inter, shape.experts
-    H, Hkv, hd, glm = f.heads, f.kv_heads, f.head_dim, f.family == "glm4_moe"
+    H, Hkv, hd, glm = f.heads, f.kv_heads, f.head_dim, f.family != "minimax_m2"
 
     def proj(rows: int, cols: int) -> int:
         whole = fmt.quantized and rows % 128 == 0 and cols % 128 == 0
@@ -144,8 +152,12 @@ def frontier_bytes(shape: MoEShape, num_layers: int, vocab: int = 32000) -> int:
 
     total = 2 * vocab * D * 2 + D * 2
     for i in range(num_layers):
-        total += 2 * D * 2 + proj(H * hd, D) + 2 * proj(Hkv * hd, D) + proj(D, H * hd)
-        total += ((hd + hd) if glm else (H * hd + Hkv * hd)) * 2 + (((H + 2 * Hkv) * hd * 2) if glm else 0)
+        total += 2 * D * 2
+        if f.mla is not None:
+            total += mla_bytes(f.mla, D, H, proj)
+        else:
+            total += proj(H * hd, D) + 2 * proj(Hkv * hd, D) + proj(D, H * hd)
+            total += ((hd + hd) if glm else (H * hd + Hkv * hd)) * 2 + (((H + 2 * Hkv) * hd * 2) if glm else 0)
         if i < f.dense_layers:
             total += 2 * proj(f.dense_inter, D) + proj(D, f.dense_inter)
             continue

@@ -3,7 +3,8 @@
 Shapes: L = attention layers, P = pages, S = page_size, H = KV heads, hd = head dim, vd = value head dim.
 ``k[l]`` is ``[P * S, H, hd]`` and ``v[l]`` ``[P * S, H, vd]``, one tensor per layer: token slot ``page * S + offset``.
 Multi-head latent attention (``layers/mla.py``) keeps one latent row per token in ``k`` (H = 1, hd = kv_lora_rank
-+ qk_rope_head_dim) and nothing in ``v`` (vd = 0). Page tables live with the requests (a list of page ids per
++ qk_rope_head_dim; DeepSeek sparse attention, ``layers/dsa.py``, adds its indexer's key of index_head_dim to the
+row) and nothing in ``v`` (vd = 0). Page tables live with the requests (a list of page ids per
 request); this pool only hands pages out and back.
 
 A page is in one of three states: free; owned by a request (its private tail, by request id); or

@@ -65,6 +65,7 @@ MODEL_TYPES: dict[str, str] = {
     "deepseek_v32": "deepseek_v3",
     "glm4_moe": "glm45",
     "glm4_moe_lite": "glm45",  # GLM-4.7-Flash: GLM-4.7's template and tool calls
+    "glm_moe_dsa": "glm45",  # GLM-5: GLM-4.7's template and tool calls
     "minimax_m2": "minimax_m2",
     "kimi_k2": "kimi_k2",
 }

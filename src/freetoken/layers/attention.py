@@ -45,6 +45,8 @@ class AttnBatch:
     seqs: list[SeqAttn] = field(default_factory=list)  # the other steps' sequences (linear-attention layers)
     state_slots: torch.Tensor | None = None  # [B] int64 each sequence's recurrent-state slot (linear-attention layers)
     meta_checked: bool = False  # a fused decode call checked this step's metadata in an earlier layer
+    # DeepSeek sparse attention: each indexer layer's top-k of this step, for the later layers sharing it (GLM-5)
+    selections: dict[int, object] = field(default_factory=dict)
 
 
 @dataclass

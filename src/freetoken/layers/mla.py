@@ -75,27 +75,44 @@ class MLAttention:
             [b if b is not None else w.kv_a.new_zeros(n) for b, n in zip(biases, (self.nq, w.kv_a.shape[0]))]
         )  # fmt: skip
 
-    def forward(self, x: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
+    def project(
+        self, x: torch.Tensor, batch: AttnBatch
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [T, D] -> (q_nope [T, H, dn], rotated q_rope [T, H, dr], the q LoRA's normed residual [T, q_lora_rank]
+        (the q input where there is no LoRA), the latent rows [T, R + dr] the pool keeps)."""
         d, w, T = self.dims, self.w, x.shape[0]
         H, R, dn = d.heads, d.rank, d.nope_dim
-        cache = kv.k[self.layer]  # [slots, 1, R + dr]
         proj = linear(x, self.in_w, self.in_b)
         q_in, kv_a = proj[:, : self.nq], proj[:, self.nq :]
         if w.q_b is not None:
             assert w.q_a_norm is not None
-            q_in = linear(rms_norm(q_in, w.q_a_norm, self.eps), w.q_b)
-        q = q_in.view(T, H, dn + d.rope_dim)
+            q_in = rms_norm(q_in, w.q_a_norm, self.eps)
+        q = (linear(q_in, w.q_b) if w.q_b is not None else q_in).view(T, H, dn + d.rope_dim)
         q_rope = self.rotary.apply(q[..., dn:], batch.positions)
         c = rms_norm(kv_a[:, :R], w.kv_a_norm, self.eps)
         kr = self.rotary.apply(kv_a[:, None, R:], batch.positions)[:, 0]
-        cache.index_copy_(0, batch.slot_mapping, torch.cat((c, kr), dim=-1)[:, None].to(cache.dtype))
+        return q[..., :dn], q_rope, q_in, torch.cat((c, kr), dim=-1)
+
+    def absorb(self, q_nope: torch.Tensor, q_rope: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The decode query over the latents: [W_UK^T q_nope, q_rope] [T, H, R + dr]."""
+        q_lat = torch.bmm(q_nope.transpose(0, 1), self.w_uk).transpose(0, 1)  # [T, H, R]
+        return torch.cat((q_lat, q_rope), dim=-1).to(dtype)
+
+    def out(self, o_lat: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """A decode's latent output [T, H, R] -> per-head values [T, H, dv] (W_UV)."""
+        return torch.bmm(o_lat.to(dtype).transpose(0, 1), self.w_uv_t).transpose(0, 1)
+
+    def forward(self, x: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
+        d, w, T = self.dims, self.w, x.shape[0]
+        H, R, dn = d.heads, d.rank, d.nope_dim
+        cache = kv.k[self.layer]  # [slots, 1, R + dr]
+        q_nope, q_rope, _, lat = self.project(x, batch)
+        cache.index_copy_(0, batch.slot_mapping, lat[:, None].to(cache.dtype))
         if batch.decode is not None:
-            q_lat = torch.bmm(q[..., :dn].transpose(0, 1), self.w_uk).transpose(0, 1)  # [T, H, R]
-            q_abs = torch.cat((q_lat, q_rope), dim=-1).to(cache.dtype)
-            o_lat = self.backend.decode(q_abs, cache, batch.decode, self.scale, R)  # [T, H, R]
-            o = torch.bmm(o_lat.to(x.dtype).transpose(0, 1), self.w_uv_t).transpose(0, 1)  # [T, H, dv]
+            o_lat = self.backend.decode(self.absorb(q_nope, q_rope, cache.dtype), cache, batch.decode, self.scale, R)
+            o = self.out(o_lat, x.dtype)  # [T, H, dv]
         else:
             assert batch.prefill is not None, "a step is a decode step or has prefill metadata"
-            qf = torch.cat((q[..., :dn], q_rope), dim=-1).to(cache.dtype)
+            qf = torch.cat((q_nope, q_rope), dim=-1).to(cache.dtype)
             o = self.backend.prefill(qf, cache, w.kv_b, batch.prefill, self.scale, (dn, d.v_dim)).to(x.dtype)
         return linear(o.reshape(T, H * d.v_dim), w.o, w.o_bias)

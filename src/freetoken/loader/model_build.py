@@ -117,7 +117,7 @@ def build_model(
         gpt_oss.check_activation(hf)
     n = family.naming
     D, V = hf.hidden_size, hf.vocab_size
-    mla = family.attention == "mla"
+    mla = family.attention in ("mla", "dsa")  # DSA: MLA with an indexer (``models/mla_blocks.py``)
     rotary = Rotary(rope(family, hf), mla_dims(hf).rope_dim if mla else hf.head_dim, max_positions, device)
     sigmoid = sigmoid_routing(hf, family)  # checked before any weight is read
     moe_ids = hf.moe_layer_ids

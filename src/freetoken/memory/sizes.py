@@ -37,9 +37,11 @@ class KVGeometry:
 
 def kv_geometry(hf: HFConfig) -> KVGeometry:
     """GQA: K and V heads of ``head_dim``; MLA (``kv_lora_rank`` set): one latent row of ``kv_lora_rank +
-    qk_rope_head_dim`` (the compressed K/V and the shared rotary key), no V."""
+    qk_rope_head_dim`` (the compressed K/V and the shared rotary key), no V; DSA (``index_topk`` set) widens that row
+    by the indexer's key of ``index_head_dim``."""
     if hf.raw.get("kv_lora_rank"):
-        return KVGeometry(1, _raw_int(hf, "kv_lora_rank") + _raw_int(hf, "qk_rope_head_dim"), 0)
+        index = _raw_int(hf, "index_head_dim") if "index_topk" in hf.raw else 0  # DSA: the indexer's key beside it
+        return KVGeometry(1, _raw_int(hf, "kv_lora_rank") + _raw_int(hf, "qk_rope_head_dim") + index, 0)
     return KVGeometry(hf.num_kv_heads, hf.head_dim, hf.head_dim)
 
 

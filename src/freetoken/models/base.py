@@ -49,6 +49,9 @@ class Family:
     routing: str = "softmax"  # "softmax" (top-k of a softmax) | "sigmoid" (DeepSeek-V3 style: ``models/routing.py``)
     routing_groups: bool = True  # sigmoid routing reads n_group, topk_group, routed_scaling_factor (MiniMax-M2: no)
     attention: str = "gqa"  # "gqa" (``layers/attention.py``) | "mla": multi-head latent attention (``layers/mla.py``)
+    # | "dsa": MLA with DeepSeek sparse attention's indexer (``layers/dsa.py``)
+    indexer_rope_interleave: bool = False  # DSA: the indexer's rotary in the interleaved layout (GLM-5)
+    indexer_sharing: bool = False  # DSA: layers may reuse an earlier layer's top-k (GLM-5's ``indexer_types``)
     qkv_bias_key: str | None = None  # config key forcing q/k/v biases (Qwen2: "qkv_bias")
     clip_qkv_key: str | None = None  # config key of a q/k/v clamp (OLMoE: "clip_qkv")
     # Checkpoint tensors the family does not read (fnmatch patterns); any other unread tensor is refused.

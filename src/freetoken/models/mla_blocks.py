@@ -11,9 +11,11 @@ import torch
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.hf_config import HFConfig
 from freetoken.checkpoint.weights import CheckpointWeights
+from freetoken.layers.dsa import DSAttention
 from freetoken.layers.mla import MLADims, MLAttention, MLAWeights
 from freetoken.layers.rope import Rotary, yarn_mscale
 from freetoken.models.base import Family
+from freetoken.models.dsa_blocks import dsa_fields, indexer_kinds, indexer_weights
 
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm, kv_a_layernorm: transformers builds them with the default eps
 
@@ -52,6 +54,8 @@ def mla_attention(
     w: CheckpointWeights, fam: Family, hf: HFConfig, i: int, kv_index: int, rotary: Rotary
 ) -> MLAttention:
     p = fam.naming.layer.format(i=i) + fam.naming.attn
+    if fam.attention == "dsa":
+        dsa_fields(hf)  # before the q path: DSA needs the q LoRA
     d = mla_dims(hf)
     D, H, R, dr, dn, dv = hf.hidden_size, d.heads, d.rank, d.rope_dim, d.nope_dim, d.v_dim
     bias = hf.attention_bias
@@ -86,4 +90,10 @@ def mla_attention(
         q=q, q_a=q_a, q_a_norm=q_a_norm, q_b=q_b, q_a_bias=q_a_bias, kv_a_bias=kv_a_bias,
         o_bias=w.get(p + "o_proj.bias", (D,)) if bias else None,
     )  # fmt: skip
+    if fam.attention == "dsa":
+        kinds = indexer_kinds(hf, fam)
+        source = max(j for j in range(i + 1) if kinds[j] == "full")  # the selection this layer attends by
+        idx = indexer_weights(w, fam, hf, i, dr) if source == i else None
+        return DSAttention(mw, kv_index, d, LATENT_NORM_EPS, rotary, mla_scale(hf, d), idx, kv_index - (i - source),
+                           dsa_fields(hf)[1])  # fmt: skip
     return MLAttention(mw, kv_index, d, LATENT_NORM_EPS, rotary, mla_scale(hf, d))

@@ -22,7 +22,14 @@ _FAMILIES: dict[str, str] = {
     "LlamaForCausalLM": "freetoken.models.llama",
     "DeepseekV3ForCausalLM": "freetoken.models.deepseek_v3",
     "Glm4MoeLiteForCausalLM": "freetoken.models.glm4_moe_lite",
+    "DeepseekV32ForCausalLM": "freetoken.models.deepseek_v32",
+    "GlmMoeDsaForCausalLM": "freetoken.models.glm_moe_dsa",
     "GptOssForCausalLM": "freetoken.models.gpt_oss",
+}
+
+# Architectures refused with a reason of their own rather than the generic "unsupported"
+_OUT_OF_SCOPE: dict[str, str] = {
+    "Glm5NextForConditionalGeneration": "GLM-5.3-Flash (glm5_next) is out of scope for now",
 }
 
 
@@ -32,6 +39,8 @@ def supported_architectures() -> list[str]:
 
 def get_family(architecture: str, where: str = "config.json") -> Family:
     module = _FAMILIES.get(architecture)
+    if architecture in _OUT_OF_SCOPE:
+        raise CheckpointError(f"{where}: architecture {architecture!r} is not supported: {_OUT_OF_SCOPE[architecture]}")
     if module is None:
         raise CheckpointError(
             f"{where}: unsupported architecture {architecture!r}; supported: {', '.join(supported_architectures())}"
