@@ -3,13 +3,14 @@ its entry points, and ``ft --help`` / ``ft bench --help`` show exactly those."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import re
 
 import pytest
 
 from freetoken.cli.bench import BENCHMARKS
-from freetoken.cli.main import SUBCOMMANDS, build_parser
+from freetoken.cli.main import HELP, SUBCOMMANDS, build_parser
 
 
 def test_every_subcommand_and_benchmark_exists() -> None:
@@ -32,3 +33,12 @@ def test_help_lists_them(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     # agent-edits is one; no bare "agent" benchmark is listed (not built)
     assert all(name in out for name in BENCHMARKS) and re.search(r"^\s+agent\s", out, re.M) is None
+
+
+def test_the_help_lines_are_the_modules_own() -> None:
+    """``ft --help`` lists each subcommand from ``HELP`` without importing it: the same line its module gives."""
+    full, light = build_parser(), build_parser(only="")
+    full_sub = next(a for a in full._actions if isinstance(a, argparse._SubParsersAction))
+    light_sub = next(a for a in light._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {c.dest: c.help for c in full_sub._choices_actions}
+    assert helps == HELP == {c.dest: c.help for c in light_sub._choices_actions}

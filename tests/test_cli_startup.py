@@ -41,6 +41,29 @@ def test_version() -> None:
     assert r.returncode == 0 and r.stdout.strip() == f"ft (FreeToken) {__version__}"
 
 
+HELP_ONLY = """
+import contextlib, io, sys
+from freetoken.cli.main import main
+for argv in (["--help"], ["--version"], []):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            main(argv)
+        except SystemExit:
+            pass
+print(sorted(m for m in ("torch", "transformers", "triton", "numpy") if m in sys.modules))
+"""
+
+
+def test_help_and_version_import_no_torch() -> None:
+    """``ft --help``, ``ft --version`` and a bare ``ft`` list the subcommands without importing torch (seconds on a
+    laptop); a subcommand's own ``--help`` imports what its flags need."""
+    r = subprocess.run([sys.executable, "-c", HELP_ONLY], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")})  # fmt: skip
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+    out = ft("--help").stdout
+    assert all(f"    {name}" in out for name in ("serve", "chat", "generate", "bench", "launch", "models"))
+
+
 @pytest.mark.parametrize(
     "args,says",
     [

@@ -1,7 +1,8 @@
 """The ``ft`` command: a thin dispatcher over one module per subcommand.
 
 Each subcommand module exposes ``add_parser(subparsers) -> argparse.ArgumentParser`` and
-``run(args) -> int``. Modules are imported lazily, so ``ft --help`` stays fast.
+``run(args) -> int``. Only the chosen subcommand's module is imported: ``ft --help`` and ``ft --version`` list the
+others from ``HELP`` and never import torch.
 """
 
 from __future__ import annotations
@@ -23,15 +24,31 @@ SUBCOMMANDS: dict[str, str] = {
     "convert": "freetoken.cli.convert",
     "models": "freetoken.cli.models",
 }
+# each subcommand's one line in ``ft --help``, the same as its module's (tests/test_cli_registry.py)
+HELP: dict[str, str] = {
+    "serve": "serve a model over the OpenAI and Anthropic APIs",
+    "chat": "chat in the terminal",
+    "generate": "complete a prompt",
+    "bench": "benchmarks: bandwidth profile, decode, prefill, routing traces",
+    "launch": "point a coding agent at the FreeToken server and start it",
+    "ctl": "query a running server",
+    "convert": "convert a checkpoint to FTW (fast start)",
+    "models": "list the downloaded models (the Hugging Face cache)",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Every subcommand's parser (``only`` None), or ``only``'s alone with the others as their help line ("": none:
+    what ``ft --help`` needs)."""
     from freetoken import __version__
 
     parser = argparse.ArgumentParser(prog="ft", description="FreeToken: serve MoE LLMs on one machine.")
     parser.add_argument("--version", action="version", version=f"ft (FreeToken) {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in SUBCOMMANDS.values():
+    for name, module in SUBCOMMANDS.items():
+        if only is not None and name != only:
+            sub.add_parser(name, help=HELP[name], add_help=False)
+            continue
         mod = importlib.import_module(module)
         p = mod.add_parser(sub)
         p.set_defaults(_run=mod.run)
@@ -39,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    given = sys.argv[1:] if argv is None else argv
+    parser = build_parser(only=given[0] if given and given[0] in SUBCOMMANDS else "")
     args = parser.parse_args(argv)
     if not hasattr(args, "_run"):
         parser.print_help()
