@@ -12,7 +12,7 @@ import pytest
 
 from freetoken.cli.main import build_parser
 from freetoken.cli.serve import configs
-from freetoken.config import EngineConfig, config_from_args, field_docs, flag_name
+from freetoken.config import OFF_HELP, EngineConfig, config_from_args, field_docs, flag_name
 from freetoken.server.settings import ServerConfig
 
 # (flag, default) of the engine's flags as the subcommands wired them by hand (before the flags were generated)
@@ -84,7 +84,7 @@ def test_every_config_field_has_a_flag_with_its_doc(cls: type, command: str) -> 
         flag = name if name in flags else "--no-" + name.removeprefix("--")  # a bool that defaults to True
         assert flag in flags, f"{cls.__name__}.{f.name} has no flag on ft {command}"
         doc = docs[f.name].replace("%", "%%")
-        assert flags[flag].dest == f.name and flags[flag].help in (doc, "(default: on) " + doc), f.name
+        assert flags[flag].dest == f.name and flags[flag].help in (doc, OFF_HELP + doc), f.name
 
 
 def test_generate_keeps_its_sampling_seed() -> None:

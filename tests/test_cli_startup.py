@@ -73,6 +73,7 @@ def test_help_and_version_import_no_torch() -> None:
         (["--max-model-len", "99999"], "--max-model-len 99999 is more than this model's context"),
         (["--max-model-len", "1"], "max_model_len must be at least 2"),
         (["--responses-store", "-1"], "responses_store must be >= 0"),
+        (["--cpu-threads", "0"], "cpu_threads must be >= 1 (omit it for the physical cores - 1), got 0"),
     ],
 )
 def test_serve_refuses_with_one_line(args: list[str], says: str) -> None:

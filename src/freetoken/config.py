@@ -116,6 +116,8 @@ class EngineConfig:
             raise ValueError(f"verify_weights must be one of {', '.join(VERIFY_WEIGHTS)}, got {self.verify_weights!r}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError(f"cpu_threads must be >= 1 (omit it for the physical cores - 1), got {self.cpu_threads}")
         if self.state_checkpoints is not None and self.state_checkpoints < 0:
             raise ValueError("state_checkpoints must be >= 0")
         if not self.state_checkpoint_gib >= 0:
@@ -289,6 +291,9 @@ def _base_type(t: Any) -> Any:
     return t
 
 
+OFF_HELP = "turns off (on by default): "  # the help of a --no-X flag, before what X does
+
+
 def _add_flag(
     p: argparse.ArgumentParser, name: str, base: Any, default: Any, doc: str, sp: Flag, flags: dict[str, Flag]
 ) -> None:
@@ -302,7 +307,7 @@ def _add_flag(
         if default is None:
             p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=doc)
         else:
-            plain, doc = ("--no-" + flag.removeprefix("--"), "(default: on) " + doc) if default else (flag, doc)
+            plain, doc = ("--no-" + flag.removeprefix("--"), OFF_HELP + doc) if default else (flag, doc)
             p.add_argument(plain, dest=name, action="store_false" if default else "store_true", help=doc)
         return
     metavar = sp.metavar or ("SECONDS" if name.endswith("_s") else None)

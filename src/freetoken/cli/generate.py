@@ -14,12 +14,12 @@ from freetoken.runner.sampling_params import SamplingParams
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="complete a prompt", description="Complete one prompt and stream it.")
     add_engine_args(p, skip={"seed"})  # --seed: this prompt's sampling seed
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--prompt", required=True, help="the text to complete")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default: %(default)s)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling's mass (default: %(default)s: off)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest (default: %(default)s: off)")
+    p.add_argument("--seed", type=int, default=None, help="this prompt's sampling seed (default: none)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     return p
 
