@@ -8,10 +8,11 @@ from typing import Any
 
 from freetoken.cli.common import load_engine, run_guarded
 from freetoken.cli.flags import add_engine_args
+from freetoken.cli.reply import ReplyPrinter
 from freetoken.config import EngineConfig, config_from_args
 from freetoken.runner.sampling_params import SamplingParams
 
-HELP = "Type a message; /reset clears the conversation, /exit (or Ctrl-D) quits."
+HELP = "Type a message; /reset clears the conversation, /help shows this, /exit (or Ctrl-D) quits."
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -29,15 +30,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _turn(engine: Any, ids: list[int], params: SamplingParams, turn: int) -> str:
+    """Streams one reply (its reasoning set apart); returns the answer."""
     engine.add_request(f"chat-{turn}", ids, params)
-    text = ""
+    printer = ReplyPrinter(engine.tokenizer, engine.hf.model_type, ids)
     while engine.has_unfinished():
         for out in engine.step():
-            text += out.new_text
-            sys.stdout.write(out.new_text)
-            sys.stdout.flush()
-    sys.stdout.write("\n")
-    return text
+            printer.feed(out.new_text)
+    return printer.finish()
 
 
 def _chat(args: argparse.Namespace) -> int:
@@ -56,12 +55,17 @@ def _chat(args: argparse.Namespace) -> int:
             line = input("> ")
         except EOFError:
             return 0
-        if line.strip() == "/exit":
+        command = line.strip()
+        if command == "/exit":
             return 0
-        if line.strip() == "/reset":
+        if command == "/reset":
             messages = list(system)
+            print("(conversation cleared)", file=sys.stderr)
             continue
-        if not line.strip():
+        if command.startswith("/") and " " not in command:  # a command, never a message to the model
+            print(HELP if command == "/help" else f"unknown command {command}; {HELP}", file=sys.stderr)
+            continue
+        if not command:
             continue
         messages.append({"role": "user", "content": line})
         kwargs = {"enable_thinking": False} if args.no_thinking else {}

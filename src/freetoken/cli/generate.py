@@ -7,6 +7,7 @@ import sys
 
 from freetoken.cli.common import load_engine, run_guarded
 from freetoken.cli.flags import add_engine_args
+from freetoken.cli.reply import ReplyPrinter
 from freetoken.config import EngineConfig, config_from_args
 from freetoken.runner.sampling_params import SamplingParams
 
@@ -31,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
 
     params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+        skip_special_tokens=not args.chat,  # --chat: the reasoning's markup reaches the reply's parser
     )
     engine = load_engine(config_from_args(EngineConfig, args))
     tok = engine.tokenizer
@@ -43,9 +45,16 @@ def _generate(args: argparse.Namespace) -> int:
     else:
         ids = tok.encode(args.prompt, add_special_tokens=False)
     engine.add_request("cli", ids, params)
+    printer = ReplyPrinter(tok, engine.hf.model_type, ids) if args.chat else None  # the reasoning set apart
     while engine.has_unfinished():
         for out in engine.step():
-            sys.stdout.write(out.new_text)
-            sys.stdout.flush()
-    sys.stdout.write("\n")
+            if printer is not None:
+                printer.feed(out.new_text)
+            else:
+                sys.stdout.write(out.new_text)
+                sys.stdout.flush()
+    if printer is not None:
+        printer.finish()
+    else:
+        sys.stdout.write("\n")
     return 0
