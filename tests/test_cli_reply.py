@@ -70,3 +70,14 @@ def test_generate_chat_delimits_the_embedded_models_thinking() -> None:
     out = r.stdout
     assert out.startswith("[thinking]\n") and "[/thinking]\n" in out and "<think>" not in out, out
     assert "5" in out.split("[/thinking]\n", 1)[1]  # the answer, after the reasoning
+
+
+def test_a_message_past_the_context_is_one_line_and_no_library_warning() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    r = subprocess.run(
+        [sys.executable, "-m", "freetoken.cli", "chat", "--max-tokens", "2", "--device", "cpu"],
+        input="word " * 3000 + "\n/exit\n", capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 2 and lines[1].startswith("(conversation too long: "), r.stderr  # after the banner

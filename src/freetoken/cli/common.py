@@ -13,10 +13,12 @@ from freetoken.errors import FreeTokenError
 def load_engine(config: EngineConfig) -> Any:
     """The engine, loaded under a spinner on stderr (weights, then the CPU kernel's build on first use)."""
     from rich.console import Console
+    from transformers.utils import logging as hf_logging
 
     from freetoken.checkpoint.ftw_progress import shown_elsewhere
     from freetoken.engine.engine import LLMEngine
 
+    hf_logging.set_verbosity_error()  # a terminal command says its own lines, not the library's warnings
     fetch_model(config)
     with Console(stderr=True).status(f"loading {config.model or 'the default model'} …"), shown_elsewhere():
         return LLMEngine(config)
