@@ -1,4 +1,5 @@
-"""Progress of an FTW bank read: a shared byte counter, shown as a rich bar on a terminal (quiet otherwise).
+"""Progress of a bank read (FTW banks, or the experts of a safetensors checkpoint): a shared byte counter, shown as
+a rich bar on a terminal (quiet otherwise).
 
 ``ft serve`` loads under its own spinner: it wraps the load in ``shown_elsewhere()`` and shows ``current()`` in
 the spinner's text, so two live displays never write to one terminal.
@@ -59,7 +60,7 @@ def tracked(total: int, label: str) -> Iterator[LoadProgress]:
     global _current
     with _lock:
         if _current is not None:
-            raise RuntimeError("an FTW read is already in progress in this process")
+            raise RuntimeError("a bank read is already in progress in this process")
         p = _current = LoadProgress(total, label)
         show = _elsewhere == 0 and sys.stderr.isatty()
     bar = None

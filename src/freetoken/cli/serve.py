@@ -8,7 +8,7 @@ import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
-from freetoken.cli.common import fetch_model, run_guarded
+from freetoken.cli.common import current_read, fetch_model, loading_stage, run_guarded
 from freetoken.cli.flags import add_engine_args
 from freetoken.config import EngineConfig, add_config_args, config_from_args
 from freetoken.server.settings import ServerConfig
@@ -108,12 +108,12 @@ def load(config: EngineConfig) -> AsyncLLM:
     fetch_model(config)
     what = config.model or "the default model"
     console = Console(stderr=True)
-    text = f"FreeToken: loading {what} (weights, then the CPU kernel build on first use) …"
-    with console.status(text) as status, ftw_progress.shown_elsewhere():  # FTW bank reads show in the spinner
-        engine = AsyncLLM.start(config)
+    with console.status("FreeToken: " + loading_stage(what, False)) as status, ftw_progress.shown_elsewhere():
+        engine = AsyncLLM.start(config)  # bank reads show in the spinner
+        read = False
         while not engine.wait_loaded(timeout=0.25):
-            p = ftw_progress.current()
-            status.update(f"FreeToken: loading {what}: {p.describe()}" if p is not None else text)
+            read = read or current_read() is not None
+            status.update("FreeToken: " + loading_stage(what, read))
     if engine.state != "ready":
         why = engine.load_failure
         said = str(why) if isinstance(why, (FreeTokenError, ValueError, OSError)) else engine.error

@@ -19,6 +19,7 @@ import torch
 from freetoken.cache.state_pool import StateShape
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.ftw_manifest import read_manifest
+from freetoken.checkpoint.ftw_progress import tracked
 from freetoken.checkpoint.ftw_verify import WeightsCheck
 from freetoken.checkpoint.hf_config import HFConfig
 from freetoken.checkpoint.quantization import check_supported
@@ -163,15 +164,18 @@ def build_model(
         efmt = _expert_format(w, fmt, reads, hf)
         banks = ExpertBanks.empty(len(moe_ids), hf.num_experts, D, hf.moe_intermediate_size, dtype, efmt)
         banks.top_k = hf.top_k
-        for name, bank, index, shape, scale_index in reads:
-            scale_bank = getattr(banks, bank + "_scale")
-            if family.gpt_oss_experts:  # MXFP4 blocks or float, gate/up interleaved
-                scale_rows = None if scale_bank is None else scale_bank[scale_index]
-                gpt_oss.read_expert_bank(w, name, bank, getattr(banks, bank)[index], shape, scale_rows)
-            elif efmt.quantized:
-                w.read_packed_into(name, getattr(banks, bank)[index], scale_bank[scale_index], shape)
-            else:
-                w.read_into(name, getattr(banks, bank)[index], shape)
+        total = sum(getattr(banks, bank)[index].nbytes for _, bank, index, _, _ in reads)
+        with tracked(total, "reading the experts") as progress:  # a bar on a terminal, or the caller's spinner
+            for name, bank, index, shape, scale_index in reads:
+                scale_bank, dst = getattr(banks, bank + "_scale"), getattr(banks, bank)[index]
+                if family.gpt_oss_experts:  # MXFP4 blocks or float, gate/up interleaved
+                    scale_rows = None if scale_bank is None else scale_bank[scale_index]
+                    gpt_oss.read_expert_bank(w, name, bank, dst, shape, scale_rows)
+                elif efmt.quantized:
+                    w.read_packed_into(name, dst, scale_bank[scale_index], shape)
+                else:
+                    w.read_into(name, dst, shape)
+                progress.advance(dst.nbytes)
         _gated_experts(banks, family, [p[3] for p in parts])
         backend = make_backend(banks)
     layers = []
