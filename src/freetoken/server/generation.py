@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from freetoken.chat import events as ev
@@ -35,6 +35,7 @@ from freetoken.server.internal import (
     ToolCall,
     merge_leading_system,
 )
+from freetoken.server.stops import StopFilter
 from freetoken.server.structured import parsers, reasoning_mode, request_grammar
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ class Prepared:
     params: SamplingParams
     starts_in_reasoning: bool
     forced_calls: bool = False  # the grammar allows nothing but calls after the reasoning block
+    stops: list[str] = field(default_factory=list)  # stop sequences, matched in the answer's text (stops.py)
 
 
 class Generation:
@@ -130,8 +132,9 @@ class Generation:
             )
         except ValueError as exc:  # e.g. top_k < -1: the engine's own checks
             raise APIError.invalid(str(exc)) from exc
+        stops, params.stop = params.stop_strings, []  # applied to the answer here (stops.py), not to raw text
         forced = grammar is not None and req.tool_choice.mode in ("required", "named")
-        return Prepared(req, prompt_ids, params, starts_in_reasoning, forced)
+        return Prepared(req, prompt_ids, params, starts_in_reasoning, forced, stops)
 
     def count(self, req: ChatRequest) -> int:
         """The prompt's tokens (``/v1/messages/count_tokens``), under the limits ``prepare`` applies: a
@@ -185,6 +188,7 @@ class Generation:
             reasoning_parser=self.reasoning_parser,
         )
         shaper = _Shaper(req.parallel_tool_calls)
+        stopper = StopFilter(prep.stops)
         rid = request_id or f"req-{uuid.uuid4().hex}"
         start = time.perf_counter()
         first_at: float | None = None
@@ -207,11 +211,14 @@ class Generation:
                     text.append(out.new_text)
                     if out.logprobs:
                         yield TokenLogprobs(out.logprobs)
-                    for e in shaper.apply(parser.feed(out.new_text) if out.new_text else []):
+                    for e in stopper.apply(shaper.apply(parser.feed(out.new_text) if out.new_text else [])):
                         saw_tool = saw_tool or isinstance(e, ev.ToolCallStart)
                         if isinstance(e, ev.ReasoningDelta):
                             reasoning.append(e.text)
                         yield e
+                    if stopper.matched is not None:  # closing the engine stream (aclosing) aborts the request
+                        reason, completion_tokens = "stop", len(out_ids)
+                        break
                     if out.finished:
                         if out.finish_reason == "error":
                             raise APIError("server_error", f"generation failed: {out.error or 'engine error'}")
@@ -223,7 +230,7 @@ class Generation:
             tail = parser.finish()
             if prep.forced_calls and reason == "length":  # a forced call cut short is no text: drop it
                 tail = [e for e in tail if not isinstance(e, ev.ContentDelta)]
-            for e in shaper.apply(tail):
+            for e in stopper.apply(shaper.apply(tail)) + stopper.flush():
                 saw_tool = saw_tool or isinstance(e, ev.ToolCallStart)
                 if isinstance(e, ev.ReasoningDelta):
                     reasoning.append(e.text)
@@ -234,25 +241,18 @@ class Generation:
             raise from_engine_error(exc) from exc
         finally:
             self.metrics.request_finished(len(out_ids), time.perf_counter() - start)
-        fin = self._finish(prep, reason, saw_tool, "".join(text), out_ids, prompt_tokens, completion_tokens)
+        fin = self._finish(reason, saw_tool, stopper.matched, prompt_tokens, completion_tokens)
         fin.cached_tokens = cached_tokens
         # tokenising the reasoning text holds the interpreter: on a thread, not the event loop every stream shares
         fin.reasoning_tokens = await asyncio.to_thread(self._reasoning_tokens, "".join(reasoning), out_ids,
                                                        completion_tokens)  # fmt: skip
         yield fin
 
+    @staticmethod
     def _finish(
-        self,
-        prep: Prepared,
-        reason: str,
-        saw_tool: bool,
-        text: str,
-        out_ids: list[int],
-        prompt_tokens: int,
-        completion_tokens: int,
+        reason: str, saw_tool: bool, stop_seq: str | None, prompt_tokens: int, completion_tokens: int
     ) -> Finish:
         final: FinishReason
-        stop_seq = None
         if reason == "length":
             final = "length"
         elif reason == "abort":
@@ -260,9 +260,8 @@ class Generation:
         elif saw_tool:
             final = "tool_calls"
         else:
-            stop_seq = self._matched_stop(prep, text, out_ids)
             final = "stop_sequence" if stop_seq is not None else "stop"
-        return Finish(final, prompt_tokens, completion_tokens, stop_seq)
+        return Finish(final, prompt_tokens, completion_tokens, stop_seq if final == "stop_sequence" else None)
 
     def _reasoning_tokens(self, reasoning: str, out_ids: list[int], completion_tokens: int) -> int:
         """Output tokens up to the end of the reasoning block: where the block's closing tag is one token,
@@ -276,17 +275,6 @@ class Generation:
         if tok is None:
             return 0
         return min(completion_tokens, len(encode(tok, reasoning, special=True)) + 2)
-
-    def _matched_stop(self, prep: Prepared, text: str, out_ids: list[int]) -> str | None:
-        """Which stop string ended generation (the engine drops it from the text)."""
-        stops = prep.params.stop_strings
-        if not stops or not out_ids or out_ids[-1] in set(self.engine.eos_token_ids):
-            return None
-        tok = self.engine.tokenizer
-        full = tok.decode(out_ids, skip_special_tokens=False) if tok is not None else text
-        hits = [(full.find(s, max(0, len(text) - len(s))), s) for s in stops]
-        hits = [h for h in hits if h[0] >= 0]
-        return min(hits)[1] if hits else None
 
     async def complete(self, prep: Prepared, request_id: str | None = None) -> Completion:
         content: list[str] = []
