@@ -137,16 +137,23 @@ class Generation:
         return Prepared(req, prompt_ids, params, starts_in_reasoning, forced, stops)
 
     def count(self, req: ChatRequest) -> int:
-        """The prompt's tokens (``/v1/messages/count_tokens``), under the limits ``prepare`` applies: a
-        prompt the context cannot hold is refused the same way (past ``COUNT_UP_TO_CHARS``, untokenised)."""
+        """The prompt's tokens (``/v1/messages/count_tokens``), under the limits ``prepare`` applies."""
+        return len(self.prompt_of(req))
+
+    def prompt_of(self, req: ChatRequest) -> list[int]:
+        """The prompt's tokens (``/v1/tokenize``), under the limits ``prepare`` applies: a prompt the context
+        cannot hold is refused the same way (past ``COUNT_UP_TO_CHARS``, untokenised)."""
         req.validate()
         self._refuse_far_too_long(req)
-        n = len(self.render(req))
-        if n >= self.engine.max_model_len:
-            raise context_overflow(n, self.engine.max_model_len - 1)
-        return n
+        ids = self.render(req)
+        if len(ids) >= self.engine.max_model_len:
+            raise context_overflow(len(ids), self.engine.max_model_len - 1)
+        return ids
 
     def _refuse_far_too_long(self, req: ChatRequest) -> None:
+        self.refuse_far_too_long(req.text_chars())
+
+    def refuse_far_too_long(self, chars: int) -> None:
         """A prompt with more characters than the context could hold tokens is refused before it is
         rendered and tokenised (a 16 MB body would otherwise cost seconds of a core). Below
         ``COUNT_UP_TO_CHARS`` it is tokenised all the same, so the refusal gives the true count: an agent
@@ -156,7 +163,6 @@ class Generation:
             self._chars_per_token = (chars_per_token_bound(tok) if tok is not None else None) or 0
         if not self._chars_per_token:
             return
-        chars = req.text_chars()
         at_least = chars // self._chars_per_token
         limit = self.engine.max_model_len
         if at_least >= limit and chars > COUNT_UP_TO_CHARS:
