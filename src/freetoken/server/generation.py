@@ -35,6 +35,7 @@ from freetoken.server.internal import (
     ToolCall,
     merge_leading_system,
 )
+from freetoken.server.scrub import NoMarkup, markup_tags
 from freetoken.server.stops import StopFilter
 from freetoken.server.structured import parsers, reasoning_mode, request_grammar
 
@@ -185,9 +186,10 @@ class Generation:
     async def stream(self, prep: Prepared, request_id: str | None = None) -> AsyncGenerator[Event, None]:
         """Parser events, then one ``Finish``. Raises ``APIError`` before the first event on refusal."""
         req = prep.request
+        none = req.tool_choice.mode == "none"  # calls are read (to be dropped, scrub.py), never answered
         parser = make_stream_parser(
             self.family,
-            [t.template_dict() for t in self._prompt_tools(req)],
+            [t.template_dict() for t in (req.tools if none else self._prompt_tools(req))],
             prep.starts_in_reasoning,
             reasoning=True,
             tool_parser=self.tool_parser,
@@ -195,6 +197,16 @@ class Generation:
         )
         shaper = _Shaper(req.parallel_tool_calls)
         stopper = StopFilter(prep.stops)
+        tags = markup_tags(*parsers(self.family, self.tool_parser, self.reasoning_parser), self.engine.tokenizer)
+        scrub = NoMarkup(tags) if none else None
+
+        def pipe(events: list[Any], end: bool = False) -> list[Any]:
+            """The parser's events tidied, without markup (tool_choice none), up to a stop sequence."""
+            out = shaper.apply(events)
+            if scrub is not None:
+                out = scrub.apply(out) + (scrub.flush() if end else [])
+            return stopper.apply(out) + (stopper.flush() if end else [])
+
         rid = request_id or f"req-{uuid.uuid4().hex}"
         start = time.perf_counter()
         first_at: float | None = None
@@ -217,7 +229,7 @@ class Generation:
                     text.append(out.new_text)
                     if out.logprobs:
                         yield TokenLogprobs(out.logprobs)
-                    for e in stopper.apply(shaper.apply(parser.feed(out.new_text) if out.new_text else [])):
+                    for e in pipe(parser.feed(out.new_text) if out.new_text else []):
                         saw_tool = saw_tool or isinstance(e, ev.ToolCallStart)
                         if isinstance(e, ev.ReasoningDelta):
                             reasoning.append(e.text)
@@ -236,7 +248,7 @@ class Generation:
             tail = parser.finish()
             if prep.forced_calls and reason == "length":  # a forced call cut short is no text: drop it
                 tail = [e for e in tail if not isinstance(e, ev.ContentDelta)]
-            for e in stopper.apply(shaper.apply(tail)) + stopper.flush():
+            for e in pipe(tail, end=True):
                 saw_tool = saw_tool or isinstance(e, ev.ToolCallStart)
                 if isinstance(e, ev.ReasoningDelta):
                     reasoning.append(e.text)
