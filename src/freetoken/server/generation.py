@@ -210,7 +210,6 @@ class Generation:
         rid = request_id or f"req-{uuid.uuid4().hex}"
         start = time.perf_counter()
         first_at: float | None = None
-        text: list[str] = []
         out_ids: list[int] = []
         reason, completion_tokens, prompt_tokens = "abort", 0, len(prep.prompt_ids)
         cached_tokens = 0
@@ -226,7 +225,6 @@ class Generation:
                         self.metrics.first_token(first_at - start)
                         yield Started()  # accepted and prefilled: streams may send their headers now
                     out_ids.extend(out.new_token_ids)
-                    text.append(out.new_text)
                     if out.logprobs:
                         yield TokenLogprobs(out.logprobs)
                     for e in pipe(parser.feed(out.new_text) if out.new_text else []):
