@@ -1,8 +1,7 @@
 """``tool_choice: "none"``: no tool call and none of the family's markup (tool-call and reasoning tags) reaches the
 answer. The parser reads calls with the request's tools and their events are dropped here; stray tags (a second
-``</think>``, a call that does not parse) are cut from the content, held back while a tag may still be forming.
-(No grammar: free text under a grammar meets the engine's refusal after a token that ends inside a UTF-8
-character, see ``chat/grammar/compose.py``'s ``JSON_OBJECT``.)"""
+``</think>``, a call that does not parse, chat tokens) are cut from the content, held back while a tag may still
+be forming."""
 
 from __future__ import annotations
 

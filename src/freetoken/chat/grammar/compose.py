@@ -94,7 +94,7 @@ def _calls(rules: Rules, tags: Tags, fmt: Any, tools: list[CallTool], parallel: 
     return body
 
 
-_CHAR = r'([ !#-\[\]-~]|\\(["\\\/bfnrt]|u[0-9a-fA-F]{4}))'  # printable ASCII, or an escape
+_CHAR = r'([^"\\\x00-\x1f]|\\(["\\\/bfnrt]|u[0-9a-fA-F]{4}))'  # a JSON string's character
 JSON_OBJECT = rf"""start: object
 object: "{{" (pair (", " pair){{0,{JSON_OBJECT_LIMITS["items"] - 1}}})? "}}"
 pair: KEY ": " value
@@ -106,9 +106,7 @@ NUMBER: /-?(0|[1-9][0-9]{{0,15}})(\.[0-9]{{1,16}})?([eE][+-]?[0-9]{{1,3}})?/
 """
 """``json_object``: any JSON object, written as the templates write JSON, with every string, key, number and
 list bounded (``JSON_OBJECT_LIMITS``): a model cannot write one value forever (with no bound, 8 in 10 answers of a
-small model ran out of tokens inside a key). Strings are printable ASCII with JSON's escapes (other characters as
-``\\uXXXX``: the parsed value is the same): a byte-level token that stops inside a UTF-8 character made the engine
-refuse a later token (a 500; seen on a tiny random model)."""
+small model ran out of tokens inside a key)."""
 
 
 def json_answer(
