@@ -16,7 +16,13 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from freetoken.server.anthropic.protocol import CountTokensRequest, MessagesRequest
-from freetoken.server.openai.protocol import ChatCompletionRequest, ResponsesRequest
+from freetoken.server.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ResponsesRequest,
+    TokenizeRequest,
+)
 from freetoken.server.settings import ServerConfig
 from schema_strategies import from_schema
 from server_harness import MODEL, Running, real_engine, serve, tiny_checkpoint
@@ -26,6 +32,9 @@ ROUTES: dict[str, type[BaseModel]] = {
     "/v1/responses": ResponsesRequest,
     "/v1/messages": MessagesRequest,
     "/v1/messages/count_tokens": CountTokensRequest,
+    "/v1/completions": CompletionRequest,
+    "/v1/tokenize": TokenizeRequest,
+    "/v1/detokenize": DetokenizeRequest,
 }
 _TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 JSON = st.recursive(
@@ -76,7 +85,7 @@ def _check(path: str, r: httpx.Response, stream: bool) -> None:
         json.loads(r.text)
         return
     lines = [ln for ln in r.text.splitlines() if ln]
-    if path == "/v1/chat/completions":
+    if path in ("/v1/chat/completions", "/v1/completions"):
         assert lines[-1] == "data: [DONE]", lines[-3:]
     elif path == "/v1/messages":
         assert lines[-2] in ("event: message_stop", "event: error"), lines[-3:]

@@ -77,6 +77,13 @@ def test_the_noise_is_the_same_on_every_device() -> None:
     assert noise.split_seed(-1) == (2**32 - 1, 2**32 - 1) and noise.split_seed(2**64 - 1) == noise.split_seed(-1)
 
 
+def test_no_draw_is_exactly_0_or_1() -> None:
+    """A draw of 1.0 is Gumbel noise of +inf: a masked token's -inf + inf is NaN, which argmax picks."""
+    u = noise.unit(torch.tensor([0, 1, 2**31, 2**32 - 512, 2**32 - 1], dtype=torch.int64))
+    assert u.dtype == torch.float32 and bool((u > 0).all()) and bool((u < 1).all())
+    assert torch.isfinite(-torch.log(-torch.log(u))).all()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_top_k_top_p_min_p_restrict_the_support(device: str) -> None:
     logits = PROBS.log()

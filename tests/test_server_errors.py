@@ -55,7 +55,6 @@ BAD_OPENAI: list[tuple[str, Any, int]] = [
     ("not an object", b"[1, 2]", 400),
     ("wrong type", {"model": MODEL, "messages": "hello"}, 400),
     ("wrong role", {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400),
-    ("unknown model", {"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}, 404),
     ("empty messages", {"model": MODEL, "messages": []}, 400),
     ("max_tokens 0", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400),
     (
@@ -91,9 +90,7 @@ def test_openai_bad_input(srv: Running, name: str, body: Any, status: int) -> No
     for stream in (False, True):
         if stream and not isinstance(body, bytes) and isinstance(body, dict):
             kw = {"json": {**body, "stream": True}}
-        err = _openai_error(httpx.post(srv.url + CHAT, headers={"content-type": "application/json"}, **kw), status)
-        if name == "unknown model":
-            assert err["code"] == "model_not_found"
+        _openai_error(httpx.post(srv.url + CHAT, headers={"content-type": "application/json"}, **kw), status)
 
 
 BAD_ANTHROPIC: list[tuple[str, Any, int, str]] = [
@@ -109,12 +106,6 @@ BAD_ANTHROPIC: list[tuple[str, Any, int, str]] = [
         {"model": MODEL, "max_tokens": "ten", "messages": [{"role": "user", "content": "x"}]},
         400,
         "invalid_request_error",
-    ),
-    (
-        "unknown model",
-        {"model": "claude-opus-9", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
-        404,
-        "not_found_error",
     ),
     ("empty messages", {"model": MODEL, "max_tokens": 5, "messages": []}, 400, "invalid_request_error"),
     (
@@ -313,14 +304,15 @@ def test_engine_error_mid_stream_in_each_shape(tokenizer: Any) -> None:
         s.engine.check_integrity()
 
 
-def test_images_become_a_note_not_an_error(srv: Running) -> None:
-    """An agent resends an attached screenshot on every turn: refusing it would wedge the session."""
+def test_images_in_a_tool_result_become_a_note(srv: Running) -> None:
+    """An agent resends a screenshot its tool returned on every turn: refusing it would wedge the session.
+    (Media in a message's own content is a 400 naming the part: test_routes_parts.py.)"""
     img = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
     body = {
         "model": MODEL,
         "max_tokens": 2,
         "messages": [
-            {"role": "user", "content": [{"type": "text", "text": "look"}, img]},
+            {"role": "user", "content": [{"type": "text", "text": "look"}]},
             {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "read", "input": {}}]},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [img]}]},
         ],
@@ -330,19 +322,4 @@ def test_images_become_a_note_not_an_error(srv: Running) -> None:
     from freetoken.server.anthropic.protocol import MessagesRequest
 
     req = to_internal(MessagesRequest.model_validate(body))
-    assert req.messages[0]["content"] == "look\n[image omitted: this model reads text only]"
     assert req.messages[2]["content"] == "[image omitted: this model reads text only]"
-    chat = {
-        "model": MODEL,
-        "max_tokens": 2,
-        "messages": [
-            {
-                "role": "user",
-                "content": [
-                    {"type": "text", "text": "see"},
-                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
-                ],
-            }
-        ],
-    }
-    assert httpx.post(srv.url + CHAT, json=chat).status_code == 200

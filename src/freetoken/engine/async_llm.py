@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from freetoken.config import EngineConfig
-from freetoken.engine.commands import Abort, Add, Check, Command, FailAll, FreeMemory, SetMemory, Wake
+from freetoken.engine.commands import Abort, Add, Check, Command, FailAll, FreeMemory, Score, SetMemory, Wake
 from freetoken.engine.engine import LLMEngine
 from freetoken.engine.errors import EngineDeadError, RequestFailedError, ShuttingDownError
 from freetoken.engine.outputs import RequestOutput
@@ -49,7 +49,7 @@ class AsyncLLM:
         self._fault: str | None = None  # why the engine cannot run a step, as of its last safe point
         self._ids = itertools.count()
         self.watcher: VramWatcher | None = None
-        self._deferred: list[SetMemory] = []  # budgets that wait for a safe point (a layer-major prefill runs)
+        self._deferred: list[SetMemory | Score] = []  # wait for a safe point (a layer-major prefill runs)
         self._thread = threading.Thread(target=self._main, name="freetoken-engine", daemon=True)
 
     @classmethod
@@ -84,6 +84,10 @@ class AsyncLLM:
     @property
     def max_model_len(self) -> int:
         return self._eng().max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._eng().hf.vocab_size)
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -168,6 +172,15 @@ class AsyncLLM:
             raise EngineDeadError(self.error or f"the engine is {self.state}")
         done: cf.Future[dict[str, Any]] = cf.Future()
         self._cmds.put(SetMemory(budget_gib, reason, done))  # type: ignore[arg-type]  # checked on the thread
+        return await asyncio.wrap_future(done)
+
+    async def prompt_logprobs(self, token_ids: list[int], top: int = 0) -> list[tuple[float, list[tuple[int, float]]]]:
+        """Per token after the first: (its logprob given the tokens before it, the ``top`` best alternatives), by a
+        prefill of the prompt on the engine thread at its next safe point (temporary pages: no request is touched)."""
+        if self.state != "ready":
+            raise EngineDeadError(self.error or f"the engine is {self.state}")
+        done: cf.Future[list[tuple[float, list[tuple[int, float]]]]] = cf.Future()
+        self._cmds.put(Score(list(token_ids), top, done))
         return await asyncio.wrap_future(done)
 
     def fail_all(self, error: Exception) -> None:
@@ -293,6 +306,16 @@ class AsyncLLM:
             eng.fail_all(str(cmd.error))
             eng.take_pending()  # the streams raise the error instead
             self._fail_all(cmd.error)
+        elif isinstance(cmd, Score):
+            if not eng.can_resize():
+                self._deferred.append(cmd)  # a layer-major prefill owns the caches until its step ends
+                return
+            if not cmd.done.set_running_or_notify_cancel():
+                return
+            try:
+                cmd.done.set_result(eng.prompt_logprobs(cmd.token_ids, cmd.top))
+            except Exception as e:
+                cmd.done.set_exception(e)
         elif isinstance(cmd, SetMemory):
             if not eng.can_resize():
                 self._deferred.append(cmd)  # run after the step that ends the layer-major prefill

@@ -51,6 +51,16 @@ class SetMemory:
 
 
 @dataclass(frozen=True)
+class Score:
+    """The prompt's own logprobs (``/v1/completions`` with ``echo``): each token after the first under the tokens
+    before it, with the ``top`` most likely alternatives (``scoring.prompt_logprobs``)."""
+
+    token_ids: list[int]
+    top: int
+    done: cf.Future[list[tuple[float, list[tuple[int, float]]]]]
+
+
+@dataclass(frozen=True)
 class FreeMemory:
     """The VRAM watcher's reading of the device's free memory (the engine shrinks or grows on it)."""
 
@@ -62,4 +72,4 @@ class Wake:
     """Nothing to do: makes an idle engine thread look at its stop flag."""
 
 
-Command = Add | Abort | FailAll | Check | SetMemory | FreeMemory | Wake
+Command = Add | Abort | FailAll | Check | SetMemory | Score | FreeMemory | Wake

@@ -22,7 +22,7 @@ from freetoken.engine.outputs import RequestOutput
 from freetoken.engine.overlap import StepOverlap
 from freetoken.engine.request import Request, Status
 from freetoken.engine.scheduler import Scheduler
-from freetoken.engine.scoring import score
+from freetoken.engine.scoring import check_token_ids, prompt_logprobs, score
 from freetoken.engine.stats import engine_stats
 from freetoken.loader.hybrid_build import make_state_pool, state_checkpoints
 from freetoken.loader.model_setup import ModelSetup, setup_model
@@ -148,10 +148,7 @@ class LLMEngine:
             raise InputError(f"duplicate request id {request_id!r}")
         if not prompt_token_ids:
             raise InputError("the prompt is empty")
-        vocab = self.hf.vocab_size
-        bad = next((t for t in prompt_token_ids if not (0 <= int(t) < vocab)), None)
-        if bad is not None:
-            raise InputError(f"token id {bad} is outside the vocabulary [0, {vocab})")
+        check_token_ids(prompt_token_ids, self.hf.vocab_size)
         n = len(prompt_token_ids)
         if n >= self.max_model_len:
             raise PromptTooLongError(n, self.max_model_len)
@@ -384,6 +381,11 @@ class LLMEngine:
         """Logits [n, V] at every position of ``token_ids`` by prefill in chunks (``scoring.score``)."""
         self._quiet()
         return score(self.runner, self.pages, self.states, self.max_model_len, token_ids, chunk, layer_major)
+
+    def prompt_logprobs(self, token_ids: list[int], top: int = 0) -> list[tuple[float, list[tuple[int, float]]]]:
+        """Per token after the first: its logprob under the tokens before it and the ``top`` best alternatives."""
+        check_token_ids(token_ids, self.hf.vocab_size)
+        return prompt_logprobs(self.score(token_ids), token_ids, top) if len(token_ids) > 1 else []
 
     # ---- introspection --------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

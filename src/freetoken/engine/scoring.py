@@ -65,3 +65,23 @@ def score(
         kv.free(held, rid)
         if states is not None and req.state_slot is not None:
             states.free(req.state_slot, rid)
+
+
+def check_token_ids(token_ids: list[int], vocab: int) -> None:
+    bad = next((t for t in token_ids if not (0 <= int(t) < vocab)), None)
+    if bad is not None:
+        raise InputError(f"token id {bad} is outside the vocabulary [0, {vocab})")
+
+
+def prompt_logprobs(
+    logits: torch.Tensor, token_ids: list[int], top: int
+) -> list[tuple[float, list[tuple[int, float]]]]:
+    """From ``score``'s logits [n, V]: per token after the first, its logprob under the tokens before it and the
+    ``top`` most likely tokens there (best first), all in float32 as the sampler computes them."""
+    logp = torch.log_softmax(logits[:-1].float(), dim=-1)
+    nxt = torch.tensor(token_ids[1:], dtype=torch.long)
+    own = logp.gather(1, nxt[:, None])[:, 0].tolist()
+    if top <= 0:
+        return [(lp, []) for lp in own]
+    vals, idx = logp.topk(min(top, logp.shape[-1]), dim=-1)
+    return [(lp, list(zip(i, v))) for lp, i, v in zip(own, idx.tolist(), vals.tolist())]

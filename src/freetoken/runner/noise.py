@@ -35,8 +35,14 @@ def row_keys(seed_lo: torch.Tensor, seed_hi: torch.Tensor, step: torch.Tensor) -
 
 def uniform(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     """[B, vocab] float32 in (0, 1), one independent draw per (row, token)."""
-    h = mix32(keys[:, None] ^ _token_keys(vocab, keys.device)[None, :])
-    return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    return unit(mix32(keys[:, None] ^ _token_keys(vocab, keys.device)[None, :]))
+
+
+def unit(h: torch.Tensor) -> torch.Tensor:
+    """32-bit hashes as float32 strictly inside (0, 1), from their top 23 bits. (With 24, the top hash's
+    2**24 - 1 + 0.5 rounds to 2**24 in float32: a draw of exactly 1.0, whose Gumbel noise is +inf, and a token the
+    grammar masked to -inf became NaN, which argmax picks: a token the grammar refuses, a 500.)"""
+    return ((h >> 9).float() + 0.5) * (1.0 / (1 << 23))
 
 
 def split_seed(seed: int) -> tuple[int, int]:

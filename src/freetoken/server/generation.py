@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from freetoken.chat import events as ev
@@ -35,6 +35,8 @@ from freetoken.server.internal import (
     ToolCall,
     merge_leading_system,
 )
+from freetoken.server.scrub import NoMarkup, markup_tags
+from freetoken.server.stops import StopFilter
 from freetoken.server.structured import parsers, reasoning_mode, request_grammar
 
 if TYPE_CHECKING:
@@ -65,6 +67,7 @@ class Prepared:
     params: SamplingParams
     starts_in_reasoning: bool
     forced_calls: bool = False  # the grammar allows nothing but calls after the reasoning block
+    stops: list[str] = field(default_factory=list)  # stop sequences, matched in the answer's text (stops.py)
 
 
 class Generation:
@@ -130,20 +133,28 @@ class Generation:
             )
         except ValueError as exc:  # e.g. top_k < -1: the engine's own checks
             raise APIError.invalid(str(exc)) from exc
+        stops, params.stop = params.stop_strings, []  # applied to the answer here (stops.py), not to raw text
         forced = grammar is not None and req.tool_choice.mode in ("required", "named")
-        return Prepared(req, prompt_ids, params, starts_in_reasoning, forced)
+        return Prepared(req, prompt_ids, params, starts_in_reasoning, forced, stops)
 
     def count(self, req: ChatRequest) -> int:
-        """The prompt's tokens (``/v1/messages/count_tokens``), under the limits ``prepare`` applies: a
-        prompt the context cannot hold is refused the same way (past ``COUNT_UP_TO_CHARS``, untokenised)."""
+        """The prompt's tokens (``/v1/messages/count_tokens``), under the limits ``prepare`` applies."""
+        return len(self.prompt_of(req))
+
+    def prompt_of(self, req: ChatRequest) -> list[int]:
+        """The prompt's tokens (``/v1/tokenize``), under the limits ``prepare`` applies: a prompt the context
+        cannot hold is refused the same way (past ``COUNT_UP_TO_CHARS``, untokenised)."""
         req.validate()
         self._refuse_far_too_long(req)
-        n = len(self.render(req))
-        if n >= self.engine.max_model_len:
-            raise context_overflow(n, self.engine.max_model_len - 1)
-        return n
+        ids = self.render(req)
+        if len(ids) >= self.engine.max_model_len:
+            raise context_overflow(len(ids), self.engine.max_model_len - 1)
+        return ids
 
     def _refuse_far_too_long(self, req: ChatRequest) -> None:
+        self.refuse_far_too_long(req.text_chars())
+
+    def refuse_far_too_long(self, chars: int) -> None:
         """A prompt with more characters than the context could hold tokens is refused before it is
         rendered and tokenised (a 16 MB body would otherwise cost seconds of a core). Below
         ``COUNT_UP_TO_CHARS`` it is tokenised all the same, so the refusal gives the true count: an agent
@@ -153,7 +164,6 @@ class Generation:
             self._chars_per_token = (chars_per_token_bound(tok) if tok is not None else None) or 0
         if not self._chars_per_token:
             return
-        chars = req.text_chars()
         at_least = chars // self._chars_per_token
         limit = self.engine.max_model_len
         if at_least >= limit and chars > COUNT_UP_TO_CHARS:
@@ -176,19 +186,30 @@ class Generation:
     async def stream(self, prep: Prepared, request_id: str | None = None) -> AsyncGenerator[Event, None]:
         """Parser events, then one ``Finish``. Raises ``APIError`` before the first event on refusal."""
         req = prep.request
+        none = req.tool_choice.mode == "none"  # calls are read (to be dropped, scrub.py), never answered
         parser = make_stream_parser(
             self.family,
-            [t.template_dict() for t in self._prompt_tools(req)],
+            [t.template_dict() for t in (req.tools if none else self._prompt_tools(req))],
             prep.starts_in_reasoning,
             reasoning=True,
             tool_parser=self.tool_parser,
             reasoning_parser=self.reasoning_parser,
         )
         shaper = _Shaper(req.parallel_tool_calls)
+        stopper = StopFilter(prep.stops)
+        tags = markup_tags(*parsers(self.family, self.tool_parser, self.reasoning_parser), self.engine.tokenizer)
+        scrub = NoMarkup(tags) if none else None
+
+        def pipe(events: list[Any], end: bool = False) -> list[Any]:
+            """The parser's events tidied, without markup (tool_choice none), up to a stop sequence."""
+            out = shaper.apply(events)
+            if scrub is not None:
+                out = scrub.apply(out) + (scrub.flush() if end else [])
+            return stopper.apply(out) + (stopper.flush() if end else [])
+
         rid = request_id or f"req-{uuid.uuid4().hex}"
         start = time.perf_counter()
         first_at: float | None = None
-        text: list[str] = []
         out_ids: list[int] = []
         reason, completion_tokens, prompt_tokens = "abort", 0, len(prep.prompt_ids)
         cached_tokens = 0
@@ -204,14 +225,16 @@ class Generation:
                         self.metrics.first_token(first_at - start)
                         yield Started()  # accepted and prefilled: streams may send their headers now
                     out_ids.extend(out.new_token_ids)
-                    text.append(out.new_text)
                     if out.logprobs:
                         yield TokenLogprobs(out.logprobs)
-                    for e in shaper.apply(parser.feed(out.new_text) if out.new_text else []):
+                    for e in pipe(parser.feed(out.new_text) if out.new_text else []):
                         saw_tool = saw_tool or isinstance(e, ev.ToolCallStart)
                         if isinstance(e, ev.ReasoningDelta):
                             reasoning.append(e.text)
                         yield e
+                    if stopper.matched is not None:  # closing the engine stream (aclosing) aborts the request
+                        reason, completion_tokens = "stop", len(out_ids)
+                        break
                     if out.finished:
                         if out.finish_reason == "error":
                             raise APIError("server_error", f"generation failed: {out.error or 'engine error'}")
@@ -223,7 +246,7 @@ class Generation:
             tail = parser.finish()
             if prep.forced_calls and reason == "length":  # a forced call cut short is no text: drop it
                 tail = [e for e in tail if not isinstance(e, ev.ContentDelta)]
-            for e in shaper.apply(tail):
+            for e in pipe(tail, end=True):
                 saw_tool = saw_tool or isinstance(e, ev.ToolCallStart)
                 if isinstance(e, ev.ReasoningDelta):
                     reasoning.append(e.text)
@@ -234,25 +257,18 @@ class Generation:
             raise from_engine_error(exc) from exc
         finally:
             self.metrics.request_finished(len(out_ids), time.perf_counter() - start)
-        fin = self._finish(prep, reason, saw_tool, "".join(text), out_ids, prompt_tokens, completion_tokens)
+        fin = self._finish(reason, saw_tool, stopper.matched, prompt_tokens, completion_tokens)
         fin.cached_tokens = cached_tokens
         # tokenising the reasoning text holds the interpreter: on a thread, not the event loop every stream shares
         fin.reasoning_tokens = await asyncio.to_thread(self._reasoning_tokens, "".join(reasoning), out_ids,
                                                        completion_tokens)  # fmt: skip
         yield fin
 
+    @staticmethod
     def _finish(
-        self,
-        prep: Prepared,
-        reason: str,
-        saw_tool: bool,
-        text: str,
-        out_ids: list[int],
-        prompt_tokens: int,
-        completion_tokens: int,
+        reason: str, saw_tool: bool, stop_seq: str | None, prompt_tokens: int, completion_tokens: int
     ) -> Finish:
         final: FinishReason
-        stop_seq = None
         if reason == "length":
             final = "length"
         elif reason == "abort":
@@ -260,9 +276,8 @@ class Generation:
         elif saw_tool:
             final = "tool_calls"
         else:
-            stop_seq = self._matched_stop(prep, text, out_ids)
             final = "stop_sequence" if stop_seq is not None else "stop"
-        return Finish(final, prompt_tokens, completion_tokens, stop_seq)
+        return Finish(final, prompt_tokens, completion_tokens, stop_seq if final == "stop_sequence" else None)
 
     def _reasoning_tokens(self, reasoning: str, out_ids: list[int], completion_tokens: int) -> int:
         """Output tokens up to the end of the reasoning block: where the block's closing tag is one token,
@@ -276,17 +291,6 @@ class Generation:
         if tok is None:
             return 0
         return min(completion_tokens, len(encode(tok, reasoning, special=True)) + 2)
-
-    def _matched_stop(self, prep: Prepared, text: str, out_ids: list[int]) -> str | None:
-        """Which stop string ended generation (the engine drops it from the text)."""
-        stops = prep.params.stop_strings
-        if not stops or not out_ids or out_ids[-1] in set(self.engine.eos_token_ids):
-            return None
-        tok = self.engine.tokenizer
-        full = tok.decode(out_ids, skip_special_tokens=False) if tok is not None else text
-        hits = [(full.find(s, max(0, len(text) - len(s))), s) for s in stops]
-        hits = [h for h in hits if h[0] >= 0]
-        return min(hits)[1] if hits else None
 
     async def complete(self, prep: Prepared, request_id: str | None = None) -> Completion:
         content: list[str] = []

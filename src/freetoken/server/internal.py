@@ -134,6 +134,12 @@ class ChatRequest:
             raise APIError.invalid("seed must fit in 64 bits: an integer in [-2**63, 2**64)", param="seed")
         if any(not s for s in self.stop):
             raise APIError.invalid("stop sequences must be non-empty strings", param="stop")
+        if self.stop and self.response_format is not None and self.response_format.type != "text":
+            raise APIError.invalid(
+                "stop sequences cannot be combined with a JSON response format: the grammar ends the answer, "
+                "and a stop sequence inside the JSON would cut it",
+                param="stop",
+            )
         names = {t.name for t in self.tools}
         if self.tool_choice.mode == "named" and self.tool_choice.name not in names:
             raise APIError.invalid(f"tool_choice names unknown tool {self.tool_choice.name!r}", param="tool_choice")

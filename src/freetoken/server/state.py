@@ -48,14 +48,12 @@ class ServerState:
             names.append(base)
         return names
 
-    def check_model(self, name: str) -> None:
-        if name not in self.model_names:
-            raise APIError(
-                "not_found",
-                f"model {name!r} not found; this server serves {', '.join(map(repr, self.model_names))}",
-                param="model",
-                code="model_not_found",
-            )
+    def served_name(self, name: str) -> str:
+        """The id a response names for a request that asked for ``name``: the name itself where this server serves
+        it, else its first served name. Any name is answered by the loaded model (a client configured for
+        "gpt-4o" or "claude-sonnet-4-5" works), and the response says which model answered."""
+        names = self.model_names
+        return name if name in names else names[0]
 
     async def end_requests(self, message: str, every_s: float = 0.1) -> None:
         """Shutdown: every request ends now with a 503 in its API's shape (``ShuttingDownError``: streams

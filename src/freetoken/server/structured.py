@@ -7,7 +7,9 @@
   a JSON string, only a regex can be enforced).
 - ``tool_choice`` auto with a custom tool that carries a grammar (Codex): text, and any call the model
   opens follows the tools' schemas and grammars (where the call opener is a token of its own).
-- ``response_format`` json_schema / json_object: the answer is one JSON value of the schema.
+- ``response_format`` json_schema / json_object: the answer is one JSON value of the schema (any JSON object for
+  json_object); the grammar ends it, so an answer that finishes with ``stop`` parses (one cut by ``max_tokens``
+  finishes with ``length``).
 Either may follow the family's reasoning block (bounded to half the output budget).
 """
 

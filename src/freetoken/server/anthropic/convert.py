@@ -8,7 +8,7 @@ from typing import Any
 from freetoken.server.anthropic.protocol import ContentBlock, Conversation, Message, MessagesRequest, Part
 from freetoken.server.errors import APIError
 from freetoken.server.internal import ChatRequest, ResponseFormat, ToolChoice, ToolSpec, effort_level
-from freetoken.server.openai.convert import MEDIA_PARTS, media_placeholder, tool_call_dict
+from freetoken.server.openai.convert import MEDIA_PARTS, media_placeholder, refuse_media, tool_call_dict
 
 # Claude Code puts a per-request checksum (cch=…) in a billing line at the top of the system
 # prompt; left alone it changes the very first tokens and defeats the prefix cache.
@@ -99,7 +99,7 @@ def _user(m: Message, i: int) -> list[dict[str, Any]]:
                 text = f"Error: {text}" if text else "Error"
             tools.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": text})
         elif b.type in MEDIA_PARTS:
-            texts.append(media_placeholder(b.type))
+            raise refuse_media(b.type, where)
         else:
             raise APIError.invalid(
                 f"{where}: content block type {b.type!r} is not supported in user messages", param=where

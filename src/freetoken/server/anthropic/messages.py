@@ -22,10 +22,10 @@ from freetoken.server.state import get_state
 async def create_message(request: Request) -> Response:
     state = get_state(request)
     body = await parse_request(request, MessagesRequest)
-    state.check_model(body.model)
+    model = state.served_name(body.model)
     gen = state.generation()
     prep = await state.off_loop(request, lambda: gen.prepare(to_internal(body)))
-    builder = MessageBuilder(body.model, len(prep.prompt_ids))
+    builder = MessageBuilder(model, len(prep.prompt_ids))
     if not body.stream:
         await unless_disconnected(request, gen.feed_all(prep, builder))
         return JSONResponse(builder.message())

@@ -115,7 +115,7 @@ def _message(m: ChatMessage, i: int) -> dict[str, Any]:
     if m.role == "tool":
         if not m.tool_call_id:
             raise APIError.invalid(f"messages[{i}]: a tool message needs tool_call_id", param=f"messages.{i}")
-        return {"role": "tool", "content": text_of(m.content, where), "tool_call_id": m.tool_call_id}
+        return {"role": "tool", "content": text_of(m.content, where, tool_result=True), "tool_call_id": m.tool_call_id}
     out: dict[str, Any] = {"role": "assistant", "content": text_of(m.content, where)}
     reasoning = m.reasoning_content or m.reasoning
     if reasoning:
@@ -128,18 +128,18 @@ def _message(m: ChatMessage, i: int) -> dict[str, Any]:
 async def create_chat_completion(request: Request) -> Response:
     state = get_state(request)
     body = await parse_request(request, ChatCompletionRequest)
-    state.check_model(body.model)
+    model = state.served_name(body.model)
     gen = state.generation()
     prep = await state.off_loop(request, lambda: gen.prepare(to_internal(body)))
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     if not body.stream:
         done = await unless_disconnected(request, gen.complete(prep, rid))
         lp = logprobs_content(gen.engine.tokenizer, done.logprobs) if prep.params.logprobs is not None else None
-        return JSONResponse(_completion_body(rid, body.model, done, lp))
+        return JSONResponse(_completion_body(rid, model, done, lp))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     events = gen.stream(prep, rid)
     first = await unless_disconnected(request, gen.first_event(events))
-    frames = _frames(gen, prep, rid, body.model, first, events, include_usage)
+    frames = _frames(gen, prep, rid, model, first, events, include_usage)
     return sse_response(frames, state.config.keepalive_s)
 
 

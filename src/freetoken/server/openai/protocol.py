@@ -163,3 +163,46 @@ class ResponsesRequest(_Open):
     metadata: dict[str, Any] | None = None
     text: dict[str, Any] | None = None
     ignore_eos: bool = False  # extension (vLLM's name): keep going past end-of-sequence
+
+
+# ---- /v1/completions, /v1/tokenize, /v1/detokenize ---------------------------------------
+Prompt = str | list[int] | list[str] | list[list[int]]
+"""A string or token ids; a list of one of either (one prompt per request)."""
+
+
+class CompletionRequest(_Open):
+    model: str
+    prompt: Prompt
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: Int32 | None = 16  # the legacy route's default; 0 with echo: score the prompt only
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: Int32 | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logprobs: Int32 | None = None  # the legacy shape: how many alternatives per token
+    echo: bool = False
+    stop: str | list[str] | None = None
+    seed: Seed | None = None
+    n: Int32 = 1
+    suffix: str | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True  # extension (vLLM's name)
+
+
+class TokenizeRequest(_Open):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    tools: list[ToolDef] | None = None
+    add_special_tokens: bool = True  # a prompt's BOS, where the tokenizer adds one
+    add_generation_prompt: bool = True  # messages: end with the assistant's turn opened
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class DetokenizeRequest(_Open):
+    model: str | None = None
+    tokens: list[int]

@@ -26,7 +26,7 @@ SUMMARY_MODES = ("auto", "concise", "detailed")
 async def create_response(request: Request) -> Response:
     state = get_state(request)
     body = await parse_request(request, ResponsesRequest)
-    state.check_model(body.model)
+    model = state.served_name(body.model)
     gen = state.generation()
     store = state.responses
     earlier = _earlier(store, body.previous_response_id)
@@ -35,7 +35,7 @@ async def create_response(request: Request) -> Response:
     keep = body.store is not False and store.capacity > 0
     builder = ResponseBuilder(
         req,
-        body.model,
+        model,
         [t.model_dump(exclude_none=True) for t in body.tools or []],
         _echo(body, keep),
         summary=body.reasoning is not None and body.reasoning.summary in SUMMARY_MODES,

@@ -156,7 +156,7 @@ class _Items:
         elif kind in ("function_call_output", "custom_tool_call_output"):
             if item.call_id is None:
                 raise APIError.invalid(f"input[{i}]: {kind} needs call_id", param=where)
-            output = text_of(item.output if item.output is not None else "", f"{where}.output")
+            output = text_of(item.output if item.output is not None else "", f"{where}.output", tool_result=True)
             self.messages.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
         elif kind == "item_reference":
             raise APIError.invalid(
