@@ -11,7 +11,7 @@ import torch
 
 from freetoken.cache.kv_pool import KVPool
 from freetoken.cache.radix import RadixCache
-from freetoken.config import EngineConfig
+from freetoken.config import EngineConfig, env
 from freetoken.engine.detokenizer import IncrementalDetokenizer
 from freetoken.engine.elastic import ElasticMemory
 from freetoken.engine.errors import InputError, PromptTooLongError, QueueFullError
@@ -198,7 +198,7 @@ class LLMEngine:
         self._pending = []
         if self.can_resize() and self.overlap.inflight is None:
             self.memory.follow()  # a safe point: the split may follow the session's KV
-        if _debug():
+        if env().debug:  # FREETOKEN_DEBUG: every invariant checked after each step
             self.check_integrity()
         return outputs
 
@@ -396,9 +396,3 @@ class LLMEngine:
         backend = self.setup.loaded.backend
         if backend is not None:
             backend.check_integrity()
-
-
-def _debug() -> bool:
-    from freetoken.config import env
-
-    return env().debug
