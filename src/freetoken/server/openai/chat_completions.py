@@ -27,7 +27,7 @@ from freetoken.server.internal import (
 )
 from freetoken.server.openai.convert import text_of, tool_call_dict
 from freetoken.server.openai.protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice
-from freetoken.server.openai.sampling import logprobs_content, refuse_unsupported, top_logprobs
+from freetoken.server.openai.sampling import logprobs_content, refuse_unsupported, sampler_fields, top_logprobs
 from freetoken.server.sse import sse, sse_response, unless_disconnected
 from freetoken.server.state import get_state
 
@@ -75,13 +75,7 @@ def to_internal(body: ChatCompletionRequest) -> ChatRequest:
         tool_choice=tool_choice,
         parallel_tool_calls=body.parallel_tool_calls is not False,
         max_tokens=max_tokens,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=body.top_k or 0,
-        min_p=body.min_p or 0.0,
-        presence_penalty=body.presence_penalty or 0.0,
-        frequency_penalty=body.frequency_penalty or 0.0,
-        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        **sampler_fields(body),
         logprobs=top_logprobs(body.logprobs, body.top_logprobs),
         seed=body.seed,
         ignore_eos=body.ignore_eos,

@@ -20,7 +20,7 @@ from freetoken.server.body import parse_request
 from freetoken.server.errors import APIError, context_overflow, from_engine_error
 from freetoken.server.generation import Generation
 from freetoken.server.openai.protocol import CompletionRequest
-from freetoken.server.openai.sampling import refuse_unsupported
+from freetoken.server.openai.sampling import refuse_unsupported, sampler_fields
 from freetoken.server.openai.tokenize import prompt_token_ids
 from freetoken.server.sse import sse, sse_response, unless_disconnected
 from freetoken.server.state import get_state
@@ -44,13 +44,7 @@ def _params(body: CompletionRequest, max_tokens: int) -> SamplingParams:
     try:
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            top_k=body.top_k or 0,
-            min_p=body.min_p or 0.0,
-            presence_penalty=body.presence_penalty or 0.0,
-            frequency_penalty=body.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+            **sampler_fields(body),
             logprobs=body.logprobs,
             stop=stop,
             seed=body.seed,

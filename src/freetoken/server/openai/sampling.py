@@ -31,6 +31,20 @@ def refuse_unsupported(body: BaseModel) -> None:
             raise APIError.invalid(f"{name} is not supported by this server", param=name)
 
 
+def sampler_fields(body: Any) -> dict[str, Any]:
+    """The sampler's settings an OpenAI body (chat or legacy completions) gives, with OpenAI's defaults for the
+    unset ones: temperature 1, top-p 1, no top-k / min-p, no penalties."""
+    return {
+        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "top_p": 1.0 if body.top_p is None else body.top_p,
+        "top_k": body.top_k or 0,
+        "min_p": body.min_p or 0.0,
+        "presence_penalty": body.presence_penalty or 0.0,
+        "frequency_penalty": body.frequency_penalty or 0.0,
+        "repetition_penalty": 1.0 if body.repetition_penalty is None else body.repetition_penalty,
+    }
+
+
 def top_logprobs(logprobs: bool | None, top: int | None) -> int | None:
     """OpenAI's pair (logprobs: bool, top_logprobs: int) as the sampler's count (None: no logprobs)."""
     if top is not None and not logprobs:
