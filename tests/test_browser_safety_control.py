@@ -7,14 +7,12 @@ against the real engine (its statistics unchanged)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,6 +24,7 @@ from freetoken.server.app import build_app
 from freetoken.server.browser import BrowserSafety, exposure_warning
 from freetoken.server.settings import ServerConfig
 from server_harness import MODEL, free_port, real_engine, serve, tiny_checkpoint
+from subproc import child_env
 from test_browser_safety import BODIES, CHAT, MEMORY, CountingEngine, refused
 
 KEY = "k3y"
@@ -177,7 +176,7 @@ def test_exposure_warning() -> None:
 
 
 def test_ft_serve_prints_the_warning_before_loading() -> None:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    env = child_env()
     cmd = [sys.executable, "-m", "freetoken.cli", "serve", "--host", "0.0.0.0", "--port", str(free_port()),
            "--model", "/nonexistent", "--device", "cpu"]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.config import EngineConfig
 from freetoken.loader.model_setup import setup_model
+from subproc import child_env
 from tiny_models import save_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,7 +76,7 @@ def test_an_unknown_quantization_is_refused_in_one_line(plain: Path, tmp_path: P
     with pytest.raises(CheckpointError) as err:
         _load(d)
     assert str(err.value) == f"{d}: {line}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = child_env()
     r = subprocess.run([sys.executable, "-m", "freetoken.cli", "generate", "--model", str(d), "--prompt", "x",
                         "--device", "cpu"], capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
     assert r.returncode == 1 and r.stdout == ""

@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from subproc import child_env
 from tiny_models import save_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def ft(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = child_env()
     return subprocess.run(
         [sys.executable, "-m", "freetoken.cli", *args], capture_output=True, text=True, env=env, timeout=300
     )
@@ -93,7 +93,7 @@ def test_a_vram_budget_below_the_minimum(ckpt):
 
 
 def test_chat_streams_replies_and_exits(ckpt):
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = child_env()
     r = subprocess.run(
         [sys.executable, "-m", "freetoken.cli", "chat", "--model", str(ckpt), "--max-tokens", "6", "--device", "cpu"],
         input="Hello there\n/reset\nHow are you?\n/exit\n", capture_output=True, text=True, env=env, timeout=300,

@@ -5,7 +5,6 @@ embedded default model's real tokenizer and chat template (a Qwen3-style ``<thin
 from __future__ import annotations
 
 import io
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from freetoken.cli.reply import ReplyPrinter
+from subproc import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = ROOT / "src" / "freetoken" / "assets" / "default_model"
@@ -49,7 +49,7 @@ def test_a_reply_without_reasoning_is_shown_as_it_is(tok) -> None:
 
 
 def test_chat_commands_never_reach_the_model() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = child_env()
     r = subprocess.run(
         [sys.executable, "-m", "freetoken.cli", "chat", "--max-tokens", "4", "--device", "cpu"],
         input="/help\n/bogus\n/reset\n/exit\n", capture_output=True, text=True, env=env, timeout=300,
@@ -61,7 +61,7 @@ def test_chat_commands_never_reach_the_model() -> None:
 
 
 def test_generate_chat_delimits_the_embedded_models_thinking() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = child_env()
     r = subprocess.run(
         [sys.executable, "-m", "freetoken.cli", "generate", "--chat", "--prompt", "What is 2+3?", "--max-tokens", "60",
          "--device", "cpu"], capture_output=True, text=True, env=env, timeout=300,
@@ -73,7 +73,7 @@ def test_generate_chat_delimits_the_embedded_models_thinking() -> None:
 
 
 def test_a_message_past_the_context_is_one_line_and_no_library_warning() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = child_env()
     r = subprocess.run(
         [sys.executable, "-m", "freetoken.cli", "chat", "--max-tokens", "2", "--device", "cpu"],
         input="word " * 3000 + "\n/exit\n", capture_output=True, text=True, env=env, timeout=300,

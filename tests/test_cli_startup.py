@@ -3,7 +3,6 @@ exit, `ft serve` opens its port only once the model is loaded, and logs one line
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -16,12 +15,13 @@ import pytest
 import tomllib
 
 from server_harness import free_port, tiny_checkpoint
+from subproc import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def ft(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = child_env()
     return subprocess.run([sys.executable, "-m", "freetoken.cli", *args], capture_output=True, text=True, env=env,
                           timeout=timeout)  # fmt: skip
 
@@ -58,7 +58,7 @@ def test_help_and_version_import_no_torch() -> None:
     """``ft --help``, ``ft --version`` and a bare ``ft`` list the subcommands without importing torch (seconds on a
     laptop); a subcommand's own ``--help`` imports what its flags need."""
     r = subprocess.run([sys.executable, "-c", HELP_ONLY], capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")})  # fmt: skip
+                       env=child_env())  # fmt: skip
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
     out = ft("--help").stdout
     assert all(f"    {name}" in out for name in ("serve", "chat", "generate", "bench", "launch", "models"))
@@ -101,7 +101,7 @@ def test_ctl_needs_nothing_beyond_the_runtime_set() -> None:
 def test_serve_binds_only_once_loaded_and_logs_each_request(tmp_path: Path) -> None:
     model = tiny_checkpoint(str(tmp_path / "tiny"))
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = child_env()
     cmd = [sys.executable, "-m", "freetoken.cli", "serve", "--model", model, "--port", str(port), "--device", "cpu"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines: list[tuple[float, str]] = []

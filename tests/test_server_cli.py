@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from freetoken.config import EngineConfig, field_docs
 from freetoken.config import expert_cache_arg as cache_size
 from scripted_engine import ScriptedEngine, build_tokenizer
 from server_harness import MODEL, free_port, serve, tiny_checkpoint
+from subproc import child_env
 
 
 def test_ctl_talks_to_a_server(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
@@ -38,7 +38,7 @@ def test_serve_flags() -> None:
 def test_ft_serve_process_answers_and_exits_on_ctrl_c(tmp_path: Any) -> None:
     model = tiny_checkpoint(str(tmp_path / "tiny"))
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.abspath("src"), os.environ.get("PYTHONPATH", "")])}
+    env = child_env()
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from server_harness import MODEL, free_port
+from subproc import child_env
 
 CHAT, RESP, MSGS = "/v1/chat/completions", "/v1/responses", "/v1/messages"
 HI = [{"role": "user", "content": "hi"}]
@@ -99,7 +100,7 @@ def test_a_second_ctrl_c_ends_every_request_in_its_shape_and_exits_130() -> None
 @pytest.mark.parametrize("value", ["", "relative/cache", " "])
 def test_a_cache_dir_freetoken_cannot_use_is_refused_in_one_line(value: str, tmp_path: Path) -> None:
     """Before: an empty FREETOKEN_CACHE built kernels into ./kernels of the working directory."""
-    env = {**os.environ, "FREETOKEN_CACHE": value}
+    env = child_env(FREETOKEN_CACHE=value)
     cmd = [sys.executable, "-m", "freetoken.cli.main", "generate", "--prompt", "hi", "--max-tokens", "1"]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert r.returncode == 1, r
