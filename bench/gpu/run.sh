@@ -52,7 +52,9 @@ stage_tests() {
   local shard=${1:?"tests SHARD: gpu1, gpu2, gpu (both) or cpu"} files
   # SIGINT at the limit: pytest stops and still prints its summary (failures, durations). -n: the box's cores compile
   # the Triton kernels in parallel (tiny models; one GPU serves every worker): all gpu tests in 162 s on 8 (H100)
-  local P=(timeout -s INT 480 python3 -m pytest -q -p no:cacheprovider -rfEs --durations=40 --timeout=300)
+  # (the cpu shard, ~1,900 tests on 14 workers, gets the call's whole 560 s)
+  local limit=480; [ "$shard" = cpu ] && limit=560
+  local P=(timeout -s INT "$limit" python3 -m pytest -q -p no:cacheprovider -rfEs --durations=40 --timeout=300)
   case $shard in
   gpu|gpu1|gpu2) local h=${shard#gpu}; mapfile -t files < <(gpu_files "${h:-all}")
     "${P[@]}" -n "${GPU_WORKERS:-8}" -m gpu "${files[@]}" > "$OUT/tests_$shard.log" 2>&1 ;;
