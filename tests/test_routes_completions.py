@@ -131,3 +131,27 @@ def test_bad_input_is_a_400_in_openai_shape(srv: Running, route: str, name: str,
 def test_body_limit_applies(srv: Running) -> None:
     r = httpx.post(srv.url + "/v1/tokenize", json={"prompt": "x" * 70_000})
     assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_scoring_without_free_pages_is_a_503_and_beyond_the_pool_a_400(ckpt: tuple[str, Any]) -> None:
+    """``echo`` scoring takes temporary pages: while running requests hold them it is a 503 (retry later, nothing
+    lost), a prompt more than the whole KV cache holds is the caller's 400; once the pages come free it scores."""
+    from freetoken.config import EngineConfig
+    from freetoken.engine.engine import LLMEngine
+    from freetoken.engine.errors import InputError, KVBusyError
+    from freetoken.runner.sampling_params import SamplingParams
+    from freetoken.server.errors import from_engine_error
+
+    engine = LLMEngine(EngineConfig(model=ckpt[0], device="cpu", dtype="float32", max_model_len=128, page_size=8,
+                                    kv_pages=6, prefix_cache=False))  # fmt: skip
+    engine.add_request("holder", list(range(3, 35)), SamplingParams(max_tokens=8, temperature=0.0))
+    engine.step()  # the holder's 32 prompt tokens take 4 of the 6 pages
+    with pytest.raises(KVBusyError) as busy:
+        engine.prompt_logprobs(list(range(3, 27)))  # 3 pages, 2 free
+    assert from_engine_error(busy.value).status("openai") == 503
+    with pytest.raises(InputError, match="more than the whole KV cache holds"):
+        engine.prompt_logprobs(list(range(3, 60)))  # 8 pages of 6
+    while engine.has_unfinished():
+        engine.step()
+    assert len(engine.prompt_logprobs(list(range(3, 27)))) == 23
+    engine.check_integrity()

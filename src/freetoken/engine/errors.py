@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from freetoken.errors import FreeTokenError, InputError
 
-__all__ = ["EngineDeadError", "FreeTokenError", "InputError", "PromptTooLongError", "QueueFullError"]
-
+__all__ = ["EngineDeadError", "FreeTokenError", "InputError", "KVBusyError", "PromptTooLongError", "QueueFullError"]
 
 
 class PromptTooLongError(InputError):
@@ -20,6 +19,10 @@ class PromptTooLongError(InputError):
 
 class QueueFullError(FreeTokenError):
     """The waiting queue is full; try again later."""
+
+
+class KVBusyError(FreeTokenError):
+    """The work fits the KV pool but not its free pages now (running requests hold them); try again later."""
 
 
 class EngineDeadError(FreeTokenError):

@@ -9,7 +9,7 @@ import torch
 
 from freetoken.cache.state_pool import StatePool
 from freetoken.engine.detokenizer import IncrementalDetokenizer
-from freetoken.engine.errors import InputError, PromptTooLongError
+from freetoken.engine.errors import InputError, KVBusyError, PromptTooLongError
 from freetoken.engine.kv_manager import KVManager
 from freetoken.engine.request import Request
 from freetoken.models.layer_major import LayerMajorPass
@@ -40,8 +40,10 @@ def score(
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     kv = runner.kv
     rid = f"score-{time.monotonic_ns()}"
+    if kv.pages_for(n) > kv.num_pages:
+        raise InputError(f"{n} tokens are more than the whole KV cache holds ({kv.num_pages * kv.page_size} tokens)")
     if not pages.reserve(kv.pages_for(n)):
-        raise InputError(f"{n} tokens do not fit the free KV pages now")
+        raise KVBusyError(f"{n} tokens do not fit the free KV pages now (running requests hold them); retry later")
     held = kv.allocate(kv.pages_for(n), rid)
     req = Request(rid, list(token_ids), SamplingParams(), n + 1, IncrementalDetokenizer(None, [], [], True))
     try:

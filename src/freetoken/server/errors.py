@@ -77,6 +77,7 @@ def from_engine_error(exc: BaseException) -> APIError:
     from freetoken.engine.errors import (
         EngineDeadError,
         InputError,
+        KVBusyError,
         PromptTooLongError,
         QueueFullError,
         RequestFailedError,
@@ -91,7 +92,7 @@ def from_engine_error(exc: BaseException) -> APIError:
         return APIError.invalid(str(exc))
     if isinstance(exc, QueueFullError):
         return APIError("overloaded", "the server is overloaded: too many queued requests; retry later")
-    if isinstance(exc, ShuttingDownError):
+    if isinstance(exc, ShuttingDownError | KVBusyError):
         return APIError("unavailable", str(exc))
     if isinstance(exc, RequestFailedError):
         return APIError("server_error", str(exc))

@@ -7,7 +7,6 @@ import datetime as dt
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from freetoken.server.errors import APIError
 from freetoken.server.state import ServerState, get_state
 
 
@@ -44,7 +43,7 @@ async def list_models(request: Request) -> JSONResponse:
 
 
 async def get_model(request: Request, model_id: str) -> JSONResponse:
+    """A served name answers as itself; any other name (a client configured for a cloud model) is answered by the
+    loaded model under its real id, as generation answers it."""
     state = get_state(request)
-    if model_id not in state.model_names:
-        raise APIError("not_found", f"model {model_id!r} not found", param="model", code="model_not_found")
-    return JSONResponse(_entry(state, model_id))
+    return JSONResponse(_entry(state, model_id if model_id in state.model_names else state.model_names[0]))
