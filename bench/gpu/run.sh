@@ -26,6 +26,7 @@
 #   http           ft bench http: 4 streaming clients through a real ft serve process, 8k-token prompts, TTFT
 #   cpu            the CPU expert kernels: bench/cpu_kernel.py (bf16; 6 and 16 threads, called and queued, huge
 #                  pages; AVX2 forced) and bench/cpu_fp8.py (fp8 at 6 and 16 threads), beside the streaming read
+#   formats        ft bench bw per expert format (bf16, fp8_block, mxfp4, nvfp4) at 6 and 16 threads: B_H, copies
 #   kernels        GPU kernels alone: gemm_tiles.py, fp8_gemm.py, dnstep_time.py, hostckpt_copy.py
 #   contention     fills against the CPU kernel: contention.py (the kernel beside copies / the gather), gather_bw.py
 #   fla            the hybrid preset qwen3.6-35b-a3b: fla's kernels per head dims (fla_dims.py), decode e2e vs
@@ -151,6 +152,17 @@ stage_cpu() {
   tables cpu_kernel cpu_kernel_avx2 cpu_fp8
 }
 
+stage_formats() {  # the CPU kernel's B_H and the copies per expert format (packed bytes), 6 and 16 threads
+  local w t
+  for w in bf16 fp8_block mxfp4 nvfp4; do for t in 6 16; do
+    run_logged 60 "bw_${w}_$t" python3 -m freetoken.cli bench bw --weights "$w" --threads "$t" --no-save --seconds 1 \
+      --read-gib 4 --pool-gib 2
+  done; done
+  for w in bf16 fp8_block mxfp4 nvfp4; do for t in 6 16; do
+    echo "$w $t: $(grep -E '^\| (host read|B_H.?|B_P,fill|B_P.?) \|' "$OUT/bw_${w}_$t.log" | awk -F'|' '{printf "%s=%s ", $2, $3}')"
+  done; done
+}
+
 stage_kernels() {
   run_logged 90 gemm_tiles python3 bench/gpu/gemm_tiles.py
   run_logged 150 fp8_gemm python3 bench/gpu/fp8_gemm.py
@@ -225,7 +237,7 @@ stage_train() {  # ~9.5 min: data + fla's gradient check + training (400 s on th
 stage=${1:-}; shift || true
 case $stage in
 wheels) download_wheels ;;
-tests|graphs|ab|memory|e2e|step|experts|layers|prefill|http|cpu|kernels|contention|fla|elastic|load|llamacpp|train)
+tests|graphs|ab|memory|e2e|step|experts|layers|prefill|http|cpu|formats|kernels|contention|fla|elastic|load|llamacpp|train)
   install_wheels
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nvidia-smi --query-gpu=name --format=csv,noheader \
     2>/dev/null | head -1), $(nproc) CPUs" | tee "$OUT/machine.txt"
