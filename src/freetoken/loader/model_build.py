@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib import import_module
 
 import torch
 
@@ -108,6 +109,11 @@ def build_model(
     max_positions: int,
     verify: str = "background",
 ) -> LoadedModel:
+    if family.build is not None:  # a family with its own assembly (Gemma-4)
+        built: LoadedModel = import_module(family.build).build_model(
+            hf, family, device, dtype, make_backend, max_positions, verify
+        )
+        return built
     ftw = read_manifest(hf.path)  # FTW: the routed experts come pre-banked, the rest is safetensors as usual
     reader = SafetensorsReader(hf.path)
     fmt = weight_format(reader, hf)
