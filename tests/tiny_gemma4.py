@@ -21,7 +21,8 @@ TEXT: dict[str, Any] = dict(
     max_position_embeddings=256, final_logit_softcapping=30.0, tie_word_embeddings=True,
 )  # fmt: skip
 MOE: dict[str, Any] = dict(
-    TEXT, num_hidden_layers=8, num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=2,
+    TEXT, num_hidden_layers=8, layer_types=["sliding_attention"] * 5 + ["full_attention", "sliding_attention",
+                                            "full_attention"], num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=2,
     enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32,
 )  # fmt: skip
 DENSE: dict[str, Any] = dict(TEXT, num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2)
@@ -45,13 +46,16 @@ def make_gemma4(kind: str = "moe", seed: int = 0, multimodal: bool = False) -> A
         model = tf.Gemma4ForCausalLM(text).float()
     model = randomize(model, seed)
     g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():  # layer scalars away from 1 (a buffer: randomize leaves it), per-expert scales positive
+    with torch.no_grad():  # layer scalars away from 1 (a buffer: randomize leaves it), per-expert scales positive,
+        # router scales wide enough that the scores spread (the router divides by sqrt(D))
         for name, b in model.named_buffers():
             if name.endswith("layer_scalar"):
                 b.copy_(torch.rand(b.shape, generator=g) + 0.5)
         for name, p in model.named_parameters():
             if name.endswith("per_expert_scale"):
                 p.copy_(torch.rand(p.shape, generator=g) + 0.5)
+            elif name.endswith("router.scale"):
+                p.copy_((torch.rand(p.shape, generator=g) + 0.5) * 8.0)
     return model
 
 
