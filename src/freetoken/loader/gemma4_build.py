@@ -20,7 +20,7 @@ from freetoken.checkpoint.weights import CheckpointWeights
 from freetoken.experts.base import ExpertBackend, ExpertBanks
 from freetoken.layers.moe import MoELayer
 from freetoken.loader.ftw_load import read_ftw_banks
-from freetoken.loader.model_build import LoadedModel, _expert_format, weight_format
+from freetoken.loader.model_build import LoadedModel, expert_format, weight_format
 from freetoken.models import gemma4
 from freetoken.models.base import Family, skip_patterns
 from freetoken.models.gemma4_layers import GemmaLayer, GemmaModel, GemmaMoE
@@ -80,7 +80,7 @@ def build_model(
             banks, check = read_ftw_banks(ftw, hf, dtype, verify)
         else:
             full = [(name, bank, index, shape, index) for name, bank, index, shape in reads]
-            efmt = _expert_format(w, fmt, full, hf)
+            efmt = expert_format(w, fmt, full, hf)
             if efmt.quantized:
                 raise CheckpointError(f"{hf.path}: quantised Gemma-4 experts ({efmt.name}) are not supported yet")
             banks = ExpertBanks.empty(hf.num_layers, g.num_experts, D, g.moe_intermediate, dtype, efmt)

@@ -70,7 +70,7 @@ def weight_format(reader: SafetensorsReader, hf: HFConfig) -> WeightFormat | Non
         raise CheckpointError(f"{reader.directory}: {exc}") from exc
 
 
-def _expert_format(
+def expert_format(
     w: CheckpointWeights, fmt: WeightFormat | None, reads: list[ExpertRead], hf: HFConfig
 ) -> WeightFormat:
     """The routed experts' bank format: ``fmt`` when they are stored packed, bf16 when not; refused when they mix
@@ -167,7 +167,7 @@ def build_model(
         _gated_experts(banks, family, [p[3] for p in parts])
         backend = make_backend(banks)
     elif moe_ids:
-        efmt = _expert_format(w, fmt, reads, hf)
+        efmt = expert_format(w, fmt, reads, hf)
         banks = ExpertBanks.empty(len(moe_ids), hf.num_experts, D, hf.moe_intermediate_size, dtype, efmt)
         banks.top_k = hf.top_k
         total = sum(getattr(banks, bank)[index].nbytes for _, bank, index, _, _ in reads)
