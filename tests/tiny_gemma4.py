@@ -20,10 +20,10 @@ TEXT: dict[str, Any] = dict(
     global_head_dim=32, sliding_window=8, hidden_size_per_layer_input=8, vocab_size_per_layer_input=512,
     max_position_embeddings=256, final_logit_softcapping=30.0, tie_word_embeddings=True,
 )  # fmt: skip
+KINDS = ["sliding_attention"] * 5 + ["full_attention", "sliding_attention", "full_attention"]
 MOE: dict[str, Any] = dict(
-    TEXT, num_hidden_layers=8, layer_types=["sliding_attention"] * 5 + ["full_attention", "sliding_attention",
-                                            "full_attention"], num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=2,
-    enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32,
+    TEXT, num_hidden_layers=8, layer_types=KINDS, num_global_key_value_heads=1, attention_k_eq_v=True,
+    num_kv_shared_layers=2, enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32,
 )  # fmt: skip
 DENSE: dict[str, Any] = dict(TEXT, num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2)
 WINDOW = 8

@@ -55,7 +55,7 @@ def _int(raw: dict[str, Any], key: str, where: str, default: int | None = None) 
 
 def _rope(raw: dict[str, Any], kind: str, where: str) -> RopeConfig:
     params = (raw.get("rope_parameters") or {}).get(kind)
-    defaults = {
+    defaults: dict[str, dict[str, Any]] = {
         SLIDING: {"rope_type": "default", "rope_theta": 10_000.0},
         FULL: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0},
     }

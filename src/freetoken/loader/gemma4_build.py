@@ -23,6 +23,7 @@ from freetoken.loader.ftw_load import read_ftw_banks
 from freetoken.loader.model_build import LoadedModel, expert_format, weight_format
 from freetoken.models import gemma4
 from freetoken.models.base import Family, skip_patterns
+from freetoken.models.blocks import ExpertRead
 from freetoken.models.gemma4_layers import GemmaLayer, GemmaModel, GemmaMoE
 from freetoken.models.hybrid_blocks import state_shape
 
@@ -50,7 +51,7 @@ def build_model(
     pages = {i: k for k, i in enumerate(g.kv_layers(FULL))}  # layer -> its KV page layer / ring
     rings = {i: k for k, i in enumerate(g.kv_layers(SLIDING))}
     sources = {lay.source for j, lay in enumerate(g.layers) if lay.source != j}
-    reads: list[gemma4.ExpertRead] = []
+    reads: list[ExpertRead] = []
     parts = []
     for i, lay in enumerate(g.layers):
         p = n.layer.format(i=i)
@@ -79,14 +80,13 @@ def build_model(
         if ftw is not None:
             banks, check = read_ftw_banks(ftw, hf, dtype, verify)
         else:
-            full = [(name, bank, index, shape, index) for name, bank, index, shape in reads]
-            efmt = expert_format(w, fmt, full, hf)
+            efmt = expert_format(w, fmt, reads, hf)
             if efmt.quantized:
                 raise CheckpointError(f"{hf.path}: quantised Gemma-4 experts ({efmt.name}) are not supported yet")
             banks = ExpertBanks.empty(hf.num_layers, g.num_experts, D, g.moe_intermediate, dtype, efmt)
             with tracked(sum(getattr(banks, r[1])[r[2]].nbytes for r in reads), "reading the experts") as progress:
-                for name, bank, index, shape in reads:
-                    dst = getattr(banks, bank)[index]
+                for name, bank, rows, shape, _ in reads:
+                    dst = getattr(banks, bank)[rows]
                     w.read_into(name, dst, shape)
                     progress.advance(dst.nbytes)
         banks.top_k, banks.activation = g.top_k, gemma4.ACTIVATION

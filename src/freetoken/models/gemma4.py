@@ -25,6 +25,7 @@ from freetoken.layers.attention import AttentionWeights
 from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.rope import Rotary
 from freetoken.models.base import Family, Naming
+from freetoken.models.blocks import ExpertRead
 from freetoken.models.gemma4_layers import GemmaAttention, GemmaWindowAttention, PerLayerInputs
 
 FAMILY = Family(
@@ -134,13 +135,11 @@ def router(w: CheckpointWeights, p: str, hf: HFConfig, g: Gemma4Config) -> tuple
     return (proj * scale[None, :]).to(w.dtype), per_expert
 
 
-ExpertRead = tuple[str, str, tuple[slice], tuple[int, ...]]  # (tensor, bank, bank rows, shape)
-
-
 def expert_reads(fam: Family, g: Gemma4Config, hf: HFConfig, i: int, li: int) -> list[ExpertRead]:
     """Layer ``i``'s routed experts (transformers-5 layout: ``gate_up_proj`` [E, 2I, D], gate rows first, as the
     banks have them; ``down_proj`` [E, D, I]) into bank rows [li*E, (li+1)*E)."""
     p = fam.naming.layer.format(i=i) + "experts."
     E, D, I = g.num_experts, hf.hidden_size, g.moe_intermediate
     rows = (slice(li * E, (li + 1) * E),)
-    return [(p + "gate_up_proj", "gate_up", rows, (E, 2 * I, D)), (p + "down_proj", "down", rows, (E, D, I))]
+    return [(p + "gate_up_proj", "gate_up", rows, (E, 2 * I, D), rows),
+            (p + "down_proj", "down", rows, (E, D, I), rows)]  # fmt: skip
