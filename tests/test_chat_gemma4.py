@@ -37,8 +37,8 @@ def test_nested_values_quotes_and_parallel_calls():
             f"<tool_call|>")  # fmt: skip
     msg = check(text, "gemma4")
     assert msg.content == ""
-    assert calls(msg) == [("run_shell", {"cmd": 'echo "a}b" {x}'}),
-                          ("get_weather", {"city": "Oslo", "opts": {"metric": True, "w": [1, 2.5, None, "x"]}})]  # fmt: skip
+    weather = {"city": "Oslo", "opts": {"metric": True, "w": [1, 2.5, None, "x"]}}
+    assert calls(msg) == [("run_shell", {"cmd": 'echo "a}b" {x}'}), ("get_weather", weather)]
 
 
 def test_malformed_call_stays_content():

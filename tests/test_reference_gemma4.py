@@ -16,6 +16,8 @@ from safetensors.torch import load_file, save_file
 
 from freetoken import LLM, SamplingParams
 from freetoken.checkpoint.errors import CheckpointError
+from freetoken.checkpoint.hf_config import load_hf_config
+from freetoken.memory.sizes import model_bytes
 from reference import LOGIT_MARGIN, ROUTER_MARGIN, assert_close_logits, reference_greedy
 from tiny_gemma4 import WINDOW, save_gemma4
 
@@ -95,9 +97,23 @@ def test_kv_only_where_layers_compute_it(ckpt):
     states = llm.engine.states
     assert states is not None and states.ring_k.shape[0] == 5 and states.ring_k.shape[2:] == (WINDOW, 2, 16)
     layers = llm.engine.setup.loaded.model.layers
-    assert [lay.attn.reads_only if hasattr(lay.attn, "reads_only") else lay.attn.source != lay.attn.layer
-            for lay in layers] == [False] * 6 + [True] * 2  # fmt: skip
+    shared = [lay.attn.reads_only if lay.attn.window is None else lay.attn.source != lay.attn.layer for lay in layers]
+    assert shared == [False] * 6 + [True] * 2
     assert layers[7].attn.layer == 0 and layers[6].attn.source == 4
+
+
+def test_memory_sizes_match_what_the_engine_allocates(ckpt):
+    """``memory/sizes.py`` from config.json alone: one KV page layer of 1 head x (32 + 32), five rings of 8 x 2 x 16
+    (K and V) a request; the engine's tensors hold exactly that."""
+    d = ckpt[0]
+    b = model_bytes(load_hf_config(d), 4, None, window_ring=True)
+    assert (b.kv_layers, b.ring_layers, b.kv_per_token) == (1, 5, 64 * 4)
+    assert b.state_per_request == 5 * 2 * WINDOW * 2 * 16 * 4
+    llm = _llm(d, page_size=8, max_model_len=64, max_running_requests=2)
+    kv, states = llm.engine.kv, llm.engine.states
+    assert kv.k[0].nbytes + kv.v[0].nbytes == b.kv_per_token * kv.k[0].shape[0]
+    assert states is not None and states.ring_k.nbytes + states.ring_v.nbytes == (
+        b.state_per_request * states.ring_k.shape[1])
 
 
 @pytest.fixture(scope="module")
