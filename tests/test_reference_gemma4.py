@@ -205,3 +205,16 @@ def test_bidirectional_config_is_refused(ckpt, tmp_path):
     d = _copy(ckpt[0], tmp_path / "m", config=edit)
     with pytest.raises(CheckpointError, match="use_bidirectional_attention"):
         _llm(d)
+
+
+def test_ftw_conversion_loads_and_matches(ckpt, tmp_path):
+    """``ft convert``: the routed experts banked as the loader banks them; read back with the GELU(tanh) activation."""
+    from freetoken.loader.ftw_convert import convert
+
+    d, _, refs, full = ckpt
+    convert(d, tmp_path / "ftw")
+    llm = LLM(model=str(tmp_path / "ftw"), device="cpu", dtype="float32", moe_backend="cpu")
+    banks = llm.engine.setup.loaded.banks
+    assert banks is not None and banks.activation == "gelu_tanh" and banks.num_layers == 8
+    r = refs[2]
+    assert_close_logits(llm.engine.score(r.prompt + r.tokens), full[2])
