@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from devices import DEVICES
 from freetoken import LLM, SamplingParams
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.hf_config import load_hf_config
@@ -62,9 +63,10 @@ def ckpt(tmp_path_factory):
     return (d, model, *_refs(model, True))
 
 
-def _llm(d, backend: str = "cpu", cache: float | None = None, fill: float | None = None, **kw) -> LLM:
-    return LLM(model=str(d), device="cpu", dtype="float32", moe_backend=backend, expert_cache=cache, fill_fraction=fill,
-               **kw)  # fmt: skip
+def _llm(d, backend: str = "cpu", cache: float | None = None, fill: float | None = None, device: str = "cpu",
+         **kw) -> LLM:  # fmt: skip
+    return LLM(model=str(d), device=device, dtype="float32", moe_backend=backend, expert_cache=cache,
+               fill_fraction=fill, **kw)  # fmt: skip
 
 
 def _check_scores(llm: LLM, refs, full) -> None:
@@ -76,16 +78,20 @@ def _check_scores(llm: LLM, refs, full) -> None:
         assert_close_logits(llm.engine.score(seq, chunk=[3, 11, len(seq) - 14], layer_major=True), ref)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend,cache,fill", BACKENDS)
-def test_logits_and_greedy_tokens_match(ckpt, backend, cache, fill):
+def test_logits_and_greedy_tokens_match(ckpt, device, backend, cache, fill):
     d, _, refs, full = ckpt
-    llm = _llm(d, backend, cache, fill, max_batched_tokens=16)
+    llm = _llm(d, backend, cache, fill, device, max_batched_tokens=16)
     _check_scores(llm, refs, full)
     params = SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True)
     outs = llm.generate([r.prompt for r in refs], params)  # prompts cut in chunks beside others' decode rows
     assert [o.token_ids for o in outs] == [r.tokens for r in refs]
     llm.check_integrity()
-    assert llm.stats()["kv_pages_used"] == 0
+    s = llm.stats()
+    assert s["kv_pages_used"] == 0
+    if device == "cuda":  # decode steps from captured graphs, the rings and the per-layer inputs in them
+        assert s["step_graph_replays"] > 0
 
 
 def test_kv_only_where_layers_compute_it(ckpt):
