@@ -91,8 +91,7 @@ def grouped_experts(
         from freetoken.experts.slots.gemm_fp4_triton import grouped_experts_fp4
 
         return grouped_experts_fp4(x, groups, slot, topk_w, sw, max_groups, out_dtype=out_dtype)
-    gelu = sw.act is not None and sw.act.name == "gelu_tanh"  # Gemma-4's experts: the torch paths for now
-    if use_triton(x) and not gelu and not (sw.fmt.quantized and sw.act is not None):  # FP8 gpt-oss: the torch paths
+    if use_triton(x) and not (sw.fmt.quantized and sw.act is not None):  # FP8 gpt-oss: the torch paths
         if sw.fmt.quantized:
             from freetoken.experts.slots.gemm_fp8_triton import grouped_experts_fp8_triton
 
