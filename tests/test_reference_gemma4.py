@@ -224,3 +224,21 @@ def test_ftw_conversion_loads_and_matches(ckpt, tmp_path):
     assert banks is not None and banks.activation == "gelu_tanh" and banks.num_layers == 8
     r = refs[2]
     assert_close_logits(llm.engine.score(r.prompt + r.tokens), full[2])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_per_layer_table_in_host_ram_on_cuda(ckpt, monkeypatch):
+    """A PLE table too large for the device's share stays in host RAM; a step's rows are gathered there (such decode
+    steps run eagerly) and the results are the same."""
+    import freetoken.models.gemma4 as gemma4
+
+    monkeypatch.setattr(gemma4, "PLE_DEVICE_SHARE", 0.0)
+    d, _, refs, full = ckpt
+    llm = _llm(d, "fused", device="cuda")
+    ple = llm.engine.setup.loaded.model.ple
+    assert ple is not None and ple.table.device.type == "cpu"
+    r = refs[1]
+    assert_close_logits(llm.engine.score(r.prompt + r.tokens, chunk=4), full[1])
+    params = SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True)
+    assert llm.generate([r.prompt], params)[0].token_ids == r.tokens

@@ -14,6 +14,7 @@ Embeddings scaled by sqrt(D) (rounded to the model dtype, as transformers does);
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 import torch
@@ -50,6 +51,7 @@ VL_FAMILY = replace(
                                   "model.embed_audio.*"),  # fmt: skip
 )
 
+log = logging.getLogger(__name__)
 ACTIVATION = "gelu_tanh"  # the experts' activation by its kernel name (``experts/reference.py``)
 
 
@@ -102,14 +104,32 @@ def dense_mlp(w: CheckpointWeights, p: str, hf: HFConfig, g: Gemma4Config, i: in
                     down=w.get(p + "down_proj.weight", (D, inter)), act="gelu_tanh")  # fmt: skip
 
 
+PLE_DEVICE_SHARE = 0.25  # the most of the device's free memory the PLE table may take; more: it stays in host RAM
+
+
+def ple_device(device: torch.device, nbytes: int) -> torch.device:
+    """Where the PLE table lives: the compute device, or the host where it would take more than ``PLE_DEVICE_SHARE``
+    of the device memory free now (before the caches are planned: what it takes, they lose)."""
+    if device.type != "cuda":
+        return device
+    free, _ = torch.cuda.mem_get_info(device)
+    if nbytes <= PLE_DEVICE_SHARE * free:
+        return device
+    log.info("Gemma-4 per-layer input table (%.1f GiB) kept in host RAM: more than %d%% of the free device memory",
+             nbytes / 2**30, int(PLE_DEVICE_SHARE * 100))  # fmt: skip
+    return torch.device("cpu")
+
+
 def per_layer_inputs(w: CheckpointWeights, fam: Family, hf: HFConfig, g: Gemma4Config) -> PerLayerInputs | None:
-    """The per-layer input embeddings (PLE): the packed table [V', L*P] on the compute device, the context
-    projection [L*P, D] and its norm [P]."""
+    """The per-layer input embeddings (PLE): the packed table [V', L*P] (on the compute device, or in host RAM:
+    ``ple_device``), the context projection [L*P, D] and its norm [P]."""
     if not g.ple_dim:
         return None
     m, L, P, D = model_prefix(fam), hf.num_layers, g.ple_dim, hf.hidden_size
+    name = m + "embed_tokens_per_layer.weight"
+    table = w.get(name, (g.ple_vocab, L * P), device=ple_device(w.device, g.ple_vocab * L * P * w.dtype.itemsize))
     return PerLayerInputs(
-        table=w.get(m + "embed_tokens_per_layer.weight", (g.ple_vocab, L * P)),
+        table=table,
         proj=w.get(m + "per_layer_model_projection.weight", (L * P, D)),
         norm=w.get(m + "per_layer_projection_norm.weight", (P,)),
         num_layers=L, dim=P, hidden=D, eps=hf.rms_eps,

@@ -116,7 +116,9 @@ class GemmaWindowAttention(WindowAttention):
 @dataclass
 class PerLayerInputs:
     """Per-layer input embeddings (PLE): ``((norm(proj(h) / sqrt(D)) + table[ids] * sqrt(P)) / sqrt(2)``, per layer.
-    The table [V', L*P] lives on the compute device."""
+    The table [V', L*P] lives on the compute device, or in host RAM where it would take too much of the device's
+    memory (``models/gemma4.py``): then a step's rows are gathered on the host and copied over (a host read of the
+    step's ids: such decode steps run eagerly, not from a CUDA graph)."""
 
     table: torch.Tensor  # [V', L*P]
     proj: torch.Tensor  # [L*P, D]
@@ -129,7 +131,11 @@ class PerLayerInputs:
     def compute(self, ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """ids [T], the scaled embeddings h [T, D] -> [T, L, P]."""
         T, L, P = ids.shape[0], self.num_layers, self.dim
-        tok = F.embedding(ids, self.table).view(T, L, P) * torch.tensor(P**0.5, dtype=self.table.dtype)
+        if self.table.device == ids.device:
+            rows = F.embedding(ids, self.table)
+        else:  # the table in host RAM
+            rows = F.embedding(ids.cpu(), self.table).to(ids.device, non_blocking=True)
+        tok = rows.view(T, L, P) * torch.tensor(P**0.5, dtype=self.table.dtype)
         ctx = rms_norm((linear(h, self.proj) * self.hidden**-0.5).view(T, L, P), self.norm, self.eps)
         return (ctx + tok) * 2**-0.5
 
