@@ -2,9 +2,9 @@
 ``Gemma4ForConditionalGeneration``), weights drawn wide as in ``tiny_models.py``.
 
 "moe": 8 layers at the default 5:1 pattern (sliding 0-4 and 6, full 5 and 7), window 8; the last 2 layers KV-shared
-(6 reads layer 4's window, 7 reads layer 5's pages); full layers of their own head dim (32) and one KV head, keys
-equal values there (``attention_k_eq_v``); per-layer input embeddings (P = 8); 8 experts top-2 beside the dense MLP;
-logits soft-capped. "dense": the same without experts, KV sharing or k = v (4 layers)."""
+(6 reads layer 4's window, 7 reads layer 5's pages; their dense MLP twice as wide); full layers of their own head dim
+(32) and one KV head, keys equal values there (``attention_k_eq_v``); per-layer input embeddings (P = 8); 8 experts
+top-2 beside the dense MLP; logits soft-capped. "dense": the same without experts, KV sharing or k = v (4 layers)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ TEXT: dict[str, Any] = dict(
 KINDS = ["sliding_attention"] * 5 + ["full_attention", "sliding_attention", "full_attention"]
 MOE: dict[str, Any] = dict(
     TEXT, num_hidden_layers=8, layer_types=KINDS, num_global_key_value_heads=1, attention_k_eq_v=True,
-    num_kv_shared_layers=2, enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32,
+    num_kv_shared_layers=2, use_double_wide_mlp=True, enable_moe_block=True, num_experts=8, top_k_experts=2,
+    moe_intermediate_size=32,
 )  # fmt: skip
 DENSE: dict[str, Any] = dict(TEXT, num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2)
 WINDOW = 8
