@@ -17,8 +17,9 @@ from safetensors.torch import load_file, save_file
 from devices import DEVICES
 from freetoken import LLM, SamplingParams
 from freetoken.checkpoint.errors import CheckpointError
+from freetoken.checkpoint.gemma4_config import gemma4_config
 from freetoken.checkpoint.hf_config import load_hf_config
-from freetoken.memory.sizes import model_bytes
+from freetoken.memory.sizes import KVGeometry, kv_geometry, model_bytes
 from reference import LOGIT_MARGIN, ROUTER_MARGIN, assert_close_logits, reference_greedy
 from tiny_gemma4 import WINDOW, save_gemma4
 
@@ -168,6 +169,29 @@ def test_conditional_generation_text_part(tmp_path, caplog):
     with torch.no_grad():
         want = model(torch.tensor([ids]), use_cache=False).logits[0].float()
     assert_close_logits(llm.engine.score(ids), want)
+
+
+def test_release_config_form(tmp_path):
+    """A config.json in the release's form (``global_head_dim`` / ``num_global_key_value_heads`` at the top of
+    ``text_config``, no ``per_layer_config``; Gemma-4 26B-A4B's sizes): full layers of 512 x 2 KV heads with k = v,
+    sliding layers of 256 x 8 in 1024-token rings, 5 page layers and 25 rings."""
+    text = dict(model_type="gemma4_text", hidden_size=2816, intermediate_size=2112, num_hidden_layers=30,
+                num_attention_heads=16, num_key_value_heads=8, head_dim=256, global_head_dim=512,
+                num_global_key_value_heads=2, attention_k_eq_v=True, vocab_size=262144, enable_moe_block=True,
+                num_experts=128, top_k_experts=8, moe_intermediate_size=704, sliding_window=1024,
+                hidden_size_per_layer_input=0, final_logit_softcapping=30.0)  # fmt: skip
+    cfg = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4", "text_config": text}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    hf = load_hf_config(tmp_path)
+    g = gemma4_config(hf)
+    full = [i for i, lay in enumerate(g.layers) if lay.kind == "full_attention"]
+    assert full == [5, 11, 17, 23, 29] and hf.top_k == 8 and g.window == 1024 and g.ple_dim == 0
+    assert {(lay.head_dim, lay.kv_heads, lay.k_eq_v) for lay in g.layers} == {(512, 2, True), (256, 8, False)}
+    assert g.rope["full_attention"].kind == "proportional" and g.softcap == 30.0
+    assert kv_geometry(hf) == KVGeometry(2, 512, 512)
+    b = model_bytes(hf, 2, None, window_ring=True)
+    assert (b.kv_layers, b.ring_layers, b.kv_per_token) == (5, 25, 5 * 2 * 1024 * 2)
+    assert b.state_per_request == 25 * 2 * 1024 * 8 * 256 * 2
 
 
 # ---- bad input ---------------------------------------------------------------------------------------------------
