@@ -10,9 +10,10 @@ from collections.abc import Callable
 import torch
 
 from freetoken.checkpoint.errors import CheckpointError
-from freetoken.checkpoint.ftw_manifest import read_manifest
+from freetoken.checkpoint.ftw_manifest import Manifest, read_manifest
 from freetoken.checkpoint.ftw_progress import tracked
-from freetoken.checkpoint.gemma4_config import FULL, SLIDING, gemma4_config
+from freetoken.checkpoint.ftw_verify import WeightsCheck
+from freetoken.checkpoint.gemma4_config import FULL, SLIDING, Gemma4Config, gemma4_config
 from freetoken.checkpoint.hf_config import HFConfig
 from freetoken.checkpoint.quantization import check_supported
 from freetoken.checkpoint.safetensors_io import SafetensorsReader
@@ -26,6 +27,7 @@ from freetoken.models.base import Family, skip_patterns
 from freetoken.models.blocks import ExpertRead
 from freetoken.models.gemma4_layers import GemmaLayer, GemmaModel, GemmaMoE
 from freetoken.models.hybrid_blocks import state_shape
+from freetoken.quant import WeightFormat
 
 MOE_NORMS = ("post_feedforward_layernorm_1", "pre_feedforward_layernorm_2", "post_feedforward_layernorm_2")
 
@@ -77,19 +79,7 @@ def build_model(
     w.check_all_used(hf.architecture, skippable)
     banks = backend = check = None
     if g.moe:
-        if ftw is not None:
-            banks, check = read_ftw_banks(ftw, hf, dtype, verify)
-        else:
-            efmt = expert_format(w, fmt, reads, hf)
-            if efmt.quantized:
-                raise CheckpointError(f"{hf.path}: quantised Gemma-4 experts ({efmt.name}) are not supported yet")
-            banks = ExpertBanks.empty(hf.num_layers, g.num_experts, D, g.moe_intermediate, dtype, efmt)
-            with tracked(sum(getattr(banks, r[1])[r[2]].nbytes for r in reads), "reading the experts") as progress:
-                for name, bank, rows, shape, _ in reads:
-                    dst = getattr(banks, bank)[rows]
-                    w.read_into(name, dst, shape)
-                    progress.advance(dst.nbytes)
-        banks.top_k, banks.activation = g.top_k, gemma4.ACTIVATION
+        banks, check = _banks(w, hf, g, fmt, reads, ftw, dtype, verify)
         backend = make_backend(banks)
     layers = []
     for i, (attn_norm, attn, ffn_norm, mlp, post_attn, post_ffn, moe, ple_w, scalar) in enumerate(parts):
@@ -103,3 +93,26 @@ def build_model(
     model = GemmaModel(embed, layers, final_norm, lm_head, hf.rms_eps, ple, g.softcap)
     states = state_shape(hf, 0, len(rings)) if rings else None
     return LoadedModel(hf, model, banks, backend, len(pages), states, check)
+
+
+def _banks(
+    w: CheckpointWeights, hf: HFConfig, g: Gemma4Config, fmt: WeightFormat | None, reads: list[ExpertRead],
+    ftw: Manifest | None, dtype: torch.dtype, verify: str,
+) -> tuple[ExpertBanks, WeightsCheck | None]:  # fmt: skip
+    """The routed experts of every layer (``eid = layer * E + expert``), from an FTW directory or read into banks
+    in the compute dtype; their activation Gemma-4's."""
+    check = None
+    if ftw is not None:
+        banks, check = read_ftw_banks(ftw, hf, dtype, verify)
+    else:
+        efmt = expert_format(w, fmt, reads, hf)
+        if efmt.quantized:
+            raise CheckpointError(f"{hf.path}: quantised Gemma-4 experts ({efmt.name}) are not supported yet")
+        banks = ExpertBanks.empty(hf.num_layers, g.num_experts, hf.hidden_size, g.moe_intermediate, dtype, efmt)
+        with tracked(sum(getattr(banks, r[1])[r[2]].nbytes for r in reads), "reading the experts") as progress:
+            for name, bank, rows, shape, _ in reads:
+                dst = getattr(banks, bank)[rows]
+                w.read_into(name, dst, shape)
+                progress.advance(dst.nbytes)
+    banks.top_k, banks.activation = g.top_k, gemma4.ACTIVATION
+    return banks, check
