@@ -57,3 +57,28 @@ def test_family_detected():
     template = "{{ '<|turn>' + role }}{% if tools %}<|tool_call>{% endif %}"
     assert detect_family(None, template) == "gemma4"
     assert detect_family("gemma4_text", None) == "gemma4" and detect_family("gemma4", "") == "gemma4"
+
+
+def test_forced_call_grammar_writes_what_the_parser_reads():
+    """``tool_choice: required``: the call forced in JSON-argument form, read back by the Gemma-4 parser (with the
+    default model's tokenizer the tags are plain text)."""
+    from transformers import AutoTokenizer
+
+    from freetoken.chat.grammar import CallTool, Tags, forced_calls
+    from freetoken.engine.grammar import GrammarCompiler
+    from freetoken.loader.model_setup import default_model_path
+    from test_structured_grammar import WEATHER, _follow
+
+    tok = AutoTokenizer.from_pretrained(default_model_path())
+    tools = [CallTool("get_weather", WEATHER), CallTool("noop", {"type": "object", "properties": {}})]
+    grammar = forced_calls("gemma4", tools, Tags.of(tok), parallel=False)
+    text = '<|tool_call>call:get_weather{"city": "Oslo", "days": 2}<tool_call|>'
+    assert _follow(GrammarCompiler(tok, 2048, [2, 0]), grammar, tok, text) == (True, True)
+    assert calls(check(text, "gemma4")) == [("get_weather", {"city": "Oslo", "days": 2})]
+
+
+def test_tool_choice_none_scrubs_gemma4_markup():
+    from freetoken.server.scrub import markup_tags
+
+    tags = markup_tags("gemma4", "gemma4")
+    assert {"<|channel>thought\n", "<channel|>", "<|tool_call>", "<tool_call|>"} <= set(tags)

@@ -3,17 +3,24 @@
     <|tool_call>call:NAME{key:<|"|>text<|"|>,n:3,flag:true,xs:[1,2],o:{k:<|"|>v<|"|>}}<tool_call|>
 
 Keys are bare (or quoted); strings sit between ``<|"|>`` quote tokens, raw (no escapes); numbers, ``true``,
-``false``, ``null`` are bare; objects and arrays nest with the same syntax. JSON-quoted strings are read too.
+``false``, ``null`` are bare; objects and arrays nest with the same syntax. JSON-quoted strings are read too, so a
+forced call (``call_grammar``) writes its arguments as a JSON object of the tool's schema: a form this parser reads,
+not the one the model was taught.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from freetoken.chat.grammar.lark import json_value, lit
 from freetoken.chat.tools.base import Call, CallFormat
 from freetoken.chat.tools.schema import Schemas, dump_args
+
+if TYPE_CHECKING:
+    from freetoken.chat.grammar.lark import Rules, Tags
+    from freetoken.chat.grammar.tool import CallTool
 
 QUOTE = '<|"|>'
 _HEAD = re.compile(r"\s*call:([^\s{}<>]+)\s*")
@@ -96,4 +103,10 @@ def parse_body(body: str, schemas: Schemas) -> list[Call] | None:
     return None if args is None else [(m.group(1), dump_args(args))]
 
 
-FORMAT = CallFormat(name="gemma4", opener="<|tool_call>", closer="<tool_call|>", parse_body=parse_body)
+def call_grammar(rules: Rules, tags: Tags, tool: CallTool) -> str:
+    args = json_value(tool.arguments_schema())
+    return f"{tags('<|tool_call>')} {lit('call:' + tool.name)} {args} {tags('<tool_call|>')}"
+
+
+FORMAT = CallFormat(name="gemma4", opener="<|tool_call>", closer="<tool_call|>", parse_body=parse_body,
+                    grammar=call_grammar, separator="")  # fmt: skip
