@@ -8,19 +8,21 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-ACTIVATIONS = ("silu", "gptoss")  # in the C++ kernel's order (``experts/cpu/kernel_api.h``)
+ACTIVATIONS = ("silu", "gptoss", "gelu_tanh")  # in the C++ kernel's order (``experts/cpu/kernel_api.h``)
 GPTOSS_LIMIT = 7.0
 GPTOSS_ALPHA = 1.702
 
 
 def activate(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
-    """``silu(gate) * up``, or gpt-oss's clamped gated activation."""
+    """``silu(gate) * up``, gpt-oss's clamped gated activation, or ``gelu_tanh(gate) * up`` (Gemma-4)."""
     if activation == "silu":
         return F.silu(gate) * up
     if activation == "gptoss":
         gate = gate.clamp(max=GPTOSS_LIMIT)
         up = up.clamp(min=-GPTOSS_LIMIT, max=GPTOSS_LIMIT)
         return (up + 1.0) * (gate * torch.sigmoid(GPTOSS_ALPHA * gate))
+    if activation == "gelu_tanh":  # Gemma-4: gelu_pytorch_tanh(gate) * up
+        return F.gelu(gate, approximate="tanh") * up
     raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 

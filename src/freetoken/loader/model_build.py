@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib import import_module
 
 import torch
 
@@ -69,7 +70,7 @@ def weight_format(reader: SafetensorsReader, hf: HFConfig) -> WeightFormat | Non
         raise CheckpointError(f"{reader.directory}: {exc}") from exc
 
 
-def _expert_format(
+def expert_format(
     w: CheckpointWeights, fmt: WeightFormat | None, reads: list[ExpertRead], hf: HFConfig
 ) -> WeightFormat:
     """The routed experts' bank format: ``fmt`` when they are stored packed, bf16 when not; refused when they mix
@@ -108,6 +109,11 @@ def build_model(
     max_positions: int,
     verify: str = "background",
 ) -> LoadedModel:
+    if family.build is not None:  # a family with its own assembly (Gemma-4)
+        built: LoadedModel = import_module(family.build).build_model(
+            hf, family, device, dtype, make_backend, max_positions, verify
+        )
+        return built
     ftw = read_manifest(hf.path)  # FTW: the routed experts come pre-banked, the rest is safetensors as usual
     reader = SafetensorsReader(hf.path)
     fmt = weight_format(reader, hf)
@@ -161,7 +167,7 @@ def build_model(
         _gated_experts(banks, family, [p[3] for p in parts])
         backend = make_backend(banks)
     elif moe_ids:
-        efmt = _expert_format(w, fmt, reads, hf)
+        efmt = expert_format(w, fmt, reads, hf)
         banks = ExpertBanks.empty(len(moe_ids), hf.num_experts, D, hf.moe_intermediate_size, dtype, efmt)
         banks.top_k = hf.top_k
         total = sum(getattr(banks, bank)[index].nbytes for _, bank, index, _, _ in reads)

@@ -71,6 +71,8 @@ class Family:
     # The sliding-window layers (``layer_types``) keep only their window of KV: a ring per request in the state pool,
     # checkpointed at anchors like the recurrent states (``layers/window_attention.py``)
     window_ring: bool = False
+    # A loader module whose ``build_model`` assembles this family instead of the generic one (Gemma-4)
+    build: str | None = None
     # Special tokens where agent harnesses edit the context (``cache/anchors.py``): opening and closing ones.
     anchor_starts: tuple[str, ...] = ()
     anchor_ends: tuple[str, ...] = ()

@@ -110,6 +110,9 @@ static inline float activate(int32_t act, float g, float u) {
     u = fmax_(-7.f, fmin_(u, 7.f));
     return (u + 1.f) * (g / (1.f + __builtin_expf(-1.702f * g)));
   }
+  if (act == ACT_GELU_TANH) {  // Gemma-4: gelu_pytorch_tanh(g) * u
+    return 0.5f * g * (1.f + __builtin_tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u;
+  }
   return g / (1.f + __builtin_expf(-g)) * u;  // SiLU-gated
 }
 

@@ -125,7 +125,7 @@ def _gate_up_fp4_kernel(
                 brow = bias + tl.load(geid + g).to(tl.int64) * (2 * I)
                 acc_g += tl.load(brow + offs_n, mask=nmask, other=0.0)[None, :]
                 acc_u += tl.load(brow + I + offs_n, mask=nmask, other=0.0)[None, :]
-            hv = gated_activation(acc_g, acc_u, GPTOSS)
+            hv = gated_activation(acc_g, acc_u, GPTOSS, False)
             hp = h + (start + rows).to(tl.int64)[:, None] * I + offs_n[None, :]
             tl.store(hp, hv, mask=mmask[:, None] & nmask[None, :])
 

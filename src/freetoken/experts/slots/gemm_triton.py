@@ -81,6 +81,7 @@ def _gate_up_kernel(
     KB: tl.constexpr,
     HAS_BIAS: tl.constexpr = False,  # gate/up biases by eid ``bias`` [N, 2I] float32 (gpt-oss)
     GPTOSS: tl.constexpr = False,  # gpt-oss's clamped activation instead of SiLU
+    GELU: tl.constexpr = False,  # Gemma-4's GELU(tanh)-gated activation instead of SiLU
 ):
     g = tl.program_id(0)
     nt = tl.program_id(1)
@@ -132,14 +133,18 @@ def _gate_up_kernel(
                 brow = bias + eid.to(tl.int64) * (2 * I)
                 acc_g += tl.load(brow + offs_n, mask=nmask, other=0.0)[None, :]
                 acc_u += tl.load(brow + I + offs_n, mask=nmask, other=0.0)[None, :]
-            hv = gated_activation(acc_g, acc_u, GPTOSS)
+            hv = gated_activation(acc_g, acc_u, GPTOSS, GELU)
             hp = h + (start + rows).to(tl.int64)[:, None] * I + offs_n[None, :]
             tl.store(hp, hv, mask=mmask[:, None] & nmask[None, :])
 
 
 @triton.jit
-def gated_activation(g, u, GPTOSS: tl.constexpr):
-    """SiLU-gated, or gpt-oss's: gate clamped above at 7, up to [-7, 7], ``(u + 1) * g * sigmoid(1.702 g)``."""
+def gated_activation(g, u, GPTOSS: tl.constexpr, GELU: tl.constexpr):
+    """SiLU-gated, or gpt-oss's: gate clamped above at 7, up to [-7, 7], ``(u + 1) * g * sigmoid(1.702 g)``, or
+    Gemma-4's ``gelu_tanh(g) * u`` (tanh(z) = 2 sigmoid(2z) - 1)."""
+    if GELU:
+        z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        return 0.5 * g * (2.0 / (1.0 + tl.exp(-2.0 * z))) * u
     if GPTOSS:
         g = tl.minimum(g, 7.0)
         u = tl.minimum(tl.maximum(u, -7.0), 7.0)
@@ -326,10 +331,11 @@ def _run(
     kb = max(16, triton.next_power_of_2(K)) if grouping is not None else 1
     grp = (ids, K, off, n_rows, i64, b)
     bias = act.gate_up_bias if act is not None and act.gate_up_bias is not None else None
-    gptoss = act is not None and act.name == "gptoss"
+    gptoss, gelu = act is not None and act.name == "gptoss", act is not None and act.name == "gelu_tanh"
     _gate_up_kernel[(G, triton.cdiv(I, t.gu_bn))](x, slot_gate_up, h, *routes, *grp, groups.eid,
                                                   h if bias is None else bias, TOPK=k, GROUP=grouping is not None,
-                                                  KB=kb, HAS_BIAS=bias is not None, GPTOSS=gptoss, **gu)  # fmt: skip
+                                                  KB=kb, HAS_BIAS=bias is not None, GPTOSS=gptoss, GELU=gelu,
+                                                  **gu)  # fmt: skip
     n_tiles = triton.cdiv(D, t.dn_bn)
     one_launch = K <= COMBINE_IN_DOWN_MAX
     out = torch.empty((T, D), dtype=out_dtype, device=x.device) if one_launch else y
