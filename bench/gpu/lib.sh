@@ -5,14 +5,15 @@
 # The carried wheels (.whl/, made by `bash bench/gpu/run.sh wheels` on the dev box) for the box's Python 3.12: the
 # server's and the SDKs' dependencies, transformers 5.23 (the tests' oracle), fla-core + einops (the DeltaNet prefill
 # kernels), accelerate (transformers' fp8 loading), xxhash (FTW), nvidia-ml-py (the VRAM watcher), huggingface_hub 2.4
-# + hf-xet + click (the box's own huggingface_hub is older than pyproject's bound; the hub tests need ours).
+# + click (the box's own huggingface_hub is older than pyproject's bound; the hub tests need ours; hf-xet, optional to
+# it, stays home: working tree + carry must fit the device tool's 64 MiB).
 WHEELS=(fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 h11==0.16.0 anyio==4.16.0 idna==3.21 pydantic==2.14.4
   pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0
   opentelemetry-api==1.45.3 openai==3.63.0 anthropic==2.17.0 httpx2==2.17.0 httpcore2==2.17.0 truststore==0.10.5
   jiter==0.19.0 sniffio==1.3.1 distro==1.9.0 docstring_parser==0.18.0 llguidance==1.9.1 jsonschema==4.26.0
   jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1 transformers==5.23.0
   regex==2026.12.2 fla-core==0.6.0 einops==0.8.2 accelerate==1.15.0 xxhash==4.1.0 nvidia-ml-py==13.615.71
-  huggingface_hub==2.4.0 hf-xet==1.8.0 click==8.5.1)
+  huggingface_hub==2.4.0 click==8.5.1)
 
 download_wheels() {  # on the dev box (it reaches the registry; the box does not)
   mkdir -p .whl

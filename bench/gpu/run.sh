@@ -16,6 +16,8 @@
 #   e2e [fp8]      ft bench e2e (the whole model): fused, offload, hybrid, static-layers at 6 and 16 threads, batch 1
 #                  and 4, the model's own routing sampled, beside the MoE layers alone; offload and hybrid on the
 #                  replayed trace (fp8: the qwen3-30b-a3b-fp8 preset, hybrid / offload / static-layers, batch 1)
+#   frontier P [C] ft bench e2e --preset P (glm-5, deepseek-v3, ...) at expert cache C (0.25): hybrid, offload,
+#                  static-layers, 8 threads, batch 1, sampled; the model's routing and the 256x8 locality trace
 #   step           the fused decode step under the profiler (e2e_profile.py): kernels per step, GPU busy share,
 #                  ms/step at batch 1 and 4, overlap on and off; the host's ops once
 #   experts THREADS [model]   ft bench decode (the MoE layers alone) with the bandwidth probe: every policy on the
@@ -90,6 +92,19 @@ stage_e2e() {
   run_logged 200 e2e_trace "${E2E[@]}" --policies offload,hybrid --cpu-threads 6,16 --batch 1,4 --repeats 2 \
     --routing-trace $TRACE --json "$OUT/e2e_trace.json"
   tables e2e_model e2e_trace
+}
+
+stage_frontier() {  # #34 / #38: a frontier preset end to end at one expert-cache share, 8 CPU threads (the paper's
+  # RTX 5090 setting), batch 1, sampled: the model's own routing, then a replayed trace (locality-62x256x8: 256 experts,
+  # top-8, as DeepSeek-V3 / GLM-5 / MiniMax-M2 route; the model's MoE layers replay its first layers)
+  local p=${1:?"frontier PRESET [CACHE]"} c=${2:-0.25} name
+  local F=(python3 -m freetoken.bench.e2e --preset "$p" --dir "/tmp/ft-e2e-$p" --expert-cache "$c" --cpu-threads 8
+    --policies hybrid,offload,static-layers --batch 1 --repeats 2 --temperature 1.0 --tokens 32 --warmup 8)
+  name=fr_${p}_$c
+  run_logged 330 "$name" "${F[@]}" --json "$OUT/$name.json"  # the first call writes the checkpoint (31-37 GB)
+  run_logged 180 "${name}_trace" "${F[@]}" --no-moe-only --routing-trace bench/traces/locality-62x256x8.npy \
+    --json "$OUT/${name}_trace.json"
+  tables "$name" "${name}_trace"
 }
 
 stage_step() {
@@ -240,7 +255,7 @@ stage_train() {  # ~9.5 min: data + fla's gradient check + training (400 s on th
 stage=${1:-}; shift || true
 case $stage in
 wheels) download_wheels ;;
-tests|graphs|ab|memory|e2e|step|experts|layers|prefill|http|cpu|formats|kernels|contention|fla|elastic|load|llamacpp|train)
+tests|graphs|ab|memory|e2e|frontier|step|experts|layers|prefill|http|cpu|formats|kernels|contention|fla|elastic|load|llamacpp|train)
   install_wheels
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nvidia-smi --query-gpu=name --format=csv,noheader \
     2>/dev/null | head -1), $(nproc) CPUs" | tee "$OUT/machine.txt"
