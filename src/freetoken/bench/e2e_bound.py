@@ -105,9 +105,9 @@ def _measure(args: argparse.Namespace, llm: Any, threads: int | None) -> BoundBa
     fmt = pool.banks.fmt.name if pool is not None else "bf16"
     cfg = BandwidthConfig(
         read_bytes=2**30, hidden=hf.hidden_size, inter=hf.moe_intermediate_size, top_k=max(1, hf.top_k or 1),
-        layer_experts=hf.num_experts, seconds=args.bw_seconds, device=str(dev) if dev.type == "cuda" else "none",
+        layer_experts=hf.num_experts, seconds=args.bw_seconds, device=str(dev) if dev.type == "cuda" else "meta",
         weights=fmt,
-    )  # fmt: skip
+    )  # fmt: skip  (a meta device: no copy figure, as without CUDA)
     kern = CpuExpertKernel(num_threads=threads, caller_helps=False)
     try:
         r = measure(cfg, kern)
