@@ -119,15 +119,17 @@ def _measure(args: argparse.Namespace, llm: Any, threads: int | None) -> BoundBa
 
 def row_bound(row: Row, layers: int, fused_tok_s: float | None) -> Bound | None:
     """``row`` with its counts, ``S`` and bandwidths filled in."""
-    c = row.counts
+    c, kind = row.counts, kind_of(row.backend)
     bw = row.bandwidths or BoundBandwidths(None, None, None, None, "none")
-    if not c or (row.expert_bytes is None and row.backend != "fused"):
+    t_gpu = t_gpu_layer_s(fused_tok_s, row.batch, layers)
+    if kind == "fused":  # no misses: nothing counted is needed
+        return policy_bound(kind, row.batch, layers, t_gpu, 0.0, 0.0, 0, None, None, None)
+    if not c or row.expert_bytes is None:
         return None
     per_step = c["layer_steps"]
     return policy_bound(
-        kind_of(row.backend), row.batch, layers, t_gpu_layer_s(fused_tok_s, row.batch, layers),
-        c["misses"] / per_step, c["cpu_runs"] / per_step, row.expert_bytes or 0, bw.copy_c, bw.cpu_c,
-        bw.read or bw.cpu,
+        kind, row.batch, layers, t_gpu, c["misses"] / per_step, c["cpu_runs"] / per_step, row.expert_bytes,
+        bw.copy_c, bw.cpu_c, bw.read or bw.cpu,
     )  # fmt: skip
 
 
