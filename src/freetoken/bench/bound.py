@@ -86,7 +86,7 @@ class Bound:
 def policy_bound(
     kind: str, batch: int, layers: int, t_gpu_layer: float | None, misses_per_layer_step: float,
     cpu_runs_per_layer_step: float, expert_bytes: int, b_copy_c: float | None, b_cpu_c: float | None,
-    read_gbps: float | None,
+    read_gbps: float | None = None,
 ) -> Bound | None:  # fmt: skip
     """A row's bound from its measured per-layer-step counts. ``kind``: "fused", "cpu" or "misses" (any policy that
     fills or runs misses beside a cache). The engine counts misses over all layers, so every layer gets the mean;
