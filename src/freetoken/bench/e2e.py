@@ -12,7 +12,8 @@ graph captures). ``--prefill`` / ``--itl-prompt``: time to first token of long p
 inter-token latency beside a long prefill (``e2e_prefill.py``; ``--no-decode`` leaves the decode rows out). The
 MoE-only figure drives the same backend with ``ft bench decode``'s step (routing
 from a synthetic router, or the same trace). ``--transformers``: transformers' own ``generate`` on the
-same checkpoint, interleaved (CPU).
+same checkpoint, interleaved (CPU). Every decode row is held to BENCH.md's bandwidth bound (``e2e_bound.py``,
+``bound.py``); ``--peer-llama-cpp BIN GGUF``: llama-bench alternating with the batch-1 rows (``llama_peer.py``).
 
     python -m freetoken.bench.e2e --preset qwen3-30b-a3b --layers 12 --expert-cache 0.25 \
         --policies fused,offload,hybrid --cpu-threads 6,16 --batch 1,4

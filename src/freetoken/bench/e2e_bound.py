@@ -103,6 +103,7 @@ def _measure(args: argparse.Namespace, llm: Any, threads: int | None) -> BoundBa
     hf, dev = llm.engine.hf, llm.engine.device
     pool = getattr(llm.engine.setup.loaded.backend, "pool", None)
     fmt = pool.banks.fmt.name if pool is not None else "bf16"
+    fmt = fmt if fmt in ("bf16", "fp8_block", "mxfp4", "nvfp4") else "bf16"  # the formats ``measure`` knows
     cfg = BandwidthConfig(
         read_bytes=2**30, hidden=hf.hidden_size, inter=hf.moe_intermediate_size, top_k=max(1, hf.top_k or 1),
         layer_experts=hf.num_experts, seconds=args.bw_seconds, device=str(dev) if dev.type == "cuda" else "meta",
