@@ -14,8 +14,9 @@ each (``S``: one expert as the pool holds it, packed weights and their scales fo
 ``T_gpu_l`` is the all-resident (fused) GPU time of that layer with everything else the step does (attention, norms,
 the head) spread over the MoE layers: the fused step time / MoE layers, so a step without misses is bounded by the
 fused step itself (the fused row of the same command is then 1.00 of its bound by construction). ``B_P'`` and
-``B_H'`` are the PCIe-fill and CPU-kernel bandwidths measured while both run (``hardware/bandwidth.measure``). Offload and the placements are held to the box's bound (both branches), not to
-their own: the bound says what the machine allows for these misses, whichever policy serves them.
+``B_H'`` are the PCIe-fill and CPU-kernel bandwidths measured while both run (``hardware/bandwidth.measure``).
+Offload and the placements are held to the box's bound (both branches), not to their own: the bound says what the
+machine allows for these misses, whichever policy serves them.
 
 Bandwidths are GB/s (1e9 bytes), times seconds. ``None`` means "not known" (no CUDA: no PCIe figure) and makes the
 result ``None``, never a guess.
