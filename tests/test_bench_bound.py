@@ -3,6 +3,8 @@ layers, packed expert bytes, the batch, and the fused and cpu cases."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -84,3 +86,20 @@ def test_cpu_reads_every_routed_expert_from_host_memory() -> None:
 def test_misses_without_a_fused_timing_give_the_bandwidth_term() -> None:
     b = policy_bound("misses", 1, 2, None, 10.0, 0.0, 10 * MB, 60.0, 40.0)
     assert b is not None and b.step_s == pytest.approx(2e-3)
+
+
+def test_a_saved_profile_is_used_at_its_own_thread_count() -> None:
+    from freetoken.bench.e2e_bound import from_profile
+    from freetoken.hardware.bandwidth import BandwidthResult
+    from freetoken.hardware.probe import probe
+    from freetoken.hardware.profile import HardwareProfile
+
+    base = BandwidthResult(threads=6, isa="avx512", expert_bytes=9_437_184, host_read=39.0, cpu_kernel=37.0)
+    gpu = HardwareProfile(probe(gpus=False), replace(base, fill_concurrent=55.1, cpu_kernel_concurrent=24.0))
+    bw = from_profile(gpu, 6, cuda=True)
+    assert bw is not None and (bw.copy_c, bw.cpu_c, bw.read, bw.cpu) == (55.1, 24.0, 39.0, 37.0)
+    assert "saved profile" in bw.source and from_profile(gpu, None, cuda=True) == bw  # default threads: the profile's
+    assert from_profile(gpu, 16, cuda=True) is None  # another thread count: measured instead
+    no_gpu = HardwareProfile(probe(gpus=False), base)
+    assert from_profile(no_gpu, 6, cuda=True) is None  # measured without the GPU this run has
+    assert from_profile(no_gpu, 6, cuda=False) is not None and from_profile(None, 6, cuda=False) is None

@@ -22,6 +22,7 @@ from freetoken.bench.bound import Bound, policy_bound, t_gpu_layer_s
 
 if TYPE_CHECKING:
     from freetoken.bench.e2e import Row
+    from freetoken.hardware.profile import HardwareProfile
 
 
 @dataclass(frozen=True)
@@ -78,20 +79,20 @@ def bandwidths(
         return BoundBandwidths(args.bw_copy, args.bw_cpu, args.bw_read, args.bw_cpu, "arguments")
     if threads in seen:
         return seen[threads]
-    prof = None if args.measure_bw else _profile(threads)
+    from freetoken.experts.backends.split_policy import saved_profile
+
+    prof = None if args.measure_bw else from_profile(saved_profile(), threads, torch.cuda.is_available())
     seen[threads] = prof or _measure(args, llm, threads)
     return seen[threads]
 
 
-def _profile(threads: int | None) -> BoundBandwidths | None:
-    from freetoken.experts.backends.split_policy import saved_profile
-
-    prof = saved_profile()
+def from_profile(prof: HardwareProfile | None, threads: int | None, cuda: bool) -> BoundBandwidths | None:
+    """A saved profile's figures, unless it was measured at another thread count or without the GPU this run has."""
     if prof is None:
         return None
     b = prof.bandwidth
-    if (threads is not None and b.threads != threads) or (b.fill_concurrent is None and torch.cuda.is_available()):
-        return None  # measured at another thread count, or without the GPU this run has
+    if (threads is not None and b.threads != threads) or (b.fill_concurrent is None and cuda):
+        return None
     return BoundBandwidths(b.fill_concurrent, b.cpu_kernel_concurrent, b.host_read, b.cpu_kernel,
                            f"saved profile {prof.fingerprint}, {b.threads} threads")  # fmt: skip
 
