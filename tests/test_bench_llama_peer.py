@@ -4,10 +4,11 @@ row's expert share, and the command line."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from freetoken.bench.llama_peer import command, gpu_share, n_cpu_moe_for, parse_llama_bench_json
+from freetoken.bench.llama_peer import command, gpu_share, n_cpu_moe_for, parse_llama_bench_json, try_peer
 
 # llama-bench -o json: one object per test, the fields llama-bench documents (tools/llama-bench/README.md); a decode
 # test (-p 0 -n 64 -r 3) and a prompt test that the parser leaves out.
@@ -63,3 +64,12 @@ def test_command_line() -> None:
     assert cmd == ["llama-bench", "-m", "m.gguf", "-ngl", "99", "--n-cpu-moe", "9", "-p", "0", "-n", "64", "-r", "1",
                    "-t", "6", "-o", "json"]  # fmt: skip
     assert "-t" not in command("llama-bench", "m.gguf", 0, None, 64)  # threads left to llama-bench's default
+
+
+def test_a_failing_peer_costs_no_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert try_peer(str(tmp_path / "no-such-llama-bench"), "m.gguf", 0, 1, 4) is None
+    failing = tmp_path / "llama-bench"
+    failing.write_text("#!/bin/sh\necho 'error: failed to load model' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    assert try_peer(str(failing), "m.gguf", 0, 1, 4) is None
+    assert "failed to load model" in capsys.readouterr().err

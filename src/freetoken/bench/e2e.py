@@ -231,7 +231,8 @@ def decode_row(
             peer.append(transformers_tok_s(path, args.tokens, args.prompt_tokens, rep))
         if peer_ncm is not None:
             binary, gguf = args.peer_llama_cpp
-            peer_runs.append(llama_peer.run_peer(binary, gguf, peer_ncm, threads, args.tokens))
+            got = llama_peer.try_peer(binary, gguf, peer_ncm, threads, args.tokens)
+            peer_runs += [] if got is None else [got]
     st = {k: v - before.get(k, 0) for k, v in llm.stats().items() if isinstance(v, (int, float))}
     seen = st.get("expert_hits", 0) + st.get("expert_fills", 0) + st.get("expert_cpu_runs", 0)
     hits = st.get("expert_hits", 0) / seen if seen else None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -85,6 +86,15 @@ def run_peer(binary: str, gguf: str, n_cpu_moe: int, threads: int | None, tokens
     if not tests:
         raise RuntimeError(f"{' '.join(cmd)}: no decode test in its output")
     return tests[0].avg_ts
+
+
+def try_peer(binary: str, gguf: str, n_cpu_moe: int, threads: int | None, tokens: int) -> float | None:
+    """``run_peer``, or None with the reason printed (a failed peer run never costs our rows)."""
+    try:
+        return run_peer(binary, gguf, n_cpu_moe, threads, tokens)
+    except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
+        print(f"# llama-bench failed: {e}", file=sys.stderr, flush=True)
+        return None
 
 
 def print_table(rows: list[Row]) -> None:
