@@ -87,8 +87,10 @@ stage_e2e() {
       --json "$OUT/e2e_fp8.json"
     rm -rf /tmp/ft-e2e-qwen3-fp8-12; tables e2e_fp8; return  # 64 GiB of disk: the other stages' checkpoints stay
   fi
+  # llama-bench alternating with the batch-1 rows once `run.sh llamacpp` built it and its GGUF in this lease
+  local peer=(); [ -x $LB ] && [ -f /tmp/m.gguf ] && peer=(--peer-llama-cpp $LB /tmp/m.gguf)
   run_logged 330 e2e_model "${E2E[@]}" --policies fused,offload,hybrid,static-layers --cpu-threads 6,16 \
-    --batch 1,4 --repeats 2 --temperature 1.0 --json "$OUT/e2e_model.json"
+    --batch 1,4 --repeats 2 --temperature 1.0 "${peer[@]}" --json "$OUT/e2e_model.json"
   run_logged 200 e2e_trace "${E2E[@]}" --policies offload,hybrid --cpu-threads 6,16 --batch 1,4 --repeats 2 \
     --routing-trace $TRACE --json "$OUT/e2e_trace.json"
   tables e2e_model e2e_trace

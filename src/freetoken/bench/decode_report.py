@@ -111,8 +111,8 @@ def measured_bandwidths(threads: int | None, banks: ExpertBanks, dev: torch.devi
 
     cfg = BandwidthConfig(
         read_bytes=2**30, hidden=banks.hidden_size, inter=banks.intermediate_size,
-        layer_experts=banks.num_experts, seconds=1.0, device=str(dev) if dev.type == "cuda" else "none",
-    )  # fmt: skip
+        layer_experts=banks.num_experts, seconds=1.0, device=str(dev) if dev.type == "cuda" else "meta",
+    )  # fmt: skip  (a meta device: no copy figure, as without CUDA)
     kern = CpuExpertKernel(num_threads=threads, caller_helps=False)
     try:
         r = measure(cfg, kern)

@@ -12,7 +12,8 @@ graph captures). ``--prefill`` / ``--itl-prompt``: time to first token of long p
 inter-token latency beside a long prefill (``e2e_prefill.py``; ``--no-decode`` leaves the decode rows out). The
 MoE-only figure drives the same backend with ``ft bench decode``'s step (routing
 from a synthetic router, or the same trace). ``--transformers``: transformers' own ``generate`` on the
-same checkpoint, interleaved (CPU).
+same checkpoint, interleaved (CPU). Every decode row is held to BENCH.md's bandwidth bound (``e2e_bound.py``,
+``bound.py``); ``--peer-llama-cpp BIN GGUF``: llama-bench alternating with the batch-1 rows (``llama_peer.py``).
 
     python -m freetoken.bench.e2e --preset qwen3-30b-a3b --layers 12 --expert-cache 0.25 \
         --policies fused,offload,hybrid --cpu-threads 6,16 --batch 1,4
@@ -25,13 +26,13 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from freetoken.bench import e2e_prefill, routing_trace
+from freetoken.bench import e2e_bound, e2e_prefill, llama_peer, routing_trace
 from freetoken.bench.placements import PLACEMENTS, register
 from freetoken.bench.presets import PRESETS, MoEShape, get_preset
 from freetoken.config import FLAGS, EngineConfig, Flag, add_config_args, config_kwargs, env
@@ -54,6 +55,15 @@ class Row:
     step_graph_replays: int
     runs: list[float]
     hit_rate: float | None = None  # distinct (layer, expert) hits over all routed, end to end
+    moe_layers: int = 0
+    backend: str = ""  # what ran
+    counts: dict[str, float] = field(default_factory=dict)  # timed tokens: layer_steps, misses, cpu_runs
+    expert_bytes: int | None = None  # S: one expert as the pool holds it
+    bandwidths: e2e_bound.BoundBandwidths | None = None
+    bound_tok_s: float | None = None  # e2e_bound.py / bound.py
+    of_bound: float | None = None
+    peer_runs: list[float] = field(default_factory=list)  # llama-bench tok/s, alternating with ``runs``
+    peer_n_cpu_moe: int | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -128,11 +138,13 @@ EMBED_STD = 1.0
 
 
 def decode_tok_s(
-    llm: Any, batch: int, prompt: int, tokens: int, warmup: int, seed: int, temperature: float = 0.0
+    llm: Any, batch: int, prompt: int, tokens: int, warmup: int, seed: int, temperature: float = 0.0,
+    timed: list[dict[str, Any]] | None = None,
 ) -> float:
     """Generated tokens per second of ``batch`` concurrent requests, after ``warmup`` tokens each: greedy, or
     sampled at ``temperature`` (seeded: a random-weight model then emits varied tokens, as llama-bench feeds
-    random tokens, where greedy decoding repeats a few tokens and so their experts)."""
+    random tokens, where greedy decoding repeats a few tokens and so their experts). ``timed``: gets the
+    ``LLM.stats()`` before and after the timed tokens (outside the timing)."""
     from freetoken.runner.sampling_params import SamplingParams
 
     eng = llm.engine
@@ -147,12 +159,16 @@ def decode_tok_s(
         for out in eng.step():
             produced[out.request_id] = produced.get(out.request_id, 0) + len(out.new_token_ids)
     _sync(eng.device)
-    t0, timed = time.perf_counter(), 0
+    before = llm.stats() if timed is not None else {}
+    t0, n = time.perf_counter(), 0
     while eng.has_unfinished():
         for out in eng.step():
-            timed += len(out.new_token_ids)
+            n += len(out.new_token_ids)
     _sync(eng.device)
-    return timed / (time.perf_counter() - t0)
+    elapsed = time.perf_counter() - t0
+    if timed is not None:
+        timed += [before, llm.stats()]
+    return n / elapsed
 
 
 @torch.inference_mode()
@@ -203,22 +219,42 @@ def decode_row(
     threads_list: list[int | None], policies: list[str], peer: list[float],
 ) -> Row:  # fmt: skip
     """One row of the decode table (and transformers' figure beside the first, when asked)."""
-    runs = []
+    runs: list[float] = []
     before = llm.stats()
+    timed: list[dict[str, Any]] = []
+    peer_ncm = _peer_n_cpu_moe(llm, before) if args.peer_llama_cpp and batch == 1 else None
+    peer_runs: list[float] = []
     for rep in range(args.repeats):
-        runs.append(decode_tok_s(llm, batch, args.prompt_tokens, args.tokens, args.warmup, rep, args.temperature))
+        runs.append(decode_tok_s(llm, batch, args.prompt_tokens, args.tokens, args.warmup, rep, args.temperature,
+                                 timed))  # fmt: skip
         if args.transformers and batch == 1 and threads is threads_list[0] and policy == policies[0]:
             peer.append(transformers_tok_s(path, args.tokens, args.prompt_tokens, rep))
+        if peer_ncm is not None:
+            binary, gguf = args.peer_llama_cpp
+            got = llama_peer.try_peer(binary, gguf, peer_ncm, threads, args.tokens)
+            peer_runs += [] if got is None else [got]
     st = {k: v - before.get(k, 0) for k, v in llm.stats().items() if isinstance(v, (int, float))}
     seen = st.get("expert_hits", 0) + st.get("expert_fills", 0) + st.get("expert_cpu_runs", 0)
     hits = st.get("expert_hits", 0) / seen if seen else None
     moe = moe_only_tok_s(llm, batch, args.moe_steps, args.routing_trace, 0) if args.moe_only else None
     replays = int(llm.stats().get("step_graph_replays", 0))
-    r = Row(policy, threads, batch, statistics.median(runs), moe, replays, runs, hits)
+    r = Row(policy, threads, batch, statistics.median(runs), moe, replays, runs, hits,
+            len(llm.engine.hf.moe_layer_ids), str(llm.stats().get("moe_backend", "")),
+            expert_bytes=e2e_bound.expert_bytes_of(llm), peer_runs=peer_runs, peer_n_cpu_moe=peer_ncm)  # fmt: skip
+    for b, a in zip(timed[::2], timed[1::2]):
+        for k, v in e2e_bound.timed_counts(b, a).items():
+            r.counts[k] = r.counts.get(k, 0) + v
     shown = [round(x, 1) for x in runs]
     print(f"#   threads {threads} {policy} batch {batch}: e2e {r.e2e_tok_s:.1f} tok/s {shown}, "
           f"MoE only {moe or 0:.1f}", file=sys.stderr, flush=True)  # fmt: skip
     return r
+
+
+def _peer_n_cpu_moe(llm: Any, stats: dict[str, Any]) -> int:
+    hf = llm.engine.hf
+    layers = len(hf.moe_layer_ids)
+    share = llama_peer.gpu_share(stats, str(stats.get("moe_backend", "")), layers, hf.num_experts)
+    return llama_peer.n_cpu_moe_for(share, layers)
 
 
 def _sync(dev: torch.device) -> None:
@@ -226,9 +262,39 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def run(args: argparse.Namespace) -> int:
+def _load(
+    path: Path, args: argparse.Namespace, dev: str, dtype: str, policy: str, threads: int | None, batches: list[int]
+) -> Any:
     from freetoken import LLM
 
+    llm = LLM(str(path), **config_kwargs(EngineConfig, args) | dict(
+        device=dev, dtype=dtype, moe_backend=policy, cpu_threads=threads,
+        max_running_requests=max(*batches, args.itl_streams + 1),
+        cuda_graphs=args.cuda_graphs, moe_cuda_graphs=args.cuda_graphs,
+    ))  # fmt: skip
+    if args.routing_trace:
+        routing_trace.install(llm, args.routing_trace)
+    return llm
+
+
+def _close(llm: Any) -> None:
+    close = getattr(llm.engine.setup.loaded.backend, "close", None)
+    if close is not None:
+        close()
+
+
+def _fused_tok_s(path: Path, args: argparse.Namespace, dev: str, dtype: str, batches: list[int]) -> dict[int, float]:
+    """One short fused run per batch (T_gpu of the bound when the command has no fused rows)."""
+    llm = _load(path, args, dev, dtype, "fused", None, batches)
+    try:
+        return {b: decode_tok_s(llm, b, args.prompt_tokens, args.tokens, args.warmup, 0, args.temperature)
+                for b in batches}  # fmt: skip
+    finally:
+        _close(llm)
+        del llm
+
+
+def run(args: argparse.Namespace) -> int:
     register()  # the placements, when a policy names one
     path = checkpoint(args)
     dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -241,42 +307,40 @@ def run(args: argparse.Namespace) -> int:
           f"tokens per request after {args.warmup}; medians of {args.repeats}", flush=True)  # fmt: skip
     rows: list[Row] = []
     peer: list[float] = []
+    seen_bw: dict[Any, e2e_bound.BoundBandwidths] = {}
     ttft: list[Any] = []
     itl: list[Any] = []
     lengths = [int(n) for n in str(args.prefill).split(",")] if args.prefill else []
     for threads in threads_list:
         for policy in policies:
-            llm = LLM(str(path), **config_kwargs(EngineConfig, args) | dict(
-                device=dev, dtype=dtype, moe_backend=policy, cpu_threads=threads,
-                max_running_requests=max(*batches, args.itl_streams + 1),
-                cuda_graphs=args.cuda_graphs, moe_cuda_graphs=args.cuda_graphs,
-            ))  # fmt: skip
-            if args.routing_trace:
-                routing_trace.install(llm, args.routing_trace)
+            llm = _load(path, args, dev, dtype, policy, threads, batches)
             try:
                 for batch in batches if args.decode else []:
                     rows.append(decode_row(llm, path, args, policy, threads, batch, threads_list, policies, peer))
+                    if args.bound and rows[-1].backend != "fused":
+                        rows[-1].bandwidths = e2e_bound.bandwidths(args, llm, threads, seen_bw)
                 if lengths:
                     ttft += e2e_prefill.ttft_rows(llm, policy, lengths, args.repeats)
                 if args.itl_prompt:
                     itl.append(e2e_prefill.itl_row(llm, policy, args.itl_prompt, args.itl_streams,
                                                    args.itl_solo_tokens, 0))  # fmt: skip
             finally:
-                close = getattr(llm.engine.setup.loaded.backend, "close", None)
-                if close is not None:
-                    close()
+                _close(llm)
                 del llm
+    if rows and args.bound:
+        e2e_bound.bound_rows(rows, args, lambda bs: _fused_tok_s(path, args, dev, dtype, bs))
     if rows:
         print("| threads | policy | batch | end to end tok/s (runs) | MoE layers alone tok/s | e2e / MoE-only "
-              "| step graph replays | expert hit rate |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|---|")
+              "| step graph replays | expert hit rate | bound tok/s | e2e / bound |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             runs_s = ", ".join(f"{x:.1f}" for x in r.runs)
             moe_s = f"{r.moe_tok_s:.1f}" if r.moe_tok_s else "–"
             ratio = f"{r.ratio:.2f}" if r.ratio else "–"
             hit = "–" if r.hit_rate is None else f"{r.hit_rate:.2f}"
             print(f"| {r.threads or 'default'} | {r.policy} | {r.batch} | {r.e2e_tok_s:.1f} ({runs_s}) | {moe_s} "
-                  f"| {ratio} | {r.step_graph_replays} | {hit} |")  # fmt: skip
+                  f"| {ratio} | {r.step_graph_replays} | {hit} | {e2e_bound.cells(r)} |")  # fmt: skip
+    llama_peer.print_table(rows)
     e2e_prefill.print_tables(ttft, itl)
     if peer:
         ours = statistics.median(next(r for r in rows if r.batch == 1).runs)
@@ -314,6 +378,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--json", default=None)
     p.add_argument("--decode", action=argparse.BooleanOptionalAction, default=True, help="the decode rows")
+    p.add_argument("--peer-llama-cpp", nargs=2, metavar=("BIN", "GGUF"), default=None,
+                   help="alternate each batch-1 row's runs with llama-bench BIN on GGUF (llama_peer.py)")
+    e2e_bound.add_arguments(p)
     e2e_prefill.add_arguments(p)
     add_config_args(p, EngineConfig, only=ENGINE_FLAGS, defaults=ENGINE_DEFAULTS, flags=FLAGS | {
         "overlap_steps": Flag(name="--overlap"),
