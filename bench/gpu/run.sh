@@ -18,6 +18,8 @@
 #                  replayed trace (fp8: the qwen3-30b-a3b-fp8 preset, hybrid / offload / static-layers, batch 1)
 #   frontier P [C] ft bench e2e --preset P (glm-5, deepseek-v3, ...) at expert cache C (0.25): hybrid, offload,
 #                  static-layers, 8 threads, batch 1, sampled; the model's routing and the 256x8 locality trace
+#   fp4 [SLOTS]    qwen3.6-35b-a3b-nvfp4 vs qwen3.6-35b-a3b at the same expert-slot bytes (SLOTS bf16 slots, 256),
+#                  hybrid and offload, 6 threads, batch 1, sampled (a first call writes the checkpoints)
 #   step           the fused decode step under the profiler (e2e_profile.py): kernels per step, GPU busy share,
 #                  ms/step at batch 1 and 4, overlap on and off; the host's ops once
 #   experts THREADS [model]   ft bench decode (the MoE layers alone) with the bandwidth probe: every policy on the
@@ -107,6 +109,20 @@ stage_frontier() {  # #34 / #38: a frontier preset end to end at one expert-cach
   run_logged 180 "${name}_trace" "${F[@]}" --no-moe-only --routing-trace bench/traces/locality-62x256x8.npy \
     --json "$OUT/${name}_trace.json"
   tables "$name" "${name}_trace"
+}
+
+stage_fp4() {  # #35: the NVFP4 preset against its bf16 preset at the same VRAM bytes of expert slots (6 threads: the
+  # laptop's setting); $1 bf16 slots (256 of the 12 layers' 3,072 experts), NVFP4 gets as many bytes' worth
+  local s16=${1:-256} s4
+  s4=$(python3 -c "from freetoken.bench.presets import PRESETS as P
+print($s16 * P['qwen3.6-35b-a3b'].expert_bytes() // P['qwen3.6-35b-a3b-nvfp4'].expert_bytes())")
+  local C=(--cpu-threads 6 --batch 1 --repeats 2 --temperature 1.0 --tokens 32 --warmup 8 --policies hybrid,offload)
+  echo "bf16 slots $s16, nvfp4 slots $s4 (the same bytes)"
+  run_logged 280 fp4_bf16 python3 -m freetoken.bench.e2e --preset qwen3.6-35b-a3b --dir $Q36 --expert-cache "$s16" \
+    "${C[@]}" --json "$OUT/fp4_bf16.json"
+  run_logged 280 fp4_nvfp4 python3 -m freetoken.bench.e2e --preset qwen3.6-35b-a3b-nvfp4 --dir /tmp/ft-e2e-qwen36-nvfp4 \
+    --expert-cache "$s4" "${C[@]}" --json "$OUT/fp4_nvfp4.json"
+  tables fp4_bf16 fp4_nvfp4
 }
 
 stage_step() {
@@ -257,7 +273,7 @@ stage_train() {  # ~9.5 min: data + fla's gradient check + training (400 s on th
 stage=${1:-}; shift || true
 case $stage in
 wheels) download_wheels ;;
-tests|graphs|ab|memory|e2e|frontier|step|experts|layers|prefill|http|cpu|formats|kernels|contention|fla|elastic|load|llamacpp|train)
+tests|graphs|ab|memory|e2e|frontier|fp4|step|experts|layers|prefill|http|cpu|formats|kernels|contention|fla|elastic|load|llamacpp|train)
   install_wheels
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nvidia-smi --query-gpu=name --format=csv,noheader \
     2>/dev/null | head -1), $(nproc) CPUs" | tee "$OUT/machine.txt"
