@@ -20,6 +20,7 @@
 #                  static-layers, 8 threads, batch 1, sampled; the model's routing and the 256x8 locality trace
 #   fp4 [SLOTS]    qwen3.6-35b-a3b-nvfp4 vs qwen3.6-35b-a3b at the same expert-slot bytes (SLOTS bf16 slots, 256),
 #                  hybrid and offload, 6 threads, batch 1, sampled (a first call writes the checkpoints)
+#   threads [FMT]  ft bench bw --sweep auto (the default thread count, saved), hybrid e2e at 4-16 threads and the default
 #   step           the fused decode step under the profiler (e2e_profile.py): kernels per step, GPU busy share,
 #                  ms/step at batch 1 and 4, overlap on and off; the host's ops once
 #   experts THREADS [model]   ft bench decode (the MoE layers alone) with the bandwidth probe: every policy on the
@@ -123,6 +124,15 @@ print($s16 * P['qwen3.6-35b-a3b'].expert_bytes() // P['qwen3.6-35b-a3b-nvfp4'].e
   run_logged 280 fp4_nvfp4 python3 -m freetoken.bench.e2e --preset qwen3.6-35b-a3b-nvfp4 --dir /tmp/ft-e2e-qwen36-nvfp4 \
     --expert-cache "$s4" "${C[@]}" --json "$OUT/fp4_nvfp4.json"
   tables fp4_bf16 fp4_nvfp4
+}
+
+stage_threads() {  # #39: ft bench bw --sweep auto (saved: the default --cpu-threads), then hybrid end to end at each
+  # count and at the default (no --cpu-threads): more threads must never make decode slower
+  run_logged 240 sweep python3 -m freetoken.cli bench bw --sweep auto --weights "${1:-bf16}" --seconds 0.5
+  local T=("${E2E[@]}" --policies hybrid --batch 1 --repeats 2 --temperature 1.0 --tokens 32 --warmup 8 --no-moe-only)
+  run_logged 240 e2e_threads "${T[@]}" --cpu-threads 4,6,8,12,16
+  run_logged 80 e2e_default "${T[@]}"
+  grep "^|" "$OUT/sweep.log" | head -12; tables e2e_threads e2e_default
 }
 
 stage_step() {
@@ -273,7 +283,7 @@ stage_train() {  # ~9.5 min: data + fla's gradient check + training (400 s on th
 stage=${1:-}; shift || true
 case $stage in
 wheels) download_wheels ;;
-tests|graphs|ab|memory|e2e|frontier|fp4|step|experts|layers|prefill|http|cpu|formats|kernels|contention|fla|elastic|load|llamacpp|train)
+tests|graphs|ab|memory|e2e|frontier|fp4|threads|step|experts|layers|prefill|http|cpu|formats|kernels|contention|fla|elastic|load|llamacpp|train)
   install_wheels
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nvidia-smi --query-gpu=name --format=csv,noheader \
     2>/dev/null | head -1), $(nproc) CPUs" | tee "$OUT/machine.txt"

@@ -35,7 +35,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--expert-mb", type=float, action="append", default=[], help="extra expert size to advise on"
     )
+    p.add_argument("--sweep", default=None, metavar="N,N,...|auto",
+                   help="measure at each thread count (auto: 2, 4, 6, 8, 12, ... up to physical cores - 1) and "
+                   "save the fewest within 3%% of the best miss bandwidth as the engine's default --cpu-threads")
     p.add_argument("--no-save", action="store_true", help="do not save the profile")
+
+
+def sweep_counts(spec: str, physical_cores: int) -> list[int]:
+    """``--sweep``'s thread counts: a comma list, or "auto" (2, 4, 6, 8, 12, 16, 24, ... below the physical cores,
+    and physical cores - 1)."""
+    if spec != "auto":
+        counts = [int(t) for t in spec.split(",")]
+        if min(counts) < 1:
+            raise ValueError(f"--sweep thread counts must be >= 1, got {spec}")
+        return sorted(set(counts))
+    top = max(1, physical_cores - 1)
+    steps = [2, 4, 6, 8, *range(12, top, 4)]
+    return sorted({n for n in steps if n < top} | {top})
 
 
 def _row(name: str, value: float | None, note: str = "") -> str:
@@ -47,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from freetoken.experts.cpu.kernel import CpuExpertKernel
     from freetoken.hardware.bandwidth import BandwidthConfig, measure
     from freetoken.hardware.probe import probe
-    from freetoken.hardware.profile import HardwareProfile, recommend, save_profile
+    from freetoken.hardware.profile import HardwareProfile, miss_gbps, pick_threads, recommend, save_profile
 
     machine = probe()
     cfg = BandwidthConfig(
@@ -55,12 +71,23 @@ def run(args: argparse.Namespace) -> int:
         inter=args.inter, top_k=args.top_k, layer_experts=args.layer_experts, seconds=args.seconds, device=args.device,
         weights=args.weights,
     )  # fmt: skip
-    kern = CpuExpertKernel(num_threads=args.threads, isa=args.isa, caller_helps=False)  # B_H: the workers' figure
-    try:
-        bw = measure(cfg, kern)
-    finally:
-        kern.close()
-    profile = HardwareProfile(machine, bw)
+    counts = sweep_counts(args.sweep, machine.physical_cores) if args.sweep else [args.threads]
+    results = {}
+    for n in counts:
+        kern = CpuExpertKernel(num_threads=n, isa=args.isa, caller_helps=False)  # B_H: the workers' figure
+        try:
+            results[kern.num_threads] = measure(cfg, kern)
+        finally:
+            kern.close()
+    chosen = pick_threads(results) if args.sweep else None
+    if args.sweep:
+        print("| threads | B_H | B_P' | B_H' | miss GB/s |\n|---|---|---|---|---|")
+        for n, r in results.items():
+            print(f"| {n}{' (chosen)' if n == chosen else ''} | {r.cpu_kernel:.1f} | {r.fill_concurrent or 0:.1f} "
+                  f"| {r.cpu_kernel_concurrent or 0:.1f} | {miss_gbps(r):.1f} |")  # fmt: skip
+        print()
+    bw = results[chosen] if chosen is not None else next(iter(results.values()))
+    profile = HardwareProfile(machine, bw, kernel_threads=chosen)
     gpus = ", ".join(f"{g.name} ({g.vram_total / _GIB:.0f} GiB)" for g in machine.gpus) or "none"
     ram = f"{machine.ram_total / _GIB:.0f} GiB RAM"
     print(f"machine {profile.fingerprint}: {machine.cpu_model}, {machine.physical_cores} cores, {ram},")

@@ -33,6 +33,8 @@ class HardwareProfile:
     bandwidth: BandwidthResult
     created: float = field(default_factory=time.time)
     fingerprint: str = ""  # of `machine`; filled in by __post_init__ when empty
+    # the CPU kernel's thread count `ft bench bw --sweep` chose (the engine's default then); None: not swept
+    kernel_threads: int | None = None
 
     def __post_init__(self) -> None:
         if not self.fingerprint:
@@ -48,6 +50,7 @@ class HardwareProfile:
             "created": self.created,
             "machine": self.machine.to_dict(),
             "bandwidth": self.bandwidth.to_dict(),
+            "kernel_threads": self.kernel_threads,
         }
 
     @classmethod
@@ -59,6 +62,7 @@ class HardwareProfile:
             bandwidth=BandwidthResult(**d["bandwidth"]),
             created=float(d["created"]),
             fingerprint=str(d["fingerprint"]),
+            kernel_threads=None if d.get("kernel_threads") is None else int(d["kernel_threads"]),
         )
 
 
@@ -99,6 +103,32 @@ def current_profile(
     except (ValueError, KeyError, TypeError, OSError) as exc:
         warnings.warn(f"ignoring hardware profile {path}: {exc}", stacklevel=2)
         return None
+
+
+def miss_gbps(bw: BandwidthResult) -> float:
+    """What a thread count is worth to decode: B_P' + B_H' (the hybrid split's miss bandwidth) where copies were
+    measured, else B_H (every miss on the CPU)."""
+    if bw.fill_concurrent is not None and bw.cpu_kernel_concurrent is not None:
+        return bw.fill_concurrent + bw.cpu_kernel_concurrent
+    return bw.cpu_kernel
+
+
+def pick_threads(results: dict[int, BandwidthResult], tolerance: float = 0.03) -> int:
+    """The fewest threads within ``tolerance`` of the best ``miss_gbps``: more threads than that only take cores
+    from the engine thread and the driver (and host-memory bandwidth from the copies)."""
+    if not results:
+        raise ValueError("no thread counts were measured")
+    best = max(miss_gbps(bw) for bw in results.values())
+    return min(n for n, bw in results.items() if miss_gbps(bw) >= (1 - tolerance) * best)
+
+
+def profile_kernel_threads() -> int | None:
+    """The thread count this machine's saved profile chose (``ft bench bw --sweep``), None without one."""
+    try:
+        profile = current_profile()
+    except (OSError, ValueError, RuntimeError):
+        return None
+    return None if profile is None else profile.kernel_threads
 
 
 def _fill_gbps(bw: BandwidthResult, expert_bytes: int) -> float | None:

@@ -28,6 +28,7 @@ from freetoken.experts.cpu.stream_ops import stream_ops
 from freetoken.experts.cpu.streamed import StreamedCpuBranch, StreamedHandle
 from freetoken.experts.host_pool import HostExpertPool
 from freetoken.hardware.cpus import default_kernel_threads
+from freetoken.hardware.profile import profile_kernel_threads
 from freetoken.kernels.triton_support import use_triton
 
 STREAMED_MAX_TOKENS = 64  # per-layer pinned buffers of the streamed branch hold this many tokens
@@ -101,11 +102,12 @@ INLINE_BYTES = 2 << 20
 def make_kernel(dtype: torch.dtype, threads: int | None, isa: str = "auto") -> CpuExpertKernel | None:
     """The C++ expert kernel for banks of ``dtype`` (None for a dtype it does not take) with ``threads``
     computing threads in all: the workers and the thread that runs each batch (the feeder, or the caller of
-    ``wait()``), which takes units too. None: ``default_kernel_threads()``."""
+    ``wait()``), which takes units too. None: the count this machine's profile chose (``ft bench bw --sweep``), else
+    ``default_kernel_threads()``."""
     # fp8: with 128x128 block scales; uint8: FP4 (MXFP4 / NVFP4) with their scale rows
     if dtype not in (torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.uint8):
         return None
-    n = default_kernel_threads() if threads is None else threads
+    n = (profile_kernel_threads() or default_kernel_threads()) if threads is None else threads
     return CpuExpertKernel(num_threads=max(1, n - 1), isa=isa, caller_helps=True, inline_bytes=INLINE_BYTES)
 
 
