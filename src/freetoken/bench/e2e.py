@@ -26,13 +26,14 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from freetoken.bench import e2e_bound, e2e_prefill, llama_peer, routing_trace
+from freetoken.bench.e2e_row import BoundBandwidths, Row
 from freetoken.bench.placements import PLACEMENTS, register
 from freetoken.bench.presets import PRESETS, MoEShape, get_preset
 from freetoken.config import FLAGS, EngineConfig, Flag, add_config_args, config_kwargs, env
@@ -43,31 +44,6 @@ ENGINE_FLAGS = ("device", "dtype", "expert_cache", "max_batched_tokens", "prefil
 ENGINE_DEFAULTS = {"expert_cache": 0.25, "prefill_interleave_ms": None}  # None: the engine's
 # the peer's model (bench/gpu/make_gguf.py): attention and vocabulary of Qwen3-30B-A3B
 ATTENTION = {"heads": 32, "kv_heads": 4, "hd": 128, "vocab": 32000, "max_positions": 131072}
-
-
-@dataclass
-class Row:
-    policy: str
-    threads: int | None
-    batch: int
-    e2e_tok_s: float
-    moe_tok_s: float | None
-    step_graph_replays: int
-    runs: list[float]
-    hit_rate: float | None = None  # distinct (layer, expert) hits over all routed, end to end
-    moe_layers: int = 0
-    backend: str = ""  # what ran
-    counts: dict[str, float] = field(default_factory=dict)  # timed tokens: layer_steps, misses, cpu_runs
-    expert_bytes: int | None = None  # S: one expert as the pool holds it
-    bandwidths: e2e_bound.BoundBandwidths | None = None
-    bound_tok_s: float | None = None  # e2e_bound.py / bound.py
-    of_bound: float | None = None
-    peer_runs: list[float] = field(default_factory=list)  # llama-bench tok/s, alternating with ``runs``
-    peer_n_cpu_moe: int | None = None
-
-    @property
-    def ratio(self) -> float | None:
-        return self.e2e_tok_s / self.moe_tok_s if self.moe_tok_s else None
 
 
 def checkpoint(args: argparse.Namespace) -> Path:
@@ -307,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
           f"tokens per request after {args.warmup}; medians of {args.repeats}", flush=True)  # fmt: skip
     rows: list[Row] = []
     peer: list[float] = []
-    seen_bw: dict[Any, e2e_bound.BoundBandwidths] = {}
+    seen_bw: dict[Any, BoundBandwidths] = {}
     ttft: list[Any] = []
     itl: list[Any] = []
     lengths = [int(n) for n in str(args.prefill).split(",")] if args.prefill else []

@@ -13,35 +13,15 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from freetoken.bench.bound import Bound, policy_bound, t_gpu_layer_s
+from freetoken.bench.e2e_row import BoundBandwidths, Row
 
 if TYPE_CHECKING:
-    from freetoken.bench.e2e import Row
     from freetoken.hardware.profile import HardwareProfile
-
-
-@dataclass(frozen=True)
-class BoundBandwidths:
-    """GB/s: ``copy_c``/``cpu_c`` measured while both run (B_P', B_H'), ``read`` the streaming host read and ``cpu``
-    the CPU kernel alone (the ``cpu`` policy's figures)."""
-
-    copy_c: float | None
-    cpu_c: float | None
-    read: float | None
-    cpu: float | None
-    source: str
-
-    def describe(self) -> str:
-        def f(v: float | None) -> str:
-            return "n/a" if v is None else f"{v:.1f}"
-
-        figures = f"B_P' {f(self.copy_c)}, B_H' {f(self.cpu_c)}, read {f(self.read)}, B_H {f(self.cpu)}"
-        return f"{figures} GB/s ({self.source})"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from freetoken.bench.e2e import Row
+    from freetoken.bench.e2e_row import Row
 
 
 @dataclass(frozen=True)
