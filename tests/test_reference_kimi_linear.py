@@ -80,6 +80,22 @@ def test_layers_as_the_config_lists_them(kimi):
     assert states.ssm.shape[2:] == (4, 16, 16)
 
 
+def test_planned_bytes_are_what_the_engine_allocates(kimi):
+    """The memory plan's latent rows and KDA states (``memory/sizes.py``) against the pool's tensors."""
+    d = kimi[0]
+    hf = load_hf_config(d)
+    b = model_bytes(hf, 4, full_attention_interval=4)
+    assert (b.kv_layers, b.linear_layers) == (1, 3)
+    llm = _llm(d, page_size=8, max_model_len=64, max_running_requests=2, state_checkpoints=3)
+    kv, st, plan = llm.engine.kv, llm.engine.states, llm.engine.memory.plan
+    held = sum(t.numel() * t.element_size() for t in kv.k + kv.v)
+    assert held == b.kv_per_token * kv.num_pages * 8 == plan.kv_bytes and b.kv_per_token == (32 + 16) * 4
+    assert st is not None and (st.num_slots, st.num_checkpoints) == (3, 3)
+    state = sum(t.numel() * t.element_size() for t in (st.conv, st.ssm))
+    assert state == b.state_per_request * 6 == plan.states_bytes
+    assert b.state_per_request == 3 * (3 * 64 * 3 * 4 + 4 * 16 * 16 * 4)
+
+
 def test_logits_match_one_shot_chunked_and_token_by_token(kimi):
     """Chunks cut the conv window (3 < K-1 + 1) and the rule's 16-token chunks; chunk 1 is every step a decode step
     (KDA's recurrent step from its slot, MLA's absorbed decode); layer-major runs the chunks layer by layer."""
