@@ -23,7 +23,7 @@ SHAPE: dict[str, Any] = dict(
     routed_scaling_factor=2.446, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
     linear_attn_config={"full_attn_layers": [2], "kda_layers": [1, 3, 4], "head_dim": 16, "num_heads": 4,
                         "short_conv_kernel_size": 4},
-    first_k_dense_replace=1,
+    first_k_dense_replace=1, max_position_embeddings=512,
 )  # fmt: skip
 
 

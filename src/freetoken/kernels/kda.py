@@ -43,7 +43,8 @@ def chunk_kda(
     s = state.float()
     for a in range(0, n, chunk):
         b = min(a + chunk, n)
-        out[a:b], s = _chunk(*(t[a:b].transpose(0, 1).float() for t in (q, k, v, g, beta)), s)
+        qc, kc, vc, gc, bc = (t[a:b].transpose(0, 1).float() for t in (q, k, v, g, beta))  # heads first
+        out[a:b], s = _chunk(qc, kc, vc, gc, bc, s)
     return out, s
 
 
