@@ -208,6 +208,18 @@ def test_real_config_fields_and_bytes(tmp_path):
     assert b.state_per_request == 20 * (3 * 32 * 128 * 3 * 2 + 32 * 128 * 128 * 4)
 
 
+def test_bench_preset_is_the_real_expert_shape():
+    """``ft bench --preset kimi-linear``: the routed experts of KimiLinearConfig's defaults (those of the 48B-A3B)."""
+    import transformers as tf
+
+    from freetoken.bench.presets import PRESETS
+
+    cfg, p = tf.KimiLinearConfig(), PRESETS["kimi-linear"]
+    assert (p.hidden, p.inter, p.experts, p.top_k) == (cfg.hidden_size, cfg.moe_intermediate_size,
+                                                       cfg.num_local_experts, cfg.num_experts_per_tok)  # fmt: skip
+    assert p.layers == cfg.mlp_layer_types.count("sparse") == REAL["num_hidden_layers"] - 1
+
+
 @pytest.mark.parametrize("lin,match", [
     ({"full_attn_layers": [2], "kda_layers": [1, 3]}, r"layer 4 \(1-indexed\) in neither"),
     ({"full_attn_layers": [2, 5], "kda_layers": [1, 3, 4]}, r"full_attn_layers names layer 5; layers are numbered 1"),

@@ -68,6 +68,7 @@ MODEL_TYPES: dict[str, str] = {
     "glm_moe_dsa": "glm45",  # GLM-5: GLM-4.7's template and tool calls
     "minimax_m2": "minimax_m2",
     "kimi_k2": "kimi_k2",
+    "kimi_linear": "kimi_k2",  # Kimi-Linear: Kimi-K2's template and tool-call markup
 }
 
 
