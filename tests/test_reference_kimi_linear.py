@@ -208,6 +208,12 @@ def test_real_config_fields_and_bytes(tmp_path):
     assert b.state_per_request == 20 * (3 * 32 * 128 * 3 * 2 + 32 * 128 * 128 * 4)
 
 
+def test_chat_family_of_the_model_type():
+    from freetoken.chat.registry import detect_family
+
+    assert detect_family("kimi_linear") == "kimi_k2"
+
+
 def test_bench_preset_is_the_real_expert_shape():
     """``ft bench --preset kimi-linear``: the routed experts of KimiLinearConfig's defaults (those of the 48B-A3B)."""
     import transformers as tf
