@@ -226,6 +226,23 @@ def test_bench_preset_is_the_real_expert_shape():
     assert p.layers == cfg.mlp_layer_types.count("sparse") == REAL["num_hidden_layers"] - 1
 
 
+def test_defaults_when_the_config_lists_no_layers(tmp_path):
+    """No layer lists: transformers' defaults, full attention where i > 0 and i % 4 == 0 (0-indexed), the first
+    layer dense (``first_k_dense_replace`` unsaid means 1); an explicit ``mlp_layer_types`` wins over it."""
+    cfg = {k: v for k, v in REAL.items() if k not in ("linear_attn_config", "first_k_dense_replace")}
+    cfg["num_hidden_layers"] = 9
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    hf = load_hf_config(tmp_path)
+    assert hf.layer_types is not None and [i for i, t in enumerate(hf.layer_types) if t == "full_attention"] == [4, 8]
+    assert hf.moe_layer_ids == list(range(1, 9)) and hf.raw["linear_num_value_heads"] == 32
+    cfg = {**cfg, "first_k_dense_replace": 2, "mlp_layer_types": ["sparse"] * 8 + ["dense"]}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert load_hf_config(tmp_path).moe_layer_ids == list(range(8))
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "mlp_layer_types": ["moe"] * 9}))
+    with pytest.raises(CheckpointError, match="mlp_layer_types must list 'dense' or 'sparse'"):
+        load_hf_config(tmp_path)
+
+
 @pytest.mark.parametrize("lin,match", [
     ({"full_attn_layers": [2], "kda_layers": [1, 3]}, r"layer 4 \(1-indexed\) in neither"),
     ({"full_attn_layers": [2, 5], "kda_layers": [1, 3, 4]}, r"full_attn_layers names layer 5; layers are numbered 1"),
