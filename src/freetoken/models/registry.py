@@ -21,11 +21,11 @@ _FAMILIES: dict[str, str] = {
     "Qwen3ForCausalLM": "freetoken.models.qwen3",
     "LlamaForCausalLM": "freetoken.models.llama",
     "DeepseekV3ForCausalLM": "freetoken.models.deepseek_v3",
+    "KimiLinearForCausalLM": "freetoken.models.kimi_linear",
     "Glm4MoeLiteForCausalLM": "freetoken.models.glm4_moe_lite",
     "DeepseekV32ForCausalLM": "freetoken.models.deepseek_v32",
     "GlmMoeDsaForCausalLM": "freetoken.models.glm_moe_dsa",
     "GptOssForCausalLM": "freetoken.models.gpt_oss",
-    "KimiLinearForCausalLM": "freetoken.models.kimi_linear",
 }
 
 # Architectures refused with a reason of their own rather than the generic "unsupported"
