@@ -32,7 +32,8 @@ def _top2_margin(x: torch.Tensor) -> torch.Tensor:
 # transformers binds these to an installed kernel package (fla, causal-conv1d) when it imports one, its own torch
 # function otherwise; the oracle is the torch function (fla's kernels do not run on the CPU and multiply in TF32).
 KERNEL_FUNCTIONS = {"chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "torch_chunk_gated_delta_rule",
-                    "torch_recurrent_gated_delta_rule", "causal_conv1d_fn", "causal_conv1d_update"}
+                    "torch_recurrent_gated_delta_rule", "causal_conv1d_fn", "causal_conv1d_update",
+                    "chunk_kimi_delta_attention", "recurrent_kimi_delta_attention"}
 
 
 @contextlib.contextmanager

@@ -140,6 +140,10 @@ PRESETS: dict[str, MoEShape] = {
                  "mxfp4", gpt_oss=GptOssShape(), e2e_layers=24),
         MoEShape("gpt-oss-20b-bf16", 2880, 2880, 32, 4, 24, "bf16 experts (the checkpoint ships MXFP4)",
                  gpt_oss=GptOssShape()),
+        # Kimi-Linear-48B-A3B (moonshotai/Kimi-Linear-48B-A3B-Instruct's config.json, the defaults of transformers'
+        # KimiLinearConfig too): 27 layers, the first dense; 256 experts of 1024 + 1 shared, top-8; bf16. MoE only:
+        # e2e writes no KDA checkpoint yet (a Qwen3-MoE of these expert shapes)
+        MoEShape("kimi-linear", 2304, 1024, 256, 8, 26, "Kimi-Linear-48B-A3B's routed experts, MoE only"),
         # GLM-4.5/4.6/4.7: 92 layers, the first 3 dense (intermediate 12288); 160 experts + 1 shared; FP8 as shipped
         # (every projection). 12 layers = 3 dense + 9 MoE: 37 GB with the bench's 32000-token vocabulary.
         MoEShape("glm-4.7", 5120, 1536, 160, 8, 89, "GLM-4.7-FP8: 3 dense layers first, 96 heads, 8 KV heads",

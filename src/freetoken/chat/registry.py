@@ -69,6 +69,7 @@ MODEL_TYPES: dict[str, str] = {
     "glm4_moe_lite": "glm45",  # GLM-4.7-Flash: GLM-4.7's template and tool calls
     "glm_moe_dsa": "glm45",  # GLM-5: GLM-4.7's template and tool calls
     "minimax_m2": "minimax_m2",
+    "kimi_linear": "kimi_k2",  # Kimi-Linear: Kimi-K2's template and tool-call markup
     "kimi_k2": "kimi_k2",
     "gemma4": "gemma4",
     "gemma4_text": "gemma4",

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from freetoken.checkpoint.config_aliases import normalise
 from freetoken.checkpoint.errors import CheckpointError
 
 
@@ -110,6 +111,7 @@ def load_hf_config(directory: str | Path) -> HFConfig:
     raw = _load_json(path)
     raw = {**raw.get("text_config", {}), **raw} if "text_config" in raw else raw
     raw = _with_modelopt_config(d, raw)
+    raw = normalise(raw, path)  # fields some configs name their own way (``config_aliases.py``)
     archs = raw.get("architectures") or []
     if not archs:
         raise CheckpointError(f"{path}: no 'architectures' entry")

@@ -101,13 +101,18 @@ class GatedDeltaNet:
             for slot in _captured_at(s, 0):
                 ssm[slot].copy_(state)
             for a, b in _segments(s):
-                core[s.q_start + a : s.q_start + b], state = chunk_gated_delta(
-                    q[a:b], k[a:b], v[a:b], gs[a:b], bs[a:b], state
-                )
+                core[s.q_start + a : s.q_start + b], state = self._rule(q[a:b], k[a:b], v[a:b], gs[a:b], bs[a:b], state)
                 for slot in _captured_at(s, b):
                     ssm[slot].copy_(state)
             ssm[s.state_slot].copy_(state)
         return core
+
+    def _rule(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+        state: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """One segment of one sequence by the chunked rule in torch (a subclass's own rule: KDA's per-channel decay)."""
+        return chunk_gated_delta(q, k, v, g, beta, state)
 
     def _chunks_fla(
         self, fla: gated_delta_fla.FlaKernels, convolved: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

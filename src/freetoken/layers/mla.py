@@ -13,7 +13,8 @@ kv_b_proj holds per head the key rows ``W_UK`` [dn, R] and the value rows ``W_UV
 
 Rotary is the rotate-half convention on the rope part only; DeepSeek's interleaved layout (``rope_interleave``) is
 turned into it at load by permuting the rope rows of the q and kv_a projections (``models/mla_blocks.py``): the
-scores are the same. T = new tokens (flattened), H = heads, R = kv_lora_rank, dr = qk_rope_head_dim.
+scores are the same. With ``rope`` off (Kimi-Linear's NoPE latent attention) no position encoding is applied at all.
+T = new tokens (flattened), H = heads, R = kv_lora_rank, dr = qk_rope_head_dim.
 """
 
 from __future__ import annotations
@@ -57,9 +58,10 @@ class MLAWeights:
 class MLAttention:
     def __init__(
         self, w: MLAWeights, layer: int, dims: MLADims, eps: float, rotary: Rotary, scale: float,
-        backend: str = "auto",
+        backend: str = "auto", rope: bool = True,
     ) -> None:  # fmt: skip
         self.w, self.layer, self.dims, self.eps, self.rotary, self.scale = w, layer, dims, eps, rotary, scale
+        self.rope = rope  # False: no position encoding at all, the "rope" parts as they are (Kimi-Linear)
         self.backend = select_mla(w.kv_a.device, backend)
         H, R, dn, dv = dims.heads, dims.rank, dims.nope_dim, dims.v_dim
         per_head = w.kv_b.view(H, dn + dv, R)
@@ -88,9 +90,9 @@ class MLAttention:
             assert w.q_a_norm is not None
             q_in = rms_norm(q_in, w.q_a_norm, self.eps)
         q = (linear(q_in, w.q_b) if w.q_b is not None else q_in).view(T, H, dn + d.rope_dim)
-        q_rope = self.rotary.apply(q[..., dn:], batch.positions)
+        q_rope = self.rotary.apply(q[..., dn:], batch.positions) if self.rope else q[..., dn:]
         c = rms_norm(kv_a[:, :R], w.kv_a_norm, self.eps)
-        kr = self.rotary.apply(kv_a[:, None, R:], batch.positions)[:, 0]
+        kr = self.rotary.apply(kv_a[:, None, R:], batch.positions)[:, 0] if self.rope else kv_a[:, R:]
         return q[..., :dn], q_rope, q_in, torch.cat((c, kr), dim=-1)
 
     def absorb(self, q_nope: torch.Tensor, q_rope: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

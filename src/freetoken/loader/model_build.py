@@ -38,6 +38,7 @@ from freetoken.models.blocks import (
     MoEParts,
     attention,
     dense_mlp,
+    dense_prefix,
     expert_reads,
     moe_parts,
     norm,
@@ -143,7 +144,7 @@ def build_model(
             else:
                 reads += expert_reads(w, family, hf, i, moe_ids.index(i)) if ftw is None else []
         else:
-            ffn = dense_mlp(w, lp + n.mlp, D, hf.intermediate_size, bool(hf.raw.get("mlp_bias", False)))
+            ffn = dense_mlp(w, dense_prefix(w, family, i), D, hf.intermediate_size, bool(hf.raw.get("mlp_bias", False)))
         mixer: Mixer
         if kinds[i] == LINEAR:
             mixer, linear_layers = deltanet(w, family, hf, i, linear_layers), linear_layers + 1

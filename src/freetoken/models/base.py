@@ -23,6 +23,7 @@ class Naming:
     q_norm: str = "q_norm.weight"
     k_norm: str = "k_norm.weight"
     mlp: str = "mlp."  # dense MLP prefix
+    mlp_alt: str | None = None  # where the dense MLP may sit instead (Kimi-Linear as transformers saves it)
     moe: str = "mlp."  # MoE block prefix
     router: str = "gate.weight"
     router_bias: str = "gate.e_score_correction_bias"  # sigmoid routing's correction bias [E]
@@ -50,6 +51,7 @@ class Family:
     routing_groups: bool = True  # sigmoid routing reads n_group, topk_group, routed_scaling_factor (MiniMax-M2: no)
     attention: str = "gqa"  # "gqa" (``layers/attention.py``) | "mla": multi-head latent attention (``layers/mla.py``)
     # | "dsa": MLA with DeepSeek sparse attention's indexer (``layers/dsa.py``)
+    mla_rope: bool = True  # False: MLA without any position encoding (Kimi-Linear's NoPE, ``mla_use_nope``)
     indexer_rope_interleave: bool = False  # DSA: the indexer's rotary in the interleaved layout (GLM-5)
     indexer_sharing: bool = False  # DSA: layers may reuse an earlier layer's top-k (GLM-5's ``indexer_types``)
     qkv_bias_key: str | None = None  # config key forcing q/k/v biases (Qwen2: "qkv_bias")
@@ -62,6 +64,7 @@ class Family:
     norm_offset: float = 0.0  # 1.0: RMSNorms scale by (1 + w) (the norms around layers, q/k norms, final norm)
     attn_output_gate: bool = False  # q_proj also yields a per-head sigmoid gate on the attention output
     deltanet_proj: str | None = None  # None: no linear-attention layers; "qkvz" (Qwen3-Next) | "split" (Qwen3.5)
+    # | "kda": Kimi Delta Attention (``layers/kda.py``, ``models/kda_blocks.py``)
     full_attention_interval: int = 4  # layer_types when config.json gives none: every n-th layer full attention
     # gpt-oss: a learned logit per head in every softmax's denominator ("sinks"); a router bias; routed experts stored
     # transposed ([E, D, 2I], gate and up columns interleaved; [E, I, D]) with biases, under the clamped activation

@@ -111,6 +111,13 @@ def norm(w: CheckpointWeights, fam: Family, name: str, shape: tuple[int, ...]) -
     return t + fam.norm_offset if fam.norm_offset else t
 
 
+def dense_prefix(w: CheckpointWeights, fam: Family, i: int) -> str:
+    """Layer i's dense MLP prefix: the family's, or its alternative where only that one is in the checkpoint."""
+    n = fam.naming
+    p = n.layer.format(i=i) + n.mlp
+    return p if n.mlp_alt is None or p + "gate_proj.weight" in w else n.layer.format(i=i) + n.mlp_alt
+
+
 def dense_mlp(w: CheckpointWeights, prefix: str, D: int, inter: int, bias: bool = False) -> DenseMLP:
     return DenseMLP(
         gate=w.get(prefix + "gate_proj.weight", (inter, D)),

@@ -11,6 +11,7 @@ from freetoken.checkpoint.hf_config import HFConfig
 from freetoken.checkpoint.weights import CheckpointWeights
 from freetoken.layers.deltanet import DeltaNetWeights, GatedDeltaNet
 from freetoken.models.base import Family
+from freetoken.models.kda_blocks import kda
 
 FULL, LINEAR, SLIDING = "full_attention", "linear_attention", "sliding_attention"
 
@@ -59,7 +60,10 @@ def state_shape(hf: HFConfig, num_linear: int, num_rings: int = 0) -> StateShape
 
 
 def deltanet(w: CheckpointWeights, family: Family, hf: HFConfig, i: int, li: int) -> GatedDeltaNet:
-    """Layer i's gated DeltaNet, the ``li``-th linear-attention layer (its state pool index)."""
+    """Layer i's gated DeltaNet, the ``li``-th linear-attention layer (its state pool index); KDA where the family
+    has it (``models/kda_blocks.py``)."""
+    if family.deltanet_proj == "kda":
+        return kda(w, family, hf, i, li)
     p = family.naming.layer.format(i=i) + family.naming.linear_attn
     D = hf.hidden_size
     hk, h, dk, dv, K = _dims(hf)

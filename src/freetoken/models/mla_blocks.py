@@ -2,7 +2,8 @@
 (``q_a_proj`` + ``q_a_layernorm`` + ``q_b_proj``, or ``q_proj`` when ``q_lora_rank`` is null), ``kv_a_proj_with_mqa``,
 ``kv_a_layernorm``, ``kv_b_proj``, ``o_proj``. Shapes are checked against the config naming the field that disagrees;
 DeepSeek's interleaved rotary layout (``rope_interleave``) becomes rotate-half by permuting the rope rows; the softmax
-scale carries YaRN's ``mscale_all_dim`` correction as transformers applies it."""
+scale carries YaRN's ``mscale_all_dim`` correction as transformers applies it. A family without rotary
+(``Family.mla_rope`` off: Kimi-Linear) keeps its rows as they are and the plain scale."""
 
 from __future__ import annotations
 
@@ -75,7 +76,10 @@ def mla_attention(
         q = w.get(p + "q_proj.weight", (H * (dn + dr), D))
     kv_a = w.get(p + "kv_a_proj_with_mqa.weight", (R + dr, D))
     kv_a_bias = w.get(p + "kv_a_proj_with_mqa.bias", (R + dr,)) if bias else None
-    if hf.raw.get("rope_interleave", True):  # transformers' default for both MLA families
+    if not fam.mla_rope and hf.raw.get("mla_use_nope", True) is not True:
+        raise CheckpointError(f"{hf.path / 'config.json'}: mla_use_nope {hf.raw['mla_use_nope']!r}: {hf.architecture} "
+                              f"is implemented with NoPE latent attention only (as transformers does)")  # fmt: skip
+    if fam.mla_rope and hf.raw.get("rope_interleave", True):  # transformers' default for both MLA families
         perm = torch.cat((torch.arange(0, dr, 2), torch.arange(1, dr, 2))).to(kv_a.device)
         kv_a = torch.cat((kv_a[:R], kv_a[R:][perm]))
         kv_a_bias = None if kv_a_bias is None else torch.cat((kv_a_bias[:R], kv_a_bias[R:][perm]))
@@ -96,4 +100,6 @@ def mla_attention(
         idx = indexer_weights(w, fam, hf, i, dr) if source == i else None
         return DSAttention(mw, kv_index, d, LATENT_NORM_EPS, rotary, mla_scale(hf, d), idx, kv_index - (i - source),
                            dsa_fields(hf)[1])  # fmt: skip
+    if not fam.mla_rope:  # NoPE: the plain softmax scale, whatever rotary settings the config carries
+        return MLAttention(mw, kv_index, d, LATENT_NORM_EPS, rotary, float((dn + dr) ** -0.5), rope=False)
     return MLAttention(mw, kv_index, d, LATENT_NORM_EPS, rotary, mla_scale(hf, d))

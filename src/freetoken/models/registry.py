@@ -21,6 +21,7 @@ _FAMILIES: dict[str, str] = {
     "Qwen3ForCausalLM": "freetoken.models.qwen3",
     "LlamaForCausalLM": "freetoken.models.llama",
     "DeepseekV3ForCausalLM": "freetoken.models.deepseek_v3",
+    "KimiLinearForCausalLM": "freetoken.models.kimi_linear",
     "Glm4MoeLiteForCausalLM": "freetoken.models.glm4_moe_lite",
     "DeepseekV32ForCausalLM": "freetoken.models.deepseek_v32",
     "GlmMoeDsaForCausalLM": "freetoken.models.glm_moe_dsa",
