@@ -108,6 +108,12 @@ def build_model(
     max_positions: int,
     verify: str = "background",
 ) -> LoadedModel:
+    if family.assembly == "deepseek_v4":  # residual streams and compressed attention: its own assembly
+        from freetoken.loader.deepseek_v4_build import build_deepseek_v4
+
+        built = build_deepseek_v4(hf, device, dtype, make_backend, max_positions, verify, LoadedModel, weight_format)
+        assert isinstance(built, LoadedModel)
+        return built
     ftw = read_manifest(hf.path)  # FTW: the routed experts come pre-banked, the rest is safetensors as usual
     reader = SafetensorsReader(hf.path)
     fmt = weight_format(reader, hf)

@@ -39,10 +39,28 @@ def kv_geometry(hf: HFConfig) -> KVGeometry:
     """GQA: K and V heads of ``head_dim``; MLA (``kv_lora_rank`` set): one latent row of ``kv_lora_rank +
     qk_rope_head_dim`` (the compressed K/V and the shared rotary key), no V; DSA (``index_topk`` set) widens that row
     by the indexer's key of ``index_head_dim``."""
+    if hf.architecture == "DeepseekV4ForCausalLM":
+        return KVGeometry(1, v4_row_width(hf), 0)
     if hf.raw.get("kv_lora_rank"):
         index = _raw_int(hf, "index_head_dim") if "index_topk" in hf.raw else 0  # DSA: the indexer's key beside it
         return KVGeometry(1, _raw_int(hf, "kv_lora_rank") + _raw_int(hf, "qk_rope_head_dim") + index, 0)
     return KVGeometry(hf.num_kv_heads, hf.head_dim, hf.head_dim)
+
+
+def v4_row_width(hf: HFConfig) -> int:
+    """DeepSeek-V4's row per token and layer (``layers/v4_compressor.py`` ``RowLayout``, the widest layer's): the
+    window key d; a heavily compressed layer adds its raw kv and gate and its entry (4 d); a compressed sparse layer
+    its two series' raw kv and gate, its entry, and its indexer's raw kv, gate (2 di each) and key (6 d + 5 di)."""
+    d, raw = hf.head_dim, hf.raw
+    kinds = raw.get("layer_types")
+    if kinds is None and raw.get("compress_ratios") is not None:
+        kinds = [{4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}.get(r, "sliding_attention")
+                 for r in raw["compress_ratios"]]  # fmt: skip
+    kinds = list(kinds or (["heavily_compressed_attention", "compressed_sparse_attention"] if hf.num_layers > 2
+                           else ["heavily_compressed_attention"]))  # fmt: skip
+    if "compressed_sparse_attention" in kinds:
+        return 6 * d + 5 * int(raw.get("index_head_dim", 128))
+    return 4 * d if "heavily_compressed_attention" in kinds else d
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,8 @@ class Family:
     # Special tokens where agent harnesses edit the context (``cache/anchors.py``): opening and closing ones.
     anchor_starts: tuple[str, ...] = ()
     anchor_ends: tuple[str, ...] = ()
+    # "decoder": ``loader/model_build.py`` assembles it; "deepseek_v4": its own (``loader/deepseek_v4_build.py``)
+    assembly: str = "decoder"
 
 
 # ChatML with Qwen's thinking and tool markup

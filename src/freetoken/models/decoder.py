@@ -16,11 +16,12 @@ from freetoken.layers.deltanet import GatedDeltaNet
 from freetoken.layers.mla import MLAttention
 from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.moe import MoELayer
+from freetoken.layers.v4_attention import V4Attention
 from freetoken.layers.window_attention import WindowAttention
 
 # the token mixer: full attention (GQA or latent) over KV pages, linear attention, or a window over a KV ring (both
-# over state slots)
-Mixer = Attention | MLAttention | GatedDeltaNet | WindowAttention
+# over state slots), or DeepSeek-V4's windowed and compressed attention over KV pages
+Mixer = Attention | MLAttention | GatedDeltaNet | WindowAttention | V4Attention
 
 
 @dataclass
@@ -53,6 +54,11 @@ class DecoderModel:
         for i in range(len(self.layers)):
             h, x = self.block(i, h, x, batch, kv)
         return x
+
+    def embed_inputs(self, input_ids: torch.Tensor, batch: AttnBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """A chunk's embeddings: the residual ``h`` and its norm ``x`` for layer 0 (layer-major passes start here)."""
+        h = F.embedding(input_ids, self.embed)
+        return h, rms_norm(h, self.layers[0].attn_norm, self.eps)
 
     def block(
         self, i: int, h: torch.Tensor, x: torch.Tensor, batch: AttnBatch, kv: KVPool

@@ -11,10 +11,8 @@ any two (decode steps of other requests run there) and carry on later.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from freetoken.cache.kv_pool import KVPool
-from freetoken.kernels.norm import rms_norm
 from freetoken.layers.attention import AttnBatch
 from freetoken.models.decoder import DecoderModel
 
@@ -52,9 +50,9 @@ class LayerMajorPass:
         """Layer ``self.layer`` (attention, then its MLP or MoE) over chunk ``self.chunk``."""
         m, c = self.model, self.chunk
         if self.layer == 0:  # embeddings when a chunk first comes
-            h = F.embedding(self._ids[c], m.embed)
+            h, x = m.embed_inputs(self._ids[c], self.batches[c])
             self.h.append(h)
-            self.x.append(rms_norm(h, m.layers[0].attn_norm, m.eps))
+            self.x.append(x)
         self.h[c], self.x[c] = m.block(self.layer, self.h[c], self.x[c], self.batches[c], self.kv)
         self.chunk += 1
         if self.chunk == self.num_chunks:

@@ -25,6 +25,7 @@ _FAMILIES: dict[str, str] = {
     "DeepseekV32ForCausalLM": "freetoken.models.deepseek_v32",
     "GlmMoeDsaForCausalLM": "freetoken.models.glm_moe_dsa",
     "GptOssForCausalLM": "freetoken.models.gpt_oss",
+    "DeepseekV4ForCausalLM": "freetoken.models.deepseek_v4",
 }
 
 # Architectures refused with a reason of their own rather than the generic "unsupported"

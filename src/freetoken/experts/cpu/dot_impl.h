@@ -110,6 +110,10 @@ static inline float activate(int32_t act, float g, float u) {
     u = fmax_(-7.f, fmin_(u, 7.f));
     return (u + 1.f) * (g / (1.f + __builtin_expf(-1.702f * g)));
   }
+  if (act == ACT_DSV4) {  // DeepSeek-V4: SiLU with the gate clamped above at 10, up to [-10, 10]
+    g = fmin_(g, 10.f);
+    u = fmax_(-10.f, fmin_(u, 10.f));
+  }
   return g / (1.f + __builtin_expf(-g)) * u;  // SiLU-gated
 }
 
