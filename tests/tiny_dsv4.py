@@ -1,6 +1,6 @@
 """A tiny random DeepSeek-V4 checkpoint for tests (``models/deepseek_v4.py``), saved with transformers' own
 ``save_pretrained``: 4 layers of every attention kind (heavily compressed at rate 8, compressed sparse at rate 4 with
-an indexer keeping 3 entries, sliding), an 8-token window, the first two layers routed by token id (``tid2eid``: a
+an indexer of 16 heads keeping 3 entries (enough heads that no entry scores exactly 0: ties), sliding), an 8-token window, the first two layers routed by token id (``tid2eid``: a
 random table of distinct experts), 4 residual streams; the multi-token-prediction block DeepSeek ships (``mtp.0.*``)
 is appended to the safetensors, as the real checkpoint carries it."""
 
@@ -17,7 +17,7 @@ HCA, CSA, SLIDING = "heavily_compressed_attention", "compressed_sparse_attention
 TINY: dict[str, Any] = dict(
     vocab_size=512, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=4, num_attention_heads=4, head_dim=32,
     q_lora_rank=32, num_experts_per_tok=2, n_routed_experts=8, layer_types=[HCA, CSA, SLIDING, CSA],
-    compress_rates={CSA: 4, HCA: 8}, hc_mult=4, sliding_window=8, o_groups=2, o_lora_rank=16, index_n_heads=4,
+    compress_rates={CSA: 4, HCA: 8}, hc_mult=4, sliding_window=8, o_groups=2, o_lora_rank=16, index_n_heads=16,
     index_head_dim=16, index_topk=3, mlp_layer_types=["hash_moe", "hash_moe", "moe", "moe"],
     partial_rotary_factor=0.25, max_position_embeddings=512, routed_scaling_factor=1.5,
 )  # fmt: skip
