@@ -240,3 +240,23 @@ def test_bad_settings_are_refused_by_name(fresh, changes, match):
     _edit_config(fresh, **changes)
     with pytest.raises(CheckpointError, match=match):
         _llm(fresh)
+
+
+@pytest.mark.parametrize("backend,cache,fill", BACKENDS)
+def test_moe_layer_matches_transformers_where_the_clamp_binds(ckpt, backend, cache, fill):
+    """A token-id routed layer (0) and a score-routed one (2), MoE part alone, on inputs wide enough that the
+    clamped SiLU binds (routed and shared experts): transformers' ``DeepseekV4SparseMoeBlock`` is the oracle."""
+    d, model, _, _ = ckpt
+    llm = _llm(d, backend, cache, fill)
+    ids = torch.randint(3, 512, (12,), generator=torch.Generator().manual_seed(8))
+    x = torch.randn((12, 64), generator=torch.Generator().manual_seed(7)) * 40.0
+    for i in (0, 2):
+        moe = llm.engine.setup.loaded.model.layers[i].ffn
+        block = model.model.layers[i].mlp
+        with torch.no_grad():
+            want = block(x[None], input_ids=ids[None])[0]
+            gu = torch.einsum("td,efd->tef", x, block.experts.gate_up_proj)
+        assert float(gu[..., :32].max()) > 10.0 and float(gu[..., 32:].abs().max()) > 10.0  # the clamps bind
+        llm.engine.setup.loaded.backend.begin_step(12, False)
+        got = moe.forward_ids(x, ids)
+        torch.testing.assert_close(got, want, atol=1e-4 * max(1.0, float(want.abs().max())), rtol=0)
