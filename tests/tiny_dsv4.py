@@ -1,8 +1,9 @@
 """A tiny random DeepSeek-V4 checkpoint for tests (``models/deepseek_v4.py``), saved with transformers' own
 ``save_pretrained``: 4 layers of every attention kind (heavily compressed at rate 8, compressed sparse at rate 4 with
-an indexer of 16 heads keeping 3 entries (enough heads that no entry scores exactly 0: ties), sliding), an 8-token window, the first two layers routed by token id (``tid2eid``: a
-random table of distinct experts), 4 residual streams; the multi-token-prediction block DeepSeek ships (``mtp.0.*``)
-is appended to the safetensors, as the real checkpoint carries it."""
+an indexer of 16 heads keeping 3 entries: enough heads that no entry scores exactly 0, a tie; sliding), an 8-token
+window, the first two layers routed by token id (``tid2eid``: a random table of distinct experts), 4 residual
+streams; the multi-token-prediction block DeepSeek ships (``mtp.0.*``) is appended to the safetensors, as the real
+checkpoint carries it."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def add_mtp(directory: Path, hidden: int) -> list[str]:
     path = directory / "model.safetensors"
     tensors = load_file(path)
     mtp = {"mtp.0.enorm.weight": torch.ones(hidden), "mtp.0.hnorm.weight": torch.ones(hidden),
-           "mtp.0.e_proj.weight": torch.zeros(hidden, hidden), "mtp.0.attn.wkv.weight": torch.zeros(32, hidden)}  # fmt: skip
+           "mtp.0.e_proj.weight": torch.zeros(hidden, hidden),
+           "mtp.0.attn.wkv.weight": torch.zeros(32, hidden)}  # fmt: skip
     save_file({**tensors, **mtp}, path, metadata={"format": "pt"})
     return sorted(mtp)
 

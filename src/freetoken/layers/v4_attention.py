@@ -13,6 +13,7 @@ not a CUDA-graph path). T = new tokens, H = heads, d = head dim, G = output grou
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -22,10 +23,11 @@ from freetoken.kernels.linear import linear
 from freetoken.kernels.norm import rms_norm
 from freetoken.layers.attention import AttnBatch
 from freetoken.layers.hyper_connections import unweighted_rms
-from freetoken.layers.v4_compressor import CSA, Compressor, Indexer, RowLayout
+from freetoken.layers.v4_compressor import CSA, SLIDING, Compressor, Indexer, RowLayout
 from freetoken.layers.v4_rope import InterleavedRope
 
 BLOCK_ROWS = 256  # query rows per block of a prefill
+Slots = Callable[[torch.Tensor], torch.Tensor]  # a sequence's positions -> their flat KV slots
 
 
 @dataclass
@@ -66,9 +68,7 @@ class V4Attention:
         self, w: V4AttentionWeights, layer: int, layout: RowLayout, heads: int, groups: int, window: int,
         eps: float, rope: InterleavedRope, comp: Compressor | None = None, indexer: Indexer | None = None,
     ) -> None:  # fmt: skip
-        if (comp is None) != (layout.kind not in (CSA, "heavily_compressed_attention")) or (
-            (indexer is not None) != (layout.kind == CSA)
-        ):
+        if (comp is None) != (layout.kind == SLIDING) or (indexer is not None) != (layout.kind == CSA):
             raise ValueError(f"a {layout.kind} layer's compressor/indexer do not match its kind")
         self.w, self.layer, self.layout, self.h, self.groups = w, layer, layout, heads, groups
         self.window, self.eps, self.rope, self.comp, self.indexer = window, eps, rope, comp, indexer
@@ -101,19 +101,17 @@ class V4Attention:
                 return table[torch.div(p, S, rounding_mode="floor")].long() * S + torch.remainder(p, S)
 
             self._close_windows(cache, s, slots)
-            rows = slice(s.q_start, s.q_start + s.q_len)
             for r0 in range(0, s.q_len, BLOCK_ROWS):
                 r1 = min(s.q_len, r0 + BLOCK_ROWS)
                 sub = slice(s.q_start + r0, s.q_start + r1)
                 out[sub] = self._attend(cache, q[sub], q_resid[sub], x[sub], s.start + r0, s.start + r1, slots)
-            del rows
         o = self.rope.apply(out.to(x.dtype), pos, inverse=True)  # [T, H, d]
         G = self.groups
         wa = self.w.wo_a.view(G, -1, H * d // G)  # [G, R, H*d/G]
         y = torch.einsum("tgi,gri->tgr", o.reshape(T, G, -1), wa.to(o.dtype)).reshape(T, -1)
         return linear(y, self.w.wo_b)
 
-    def _close_windows(self, cache: torch.Tensor, s: SeqView, slots) -> None:  # type: ignore[no-untyped-def]
+    def _close_windows(self, cache: torch.Tensor, s: SeqView, slots: Slots) -> None:
         """The compressed entries of the windows whose last token is new in this step, into those tokens' rows."""
         if self.comp is None:
             return
@@ -135,8 +133,9 @@ class V4Attention:
             cache[dst, lay.part("ikey")] = key.to(cache.dtype)
 
     def _attend(
-        self, cache: torch.Tensor, q: torch.Tensor, q_resid: torch.Tensor, x: torch.Tensor, p0: int, p1: int, slots
-    ) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        self, cache: torch.Tensor, q: torch.Tensor, q_resid: torch.Tensor, x: torch.Tensor, p0: int, p1: int,
+        slots: Slots,
+    ) -> torch.Tensor:
         """Queries at positions [p0, p1) ([n, H, d]) over the window and the entries they may see -> [n, H, d] f32."""
         dev, lay, W = cache.device, self.layout, self.window
         qpos = torch.arange(p0, p1, device=dev)

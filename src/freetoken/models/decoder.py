@@ -33,6 +33,8 @@ class DecoderLayer:
 
 
 class DecoderModel:
+    step_capturable = True  # a decode step may be captured as one CUDA graph (``runner/step_graph.py``)
+
     def __init__(
         self,
         embed: torch.Tensor,  # [V, D]

@@ -30,7 +30,7 @@ MTP_PATTERNS = ("mtp.*", "model.mtp.*")  # the multi-token-prediction block: not
 
 
 class V4Names:
-    """Where this checkpoint keeps each tensor (``model.``-prefixed as transformers saves, or bare as DeepSeek ships)."""
+    """Where this checkpoint keeps each tensor (``model.``-prefixed as transformers saves, bare as DeepSeek ships)."""
 
     def __init__(self, w: CheckpointWeights) -> None:
         self.w = w
@@ -69,8 +69,9 @@ class V4Names:
 def _hc_shape(w: CheckpointWeights, name: str, want: tuple[int, ...], streams: int) -> None:
     got = tuple(w.reader.shape(name)) if name in w else None
     if got is not None and got != want:
-        raise CheckpointError(f"{w.reader.directory}: tensor {name} has shape {list(got)}, but hc_mult {streams} in "
-                              f"config.json implies {list(want)}: the residual-stream settings disagree with the weights")  # fmt: skip
+        raise CheckpointError(f"{w.reader.directory}: tensor {name} has shape {list(got)}, but hc_mult {streams} "
+                              f"in config.json implies {list(want)}: the residual-stream settings disagree with the "
+                              "weights")  # fmt: skip
 
 
 def hyper_connection(w: CheckpointWeights, p: str, hf: HFConfig, c: V4Config) -> HyperConnection:

@@ -28,6 +28,8 @@ class V4Layer(DecoderLayer):
 
 
 class V4DecoderModel(DecoderModel):
+    step_capturable = False  # its attention reads each sequence's lengths on the host (a reference path)
+
     def __init__(
         self, embed: torch.Tensor, layers: list[V4Layer], final_norm: torch.Tensor, lm_head: torch.Tensor, eps: float,
         head: HyperHead, streams: int,
