@@ -201,9 +201,9 @@ def grouped_experts_fp4_triton(
     srow_gu, srow_dn = weights.gate_up_scale.shape[-1], weights.down_scale.shape[-1]
     act: ExpertAct | None = weights.act  # biases by eid (``groups.eid``), not by slot
     bias = act.gate_up_bias if act is not None and act.gate_up_bias is not None else None
-    act_index = ACTIVATIONS.index(act.name) if act is not None and act.name in ACTIVATIONS else -1
-    if act_index < 0:
-        raise ValueError(f"the FP4 grouped GEMM has no {act.name if act else None!r} activation")
+    act_index = 0 if act is None else ACTIVATIONS.index(act.name) if act.name in ACTIVATIONS else -1
+    if act is not None and act_index < 0:
+        raise ValueError(f"the FP4 grouped GEMM has no {act.name!r} activation")
     dt = _DTYPES[x.dtype]
     x = x.contiguous()
     h = torch.empty((K, I), dtype=torch.float32, device=x.device)
