@@ -260,3 +260,36 @@ def test_moe_layer_matches_transformers_where_the_clamp_binds(ckpt, backend, cac
         llm.engine.setup.loaded.backend.begin_step(12, False)
         got = moe.forward_ids(x, ids)
         torch.testing.assert_close(got, want, atol=1e-4 * max(1.0, float(want.abs().max())), rtol=0)
+
+
+def test_kv_rows_and_plan_follow_the_config(ckpt):
+    """Every layer keeps one row per token in the KV pool, as wide as the widest layer's (a CSA layer: 6 d + 5 di);
+    the plan's KV bytes are those tensors'; no state pool; a layer-major pass keeps hc_mult streams a token."""
+    from freetoken.checkpoint.hf_config import load_hf_config
+    from freetoken.layers.v4_compressor import RowLayout
+    from freetoken.memory.sizes import model_bytes
+
+    d = ckpt[0]
+    hf = load_hf_config(d)
+    llm = _llm(d, "hybrid", page_size=8, max_model_len=64, max_running_requests=2)
+    eng = llm.engine
+    b = model_bytes(hf, 4)
+    assert b.kv_layers == len(eng.kv.k) == hf.num_layers
+    width = max(RowLayout(k, 32, 16).width for k in hf.raw["layer_types"])
+    assert width == 6 * 32 + 5 * 16 and all(k.shape[1:] == (1, width) for k in eng.kv.k)
+    kv = sum(t.numel() * t.element_size() for t in eng.kv.k + eng.kv.v)
+    assert kv == b.page_bytes(8) * eng.kv.num_pages == eng.memory.plan.kv_bytes
+    assert eng.states is None and b.state_per_request == 0
+    assert b.activations_per_token == 4 * 64 * 4
+
+
+def test_ftw_conversion_serves_the_same_logits(ckpt, tmp_path):
+    from freetoken.loader.ftw_convert import convert
+
+    d, _, refs, full = ckpt
+    convert(d, tmp_path / "ftw")
+    llm = LLM(model=str(tmp_path / "ftw"), device="cpu", dtype="float32", moe_backend="cpu")
+    banks = llm.engine.setup.loaded.banks
+    assert banks is not None and banks.activation == "dsv4"
+    r = refs[2]
+    assert_close_logits(llm.engine.score(r.prompt + r.tokens), full[2])

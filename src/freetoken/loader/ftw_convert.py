@@ -80,6 +80,10 @@ def convert(src: str | Path, dst: str | Path, dtype: str | None = None, layers_p
     hf = load_hf_config(src)
     family = get_family(hf.architecture, str(src / "config.json"))
     reader = SafetensorsReader(src)
+    if family.assembly == "deepseek_v4":  # its own tensor names (``model.`` prefixed or not)
+        from freetoken.models.deepseek_v4_blocks import V4Names
+
+        family = V4Names(CheckpointWeights(reader, torch.device("cpu"), torch.float32)).family()
     names = _expert_names(reader, hf, family)
     if not names:
         raise CheckpointError(f"{src}: {hf.architecture} has no routed experts; FTW pre-banks MoE experts only")

@@ -128,4 +128,7 @@ def model_bytes(
     kv = kv_layers * kv_geometry(hf).per_token * dtype_bytes
     state = linear * state_bytes_per_layer(hf, dtype_bytes) if linear else 0
     state += rings * ring_bytes_per_layer(hf, dtype_bytes)
-    return ModelBytes(kv_layers, linear, kv, state, 2 * hf.hidden_size * dtype_bytes, rings)
+    acts = 2 * hf.hidden_size * dtype_bytes
+    if hf.architecture == "DeepseekV4ForCausalLM":  # its residual is hc_mult streams (the normed input is not kept)
+        acts = max(2, int(hf.raw.get("hc_mult", 4))) * hf.hidden_size * dtype_bytes
+    return ModelBytes(kv_layers, linear, kv, state, acts, rings)

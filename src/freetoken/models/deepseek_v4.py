@@ -27,8 +27,6 @@ FAMILY = Family(
     architectures=("DeepseekV4ForCausalLM",),
     naming=Naming(shared_expert="shared_experts."),
     assembly="deepseek_v4",
-    anchor_starts=("<think>", "<｜tool▁calls▁begin｜>", "<｜User｜>"),
-    anchor_ends=("</think>", "<｜tool▁calls▁end｜>", "<｜end▁of▁sentence｜>"),
 )
 ACTIVATION = "dsv4"  # the routed experts' clamped SiLU by its kernel name (``experts/reference.py``)
 LEGACY_RATIOS = {0: SLIDING, 4: CSA, 128: HCA}  # ``compress_ratios`` as transformers reads them
