@@ -293,3 +293,18 @@ def test_ftw_conversion_serves_the_same_logits(ckpt, tmp_path):
     assert banks is not None and banks.activation == "dsv4"
     r = refs[2]
     assert_close_logits(llm.engine.score(r.prompt + r.tokens), full[2])
+
+
+def test_yarn_compress_rope_matches(tmp_path):
+    """The compressed layers' rope under YaRN (as DeepSeek-V4-Flash ships it: without YaRN's magnitude scale), the
+    sliding layers' plain: logits of a whole sequence and of it in chunks."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32,
+            "beta_slow": 1}  # fmt: skip
+    model = save_dsv4_checkpoint(tmp_path, SEED, rope_parameters=yarn, max_position_embeddings=256)
+    assert model.config.rope_parameters["compress"]["rope_type"] == "yarn"
+    ids = torch.randint(3, 512, (45,), generator=torch.Generator().manual_seed(5)).tolist()
+    with torch.no_grad(), torch_ops(model):
+        ref = model(torch.tensor([ids]), use_cache=False).logits[0].float()
+    llm = _llm(tmp_path)
+    assert_close_logits(llm.engine.score(ids), ref)
+    assert_close_logits(llm.engine.score(ids, chunk=7), ref)
