@@ -17,6 +17,12 @@ def unweighted_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
 
 
+def v4_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """DeepSeek-V4's RMSNorm: float32 weights multiplied in float32, cast to x's dtype once at the end."""
+    h = x.float()
+    return (weight.float() * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
+
+
 @dataclass
 class HyperConnection:
     fn: torch.Tensor  # [(2 + n) * n, n * D] float32

@@ -20,9 +20,8 @@ import torch
 
 from freetoken.cache.kv_pool import KVPool
 from freetoken.kernels.linear import linear
-from freetoken.kernels.norm import rms_norm
 from freetoken.layers.attention import AttnBatch
-from freetoken.layers.hyper_connections import unweighted_rms
+from freetoken.layers.hyper_connections import unweighted_rms, v4_rms_norm
 from freetoken.layers.v4_compressor import CSA, SLIDING, Compressor, Indexer, RowLayout
 from freetoken.layers.v4_rope import InterleavedRope
 
@@ -79,9 +78,9 @@ class V4Attention:
         T, H, d, lay = x.shape[0], self.h, self.hd, self.layout
         pos = batch.positions
         cache = kv.k[self.layer][:, 0]  # [slots, width]
-        q_resid = rms_norm(linear(x, self.w.wq_a), self.w.q_norm, self.eps)
+        q_resid = v4_rms_norm(linear(x, self.w.wq_a), self.w.q_norm, self.eps)
         q = self.rope.apply(unweighted_rms(linear(q_resid, self.w.wq_b).view(T, H, d), self.eps), pos)
-        k = self.rope.apply(rms_norm(linear(x, self.w.wkv), self.w.kv_norm, self.eps), pos)
+        k = self.rope.apply(v4_rms_norm(linear(x, self.w.wkv), self.w.kv_norm, self.eps), pos)
         row = x.new_zeros((T, cache.shape[1]))
         row[:, lay.part("window")] = k
         if self.comp is not None:

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from freetoken.kernels.linear import linear
-from freetoken.kernels.norm import rms_norm_reference
+from freetoken.layers.hyper_connections import v4_rms_norm
 from freetoken.layers.v4_rope import InterleavedRope
 
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
@@ -95,7 +95,7 @@ class Compressor:
             gate = torch.cat((gate[:, :m, :c], gate[:, m:, c:]), dim=1)
             gate[:, :m] = gate[:, :m].masked_fill((windows == 0)[:, None, None], float("-inf"))
         w = torch.softmax(gate, dim=1).to(kv.dtype)
-        pooled = rms_norm_reference((kv * w).sum(dim=1), self.norm.to(kv.dtype), self.eps)
+        pooled = v4_rms_norm((kv * w).sum(dim=1), self.norm, self.eps)
         return rope.apply(pooled, windows * m)
 
 

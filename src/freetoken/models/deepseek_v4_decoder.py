@@ -13,9 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from freetoken.cache.kv_pool import KVPool
-from freetoken.kernels.norm import rms_norm
 from freetoken.layers.attention import AttnBatch
-from freetoken.layers.hyper_connections import HyperConnection, HyperHead
+from freetoken.layers.hyper_connections import HyperConnection, HyperHead, v4_rms_norm
 from freetoken.layers.v4_attention import V4Attention
 from freetoken.layers.v4_moe import V4MoE
 from freetoken.models.decoder import DecoderLayer, DecoderModel
@@ -46,7 +45,7 @@ class V4DecoderModel(DecoderModel):
     def forward(self, input_ids: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
         h, x = self.embed_inputs(input_ids, batch)
         if not self.layers:
-            return rms_norm(self.head.collapse(h), self.final_norm, self.eps)
+            return v4_rms_norm(self.head.collapse(h), self.final_norm, self.eps)
         for i in range(len(self.layers)):
             h, x = self.block(i, h, x, batch, kv)
         return x
@@ -58,11 +57,11 @@ class V4DecoderModel(DecoderModel):
         assert layer.attn_hc is not None and layer.ffn_hc is not None and isinstance(layer.attn, V4Attention)
         assert isinstance(layer.ffn, V4MoE)
         post, comb, col = layer.attn_hc.weights(h)
-        out = layer.attn.forward(rms_norm(col, layer.attn_norm, self.eps), batch, kv)
+        out = layer.attn.forward(v4_rms_norm(col, layer.attn_norm, self.eps), batch, kv)
         h = HyperConnection.merge(h, out, post, comb)
         post, comb, col = layer.ffn_hc.weights(h)
-        out = layer.ffn.forward_ids(rms_norm(col, layer.ffn_norm, self.eps), batch.input_ids)
+        out = layer.ffn.forward_ids(v4_rms_norm(col, layer.ffn_norm, self.eps), batch.input_ids)
         h = HyperConnection.merge(h, out, post, comb)
         if i + 1 < len(self.layers):
             return h, h
-        return h, rms_norm(self.head.collapse(h), self.final_norm, self.eps)
+        return h, v4_rms_norm(self.head.collapse(h), self.final_norm, self.eps)
