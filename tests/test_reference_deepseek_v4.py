@@ -308,3 +308,15 @@ def test_yarn_compress_rope_matches(tmp_path):
     llm = _llm(tmp_path)
     assert_close_logits(llm.engine.score(ids), ref)
     assert_close_logits(llm.engine.score(ids, chunk=7), ref)
+
+
+def test_preempted_requests_keep_their_tokens(ckpt, freetoken_env):
+    """A KV pool too small for the batch: requests are preempted and resumed (their rows recomputed or reused from
+    the tree), and the tokens do not change."""
+    d, _, refs, _ = ckpt
+    freetoken_env("FREETOKEN_DEBUG", "1")
+    llm = _llm(d, page_size=4, kv_pages=14, max_batched_tokens=16)
+    outs = llm.generate([r.prompt for r in refs], PARAMS)
+    assert [o.token_ids for o in outs] == [r.tokens for r in refs]
+    llm.check_integrity()
+
