@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -233,13 +234,28 @@ def test_bad_tensors_are_refused_by_name(fresh, edit, match):
         ({"layer_types": None, "compress_ratios": [128, 4, 0, 16]}, r"compress_ratios \[16\] .* does not implement"),
         ({"swiglu_limit": 7.0}, r"swiglu_limit is 7.0"),
         ({"scoring_func": "relu"}, r"scoring_func 'relu'"),
+        ({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}},
+         r"quantization_config \(fp8\) is not supported for DeepSeek-V4 yet"),
     ],
-    ids=["hc_mult", "rate-vs-weights", "rate-zero", "legacy-ratio", "swiglu_limit", "scoring"],
+    ids=["hc_mult", "rate-vs-weights", "rate-zero", "legacy-ratio", "swiglu_limit", "scoring", "quantized"],
 )  # fmt: skip
 def test_bad_settings_are_refused_by_name(fresh, changes, match):
+    """Refused at load, and (what config.json alone shows) before a download (``loader/hub_support.py``)."""
+    from freetoken.loader.hub_support import support_of
+
     _edit_config(fresh, **changes)
     with pytest.raises(CheckpointError, match=match):
         _llm(fresh)
+    if "rows" not in match and "hc_mult" not in match:  # those two need the weights
+        s = support_of(fresh)
+        assert not s.served and re.search(match, s.reason), s.reason
+
+
+def test_served_from_config_alone(ckpt):
+    from freetoken.loader.hub_support import support_of
+
+    s = support_of(ckpt[0])
+    assert s.served and s.architecture == "DeepseekV4ForCausalLM", s.reason
 
 
 @pytest.mark.parametrize("backend,cache,fill", BACKENDS)

@@ -12,7 +12,6 @@ from collections.abc import Callable
 
 import torch
 
-from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.ftw_manifest import read_manifest
 from freetoken.checkpoint.hf_config import HFConfig
 from freetoken.checkpoint.quantization import check_supported
@@ -25,7 +24,7 @@ from freetoken.layers.v4_rope import InterleavedRope
 from freetoken.loader.ftw_load import read_ftw_banks
 from freetoken.models import deepseek_v4_blocks as blocks
 from freetoken.models.blocks import expert_reads
-from freetoken.models.deepseek_v4 import ACTIVATION, v4_config
+from freetoken.models.deepseek_v4 import ACTIVATION, check_format, v4_config
 from freetoken.models.deepseek_v4_decoder import V4DecoderModel, V4Layer
 
 log = logging.getLogger(__name__)
@@ -37,12 +36,10 @@ def build_deepseek_v4(
 ) -> object:  # fmt: skip
     """``loaded``: the ``LoadedModel`` constructor (kept in ``model_build.py``); ``weight_format``: its reader."""
     c = v4_config(hf)  # every switch refused by name before a weight is read
+    check_format(hf)
     ftw = read_manifest(hf.path)
     reader = SafetensorsReader(hf.path)
-    fmt = weight_format(reader, hf)
-    if fmt is not None:
-        raise CheckpointError(f"{hf.path / 'config.json'}: quantization_config is not supported for DeepSeek-V4 yet "
-                              "(bf16 / float checkpoints and FTW banks are)")  # fmt: skip
+    assert weight_format(reader, hf) is None
     skippable = ("*.rotary_emb.inv_freq", *blocks.MTP_PATTERNS)
     check_supported(hf.raw, reader, (*skippable, "*.gate.tid2eid"), None)  # integer tables: read by blocks.tid2eid
     w = CheckpointWeights(reader, device, dtype, None)

@@ -35,7 +35,12 @@ def support_of(directory: Path) -> Support:
     except QuantizationError as e:
         return Support(hf.architecture, "?", False, f"config.json: {e}")
     try:
-        get_family(hf.architecture, "config.json")
+        family = get_family(hf.architecture, "config.json")
+        if family.assembly == "deepseek_v4":  # its switches and format, as its loader checks them
+            from freetoken.models.deepseek_v4 import check_format, v4_config
+
+            v4_config(hf)
+            check_format(hf)
     except CheckpointError as e:
         return Support(hf.architecture, form, False, str(e))
     return Support(hf.architecture, form, True, "")

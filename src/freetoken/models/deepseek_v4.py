@@ -131,6 +131,15 @@ def _ropes(hf: HFConfig, rot: int) -> tuple[RopeConfig, RopeConfig]:
     return out[0], out[1]
 
 
+def check_format(hf: HFConfig) -> None:
+    """Refuse a quantised DeepSeek-V4 (its FP8 attention and FP4 experts as DeepSeek ships them are not read yet)."""
+    qc = hf.raw.get("quantization_config")
+    if qc:
+        method = qc.get("quant_method", "?") if isinstance(qc, dict) else "?"
+        raise _fail(hf, f"quantization_config ({method}) is not supported for DeepSeek-V4 yet: bf16 or float "
+                        "checkpoints and FTW banks are")  # fmt: skip
+
+
 def v4_config(hf: HFConfig) -> V4Config:
     """The switches, each refused by name where the engine does not implement it."""
     raw = hf.raw
