@@ -336,3 +336,23 @@ def test_preempted_requests_keep_their_tokens(ckpt, freetoken_env):
     assert [o.token_ids for o in outs] == [r.tokens for r in refs]
     llm.check_integrity()
 
+
+
+def test_deepseek_names_as_shipped(fresh, ckpt):
+    """DeepSeek's own names (no ``model.`` prefix; ``embed.weight``, ``norm.weight``, ``hc_head_fn``), as the
+    released checkpoint has them: read alike."""
+    _, _, refs, _ = ckpt
+
+    def bare(t: dict[str, torch.Tensor]) -> None:
+        for name in list(t):
+            new = name.removeprefix("model.").replace("embed_tokens.", "embed.").replace("hc_head.hc_", "hc_head_")
+            t[new] = t.pop(name)
+
+    _edit_tensors(fresh, bare)
+    from safetensors import safe_open
+
+    with safe_open(fresh / "model.safetensors", "pt") as f:
+        names = set(f.keys())
+    assert {"embed.weight", "norm.weight", "hc_head_fn", "layers.0.ffn.gate.tid2eid"} <= names
+    llm = _llm(fresh, "cpu")
+    assert_close_logits(llm.engine.score(refs[1].prompt), refs[1].prompt_logits)
