@@ -135,26 +135,38 @@ class V4Attention:
         self, cache: torch.Tensor, q: torch.Tensor, q_resid: torch.Tensor, x: torch.Tensor, p0: int, p1: int,
         slots: Slots,
     ) -> torch.Tensor:
-        """Queries at positions [p0, p1) ([n, H, d]) over the window and the entries they may see -> [n, H, d] f32."""
+        """Queries at positions [p0, p1) ([n, H, d]) over the window and the entries they may see -> [n, H, d] f32.
+        A CSA layer whose context holds more entries than the indexer keeps gathers each query's kept entries
+        ([n, topk, d]: the scores never span every entry times every head)."""
         dev, lay, W = cache.device, self.layout, self.window
         qpos = torch.arange(p0, p1, device=dev)
         kpos = torch.arange(max(0, p0 - W + 1), p1, device=dev)
-        keys = cache[slots(kpos), lay.part("window")]  # [Nk, d]
+        keys = cache[slots(kpos), lay.part("window")].float()  # [Nk, d]
         mask = (kpos[None] <= qpos[:, None]) & (kpos[None] > qpos[:, None] - W)  # [n, Nk]
+        s = torch.einsum("nhd,kd->nhk", q.float(), keys).masked_fill(~mask[:, None], float("-inf"))
+        kept: torch.Tensor | None = None  # [n, k, d] each query's own entries (CSA past topk)
         if self.comp is not None:
             m = self.comp.rate
             n_ent = p1 // m
             eslots = slots(torch.arange(n_ent, device=dev) * m + m - 1)
             seen = torch.arange(n_ent, device=dev)[None] < torch.div(qpos + 1, m, rounding_mode="floor")[:, None]
+            ent = cache[eslots, lay.part("entry")].float()  # [N, d]
             if self.indexer is not None and n_ent > self.indexer.topk:
                 iq, iw = self.indexer.queries(q_resid, x, qpos, self.rope)
                 sc = self.indexer.scores(iq, iw, cache[eslots, lay.part("ikey")]).masked_fill(~seen, float("-inf"))
-                top = sc.topk(self.indexer.topk, dim=-1).indices
-                seen = seen & torch.zeros_like(seen).scatter_(1, top, True)
-            keys = torch.cat((keys, cache[eslots, lay.part("entry")]))
-            mask = torch.cat((mask, seen), dim=1)
-        s = torch.einsum("nhd,kd->nhk", q.float(), keys.float()) * self.scale
-        s = s.masked_fill(~mask[:, None], float("-inf"))
+                top = sc.topk(self.indexer.topk, dim=-1).indices  # [n, k]
+                kept, seen = ent[top], seen.gather(1, top)
+                se = torch.einsum("nhd,nkd->nhk", q.float(), kept)
+            else:
+                se = torch.einsum("nhd,kd->nhk", q.float(), ent)
+                kept = ent
+            s = torch.cat((s, se.masked_fill(~seen[:, None], float("-inf"))), dim=-1)
+        s = s * self.scale
         sink = self.w.sinks.float().view(1, -1, 1).expand(s.shape[0], -1, 1)
         p = torch.softmax(torch.cat((s, sink), dim=-1), dim=-1)[..., :-1]
-        return torch.einsum("nhk,kd->nhd", p, keys.float())
+        Nk = keys.shape[0]
+        out = torch.einsum("nhk,kd->nhd", p[..., :Nk], keys)
+        if kept is not None:
+            pe = p[..., Nk:]
+            out = out + (torch.einsum("nhk,nkd->nhd", pe, kept) if kept.dim() == 3 else pe @ kept)
+        return out

@@ -28,6 +28,7 @@ from freetoken.layers.v4_rope import InterleavedRope
 
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
 KINDS = (SLIDING, CSA, HCA)
+HEADS_AT_ONCE = 8  # indexer heads scored together
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,12 @@ class Indexer:
 
     @staticmethod
     def scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        """q [n, Hi, di], w [n, Hi], keys [N, di] -> [n, N]: sum_h w_h relu(q_h . k)."""
-        s = torch.relu(torch.einsum("nhd,kd->nhk", q.float(), keys.float()))
-        return (s * w[..., None]).sum(dim=1)
+        """q [n, Hi, di], w [n, Hi], keys [N, di] -> [n, N]: sum_h w_h relu(q_h . k), HEADS_AT_ONCE heads at a time
+        (never [n, Hi, N] at once)."""
+        k, out = keys.float(), None
+        for h0 in range(0, q.shape[1], HEADS_AT_ONCE):
+            s = torch.relu(torch.einsum("nhd,kd->nhk", q[:, h0 : h0 + HEADS_AT_ONCE].float(), k))
+            part = (s * w[:, h0 : h0 + HEADS_AT_ONCE, None]).sum(dim=1)
+            out = part if out is None else out + part
+        assert out is not None
+        return out
