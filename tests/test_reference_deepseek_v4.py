@@ -356,3 +356,18 @@ def test_deepseek_names_as_shipped(fresh, ckpt):
     assert {"embed.weight", "norm.weight", "hc_head_fn", "layers.0.ffn.gate.tid2eid"} <= names
     llm = _llm(fresh, "cpu")
     assert_close_logits(llm.engine.score(refs[1].prompt), refs[1].prompt_logits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend,cache,fill", [("fused", None, None), ("hybrid", 0.5, 0.5)])
+def test_cuda_logits_and_greedy_tokens_match(ckpt, backend, cache, fill):
+    """The same on a GPU (fp32): the torch attention on CUDA, the Triton expert GEMMs under the dsv4 activation, decode
+    steps eager (``step_capturable`` False)."""
+    d, _, refs, full = ckpt
+    llm = LLM(model=str(d), device="cuda", dtype="float32", moe_backend=backend, expert_cache=cache, fill_fraction=fill)
+    for r, ref in zip(refs, full):
+        assert_close_logits(llm.engine.score(r.prompt), r.prompt_logits)
+        assert_close_logits(llm.engine.score(r.prompt + r.tokens, chunk=5), ref)
+    outs = llm.generate([r.prompt for r in refs], PARAMS)
+    assert [o.token_ids for o in outs] == [r.tokens for r in refs]
+    llm.check_integrity()
