@@ -125,22 +125,23 @@ def test_logits_and_greedy_tokens_match(ckpt, backend, cache, fill):
     llm.check_integrity()
 
 
-def test_prefix_reuse_after_an_edit(ckpt, freetoken_env):
+@pytest.mark.parametrize("S,at", [(8, 29), (4, 30)])  # reuse ends on an HCA window's edge (24), or inside one (28)
+def test_prefix_reuse_after_an_edit(ckpt, freetoken_env, S, at):
     """An edit in the middle of a context: reuse stops at its page; the windows and compressed entries of the
-    suffix are computed from the shared pages' rows."""
+    suffix are computed from the shared pages' rows (the window's keys, the raw rows of a compression window that
+    the edit cuts)."""
     d, model, _, _ = ckpt
     freetoken_env("FREETOKEN_DEBUG", "1")  # every cache checked after every step
-    S = 8
     history = torch.randint(3, 512, (40,), generator=torch.Generator().manual_seed(77)).tolist()
     edited = list(history)
-    edited[29] = (edited[29] + 1) % 500 + 3
+    edited[at] = (edited[at] + 1) % 500 + 3
     llm = _llm(d, page_size=S)
     first = llm.generate([history], PARAMS)[0].token_ids
     before = llm.stats()
     out = llm.generate([edited], PARAMS)[0].token_ids
     after = llm.stats()
-    assert after["prefix_tokens_reused"] - before["prefix_tokens_reused"] == 29 // S * S
-    assert after["prefill_tokens"] - before["prefill_tokens"] == len(edited) - 29 // S * S
+    assert after["prefix_tokens_reused"] - before["prefix_tokens_reused"] == at // S * S
+    assert after["prefill_tokens"] - before["prefill_tokens"] == len(edited) - at // S * S
     for ids, got in ((history, first), (edited, out)):
         ref = reference_greedy(model, ids, STEPS)
         assert ref.min_logit_margin > LOGIT_MARGIN
