@@ -25,7 +25,8 @@
 #                  --prefill (TTFT cold / warm +64, GB copied, the PCIe bound; 3 streams' ITL beside a 32k prefill)
 #   http           ft bench http: 4 streaming clients through a real ft serve process, 8k-token prompts, TTFT
 #   cpu            the CPU expert kernels: bench/cpu_kernel.py (bf16; 6 and 16 threads, called and queued, huge
-#                  pages; AVX2 forced) and bench/cpu_fp8.py (fp8 at 6 and 16 threads), beside the streaming read
+#                  pages; AVX2 forced) and bench/cpu_formats.py (fp8, MXFP4, NVFP4 at 6 and 16 threads; AVX2
+#                  forced at 16), beside the streaming read
 #   formats        ft bench bw per expert format (bf16, fp8_block, mxfp4, nvfp4) at 6 and 16 threads: B_H, copies
 #   kernels        GPU kernels alone: gemm_tiles.py, fp8_gemm.py, dnstep_time.py, hostckpt_copy.py
 #   contention     fills against the CPU kernel: contention.py (the kernel beside copies / the gather), gather_bw.py
@@ -148,8 +149,10 @@ stage_cpu() {
     --huge-pages on --queued
   run_logged 70 cpu_kernel_avx2 python3 bench/cpu_kernel.py --threads 16 --read-gib 2 --pool-gib 2 --iters 10 \
     --seq 12 --huge-pages on --isa avx2
-  run_logged 150 cpu_fp8 python3 bench/cpu_fp8.py --threads 6,16 --iters 7 --pool-gib 2 --read-gib 4
-  tables cpu_kernel cpu_kernel_avx2 cpu_fp8
+  run_logged 200 cpu_formats python3 bench/cpu_formats.py --threads 6,16 --iters 7 --pool-gib 2 --read-gib 4
+  run_logged 100 cpu_formats_avx2 python3 bench/cpu_formats.py --threads 16 --iters 5 --pool-gib 2 --read-gib 2 \
+    --isa avx2
+  tables cpu_kernel cpu_kernel_avx2 cpu_formats cpu_formats_avx2
 }
 
 stage_formats() {  # the CPU kernel's B_H and the copies per expert format (packed bytes), 6 and 16 threads

@@ -187,6 +187,9 @@ PRESETS: dict[str, MoEShape] = {
         # GLM-5: 78 layers, the first 3 dense (12288); 256 experts of 2048 + 1 shared; FP8. 6 layers: 31 GB.
         MoEShape("glm-5", 6144, 2048, 256, 8, 75, "GLM-5 (FP8): MLA + sparse attention (top 2048), 64 heads",
                  "fp8_block", frontier=GLM_5, e2e_layers=6),
+        # Gemma-4 26B-A4B: 30 layers, each a dense MLP beside 128 experts of 704, top-8 (D 2816; transformers 5.23's
+        # Gemma4TextConfig names the release, public configs give the sizes). Its experts only: e2e writes a Qwen3-MoE
+        MoEShape("gemma-4", 2816, 704, 128, 8, 30, "Gemma-4 26B-A4B's routed experts (bf16), e2e not its layers"),
     )
 }
 

@@ -23,8 +23,9 @@ TOOL_PARSERS: dict[str, str] = {
     "minimax_m2": "freetoken.chat.tools.minimax",
     "kimi_k2": "freetoken.chat.tools.kimi",
     "harmony": "freetoken.chat.harmony",
+    "gemma4": "freetoken.chat.tools.gemma4",
 }
-REASONING_PARSERS: tuple[str, ...] = ("think", "harmony")
+REASONING_PARSERS: tuple[str, ...] = ("think", "harmony", "gemma4")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ FAMILIES: dict[str, Family] = {
     "glm45": Family("glm45", "think"),
     "minimax_m2": Family("minimax_m2", "think"),
     "kimi_k2": Family("kimi_k2", "think"),
+    "gemma4": Family("gemma4", "gemma4"),
 }
 ALIASES: dict[str, str] = {
     "harmony": "gpt_oss",
@@ -68,6 +70,8 @@ MODEL_TYPES: dict[str, str] = {
     "glm_moe_dsa": "glm45",  # GLM-5: GLM-4.7's template and tool calls
     "minimax_m2": "minimax_m2",
     "kimi_k2": "kimi_k2",
+    "gemma4": "gemma4",
+    "gemma4_text": "gemma4",
 }
 
 
@@ -96,6 +100,8 @@ def detect_family(model_type: str | None = None, chat_template: str | None = Non
     """Family from the chat template's markup first (it is what the model was taught), then from
     the HF `model_type`; None when nothing matches (plain text output)."""
     t = chat_template or ""
+    if "<|tool_call>" in t or "<|channel>thought" in t:
+        return "gemma4"
     if "<|channel|>" in t:
         return "gpt_oss"
     if "<|tool_calls_section_begin|>" in t:
@@ -130,7 +136,7 @@ def make_stream_parser(
     `tool_parser` / `reasoning_parser` ("none" disables) override the family's halves."""
     from freetoken.chat.chained import ChainedStreamParser, PassthroughStreamParser
     from freetoken.chat.harmony import HarmonyStreamParser
-    from freetoken.chat.reasoning.think import ThinkReasoningParser
+    from freetoken.chat.reasoning.think import GEMMA4_TAGS, ThinkReasoningParser
     from freetoken.chat.tools.base import ToolCallParser
 
     fam = resolve_family(family) if family else Family(None, None)
@@ -142,6 +148,8 @@ def make_stream_parser(
         return PassthroughStreamParser()
     fmt = importlib.import_module(TOOL_PARSERS[tp]).FORMAT if tp and tools else None
     think = ThinkReasoningParser(starts_in_reasoning) if rp == "think" else None
+    if rp == "gemma4":
+        think = ThinkReasoningParser(starts_in_reasoning, GEMMA4_TAGS)
     return ChainedStreamParser(think, ToolCallParser(fmt, tools, id_factory), reasoning)
 
 

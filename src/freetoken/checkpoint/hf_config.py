@@ -137,7 +137,7 @@ def load_hf_config(directory: str | Path) -> HFConfig:
             attention_bias=bool(raw.get("attention_bias", raw.get("qkv_bias", False))),
             sliding_window=_sliding_window(raw),
             num_experts=num_experts,
-            top_k=int(raw.get("num_experts_per_tok", 0) or 0),
+            top_k=int(raw.get("num_experts_per_tok", raw.get("top_k_experts", 0)) or 0),  # Gemma-4: top_k_experts
             moe_intermediate_size=moe_inter,
             norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
             # Qwen2-MoE names the shared expert's width; DeepSeek-style configs count shared experts of the routed width

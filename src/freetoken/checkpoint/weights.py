@@ -46,8 +46,10 @@ class CheckpointWeights:
     def __contains__(self, name: str) -> bool:
         return self.resolve(name) in self.reader
 
-    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> torch.Tensor:
-        """Tensor ``name`` of ``shape`` in the compute dtype (or ``dtype``), on the compute device."""
+    def get(
+        self, name: str, shape: tuple[int, ...], dtype: torch.dtype | None = None, device: torch.device | None = None
+    ) -> torch.Tensor:
+        """Tensor ``name`` of ``shape`` in the compute dtype (or ``dtype``), on the compute device (or ``device``)."""
         packed = self.is_packed(name)
         name = self.resolve(name)
         got = self.reader.shape(name)
@@ -62,8 +64,8 @@ class CheckpointWeights:
         if packed:
             assert self.layout is not None
             w = self.layout.dequantize(self.reader.read(name), self._bank_scale(name), dtype or self.dtype)
-            return w.to(self.device)
-        return self.reader.read(name, dtype or self.dtype).to(self.device)
+            return w.to(device or self.device)
+        return self.reader.read(name, dtype or self.dtype).to(device or self.device)
 
     def opt(self, name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
         return self.get(name, shape) if name in self else None

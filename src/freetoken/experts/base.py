@@ -15,7 +15,7 @@ import torch
 from freetoken.hardware.huge_pages import advise_huge_pages
 from freetoken.quant import BF16, WeightFormat
 
-ACTIVATIONS = ("silu", "gptoss", "dsv4")
+ACTIVATIONS = ("silu", "gptoss", "gelu_tanh", "dsv4")
 
 
 @dataclass

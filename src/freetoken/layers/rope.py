@@ -1,4 +1,4 @@
-"""Rotary position embeddings (default, linear, llama3, yarn), rotate-half convention."""
+"""Rotary position embeddings (default, linear, llama3, yarn, proportional), rotate-half convention."""
 
 from __future__ import annotations
 
@@ -12,6 +12,11 @@ from freetoken.checkpoint.hf_config import RopeConfig
 def inv_freq_and_scale(rope: RopeConfig, head_dim: int, max_pos: int) -> tuple[torch.Tensor, float]:
     """Returns the inverse frequencies [head_dim/2] and the attention scaling of cos/sin."""
     base = rope.theta
+    if rope.kind == "proportional":  # Gemma-4's full layers: a share of the frequencies, exponents over the whole
+        # head; the rest 0 (cos 1, sin 0: those dims pass unrotated); rotate-half over the whole head
+        angles = int(float(rope.params.get("partial_rotary_factor", 1.0)) * head_dim // 2)
+        rot = 1.0 / (base ** (torch.arange(0, 2 * angles, 2, dtype=torch.int64).float() / head_dim))
+        return torch.cat((rot, torch.zeros(head_dim // 2 - angles))) / float(rope.params.get("factor", 1.0)), 1.0
     dim = int(head_dim * float(rope.params.get("partial_rotary_factor", 1.0)))
     inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     p = rope.params
@@ -30,7 +35,7 @@ def inv_freq_and_scale(rope: RopeConfig, head_dim: int, max_pos: int) -> tuple[t
         return torch.where(is_mid, mid, scaled), 1.0
     if rope.kind == "yarn":
         return _yarn(inv, base, dim, p, max_pos)
-    raise ValueError(f"unsupported rope type {rope.kind!r} (supported: default, linear, llama3, yarn)")
+    raise ValueError(f"unsupported rope type {rope.kind!r} (supported: default, linear, llama3, yarn, proportional)")
 
 
 def yarn_mscale(factor: float, mscale: float = 1.0) -> float:

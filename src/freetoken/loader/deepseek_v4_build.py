@@ -22,7 +22,9 @@ from freetoken.experts.reference import DSV4_LIMIT
 from freetoken.layers.v4_moe import V4MoE
 from freetoken.layers.v4_rope import InterleavedRope
 from freetoken.loader.ftw_load import read_ftw_banks
+from freetoken.loader.model_build import LoadedModel, weight_format
 from freetoken.models import deepseek_v4_blocks as blocks
+from freetoken.models.base import Family
 from freetoken.models.blocks import expert_reads
 from freetoken.models.deepseek_v4 import ACTIVATION, check_format, v4_config
 from freetoken.models.deepseek_v4_decoder import V4DecoderModel, V4Layer
@@ -30,13 +32,25 @@ from freetoken.models.deepseek_v4_decoder import V4DecoderModel, V4Layer
 log = logging.getLogger(__name__)
 
 
-def build_deepseek_v4(
-    hf: HFConfig, device: torch.device, dtype: torch.dtype, make_backend: Callable[[ExpertBanks], ExpertBackend],
-    max_positions: int, verify: str, loaded: Callable[..., object], weight_format: Callable[..., object],
-) -> object:  # fmt: skip
-    """``loaded``: the ``LoadedModel`` constructor (kept in ``model_build.py``); ``weight_format``: its reader."""
-    c = v4_config(hf)  # every switch refused by name before a weight is read
+def check_config(hf: HFConfig) -> None:
+    """Every switch and the weight format refused by name from config.json alone (``hub_support.py`` asks too)."""
+    v4_config(hf)
     check_format(hf)
+
+
+def checkpoint_family(reader: SafetensorsReader) -> Family:
+    """The family as this checkpoint names its tensors (``ftw_convert.py`` reads its experts by it)."""
+    return blocks.V4Names(CheckpointWeights(reader, torch.device("cpu"), torch.float32)).family()
+
+
+def build_model(
+    hf: HFConfig, family: Family, device: torch.device, dtype: torch.dtype,
+    make_backend: Callable[[ExpertBanks], ExpertBackend], max_positions: int, verify: str = "background",
+) -> LoadedModel:  # fmt: skip
+    """``model_build.build_model`` hands DeepSeek-V4 here (``Family.build``); ``family`` gives way to the one named
+    after this checkpoint's own tensor names (``V4Names.family``)."""
+    check_config(hf)  # before a weight is read
+    c = v4_config(hf)
     ftw = read_manifest(hf.path)
     reader = SafetensorsReader(hf.path)
     assert weight_format(reader, hf) is None
@@ -44,7 +58,7 @@ def build_deepseek_v4(
     check_supported(hf.raw, reader, (*skippable, "*.gate.tid2eid"), None)  # integer tables: read by blocks.tid2eid
     w = CheckpointWeights(reader, device, dtype, None)
     names = blocks.V4Names(w)
-    family = names.family()
+    family = names.family()  # DeepSeek's names as shipped or transformers'
     D, V, E = hf.hidden_size, hf.vocab_size, hf.num_experts
     ropes = tuple(InterleavedRope(r, c.rot, max_positions, device) for r in (c.main_rope, c.compress_rope))
     layers: list[V4Layer] = []
@@ -85,4 +99,4 @@ def build_deepseek_v4(
         assert isinstance(layer.ffn, V4MoE)
         layer.ffn.backend = backend
     model = V4DecoderModel(embed, layers, final_norm, lm_head, hf.rms_eps, head, c.streams)
-    return loaded(hf, model, banks, backend, hf.num_layers, None, check)
+    return LoadedModel(hf, model, banks, backend, hf.num_layers, None, check)

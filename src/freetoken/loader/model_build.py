@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib import import_module
 
 import torch
 
@@ -69,7 +70,7 @@ def weight_format(reader: SafetensorsReader, hf: HFConfig) -> WeightFormat | Non
         raise CheckpointError(f"{reader.directory}: {exc}") from exc
 
 
-def _expert_format(
+def expert_format(
     w: CheckpointWeights, fmt: WeightFormat | None, reads: list[ExpertRead], hf: HFConfig
 ) -> WeightFormat:
     """The routed experts' bank format: ``fmt`` when they are stored packed, bf16 when not; refused when they mix
@@ -99,6 +100,14 @@ def _gated_experts(banks: ExpertBanks, family: Family, ffns: Sequence[object]) -
     banks.gate_up_bias = torch.cat(biases).contiguous()
 
 
+def family_hook(family: Family, name: str) -> Callable[..., object] | None:
+    """The function ``name`` of the family's own assembly module (``Family.build``), where it has one: its
+    ``build_model``; ``check_config(hf)``, config.json refused by name before any weight; ``checkpoint_family(reader)``,
+    the family as this checkpoint names its tensors (DeepSeek-V4)."""
+    fn: Callable[..., object] | None = getattr(import_module(family.build), name, None) if family.build else None
+    return fn
+
+
 def build_model(
     hf: HFConfig,
     family: Family,
@@ -108,10 +117,9 @@ def build_model(
     max_positions: int,
     verify: str = "background",
 ) -> LoadedModel:
-    if family.assembly == "deepseek_v4":  # residual streams and compressed attention: its own assembly
-        from freetoken.loader.deepseek_v4_build import build_deepseek_v4
-
-        built = build_deepseek_v4(hf, device, dtype, make_backend, max_positions, verify, LoadedModel, weight_format)
+    own = family_hook(family, "build_model")
+    if own is not None:  # a family with its own assembly (Gemma-4, DeepSeek-V4)
+        built = own(hf, family, device, dtype, make_backend, max_positions, verify)
         assert isinstance(built, LoadedModel)
         return built
     ftw = read_manifest(hf.path)  # FTW: the routed experts come pre-banked, the rest is safetensors as usual
@@ -167,7 +175,7 @@ def build_model(
         _gated_experts(banks, family, [p[3] for p in parts])
         backend = make_backend(banks)
     elif moe_ids:
-        efmt = _expert_format(w, fmt, reads, hf)
+        efmt = expert_format(w, fmt, reads, hf)
         banks = ExpertBanks.empty(len(moe_ids), hf.num_experts, D, hf.moe_intermediate_size, dtype, efmt)
         banks.top_k = hf.top_k
         total = sum(getattr(banks, bank)[index].nbytes for _, bank, index, _, _ in reads)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from freetoken.checkpoint.errors import CheckpointError
+from freetoken.checkpoint.gemma4_config import gemma4_config, is_gemma4
 from freetoken.checkpoint.hf_config import HFConfig
 
 FULL, LINEAR, SLIDING = "full_attention", "linear_attention", "sliding_attention"
@@ -41,6 +42,13 @@ def kv_geometry(hf: HFConfig) -> KVGeometry:
     by the indexer's key of ``index_head_dim``."""
     if hf.architecture == "DeepseekV4ForCausalLM":
         return KVGeometry(1, v4_row_width(hf), 0)
+    if is_gemma4(hf):  # its full layers' (its sliding layers keep rings): one geometry for all, checked here
+        geos = {(lay.kv_heads, lay.head_dim) for lay in gemma4_config(hf).layers if lay.kind == FULL}
+        if len(geos) != 1:
+            raise CheckpointError(f"{hf.path / 'config.json'}: Gemma-4 full-attention layers of differing KV heads or "
+                                  f"head dims ({sorted(geos)}) are not supported")  # fmt: skip
+        (heads, dim), = geos
+        return KVGeometry(heads, dim, dim)
     if hf.raw.get("kv_lora_rank"):
         index = _raw_int(hf, "index_head_dim") if "index_topk" in hf.raw else 0  # DSA: the indexer's key beside it
         return KVGeometry(1, _raw_int(hf, "kv_lora_rank") + _raw_int(hf, "qk_rope_head_dim") + index, 0)
@@ -125,6 +133,9 @@ def model_bytes(
     kv_layers, linear = layer_counts(hf, full_attention_interval)
     rings = ring_layer_count(hf) if window_ring else 0
     kv_layers -= rings
+    if is_gemma4(hf):  # KV-shared layers keep nothing: they read an earlier layer's KV
+        g = gemma4_config(hf)
+        kv_layers, rings = len(g.kv_layers(FULL)), len(g.kv_layers(SLIDING))
     kv = kv_layers * kv_geometry(hf).per_token * dtype_bytes
     state = linear * state_bytes_per_layer(hf, dtype_bytes) if linear else 0
     state += rings * ring_bytes_per_layer(hf, dtype_bytes)

@@ -52,15 +52,16 @@ class DecoderModel:
         if not self.layers:
             h = F.embedding(input_ids, self.embed)
             return rms_norm(h, self.final_norm, self.eps)
-        h, x = embed_rms_norm(input_ids, self.embed, self.layers[0].attn_norm, self.eps)
+        h, x = self.start(input_ids, batch)
         for i in range(len(self.layers)):
             h, x = self.block(i, h, x, batch, kv)
         return x
 
-    def embed_inputs(self, input_ids: torch.Tensor, batch: AttnBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """A chunk's embeddings: the residual ``h`` and its norm ``x`` for layer 0 (layer-major passes start here)."""
-        h = F.embedding(input_ids, self.embed)
-        return h, rms_norm(h, self.layers[0].attn_norm, self.eps)
+    def start(self, input_ids: torch.Tensor, batch: AttnBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """A chunk's entry: the residual before the first layer and it normed for that layer (``forward`` and
+        layer-major passes start here; a family may scale it, widen it or set per-step inputs on ``batch``: Gemma-4,
+        DeepSeek-V4)."""
+        return embed_rms_norm(input_ids, self.embed, self.layers[0].attn_norm, self.eps)
 
     def block(
         self, i: int, h: torch.Tensor, x: torch.Tensor, batch: AttnBatch, kv: KVPool

@@ -26,7 +26,7 @@ from freetoken.models.base import Family, Naming
 FAMILY = Family(
     architectures=("DeepseekV4ForCausalLM",),
     naming=Naming(shared_expert="shared_experts."),
-    assembly="deepseek_v4",
+    build="freetoken.loader.deepseek_v4_build",
 )
 ACTIVATION = "dsv4"  # the routed experts' clamped SiLU by its kernel name (``experts/reference.py``)
 LEGACY_RATIOS = {0: SLIDING, 4: CSA, 128: HCA}  # ``compress_ratios`` as transformers reads them

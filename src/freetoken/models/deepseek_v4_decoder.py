@@ -1,4 +1,4 @@
-"""DeepSeek-V4's decoder: the ``DecoderModel`` contract (``forward``, ``block``, ``embed_inputs``, ``logits``) over
+"""DeepSeek-V4's decoder: the ``DecoderModel`` contract (``forward``, ``start``, ``block``, ``logits``) over
 ``n`` residual streams (``layers/hyper_connections.py``). The residual ``h`` is [T, n, D] (the embedding copied into
 every stream); each layer collapses the streams into its attention's input and spreads its output back, then the same
 around its MoE (routed by token id on the hash layers: the ids ride on the batch); after the last layer the head
@@ -36,14 +36,14 @@ class V4DecoderModel(DecoderModel):
         super().__init__(embed, list(layers), final_norm, lm_head, eps)
         self.v4_layers, self.head, self.streams = layers, head, streams
 
-    def embed_inputs(self, input_ids: torch.Tensor, batch: AttnBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def start(self, input_ids: torch.Tensor, batch: AttnBatch) -> tuple[torch.Tensor, torch.Tensor]:
         batch.input_ids = input_ids
         h = F.embedding(input_ids, self.embed)[:, None].expand(-1, self.streams, -1).contiguous()  # [T, n, D]
         return h, h
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
-        h, x = self.embed_inputs(input_ids, batch)
+        h, x = self.start(input_ids, batch)
         if not self.layers:
             return v4_rms_norm(self.head.collapse(h), self.final_norm, self.eps)
         for i in range(len(self.layers)):

@@ -50,7 +50,7 @@ class LayerMajorPass:
         """Layer ``self.layer`` (attention, then its MLP or MoE) over chunk ``self.chunk``."""
         m, c = self.model, self.chunk
         if self.layer == 0:  # embeddings when a chunk first comes
-            h, x = m.embed_inputs(self._ids[c], self.batches[c])
+            h, x = m.start(self._ids[c], self.batches[c])
             self.h.append(h)
             self.x.append(x)
         self.h[c], self.x[c] = m.block(self.layer, self.h[c], self.x[c], self.batches[c], self.kv)

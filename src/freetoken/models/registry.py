@@ -25,6 +25,8 @@ _FAMILIES: dict[str, str] = {
     "DeepseekV32ForCausalLM": "freetoken.models.deepseek_v32",
     "GlmMoeDsaForCausalLM": "freetoken.models.glm_moe_dsa",
     "GptOssForCausalLM": "freetoken.models.gpt_oss",
+    "Gemma4ForCausalLM": "freetoken.models.gemma4",
+    "Gemma4ForConditionalGeneration": "freetoken.models.gemma4:VL_FAMILY",
     "DeepseekV4ForCausalLM": "freetoken.models.deepseek_v4",
 }
 

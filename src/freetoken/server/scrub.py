@@ -9,7 +9,7 @@ import importlib
 from typing import Any
 
 from freetoken.chat import events as ev
-from freetoken.chat.reasoning.think import CLOSE, OPEN
+from freetoken.chat.reasoning.think import CLOSE, GEMMA4_TAGS, OPEN
 from freetoken.chat.registry import TOOL_PARSERS
 from freetoken.chat.tokenize import special_token_strings
 
@@ -19,7 +19,7 @@ CALL_EVENTS = (ev.ToolCallStart, ev.ToolCallArgsDelta, ev.ToolCallEnd)
 def markup_tags(tool_parser: str | None, reasoning_parser: str | None, tokenizer: Any = None) -> list[str]:
     """The tags of the family's reasoning block and tool calls (harmony's channels are its parser's own), and the
     tokenizer's special tokens (``<|im_start|>`` and the like: chat markup, never an answer's text)."""
-    tags = [OPEN, CLOSE] if reasoning_parser == "think" else []
+    tags = [OPEN, CLOSE] if reasoning_parser == "think" else list(GEMMA4_TAGS) if reasoning_parser == "gemma4" else []
     if tokenizer is not None:
         tags += special_token_strings(tokenizer)
     if tool_parser and tool_parser != "harmony":

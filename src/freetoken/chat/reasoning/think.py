@@ -1,4 +1,5 @@
-"""`<think>…</think>` reasoning (Qwen3, DeepSeek-R1/V3.1, GLM-4.5/4.6, MiniMax-M2).
+"""`<think>…</think>` reasoning (Qwen3, DeepSeek-R1/V3.1, GLM-4.5/4.6, MiniMax-M2); Gemma-4's
+`<|channel>thought\n…<channel|>` likewise (``GEMMA4_TAGS``).
 
 Output may open with `<think>` (the model writes it) or start inside the block (the template put
 `<think>` at the end of the prompt: `starts_in_reasoning`); then only `</think>` appears, and a
@@ -11,6 +12,7 @@ from freetoken.chat.scan import split_safe
 
 OPEN = "<think>"
 CLOSE = "</think>"
+GEMMA4_TAGS = ("<|channel>thought\n", "<channel|>")  # Gemma-4's thought channel (opener, closer)
 
 # A segment of raw model text: (is_reasoning, text).
 Segment = tuple[bool, str]
@@ -22,7 +24,8 @@ def prompt_opens_reasoning(prompt: str) -> bool:
 
 
 class ThinkReasoningParser:
-    def __init__(self, starts_in_reasoning: bool) -> None:
+    def __init__(self, starts_in_reasoning: bool, tags: tuple[str, str] = (OPEN, CLOSE)) -> None:
+        self._open, self._close = tags
         # "start": an opener may still come; "reasoning"; "content" (final, pass-through).
         self._state = "start"
         self._in_reasoning_at_start = starts_in_reasoning
@@ -33,15 +36,15 @@ class ThinkReasoningParser:
         out: list[Segment] = []
         if self._state == "start":
             head = self._buf.lstrip()
-            if head.startswith(OPEN):
-                self._buf = head[len(OPEN) :]
+            if head.startswith(self._open):
+                self._buf = head[len(self._open) :]
                 self._state = "reasoning"
-            elif OPEN.startswith(head):
+            elif self._open.startswith(head):
                 return out  # empty, whitespace or a partial opener: undecided
             else:
                 self._state = "reasoning" if self._in_reasoning_at_start else "content"
         if self._state == "reasoning":
-            before, tag, rest = split_safe(self._buf, [CLOSE])
+            before, tag, rest = split_safe(self._buf, [self._close])
             if before:
                 out.append((True, before))
             if tag is None:

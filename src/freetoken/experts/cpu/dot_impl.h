@@ -110,6 +110,9 @@ static inline float activate(int32_t act, float g, float u) {
     u = fmax_(-7.f, fmin_(u, 7.f));
     return (u + 1.f) * (g / (1.f + __builtin_expf(-1.702f * g)));
   }
+  if (act == ACT_GELU_TANH) {  // Gemma-4: gelu_pytorch_tanh(g) * u
+    return 0.5f * g * (1.f + __builtin_tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u;
+  }
   if (act == ACT_DSV4) {  // DeepSeek-V4: SiLU with the gate clamped above at 10, up to [-10, 10]
     g = fmin_(g, 10.f);
     u = fmax_(-10.f, fmin_(u, 10.f));

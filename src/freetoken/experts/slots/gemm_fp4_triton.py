@@ -94,7 +94,7 @@ def _gate_up_fp4_kernel(
     D: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, KIND: tl.constexpr, SROW: tl.constexpr,
     HAS_BIAS: tl.constexpr = False,  # gate/up biases by eid ``bias`` [N, 2I] float32 (gpt-oss)
-    ACT: tl.constexpr = 0,  # ``ACTIVATIONS``' index: 0 SiLU, 1 gpt-oss's clamped one, 2 DeepSeek-V4's clamped SiLU
+    ACT: tl.constexpr = 0,  # ``ACTIVATIONS``' index: 0 SiLU, 1 gpt-oss's, 2 Gemma-4's GELU(tanh), 3 DeepSeek-V4's
 ):  # fmt: skip
     g = tl.program_id(0)
     nt = tl.program_id(1)

@@ -80,7 +80,7 @@ def _gate_up_kernel(
     GROUP: tl.constexpr,  # group the K routes ``ids`` here (every program, in registers; slot = eid), no tables read
     KB: tl.constexpr,
     HAS_BIAS: tl.constexpr = False,  # gate/up biases by eid ``bias`` [N, 2I] float32 (gpt-oss)
-    ACT: tl.constexpr = 0,  # ``ACTIVATIONS``' index: 0 SiLU, 1 gpt-oss's clamped one, 2 DeepSeek-V4's clamped SiLU
+    ACT: tl.constexpr = 0,  # ``ACTIVATIONS``' index: 0 SiLU, 1 gpt-oss's, 2 Gemma-4's GELU(tanh), 3 DeepSeek-V4's
 ):
     g = tl.program_id(0)
     nt = tl.program_id(1)
@@ -139,9 +139,13 @@ def _gate_up_kernel(
 
 @triton.jit
 def gated_activation(g, u, ACT: tl.constexpr):
-    """SiLU-gated (0); gpt-oss's (1): gate clamped above at 7, up to [-7, 7], ``(u + 1) * g * sigmoid(1.702 g)``;
-    DeepSeek-V4's (2): SiLU-gated with the gate clamped above at 10 and up to [-10, 10]."""
+    """By ``ACTIVATIONS``' index: SiLU-gated (0); gpt-oss's (1): gate clamped above at 7, up to [-7, 7],
+    ``(u + 1) * g * sigmoid(1.702 g)``; Gemma-4's (2) ``gelu_tanh(g) * u`` (tanh(z) = 2 sigmoid(2z) - 1); DeepSeek-V4's
+    (3): SiLU-gated with the gate clamped above at 10 and up to [-10, 10]."""
     if ACT == 2:
+        z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        return 0.5 * g * (2.0 / (1.0 + tl.exp(-2.0 * z))) * u
+    if ACT == 3:
         g = tl.minimum(g, 10.0)
         u = tl.minimum(tl.maximum(u, -10.0), 10.0)
     if ACT == 1:
