@@ -48,7 +48,7 @@ def _tol(ref: torch.Tensor, dtype: torch.dtype) -> float:
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("activation", ["silu", "gptoss", "gelu_tanh"])
+@pytest.mark.parametrize("activation", ["silu", "gptoss", "gelu_tanh", "dsv4"])
 def test_matches_reference(isa: str, dtype: torch.dtype, activation: str) -> None:
     _lib_or_skip()
     if not _supported(isa):

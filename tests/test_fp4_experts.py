@@ -5,6 +5,8 @@ and the fill kernel copying FP4 banks."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -29,12 +31,17 @@ def make_fp4_banks(fmt: WeightFormat, L: int, E: int, seed: int) -> ExpertBanks:
     return ExpertBanks(gu, dn, L, E, fmt=fmt, gate_up_scale=gus, down_scale=dns)
 
 
-def _fp4_case(fmt: WeightFormat, T: int, E: int, seed: int, device: str = "cpu", gptoss: bool = False):
-    """gptoss: gate/up biases by eid and the clamped activation, inputs wide enough that its clamps bind."""
+def _fp4_case(
+    fmt: WeightFormat, T: int, E: int, seed: int, device: str = "cpu", gptoss: bool = False, activation: str = "silu"
+):
+    """gptoss: gate/up biases by eid and the clamped activation, inputs wide enough that its clamps bind; activation:
+    another one without biases (on inputs as wide)."""
     g = torch.Generator().manual_seed(seed)
     banks = make_fp4_banks(fmt, 1, E, seed)
-    x = torch.randn(T, D, generator=g) * (6.0 if gptoss else 1.0)
-    act = ExpertAct("gptoss", torch.randn(E, 2 * I, generator=g).to(device)) if gptoss else None
+    x = torch.randn(T, D, generator=g) * (6.0 if gptoss or activation != "silu" else 1.0)
+    act = ExpertAct("gptoss", torch.randn(E, 2 * I, generator=g).to(device)) if gptoss else ExpertAct.of(
+        activation, None, torch.device(device)
+    )
     ids = torch.rand(T, E, generator=g).argsort(dim=1)[:, :K_TOP]
     w = torch.softmax(torch.randn(T, K_TOP, generator=g), dim=-1)
     groups = group_routes(ids.reshape(-1), E)
@@ -46,7 +53,8 @@ def _fp4_case(fmt: WeightFormat, T: int, E: int, seed: int, device: str = "cpu",
     on = slot[groups.route_group] >= 0
     w_on = torch.where(on.view(T, K_TOP), w, torch.zeros_like(w))
     gu, dn = banks.dequantized(slice(None), torch.float32)
-    ref = moe_reference(x, ids, w_on, gu, dn, None if act is None else ExpertAct("gptoss", act.gate_up_bias.cpu()))
+    bias = None if act is None or act.gate_up_bias is None else act.gate_up_bias.cpu()
+    ref = moe_reference(x, ids, w_on, gu, dn, None if act is None else ExpertAct(act.name, bias))
     if gptoss:  # the clamps bind: gate above 7, up outside [-7, 7], on some routes
         pre = torch.einsum("td,efd->tef", x, gu) + act.gate_up_bias.cpu()
         assert float(pre[..., :I].max()) > 7.0 and float(pre[..., I:].abs().max()) > 7.0
@@ -99,6 +107,21 @@ def test_fp4_triton_gpt_oss_in_interpreter(fmt: str, T: int) -> None:
     x, groups, slot, w, sw, ref = _fp4_case(FORMATS[fmt], T, 12, seed=10 + T, gptoss=True)
     out = grouped_experts_fp4_triton(x, groups, slot, w, sw, 12)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4)
+
+
+@TRITON_INTERPRETER
+@pytest.mark.parametrize("activation", ["gelu_tanh", "dsv4"])
+@pytest.mark.parametrize("T", [1, 40])
+def test_fp4_triton_activations_in_interpreter(activation: str, T: int) -> None:
+    """Gemma-4's GELU(tanh) and DeepSeek-V4's clamped SiLU in the FP4 kernel (its ``ACT`` index), against the
+    kernel under plain SiLU (which differs from it on these inputs)."""
+    from freetoken.experts.slots.gemm_fp4_triton import grouped_experts_fp4_triton
+
+    x, groups, slot, w, sw, ref = _fp4_case(MXFP4, T, 12, seed=20 + T, activation=activation)
+    out = grouped_experts_fp4_triton(x, groups, slot, w, sw, 12)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4)
+    silu = grouped_experts_fp4_triton(x, groups, slot, w, replace(sw, act=None), 12)
+    assert not torch.allclose(silu, ref, rtol=1e-5, atol=1e-3)
 
 
 @pytest.mark.gpu

@@ -51,7 +51,19 @@ def test_triton_kernels_compile(arch: int) -> None:
             gemm_triton._gate_up_kernel,
             {"x": "*bf16", "gu": "*bf16", "h": "*fp32", **groups, **grouping},
             {"D": 2880, "I": 2880, "TOPK": 4, "BM": 16, "BN": 32, "BK": 128, "PREC": "tf32", "GROUP": True, "KB": 16,
-             "HAS_BIAS": True, "GPTOSS": True},  # fmt: skip
+             "HAS_BIAS": True, "ACT": 1},  # fmt: skip
+        ),
+        (  # DeepSeek-V4's experts: the clamped SiLU
+            gemm_triton._gate_up_kernel,
+            {"x": "*bf16", "gu": "*bf16", "h": "*fp32", **groups, **grouping},
+            {"D": 4096, "I": 2048, "TOPK": 6, "BM": 16, "BN": 32, "BK": 128, "PREC": "tf32", "GROUP": True, "KB": 16,
+             "ACT": 3},  # fmt: skip
+        ),
+        (  # Gemma-4's experts: the GELU(tanh)-gated activation
+            gemm_triton._gate_up_kernel,
+            {"x": "*bf16", "gu": "*bf16", "h": "*fp32", **groups, **grouping},
+            {"D": 2816, "I": 704, "TOPK": 8, "BM": 16, "BN": 64, "BK": 64, "PREC": "tf32", "GROUP": True, "KB": 32,
+             "ACT": 2},  # fmt: skip
         ),
         (
             gemm_triton._down_kernel,

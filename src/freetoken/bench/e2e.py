@@ -55,6 +55,9 @@ def checkpoint(args: argparse.Namespace) -> Path:
     if args.model:
         return Path(args.model)
     shape = get_preset(args.preset)
+    if shape.dsv4 is not None:
+        raise SystemExit(f"ft bench e2e: preset {shape.name} has no synthetic checkpoint yet; pass --model DIR (a "
+                         "DeepSeek-V4 checkpoint) or use it with the MoE-only benches")  # fmt: skip
     cache = Path(env().cache_dir)
     layers = args.layers or shape.e2e_layers
     kind = "gptoss" if shape.gpt_oss is not None else "v2"  # gpt-oss presets were Qwen3-MoE-shaped under "v2"

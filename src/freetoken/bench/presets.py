@@ -92,6 +92,32 @@ GLM_5 = FrontierShape("glm_moe_dsa", 64, 64, 64, 1.0, dense_layers=3, dense_inte
 
 
 @dataclass(frozen=True)
+class DeepseekV4Shape:
+    """DeepSeek-V4-Flash's non-expert shapes (``models/deepseek_v4.py``), from transformers 5.23's ``DeepseekV4Config``
+    defaults (its docstring's checkpoint: deepseek-ai/DeepSeek-V4-Flash-Base) and the grouped-projection note there
+    (V4-Flash: 64 heads of 512, 8 groups of 1024). The per-layer attention schedule (``layer_types``) is that
+    config's default (two HCA layers, then CSA / HCA alternating): check it against the checkpoint's config.json."""
+
+    heads: int = 64
+    head_dim: int = 512  # one KV head, K = V
+    rope_dim: int = 64
+    q_lora: int = 1024
+    o_groups: int = 8
+    o_lora: int = 1024
+    window: int = 128
+    csa_rate: int = 4
+    hca_rate: int = 128
+    index_heads: int = 64
+    index_dim: int = 128
+    index_topk: int = 512
+    hc_mult: int = 4
+    hash_layers: int = 3  # routed by token id (``tid2eid``)
+    shared_experts: int = 1
+    scale: float = 1.5  # routed_scaling_factor (sqrtsoftplus scores)
+    vocab: int = 129280
+
+
+@dataclass(frozen=True)
 class MoEShape:
     name: str
     hidden: int  # D
@@ -104,6 +130,7 @@ class MoEShape:
     hybrid: HybridShape | None = None  # synthetic checkpoints: a Qwen3.5-MoE with these mixers (None: Qwen3-MoE)
     frontier: FrontierShape | None = None  # synthetic checkpoints: that family's own layers instead
     gpt_oss: GptOssShape | None = None  # synthetic checkpoints: a gpt-oss (its experts in ``weights``)
+    dsv4: DeepseekV4Shape | None = None  # a DeepSeek-V4 (no synthetic writer yet: e2e needs --model)
     e2e_layers: int = 12  # ``ft bench e2e``'s synthetic layers when --layers is not given (dense layers count)
 
     @property
@@ -134,6 +161,10 @@ PRESETS: dict[str, MoEShape] = {
         # D and I are inferred from the 284B total (43 x 256 x 3 x D x I): check them against its config.json
         MoEShape("deepseek-v4-flash-experts", 4096, 2048, 256, 6, 43, "DeepSeek-V4-Flash's routed experts, MoE only",
                  "mxfp4"),
+        # DeepSeek-V4-Flash itself (models/deepseek_v4.py): D 4096, I 2048, 43 layers x 256 experts, top-6
+        # (transformers' DeepseekV4Config defaults), MXFP4 experts as above; attention and streams: DeepseekV4Shape
+        MoEShape("deepseek-v4-flash", 4096, 2048, 256, 6, 43, "DeepSeek-V4-Flash: CSA/HCA + 128-token window, mHC",
+                 "mxfp4", dsv4=DeepseekV4Shape()),
         # gpt-oss-20b: 24 layers, all MoE, 32 experts of 2880, top-4; MXFP4 experts as shipped (14 GB with its
         # 201088-token vocabulary: every layer fits); the bf16 one is the same model with bf16 experts
         MoEShape("gpt-oss-20b", 2880, 2880, 32, 4, 24, "gpt-oss-20b as shipped: MXFP4 experts, sinks, windows",

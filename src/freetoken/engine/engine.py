@@ -60,7 +60,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.pages, config.max_running_requests, config.max_batched_tokens)
         self.sampler = StepSampler(config.max_running_requests, s.hf.vocab_size, s.device)
         graphs = None
-        if config.cuda_graphs and s.device.type == "cuda":
+        if config.cuda_graphs and s.device.type == "cuda" and s.loaded.model.step_capturable:
             max_pages = self.kv.pages_for(self.max_model_len)
             graphs = StepGraphs(
                 s.loaded.model, self.kv, s.loaded.backend, self.sampler, config.max_running_requests, max_pages,

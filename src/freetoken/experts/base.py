@@ -15,8 +15,6 @@ import torch
 from freetoken.hardware.huge_pages import advise_huge_pages
 from freetoken.quant import BF16, WeightFormat
 
-ACTIVATIONS = ("silu", "gptoss", "gelu_tanh")
-
 
 @dataclass
 class ExpertBanks:
@@ -33,7 +31,7 @@ class ExpertBanks:
     down: torch.Tensor  # [N, D, I']
     num_layers: int  # L (MoE layers only)
     num_experts: int  # E
-    activation: str = "silu"
+    activation: str = "silu"  # one of ``experts/reference.py`` ``ACTIVATIONS`` (the kernels' index order)
     top_k: int = 0  # experts per token per layer (0: unknown); lets caches refuse a size below it up front
     fmt: WeightFormat = BF16
     gate_up_scale: torch.Tensor | None = None  # [N, *fmt.scale_shape(2I, D)]

@@ -141,7 +141,7 @@ class HostExpertPool:
         self.down_scale = None if banks.down_scale is None else banks.down_scale.contiguous()
         self.num_layers = banks.num_layers
         self.num_experts = banks.num_experts
-        self.activation = banks.activation  # the CPU kernel's activation ("silu", "gptoss")
+        self.activation = banks.activation  # the CPU kernel's activation (``experts/reference.py`` ``ACTIVATIONS``)
         bias = banks.gate_up_bias  # gpt-oss's gate/up biases [N, 2I] float32, as the CPU kernel takes them
         self.gate_up_bias = None if bias is None else bias.to(torch.float32).contiguous()
         self._registered: list[int] = []

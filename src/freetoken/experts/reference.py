@@ -8,13 +8,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-ACTIVATIONS = ("silu", "gptoss", "gelu_tanh")  # in the C++ kernel's order (``experts/cpu/kernel_api.h``)
+ACTIVATIONS = ("silu", "gptoss", "gelu_tanh", "dsv4")  # in the C++ kernel's order (``experts/cpu/kernel_api.h``)
 GPTOSS_LIMIT = 7.0
 GPTOSS_ALPHA = 1.702
+DSV4_LIMIT = 10.0  # DeepSeek-V4's ``swiglu_limit``: SiLU with the gate clamped above, up clamped both ways
 
 
 def activate(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
-    """``silu(gate) * up``, gpt-oss's clamped gated activation, or ``gelu_tanh(gate) * up`` (Gemma-4)."""
+    """``silu(gate) * up``, gpt-oss's clamped gated activation, ``gelu_tanh(gate) * up`` (Gemma-4), or DeepSeek-V4's
+    clamped SiLU."""
     if activation == "silu":
         return F.silu(gate) * up
     if activation == "gptoss":
@@ -23,6 +25,8 @@ def activate(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Ten
         return (up + 1.0) * (gate * torch.sigmoid(GPTOSS_ALPHA * gate))
     if activation == "gelu_tanh":  # Gemma-4: gelu_pytorch_tanh(gate) * up
         return F.gelu(gate, approximate="tanh") * up
+    if activation == "dsv4":
+        return F.silu(gate.clamp(max=DSV4_LIMIT)) * up.clamp(min=-DSV4_LIMIT, max=DSV4_LIMIT)
     raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 

@@ -47,6 +47,7 @@ class AttnBatch:
     meta_checked: bool = False  # a fused decode call checked this step's metadata in an earlier layer
     # DeepSeek sparse attention: each indexer layer's top-k of this step, for the later layers sharing it (GLM-5)
     selections: dict[int, object] = field(default_factory=dict)
+    input_ids: torch.Tensor | None = None  # [T] the step's tokens, for layers routed by token id (DeepSeek-V4)
     # Gemma-4: this step's per-layer input embeddings [T, L, P] (``models/gemma4_layers.py``)
     per_layer: torch.Tensor | None = None
 

@@ -23,7 +23,7 @@ from freetoken.checkpoint.hf_config import HFConfig, load_hf_config
 from freetoken.checkpoint.safetensors_io import SafetensorsReader
 from freetoken.checkpoint.weights import CheckpointWeights
 from freetoken.experts.base import ExpertBackend, ExpertBanks
-from freetoken.loader.model_build import build_model, weight_format
+from freetoken.loader.model_build import build_model, family_hook, weight_format
 from freetoken.models import gpt_oss
 from freetoken.models.base import Family
 from freetoken.models.blocks import expert_reads
@@ -80,6 +80,11 @@ def convert(src: str | Path, dst: str | Path, dtype: str | None = None, layers_p
     hf = load_hf_config(src)
     family = get_family(hf.architecture, str(src / "config.json"))
     reader = SafetensorsReader(src)
+    named = family_hook(family, "checkpoint_family")
+    if named is not None:  # its own tensor names (DeepSeek-V4: ``model.`` prefixed or not)
+        own = named(reader)
+        assert isinstance(own, Family)
+        family = own
     names = _expert_names(reader, hf, family)
     if not names:
         raise CheckpointError(f"{src}: {hf.architecture} has no routed experts; FTW pre-banks MoE experts only")

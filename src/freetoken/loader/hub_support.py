@@ -10,6 +10,7 @@ from pathlib import Path
 
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.hf_config import load_hf_config
+from freetoken.loader.model_build import family_hook
 from freetoken.models.registry import get_family
 from freetoken.quant.base import QuantizationError
 from freetoken.quant.registry import format_from_config
@@ -35,7 +36,10 @@ def support_of(directory: Path) -> Support:
     except QuantizationError as e:
         return Support(hf.architecture, "?", False, f"config.json: {e}")
     try:
-        get_family(hf.architecture, "config.json")
+        family = get_family(hf.architecture, "config.json")
+        check = family_hook(family, "check_config")
+        if check is not None:  # its switches and format, as its own assembly checks them (DeepSeek-V4)
+            check(hf)
     except CheckpointError as e:
         return Support(hf.architecture, form, False, str(e))
     return Support(hf.architecture, form, True, "")

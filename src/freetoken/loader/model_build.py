@@ -101,6 +101,14 @@ def _gated_experts(banks: ExpertBanks, family: Family, ffns: Sequence[object]) -
     banks.gate_up_bias = torch.cat(biases).contiguous()
 
 
+def family_hook(family: Family, name: str) -> Callable[..., object] | None:
+    """The function ``name`` of the family's own assembly module (``Family.build``), where it has one: its
+    ``build_model``; ``check_config(hf)``, config.json refused by name before any weight; ``checkpoint_family(reader)``,
+    the family as this checkpoint names its tensors (DeepSeek-V4)."""
+    fn: Callable[..., object] | None = getattr(import_module(family.build), name, None) if family.build else None
+    return fn
+
+
 def build_model(
     hf: HFConfig,
     family: Family,
@@ -110,10 +118,10 @@ def build_model(
     max_positions: int,
     verify: str = "background",
 ) -> LoadedModel:
-    if family.build is not None:  # a family with its own assembly (Gemma-4)
-        built: LoadedModel = import_module(family.build).build_model(
-            hf, family, device, dtype, make_backend, max_positions, verify
-        )
+    own = family_hook(family, "build_model")
+    if own is not None:  # a family with its own assembly (Gemma-4, DeepSeek-V4)
+        built = own(hf, family, device, dtype, make_backend, max_positions, verify)
+        assert isinstance(built, LoadedModel)
         return built
     ftw = read_manifest(hf.path)  # FTW: the routed experts come pre-banked, the rest is safetensors as usual
     reader = SafetensorsReader(hf.path)

@@ -40,6 +40,8 @@ def kv_geometry(hf: HFConfig) -> KVGeometry:
     """GQA: K and V heads of ``head_dim``; MLA (``kv_lora_rank`` set): one latent row of ``kv_lora_rank +
     qk_rope_head_dim`` (the compressed K/V and the shared rotary key), no V; DSA (``index_topk`` set) widens that row
     by the indexer's key of ``index_head_dim``."""
+    if hf.architecture == "DeepseekV4ForCausalLM":
+        return KVGeometry(1, v4_row_width(hf), 0)
     if is_gemma4(hf):  # its full layers' (its sliding layers keep rings): one geometry for all, checked here
         geos = {(lay.kv_heads, lay.head_dim) for lay in gemma4_config(hf).layers if lay.kind == FULL}
         if len(geos) != 1:
@@ -51,6 +53,22 @@ def kv_geometry(hf: HFConfig) -> KVGeometry:
         index = _raw_int(hf, "index_head_dim") if "index_topk" in hf.raw else 0  # DSA: the indexer's key beside it
         return KVGeometry(1, _raw_int(hf, "kv_lora_rank") + _raw_int(hf, "qk_rope_head_dim") + index, 0)
     return KVGeometry(hf.num_kv_heads, hf.head_dim, hf.head_dim)
+
+
+def v4_row_width(hf: HFConfig) -> int:
+    """DeepSeek-V4's row per token and layer (``layers/v4_compressor.py`` ``RowLayout``, the widest layer's): the
+    window key d; a heavily compressed layer adds its raw kv and gate and its entry (4 d); a compressed sparse layer
+    its two series' raw kv and gate, its entry, and its indexer's raw kv, gate (2 di each) and key (6 d + 5 di)."""
+    d, raw = hf.head_dim, hf.raw
+    kinds = raw.get("layer_types")
+    if kinds is None and raw.get("compress_ratios") is not None:
+        kinds = [{4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}.get(r, "sliding_attention")
+                 for r in raw["compress_ratios"]]  # fmt: skip
+    kinds = list(kinds or (["heavily_compressed_attention", "compressed_sparse_attention"] if hf.num_layers > 2
+                           else ["heavily_compressed_attention"]))  # fmt: skip
+    if "compressed_sparse_attention" in kinds:
+        return 6 * d + 5 * int(raw.get("index_head_dim", 128))
+    return 4 * d if "heavily_compressed_attention" in kinds else d
 
 
 @dataclass(frozen=True)
@@ -121,4 +139,7 @@ def model_bytes(
     kv = kv_layers * kv_geometry(hf).per_token * dtype_bytes
     state = linear * state_bytes_per_layer(hf, dtype_bytes) if linear else 0
     state += rings * ring_bytes_per_layer(hf, dtype_bytes)
-    return ModelBytes(kv_layers, linear, kv, state, 2 * hf.hidden_size * dtype_bytes, rings)
+    acts = 2 * hf.hidden_size * dtype_bytes
+    if hf.architecture == "DeepseekV4ForCausalLM":  # its residual is hc_mult streams (the normed input is not kept)
+        acts = max(2, int(hf.raw.get("hc_mult", 4))) * hf.hidden_size * dtype_bytes
+    return ModelBytes(kv_layers, linear, kv, state, acts, rings)

@@ -74,7 +74,8 @@ class Family:
     # The sliding-window layers (``layer_types``) keep only their window of KV: a ring per request in the state pool,
     # checkpointed at anchors like the recurrent states (``layers/window_attention.py``)
     window_ring: bool = False
-    # A loader module whose ``build_model`` assembles this family instead of the generic one (Gemma-4)
+    # A loader module whose ``build_model`` assembles this family instead of the generic one (Gemma-4, DeepSeek-V4);
+    # its optional ``check_config(hf)`` refuses a bad config.json before any weight (``loader/hub_support.py``)
     build: str | None = None
     # Special tokens where agent harnesses edit the context (``cache/anchors.py``): opening and closing ones.
     anchor_starts: tuple[str, ...] = ()

@@ -16,11 +16,12 @@ from freetoken.layers.deltanet import GatedDeltaNet
 from freetoken.layers.mla import MLAttention
 from freetoken.layers.mlp import DenseMLP
 from freetoken.layers.moe import MoELayer
+from freetoken.layers.v4_attention import V4Attention
 from freetoken.layers.window_attention import WindowAttention
 
 # the token mixer: full attention (GQA or latent) over KV pages, linear attention, or a window over a KV ring (both
-# over state slots)
-Mixer = Attention | MLAttention | GatedDeltaNet | WindowAttention
+# over state slots), or DeepSeek-V4's windowed and compressed attention over KV pages
+Mixer = Attention | MLAttention | GatedDeltaNet | WindowAttention | V4Attention
 
 
 @dataclass
@@ -32,6 +33,8 @@ class DecoderLayer:
 
 
 class DecoderModel:
+    step_capturable = True  # a decode step may be captured as one CUDA graph (``runner/step_graph.py``)
+
     def __init__(
         self,
         embed: torch.Tensor,  # [V, D]
@@ -55,8 +58,9 @@ class DecoderModel:
         return x
 
     def start(self, input_ids: torch.Tensor, batch: AttnBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The residual before the first layer and it normed for that layer (a family may scale it or set per-step
-        inputs on ``batch``: Gemma-4)."""
+        """A chunk's entry: the residual before the first layer and it normed for that layer (``forward`` and
+        layer-major passes start here; a family may scale it, widen it or set per-step inputs on ``batch``: Gemma-4,
+        DeepSeek-V4)."""
         return embed_rms_norm(input_ids, self.embed, self.layers[0].attn_norm, self.eps)
 
     def block(

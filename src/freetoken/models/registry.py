@@ -28,6 +28,7 @@ _FAMILIES: dict[str, str] = {
     "GptOssForCausalLM": "freetoken.models.gpt_oss",
     "Gemma4ForCausalLM": "freetoken.models.gemma4",
     "Gemma4ForConditionalGeneration": "freetoken.models.gemma4:VL_FAMILY",
+    "DeepseekV4ForCausalLM": "freetoken.models.deepseek_v4",
 }
 
 # Architectures refused with a reason of their own rather than the generic "unsupported"

@@ -113,6 +113,10 @@ static inline float activate(int32_t act, float g, float u) {
   if (act == ACT_GELU_TANH) {  // Gemma-4: gelu_pytorch_tanh(g) * u
     return 0.5f * g * (1.f + __builtin_tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u;
   }
+  if (act == ACT_DSV4) {  // DeepSeek-V4: SiLU with the gate clamped above at 10, up to [-10, 10]
+    g = fmin_(g, 10.f);
+    u = fmax_(-10.f, fmin_(u, 10.f));
+  }
   return g / (1.f + __builtin_expf(-g)) * u;  // SiLU-gated
 }
 

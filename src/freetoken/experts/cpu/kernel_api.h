@@ -27,7 +27,7 @@ struct Bank {
   const void* w;
   const void* scale;  // fp32 blocks (FMT_FP8_BLOCK) or scale-row bytes (FP4 formats)
 };
-enum Activation : int32_t { ACT_SILU = 0, ACT_GPTOSS = 1, ACT_GELU_TANH = 2 };
+enum Activation : int32_t { ACT_SILU = 0, ACT_GPTOSS = 1, ACT_GELU_TANH = 2, ACT_DSV4 = 3 };
 enum Isa : int32_t { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512BF16 = 3, ISA_COUNT = 4 };
 
 // Built by the submitting thread; workers only read it, except the scratch buffers h and y, where

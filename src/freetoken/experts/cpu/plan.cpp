@@ -25,7 +25,7 @@ int check(const FtMoeArgs& a) {
     if (a.tok[s] < 0 || a.tok[s] >= a.T) return -3;
     if (a.row[s] < 0 || a.row[s] >= a.N) return -4;
   }
-  if (a.fmt < FMT_F32 || a.fmt > FMT_NVFP4 || (a.act != ACT_SILU && a.act != ACT_GPTOSS && a.act != ACT_GELU_TANH)) return -5;
+  if (a.fmt < FMT_F32 || a.fmt > FMT_NVFP4 || a.act < ACT_SILU || a.act > ACT_DSV4) return -5;
   if (a.fmt == FMT_FP8_BLOCK && (!a.gate_up_scale || !a.down_scale || a.D % kFp8Block || a.I % kFp8Block)) return -2;
   const bool fp4 = a.fmt == FMT_MXFP4 || a.fmt == FMT_NVFP4;
   if (fp4 && (!a.gate_up_scale || !a.down_scale || a.D % kFp4Cols || a.I % kFp4Cols)) return -2;

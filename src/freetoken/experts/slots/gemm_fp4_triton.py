@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from freetoken.experts.reference import ExpertAct
+from freetoken.experts.reference import ACTIVATIONS, ExpertAct
 from freetoken.experts.slots.gemm_triton import (
     BIG_STEP,
     BM,
@@ -94,7 +94,7 @@ def _gate_up_fp4_kernel(
     D: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, KIND: tl.constexpr, SROW: tl.constexpr,
     HAS_BIAS: tl.constexpr = False,  # gate/up biases by eid ``bias`` [N, 2I] float32 (gpt-oss)
-    GPTOSS: tl.constexpr = False,  # gpt-oss's clamped activation instead of SiLU
+    ACT: tl.constexpr = 0,  # ``ACTIVATIONS``' index: 0 SiLU, 1 gpt-oss's, 2 Gemma-4's GELU(tanh), 3 DeepSeek-V4's
 ):  # fmt: skip
     g = tl.program_id(0)
     nt = tl.program_id(1)
@@ -125,7 +125,7 @@ def _gate_up_fp4_kernel(
                 brow = bias + tl.load(geid + g).to(tl.int64) * (2 * I)
                 acc_g += tl.load(brow + offs_n, mask=nmask, other=0.0)[None, :]
                 acc_u += tl.load(brow + I + offs_n, mask=nmask, other=0.0)[None, :]
-            hv = gated_activation(acc_g, acc_u, GPTOSS, False)
+            hv = gated_activation(acc_g, acc_u, ACT)
             hp = h + (start + rows).to(tl.int64)[:, None] * I + offs_n[None, :]
             tl.store(hp, hv, mask=mmask[:, None] & nmask[None, :])
 
@@ -201,8 +201,8 @@ def grouped_experts_fp4_triton(
     srow_gu, srow_dn = weights.gate_up_scale.shape[-1], weights.down_scale.shape[-1]
     act: ExpertAct | None = weights.act  # biases by eid (``groups.eid``), not by slot
     bias = act.gate_up_bias if act is not None and act.gate_up_bias is not None else None
-    gptoss = act is not None and act.name == "gptoss"
-    if act is not None and not gptoss and act.name != "silu":
+    act_index = 0 if act is None else ACTIVATIONS.index(act.name) if act.name in ACTIVATIONS else -1
+    if act is not None and act_index < 0:
         raise ValueError(f"the FP4 grouped GEMM has no {act.name!r} activation")
     dt = _DTYPES[x.dtype]
     x = x.contiguous()
@@ -217,6 +217,6 @@ def grouped_experts_fp4_triton(
     dn = {**common, "BN": t.dn_bn, "BK": t.dn_bk, "SROW": srow_dn, "num_warps": t.dn_warps}
     _gate_up_fp4_kernel[(G, triton.cdiv(I, t.gu_bn))](x, weights.gate_up, weights.gate_up_scale, h, *routes,
                                                       groups.eid, h if bias is None else bias, TOPK=k,
-                                                      HAS_BIAS=bias is not None, GPTOSS=gptoss, **gu)  # fmt: skip
+                                                      HAS_BIAS=bias is not None, ACT=act_index, **gu)  # fmt: skip
     _down_fp4_kernel[(G, triton.cdiv(D, t.dn_bn))](h, weights.down, weights.down_scale, y, wts, *routes, **dn)
     return combine_routes(y, groups, slot, T, k, out_dtype)

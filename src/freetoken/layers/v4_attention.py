@@ -1,0 +1,172 @@
+"""DeepSeek-V4 attention over the KV pool's per-token rows (torch reference; ``v4_compressor.py`` has the row layout).
+
+One KV head of ``head_dim`` shared by all query heads and read as both key and value (K = V), a ``window``-token
+sliding window on every layer, and on compressed layers the compressed entries (HCA: every visible one; CSA: the
+``index_topk`` its lightning indexer scores highest), all in one softmax with a learned sink logit per head. Queries
+come from a q LoRA (``wq_a``, weighted RMSNorm, ``wq_b``, then an unweighted RMSNorm per head); keys from ``wkv``
+and a weighted RMSNorm. Both rotate their trailing ``rot`` channels (interleaved; ``main`` rope on sliding layers,
+``compress`` on the others); the output's rope slice is rotated back by the query's position, then the grouped
+low-rank output projection (``wo_a`` per group of heads, ``wo_b``). Per sequence, queries in blocks of
+``BLOCK_ROWS``; the sequence's context is read through its page table (decode and prefill alike, host-side loop:
+not a CUDA-graph path). T = new tokens, H = heads, d = head dim, G = output groups, R = o_lora_rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from freetoken.cache.kv_pool import KVPool
+from freetoken.kernels.linear import linear
+from freetoken.layers.attention import AttnBatch
+from freetoken.layers.hyper_connections import unweighted_rms, v4_rms_norm
+from freetoken.layers.v4_compressor import CSA, SLIDING, Compressor, Indexer, RowLayout
+from freetoken.layers.v4_rope import InterleavedRope
+
+BLOCK_ROWS = 256  # query rows per block of a prefill
+Slots = Callable[[torch.Tensor], torch.Tensor]  # a sequence's positions -> their flat KV slots
+
+
+@dataclass
+class V4AttentionWeights:
+    wq_a: torch.Tensor  # [q_lora_rank, D]
+    q_norm: torch.Tensor  # [q_lora_rank]
+    wq_b: torch.Tensor  # [H * d, q_lora_rank]
+    wkv: torch.Tensor  # [d, D]
+    kv_norm: torch.Tensor  # [d]
+    wo_a: torch.Tensor  # [G * R, H * d / G]
+    wo_b: torch.Tensor  # [D, G * R]
+    sinks: torch.Tensor  # [H] float32
+
+
+@dataclass
+class SeqView:
+    """One sequence of a step: its rows of new tokens, its first new position, its page table row."""
+
+    q_start: int
+    q_len: int
+    start: int
+    table: torch.Tensor  # [P] page ids
+
+
+def step_sequences(batch: AttnBatch) -> list[SeqView]:
+    """The step's sequences from its decode or prefill metadata (host reads: a reference path)."""
+    if batch.decode is not None:
+        d = batch.decode
+        return [SeqView(b, 1, n - 1, d.block_table[b]) for b, n in enumerate(d.seq_lens.tolist())]
+    p = batch.prefill
+    assert p is not None, "a step is a decode step or has prefill metadata"
+    qs, ql, cl = p.q_start.tolist(), p.q_len.tolist(), p.ctx_len.tolist()
+    return [SeqView(qs[i], ql[i], cl[i] - ql[i], p.block_table[i]) for i in range(len(qs))]
+
+
+class V4Attention:
+    def __init__(
+        self, w: V4AttentionWeights, layer: int, layout: RowLayout, heads: int, groups: int, window: int,
+        eps: float, rope: InterleavedRope, comp: Compressor | None = None, indexer: Indexer | None = None,
+    ) -> None:  # fmt: skip
+        if (comp is None) != (layout.kind == SLIDING) or (indexer is not None) != (layout.kind == CSA):
+            raise ValueError(f"a {layout.kind} layer's compressor/indexer do not match its kind")
+        self.w, self.layer, self.layout, self.h, self.groups = w, layer, layout, heads, groups
+        self.window, self.eps, self.rope, self.comp, self.indexer = window, eps, rope, comp, indexer
+        self.hd = layout.hd
+        self.scale = self.hd**-0.5
+
+    def forward(self, x: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
+        T, H, d, lay = x.shape[0], self.h, self.hd, self.layout
+        pos = batch.positions
+        cache = kv.k[self.layer][:, 0]  # [slots, width]
+        q_resid = v4_rms_norm(linear(x, self.w.wq_a), self.w.q_norm, self.eps)
+        q = self.rope.apply(unweighted_rms(linear(q_resid, self.w.wq_b).view(T, H, d), self.eps), pos)
+        k = self.rope.apply(v4_rms_norm(linear(x, self.w.wkv), self.w.kv_norm, self.eps), pos)
+        row = x.new_zeros((T, cache.shape[1]))
+        row[:, lay.part("window")] = k
+        if self.comp is not None:
+            ckv, cgate = self.comp.project(x)
+            row[:, lay.part("kv")], row[:, lay.part("gate")] = ckv, cgate
+        if self.indexer is not None:
+            ikv, igate = self.indexer.comp.project(x)
+            row[:, lay.part("ikv")], row[:, lay.part("igate")] = ikv, igate
+        cache.index_copy_(0, batch.slot_mapping, row.to(cache.dtype))
+        out = torch.empty((T, H, d), dtype=torch.float32, device=x.device)
+        S = kv.page_size
+        for s in step_sequences(batch):
+            if s.q_len == 0:
+                continue
+
+            def slots(p: torch.Tensor, table: torch.Tensor = s.table) -> torch.Tensor:
+                return table[torch.div(p, S, rounding_mode="floor")].long() * S + torch.remainder(p, S)
+
+            self._close_windows(cache, s, slots)
+            for r0 in range(0, s.q_len, BLOCK_ROWS):
+                r1 = min(s.q_len, r0 + BLOCK_ROWS)
+                sub = slice(s.q_start + r0, s.q_start + r1)
+                out[sub] = self._attend(cache, q[sub], q_resid[sub], x[sub], s.start + r0, s.start + r1, slots)
+        o = self.rope.apply(out.to(x.dtype), pos, inverse=True)  # [T, H, d]
+        G = self.groups
+        wa = self.w.wo_a.view(G, -1, H * d // G)  # [G, R, H*d/G]
+        y = torch.einsum("tgi,gri->tgr", o.reshape(T, G, -1), wa.to(o.dtype)).reshape(T, -1)
+        return linear(y, self.w.wo_b)
+
+    def _close_windows(self, cache: torch.Tensor, s: SeqView, slots: Slots) -> None:
+        """The compressed entries of the windows whose last token is new in this step, into those tokens' rows."""
+        if self.comp is None:
+            return
+        m, lay, dev = self.comp.rate, self.layout, cache.device
+        end = s.start + s.q_len
+        windows = torch.arange(s.start // m, end // m, device=dev)
+        if windows.numel() == 0:
+            return
+        span = (2 if self.comp.overlap else 1) * m
+        first = (windows + 1) * m - span  # [nW]: the first raw row each entry reads (CSA: window w - 1's)
+        src = slots((first[:, None] + torch.arange(span, device=dev)[None]).clamp(min=0))  # [nW, span]
+        raw = cache[src]  # [nW, span, width]
+        dst = slots((windows + 1) * m - 1)
+        ent = self.comp.entries(raw[..., lay.part("kv")], raw[..., lay.part("gate")], windows, self.rope)
+        cache[dst, lay.part("entry")] = ent.to(cache.dtype)
+        if self.indexer is not None:
+            ic = self.indexer.comp
+            key = ic.entries(raw[..., lay.part("ikv")], raw[..., lay.part("igate")], windows, self.rope)
+            cache[dst, lay.part("ikey")] = key.to(cache.dtype)
+
+    def _attend(
+        self, cache: torch.Tensor, q: torch.Tensor, q_resid: torch.Tensor, x: torch.Tensor, p0: int, p1: int,
+        slots: Slots,
+    ) -> torch.Tensor:
+        """Queries at positions [p0, p1) ([n, H, d]) over the window and the entries they may see -> [n, H, d] f32.
+        A CSA layer whose context holds more entries than the indexer keeps gathers each query's kept entries
+        ([n, topk, d]: the scores never span every entry times every head)."""
+        dev, lay, W = cache.device, self.layout, self.window
+        qpos = torch.arange(p0, p1, device=dev)
+        kpos = torch.arange(max(0, p0 - W + 1), p1, device=dev)
+        keys = cache[slots(kpos), lay.part("window")].float()  # [Nk, d]
+        mask = (kpos[None] <= qpos[:, None]) & (kpos[None] > qpos[:, None] - W)  # [n, Nk]
+        s = torch.einsum("nhd,kd->nhk", q.float(), keys).masked_fill(~mask[:, None], float("-inf"))
+        kept: torch.Tensor | None = None  # [n, k, d] each query's own entries (CSA past topk)
+        if self.comp is not None:
+            m = self.comp.rate
+            n_ent = p1 // m
+            eslots = slots(torch.arange(n_ent, device=dev) * m + m - 1)
+            seen = torch.arange(n_ent, device=dev)[None] < torch.div(qpos + 1, m, rounding_mode="floor")[:, None]
+            ent = cache[eslots, lay.part("entry")].float()  # [N, d]
+            if self.indexer is not None and n_ent > self.indexer.topk:
+                iq, iw = self.indexer.queries(q_resid, x, qpos, self.rope)
+                sc = self.indexer.scores(iq, iw, cache[eslots, lay.part("ikey")]).masked_fill(~seen, float("-inf"))
+                top = sc.topk(self.indexer.topk, dim=-1).indices  # [n, k]
+                kept, seen = ent[top], seen.gather(1, top)
+                se = torch.einsum("nhd,nkd->nhk", q.float(), kept)
+            else:
+                se = torch.einsum("nhd,kd->nhk", q.float(), ent)
+                kept = ent
+            s = torch.cat((s, se.masked_fill(~seen[:, None], float("-inf"))), dim=-1)
+        s = s * self.scale
+        sink = self.w.sinks.float().view(1, -1, 1).expand(s.shape[0], -1, 1)
+        p = torch.softmax(torch.cat((s, sink), dim=-1), dim=-1)[..., :-1]
+        Nk = keys.shape[0]
+        out = torch.einsum("nhk,kd->nhd", p[..., :Nk], keys)
+        if kept is not None:
+            pe = p[..., Nk:]
+            out = out + (torch.einsum("nhk,nkd->nhd", pe, kept) if kept.dim() == 3 else pe @ kept)
+        return out

@@ -1,0 +1,102 @@
+"""Assemble DeepSeek-V4 (``models/deepseek_v4*.py``) from a checkpoint: the switches checked from config.json first,
+then the non-expert weights by name, every layer's routing (score-routed, or the ``tid2eid`` table checked), the
+unread tensors refused (the multi-token-prediction block skipped, said once), then the routed experts banked
+(``eid = layer * E + expert``, every layer is MoE) and the backend made over them, under the clamped SiLU (``dsv4``).
+Every layer keeps its rows in the KV pool (``layers/v4_compressor.py``): no state slots, prefix reuse as plain KV."""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+from collections.abc import Callable
+
+import torch
+
+from freetoken.checkpoint.ftw_manifest import read_manifest
+from freetoken.checkpoint.hf_config import HFConfig
+from freetoken.checkpoint.quantization import check_supported
+from freetoken.checkpoint.safetensors_io import SafetensorsReader
+from freetoken.checkpoint.weights import CheckpointWeights
+from freetoken.experts.base import ExpertBackend, ExpertBanks
+from freetoken.experts.reference import DSV4_LIMIT
+from freetoken.layers.v4_moe import V4MoE
+from freetoken.layers.v4_rope import InterleavedRope
+from freetoken.loader.ftw_load import read_ftw_banks
+from freetoken.loader.model_build import LoadedModel, weight_format
+from freetoken.models import deepseek_v4_blocks as blocks
+from freetoken.models.base import Family
+from freetoken.models.blocks import expert_reads
+from freetoken.models.deepseek_v4 import ACTIVATION, check_format, v4_config
+from freetoken.models.deepseek_v4_decoder import V4DecoderModel, V4Layer
+
+log = logging.getLogger(__name__)
+
+
+def check_config(hf: HFConfig) -> None:
+    """Every switch and the weight format refused by name from config.json alone (``hub_support.py`` asks too)."""
+    v4_config(hf)
+    check_format(hf)
+
+
+def checkpoint_family(reader: SafetensorsReader) -> Family:
+    """The family as this checkpoint names its tensors (``ftw_convert.py`` reads its experts by it)."""
+    return blocks.V4Names(CheckpointWeights(reader, torch.device("cpu"), torch.float32)).family()
+
+
+def build_model(
+    hf: HFConfig, family: Family, device: torch.device, dtype: torch.dtype,
+    make_backend: Callable[[ExpertBanks], ExpertBackend], max_positions: int, verify: str = "background",
+) -> LoadedModel:  # fmt: skip
+    """``model_build.build_model`` hands DeepSeek-V4 here (``Family.build``); ``family`` gives way to the one named
+    after this checkpoint's own tensor names (``V4Names.family``)."""
+    check_config(hf)  # before a weight is read
+    c = v4_config(hf)
+    ftw = read_manifest(hf.path)
+    reader = SafetensorsReader(hf.path)
+    assert weight_format(reader, hf) is None
+    skippable = ("*.rotary_emb.inv_freq", *blocks.MTP_PATTERNS)
+    check_supported(hf.raw, reader, (*skippable, "*.gate.tid2eid"), None)  # integer tables: read by blocks.tid2eid
+    w = CheckpointWeights(reader, device, dtype, None)
+    names = blocks.V4Names(w)
+    family = names.family()  # DeepSeek's names as shipped or transformers'
+    D, V, E = hf.hidden_size, hf.vocab_size, hf.num_experts
+    ropes = tuple(InterleavedRope(r, c.rot, max_positions, device) for r in (c.main_rope, c.compress_rope))
+    layers: list[V4Layer] = []
+    reads = []
+    for i in range(hf.num_layers):
+        lp, fp = names.layer(i), names.layer(i) + "ffn."
+        attn = blocks.attention(w, names, hf, c, i, ropes)
+        hash_table = blocks.tid2eid(w, fp + "gate.tid2eid", hf) if c.hash_layers[i] else None
+        bias = None if c.hash_layers[i] else w.get(fp + "gate.bias", (E,), torch.float32)
+        moe = V4MoE(w.get(fp + "gate.weight", (E, D)), hf.top_k, True, i, None,  # type: ignore[arg-type]
+                    bias=bias, scoring=c.scoring, scale=c.scale, tid2eid=hash_table,
+                    shared_mlp=blocks.shared_expert(w, fp + "shared_experts.", hf, DSV4_LIMIT))  # fmt: skip
+        reads += expert_reads(w, family, hf, i, i) if ftw is None else []
+        layers.append(V4Layer(w.get(lp + "attn_norm.weight", (D,), torch.float32), attn,
+                              w.get(lp + "ffn_norm.weight", (D,), torch.float32), moe,
+                              blocks.hyper_connection(w, lp + "hc_attn", hf, c),
+                              blocks.hyper_connection(w, lp + "hc_ffn", hf, c)))  # fmt: skip
+    embed = w.get(names.embed, (V, D))
+    lm_head = w.get(names.head, (V, D)) if names.head in w and not hf.tie_word_embeddings else embed
+    head = blocks.hyper_head(w, names, hf, c)
+    final_norm = w.get(names.norm, (D,), torch.float32)
+    w.claim([r[0] for r in reads])
+    mtp = [n for n in reader.tensors if any(fnmatch.fnmatchcase(n, p) for p in blocks.MTP_PATTERNS)]
+    if mtp:
+        log.info("%s: the multi-token-prediction block (%d tensors, mtp.*) is not used: skipped", hf.path, len(mtp))
+    w.check_all_used(hf.architecture, skippable)
+    check = None
+    if ftw is not None:
+        banks, check = read_ftw_banks(ftw, hf, dtype, verify)
+    else:
+        banks = ExpertBanks.empty(hf.num_layers, E, D, hf.moe_intermediate_size, dtype)
+        for name, bank, index, shape, _ in reads:
+            w.read_into(name, getattr(banks, bank)[index], shape)
+    banks.top_k = hf.top_k
+    banks.activation = ACTIVATION
+    backend = make_backend(banks)
+    for layer in layers:
+        assert isinstance(layer.ffn, V4MoE)
+        layer.ffn.backend = backend
+    model = V4DecoderModel(embed, layers, final_norm, lm_head, hf.rms_eps, head, c.streams)
+    return LoadedModel(hf, model, banks, backend, hf.num_layers, None, check)
