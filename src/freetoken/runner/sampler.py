@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from freetoken.kernels.triton_support import use_triton
 from freetoken.runner import noise
 from freetoken.runner.constraint import apply_bitmask
 
@@ -107,17 +108,38 @@ def sample_batch(
         x = apply_penalties(x, b, state)
     if bitmask is not None:
         x = apply_bitmask(x, bitmask)
-    greedy_ids = torch.argmax(x, dim=-1)
     if not f.draw:
-        return _with_logprobs(Sampled(greedy_ids), logits, f)
+        return _with_logprobs(Sampled(torch.argmax(x, dim=-1)), logits, f)
     greedy = b.temperature < 1e-5
     temp = torch.where(greedy, torch.ones_like(b.temperature), b.temperature)
-    z = (x - x.max(dim=-1, keepdim=True).values) / temp[:, None]  # shifted: the division cannot overflow
+    keys = noise.row_keys(b.seed_lo, b.seed_hi, b.step)
     if f.cuts:
-        z = _cut(z, b)
-    gumbel = -torch.log(-torch.log(noise.uniform(noise.row_keys(b.seed_lo, b.seed_hi, b.step), x.shape[1])))
-    ids = torch.where(greedy, greedy_ids, torch.argmax(z + gumbel, dim=-1))
+        z = _cut((x - x.max(dim=-1, keepdim=True).values) / temp[:, None], b)  # shifted: no overflow in the division
+        # z's best is 0 and its temperature 1: the draw's own shift and division leave it as it is
+        drawn = gumbel_argmax(z, torch.ones_like(temp), keys, torch.zeros_like(greedy))
+        ids = torch.where(greedy, torch.argmax(x, dim=-1), drawn)
+    else:
+        ids = gumbel_argmax(x, temp, keys, greedy)
     return _with_logprobs(Sampled(ids), logits, f)
+
+
+def gumbel_argmax(x: torch.Tensor, temp: torch.Tensor, keys: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
+    """Per row of x [B, V]: greedy rows argmax x, the others argmax((x - max x) / temp + g), g the Gumbel noise of
+    the row's key (``noise.uniform``): the exponential race. One Triton pass on CUDA (``kernels/draw_triton.py``),
+    these torch ops (the reference) elsewhere."""
+    if use_triton(x):
+        from freetoken.kernels.draw_triton import gumbel_argmax_triton
+
+        return gumbel_argmax_triton(x, temp, keys, greedy)
+    return gumbel_argmax_reference(x, temp, keys, greedy)
+
+
+def gumbel_argmax_reference(
+    x: torch.Tensor, temp: torch.Tensor, keys: torch.Tensor, greedy: torch.Tensor
+) -> torch.Tensor:
+    z = (x - x.max(dim=-1, keepdim=True).values) / temp[:, None]  # shifted: the division cannot overflow
+    gumbel = -torch.log(-torch.log(noise.uniform(keys, x.shape[1])))
+    return torch.where(greedy, torch.argmax(x, dim=-1), torch.argmax(z + gumbel, dim=-1))
 
 
 def _with_logprobs(out: Sampled, logits: torch.Tensor, f: Features) -> Sampled:
