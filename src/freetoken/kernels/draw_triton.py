@@ -123,7 +123,7 @@ def gumbel_argmax_triton(
         return out
     t = temperature.to(torch.float32).contiguous()
     k = keys.to(torch.int64).contiguous()
-    g = greedy.to(torch.int32).contiguous()
+    g = greedy.contiguous().view(torch.uint8)  # (a view: no conversion kernel)
     _max_kernel[(B, NB)](x, pm, pi, V, x.stride(0), NB, BLOCK=BLOCK)
     _draw_kernel[(B, NB)](x, t, k, g, pm, dm, di, V, x.stride(0), NB, NB_POW=nb_pow, BLOCK=BLOCK, PRECISE=_PRECISE)
     _pick_kernel[(B,)](g, pm, pi, dm, di, out, V, NB, NB_POW=nb_pow)
