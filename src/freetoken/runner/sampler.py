@@ -48,6 +48,8 @@ class Features:
     penalties: bool = True
     logprobs: bool = True
     mask: bool = False  # a row is grammar-constrained: the allowed-token bitmask applies (a step-graph input)
+    top_k: int = 0  # > 0: every drawn row keeps at most this many tokens (top_k): the cut takes torch.topk of them
+    # instead of sorting the whole row (the same kept set: nothing past a row's top_k survives the cut anyway)
 
 
 @dataclass
@@ -114,7 +116,7 @@ def sample_batch(
     temp = torch.where(greedy, torch.ones_like(b.temperature), b.temperature)
     keys = noise.row_keys(b.seed_lo, b.seed_hi, b.step)
     if f.cuts:
-        z = _cut((x - x.max(dim=-1, keepdim=True).values) / temp[:, None], b)  # shifted: no overflow in the division
+        z = _cut((x - x.max(dim=-1, keepdim=True).values) / temp[:, None], b, f.top_k)  # shifted: no overflow
         # z's best is 0 and its temperature 1: the draw's own shift and division leave it as it is
         drawn = gumbel_argmax(z, torch.ones_like(temp), keys, torch.zeros_like(greedy))
         ids = torch.where(greedy, torch.argmax(x, dim=-1), drawn)
@@ -150,13 +152,15 @@ def _with_logprobs(out: Sampled, logits: torch.Tensor, f: Features) -> Sampled:
     return out
 
 
-def _cut(z: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+def _cut(z: torch.Tensor, b: SamplingBatch, top_k: int = 0) -> torch.Tensor:
     """Top-k, then top-p over what is left, then min-p, each row by its own settings (the top token
-    always stays). z [B, V]: temperature-scaled logits with the row's best at 0."""
+    always stays). z [B, V]: temperature-scaled logits with the row's best at 0. ``top_k`` > 0: no drawn row keeps
+    more than ``top_k`` tokens, so the row's best ``top_k`` (torch.topk, in order) stand for its full sort."""
     V = z.shape[1]
-    zs, order = torch.sort(z, dim=-1, descending=True)
-    rank = torch.arange(V, device=z.device)[None, :]
-    k = torch.where(b.top_k > 0, b.top_k.clamp(max=V), torch.full_like(b.top_k, V))
+    zs, order = torch.topk(z, top_k, dim=-1) if 0 < top_k < V else torch.sort(z, dim=-1, descending=True)
+    n = zs.shape[1]
+    rank = torch.arange(n, device=z.device)[None, :]
+    k = torch.where(b.top_k > 0, b.top_k.clamp(max=n), torch.full_like(b.top_k, n))
     keep = rank < k[:, None]
     probs = torch.softmax(zs.masked_fill(~keep, float("-inf")), dim=-1)
     keep &= (torch.cumsum(probs, dim=-1) - probs) <= b.top_p[:, None]
