@@ -41,9 +41,10 @@ def _mix32(x):
 @triton.jit
 def _log(x, PRECISE: tl.constexpr):
     if PRECISE:
-        return libdevice.log(x)
+        y = libdevice.log(x)
     else:
-        return tl.log(x)
+        y = tl.log(x)
+    return y
 
 
 @triton.jit
@@ -113,7 +114,7 @@ def gumbel_argmax_triton(
     if V == 0 or V > 2**32 - 0x9E3779B9:  # the token counter + 0x9E3779B9 stays below 2**32, as in int64
         raise ValueError(f"gumbel_argmax: vocabulary of {V} tokens out of range")
     NB = triton.cdiv(V, BLOCK)
-    nb_pow = triton.next_power_of_2(NB)
+    nb_pow = max(2, triton.next_power_of_2(NB))
     dev = x.device
     pm = torch.empty((B, NB), dtype=torch.float32, device=dev)
     pi = torch.empty((B, NB), dtype=torch.int32, device=dev)
