@@ -6,6 +6,9 @@ its best; -inf and NaN tokens are never picked; a row's draw depends on its (see
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import pytest
 import torch
 
@@ -174,3 +177,28 @@ def test_the_draw_replays_from_a_cuda_graph(cuts: bool) -> None:
     b.step.add_(1)  # the next step, through the same graph: what eager draws
     graph.replay()
     assert torch.equal(out, sample_batch(x, b, None, f).ids)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or os.environ.get("TRITON_INTERPRET") == "1",
+    reason="needs triton, compiled (not its interpreter)",
+)
+def test_the_draw_compiles_for_sm90_with_the_precise_log_and_32_bit_hash() -> None:
+    """No GPU needed: Triton's compiler to PTX for sm_90. The hash in uint32 ops (logical shifts, no int64 vector)
+    and libdevice's logf, not lg2.approx (see the module's docstring)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from freetoken.kernels import draw_triton as d
+
+    sig = {"X": "*fp32", "T": "*fp32", "K": "*i64", "G": "*u8", "PM": "*fp32", "DM": "*fp32", "DI": "*i32",
+           "V": "i32", "stride": "i32", "NB": "i32", "NB_POW": "constexpr", "BLOCK": "constexpr",
+           "PRECISE": "constexpr"}  # fmt: skip
+    consts = {"NB_POW": 128, "BLOCK": d.BLOCK, "PRECISE": True}
+    names = d._draw_kernel.arg_names
+    src = ASTSource(d._draw_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+    ttir, ptx = k.asm["ttir"], k.asm["ptx"]
+    assert "__nv_logf" in ttir and "lg2.approx" not in ptx
+    assert "arith.shrsi" not in ttir and "arith.uitofp" in ttir and f"tensor<{d.BLOCK}xi64>" not in ttir
