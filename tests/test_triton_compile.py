@@ -24,7 +24,7 @@ def test_triton_kernels_compile(arch: int) -> None:
         pytest.skip("the interpreter replaces compilation")
     from freetoken.experts.cpu import stage_triton
     from freetoken.experts.slots import copy_triton, gemm_fp4_triton, gemm_fp8_triton, gemm_triton, plan_triton
-    from freetoken.kernels import deltanet_triton, norm_triton, router_triton
+    from freetoken.kernels import deltanet_triton, draw_triton, norm_triton, router_triton
     from freetoken.kernels.attention import qkv_rope_triton, triton_decode, triton_prefill
 
     i64 = "*i64"
@@ -189,6 +189,13 @@ def test_triton_kernels_compile(arch: int) -> None:
     gnorm = {"X": "*fp32", "Z": "*bf16", "W": "*bf16", "Y": "*bf16", "N": "i32", "eps": "fp32", "sx_t": "i32",
              "sx_h": "i32", "sz_t": "i32", "sz_h": "i32", "HEADS": "i32"}  # fmt: skip
     cases.append((norm_triton._gated_rms_norm_kernel, gnorm, {"BLOCK": 128}))
+    # the sampler's draw (Qwen's vocabulary of 151,936: 75 blocks of 2048)
+    parts = {"V": "i32", "stride": "i32", "NB": "i32"}
+    cases.append((draw_triton._max_kernel, {"X": "*fp32", "PM": "*fp32", "PI": "*i32", **parts}, {"BLOCK": 2048}))
+    draw = {"X": "*fp32", "T": "*fp32", "K": i64, "G": "*u8", "PM": "*fp32", "DM": "*fp32", "DI": "*i32", **parts}
+    cases.append((draw_triton._draw_kernel, draw, {"NB_POW": 128, "BLOCK": 2048, "PRECISE": True}))
+    pick = {"G": "*u8", "PM": "*fp32", "PI": "*i32", "DM": "*fp32", "DI": "*i32", "OUT": i64, "V": "i32", "NB": "i32"}
+    cases.append((draw_triton._pick_kernel, pick, {"NB_POW": 128}))
     for fn, sig, consts in cases:
         signature: dict[str, str] = {**sig, **{k: "constexpr" for k in consts}}
         src = ASTSource(fn=fn, signature=signature, constexprs=consts)

@@ -33,7 +33,7 @@
 #                  pages; AVX2 forced) and bench/cpu_formats.py (fp8, MXFP4, NVFP4 at 6 and 16 threads; AVX2
 #                  forced at 16), beside the streaming read
 #   formats        ft bench bw per expert format (bf16, fp8_block, mxfp4, nvfp4) at 6 and 16 threads: B_H, copies
-#   kernels        GPU kernels alone: gemm_tiles.py, fp8_gemm.py, dnstep_time.py, hostckpt_copy.py
+#   kernels        GPU kernels alone: gemm_tiles.py, fp8_gemm.py, dnstep_time.py, hostckpt_copy.py, sample_time.py
 #   contention     fills against the CPU kernel: contention.py (the kernel beside copies / the gather), gather_bw.py
 #   fla            the hybrid preset qwen3.6-35b-a3b: fla's kernels per head dims (fla_dims.py), decode e2e vs
 #                  MoE-only and the 8k prefill row vs the PCIe bound, with fla and with FREETOKEN_FLA=0
@@ -214,7 +214,8 @@ stage_kernels() {
   run_logged 150 fp8_gemm python3 bench/gpu/fp8_gemm.py
   FREETOKEN_FLA=0 run_logged 90 dnstep_time python3 bench/gpu/dnstep_time.py
   run_logged 90 hostckpt_copy python3 bench/gpu/hostckpt_copy.py
-  tables gemm_tiles fp8_gemm dnstep_time; echo "-- hostckpt_copy"; cat "$OUT/hostckpt_copy.log"
+  run_logged 90 sample_time python3 bench/gpu/sample_time.py
+  tables gemm_tiles fp8_gemm dnstep_time sample_time; echo "-- hostckpt_copy"; cat "$OUT/hostckpt_copy.log"
 }
 
 stage_contention() {

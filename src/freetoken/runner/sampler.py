@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from freetoken.kernels.triton_support import use_triton
 from freetoken.runner import noise
 from freetoken.runner.constraint import apply_bitmask
 
@@ -47,6 +48,8 @@ class Features:
     penalties: bool = True
     logprobs: bool = True
     mask: bool = False  # a row is grammar-constrained: the allowed-token bitmask applies (a step-graph input)
+    top_k: int = 0  # > 0: every drawn row keeps at most this many tokens (top_k): the cut takes torch.topk of them
+    # instead of sorting the whole row (the same kept set: nothing past a row's top_k survives the cut anyway)
 
 
 @dataclass
@@ -107,17 +110,38 @@ def sample_batch(
         x = apply_penalties(x, b, state)
     if bitmask is not None:
         x = apply_bitmask(x, bitmask)
-    greedy_ids = torch.argmax(x, dim=-1)
     if not f.draw:
-        return _with_logprobs(Sampled(greedy_ids), logits, f)
+        return _with_logprobs(Sampled(torch.argmax(x, dim=-1)), logits, f)
     greedy = b.temperature < 1e-5
     temp = torch.where(greedy, torch.ones_like(b.temperature), b.temperature)
-    z = (x - x.max(dim=-1, keepdim=True).values) / temp[:, None]  # shifted: the division cannot overflow
+    keys = noise.row_keys(b.seed_lo, b.seed_hi, b.step)
     if f.cuts:
-        z = _cut(z, b)
-    gumbel = -torch.log(-torch.log(noise.uniform(noise.row_keys(b.seed_lo, b.seed_hi, b.step), x.shape[1])))
-    ids = torch.where(greedy, greedy_ids, torch.argmax(z + gumbel, dim=-1))
+        z = _cut((x - x.max(dim=-1, keepdim=True).values) / temp[:, None], b, f.top_k)  # shifted: no overflow
+        # z's best is 0 and its temperature 1: the draw's own shift and division leave it as it is
+        drawn = gumbel_argmax(z, torch.ones_like(temp), keys, torch.zeros_like(greedy))
+        ids = torch.where(greedy, torch.argmax(x, dim=-1), drawn)
+    else:
+        ids = gumbel_argmax(x, temp, keys, greedy)
     return _with_logprobs(Sampled(ids), logits, f)
+
+
+def gumbel_argmax(x: torch.Tensor, temp: torch.Tensor, keys: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
+    """Per row of x [B, V]: greedy rows argmax x, the others argmax((x - max x) / temp + g), g the Gumbel noise of
+    the row's key (``noise.uniform``): the exponential race. One Triton pass on CUDA (``kernels/draw_triton.py``),
+    these torch ops (the reference) elsewhere."""
+    if use_triton(x):
+        from freetoken.kernels.draw_triton import gumbel_argmax_triton
+
+        return gumbel_argmax_triton(x, temp, keys, greedy)
+    return gumbel_argmax_reference(x, temp, keys, greedy)
+
+
+def gumbel_argmax_reference(
+    x: torch.Tensor, temp: torch.Tensor, keys: torch.Tensor, greedy: torch.Tensor
+) -> torch.Tensor:
+    z = (x - x.max(dim=-1, keepdim=True).values) / temp[:, None]  # shifted: the division cannot overflow
+    gumbel = -torch.log(-torch.log(noise.uniform(keys, x.shape[1])))
+    return torch.where(greedy, torch.argmax(x, dim=-1), torch.argmax(z + gumbel, dim=-1))
 
 
 def _with_logprobs(out: Sampled, logits: torch.Tensor, f: Features) -> Sampled:
@@ -128,13 +152,15 @@ def _with_logprobs(out: Sampled, logits: torch.Tensor, f: Features) -> Sampled:
     return out
 
 
-def _cut(z: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+def _cut(z: torch.Tensor, b: SamplingBatch, top_k: int = 0) -> torch.Tensor:
     """Top-k, then top-p over what is left, then min-p, each row by its own settings (the top token
-    always stays). z [B, V]: temperature-scaled logits with the row's best at 0."""
+    always stays). z [B, V]: temperature-scaled logits with the row's best at 0. ``top_k`` > 0: no drawn row keeps
+    more than ``top_k`` tokens, so the row's best ``top_k`` (torch.topk, in order) stand for its full sort."""
     V = z.shape[1]
-    zs, order = torch.sort(z, dim=-1, descending=True)
-    rank = torch.arange(V, device=z.device)[None, :]
-    k = torch.where(b.top_k > 0, b.top_k.clamp(max=V), torch.full_like(b.top_k, V))
+    zs, order = torch.topk(z, top_k, dim=-1) if 0 < top_k < V else torch.sort(z, dim=-1, descending=True)
+    n = zs.shape[1]
+    rank = torch.arange(n, device=z.device)[None, :]
+    k = torch.where(b.top_k > 0, b.top_k.clamp(max=n), torch.full_like(b.top_k, n))
     keep = rank < k[:, None]
     probs = torch.softmax(zs.masked_fill(~keep, float("-inf")), dim=-1)
     keep &= (torch.cumsum(probs, dim=-1) - probs) <= b.top_p[:, None]

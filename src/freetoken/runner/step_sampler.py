@@ -112,7 +112,19 @@ def features_of(reqs: Sequence[StepRequest]) -> Features:
         penalties=any(x.has_penalties for x in p),
         logprobs=any(x.logprobs is not None for x in p),
         mask=any(r.constraint is not None for r in reqs),
+        top_k=top_k_bound([x.top_k for x in p if not x.greedy]),
     )
+
+
+TOP_K_MAX = 1024  # beyond: the full sort (topk's own cost grows with k; and one step graph per bound)
+
+
+def top_k_bound(top_ks: Sequence[int]) -> int:
+    """The drawn rows' top_k as a power of two from 16 (few step graphs), or 0 where a row has none (or one above
+    TOP_K_MAX): the cut then sorts every row."""
+    if not top_ks or min(top_ks) <= 0 or max(top_ks) > TOP_K_MAX:
+        return 0
+    return max(16, 1 << (max(top_ks) - 1).bit_length())
 
 
 def _choices(reqs: Sequence[StepRequest], out: Sampled) -> list[Choice]:

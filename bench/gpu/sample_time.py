@@ -1,0 +1,94 @@
+"""The sampler alone on CUDA (issue #39: sampling at ≤ 5% of the greedy step): µs per ``sample_batch`` call at
+V = 151,936 (Qwen's vocabulary), batch 1 and 4, replayed from a captured CUDA graph (as the step graph runs it),
+greedy vs temperature 1 vs temperature 1 + top-p 0.95, through the torch ops (``sampler.use_triton`` off: the draw's
+torch reference) and through the Triton draw (``kernels/draw_triton.py``). Medians of 7 timings of 50 replays (each
+replay 10 calls). No penalties, no logprobs, no mask. Prints a markdown table. Seconds. No arguments.
+``PYTHONPATH=src python bench/gpu/sample_time.py``"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from collections.abc import Callable
+from unittest import mock
+
+import torch
+
+from freetoken.runner import sampler
+from freetoken.runner.sampler import Features, SamplingBatch, sample_batch
+
+V = 151_936
+MODES = {  # name: (temperature, top_p, features)
+    "greedy": (0.0, 1.0, Features(draw=False, cuts=False, penalties=False, logprobs=False)),
+    "temperature 1": (1.0, 1.0, Features(draw=True, cuts=False, penalties=False, logprobs=False)),
+    "temperature 1 + top-p 0.95": (1.0, 0.95, Features(draw=True, cuts=True, penalties=False, logprobs=False)),
+}
+
+
+def _batch(B: int, temperature: float, top_p: float, dev: torch.device) -> SamplingBatch:
+    f, i = torch.float32, torch.int64
+
+    def full(v: float, dtype: torch.dtype) -> torch.Tensor:
+        return torch.full((B,), v, dtype=dtype, device=dev)
+
+    return SamplingBatch(
+        temperature=full(temperature, f), top_k=full(0, i), top_p=full(top_p, f), min_p=full(0.0, f),
+        seed_lo=torch.arange(B, device=dev) + 7, seed_hi=full(0, i), step=torch.arange(B, device=dev),
+        rows=full(0, i), presence=full(0.0, f), frequency=full(0.0, f), repetition=full(1.0, f),
+    )  # fmt: skip
+
+
+def _replay_us(fn: Callable[[], object], calls: int = 10, replays: int = 50, repeats: int = 7) -> float:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()  # compiles the Triton kernels, warms the allocator
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / (replays * calls))
+    return statistics.median(times)
+
+
+def _time(B: int, mode: str, kernel: bool, x: torch.Tensor) -> float:
+    temperature, top_p, f = MODES[mode]
+    b = _batch(B, temperature, top_p, x.device)
+    with mock.patch.object(sampler, "use_triton", lambda where: kernel and where.is_cuda):
+        return _replay_us(lambda: sample_batch(x, b, None, f))
+
+
+def main() -> None:
+    if not torch.cuda.is_available():
+        sys.exit("sample_time.py: needs a CUDA device (run it on the GPU box: bench/gpu/run.sh kernels)")
+    from freetoken.kernels.triton_support import triton_available
+
+    if not triton_available():
+        sys.exit("sample_time.py: needs Triton (the draw kernel)")
+    dev = torch.device("cuda")
+    g = torch.Generator(dev).manual_seed(0)
+    print(f"V = {V}, {torch.cuda.get_device_name()}; µs per sample_batch call (graph replays, median of 7)")
+    print("| batch | mode | torch µs | kernel µs | kernel / torch | torch / greedy | kernel / greedy |")
+    print("|---|---|---|---|---|---|---|")
+    for B in (1, 4):
+        x = torch.randn(B, V, generator=g, device=dev) * 3
+        greedy = _time(B, "greedy", False, x)
+        for mode in MODES:
+            t, k = _time(B, mode, False, x), _time(B, mode, True, x)
+            print(f"| {B} | {mode} | {t:.1f} | {k:.1f} | {k / t:.2f} | {t / greedy:.2f} | {k / greedy:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""The sampler's draw (``runner/sampler.py``) in three small Triton launches instead of ~12 torch kernels over the
+vocabulary: per row, ``argmax((x - max x) / temperature + g)`` with Gumbel noise ``g = -log(-log(u))`` from the
+counter-based hash of ``runner/noise.py`` (computed here per token, bit-exact), greedy rows ``argmax x``.
+
+The row is split in blocks of ``BLOCK`` tokens, one program each (a decode step has 1-8 rows: one program per row
+would leave the GPU almost idle): pass 1 takes each block's max and its first index; pass 2 reduces the row's
+max from pass 1's partials, then each block's best ``z + g`` and its first index (greedy rows skip it); pass 3,
+one program per row, picks the best block (the first on ties: torch.argmax's lowest index).
+
+The hash runs in uint32 arithmetic: ``noise.mix32`` computes over int64 ``(x * c) & 0xFFFFFFFF`` with ``x`` and
+``c`` below 2**32, which is the uint32 product modulo 2**32, and its shifts of non-negative values are logical
+shifts; the same bits, in native 32-bit ops. The logs are libdevice's ``logf`` on the GPU, as torch's (``tl.log``
+is the approximate ``lg2.approx``, whose absolute error near ``u = 1`` is large against ``-log(u)`` itself); the
+interpreter, which has no libdevice, takes numpy's.
+
+NaN and -inf are never picked: a NaN compares false and a block or row of only -inf (or NaN) keeps the sentinel
+index ``V``, which pass 3 maps to 0 (torch.argmax of an all -inf row: 0). A torch reference would pick a NaN."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+BLOCK = 2048
+_PRECISE = os.environ.get("TRITON_INTERPRET") != "1"  # libdevice's log on the GPU; the interpreter has none
+
+
+@triton.jit
+def _mix32(x):
+    x = x ^ (x >> 16)
+    x = x * 0x21F0AAAD
+    x = x ^ (x >> 15)
+    x = x * 0x735A2D97
+    return x ^ (x >> 15)
+
+
+@triton.jit
+def _log(x, PRECISE: tl.constexpr):
+    if PRECISE:
+        y = libdevice.log(x)
+    else:
+        y = tl.log(x)
+    return y
+
+
+@triton.jit
+def _block_best(v, cols, V):
+    """(max of v, the first of its indices), NaN ignored; (-inf, V) where v has nothing above -inf."""
+    v = tl.where(v == v, v, float("-inf"))
+    m = tl.max(v, axis=0)
+    i = tl.min(tl.where(v == m, cols, V), axis=0)
+    return m, tl.where(m > float("-inf"), i, V)
+
+
+@triton.jit
+def _max_kernel(X, PM, PI, V, stride, NB, BLOCK: tl.constexpr):
+    row, blk = tl.program_id(0), tl.program_id(1)
+    cols = blk * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + row.to(tl.int64) * stride + cols, mask=cols < V, other=float("-inf"))
+    m, i = _block_best(x, cols, V)
+    tl.store(PM + row * NB + blk, m)
+    tl.store(PI + row * NB + blk, i)
+
+
+@triton.jit
+def _draw_kernel(
+    X, T, K, G, PM, DM, DI, V, stride, NB, NB_POW: tl.constexpr, BLOCK: tl.constexpr, PRECISE: tl.constexpr
+):  # fmt: skip
+    row, blk = tl.program_id(0), tl.program_id(1)
+    if tl.load(G + row) == 0:
+        parts = tl.arange(0, NB_POW)
+        pm = tl.load(PM + row * NB + parts, mask=parts < NB, other=float("-inf"))
+        x_max = tl.max(pm, axis=0)  # the partials hold no NaN
+        temp = tl.load(T + row)
+        cols = blk * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(X + row.to(tl.int64) * stride + cols, mask=cols < V, other=float("-inf"))
+        z = (x - x_max) / temp
+        h = _mix32(tl.load(K + row).to(tl.uint32) ^ _mix32(cols.to(tl.uint32) + 0x9E3779B9))
+        u = ((h >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
+        g = -_log(-_log(u, PRECISE), PRECISE)
+        m, i = _block_best(z + g, cols, V)
+        tl.store(DM + row * NB + blk, m)
+        tl.store(DI + row * NB + blk, i)
+
+
+@triton.jit
+def _pick_kernel(G, PM, PI, DM, DI, OUT, V, NB, NB_POW: tl.constexpr):
+    row = tl.program_id(0)
+    parts = tl.arange(0, NB_POW)
+    ok = parts < NB
+    if tl.load(G + row) != 0:
+        m = tl.load(PM + row * NB + parts, mask=ok, other=float("-inf"))
+        i = tl.load(PI + row * NB + parts, mask=ok, other=V)
+    else:
+        m = tl.load(DM + row * NB + parts, mask=ok, other=float("-inf"))
+        i = tl.load(DI + row * NB + parts, mask=ok, other=V)
+    best = tl.max(m, axis=0)  # the partials hold no NaN
+    idx = tl.min(tl.where(m == best, i, V), axis=0)
+    tl.store(OUT + row, tl.where(idx < V, idx, 0).to(tl.int64))
+
+
+def gumbel_argmax_triton(
+    x: torch.Tensor, temperature: torch.Tensor, keys: torch.Tensor, greedy: torch.Tensor
+) -> torch.Tensor:
+    """x [B, V] float32, temperature [B] float32 (> 0 where drawn), keys [B] int64 (``noise.row_keys``), greedy [B]
+    bool -> [B] int64 token ids. Fixed-shape launches, no host read: capturable in a CUDA graph."""
+    B, V = x.shape
+    if x.dtype != torch.float32 or x.stride(1) != 1:
+        raise ValueError(f"gumbel_argmax: x must be float32 with unit column stride, got {x.dtype} {x.stride()}")
+    if V == 0 or V > 2**32 - 0x9E3779B9:  # the token counter + 0x9E3779B9 stays below 2**32, as in int64
+        raise ValueError(f"gumbel_argmax: vocabulary of {V} tokens out of range")
+    NB = triton.cdiv(V, BLOCK)
+    nb_pow = max(2, triton.next_power_of_2(NB))
+    dev = x.device
+    pm = torch.empty((B, NB), dtype=torch.float32, device=dev)
+    pi = torch.empty((B, NB), dtype=torch.int32, device=dev)
+    dm, di = torch.empty_like(pm), torch.empty_like(pi)
+    out = torch.empty(B, dtype=torch.int64, device=dev)
+    if B == 0:
+        return out
+    t = temperature.to(torch.float32).contiguous()
+    k = keys.to(torch.int64).contiguous()
+    g = greedy.contiguous().view(torch.uint8)  # (a view: no conversion kernel)
+    _max_kernel[(B, NB)](x, pm, pi, V, x.stride(0), NB, BLOCK=BLOCK)
+    _draw_kernel[(B, NB)](x, t, k, g, pm, dm, di, V, x.stride(0), NB, NB_POW=nb_pow, BLOCK=BLOCK, PRECISE=_PRECISE)
+    _pick_kernel[(B,)](g, pm, pi, dm, di, out, V, NB, NB_POW=nb_pow)
+    return out
