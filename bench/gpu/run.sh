@@ -42,6 +42,9 @@
 #   llamacpp       the peer on the same shape (12 layers, bf16 and Q8_0 GGUFs by make_gguf.py): llama-bench decode
 #                  at --n-cpu-moe 12 / 9 / 0, 6 and 16 threads, and its prompt rate at 8k; run it in the lease of
 #                  the figures it is compared with (a first call starts the ~5 min build and may end before it)
+#   llamacpp_gptoss [e2e]   the peer of --preset gpt-oss-20b (24 layers, MXFP4 experts, make_gguf_gpt_oss.py):
+#                  llama-bench decode at --n-cpu-moe 18 (25% cache) / 0 / 24, 6 threads (18 also at 16); e2e: ft bench
+#                  e2e --preset gpt-oss-20b fused + hybrid, 6 threads, batch 1, the peer alternating (a second call)
 #   train          the embedded model v2's training run and a quick held-out eval (docs/default_model.md)
 #   wheels         (dev box, not the device) download the wheels into .whl/ for the box's Python 3.12
 set -uo pipefail
@@ -264,6 +267,28 @@ stage_llamacpp() {
     && peer_decode /tmp/q8.gguf 9:6 9:16 | tee -a "$OUT/llamacpp.md"; rm -f /tmp/q8.gguf
 }
 
+stage_llamacpp_gptoss() {  # #35: the peer of --preset gpt-oss-20b (24 layers, MXFP4 experts; make_gguf_gpt_oss.py,
+  # 13.75 GB): llama-bench decode at --n-cpu-moe 18 (our 25% cache: 24 - round(0.25 * 24), llama_peer.n_cpu_moe_for),
+  # 0 (every expert on the GPU) and 24 (none), 6 threads, 18 also at 16; `llamacpp_gptoss e2e` then runs ft bench e2e
+  # --preset gpt-oss-20b (fused, hybrid; 6 threads, batch 1, sampled) with the peer alternating (a second call: the
+  # e2e writes its own 14 GB checkpoint)
+  build_llama 14
+  wait_llama 60 || { echo "llama.cpp still building (or failed: $(tail -3 /tmp/lc/build.log 2>/dev/null)): call again"; return; }
+  export PYTHONPATH=/tmp/lc/llama.cpp/gguf-py:$PYTHONPATH
+  local g=/tmp/gptoss.gguf
+  local free_gb; free_gb=$(df -BG --output=avail /tmp | tail -1 | tr -dc 0-9)  # 64 GB disk: other stages' checkpoints
+  [ -f $g ] || [ "$free_gb" -ge 16 ] || { echo "only ${free_gb} GB free under /tmp (the GGUF needs 14): rm -rf /tmp/ft-e2e-*"; return; }
+  [ -f $g ] || run_logged 300 gguf_gptoss python3 bench/gpu/make_gguf_gpt_oss.py $g 24 || { rm -f $g; return; }
+  if [ "${1:-}" = e2e ]; then
+    run_logged 500 e2e_gptoss python3 -m freetoken.bench.e2e --preset gpt-oss-20b --dir /tmp/ft-e2e-gpt-oss-20b \
+      --expert-cache 0.25 --policies fused,hybrid --cpu-threads 6 --batch 1 --repeats 2 --temperature 1.0 \
+      --peer-llama-cpp $LB $g --json "$OUT/e2e_gptoss.json"
+    tables e2e_gptoss; return
+  fi
+  printf '| GGUF | test | --n-cpu-moe | threads | tok/s |\n|---|---|---|---|---|\n' | tee "$OUT/llamacpp_gptoss.md"
+  peer_decode $g 18:6 0:6 24:6 18:16 | tee -a "$OUT/llamacpp_gptoss.md"
+}
+
 stage_train() {  # ~9.5 min: data + fla's gradient check + training (400 s on the clock), then a quick eval
   local log=$OUT/run.log t0; t0=$(date +%s)
   python3 -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)" \
@@ -284,7 +309,8 @@ stage_train() {  # ~9.5 min: data + fla's gradient check + training (400 s on th
 stage=${1:-}; shift || true
 case $stage in
 wheels) download_wheels ;;
-tests|graphs|ab|memory|e2e|frontier|fp4|threads|step|experts|layers|prefill|http|cpu|formats|kernels|contention|fla|elastic|load|llamacpp|train)
+tests|graphs|ab|memory|e2e|frontier|fp4|threads|step|experts|layers|prefill|http|cpu|formats|kernels|contention|fla|elastic|load|\
+llamacpp|llamacpp_gptoss|train)
   install_wheels
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nvidia-smi --query-gpu=name --format=csv,noheader \
     2>/dev/null | head -1), $(nproc) CPUs" | tee "$OUT/machine.txt"
