@@ -155,3 +155,47 @@ class FakeCapture:
         graph = FakeGraph(body, out)
         self.graphs.append(graph)
         return graph, out
+
+
+def cpu_step_graph_host(monkeypatch: Any) -> None:
+    """The step graphs' host side on a CPU: no pinned memory; the CPU attention's and rope's per-step lookups (keyed
+    on the step's tensors, which the graphs' static buffers keep) made again at every body run, as on CUDA."""
+    from freetoken.layers.rope import Rotary
+    from freetoken.runner.step_graph import StepGraphs
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
+    body, tables = StepGraphs._body, Rotary._tables
+
+    def fresh_body(self: StepGraphs, st: Any, f: Any) -> torch.Tensor:
+        st.batch.decode.gathered.clear()
+        return body(self, st, f)
+
+    def fresh_tables(self: Rotary, positions: torch.Tensor, dtype: torch.dtype) -> Any:
+        self._last = None
+        return tables(self, positions, dtype)
+
+    monkeypatch.setattr(StepGraphs, "_body", fresh_body)
+    monkeypatch.setattr(Rotary, "_tables", fresh_tables)
+
+
+def fake_step_graphs(llm: Any, monkeypatch: Any, capture: FakeCapture | None = None, recurrent: bool = False) -> Any:
+    """``llm``'s decode steps through step graphs captured by ``capture`` (default: a FakeCapture that puts the
+    penalty state back after the capture's run; ``recurrent``: the state slots and KV rows too, which a recurrent
+    model's capture run advances from already-advanced states). The backend's layer-graph hooks (CUDA only) off."""
+    from freetoken.runner.step_graph import StepGraphs
+
+    eng = llm.engine
+    backend = eng.setup.loaded.backend
+    monkeypatch.setattr(backend, "step_capturable", lambda tokens, top_k: True)
+    for hook in ("begin_step_capture", "end_step_capture", "before_step_replay"):
+        monkeypatch.setattr(backend, hook, lambda *a: None)
+    state, pools, kv = eng.sampler.state, eng.states, eng.kv
+
+    def kept() -> list[torch.Tensor]:
+        extra = [*pools.tensors, *kv.k, *kv.v] if recurrent and pools is not None else []
+        return [state.counts, state.seen, *extra]
+
+    rows, pages = eng.config.max_running_requests, eng.kv.pages_for(eng.max_model_len)
+    eng.runner.graphs = StepGraphs(eng.setup.loaded.model, eng.kv, backend, eng.sampler, rows, pages, eng.hf.top_k,
+                                   capture=capture or FakeCapture(keep=kept))  # fmt: skip
+    return llm

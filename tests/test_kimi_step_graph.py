@@ -6,15 +6,12 @@ transformers' greedy tokens (float32)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
-from capture_check import FakeCapture
+from capture_check import cpu_step_graph_host, fake_step_graphs
 from freetoken import LLM, SamplingParams
-from freetoken.layers.rope import Rotary
-from freetoken.runner.step_graph import StepGraphs
 from graph_cases import BUCKETS, run_case
 from reference import ROUTER_MARGIN, reference_greedy
 from tiny_kimi import save_kimi_checkpoint
@@ -30,39 +27,12 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _cpu_graphed(d: Path, monkeypatch: pytest.MonkeyPatch) -> LLM:
-    """A CPU engine whose decode steps go through the step graphs under a fake capture (the per-step lookups keyed
-    on the step's tensors made again at every body run, as on CUDA). The fake capture runs the body where a CUDA one
-    records it only: that run starts from the state slots the step's eager run advanced, so the KV rows it writes
-    differ too; both are put back after it (``keep``)."""
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
-    body, tables = StepGraphs._body, Rotary._tables
-
-    def fresh_body(self: StepGraphs, st: Any, f: Any) -> torch.Tensor:
-        st.batch.decode.gathered.clear()
-        return body(self, st, f)
-
-    def fresh_tables(self: Rotary, positions: torch.Tensor, dtype: torch.dtype) -> Any:
-        self._last = None
-        return tables(self, positions, dtype)
-
-    monkeypatch.setattr(StepGraphs, "_body", fresh_body)
-    monkeypatch.setattr(Rotary, "_tables", fresh_tables)
+    """A CPU engine whose decode steps go through the step graphs under a fake capture (``capture_check``); its run
+    of the body starts from the state slots the step's eager run advanced, so state slots and KV rows are put back."""
+    cpu_step_graph_host(monkeypatch)
     llm = LLM(model=str(d), device="cpu", dtype="float32", max_running_requests=8, page_size=4)
-    eng = llm.engine
-    backend = eng.setup.loaded.backend
-    monkeypatch.setattr(backend, "step_capturable", lambda tokens, top_k: True)
-    for hook in ("begin_step_capture", "end_step_capture", "before_step_replay"):
-        monkeypatch.setattr(backend, hook, lambda *a: None)
-    state, pools, kv = eng.sampler.state, eng.states, eng.kv
-    assert pools is not None
-
-    def kept() -> list[torch.Tensor]:
-        return [state.counts, state.seen, *pools.tensors, *kv.k, *kv.v]
-
-    rows, pages = eng.config.max_running_requests, eng.kv.pages_for(eng.max_model_len)
-    eng.runner.graphs = StepGraphs(eng.setup.loaded.model, eng.kv, backend, eng.sampler, rows, pages, eng.hf.top_k,
-                                   capture=FakeCapture(keep=kept))  # fmt: skip
-    return llm
+    assert llm.engine.states is not None
+    return fake_step_graphs(llm, monkeypatch, recurrent=True)
 
 
 def test_kimi_decode_is_capturable_and_replays_the_eager_tokens(ckpt, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,10 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from capture_check import FakeCapture
+from capture_check import cpu_step_graph_host, fake_step_graphs
 from freetoken import LLM, SamplingParams
-from freetoken.layers.rope import Rotary
-from freetoken.runner.step_graph import StepGraphs
 from graph_cases import BUCKETS, run_case
 from reference import reference_greedy
 from tiny_mla import save_mla_checkpoint, sigmoid_margin
@@ -29,32 +27,10 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
 
 
 def _cpu_graphed(d: Path, monkeypatch: pytest.MonkeyPatch) -> LLM:
-    """A CPU engine whose decode steps go through the step graphs under a fake capture (the per-step lookups keyed
-    on the step's tensors made again at every body run, as on CUDA)."""
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
-    body, tables = StepGraphs._body, Rotary._tables
-
-    def fresh_body(self: StepGraphs, st: Any, f: Any) -> torch.Tensor:
-        st.batch.decode.gathered.clear()
-        return body(self, st, f)
-
-    def fresh_tables(self: Rotary, positions: torch.Tensor, dtype: torch.dtype) -> Any:
-        self._last = None
-        return tables(self, positions, dtype)
-
-    monkeypatch.setattr(StepGraphs, "_body", fresh_body)
-    monkeypatch.setattr(Rotary, "_tables", fresh_tables)
+    """A CPU engine whose decode steps go through the step graphs under a fake capture (``capture_check``)."""
+    cpu_step_graph_host(monkeypatch)
     llm = LLM(model=str(d), device="cpu", dtype="float32", max_running_requests=8, page_size=4)
-    eng = llm.engine
-    backend = eng.setup.loaded.backend
-    monkeypatch.setattr(backend, "step_capturable", lambda tokens, top_k: True)
-    for hook in ("begin_step_capture", "end_step_capture", "before_step_replay"):
-        monkeypatch.setattr(backend, hook, lambda *a: None)
-    state = eng.sampler.state
-    rows, pages = eng.config.max_running_requests, eng.kv.pages_for(eng.max_model_len)
-    eng.runner.graphs = StepGraphs(eng.setup.loaded.model, eng.kv, backend, eng.sampler, rows, pages, eng.hf.top_k,
-                                   capture=FakeCapture(keep=lambda: [state.counts, state.seen]))  # fmt: skip
-    return llm
+    return fake_step_graphs(llm, monkeypatch)
 
 
 def test_mla_decode_is_capturable_and_replays_the_eager_tokens(ckpt, monkeypatch: pytest.MonkeyPatch) -> None:

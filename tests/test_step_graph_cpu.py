@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from capture_check import CaptureBreaker, FakeCapture
+from capture_check import CaptureBreaker, FakeCapture, cpu_step_graph_host, fake_step_graphs
 from freetoken import LLM, SamplingParams
-from freetoken.layers.rope import Rotary
 from freetoken.runner import step_graph
 from freetoken.runner.step_graph import StepGraphs
 from freetoken.server.metrics import ServerMetrics
@@ -34,21 +33,7 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def _cpu_step_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The step graphs' host side on a CPU: no pinned memory; the CPU attention's and rope's per-step lookups (keyed
-    on the step's tensors, which the graphs' static buffers keep) made again at every body run, as CUDA does."""
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
-    body, tables = StepGraphs._body, Rotary._tables
-
-    def fresh_body(self: StepGraphs, st: Any, f: Any) -> torch.Tensor:
-        st.batch.decode.gathered.clear()
-        return body(self, st, f)
-
-    def fresh_tables(self: Rotary, positions: torch.Tensor, dtype: torch.dtype) -> Any:
-        self._last = None
-        return tables(self, positions, dtype)
-
-    monkeypatch.setattr(StepGraphs, "_body", fresh_body)
-    monkeypatch.setattr(Rotary, "_tables", fresh_tables)
+    cpu_step_graph_host(monkeypatch)
 
 
 def _llm(ckpt: Path, **kw: Any) -> LLM:
@@ -60,18 +45,7 @@ def _llm(ckpt: Path, **kw: Any) -> LLM:
 def _graphed(ckpt: Path, monkeypatch: pytest.MonkeyPatch, capture: FakeCapture | None = None, **kw: Any) -> LLM:
     """An engine whose decode steps go through the step graphs, captured by ``capture`` (default: a FakeCapture
     that puts the penalty state back after the capture's run)."""
-    llm = _llm(ckpt, **kw)
-    eng = llm.engine
-    backend = eng.setup.loaded.backend
-    monkeypatch.setattr(backend, "step_capturable", lambda tokens, top_k: True)
-    for hook in ("begin_step_capture", "end_step_capture", "before_step_replay"):  # (the layer graphs': CUDA only)
-        monkeypatch.setattr(backend, hook, lambda *a: None)
-    state = eng.sampler.state
-    cap = capture or FakeCapture(keep=lambda: [state.counts, state.seen])
-    rows, pages = eng.config.max_running_requests, eng.kv.pages_for(eng.max_model_len)
-    eng.runner.graphs = StepGraphs(eng.setup.loaded.model, eng.kv, backend, eng.sampler, rows, pages, eng.hf.top_k,
-                                   capture=cap)  # fmt: skip
-    return llm
+    return fake_step_graphs(_llm(ckpt, **kw), monkeypatch, capture)
 
 
 def _graphs(llm: LLM) -> StepGraphs:
