@@ -10,20 +10,18 @@ from collections.abc import Callable
 import torch
 
 from freetoken.checkpoint.errors import CheckpointError
-from freetoken.checkpoint.ftw_manifest import Manifest, read_manifest
+from freetoken.checkpoint.ftw_manifest import Manifest
 from freetoken.checkpoint.ftw_progress import tracked
 from freetoken.checkpoint.ftw_verify import WeightsCheck
 from freetoken.checkpoint.gemma4_config import FULL, SLIDING, Gemma4Config, gemma4_config
 from freetoken.checkpoint.hf_config import HFConfig
-from freetoken.checkpoint.quantization import check_supported
-from freetoken.checkpoint.safetensors_io import SafetensorsReader
 from freetoken.checkpoint.weights import CheckpointWeights
 from freetoken.experts.base import ExpertBackend, ExpertBanks
 from freetoken.layers.moe import MoELayer
 from freetoken.loader.ftw_load import read_ftw_banks
-from freetoken.loader.model_build import LoadedModel, expert_format, weight_format
+from freetoken.loader.model_build import LoadedModel, expert_format, open_checkpoint
 from freetoken.models import gemma4
-from freetoken.models.base import Family, skip_patterns
+from freetoken.models.base import Family
 from freetoken.models.blocks import ExpertRead
 from freetoken.models.gemma4_layers import GemmaLayer, GemmaModel, GemmaMoE
 from freetoken.models.hybrid_blocks import state_shape
@@ -42,12 +40,7 @@ def build_model(
     verify: str = "background",
 ) -> LoadedModel:
     g = gemma4_config(hf)
-    ftw = read_manifest(hf.path)
-    reader = SafetensorsReader(hf.path)
-    fmt = weight_format(reader, hf)
-    skippable = skip_patterns(family, hf.raw, hf.num_layers)
-    check_supported(hf.raw, reader, skippable, fmt)
-    w = CheckpointWeights(reader, device, dtype, fmt)
+    ftw, fmt, w, skippable = open_checkpoint(hf, family, device, dtype)
     n, D, V = family.naming, hf.hidden_size, hf.vocab_size
     rot = gemma4.rotaries(g, max_positions, device)
     pages = {i: k for k, i in enumerate(g.kv_layers(FULL))}  # layer -> its KV page layer / ring

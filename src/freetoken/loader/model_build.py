@@ -19,7 +19,7 @@ import torch
 
 from freetoken.cache.state_pool import StateShape
 from freetoken.checkpoint.errors import CheckpointError
-from freetoken.checkpoint.ftw_manifest import read_manifest
+from freetoken.checkpoint.ftw_manifest import Manifest, read_manifest
 from freetoken.checkpoint.ftw_progress import tracked
 from freetoken.checkpoint.ftw_verify import WeightsCheck
 from freetoken.checkpoint.hf_config import HFConfig
@@ -109,6 +109,20 @@ def family_hook(family: Family, name: str) -> Callable[..., object] | None:
     return fn
 
 
+def open_checkpoint(
+    hf: HFConfig, family: Family, device: torch.device, dtype: torch.dtype
+) -> tuple[Manifest | None, WeightFormat | None, CheckpointWeights, tuple[str, ...]]:
+    """The checkpoint's FTW manifest (the routed experts pre-banked; None: plain safetensors), its weight format, its
+    checked reads and the tensor patterns the family may leave unread (multi-token prediction layers, ...), after
+    every tensor was found readable — before any weight is read."""
+    ftw = read_manifest(hf.path)
+    reader = SafetensorsReader(hf.path)
+    fmt = weight_format(reader, hf)
+    skippable = skip_patterns(family, hf.raw, hf.num_layers)
+    check_supported(hf.raw, reader, skippable, fmt)
+    return ftw, fmt, CheckpointWeights(reader, device, dtype, fmt), skippable
+
+
 def build_model(
     hf: HFConfig,
     family: Family,
@@ -123,12 +137,7 @@ def build_model(
         built = own(hf, family, device, dtype, make_backend, max_positions, verify)
         assert isinstance(built, LoadedModel)
         return built
-    ftw = read_manifest(hf.path)  # FTW: the routed experts come pre-banked, the rest is safetensors as usual
-    reader = SafetensorsReader(hf.path)
-    fmt = weight_format(reader, hf)
-    skippable = skip_patterns(family, hf.raw, hf.num_layers)  # with the multi-token-prediction layers, if any
-    check_supported(hf.raw, reader, skippable, fmt)
-    w = CheckpointWeights(reader, device, dtype, fmt)
+    ftw, fmt, w, skippable = open_checkpoint(hf, family, device, dtype)
     if family.gpt_oss_experts:
         gpt_oss.check_activation(hf)
     n = family.naming
