@@ -124,3 +124,39 @@ def sigmoid_router_margin(logits: torch.Tensor, bias: torch.Tensor, top_k: int, 
         gap = top[:, top_k - 1] - top[:, top_k]
         margin = min(margin, float(gap[torch.isfinite(gap)].min()) if bool(torch.isfinite(gap).any()) else margin)
     return margin
+
+
+def float32_llm(d: Any, backend: str = "auto", cache: float | None = None, fill: float | None = None,
+                device: str = "cpu", **kw: Any) -> Any:  # fmt: skip
+    """The engine on a reference test's checkpoint ``d``, in float32 (the oracle's precision): ``backend`` with its
+    expert-cache share ``cache`` and fill fraction ``fill``."""
+    from freetoken import LLM
+
+    return LLM(model=str(d), device=device, dtype="float32", moe_backend=backend, expert_cache=cache,
+               fill_fraction=fill, **kw)  # fmt: skip
+
+
+def check_reuse_after_an_edit(llm: Any, reference: Any, history: list[int], at: int, params: Any) -> None:
+    """``history``, then ``history`` with token ``at`` changed, through ``llm`` (page size ``S``): the second reuses
+    the pages before the edit's and prefills the rest; both continue as ``reference(prompt)`` does."""
+    S = llm.engine.config.page_size
+    edited = list(history)
+    edited[at] = (edited[at] + 1) % 500 + 3
+    first = llm.generate([history], params)[0].token_ids
+    before = llm.stats()
+    out = llm.generate([edited], params)[0].token_ids
+    after = llm.stats()
+    assert after["prefix_tokens_reused"] - before["prefix_tokens_reused"] == at // S * S
+    assert after["prefill_tokens"] - before["prefill_tokens"] == len(edited) - at // S * S
+    assert first == reference(history).tokens
+    assert out == reference(edited).tokens
+    llm.check_integrity()
+
+
+def check_preemption_keeps_tokens(llm: Any, refs: list[RefRun], params: Any) -> None:
+    """Every reference prompt at once through ``llm`` (a KV pool too small for them): requests are preempted and
+    resumed, and each gives the reference's tokens."""
+    outs = llm.generate([r.prompt for r in refs], params)
+    assert [o.token_ids for o in outs] == [r.tokens for r in refs]
+    assert llm.stats()["preemptions"] > 0
+    llm.check_integrity()

@@ -10,15 +10,23 @@ per token."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-from freetoken import LLM, SamplingParams
+from freetoken import SamplingParams
 from freetoken.checkpoint.hf_config import load_hf_config
 from freetoken.memory.sizes import model_bytes
-from reference import LOGIT_MARGIN, ROUTER_MARGIN, assert_close_logits, reference_greedy, torch_ops
+from reference import (
+    LOGIT_MARGIN,
+    ROUTER_MARGIN,
+    assert_close_logits,
+    check_preemption_keeps_tokens,
+    check_reuse_after_an_edit,
+    reference_greedy,
+    torch_ops,
+)
+from reference import float32_llm as _llm
 from tiny_dsa import VARIANTS, index_margin, make_model, save_dsa_checkpoint
 from tiny_mla import sigmoid_margin
 
@@ -63,11 +71,6 @@ def dsa_ckpt(request, tmp_path_factory):
     refs = [_reference(model, p) for p in _prompts(SEEDS[variant])]
     full = [_logits(model, r.prompt + r.tokens) for r in refs]
     return variant, d, model, refs, full
-
-
-def _llm(d: Path, backend: str = "auto", cache: float | None = None, fill: float | None = None, **kw) -> LLM:
-    return LLM(model=str(d), device="cpu", dtype="float32", moe_backend=backend, expert_cache=cache,
-               fill_fraction=fill, **kw)  # fmt: skip
 
 
 def test_logits_match_one_shot_chunked_and_token_by_token(dsa_ckpt):
@@ -117,19 +120,8 @@ def test_prefix_reuse_after_an_edit(dsa_ckpt, freetoken_env):
     if variant != "deepseek_v32":
         pytest.skip("one variant suffices: the indexer keys are cached alike")
     freetoken_env("FREETOKEN_DEBUG", "1")
-    S = 8
     history = torch.randint(3, 512, (40,), generator=torch.Generator().manual_seed(78)).tolist()
-    edited = list(history)
-    edited[27] = (edited[27] + 1) % 500 + 3
-    llm = _llm(d, page_size=S)
-    first = llm.generate([history], PARAMS)[0].token_ids
-    before = llm.stats()
-    out = llm.generate([edited], PARAMS)[0].token_ids
-    after = llm.stats()
-    assert after["prefix_tokens_reused"] - before["prefix_tokens_reused"] == 27 // S * S
-    assert first == _reference(model, history).tokens
-    assert out == _reference(model, edited).tokens
-    llm.check_integrity()
+    check_reuse_after_an_edit(_llm(d, page_size=8), lambda ids: _reference(model, ids), history, 27, PARAMS)
 
 
 def test_preempted_requests_keep_their_tokens(dsa_ckpt, freetoken_env):
@@ -137,11 +129,7 @@ def test_preempted_requests_keep_their_tokens(dsa_ckpt, freetoken_env):
     if variant != "glm_moe_dsa":
         pytest.skip("one variant suffices")
     freetoken_env("FREETOKEN_DEBUG", "1")
-    llm = _llm(d, page_size=4, kv_pages=12, max_batched_tokens=16)
-    outs = llm.generate([r.prompt for r in refs], PARAMS)
-    assert [o.token_ids for o in outs] == [r.tokens for r in refs]
-    assert llm.stats()["preemptions"] > 0
-    llm.check_integrity()
+    check_preemption_keeps_tokens(_llm(d, page_size=4, kv_pages=12, max_batched_tokens=16), refs, PARAMS)
 
 
 def test_kv_bytes_per_token_is_the_latent_and_indexer_formula(dsa_ckpt):

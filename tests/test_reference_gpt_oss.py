@@ -15,6 +15,7 @@ import torch
 from freetoken import LLM, SamplingParams
 from freetoken.checkpoint.errors import CheckpointError
 from reference import LOGIT_MARGIN, ROUTER_MARGIN, assert_close_logits, reference_greedy, torch_ops
+from reference import float32_llm as _llm
 from tiny_models import make_model
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
@@ -54,11 +55,6 @@ def ckpt(tmp_path_factory):
     with torch.no_grad(), torch_ops(model):  # logits at every position of prompt + continuation
         full = [model(torch.tensor([r.prompt + r.tokens]), use_cache=False).logits[0].float() for r in refs]
     return d, model, refs, full
-
-
-def _llm(d, backend: str, cache: float | None, fill: float | None, **kw) -> LLM:
-    return LLM(model=str(d), device="cpu", dtype="float32", moe_backend=backend, expert_cache=cache, fill_fraction=fill,
-               **kw)  # fmt: skip
 
 
 @pytest.mark.parametrize("backend,cache,fill", BACKENDS)

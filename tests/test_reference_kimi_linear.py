@@ -24,6 +24,7 @@ from freetoken.kernels.gated_delta import l2norm
 from freetoken.kernels.kda import chunk_kda, recurrent_kda
 from freetoken.memory.sizes import model_bytes
 from reference import LOGIT_MARGIN, ROUTER_MARGIN, assert_close_logits, reference_greedy, torch_ops
+from reference import float32_llm as _llm
 from tiny_kimi import save_kimi_checkpoint
 from tiny_mla import sigmoid_margin
 from tiny_models import save_tokenizer
@@ -59,11 +60,6 @@ def kimi(tmp_path_factory):
         exact.set_experts_implementation("eager")  # grouped_mm has no float64
         full = [exact(torch.tensor([r.prompt + r.tokens]), use_cache=False).logits[0] for r in refs]
     return d, model, refs, full, tok.convert_tokens_to_ids("<|im_end|>")
-
-
-def _llm(d: Path, backend: str = "auto", cache: float | None = None, fill: float | None = None, **kw) -> LLM:
-    return LLM(model=str(d), device="cpu", dtype="float32", moe_backend=backend, expert_cache=cache,
-               fill_fraction=fill, **kw)  # fmt: skip
 
 
 def test_layers_as_the_config_lists_them(kimi):

@@ -21,7 +21,16 @@ from freetoken import LLM, SamplingParams
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.hf_config import load_hf_config
 from freetoken.memory.sizes import model_bytes
-from reference import LOGIT_MARGIN, ROUTER_MARGIN, assert_close_logits, reference_greedy, torch_ops
+from reference import (
+    LOGIT_MARGIN,
+    ROUTER_MARGIN,
+    assert_close_logits,
+    check_preemption_keeps_tokens,
+    check_reuse_after_an_edit,
+    reference_greedy,
+    torch_ops,
+)
+from reference import float32_llm as _llm
 from tiny_mla import VARIANTS, save_mla_checkpoint, sigmoid_margin
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
@@ -61,11 +70,6 @@ def mla_ckpt(request, tmp_path_factory):
     return variant, d, model, refs, full
 
 
-def _llm(d: Path, backend: str = "auto", cache: float | None = None, fill: float | None = None, **kw) -> LLM:
-    return LLM(model=str(d), device="cpu", dtype="float32", moe_backend=backend, expert_cache=cache,
-               fill_fraction=fill, **kw)  # fmt: skip
-
-
 def test_logits_match_one_shot_chunked_and_token_by_token(mla_ckpt):
     """Prefill expands the latents; chunks read the latents earlier chunks wrote (chunk-major and layer-major);
     chunk 1 is the absorbed decode."""
@@ -99,20 +103,8 @@ def test_prefix_reuse_after_an_edit(mla_ckpt, freetoken_env):
     if variant != "deepseek_v3":
         pytest.skip("one variant suffices: the latents are cached alike")
     freetoken_env("FREETOKEN_DEBUG", "1")  # every cache checked after every step
-    S = 8
     history = torch.randint(3, 512, (60,), generator=torch.Generator().manual_seed(77)).tolist()
-    edited = list(history)
-    edited[43] = (edited[43] + 1) % 500 + 3
-    llm = _llm(d, page_size=S)
-    first = llm.generate([history], PARAMS)[0].token_ids
-    before = llm.stats()
-    out = llm.generate([edited], PARAMS)[0].token_ids
-    after = llm.stats()
-    assert after["prefix_tokens_reused"] - before["prefix_tokens_reused"] == 43 // S * S
-    assert after["prefill_tokens"] - before["prefill_tokens"] == len(edited) - 43 // S * S
-    assert first == _reference(model, history, STEPS).tokens
-    assert out == _reference(model, edited, STEPS).tokens
-    llm.check_integrity()
+    check_reuse_after_an_edit(_llm(d, page_size=8), lambda ids: _reference(model, ids), history, 43, PARAMS)
 
 
 def test_preempted_requests_keep_their_tokens(mla_ckpt, freetoken_env):
@@ -122,11 +114,7 @@ def test_preempted_requests_keep_their_tokens(mla_ckpt, freetoken_env):
     if variant != "glm4_moe_lite":
         pytest.skip("one variant suffices")
     freetoken_env("FREETOKEN_DEBUG", "1")
-    llm = _llm(d, page_size=4, kv_pages=14, max_batched_tokens=16)
-    outs = llm.generate([r.prompt for r in refs], PARAMS)
-    assert [o.token_ids for o in outs] == [r.tokens for r in refs]
-    assert llm.stats()["preemptions"] > 0
-    llm.check_integrity()
+    check_preemption_keeps_tokens(_llm(d, page_size=4, kv_pages=14, max_batched_tokens=16), refs, PARAMS)
 
 
 def test_kv_bytes_per_token_is_the_latent_formula(mla_ckpt):

@@ -19,6 +19,7 @@ from freetoken.checkpoint.hf_config import load_hf_config
 from freetoken.models.blocks import rope
 from freetoken.models.registry import get_family
 from reference import LOGIT_MARGIN, ROUTER_MARGIN, assert_close_logits, reference_greedy
+from reference import float32_llm as _llm
 from tiny_models import SIGMOID_FAMILIES, save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
@@ -50,11 +51,6 @@ def sigmoid_ckpt(request, tmp_path_factory):
     with torch.no_grad():  # the reference's logits at every position of the longest prompt + its continuation
         full = model(torch.tensor([refs[2].prompt + refs[2].tokens]), use_cache=False).logits[0].float()
     return family, d, refs, full
-
-
-def _llm(d, backend: str, cache: float | None, fill: float | None, **kw) -> LLM:
-    return LLM(model=str(d), device="cpu", dtype="float32", moe_backend=backend, expert_cache=cache,
-               fill_fraction=fill, **kw)  # fmt: skip
 
 
 @pytest.mark.parametrize("backend,cache,fill", BACKENDS)
