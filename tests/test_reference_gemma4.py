@@ -12,8 +12,8 @@ import logging
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
+from checkpoint_edits import edited_checkpoint as _copy
 from devices import DEVICES
 from freetoken import LLM, SamplingParams
 from freetoken.checkpoint.errors import CheckpointError
@@ -195,17 +195,6 @@ def test_release_config_form(tmp_path):
 
 
 # ---- bad input ---------------------------------------------------------------------------------------------------
-def _copy(src, dst, drop: str | None = None, add: dict[str, torch.Tensor] | None = None, config=None):
-    dst.mkdir()
-    state = load_file(src / "model.safetensors")
-    if drop:
-        del state[drop]
-    state.update(add or {})
-    save_file(state, dst / "model.safetensors", metadata={"format": "pt"})
-    cfg = json.loads((src / "config.json").read_text())
-    (dst / "config.json").write_text(json.dumps(config(cfg) if config else cfg))
-    return dst
-
 
 @pytest.mark.parametrize("name", ["model.embed_tokens_per_layer.weight", "model.layers.5.self_attn.k_proj.weight",
                                   "model.layers.2.router.per_expert_scale", "model.layers.3.layer_scalar",

@@ -6,13 +6,12 @@ chunks and decode rows. And what a bad hybrid checkpoint gets at load."""
 from __future__ import annotations
 
 import copy
-import json
 import logging
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
+from checkpoint_edits import edited_checkpoint as _copy
 from devices import DEVICES
 from freetoken import LLM, SamplingParams
 from freetoken.checkpoint.errors import CheckpointError
@@ -115,18 +114,6 @@ def next_ckpt(tmp_path_factory):
     d = tmp_path_factory.mktemp("qwen3_next_bad")
     save_checkpoint("qwen3_next", d, seed=0)
     return d
-
-
-def _copy(src, dst, drop: str | None = None, add: dict[str, torch.Tensor] | None = None, config=None):
-    dst.mkdir()
-    state = load_file(src / "model.safetensors")
-    if drop:
-        del state[drop]
-    state.update(add or {})
-    save_file(state, dst / "model.safetensors", metadata={"format": "pt"})
-    cfg = json.loads((src / "config.json").read_text())
-    (dst / "config.json").write_text(json.dumps(config(cfg) if config else cfg))
-    return dst
 
 
 @pytest.mark.parametrize("name", ["model.layers.0.linear_attn.A_log", "model.layers.1.linear_attn.conv1d.weight",

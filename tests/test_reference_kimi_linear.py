@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
+from checkpoint_edits import edited_checkpoint as _edited
 from freetoken import LLM, SamplingParams
 from freetoken.bench.agent_edits import common_prefix
 from freetoken.checkpoint.errors import CheckpointError
@@ -252,16 +250,6 @@ def test_bad_layer_lists_are_refused(tmp_path, lin, match):
 
 
 # ---- bad checkpoints -----------------------------------------------------------------------------------------------
-def _edited(src: Path, dst: Path, config=None, tensors=None) -> Path:
-    shutil.copytree(src, dst)
-    if config is not None:
-        cfg = json.loads((dst / "config.json").read_text())
-        (dst / "config.json").write_text(json.dumps(config(cfg)))
-    if tensors is not None:
-        state = load_file(dst / "model.safetensors")
-        save_file(tensors(state), dst / "model.safetensors", metadata={"format": "pt"})
-    return dst
-
 
 def test_the_shipped_layout_of_dense_layers_loads(kimi, tmp_path):
     """transformers saves the dense layer under ``block_sparse_moe.``; the real checkpoints ship it as ``mlp.``."""

@@ -10,13 +10,11 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import shutil
-from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
+from checkpoint_edits import edited_checkpoint as _edited
 from freetoken import LLM, SamplingParams
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.hf_config import load_hf_config
@@ -139,17 +137,6 @@ def test_real_config_bytes_per_token(tmp_path):
                "vocab_size": 1000, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128}  # fmt: skip
         (tmp_path / "config.json").write_text(json.dumps(cfg))
         assert model_bytes(load_hf_config(tmp_path), 2).kv_per_token == 576 * 2 * layers
-
-
-def _edited(src: Path, dst: Path, config=None, tensors=None) -> Path:
-    shutil.copytree(src, dst)
-    if config is not None:
-        cfg = json.loads((dst / "config.json").read_text())
-        (dst / "config.json").write_text(json.dumps(config(cfg)))
-    if tensors is not None:
-        state = load_file(dst / "model.safetensors")
-        save_file(tensors(state), dst / "model.safetensors", metadata={"format": "pt"})
-    return dst
 
 
 def _set(key: str, value: object):

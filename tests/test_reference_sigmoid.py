@@ -11,8 +11,8 @@ import logging
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
+from checkpoint_edits import edited_checkpoint as _copy
 from freetoken import LLM, SamplingParams
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.hf_config import load_hf_config
@@ -117,18 +117,6 @@ def glm_ckpt(tmp_path_factory):
     d = tmp_path_factory.mktemp("glm_bad")
     save_checkpoint("glm4_moe_groups", d, seed=0)
     return d
-
-
-def _copy(src, dst, drop: str | None = None, add: dict[str, torch.Tensor] | None = None, config=None):
-    dst.mkdir()
-    state = load_file(src / "model.safetensors")
-    if drop:
-        del state[drop]
-    state.update(add or {})
-    save_file(state, dst / "model.safetensors", metadata={"format": "pt"})
-    cfg = json.loads((src / "config.json").read_text())
-    (dst / "config.json").write_text(json.dumps({**cfg, **(config or {})}))
-    return dst
 
 
 MTP = {f"model.layers.3.{n}": torch.zeros(2, 2) for n in ("eh_proj.weight", "enorm.weight", "mlp.gate.weight")}
