@@ -18,7 +18,7 @@ from freetoken.checkpoint.errors import CheckpointError
 from freetoken.quant import MXFP4
 from gpt_oss_mxfp4 import load_dequantised, rewrite, spec_dequantize, spec_quantize, write_mxfp4_checkpoint
 from reference import LOGIT_MARGIN, ROUTER_MARGIN, assert_close_logits, reference_greedy
-from tiny_models import make_model
+from tiny_models import gpt_oss_model
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
@@ -30,24 +30,10 @@ E, D, I = 8, 64, 32  # the tiny gpt-oss (``tiny_models.make_config("gpt_oss")``)
 PACKED = 2 * I * D // 2 + D * I // 2 + 2 * I * (D // 32) + D * (I // 32)  # an expert: e2m1 pairs + e8m0 bytes
 
 
-def _model(seed: int):
-    """The tiny gpt-oss with sinks that matter and gate/up weights wide enough that the clamp binds on wide inputs
-    (as ``tests/test_reference_gpt_oss.py`` has it)."""
-    model = make_model("gpt_oss", seed)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("sinks"):
-                p.copy_(torch.randn(p.shape, generator=g) + 1.0)
-            elif name.endswith("gate_up_proj"):
-                p.mul_(4.0)
-    return model
-
-
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     d = tmp_path_factory.mktemp("gpt_oss_mxfp4")
-    tensors = write_mxfp4_checkpoint(_model(SEED), d)
+    tensors = write_mxfp4_checkpoint(gpt_oss_model(SEED), d)
     ref = load_dequantised(d)
     g = torch.Generator().manual_seed(1000 + SEED)
     prompts = [torch.randint(3, 512, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]

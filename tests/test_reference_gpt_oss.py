@@ -16,7 +16,7 @@ from freetoken import LLM, SamplingParams
 from freetoken.checkpoint.errors import CheckpointError
 from reference import LOGIT_MARGIN, ROUTER_MARGIN, assert_close_logits, reference_greedy, torch_ops
 from reference import float32_llm as _llm
-from tiny_models import make_model
+from tiny_models import gpt_oss_model, make_model
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
@@ -25,20 +25,6 @@ PROMPT_LENGTHS = (5, 13, 29)
 STEPS = 24  # every sequence decodes past the 8-token window
 WINDOW = 8
 BACKENDS = [("fused", None, None), ("offload", 0.5, None), ("cpu", None, None), ("hybrid", 0.5, 0.5)]
-
-
-def gpt_oss_model(seed: int):
-    """The tiny gpt-oss with sinks large enough to matter (its init draws them at std 0.2) and gate/up weights wide
-    enough that the activation's clamp binds on some tokens."""
-    model = make_model("gpt_oss", seed)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("sinks"):
-                p.copy_(torch.randn(p.shape, generator=g) + 1.0)
-            elif name.endswith("gate_up_proj"):
-                p.mul_(4.0)
-    return model
 
 
 @pytest.fixture(scope="module")

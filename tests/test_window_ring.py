@@ -13,7 +13,8 @@ from freetoken.bench.agent_edits import common_prefix
 from freetoken.checkpoint.hf_config import load_hf_config
 from freetoken.memory.sizes import model_bytes
 from reference import assert_close_logits
-from test_reference_gpt_oss import WINDOW, gpt_oss_model
+from test_reference_gpt_oss import WINDOW
+from tiny_models import gpt_oss_model
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 

@@ -97,6 +97,20 @@ def make_model(family: str, seed: int = 0) -> Any:
     return _random_model(make_config(family), seed)
 
 
+def gpt_oss_model(seed: int) -> Any:
+    """The tiny gpt-oss with sinks large enough to matter (its init draws them at std 0.2) and gate/up weights wide
+    enough that the activation's clamp binds on some tokens."""
+    model = make_model("gpt_oss", seed)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("sinks"):
+                p.copy_(torch.randn(p.shape, generator=g) + 1.0)
+            elif name.endswith("gate_up_proj"):
+                p.mul_(4.0)
+    return model
+
+
 def _random_model(cfg: Any, seed: int) -> Any:
     import transformers as tf
 
