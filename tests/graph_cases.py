@@ -92,3 +92,23 @@ def run_case(graphed: LLM, eager: LLM, bucket: int, feature: str, max_tokens: in
     reasons = {k: v - before["reasons"].get(k, 0) for k, v in after["reasons"].items()}
     return Case(bucket, feature, d["step_graph_decode_steps"], d["step_graph_captures"], d["step_graph_replays"],
                 d["step_graph_eager_fallbacks"], {k: v for k, v in reasons.items() if v}, got == want)  # fmt: skip
+
+
+GRAPH_PROMPTS = [[5, 40, 77, 100, 9, 30], [7, 44, 70, 102, 9, 31, 8, 300]]
+
+
+def cuda_tokens_eager_and_graphed(d: Any, backend: str, steps: int = 12) -> tuple[list[list[int]], list[list[int]]]:
+    """``GRAPH_PROMPTS``' greedy tokens on CUDA (float32, ``backend``; half the experts cached unless fused), eager and
+    then through the step graphs (asserted to have replayed)."""
+    params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True)
+    outs = []
+    for graphs in (False, True):
+        cache = None if backend == "fused" else 0.5
+        llm = LLM(str(d), device="cuda", dtype="float32", moe_backend=backend, expert_cache=cache,
+                  max_running_requests=4, cuda_graphs=graphs)  # fmt: skip
+        outs.append([r.token_ids for r in llm.generate(GRAPH_PROMPTS, params)])
+        assert not graphs or llm.stats()["step_graph_replays"] > 0
+        close = getattr(llm.engine.setup.loaded.backend, "close", None)
+        if close is not None:
+            close()
+    return outs[0], outs[1]

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from capture_check import cpu_step_graph_host, fake_step_graphs
-from freetoken import LLM, SamplingParams
-from graph_cases import BUCKETS, run_case
+from freetoken import LLM
+from graph_cases import BUCKETS, GRAPH_PROMPTS, cuda_tokens_eager_and_graphed, run_case
 from reference import ROUTER_MARGIN, reference_greedy
 from tiny_kimi import save_kimi_checkpoint
 from tiny_mla import sigmoid_margin
@@ -52,18 +52,9 @@ def test_kimi_decode_is_capturable_and_replays_the_eager_tokens(ckpt, monkeypatc
 @pytest.mark.parametrize("backend", ["fused", "hybrid"])
 def test_graphed_kimi_step_on_cuda(ckpt, backend: str) -> None:
     d, model = ckpt
-    prompts = [[5, 40, 77, 100, 9, 30], [7, 44, 70, 102, 9, 31, 8, 300]]
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    outs = []
-    for graphs in (False, True):
-        cache = None if backend == "fused" else 0.5
-        llm = LLM(str(d), device="cuda", dtype="float32", moe_backend=backend, expert_cache=cache,
-                  max_running_requests=4, cuda_graphs=graphs)  # fmt: skip
-        outs.append([r.token_ids for r in llm.generate(prompts, params)])
-        if graphs:
-            assert llm.stats()["step_graph_replays"] > 0
-    assert outs[0] == outs[1]
-    refs = [reference_greedy(model, p, 12) for p in prompts]
+    eager, graphed = cuda_tokens_eager_and_graphed(d, backend)
+    assert eager == graphed
+    refs = [reference_greedy(model, p, 12) for p in GRAPH_PROMPTS]
     assert min(r.min_logit_margin for r in refs) > 1e-2  # wide margins: no near tie (the GPU's float32 GEMMs)
     assert min(sigmoid_margin(model, r.prompt + r.tokens[:-1]) for r in refs) > ROUTER_MARGIN
-    assert outs[1] == [r.tokens for r in refs]
+    assert graphed == [r.tokens for r in refs]

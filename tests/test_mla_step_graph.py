@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from capture_check import cpu_step_graph_host, fake_step_graphs
-from freetoken import LLM, SamplingParams
-from graph_cases import BUCKETS, run_case
+from freetoken import LLM
+from graph_cases import BUCKETS, GRAPH_PROMPTS, cuda_tokens_eager_and_graphed, run_case
 from reference import reference_greedy
 from tiny_mla import save_mla_checkpoint, sigmoid_margin
 
@@ -46,22 +46,11 @@ def test_mla_decode_is_capturable_and_replays_the_eager_tokens(ckpt, monkeypatch
 @pytest.mark.parametrize("backend", ["fused", "hybrid"])
 def test_graphed_mla_step_on_cuda(ckpt, backend: str) -> None:
     d, model = ckpt
-    prompts = [[5, 40, 77, 100, 9, 30], [7, 44, 70, 102, 9, 31, 8, 300]]
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    outs = []
-    for graphs in (False, True):
-        cache = None if backend == "fused" else 0.5
-        llm = LLM(str(d), device="cuda", dtype="float32", moe_backend=backend, expert_cache=cache,
-                  max_running_requests=4, cuda_graphs=graphs)  # fmt: skip
-        outs.append([r.token_ids for r in llm.generate(prompts, params)])
-        assert not graphs or llm.stats()["step_graph_replays"] > 0
-        close = getattr(llm.engine.setup.loaded.backend, "close", None)
-        if close is not None:
-            close()
-    assert outs[0] == outs[1]
-    refs = [reference_greedy(model, p, 12) for p in prompts]
+    eager, graphed = cuda_tokens_eager_and_graphed(d, backend)
+    assert eager == graphed
+    refs = [reference_greedy(model, p, 12) for p in GRAPH_PROMPTS]
     assert (
         min(r.min_logit_margin for r in refs) > 1e-2
         and min(sigmoid_margin(model, r.prompt + r.tokens[:-1]) for r in refs) > 1e-2
     )  # wide margins: no near tie
-    assert outs[1] == [r.tokens for r in refs]
+    assert graphed == [r.tokens for r in refs]
