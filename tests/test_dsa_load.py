@@ -6,13 +6,12 @@ shared-indexer layers; GLM-5.3-Flash refused in one line."""
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file, save_file
 
+from checkpoint_edits import edited_checkpoint
 from freetoken import LLM
 from freetoken.checkpoint.errors import CheckpointError
 from tiny_dsa import save_dsa_checkpoint
@@ -26,16 +25,7 @@ def ckpt(tmp_path_factory) -> Path:
 
 
 def _edited(src: Path, dst: Path, config: Callable[[dict], None] | None = None, drop: str | None = None) -> Path:
-    shutil.copytree(src, dst)
-    if config is not None:
-        cfg = json.loads((dst / "config.json").read_text())
-        config(cfg)
-        (dst / "config.json").write_text(json.dumps(cfg))
-    if drop is not None:
-        state = load_file(dst / "model.safetensors")
-        del state[drop]
-        save_file(state, dst / "model.safetensors", metadata={"format": "pt"})
-    return dst
+    return edited_checkpoint(src, dst, config=config, drop=drop)
 
 
 def _refused(d: Path, match: str) -> None:

@@ -5,12 +5,13 @@ per-tensor scale, a declared group size the format does not have, routed experts
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
+from checkpoint_edits import edited_checkpoint
 from fp4_checkpoints import save_fp4_checkpoint
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.config import EngineConfig
@@ -29,15 +30,8 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-def _edited(src: Path, dst: Path, edit) -> Path:
-    dst.mkdir()
-    for f in src.iterdir():
-        if f.name != "model.safetensors":
-            (dst / f.name).write_bytes(f.read_bytes())
-    state = load_file(src / "model.safetensors")
-    edit(state)
-    save_file(state, dst / "model.safetensors", metadata={"format": "pt"})
-    return dst
+def _edited(src: Path, dst: Path, edit: Callable[[dict[str, torch.Tensor]], object]) -> Path:
+    return edited_checkpoint(src, dst, edit=edit)
 
 
 def _refusal(d: Path) -> str:

@@ -4,12 +4,13 @@ weight, routed experts that mix formats."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
+from checkpoint_edits import edited_checkpoint
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.config import EngineConfig
 from freetoken.loader.model_setup import setup_model
@@ -25,15 +26,8 @@ def fp8(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def _edited(src: Path, dst: Path, edit) -> Path:
-    dst.mkdir()
-    for f in src.iterdir():
-        if f.name != "model.safetensors":
-            (dst / f.name).write_bytes(f.read_bytes())
-    state = load_file(src / "model.safetensors")
-    edit(state)
-    save_file(state, dst / "model.safetensors", metadata={"format": "pt"})
-    return dst
+def _edited(src: Path, dst: Path, edit: Callable[[dict[str, torch.Tensor]], object]) -> Path:
+    return edited_checkpoint(src, dst, edit=edit)
 
 
 def _refusal(d: Path) -> str:
