@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,3 +160,28 @@ def check_preemption_keeps_tokens(llm: Any, refs: list[RefRun], params: Any) -> 
     assert [o.token_ids for o in outs] == [r.tokens for r in refs]
     assert llm.stats()["preemptions"] > 0
     llm.check_integrity()
+
+
+def check_scoring(llm: Any, refs: list[RefRun], full: list[torch.Tensor], chunks: tuple[int, ...] = (1, 7),
+                  layer_major: int | Callable[[int], list[int]] = 7) -> None:  # fmt: skip
+    """Each reference's logits (``full``: at every position of prompt + continuation) through ``llm.engine.score``:
+    the prompt alone, then prompt + continuation in chunks of each size in ``chunks`` (1: every step a decode step)
+    and layer by layer in chunks of ``layer_major`` (a size, or a function of the length giving the sizes)."""
+    for r, ref in zip(refs, full):
+        assert_close_logits(llm.engine.score(r.prompt), ref[: len(r.prompt)])
+        seq = r.prompt + r.tokens
+        for chunk in chunks:
+            assert_close_logits(llm.engine.score(seq, chunk=chunk), ref)
+        cut = layer_major(len(seq)) if callable(layer_major) else layer_major
+        assert_close_logits(llm.engine.score(seq, chunk=cut, layer_major=True), ref)
+    llm.check_integrity()
+
+
+def check_batched_greedy(llm: Any, refs: list[RefRun], params: Any) -> None:
+    """Every reference prompt at once (chunked prompts sharing steps with decode rows under the engine's step
+    budget), then the last alone in pages the batch used: the references' tokens, and every page free after."""
+    outs = llm.generate([r.prompt for r in refs], params)
+    assert [o.token_ids for o in outs] == [r.tokens for r in refs]
+    assert llm.generate([refs[-1].prompt], params)[0].token_ids == refs[-1].tokens
+    llm.check_integrity()
+    assert llm.stats()["kv_pages_used"] == 0

@@ -23,6 +23,7 @@ from reference import (
     RefRun,
     assert_close_logits,
     check_reuse_after_an_edit,
+    check_scoring,
     reference_greedy,
     torch_ops,
 )
@@ -121,13 +122,8 @@ def _llm(d: Path, backend: str = "fused", cache: float | None = None, fill: floa
 def test_logits_and_greedy_tokens_match(ckpt, backend, cache, fill):
     d, _, refs, full = ckpt
     llm = _llm(d, backend, cache, fill)
-    for r, ref in zip(refs, full):
-        assert_close_logits(llm.engine.score(r.prompt), r.prompt_logits)
-        seq = r.prompt + r.tokens
-        assert_close_logits(llm.engine.score(seq, chunk=5), ref)  # chunks cut windows and compression windows
-        assert_close_logits(llm.engine.score(seq, chunk=1), ref)  # every step a decode step
-        cut = [3, 11, len(seq) - 14]
-        assert_close_logits(llm.engine.score(seq, chunk=cut, layer_major=True), ref)
+    # chunks of 5 cut windows and compression windows; chunks of 1: every step a decode step
+    check_scoring(llm, refs, full, chunks=(5, 1), layer_major=lambda n: [3, 11, n - 14])
     outs = llm.generate([r.prompt for r in refs], PARAMS)
     assert [o.token_ids for o in outs] == [r.tokens for r in refs]
     llm.check_integrity()

@@ -21,8 +21,10 @@ from reference import (
     LOGIT_MARGIN,
     ROUTER_MARGIN,
     assert_close_logits,
+    check_batched_greedy,
     check_preemption_keeps_tokens,
     check_reuse_after_an_edit,
+    check_scoring,
     reference_greedy,
     torch_ops,
 )
@@ -77,14 +79,7 @@ def test_logits_match_one_shot_chunked_and_token_by_token(dsa_ckpt):
     """Prefill selects per query among the positions it sees; chunks read the latents and indexer keys earlier
     chunks wrote (chunk-major and layer-major); chunk 1 is the absorbed sparse decode."""
     variant, d, model, refs, full = dsa_ckpt
-    llm = _llm(d)
-    for r, ref in zip(refs, full):
-        assert_close_logits(llm.engine.score(r.prompt).double(), ref[: len(r.prompt)])
-        seq = r.prompt + r.tokens
-        for chunk in (1, 7):
-            assert_close_logits(llm.engine.score(seq, chunk=chunk).double(), ref)
-        assert_close_logits(llm.engine.score(seq, chunk=7, layer_major=True).double(), ref)
-    llm.check_integrity()
+    check_scoring(_llm(d), refs, full)
 
 
 def test_the_sparsity_drops_positions(dsa_ckpt):
@@ -105,12 +100,7 @@ def test_greedy_tokens_batched_match(dsa_ckpt, backend, cache, fill):
     """Three requests at once with a 16-token step budget (chunked prompts sharing steps with decode rows), then one
     alone in pages the batch used."""
     variant, d, model, refs, _ = dsa_ckpt
-    llm = _llm(d, backend, cache, fill, max_batched_tokens=16)
-    outs = llm.generate([r.prompt for r in refs], PARAMS)
-    assert [o.token_ids for o in outs] == [r.tokens for r in refs]
-    assert llm.generate([refs[2].prompt], PARAMS)[0].token_ids == refs[2].tokens
-    llm.check_integrity()
-    assert llm.stats()["kv_pages_used"] == 0
+    check_batched_greedy(_llm(d, backend, cache, fill, max_batched_tokens=16), refs, PARAMS)
 
 
 def test_prefix_reuse_after_an_edit(dsa_ckpt, freetoken_env):

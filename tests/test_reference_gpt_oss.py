@@ -14,7 +14,7 @@ import torch
 
 from freetoken import LLM, SamplingParams
 from freetoken.checkpoint.errors import CheckpointError
-from reference import LOGIT_MARGIN, ROUTER_MARGIN, assert_close_logits, reference_greedy, torch_ops
+from reference import LOGIT_MARGIN, ROUTER_MARGIN, assert_close_logits, check_scoring, reference_greedy, torch_ops
 from reference import float32_llm as _llm
 from tiny_models import gpt_oss_model, make_model
 
@@ -47,13 +47,7 @@ def ckpt(tmp_path_factory):
 def test_logits_and_greedy_tokens_match(ckpt, backend, cache, fill):
     d, _, refs, full = ckpt
     llm = _llm(d, backend, cache, fill)
-    for r, ref in zip(refs, full):
-        assert_close_logits(llm.engine.score(r.prompt), r.prompt_logits)
-        seq = r.prompt + r.tokens
-        assert_close_logits(llm.engine.score(seq, chunk=5), ref)  # chunks cut the window
-        assert_close_logits(llm.engine.score(seq, chunk=1), ref)  # every step a decode step through the ring
-        cut = [3, 11, len(seq) - 14]
-        assert_close_logits(llm.engine.score(seq, chunk=cut, layer_major=True), ref)
+    check_scoring(llm, refs, full, chunks=(5, 1), layer_major=lambda n: [3, 11, n - 14])  # chunks cut the window
     params = SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True)
     outs = llm.generate([r.prompt for r in refs], params)
     assert [o.token_ids for o in outs] == [r.tokens for r in refs]

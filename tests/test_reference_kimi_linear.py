@@ -21,7 +21,15 @@ from freetoken.checkpoint.hf_config import load_hf_config
 from freetoken.kernels.gated_delta import l2norm
 from freetoken.kernels.kda import chunk_kda, recurrent_kda
 from freetoken.memory.sizes import model_bytes
-from reference import LOGIT_MARGIN, ROUTER_MARGIN, assert_close_logits, reference_greedy, torch_ops
+from reference import (
+    LOGIT_MARGIN,
+    ROUTER_MARGIN,
+    assert_close_logits,
+    check_batched_greedy,
+    check_scoring,
+    reference_greedy,
+    torch_ops,
+)
 from reference import float32_llm as _llm
 from tiny_kimi import save_kimi_checkpoint
 from tiny_mla import sigmoid_margin
@@ -94,14 +102,7 @@ def test_logits_match_one_shot_chunked_and_token_by_token(kimi):
     """Chunks cut the conv window (3 < K-1 + 1) and the rule's 16-token chunks; chunk 1 is every step a decode step
     (KDA's recurrent step from its slot, MLA's absorbed decode); layer-major runs the chunks layer by layer."""
     d, _, refs, full, _ = kimi
-    llm = _llm(d)
-    for r, ref in zip(refs, full):
-        assert_close_logits(llm.engine.score(r.prompt).double(), ref[: len(r.prompt)])
-        seq = r.prompt + r.tokens
-        for chunk in (1, 3, 17):
-            assert_close_logits(llm.engine.score(seq, chunk=chunk).double(), ref)
-        assert_close_logits(llm.engine.score(seq, chunk=7, layer_major=True).double(), ref)
-    llm.check_integrity()
+    check_scoring(_llm(d), refs, full, chunks=(1, 3, 17))
 
 
 @pytest.mark.parametrize("backend,cache,fill", BACKENDS)
@@ -110,13 +111,9 @@ def test_greedy_tokens_batched_match(kimi, backend, cache, fill):
     alone in a state slot and pages the batch used."""
     d, _, refs, _, _ = kimi
     llm = _llm(d, backend, cache, fill, max_batched_tokens=16)
-    outs = llm.generate([r.prompt for r in refs], PARAMS)
-    assert [o.token_ids for o in outs] == [r.tokens for r in refs]
-    assert llm.generate([refs[2].prompt], PARAMS)[0].token_ids == refs[2].tokens
-    llm.check_integrity()
+    check_batched_greedy(llm, refs, PARAMS)
     states = llm.engine.states
     assert states is not None and states.num_free == states.num_slots
-    assert llm.stats()["kv_pages_used"] == 0
 
 
 def test_prefix_reuse_after_an_edit(kimi, freetoken_env):

@@ -22,9 +22,10 @@ from freetoken.memory.sizes import model_bytes
 from reference import (
     LOGIT_MARGIN,
     ROUTER_MARGIN,
-    assert_close_logits,
+    check_batched_greedy,
     check_preemption_keeps_tokens,
     check_reuse_after_an_edit,
+    check_scoring,
     reference_greedy,
     torch_ops,
 )
@@ -72,14 +73,7 @@ def test_logits_match_one_shot_chunked_and_token_by_token(mla_ckpt):
     """Prefill expands the latents; chunks read the latents earlier chunks wrote (chunk-major and layer-major);
     chunk 1 is the absorbed decode."""
     variant, d, model, refs, full = mla_ckpt
-    llm = _llm(d)
-    for r, ref in zip(refs, full):
-        assert_close_logits(llm.engine.score(r.prompt).double(), ref[: len(r.prompt)])
-        seq = r.prompt + r.tokens
-        for chunk in (1, 7):
-            assert_close_logits(llm.engine.score(seq, chunk=chunk).double(), ref)
-        assert_close_logits(llm.engine.score(seq, chunk=7, layer_major=True).double(), ref)  # layer by layer
-    llm.check_integrity()
+    check_scoring(_llm(d), refs, full)
 
 
 @pytest.mark.parametrize("backend,cache,fill", BACKENDS)
@@ -87,12 +81,7 @@ def test_greedy_tokens_batched_match(mla_ckpt, backend, cache, fill):
     """Three requests at once with a 16-token step budget (chunked prompts sharing steps with decode rows), then one
     alone in pages the batch used."""
     variant, d, model, refs, _ = mla_ckpt
-    llm = _llm(d, backend, cache, fill, max_batched_tokens=16)
-    outs = llm.generate([r.prompt for r in refs], PARAMS)
-    assert [o.token_ids for o in outs] == [r.tokens for r in refs]
-    assert llm.generate([refs[2].prompt], PARAMS)[0].token_ids == refs[2].tokens
-    llm.check_integrity()
-    assert llm.stats()["kv_pages_used"] == 0
+    check_batched_greedy(_llm(d, backend, cache, fill, max_batched_tokens=16), refs, PARAMS)
 
 
 def test_prefix_reuse_after_an_edit(mla_ckpt, freetoken_env):
