@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from freetoken.hardware.bandwidth import BandwidthConfig, BandwidthResult
 
 # Expert sizes the recommendation is printed for (bf16 unless noted; see BENCH.md "Shapes worth knowing").
 KNOWN_EXPERTS: dict[str, int] = {
@@ -41,6 +45,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-save", action="store_true", help="do not save the profile")
 
 
+def measure_at(cfg: BandwidthConfig, threads: int | None, isa: str = "auto") -> BandwidthResult:
+    """``measure`` with a CPU kernel of ``threads`` workers (B_H: the workers' figure, the caller does not help)."""
+    from freetoken.experts.cpu.kernel import CpuExpertKernel
+    from freetoken.hardware.bandwidth import measure
+
+    kern = CpuExpertKernel(num_threads=threads, isa=isa, caller_helps=False)
+    try:
+        return measure(cfg, kern)
+    finally:
+        kern.close()
+
+
 def sweep_counts(spec: str, physical_cores: int) -> list[int]:
     """``--sweep``'s thread counts: a comma list, or "auto" (2, 4, 6, 8, 12, 16, 24, ... below the physical cores,
     and physical cores - 1)."""
@@ -60,8 +76,7 @@ def _row(name: str, value: float | None, note: str = "") -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from freetoken.experts.cpu.kernel import CpuExpertKernel
-    from freetoken.hardware.bandwidth import BandwidthConfig, measure
+    from freetoken.hardware.bandwidth import BandwidthConfig
     from freetoken.hardware.probe import probe
     from freetoken.hardware.profile import HardwareProfile, miss_gbps, pick_threads, recommend, save_profile
 
@@ -74,11 +89,8 @@ def run(args: argparse.Namespace) -> int:
     counts = sweep_counts(args.sweep, machine.physical_cores) if args.sweep else [args.threads]
     results = {}
     for n in counts:
-        kern = CpuExpertKernel(num_threads=n, isa=args.isa, caller_helps=False)  # B_H: the workers' figure
-        try:
-            results[kern.num_threads] = measure(cfg, kern)
-        finally:
-            kern.close()
+        r = measure_at(cfg, n, args.isa)
+        results[r.threads] = r
     chosen = pick_threads(results) if args.sweep else None
     if args.sweep:
         print("| threads | B_H | B_P' | B_H' | miss GB/s |\n|---|---|---|---|---|")

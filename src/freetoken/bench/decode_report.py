@@ -106,18 +106,14 @@ def summarize(
 
 def measured_bandwidths(threads: int | None, banks: ExpertBanks, dev: torch.device) -> Bandwidths:
     """B_P, B_H alone and concurrently, measured in this process on this model's expert shape."""
-    from freetoken.experts.cpu.kernel import CpuExpertKernel
-    from freetoken.hardware.bandwidth import BandwidthConfig, measure
+    from freetoken.bench.bw import measure_at
+    from freetoken.hardware.bandwidth import BandwidthConfig
 
     cfg = BandwidthConfig(
         read_bytes=2**30, hidden=banks.hidden_size, inter=banks.intermediate_size,
         layer_experts=banks.num_experts, seconds=1.0, device=str(dev) if dev.type == "cuda" else "meta",
     )  # fmt: skip  (a meta device: no copy figure, as without CUDA)
-    kern = CpuExpertKernel(num_threads=threads, caller_helps=False)
-    try:
-        r = measure(cfg, kern)
-    finally:
-        kern.close()
+    r = measure_at(cfg, threads)
     return Bandwidths(r.fill, r.cpu_kernel, r.fill_concurrent, r.cpu_kernel_concurrent, "measured in this run")
 
 

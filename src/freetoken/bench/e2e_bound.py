@@ -78,8 +78,8 @@ def from_profile(prof: HardwareProfile | None, threads: int | None, cuda: bool) 
 
 
 def _measure(args: argparse.Namespace, llm: Any, threads: int | None) -> BoundBandwidths:
-    from freetoken.experts.cpu.kernel import CpuExpertKernel
-    from freetoken.hardware.bandwidth import BandwidthConfig, measure
+    from freetoken.bench.bw import measure_at
+    from freetoken.hardware.bandwidth import BandwidthConfig
 
     hf, dev = llm.engine.hf, llm.engine.device
     pool = getattr(llm.engine.setup.loaded.backend, "pool", None)
@@ -90,11 +90,7 @@ def _measure(args: argparse.Namespace, llm: Any, threads: int | None) -> BoundBa
         layer_experts=hf.num_experts, seconds=args.bw_seconds, device=str(dev) if dev.type == "cuda" else "meta",
         weights=fmt,
     )  # fmt: skip  (a meta device: no copy figure, as without CUDA)
-    kern = CpuExpertKernel(num_threads=threads, caller_helps=False)
-    try:
-        r = measure(cfg, kern)
-    finally:
-        kern.close()
+    r = measure_at(cfg, threads)
     src = f"measured in this command, {r.threads} threads, {fmt} experts"
     return BoundBandwidths(r.fill_concurrent, r.cpu_kernel_concurrent, r.host_read, r.cpu_kernel, src)
 
