@@ -27,15 +27,14 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def test_driver_allocations_return_to_the_device_at_once() -> None:
-    assert uses_driver_memory(CUDA)
+def _allocate_and_free() -> bool:
+    """One driver allocation of 1 GiB checked and freed: whether the device's free bytes rose by it at once."""
     torch.cuda.synchronize()
     free0, _ = torch.cuda.mem_get_info()
     reserved0 = torch.cuda.memory_reserved()
     t = device_zeros((GIB // 4, 2), torch.bfloat16, CUDA)  # 1 GiB
     assert torch.cuda.memory_reserved() == reserved0  # not from torch's cache
     free1, _ = torch.cuda.mem_get_info()
-    assert free0 - free1 >= GIB
     assert t.shape == (GIB // 4, 2) and t.dtype == torch.bfloat16 and t.is_cuda
     assert not t[:4096].any() and not t[-4096:].any()  # zeroed
     t[1, 1] = 3.0
@@ -46,7 +45,15 @@ def test_driver_allocations_return_to_the_device_at_once() -> None:
     del view
     torch.cuda.synchronize()
     free2, _ = torch.cuda.mem_get_info()
-    assert free2 >= free1 + GIB - 64 * (1 << 20)  # back without torch.cuda.empty_cache()
+    slack = 64 * (1 << 20)
+    return free0 - free1 >= GIB - slack and free2 >= free1 + GIB - slack  # back without torch.cuda.empty_cache()
+
+
+def test_driver_allocations_return_to_the_device_at_once() -> None:
+    assert uses_driver_memory(CUDA)
+    # the free bytes are the device's: other processes on it (parallel test workers) move them too, so one of a few
+    # tries must see the GiB taken and given back exactly; memory that stayed held would fail every try
+    assert any(_allocate_and_free() for _ in range(5))
 
 
 def _generate(llm: LLM, prompts: list[list[int]], resizes: dict[int, tuple[int, int]]) -> list[list[int]]:

@@ -49,11 +49,15 @@ def test_fingerprint_tracks_hardware_not_momentary_state() -> None:
     assert dataclasses.replace(m, ram_available=1).fingerprint() == m.fingerprint()
     assert dataclasses.replace(m, cpu_model="Other CPU").fingerprint() != m.fingerprint()
     assert dataclasses.replace(m, ram_total=m.ram_total + 8 * 2**30).fingerprint() != m.fingerprint()
-    gpu = GpuInfo(0, "Some GPU", 24 * 2**30, 20 * 2**30)
+    gpu = GpuInfo(0, "Some GPU", 24 * 2**30)
     with_gpu = dataclasses.replace(m, gpus=(gpu,))
     assert with_gpu.fingerprint() != m.fingerprint()
-    busier = dataclasses.replace(m, gpus=(dataclasses.replace(gpu, vram_free=1 * 2**30),))
-    assert busier.fingerprint() == with_gpu.fingerprint()
+    bigger = dataclasses.replace(m, gpus=(dataclasses.replace(gpu, vram_total=48 * 2**30),))
+    assert bigger.fingerprint() != with_gpu.fingerprint()
+    assert MachineInfo.from_dict(with_gpu.to_dict()) == with_gpu
+    old = with_gpu.to_dict()  # a profile saved before the free bytes were dropped still reads
+    old["gpus"][0]["vram_free"] = 20 * 2**30
+    assert MachineInfo.from_dict(old) == with_gpu
 
 
 def _measure(cfg: BandwidthConfig) -> BandwidthResult:
@@ -144,7 +148,7 @@ def test_profile_rejects_unknown_version(tmp_path) -> None:
 
 def test_recommend() -> None:
     cpu_only = probe(gpus=False)
-    gpu = dataclasses.replace(cpu_only, gpus=(GpuInfo(0, "GPU", 80 * 2**30, 80 * 2**30),))
+    gpu = dataclasses.replace(cpu_only, gpus=(GpuInfo(0, "GPU", 80 * 2**30),))
     S = 9_437_184
     none = recommend(_profile(cpu_only), S)
     assert none.backend == "cpu" and str(none).startswith("cpu: no GPU")
@@ -181,7 +185,7 @@ def test_auto_follows_the_saved_profiles_recommendation(monkeypatch: pytest.Monk
     from freetoken.experts.backends import auto
     from freetoken.experts.base import ExpertBanks
 
-    gpu = dataclasses.replace(probe(gpus=False), gpus=(GpuInfo(0, "GPU", 80 * 2**30, 80 * 2**30),))
+    gpu = dataclasses.replace(probe(gpus=False), gpus=(GpuInfo(0, "GPU", 80 * 2**30),))
     banks = ExpertBanks(torch.zeros(4, 2 * 768, 2048, dtype=torch.bfloat16),
                         torch.zeros(4, 2048, 768, dtype=torch.bfloat16), 1, 4)  # fmt: skip
     cuda = torch.device("cuda")

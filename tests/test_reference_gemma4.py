@@ -91,8 +91,8 @@ def test_logits_and_greedy_tokens_match(ckpt, device, backend, cache, fill):
     llm.check_integrity()
     s = llm.stats()
     assert s["kv_pages_used"] == 0
-    if device == "cuda":  # decode steps from captured graphs, the rings and the per-layer inputs in them
-        assert s["step_graph_replays"] > 0
+    if device == "cuda" and backend != "cpu":  # decode steps from captured graphs, the rings and the per-layer
+        assert s["step_graph_replays"] > 0  # inputs in them (the cpu backend's steps run eagerly by design)
 
 
 def test_kv_only_where_layers_compute_it(ckpt):

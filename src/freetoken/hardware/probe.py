@@ -29,7 +29,6 @@ class GpuInfo:
     index: int
     name: str
     vram_total: int  # bytes
-    vram_free: int  # bytes, at probe time
 
 
 @dataclass(frozen=True)
@@ -57,7 +56,7 @@ class MachineInfo:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MachineInfo:
-        gpus = tuple(GpuInfo(**g) for g in d.get("gpus", ()))
+        gpus = tuple(GpuInfo(g["index"], g["name"], g["vram_total"]) for g in d.get("gpus", ()))
         return cls(**{**d, "isa_flags": tuple(d["isa_flags"]), "gpus": gpus})
 
 
@@ -100,7 +99,8 @@ def _numa_nodes() -> int:
 
 
 def probe_gpus() -> tuple[GpuInfo, ...]:
-    """CUDA devices via torch (empty without CUDA)."""
+    """CUDA devices via torch (empty without CUDA): their properties only, so no CUDA context is made (a context
+    costs a CPU-device engine ~100 MB of host memory and a GPU's memory)."""
     try:
         import torch
     except ImportError:
@@ -109,8 +109,8 @@ def probe_gpus() -> tuple[GpuInfo, ...]:
         return ()
     gpus = []
     for i in range(torch.cuda.device_count()):
-        free, total = torch.cuda.mem_get_info(i)
-        gpus.append(GpuInfo(i, torch.cuda.get_device_name(i), int(total), int(free)))
+        props = torch.cuda.get_device_properties(i)
+        gpus.append(GpuInfo(i, props.name, int(props.total_memory)))
     return tuple(gpus)
 
 
