@@ -147,7 +147,8 @@ class Gemma4Shape:
     (transformers 5.23's ``Gemma4TextConfig`` names the release; its defaults are another size's): 5 sliding-window
     layers to 1 full, the last full; full layers of their own head dim and KV heads, keys equal values there
     (``attention_k_eq_v``); a dense GELU MLP beside the experts in every layer; no KV-shared layers and no per-layer
-    input embeddings (``num_kv_shared_layers`` 0, ``hidden_size_per_layer_input`` 0); tied embeddings."""
+    input embeddings (``num_kv_shared_layers`` 0, ``hidden_size_per_layer_input`` 0); tied embeddings (the synthetic
+    checkpoint unties them: ``synthetic_gemma4.py`` says why)."""
 
     heads: int = 16  # num_attention_heads
     kv_heads: int = 8  # num_key_value_heads (sliding layers)
@@ -242,7 +243,7 @@ PRESETS: dict[str, MoEShape] = {
                  "fp8_block", frontier=GLM_5, e2e_layers=6),
         # Gemma-4 26B-A4B: 30 layers, each a dense MLP beside 128 experts of 704, top-8 (D 2816; transformers 5.23's
         # Gemma4TextConfig names the release, public configs give the sizes). e2e: its own layers (Gemma4Shape);
-        # 18 layers = 3 x (5 sliding + 1 full): 31 GB with its 262144-token vocabulary (tied)
+        # 18 layers = 3 x (5 sliding + 1 full): 32 GB with its 262144-token vocabulary (the head untied)
         MoEShape("gemma-4", 2816, 704, 128, 8, 30, "Gemma-4 26B-A4B: 5 sliding : 1 full attention, MLP beside MoE",
                  gemma4=Gemma4Shape(), e2e_layers=18),
     )

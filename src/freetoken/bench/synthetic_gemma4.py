@@ -2,14 +2,18 @@
 (``presets.Gemma4Shape``), shard by shard, named as transformers 5.23 saves it: per layer the attention (``q/k/v_proj``,
 no ``v_proj`` on full layers under ``attention_k_eq_v``; ``q_norm``, ``k_norm``; ``o_proj``), the dense GELU MLP, the
 router (``router.proj``, ``router.scale``, ``router.per_expert_scale``) and the routed experts beside it
-(``experts.gate_up_proj`` [E, 2I, D], ``experts.down_proj`` [E, D, I]), its seven norms and ``layer_scalar``; tied
-embeddings. config.json: the release's ``text_config`` as a text-only model (the release wraps it in
+(``experts.gate_up_proj`` [E, 2I, D], ``experts.down_proj`` [E, D, I]), its seven norms and ``layer_scalar``.
+config.json: the release's ``text_config`` as a text-only model (the release wraps it in
 ``Gemma4ForConditionalGeneration`` beside a vision tower the engine skips: the same tensors under
 ``model.language_model.``), the full layers' head dim and KV heads in ``per_layer_config`` as transformers saves it.
 
 Gemma-4 multiplies its embeddings by sqrt(D): the table is written at ``embed_std / sqrt(D)`` so the scaled rows
-have ``embed_std`` (the other presets' residual). ``same_experts``: every expert of a layer the same random values
-(one expert repeated: writing stays disk-bound); tests draw each expert, and the weights wider (``std``)."""
+have ``embed_std`` (the other presets' residual). The release ties the head to the embeddings; a random model so tied
+predicts its input token back (its own row dominates the residual: a logit of ~14 against a spread of ~1 at the real
+shape), so decoding repeats one token through the same experts. Unless ``tied``, the head is a table of its own
+(``lm_head.weight``, ``tie_word_embeddings`` false): the same [V, D] bytes read per token. ``same_experts``: every
+expert of a layer the same random values (one expert repeated: writing stays disk-bound); tests draw each expert, and
+the weights wider (``std``)."""
 
 from __future__ import annotations
 
@@ -33,7 +37,9 @@ def layer_types(g: Gemma4Shape, num_layers: int) -> list[str]:
     return [FULL if (i + 1) % g.pattern == 0 or i == num_layers - 1 else SLIDING for i in range(num_layers)]
 
 
-def gemma4_config(s: MoEShape, g: Gemma4Shape, num_layers: int, max_positions: int) -> dict[str, Any]:
+def gemma4_config(
+    s: MoEShape, g: Gemma4Shape, num_layers: int, max_positions: int, tied: bool = False
+) -> dict[str, Any]:
     types = layer_types(g, num_layers)
     full = {"head_dim": g.global_head_dim, "num_key_value_heads": g.global_kv_heads}
     return {
@@ -48,7 +54,7 @@ def gemma4_config(s: MoEShape, g: Gemma4Shape, num_layers: int, max_positions: i
         "enable_moe_block": True, "num_experts": s.experts, "top_k_experts": s.top_k, "moe_intermediate_size": s.inter,
         "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": g.vocab, "num_kv_shared_layers": 0,
         "use_double_wide_mlp": False, "final_logit_softcapping": g.softcap, "hidden_activation": "gelu_pytorch_tanh",
-        "rms_norm_eps": 1e-6, "attention_bias": False, "tie_word_embeddings": True,
+        "rms_norm_eps": 1e-6, "attention_bias": False, "tie_word_embeddings": tied,
         "max_position_embeddings": max_positions, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2,
         "use_cache": True, "dtype": "bfloat16",
     }  # fmt: skip
@@ -67,7 +73,7 @@ def _attention(s: MoEShape, g: Gemma4Shape, kind: str) -> dict[str, tuple[int, .
 
 def write_gemma4(
     directory: Path, shape: MoEShape, num_layers: int, max_positions: int = 262144, embed_std: float = 0.02,
-    seed: int = 0, same_experts: bool = True, std: float = 0.02,
+    seed: int = 0, same_experts: bool = True, std: float = 0.02, tied: bool = False,
 ) -> int:  # fmt: skip
     """One shard per layer; returns the total weight bytes written (bf16)."""
     g = shape.gemma4
@@ -75,7 +81,7 @@ def write_gemma4(
     if shape.fmt.quantized:
         raise ValueError(f"Gemma-4 ships bf16 experts; no checkpoint layout for {shape.fmt.name}")
     directory.mkdir(parents=True, exist_ok=True)
-    cfg = gemma4_config(shape, g, num_layers, max_positions)
+    cfg = gemma4_config(shape, g, num_layers, max_positions, tied)
     (directory / "config.json").write_text(json.dumps(cfg, indent=1))
     gen = torch.Generator().manual_seed(seed)
     D, I, E, dt = shape.hidden, shape.inter, shape.experts, torch.bfloat16
@@ -94,7 +100,8 @@ def write_gemma4(
 
     ones = lambda n: torch.ones(n, dtype=dt)  # noqa: E731
     embed = (torch.randn((g.vocab, D), generator=gen) * (embed_std / D**0.5)).to(dt)
-    flush({"model.embed_tokens.weight": embed, "model.norm.weight": ones(D)}, "model-embed.safetensors")
+    head = {} if tied else {"lm_head.weight": rnd(g.vocab, D)}
+    flush({"model.embed_tokens.weight": embed, "model.norm.weight": ones(D)} | head, "model-embed.safetensors")
     for i, kind in enumerate(cfg["layer_types"]):
         p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
         t = {p + n + ".weight": ones(D) for n in NORMS} | {p + "layer_scalar": ones(1)}
@@ -113,12 +120,12 @@ def write_gemma4(
     return total
 
 
-def gemma4_bytes(shape: MoEShape, num_layers: int) -> int:
+def gemma4_bytes(shape: MoEShape, num_layers: int, tied: bool = False) -> int:
     """The bytes ``write_gemma4`` writes for ``shape`` at ``num_layers``, from shapes alone."""
     g = shape.gemma4
     assert g is not None, f"{shape.name} is not a Gemma-4 preset"
     D, I, E = shape.hidden, shape.inter, shape.experts
-    total = (g.vocab * D + D) * 2
+    total = ((1 if tied else 2) * g.vocab * D + D) * 2
     for kind in layer_types(g, num_layers):
         numel = sum(math.prod(x) for x in _attention(shape, g, kind).values())
         total += (len(NORMS) * D + 1 + numel + 3 * g.dense_inter * D + E * D + D + E + 3 * E * I * D) * 2
