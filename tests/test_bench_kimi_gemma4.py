@@ -11,6 +11,7 @@ import argparse
 import json
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -165,3 +166,28 @@ def test_cache_dirs_name_the_kind(monkeypatch, freetoken_env, tmp_path):
         stale.mkdir(parents=True)
         args = add_arguments(argparse.ArgumentParser()).parse_args(["--preset", name])
         assert checkpoint(args) == tmp_path / "bench" / f"{name}-{LAYERS[name]}layers-{kind}"
+
+
+@pytest.mark.parametrize("name", list(WRITERS))
+def test_routing_trace_routes_every_moe_layer(tmp_path, name):
+    """``--routing-trace`` on these families: every MoE layer routes by the trace (Gemma-4's experts sit beside its
+    dense MLP, not in the layer's ``ffn``), one trace token further per decode step."""
+    from freetoken.bench import routing_trace
+
+    shape = _tiny(name)
+    write = WRITERS[name][0]
+    write(tmp_path / "m", shape, LAYERS[name], 256, 1.0)
+    llm = float32_llm(tmp_path / "m", "cpu")
+    L = len(llm.engine.hf.moe_layer_ids)
+    rng = np.random.default_rng(1)
+    trace = np.sort(np.stack([[rng.choice(8, 2, replace=False) for _ in range(L)] for _ in range(20)]), -1)
+    np.save(tmp_path / "t.npy", trace.astype(np.uint8))
+    assert len(routing_trace.install(llm, str(tmp_path / "t.npy")).ids[0]) == L == len(routing_trace.moe_layers(
+        llm.engine.setup.loaded.model))  # fmt: skip
+    backend = llm.engine.setup.loaded.backend
+    seen: list[list[list[int]]] = []
+    real = backend.forward
+    backend.forward = lambda layer, x, ids, w: seen.append(ids.tolist()) or real(layer, x, ids, w)
+    llm.generate([[5, 6, 7, 8]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    steps = [seen[i : i + L] for i in range(0, len(seen), L)]
+    assert len(steps) == 4 and all(steps[s][j] == [trace[s, j].tolist()] for s in (1, 2, 3) for j in range(L))
