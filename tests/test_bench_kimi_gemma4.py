@@ -191,3 +191,16 @@ def test_routing_trace_routes_every_moe_layer(tmp_path, name):
     llm.generate([[5, 6, 7, 8]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     steps = [seen[i : i + L] for i in range(0, len(seen), L)]
     assert len(steps) == 4 and all(steps[s][j] == [trace[s, j].tolist()] for s in (1, 2, 3) for j in range(L))
+
+
+def test_positions_raised_under_kimis_own_field(tmp_path):
+    """A prompt longer than the written context raises it in the field the config has: Kimi-Linear's
+    ``model_max_length`` (no ``max_position_embeddings`` added beside it), read back as the model's limit."""
+    from freetoken.bench.e2e_checkpoint import allow_positions
+
+    cfg = kimi_config(PRESETS["kimi-linear"], KimiLinearShape(), 4, 64)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    allow_positions(tmp_path, 100)
+    got = json.loads((tmp_path / "config.json").read_text())
+    assert got["model_max_length"] == 100 and "max_position_embeddings" not in got
+    assert load_hf_config(tmp_path).max_position_embeddings == 100

@@ -39,7 +39,7 @@ def checkpoint(args: argparse.Namespace) -> Path:
         written = _write(d, shape, layers)
         print(f"# wrote {d} ({written / 1e9:.1f} GB) in {time.perf_counter() - t0:.0f} s", flush=True)
     _check_architecture(d, shape)
-    _allow_positions(d, _positions_needed(args))
+    allow_positions(d, _positions_needed(args))
     return d
 
 
@@ -93,7 +93,7 @@ def _positions_needed(args: argparse.Namespace) -> int:
     return max([*lengths, itl, 0]) + WARM_SUFFIX + 8
 
 
-def _allow_positions(d: Path, positions: int) -> None:
+def allow_positions(d: Path, positions: int) -> None:
     """A synthetic checkpoint written for a shorter context (an older preset) gets the positions the prompts need:
     only the rotary tables depend on it."""
     cfg_path = d / "config.json"
