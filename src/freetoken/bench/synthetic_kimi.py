@@ -104,7 +104,7 @@ def write_kimi(
         kda = i + 1 not in full
         for name, dims in _shapes(shape, k, kda).items():
             t[a + name] = ones(dims[0]) if len(dims) == 1 else rnd(*dims)
-        if kda:  # decay rates exp(A_log) in [1, 16] (fla's initialisation), float32 like the gate's bias
+        if kda:  # decay rates exp(A_log) in [1, 16] (Mamba-2's initial range); A_log and dt_bias float32
             t[a + "A_log"] = torch.empty((1, 1, H, 1)).uniform_(1.0, 16.0, generator=g).log()
             t[a + "dt_bias"] = torch.randn(H * d, generator=g) * 0.1
         if i < k.dense_layers:
