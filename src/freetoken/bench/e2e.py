@@ -1,12 +1,14 @@
 """End-to-end decode tok/s through the engine (the whole model: attention, MoE, sampling), beside the
 MoE layers alone on the same backend in the same process.
 
-``ft bench e2e`` (``python -m freetoken.bench.e2e``). Writes (or reuses) a synthetic checkpoint whose
-``qwen3-30b-a3b`` preset is the model of ``bench/gpu/make_gguf.py`` (32 heads, 4 KV
+``ft bench e2e`` (``python -m freetoken.bench.e2e``). Writes (or reuses) a synthetic checkpoint
+(``e2e_checkpoint.py``) whose ``qwen3-30b-a3b`` preset is the model of ``bench/gpu/make_gguf.py`` (32 heads, 4 KV
 heads, head dim 128, vocab 32000; every layer real; ``qwen3.6-35b-a3b``: its own hybrid layers, 3 gated DeltaNet
 to 1 gated attention, and shared expert, vocab 32000; ``gpt-oss-20b``: gpt-oss itself, MXFP4 experts as shipped,
-sinks, windows and its own vocabulary, ``synthetic_gpt_oss.py``), or takes ``--model DIR`` (``--model default``: the
-embedded model). Per CPU-thread count, policy and batch size: B requests with random prompts decode
+sinks, windows and its own vocabulary, ``synthetic_gpt_oss.py``; the frontier presets their own families;
+``kimi-linear``: KDA and NoPE MLA layers, ``synthetic_kimi.py``; ``gemma-4``: sliding / full layers, the MLP beside
+the experts, ``synthetic_gemma4.py``), or takes ``--model DIR`` (``--model default``: the embedded model).
+Per CPU-thread count, policy and batch size: B requests with random prompts decode
 greedily through ``LLM``'s engine; the timed tokens are those after a warm-up (which includes the CUDA
 graph captures). ``--prefill`` / ``--itl-prompt``: time to first token of long prompts and running streams'
 inter-token latency beside a long prefill (``e2e_prefill.py``; ``--no-decode`` leaves the decode rows out). The
@@ -33,89 +35,16 @@ from typing import Any
 import torch
 
 from freetoken.bench import e2e_bound, e2e_prefill, llama_peer, routing_trace
+from freetoken.bench.e2e_checkpoint import checkpoint
 from freetoken.bench.e2e_row import BoundBandwidths, Row
 from freetoken.bench.placements import PLACEMENTS, register
-from freetoken.bench.presets import PRESETS, MoEShape, get_preset
-from freetoken.config import FLAGS, EngineConfig, Flag, add_config_args, config_kwargs, env
+from freetoken.bench.presets import PRESETS, MoEShape
+from freetoken.config import FLAGS, EngineConfig, Flag, add_config_args, config_kwargs
 
 # the engine's settings this command passes on as they are (``--overlap``: overlap_steps)
 ENGINE_FLAGS = ("device", "dtype", "expert_cache", "max_batched_tokens", "prefill_order", "prefill_interleave_ms",
                 "overlap_steps")  # fmt: skip
 ENGINE_DEFAULTS = {"expert_cache": 0.25, "prefill_interleave_ms": None}  # None: the engine's
-# the peer's model (bench/gpu/make_gguf.py): attention and vocabulary of Qwen3-30B-A3B
-ATTENTION = {"heads": 32, "kv_heads": 4, "hd": 128, "vocab": 32000, "max_positions": 131072}
-
-
-def checkpoint(args: argparse.Namespace) -> Path:
-    """The benchmark's checkpoint: --model, the embedded model, or the preset written once and reused."""
-    if args.model == "default":
-        from freetoken.loader.model_setup import default_model_path
-
-        return Path(default_model_path())
-    if args.model:
-        return Path(args.model)
-    shape = get_preset(args.preset)
-    if shape.dsv4 is not None:
-        raise SystemExit(f"ft bench e2e: preset {shape.name} has no synthetic checkpoint yet; pass --model DIR (a "
-                         "DeepSeek-V4 checkpoint) or use it with the MoE-only benches")  # fmt: skip
-    cache = Path(env().cache_dir)
-    layers = args.layers or shape.e2e_layers
-    kind = "gptoss" if shape.gpt_oss is not None else "v2"  # gpt-oss presets were Qwen3-MoE-shaped under "v2"
-    d = Path(args.dir) if args.dir else cache / "bench" / f"{shape.name}-{layers}layers-{kind}"
-    if not (d / "model.safetensors.index.json").exists() and shape.gpt_oss is not None:
-        from freetoken.bench.synthetic_gpt_oss import write_gpt_oss
-
-        t0 = time.perf_counter()
-        written = write_gpt_oss(d, shape, layers, None, ATTENTION["max_positions"], EMBED_STD, shape.fmt)
-        print(f"# wrote {d} ({written / 1e9:.1f} GB) in {time.perf_counter() - t0:.0f} s", flush=True)
-    elif not (d / "model.safetensors.index.json").exists() and shape.frontier is not None:
-        from freetoken.bench.synthetic_frontier import write_frontier
-
-        t0, a = time.perf_counter(), ATTENTION
-        written = write_frontier(d, shape, layers, a["vocab"], a["max_positions"], EMBED_STD, shape.fmt)
-        print(f"# wrote {d} ({written / 1e9:.1f} GB) in {time.perf_counter() - t0:.0f} s", flush=True)
-    elif not (d / "model.safetensors.index.json").exists():
-        from freetoken.bench.synthetic_checkpoint import write_qwen3_moe
-
-        t0 = time.perf_counter()
-        a = ATTENTION
-        written = write_qwen3_moe(
-            d, num_layers=layers, hidden=shape.hidden, num_experts=shape.experts, moe_inter=shape.inter,
-            vocab=a["vocab"], heads=a["heads"], kv_heads=a["kv_heads"], hd=a["hd"], top_k=shape.top_k,
-            max_positions=a["max_positions"], shared_experts=True, fmt=shape.fmt, embed_std=EMBED_STD,
-            hybrid=shape.hybrid,
-        )  # fmt: skip
-        print(f"# wrote {d} ({written / 1e9:.1f} GB) in {time.perf_counter() - t0:.0f} s", flush=True)
-    _allow_positions(d, _positions_needed(args))
-    return d
-
-
-def _positions_needed(args: argparse.Namespace) -> int:
-    from freetoken.bench.e2e_prefill import WARM_SUFFIX
-
-    prefill, itl = getattr(args, "prefill", None), getattr(args, "itl_prompt", 0) or 0  # other benches' args lack them
-    lengths = [int(n) for n in str(prefill).split(",")] if prefill else []
-    return max([*lengths, itl, 0]) + WARM_SUFFIX + 8
-
-
-def _allow_positions(d: Path, positions: int) -> None:
-    """A synthetic checkpoint written for a shorter context (an older preset) gets the positions the prompts need:
-    only the rotary tables depend on it."""
-    cfg_path = d / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    if cfg.get("max_position_embeddings", positions) < positions:
-        cfg["max_position_embeddings"] = positions
-        cfg_path.write_text(json.dumps(cfg, indent=1))
-        print(f"# {d}: max_position_embeddings raised to {positions}", flush=True)
-
-
-# Embeddings of this scale keep each token's own part of the residual above the attention's slowly varying part:
-# consecutive sampled tokens then route to nearly independent experts, as uniform routing (BENCH.md) has it; at the
-# usual 0.02 a random model's deeper layers route consecutive tokens to mostly the same experts
-# (docs/benchmarks.md, "the synthetic checkpoint's routing").
-EMBED_STD = 1.0
-
-
 def decode_tok_s(
     llm: Any, batch: int, prompt: int, tokens: int, warmup: int, seed: int, temperature: float = 0.0,
     timed: list[dict[str, Any]] | None = None,

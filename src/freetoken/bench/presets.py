@@ -118,6 +118,52 @@ class DeepseekV4Shape:
 
 
 @dataclass(frozen=True)
+class KimiLinearShape:
+    """Kimi-Linear-48B-A3B's non-expert shapes (``models/kimi_linear.py``; ``bench/synthetic_kimi.py`` writes such a
+    checkpoint), from moonshotai/Kimi-Linear-48B-A3B-Instruct's config.json (its published values; the defaults of
+    transformers 5.23's ``KimiLinearConfig`` too): KDA layers beside NoPE latent-attention layers, 1-indexed as
+    ``linear_attn_config`` lists them; a dense first layer; one shared expert; sigmoid routing, one group."""
+
+    heads: int = 32  # num_attention_heads (MLA; num_key_value_heads 32 too)
+    kv_lora: int = 512  # kv_lora_rank (q_lora_rank null: a plain q_proj)
+    nope_dim: int = 128  # qk_nope_head_dim
+    rope_dim: int = 64  # qk_rope_head_dim: in the shapes, unrotated (mla_use_nope)
+    v_dim: int = 128  # v_head_dim
+    kda_heads: int = 32  # linear_attn_config.num_heads
+    kda_head_dim: int = 128  # linear_attn_config.head_dim (keys and values alike)
+    conv_kernel: int = 4  # linear_attn_config.short_conv_kernel_size
+    full_attn_layers: tuple[int, ...] = (4, 8, 12, 16, 20, 24, 27)  # linear_attn_config.full_attn_layers: 7 of 27
+    dense_layers: int = 1  # first_k_dense_replace
+    dense_inter: int = 9216  # intermediate_size (the dense layer's MLP)
+    shared_experts: int = 1  # num_shared_experts, each of the routed experts' width
+    scale: float = 2.446  # routed_scaling_factor
+    vocab: int = 163840
+
+
+@dataclass(frozen=True)
+class Gemma4Shape:
+    """Gemma-4 26B-A4B's non-expert shapes (``models/gemma4.py``; ``bench/synthetic_gemma4.py`` writes such a
+    checkpoint), from google/gemma-4-26B-A4B-it's ``text_config`` as public copies of its config.json give it
+    (transformers 5.23's ``Gemma4TextConfig`` names the release; its defaults are another size's): 5 sliding-window
+    layers to 1 full, the last full; full layers of their own head dim and KV heads, keys equal values there
+    (``attention_k_eq_v``); a dense GELU MLP beside the experts in every layer; no KV-shared layers and no per-layer
+    input embeddings (``num_kv_shared_layers`` 0, ``hidden_size_per_layer_input`` 0); tied embeddings (the synthetic
+    checkpoint unties them: ``synthetic_gemma4.py`` says why)."""
+
+    heads: int = 16  # num_attention_heads
+    kv_heads: int = 8  # num_key_value_heads (sliding layers)
+    head_dim: int = 256  # head_dim (sliding layers)
+    global_kv_heads: int = 2  # num_global_key_value_heads (full layers)
+    global_head_dim: int = 512  # global_head_dim (full layers)
+    k_eq_v: bool = True  # attention_k_eq_v: full layers have no v_proj
+    window: int = 1024  # sliding_window
+    pattern: int = 6  # every 6th layer full ("sliding_attention" x 5, "full_attention")
+    dense_inter: int = 2112  # intermediate_size (the dense MLP beside the experts)
+    softcap: float = 30.0  # final_logit_softcapping
+    vocab: int = 262144
+
+
+@dataclass(frozen=True)
 class MoEShape:
     name: str
     hidden: int  # D
@@ -131,6 +177,8 @@ class MoEShape:
     frontier: FrontierShape | None = None  # synthetic checkpoints: that family's own layers instead
     gpt_oss: GptOssShape | None = None  # synthetic checkpoints: a gpt-oss (its experts in ``weights``)
     dsv4: DeepseekV4Shape | None = None  # a DeepSeek-V4 (no synthetic writer yet: e2e needs --model)
+    kimi: KimiLinearShape | None = None  # synthetic checkpoints: a Kimi-Linear (KDA + NoPE MLA)
+    gemma4: Gemma4Shape | None = None  # synthetic checkpoints: a Gemma-4 (sliding / full layers, MLP beside MoE)
     e2e_layers: int = 12  # ``ft bench e2e``'s synthetic layers when --layers is not given (dense layers count)
 
     @property
@@ -172,9 +220,11 @@ PRESETS: dict[str, MoEShape] = {
         MoEShape("gpt-oss-20b-bf16", 2880, 2880, 32, 4, 24, "bf16 experts (the checkpoint ships MXFP4)",
                  gpt_oss=GptOssShape()),
         # Kimi-Linear-48B-A3B (moonshotai/Kimi-Linear-48B-A3B-Instruct's config.json, the defaults of transformers'
-        # KimiLinearConfig too): 27 layers, the first dense; 256 experts of 1024 + 1 shared, top-8; bf16. MoE only:
-        # e2e writes no KDA checkpoint yet (a Qwen3-MoE of these expert shapes)
-        MoEShape("kimi-linear", 2304, 1024, 256, 8, 26, "Kimi-Linear-48B-A3B's routed experts, MoE only"),
+        # KimiLinearConfig too): 27 layers, the first dense; 256 experts of 1024 + 1 shared, top-8; bf16. e2e: its
+        # KDA and NoPE MLA layers (KimiLinearShape); 10 layers = the real model's first 10 (MLA at 4 and 8, 1-indexed;
+        # 1 dense + 9 MoE): 35 GB with its 163840-token vocabulary
+        MoEShape("kimi-linear", 2304, 1024, 256, 8, 26, "Kimi-Linear-48B-A3B: KDA 3 : 1 NoPE MLA, 1 dense layer first",
+                 kimi=KimiLinearShape(), e2e_layers=10),
         # GLM-4.5/4.6/4.7: 92 layers, the first 3 dense (intermediate 12288); 160 experts + 1 shared; FP8 as shipped
         # (every projection). 12 layers = 3 dense + 9 MoE: 37 GB with the bench's 32000-token vocabulary.
         MoEShape("glm-4.7", 5120, 1536, 160, 8, 89, "GLM-4.7-FP8: 3 dense layers first, 96 heads, 8 KV heads",
@@ -192,8 +242,10 @@ PRESETS: dict[str, MoEShape] = {
         MoEShape("glm-5", 6144, 2048, 256, 8, 75, "GLM-5 (FP8): MLA + sparse attention (top 2048), 64 heads",
                  "fp8_block", frontier=GLM_5, e2e_layers=6),
         # Gemma-4 26B-A4B: 30 layers, each a dense MLP beside 128 experts of 704, top-8 (D 2816; transformers 5.23's
-        # Gemma4TextConfig names the release, public configs give the sizes). Its experts only: e2e writes a Qwen3-MoE
-        MoEShape("gemma-4", 2816, 704, 128, 8, 30, "Gemma-4 26B-A4B's routed experts (bf16), e2e not its layers"),
+        # Gemma4TextConfig names the release, public configs give the sizes). e2e: its own layers (Gemma4Shape);
+        # 18 layers = 3 x (5 sliding + 1 full): 32 GB with its 262144-token vocabulary (the head untied)
+        MoEShape("gemma-4", 2816, 704, 128, 8, 30, "Gemma-4 26B-A4B: 5 sliding : 1 full attention, MLP beside MoE",
+                 gemma4=Gemma4Shape(), e2e_layers=18),
     )
 }
 

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from freetoken.bench.routing_trace import moe_layers
 from freetoken.config import EngineConfig, add_config_args, config_kwargs
 from freetoken.experts.base import ExpertBackend
-from freetoken.layers.moe import MoELayer
 
 DEFAULT_PROMPTS = (
     "Write a Python function that parses an ISO 8601 date string and returns a datetime. Add tests.",
@@ -86,7 +86,7 @@ def install_recorder(llm: Any) -> RecordingBackend:
     inner = engine.setup.loaded.backend
     if inner is None:
         raise ValueError("this model has no MoE layers: nothing to record")
-    moe = [layer.ffn for layer in engine.runner.model.layers if isinstance(layer.ffn, MoELayer)]
+    moe = moe_layers(engine.runner.model)
     rec = RecordingBackend(inner, len(moe))
     for m in moe:
         m.backend = rec

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from freetoken.layers.moe import MoELayer
+from freetoken.models.gemma4_layers import GemmaLayer
 
 
 class RoutingTrace:
@@ -45,8 +46,13 @@ class RoutingTrace:
 
 
 def moe_layers(model: Any) -> list[MoELayer]:
-    """The MoE layers of a built model (``DecoderModel``), in order."""
-    return [layer.ffn for layer in model.layers if isinstance(layer.ffn, MoELayer)]
+    """The MoE layers of a built model (``DecoderModel``), in order: each layer's ``ffn``, or (Gemma-4) the routed
+    experts beside its dense MLP."""
+    found = []
+    for layer in model.layers:
+        beside = layer.moe.layer if isinstance(layer, GemmaLayer) and layer.moe is not None else None
+        found += [m for m in (layer.ffn, beside) if isinstance(m, MoELayer)]
+    return found
 
 
 def install(llm: Any, path: str) -> RoutingTrace:
