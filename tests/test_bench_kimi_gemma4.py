@@ -24,7 +24,7 @@ from freetoken.checkpoint.gemma4_config import FULL, SLIDING
 from freetoken.checkpoint.gemma4_config import gemma4_config as read_gemma4
 from freetoken.checkpoint.hf_config import load_hf_config
 from freetoken.cli.main import main
-from reference import LOGIT_MARGIN, ROUTER_MARGIN, assert_close_logits, float32_llm, reference_greedy
+from reference import LOGIT_MARGIN, ROUTER_MARGIN, assert_close_logits, float32_llm, reference_greedy, torch_ops
 from test_reference_gemma4 import router_margin
 from test_reference_kimi_linear import REAL as KIMI_REAL
 
@@ -115,7 +115,7 @@ def test_scaled_down_checkpoint_matches_transformers(tmp_path, name):
         assert r.min_logit_margin > LOGIT_MARGIN
         margin = r.min_router_margin if name == "kimi-linear" else router_margin(model, r.prompt + r.tokens[:-1], 2)
         assert margin > ROUTER_MARGIN
-    with torch.no_grad():
+    with torch.no_grad(), torch_ops(model):  # transformers' torch functions, not an installed fla's (the GPU box)
         full = [model(torch.tensor([r.prompt + r.tokens]), use_cache=False).logits[0] for r in refs]
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     for backend in ("offload", "hybrid"):

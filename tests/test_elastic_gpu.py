@@ -90,16 +90,24 @@ def test_resizing_mid_generation_on_cuda_keeps_greedy_tokens(ckpt: Path, backend
     assert s["memory"]["resizes"] == 4
 
 
+def _shrink_frees(llm: LLM) -> bool:
+    """The budget back at 0.5 GiB, then 0.2: whether the device's free bytes rose by the KV pages given up."""
+    llm.engine.set_vram_budget(0.5)
+    torch.cuda.synchronize()
+    free0, _ = torch.cuda.mem_get_info()
+    llm.engine.set_vram_budget(0.2)
+    free1, _ = torch.cuda.mem_get_info()
+    return free1 - free0 >= 0.25 * GIB
+
+
 def test_budget_start_and_shrink_free_device_memory(ckpt: Path) -> None:
     llm = LLM(str(ckpt), device="cuda", dtype="float32", moe_backend="hybrid", page_size=8, max_model_len=128,
               vram_budget=0.5, vram_reserve=0.1)  # fmt: skip
     m = llm.stats()["memory"]
     assert m["slots"] == 16 and m["kv_gib"] > 0.3
-    torch.cuda.synchronize()
-    free0, _ = torch.cuda.mem_get_info()
-    m = llm.engine.set_vram_budget(0.2)
-    free1, _ = torch.cuda.mem_get_info()
-    assert free1 - free0 >= 0.25 * GIB  # the KV pages given up are the device's again
+    # the device's free bytes: other processes on it (parallel test workers) move them too, so one of a few shrinks
+    # from 0.5 GiB must see the pages given up come back; pages that stayed held would fail every try
+    assert any(_shrink_frees(llm) for _ in range(5))
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     assert len(llm.generate([[5, 6, 7, 8]], params)[0].token_ids) == 8
     llm.check_integrity()
