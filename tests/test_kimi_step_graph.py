@@ -58,3 +58,17 @@ def test_graphed_kimi_step_on_cuda(ckpt, backend: str) -> None:
     assert min(r.min_logit_margin for r in refs) > 1e-2  # wide margins: no near tie (the GPU's float32 GEMMs)
     assert min(sigmoid_margin(model, r.prompt + r.tokens[:-1]) for r in refs) > ROUTER_MARGIN
     assert graphed == [r.tokens for r in refs]
+
+
+def test_a_recurrent_model_has_a_graph_per_batch_size_and_no_pad_row(ckpt, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pad row would share row 0's state slot, which the in-place state kernels update while the pad reads it: on
+    CUDA the pad then wrote other K/V than row 0 into row 0's KV slot (``runner/step_graph.py``). A model with state
+    slots has a graph for every batch size: 3 rows replay their own 3-row graph, the eager tokens."""
+    d, _ = ckpt
+    graphed = _cpu_graphed(d, monkeypatch)
+    eager = LLM(model=str(d), device="cpu", dtype="float32", max_running_requests=8, page_size=4)
+    graphs = graphed.engine.runner.graphs
+    assert graphs is not None and graphs.buckets == list(range(1, 9))
+    c = run_case(graphed, eager, 3, "greedy")
+    assert c.same_as_eager and c.replays > 0, c.row()
+    assert sorted(graphs._static) == [3]

@@ -11,6 +11,8 @@
 #                  or cpu (every other test on the box's 16 cores, server and SDK tests included). Not on the box: the
 #                  Chromium chat-page test (no browser) and the npm/PyPI agent clients (no registry).
 #   graphs         the step graph for every batch bucket x sampler feature set: eager fallbacks and replays
+#   repeat [SECS]  wrong tokens now and then: the tiny hybrid's batched greedy case over and over per backend
+#                  (repeat_greedy.py), side by side; .before's fused variant too when carried
 #   ab             ft bench e2e from .before/src (carry it) and this tree in alternating runs, medians of 3 (ab.py)
 #   memory [ARGS]  the memory plan against the device's taken bytes, per preset and budget (memory_plan.py)
 #   e2e [fp8]      ft bench e2e (the whole model): fused, offload, hybrid, static-layers at 6 and 16 threads, batch 1
@@ -310,10 +312,22 @@ stage_train() {  # ~9.5 min: data + fla's gradient check + training (400 s on th
   grep -E "^\[(fla-check|data|model|done|eval|sh)\]|is falling back|Error" "$log" | grep -v "^\[eval\] .* miss" | tail -40
 }
 
+stage_repeat() {  # repeat_greedy.py: each variant SECONDS (240) side by side; with .before carried (git archive BASE
+  # src | tar -x -C .before) its fused variant too, from that tree
+  local secs=${1:-240} v
+  for v in fused offload hybrid hybrid-eager; do
+    timeout $((secs + 150)) python3 bench/gpu/repeat_greedy.py "$v" --seconds "$secs" > "$OUT/repeat_$v.log" 2>&1 &
+  done
+  [ -d .before/src ] && PYTHONPATH=$PWD/.before/src:$PWD/tests:/tmp/site timeout $((secs + 150)) \
+    python3 bench/gpu/repeat_greedy.py fused --seconds "$secs" > "$OUT/repeat_before_fused.log" 2>&1 &
+  wait
+  for v in "$OUT"/repeat_*.log; do echo "$(basename "$v" .log): $(grep RESULT "$v" || tail -2 "$v")"; done
+}
+
 stage=${1:-}; shift || true
 case $stage in
 wheels) download_wheels ;;
-tests|graphs|ab|memory|e2e|frontier|fp4|threads|step|experts|layers|prefill|http|cpu|formats|kernels|contention|fla|elastic|load|\
+tests|graphs|repeat|ab|memory|e2e|frontier|fp4|threads|step|experts|layers|prefill|http|cpu|formats|kernels|contention|fla|elastic|load|\
 llamacpp|llamacpp_gptoss|train)
   install_wheels
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nvidia-smi --query-gpu=name --format=csv,noheader \

@@ -11,7 +11,11 @@ the device, stream-ordered before its replay; the host buffers are double-buffer
 step never overwrites a copy still queued.
 
 A batch of n rows runs in the smallest bucket B ≥ n; rows n..B-1 repeat row 0 (same token, position and
-KV slot: they write the same K/V, and their samples are dropped). Each bucket has a graph per set of
+KV slot: they write the same K/V, and their samples are dropped). A model with recurrent-state slots has a bucket
+for every batch size, no pad rows: a pad would share row 0's state slot, which the in-place state kernels (the fused
+DeltaNet step, fla's) update while the pad reads it; the pad then computes other K/V than row 0 and the two writes
+race for row 0's KV slot (measured on an H100: 103 of 3,753 tiny-hybrid requests took another greedy token, always
+the padded row's; none with a bucket per size: ``bench/gpu/repeat_greedy.py``). Each bucket has a graph per set of
 sampler stages its rows need (``Features``: an all-greedy step without penalties or logprobs is an
 argmax, not a sort, a noise draw and two softmaxes over the vocabulary; a step with a grammar-constrained row
 adds the allowed-token bitmask, a third host→device copy of the rows' masks). Every per-request sampling setting
@@ -77,7 +81,10 @@ _INTS = 5  # ids, positions, KV slots, lengths, state slots; then the page table
 _FLOATS = 6  # temperature, top_p, min_p, presence, frequency, repetition
 
 
-def buckets(max_batch: int) -> list[int]:
+def buckets(max_batch: int, every_size: bool = False) -> list[int]:
+    """The batch sizes with a graph: powers of two up to ``max_batch`` and it, or (``every_size``) 1..max_batch."""
+    if every_size:
+        return list(range(1, max_batch + 1))
     out, b = [], 1
     while b < max_batch:
         out.append(b)
@@ -130,7 +137,7 @@ class StepGraphs:
         """``capture``: records a step as a graph (None: a CUDA graph; tests on a CPU pass their own)."""
         self.model, self.kv, self.backend, self.sampler = model, kv, backend, sampler
         self.max_pages, self.top_k = max_pages, top_k
-        self.buckets = buckets(max_batch)
+        self.buckets = buckets(max_batch, every_size=model.states is not None)  # no pad shares a state slot
         self.vocab = int(model.lm_head.shape[0])  # the logits' width (the allowed-token bitmask's)
         self.device = kv.device
         self.capture = capture or self._cuda_capture
@@ -261,6 +268,7 @@ class StepGraphs:
         ``token_ids`` gets ``src_rows``' entry as its id: the row of the previous step that ``launch`` gathers."""
         B, P = st.floats.shape[1], self.max_pages
         pad = B - len(reqs)
+        assert not (pad and st.batch.state_slots is not None), "a pad row would share row 0's state slot"
         rows, starts, src_rows = [*reqs] + [reqs[0]] * pad, starts + [starts[0]] * pad, src_rows + [src_rows[0]] * pad
         hi, hf = host.ints.numpy(), host.floats.numpy()
         for b, req in enumerate(rows):
