@@ -264,7 +264,9 @@ def test_step_graphs_host_side_on_cpu(ckpt: Path, monkeypatch: pytest.MonkeyPatc
     overlapped, o_lp, stats = _stream(llm, _mixed(stop, stop_str))
     assert sorted(x for s in overlapped for x in s) == sorted(x for s in serial for x in s)
     assert o_lp == pytest.approx(s_lp, abs=1e-4)
-    assert stats["steps_launched_ahead"] > 10 and sorted(graphs._static) == [1, 2, 4]
+    # padded buckets; a model with state slots has a graph per batch size (a pad would share row 0's slot)
+    sizes = [1, 2, 3, 4] if llm.engine.states is not None else [1, 2, 4]
+    assert stats["steps_launched_ahead"] > 10 and sorted(graphs._static) == sizes
 
 
 def test_a_failed_launch_ahead_falls_back_to_serial_steps(ckpt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
