@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.tiktoken_tokenizer import ISSPACE, RESERVED_SPECIAL_TOKENS, without_chunk_cut
@@ -21,7 +22,7 @@ from freetoken.checkpoint.tokenizer import load_tiktoken_tokenizer, load_tokeniz
 from freetoken.checkpoint.tokenizer_cache import HASH_FILE, JSON_FILE, cache_key, cache_root, converted_tokenizer
 from freetoken.engine.grammar import GrammarCompiler
 from freetoken.loader.hub_files import small_files
-from freetoken.runner.constraint import allowed_tokens, new_bitmask
+from freetoken.runner.constraint import allowed_tokens, bitmask_words, new_bitmask
 from tiktoken_files import (
     CORPUS,
     NAMED,
@@ -48,6 +49,22 @@ def tok(kimi_dir: tuple[Path, dict[bytes, int]], tmp_path_factory: pytest.TempPa
 @pytest.fixture(scope="module")
 def enc(kimi_dir: tuple[Path, dict[bytes, int]]) -> Any:
     return reference_encoding(kimi_dir[1])
+
+
+def _config(d: Path) -> dict[str, Any]:
+    return dict(json.loads((d / "tokenizer_config.json").read_text()))
+
+
+def _copy(kimi_dir: tuple[Path, dict[bytes, int]], tmp_path: Path) -> Path:
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    for name in ("tiktoken.model", "tokenizer_config.json"):
+        (d / name).write_bytes((kimi_dir[0] / name).read_bytes())
+    return d
+
+
+def _edit_config(d: Path, **changes: Any) -> None:
+    (d / "tokenizer_config.json").write_text(json.dumps({**_config(d), **changes}))
 
 
 def test_the_run_cut_whitespace_is_pythons_isspace() -> None:
@@ -145,11 +162,29 @@ def test_streaming_detokenizer_rebuilds_the_text(tok: Any) -> None:
     assert out == text
 
 
+def test_a_token_marked_not_special_is_matched_whole_and_kept_on_decode(
+    kimi_dir: tuple[Path, dict[bytes, int]], tmp_path: Path, enc: Any
+) -> None:
+    d = _copy(kimi_dir, tmp_path)
+    n = len(kimi_dir[1])
+    decoder = _config(d)["added_tokens_decoder"]
+    decoder[str(n + 256)]["special"] = False  # <|media_begin|>
+    _edit_config(d, added_tokens_decoder=decoder)
+    tok = load_tiktoken_tokenizer(d, str(tmp_path / "cache"))
+    text = "x <|media_begin|>[EOS]y"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert ids == reference_encode(enc, text) and n + 256 in ids
+    assert tok.decode(ids, skip_special_tokens=True) == "x <|media_begin|>y"
+
+
+def test_chat_template_jinja_wins_over_the_configs(kimi_dir: tuple[Path, dict[bytes, int]], tmp_path: Path) -> None:
+    d = _copy(kimi_dir, tmp_path)
+    (d / "chat_template.jinja").write_text("{% for m in messages %}<|im_user|>{{ m['content'] }}{% endfor %}")
+    tok = load_tiktoken_tokenizer(d, str(tmp_path / "cache"))
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "<|im_user|>hi"
+
+
 # ---- the cache ----------------------------------------------------------------------------------------------------
-
-
-def _config(d: Path) -> dict[str, Any]:
-    return dict(json.loads((d / "tokenizer_config.json").read_text()))
 
 
 def test_cache_builds_once_then_hits(kimi_dir: tuple[Path, dict[bytes, int]], tmp_path: Path) -> None:
@@ -212,18 +247,6 @@ def test_load_tokenizer_routes_and_caches_under_freetoken_cache(
 
 
 # ---- refusals -----------------------------------------------------------------------------------------------------
-
-
-def _copy(kimi_dir: tuple[Path, dict[bytes, int]], tmp_path: Path) -> Path:
-    d = tmp_path / "ckpt"
-    d.mkdir()
-    for name in ("tiktoken.model", "tokenizer_config.json"):
-        (d / name).write_bytes((kimi_dir[0] / name).read_bytes())
-    return d
-
-
-def _edit_config(d: Path, **changes: Any) -> None:
-    (d / "tokenizer_config.json").write_text(json.dumps({**_config(d), **changes}))
 
 
 def test_refusals(kimi_dir: tuple[Path, dict[bytes, int]], tmp_path: Path) -> None:
@@ -292,19 +315,25 @@ def test_grammar_with_ids_past_the_models_vocabulary(kimi_dir: tuple[Path, dict[
     assert not bool(allowed_tokens(mask, vocab)[tok.encode("x", add_special_tokens=False)[0]])
 
 
-@pytest.mark.parametrize("extra", [2, 40])
-def test_mask_width_when_the_tokenizer_adds_a_word(kimi_dir: tuple[Path, dict[bytes, int]], tok: Any,
-                                                   extra: int) -> None:  # fmt: skip
-    """The model's mask is narrower than llguidance's (a vocabulary a multiple of 32, two more ids): cut to it."""
-    vocab = (len(tok) // 32) * 32 if extra == 2 else len(tok) - extra
-    assert vocab < len(tok)
-    compiler = GrammarCompiler(tok, vocab, [tok.eos_token_id])
-    c = compiler.compile('start: "hello" " world"')
-    mask = new_bitmask(1, vocab)[0]
-    assert mask.numel() * 32 < len(tok) + 31
-    c.fill_bitmask(mask)
-    first = tok.encode("hello", add_special_tokens=False)[0]
-    assert bool(allowed_tokens(mask, vocab)[first])
+def test_a_narrower_model_mask_is_llguidances_cut_to_its_width(tok: Any) -> None:
+    """A vocabulary of whole mask words (800 here) below the tokenizer's 814 ids: llguidance's mask has a word
+    more; the model's is its first words, and the tokens past the vocabulary (a grammar may name them) are gone."""
+    vocab = (len(tok) // 32) * 32
+    assert bitmask_words(vocab) < bitmask_words(len(tok))
+    grammar = 'start: "hello" " world" | <|media_begin|>'
+    eos = [tok.convert_tokens_to_ids("<|im_end|>")]
+    narrow = GrammarCompiler(tok, vocab, eos).compile(grammar)
+    wide = GrammarCompiler(tok, len(tok), eos).compile(grammar)
+    media = tok.convert_tokens_to_ids("<|media_begin|>")
+    for step, text in enumerate(["hello", " world"]):
+        m_narrow, m_wide = new_bitmask(1, vocab)[0], new_bitmask(1, len(tok))[0]
+        narrow.fill_bitmask(m_narrow)
+        wide.fill_bitmask(m_wide)
+        assert torch.equal(m_narrow, m_wide[: bitmask_words(vocab)])
+        assert bool(allowed_tokens(m_wide, len(tok))[media]) == (step == 0)
+        t = tok.encode(text, add_special_tokens=False)
+        assert all(narrow.accept(i) and wide.accept(i) for i in t)
+    assert narrow.is_done() and wide.is_done()
 
 
 def test_llguidance_gets_the_tokenizer_without_the_chunk_cut(tok: Any) -> None:

@@ -66,6 +66,7 @@ class TiktokenSpec:
     ranks: dict[bytes, int]
     specials: dict[int, str]
     pattern: str
+    plain: frozenset[int] = frozenset()  # ids ``added_tokens_decoder`` marks ``"special": false`` (kept on decode)
 
 
 def read_ranks(path: Path) -> dict[bytes, int]:
@@ -95,7 +96,10 @@ def read_ranks(path: Path) -> dict[bytes, int]:
 def read_spec(directory: Path, config: Mapping[str, Any]) -> TiktokenSpec:
     """The conversion's input from a checkpoint directory and its parsed ``tokenizer_config.json``."""
     ranks = read_ranks(directory / TIKTOKEN_FILE)
-    return TiktokenSpec(ranks, special_tokens(config, len(ranks), str(directory / CONFIG_FILE)), pattern_of(config))
+    specials = special_tokens(config, len(ranks), str(directory / CONFIG_FILE))
+    decoder = config.get("added_tokens_decoder") or {}
+    plain = frozenset(int(k) for k, v in decoder.items() if isinstance(v, Mapping) and v.get("special") is False)
+    return TiktokenSpec(ranks, specials, pattern_of(config), plain)
 
 
 def pattern_of(config: Mapping[str, Any]) -> str:
@@ -203,9 +207,11 @@ def build_tokenizer(spec: TiktokenSpec) -> Any:
         ]
     )
     tok.decoder = decoders.ByteLevel()
-    ordered = sorted(spec.specials.items())
-    tok.add_special_tokens([AddedToken(c, special=True, normalized=False) for _, c in ordered])
-    for tid, content in ordered:
+    for tid, content in sorted(spec.specials.items()):  # each takes the next id: the ids run on from the ranks
+        if tid in spec.plain:  # still matched whole in text (tiktoken's allowed_special="all"), kept on decode
+            tok.add_tokens([AddedToken(content, special=False, normalized=False)])
+        else:
+            tok.add_special_tokens([AddedToken(content, special=True, normalized=False)])
         if tok.token_to_id(content) != tid:  # a special token spelled like a BPE token would take that token's id
             raise CheckpointError(f"{CONFIG_FILE}: special token {content!r} (id {tid}) is also a BPE token")
     return tok

@@ -62,6 +62,9 @@ def load_tiktoken_tokenizer(d: Path, cache_dir: str | None = None) -> Any:
 
     backend = Tokenizer.from_str(converted_tokenizer(d, config, cache_dir).text)
     kwargs: dict[str, Any] = {k: config[k] for k in _PASSED if config.get(k) is not None}
+    template = d / "chat_template.jinja"
+    if template.exists():  # as transformers loads it: the file wins over tokenizer_config.json's template
+        kwargs["chat_template"] = template.read_text()
     for key in _NAMED_SPECIALS:
         name = _content(config.get(key))
         if name is None:
