@@ -134,6 +134,26 @@ def test_special_tokens_ids_and_names(kimi_dir: tuple[Path, dict[bytes, int]], t
     assert tok.decode([n + 2, 72], skip_special_tokens=True) == "H"
 
 
+@pytest.mark.parametrize("model_type", [None, "kimi_k2", "kimi_linear"])
+def test_the_reserved_block_is_the_releases(kimi_dir: tuple[Path, dict[bytes, int]], tmp_path: Path,
+                                            model_type: str | None) -> None:  # fmt: skip
+    """Kimi-Linear's wrapper fills 258 ids past the ranks (163,842 beside 163,840 rows), the others 256: with only
+    the block's own names in the config, the tokenizer has the release's count, each id recognised in text."""
+    d = _copy(kimi_dir, tmp_path)
+    n = len(kimi_dir[1])
+    named = {off: c for off, c in NAMED.items() if off < 256}
+    _edit_config(d, added_tokens_decoder=kimi_config(n, named)["added_tokens_decoder"])
+    if model_type is not None:
+        (d / "config.json").write_text(json.dumps({"model_type": model_type}))
+    reserved = 258 if model_type == "kimi_linear" else 256
+    tok = load_tiktoken_tokenizer(d, str(tmp_path / "cache"))
+    assert len(tok) == n + reserved
+    enc = reference_encoding(kimi_dir[1], specials_of(n, reserved, named))
+    text = f"a<|reserved_token_{n + 257}|>b<|reserved_token_{n + 255}|>[PAD]"
+    assert tok.encode(text, add_special_tokens=False) == reference_encode(enc, text)
+    assert (n + 257 in tok.encode(text, add_special_tokens=False)) == (reserved == 258)
+
+
 def test_chat_template_renders_kimis_markup(kimi_dir: tuple[Path, dict[bytes, int]], tok: Any, enc: Any) -> None:
     n = len(kimi_dir[1])
     msgs = [{"role": "user", "content": "Hello 中文 world"}, {"role": "assistant", "content": "Hi!"},

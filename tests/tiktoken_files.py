@@ -76,11 +76,11 @@ def write_tiktoken_model(path: Path, ranks: dict[bytes, int]) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def kimi_config(n_base: int) -> dict[str, Any]:
+def kimi_config(n_base: int, named: dict[int, str] = NAMED) -> dict[str, Any]:
     decoder = {
         str(n_base + off): {"content": c, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
                             "special": True}
-        for off, c in NAMED.items()
+        for off, c in named.items()
     }  # fmt: skip
     return {
         "added_tokens_decoder": decoder,
@@ -102,19 +102,19 @@ def write_kimi_tokenizer(directory: Path, merges: int = 300) -> dict[bytes, int]
     return ranks
 
 
-def specials_of(n_base: int) -> dict[str, int]:
+def specials_of(n_base: int, reserved: int = RESERVED_SPECIAL_TOKENS, named: dict[int, str] = NAMED) -> dict[str, int]:
     """Every special token tiktoken is given: the named ones and the reserved fill, as Kimi's wrapper makes them."""
-    names = {n_base + off: c for off, c in NAMED.items()}
-    end = max(n_base + RESERVED_SPECIAL_TOKENS, max(names) + 1)
+    names = {n_base + off: c for off, c in named.items()}
+    end = max(n_base + reserved, max(names) + 1)
     return {names.get(i, f"<|reserved_token_{i}|>"): i for i in range(n_base, end)}
 
 
-def reference_encoding(ranks: dict[bytes, int]) -> Any:
+def reference_encoding(ranks: dict[bytes, int], specials: dict[str, int] | None = None) -> Any:
+    """The ``tiktoken`` library's ``Encoding`` as Kimi's wrapper builds it (``specials``: default ``specials_of``)."""
     import tiktoken
 
-    return tiktoken.Encoding(
-        name="kimi-test", pat_str=KIMI_PATTERN, mergeable_ranks=ranks, special_tokens=specials_of(len(ranks))
-    )
+    specials = specials_of(len(ranks)) if specials is None else specials
+    return tiktoken.Encoding(name="kimi-test", pat_str=KIMI_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
 
 
 def _runs(s: str, limit: int) -> Iterator[str]:

@@ -4,10 +4,11 @@
 The wrapper is Python shipped with the checkpoint (Kimi's ``tokenization_kimi.TikTokenTokenizer``), never imported:
 what it does is written down here instead, keyed by the module ``tokenizer_config.json``'s ``auto_map`` names.
 - Pre-tokenizer: its regex (``KIMI_PATTERN``), applied by the converted tokenizer as tiktoken applies it.
-- Special tokens: ids ``n .. n + 255`` above the ``n`` BPE ranks are control tokens, named by ``added_tokens_decoder``
+- Special tokens: the ids right above the ``n`` BPE ranks are control tokens, named by ``added_tokens_decoder``
   where it names them and ``<|reserved_token_{id}|>`` elsewhere; every one is recognised in text
-  (tiktoken's ``allowed_special="all"``). Ids ``added_tokens_decoder`` names past that block are added too, with
-  the gap between filled the same way.
+  (tiktoken's ``allowed_special="all"``). The block is 256 ids, 258 in Kimi-Linear's release (its wrapper fills two
+  more: 163,842 ids beside the model's 163,840 rows; told by ``config.json``'s ``model_type``). Ids
+  ``added_tokens_decoder`` names past the block are added too, with the gap between filled the same way.
 - Runs: the wrapper cuts text into 400,000-character chunks and each chunk's runs of whitespace (``str.isspace``)
   or non-whitespace into 25,000-character pieces before tiktoken sees it (a cut changes the tokens at the seam).
   Two ``Split`` pre-tokenizers ahead of the regex make the same cuts (``\\G`` anchors a match where the last ended).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,7 @@ from freetoken.checkpoint.errors import CheckpointError
 TIKTOKEN_FILE = "tiktoken.model"
 CONFIG_FILE = "tokenizer_config.json"
 RESERVED_SPECIAL_TOKENS = 256  # the control-token block above the BPE ranks (the wrapper's class attribute)
+RESERVED_BY_MODEL_TYPE = {"kimi_linear": RESERVED_SPECIAL_TOKENS + 2}  # releases whose wrapper fills more
 CHUNK_CHARS = 400_000  # the wrapper's TIKTOKEN_MAX_ENCODE_CHARS
 RUN_CHARS = 25_000  # the wrapper's MAX_NO_WHITESPACES_CHARS
 
@@ -93,10 +96,21 @@ def read_ranks(path: Path) -> dict[bytes, int]:
     return ranks
 
 
-def read_spec(directory: Path, config: Mapping[str, Any]) -> TiktokenSpec:
+def reserved_tokens(directory: Path) -> int:
+    """The control-token block's size for the checkpoint in ``directory``: by ``config.json``'s ``model_type``
+    (a directory with the tokenizer files alone: the default)."""
+    try:
+        model_type = json.loads((directory / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):  # no config.json: the model loader speaks for a bad one
+        return RESERVED_SPECIAL_TOKENS
+    return RESERVED_BY_MODEL_TYPE.get(str(model_type), RESERVED_SPECIAL_TOKENS)
+
+
+def read_spec(directory: Path, config: Mapping[str, Any], reserved: int | None = None) -> TiktokenSpec:
     """The conversion's input from a checkpoint directory and its parsed ``tokenizer_config.json``."""
     ranks = read_ranks(directory / TIKTOKEN_FILE)
-    specials = special_tokens(config, len(ranks), str(directory / CONFIG_FILE))
+    block = reserved_tokens(directory) if reserved is None else reserved
+    specials = special_tokens(config, len(ranks), block, str(directory / CONFIG_FILE))
     decoder = config.get("added_tokens_decoder") or {}
     plain = frozenset(int(k) for k, v in decoder.items() if isinstance(v, Mapping) and v.get("special") is False)
     return TiktokenSpec(ranks, specials, pattern_of(config), plain)
@@ -117,7 +131,9 @@ def pattern_of(config: Mapping[str, Any]) -> str:
     )
 
 
-def special_tokens(config: Mapping[str, Any], n_base: int, what: str = CONFIG_FILE) -> dict[int, str]:
+def special_tokens(
+    config: Mapping[str, Any], n_base: int, reserved: int = RESERVED_SPECIAL_TOKENS, what: str = CONFIG_FILE
+) -> dict[int, str]:
     """Id → content of every special token: ``added_tokens_decoder``'s, the reserved fill in between."""
     decoder = config.get("added_tokens_decoder") or {}
     if not isinstance(decoder, Mapping):
@@ -134,7 +150,7 @@ def special_tokens(config: Mapping[str, Any], n_base: int, what: str = CONFIG_FI
                 f"{TIKTOKEN_FILE}; special tokens start at {n_base}"
             )
         named[tid] = content
-    end = max([n_base + RESERVED_SPECIAL_TOKENS, *(t + 1 for t in named)])
+    end = max([n_base + reserved, *(t + 1 for t in named)])
     specials = {t: named.get(t, f"<|reserved_token_{t}|>") for t in range(n_base, end)}
     seen: dict[str, int] = {}
     for tid, content in specials.items():
@@ -221,8 +237,6 @@ def without_chunk_cut(tokenizer_json: str) -> str:
     """``tokenizer_json`` without the 400,000-character chunk cut, for consumers whose regex engine cannot build a
     400,000-fold repeat (llguidance compiles the pre-tokenizer into an NFA): they tokenize short strings only, which
     the cut never touches. Other tokenizers come back unchanged."""
-    import json
-
     doc = json.loads(tokenizer_json)
     pre = doc.get("pre_tokenizer") or {}
     steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None

@@ -1,11 +1,12 @@
 """Converted tokenizers kept on disk: a ``tiktoken.model`` checkpoint's ``tokenizer.json`` (seconds to build for a
 160k vocabulary, ``checkpoint/tiktoken_tokenizer.py``) under ``<FREETOKEN_CACHE>/tokenizers/<key>/``.
 
-The key is the SHA-256 of the converter's version, ``tiktoken.model`` and ``tokenizer_config.json``: a changed input
-or converter is a new entry. Beside ``tokenizer.json`` lies ``tokenizer.json.sha256``, its own hash, written after
-it; an entry whose file does not hash to the record (truncated, edited, half-written) is rebuilt, never read. Both
-files are written to a temporary name and renamed, so a reader sees a whole file or none. A cache that cannot be
-written (read-only disk) costs a conversion per start, nothing else.
+The key is the SHA-256 of the converter's version, the control-token block's size, ``tiktoken.model`` and
+``tokenizer_config.json``: a changed input or converter is a new entry. Beside ``tokenizer.json`` lies
+``tokenizer.json.sha256``, its own hash, written after it; an entry whose file does not hash to the record
+(truncated, edited, half-written) is rebuilt, never read. Both files are written to a temporary name and renamed,
+so a reader sees a whole file or none. A cache that cannot be written (read-only disk) costs a conversion per
+start, nothing else.
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from freetoken.checkpoint.tiktoken_tokenizer import CONFIG_FILE, TIKTOKEN_FILE, build_tokenizer, read_spec
+from freetoken.checkpoint.tiktoken_tokenizer import (
+    CONFIG_FILE,
+    TIKTOKEN_FILE,
+    build_tokenizer,
+    read_spec,
+    reserved_tokens,
+)
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +35,11 @@ JSON_FILE = "tokenizer.json"
 HASH_FILE = "tokenizer.json.sha256"
 
 
-def cache_key(directory: Path) -> str:
-    """SHA-256 (hex) of the converter version and the two files the conversion reads."""
-    h = hashlib.sha256(CONVERTER_VERSION)
+def cache_key(directory: Path, reserved: int | None = None) -> str:
+    """SHA-256 (hex) of the converter version, the control-token block's size and the two files the conversion
+    reads."""
+    block = reserved_tokens(directory) if reserved is None else reserved
+    h = hashlib.sha256(CONVERTER_VERSION + b"\0reserved=%d" % block)
     for name in (TIKTOKEN_FILE, CONFIG_FILE):
         data = (directory / name).read_bytes()
         h.update(b"\0%s\0%d\0" % (name.encode(), len(data)))
@@ -57,12 +66,13 @@ def converted_tokenizer(directory: Path, config: Mapping[str, Any], cache_dir: s
     """The converted ``tokenizer.json`` text of a ``tiktoken.model`` directory (``config``: its parsed
     ``tokenizer_config.json``), from the cache or built (and stored). The text handed back is the text whose hash
     was checked, not the file read again."""
-    entry = cache_root(cache_dir) / cache_key(directory)
+    reserved = reserved_tokens(directory)
+    entry = cache_root(cache_dir) / cache_key(directory, reserved)
     cached = _verified(entry)
     if cached is not None:
         return Converted(cached, "hit")
     log.info("converting %s to a tokenizers BPE (cached afterwards)", directory / TIKTOKEN_FILE)
-    text = str(build_tokenizer(read_spec(directory, config)).to_str())
+    text = str(build_tokenizer(read_spec(directory, config, reserved)).to_str())
     data = text.encode()
     try:
         entry.mkdir(parents=True, exist_ok=True)
