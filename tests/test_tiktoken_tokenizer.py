@@ -415,3 +415,41 @@ def test_chat_and_structured_output_served_over_http(kimi_ckpt: Path, tmp_path: 
         choice = r.json()["choices"][0]
         content = choice["message"]["content"]
         assert choice["finish_reason"] == "stop" and isinstance(json.loads(content)["n"], int)  # greedy: fixed
+
+
+def test_the_hub_download_brings_tiktoken_model_and_never_the_wrapper(
+    kimi_ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, freetoken_env: Any
+) -> None:
+    """Through the real ``huggingface_hub`` client against the loopback Hub (tests/hub_server.py): the snapshot has
+    ``tiktoken.model`` and loads; the wrapper's Python (here a file that would fail if run) is not fetched."""
+    from huggingface_hub import constants
+
+    from freetoken.loader.hub import forget_resolved, resolve_model
+    from hub_server import HubServer
+
+    freetoken_env("FREETOKEN_CACHE", str(tmp_path / "ft"))
+    home = tmp_path / "hf"
+    with HubServer() as hub:
+        hub.add("moonshotai/tiny-kimi", kimi_ckpt, extra={"tokenization_kimi.py": b"raise SystemExit('imported')\n"})
+        for k, v in {"HF_HOME": str(home), "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_PROGRESS_BARS": "1"}.items():
+            monkeypatch.setenv(k, v)
+        for k in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE"):
+            monkeypatch.delenv(k, raising=False)
+        monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            hub.url + "/{repo_id}/resolve/{revision}/{filename}")  # fmt: skip
+        for k, v in {
+            "HF_HOME": str(home),
+            "HF_HUB_CACHE": str(home / "hub"),
+            "HF_HUB_OFFLINE": False,
+            "HF_TOKEN_PATH": str(home / "token"),
+            "HF_STORED_TOKENS_PATH": str(home / "stored"),
+        }.items():
+            monkeypatch.setattr(constants, k, v)  # fmt: skip
+        forget_resolved()
+        path = resolve_model("moonshotai/tiny-kimi", lambda _: None)
+        forget_resolved()
+    names = {p.name for p in path.iterdir()}
+    assert {"tiktoken.model", "tokenizer_config.json", "config.json"} <= names and "tokenization_kimi.py" not in names
+    tok = load_tokenizer(path)
+    assert tok is not None and tok.encode("<|im_end|>", add_special_tokens=False) == [tok.eos_token_id + 1]
