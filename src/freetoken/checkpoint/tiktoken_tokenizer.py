@@ -58,7 +58,7 @@ PATTERNS = {"tokenization_kimi": KIMI_PATTERN}  # the wrapper's module (``auto_m
 ISSPACE = (
     "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680"
     + "".join(map(chr, range(0x2000, 0x200B)))
-    + ("\u2028\u2029\u202f\u205f\u3000")
+    + "\u2028\u2029\u202f\u205f\u3000"
 )
 
 
