@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -375,8 +376,17 @@ def kimi_ckpt(kimi_dir: tuple[Path, dict[bytes, int]], tmp_path_factory: pytest.
                          pad_token_id=n + 255)  # fmt: skip
     for name in ("tiktoken.model", "tokenizer_config.json"):
         (d / name).write_bytes((kimi_dir[0] / name).read_bytes())
+    (d / "tokenization_kimi.py").write_text(WRAPPER)  # as the release ships it: never to be run
     assert not (d / "tokenizer.json").exists()
     return d
+
+
+WRAPPER = "raise SystemExit('checkpoint-shipped tokenizer code was imported')\n"
+
+
+def test_no_production_module_imports_tiktoken() -> None:
+    src = Path(__file__).resolve().parents[1] / "src" / "freetoken"
+    assert not [p for p in src.rglob("*.py") if re.search(r"^\s*(import|from) tiktoken\b", p.read_text(), re.M)]
 
 
 def test_llm_loads_and_generates_from_a_chat_prompt(kimi_ckpt: Path, kimi_dir: tuple[Path, dict[bytes, int]], enc: Any,
@@ -421,7 +431,7 @@ def test_the_hub_download_brings_tiktoken_model_and_never_the_wrapper(
     kimi_ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, freetoken_env: Any
 ) -> None:
     """Through the real ``huggingface_hub`` client against the loopback Hub (tests/hub_server.py): the snapshot has
-    ``tiktoken.model`` and loads; the wrapper's Python (here a file that would fail if run) is not fetched."""
+    ``tiktoken.model`` and loads; the wrapper's Python (a file that would fail if run) is not fetched."""
     from huggingface_hub import constants
 
     from freetoken.loader.hub import forget_resolved, resolve_model
@@ -430,7 +440,7 @@ def test_the_hub_download_brings_tiktoken_model_and_never_the_wrapper(
     freetoken_env("FREETOKEN_CACHE", str(tmp_path / "ft"))
     home = tmp_path / "hf"
     with HubServer() as hub:
-        hub.add("moonshotai/tiny-kimi", kimi_ckpt, extra={"tokenization_kimi.py": b"raise SystemExit('imported')\n"})
+        hub.add("moonshotai/tiny-kimi", kimi_ckpt)  # tokenization_kimi.py included
         for k, v in {"HF_HOME": str(home), "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_PROGRESS_BARS": "1"}.items():
             monkeypatch.setenv(k, v)
         for k in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE"):
