@@ -31,6 +31,7 @@ from tiktoken_files import (
     reference_encode,
     reference_encoding,
     specials_of,
+    train_ranks,
     write_kimi_tokenizer,
     write_tiktoken_model,
 )
@@ -107,6 +108,26 @@ def test_random_strings_match_tiktoken(tok: Any, enc: Any) -> None:
     for _ in range(400):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
         assert tok.encode(text, add_special_tokens=False) == reference_encode(enc, text), repr(text)
+
+
+def test_a_larger_vocabulary_on_this_repositorys_own_files(tmp_path: Path) -> None:
+    """4,000 merges trained on the repository's docs and sources (real prose and code, many tokens with several
+    splits): every docs page and source file encodes as tiktoken does."""
+    root = Path(__file__).resolve().parents[1]
+    files = sorted((root / "docs").glob("*.md")) + sorted((root / "src" / "freetoken" / "engine").glob("*.py"))
+    texts = [p.read_text() for p in files]
+    ranks = train_ranks(4000, texts[::2] + [CORPUS])
+    d = tmp_path / "big"
+    d.mkdir()
+    write_tiktoken_model(d / "tiktoken.model", ranks)
+    (d / "tokenizer_config.json").write_text(json.dumps(kimi_config(len(ranks))))
+    tok = load_tiktoken_tokenizer(d, str(tmp_path / "cache"))
+    enc = reference_encoding(ranks)
+    assert len(ranks) > 3000
+    for path, text in zip(files, texts):
+        ids = tok.encode(text, add_special_tokens=False)
+        assert ids == reference_encode(enc, text), path.name
+        assert tok.decode(ids) == text
 
 
 def test_the_cuts_change_tokens_and_are_kimis(tok: Any, enc: Any) -> None:

@@ -50,8 +50,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_ranks(merges: int = 300) -> dict[bytes, int]:
-    """Byte-level BPE ranks: the 256 bytes (in byte order), then each token a merge made, in merge order."""
+def train_ranks(merges: int = 300, texts: list[str] | None = None) -> dict[bytes, int]:
+    """Byte-level BPE ranks: the 256 bytes (in byte order), then each token a merge made, in merge order, trained on
+    ``texts`` (default: ``CORPUS``)."""
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -62,7 +63,7 @@ def train_ranks(merges: int = 300) -> dict[bytes, int]:
     trainer = trainers.BpeTrainer(
         vocab_size=256 + merges, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
     )
-    tok.train_from_iterator([CORPUS] * 3, trainer)
+    tok.train_from_iterator(texts or [CORPUS] * 3, trainer)
     unicode_to_byte = {u: b for b, u in byte_to_unicode().items()}
     ranks = {bytes([b]): b for b in range(256)}
     for a, b in json.loads(tok.to_str())["model"]["merges"]:
