@@ -27,11 +27,13 @@ SHAPE: dict[str, Any] = dict(
 )  # fmt: skip
 
 
-def make_model(seed: int) -> Any:
+def make_model(seed: int, **overrides: Any) -> Any:
+    """``overrides``: fields of ``SHAPE`` changed (e.g. ``vocab_size`` to fit a tokenizer)."""
     import transformers as tf
 
     torch.manual_seed(seed)
-    model = randomize(tf.AutoModelForCausalLM.from_config(tf.KimiLinearConfig(**SHAPE), dtype=torch.float32), seed)
+    config = tf.KimiLinearConfig(**{**SHAPE, **overrides})
+    model = randomize(tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32), seed)
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -43,7 +45,7 @@ def make_model(seed: int) -> Any:
     return model
 
 
-def save_kimi_checkpoint(directory: Path, seed: int) -> Any:
-    model = make_model(seed)
+def save_kimi_checkpoint(directory: Path, seed: int, **overrides: Any) -> Any:
+    model = make_model(seed, **overrides)
     model.save_pretrained(directory)
     return model

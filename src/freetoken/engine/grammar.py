@@ -8,6 +8,7 @@ thread, not the engine's: ``AsyncLLM`` compiles before it queues the request.
 
 from __future__ import annotations
 
+import copy
 import functools
 import threading
 from typing import Any
@@ -15,12 +16,17 @@ from typing import Any
 import llguidance
 import torch
 
+from freetoken.checkpoint.tiktoken_tokenizer import without_chunk_cut
 from freetoken.engine.errors import InputError
+from freetoken.runner.constraint import bitmask_words
 
 
 class GrammarCompiler:
     """Grammars for one tokenizer and vocabulary (the model's: the logits' width, which may exceed
-    the tokenizer's)."""
+    the tokenizer's, or fall short of it: Kimi's tokenizer has two ids past the model's vocabulary).
+
+    llguidance works over ``max(vocab_size, tokenizer size)`` ids; ids past the model's vocabulary
+    have no logit, so they are never sampled, and the masks handed to the engine stop at its width."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
         self._source = tokenizer
@@ -33,11 +39,9 @@ class GrammarCompiler:
     def tokenizer(self) -> llguidance.LLTokenizer:
         with self._lock:  # built once (about a second for a large vocabulary), on first use
             if self._tok is None:
-                import llguidance.hf
-
                 if self._source is None:
                     raise InputError("this model has no tokenizer, so it cannot follow a grammar")
-                self._tok = llguidance.hf.from_tokenizer(self._source, n_vocab=self.vocab_size, eos_token=self._eos)
+                self._tok = _ll_tokenizer(self._source, self.vocab_size, self._eos)
             return self._tok
 
     def compile(self, grammar: str) -> GrammarConstraint:
@@ -49,7 +53,20 @@ class GrammarCompiler:
         matcher = llguidance.LLMatcher(self.tokenizer, ll, log_level=0)
         if matcher.is_error():
             raise InputError(f"invalid grammar: {matcher.get_error()}")
-        return GrammarConstraint(matcher)
+        return GrammarConstraint(matcher, bitmask_words(self.tokenizer.vocab_size))
+
+
+def _ll_tokenizer(source: Any, vocab_size: int, eos: list[int]) -> llguidance.LLTokenizer:
+    """``llguidance.hf.from_tokenizer``'s build, over at least every id of the tokenizer, and with the tiktoken
+    chunk cut (``checkpoint/tiktoken_tokenizer.py``) left out of the pre-tokenizer, which llguidance compiles."""
+    backend = getattr(source, "backend_tokenizer", None)
+    if backend is None:
+        raise ValueError("llguidance needs a fast (tokenizers) tokenizer")
+    backend = copy.copy(backend)
+    backend.no_padding()
+    backend.no_truncation()
+    n_vocab = max(vocab_size, int(backend.get_vocab_size(with_added_tokens=True)))
+    return llguidance.LLTokenizer(without_chunk_cut(backend.to_str()), n_vocab=n_vocab, eos_token=eos)
 
 
 def check_grammar(syntax: str, definition: str) -> None:
@@ -77,12 +94,23 @@ def _to_llguidance(grammar: str) -> str:
 class GrammarConstraint:
     """One request's position in its grammar (``TokenConstraint``)."""
 
-    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, words: int) -> None:
         self._m = matcher
+        self._words = words  # llguidance's mask width: ids past the model's vocabulary included
+        self._scratch: torch.Tensor | None = None
 
     def fill_bitmask(self, bitmask: torch.Tensor) -> None:
+        """The model's mask (``[ceil(V/32)]``, V the model's vocabulary): llguidance's, cut to that width when the
+        tokenizer has more ids (the bits past V in the last word are never read: ``runner/constraint.py``)."""
         assert bitmask.dtype == torch.int32 and bitmask.is_contiguous() and bitmask.device.type == "cpu"
-        self._m.unsafe_compute_mask_ptr(bitmask.data_ptr(), bitmask.numel() * 4)
+        assert bitmask.numel() <= self._words, (bitmask.numel(), self._words)
+        if bitmask.numel() == self._words:
+            self._m.unsafe_compute_mask_ptr(bitmask.data_ptr(), self._words * 4)
+            return
+        if self._scratch is None:
+            self._scratch = torch.empty(self._words, dtype=torch.int32)
+        self._m.unsafe_compute_mask_ptr(self._scratch.data_ptr(), self._words * 4)
+        bitmask.copy_(self._scratch[: bitmask.numel()])
 
     def accept(self, token: int) -> bool:
         return bool(self._m.consume_token(token)) and not self._m.is_error()

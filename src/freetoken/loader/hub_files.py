@@ -25,6 +25,7 @@ SMALL_FILES = (
     "vocab.json",
     "merges.txt",
     "tokenizer.model",
+    "tiktoken.model",  # Kimi: the vocabulary as tiktoken ranks (checkpoint/tiktoken_tokenizer.py converts it)
     "chat_template.jinja",
     "chat_template.json",
 )
