@@ -204,3 +204,18 @@ def test_served_from_config_alone(released):
 
     s = support_of(released[0])
     assert s.served, s.reason
+
+
+def test_ftw_conversion_keeps_the_packed_experts(released, tmp_path):
+    """``ft convert``: the banks written are the pool's MXFP4 bytes; the FP8 weights are copied with their scales
+    and dequantised at load as before: the same logits."""
+    from freetoken.loader.ftw_convert import convert
+
+    d, t, refs = released
+    m = convert(d, tmp_path / "ftw")
+    assert m.expert_format == "mxfp4"
+    llm = _llm(tmp_path / "ftw")
+    banks = llm.engine.setup.loaded.banks
+    assert banks.fmt.name == "mxfp4" and banks.activation == "dsv4"
+    assert all(torch.equal(got[9], want) for got, want in zip(banks.tensors(), _packed(t, 1, 1)))
+    assert_close_logits(llm.engine.score(refs[1].prompt), refs[1].prompt_logits)
