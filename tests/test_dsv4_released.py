@@ -63,6 +63,22 @@ def test_the_fake_is_the_released_layout(released):
     assert "layers.1.attn.compressor.wkv.scale" not in t
 
 
+def test_transformers_dequantising_load_is_the_twin(released):
+    """transformers reads the fake as the release (``FineGrainedFP8Config(dequantize=True)``: DeepSeek's ``.scale``
+    names, int8 FP4 experts, e8m0 scales): no tensor missing or left over, and every weight equals the twin's."""
+    import transformers as tf
+
+    d, _, _ = released
+    q, info = tf.AutoModelForCausalLM.from_pretrained(
+        d, dtype=torch.float32, output_loading_info=True, quantization_config=tf.FineGrainedFP8Config(dequantize=True)
+    )
+    assert not any(info.values()), info
+    twin = load_twin(d.parent / "twin").state_dict()
+    got = q.state_dict()
+    assert set(got) == set(twin)
+    assert [k for k in twin if not torch.equal(got[k].float(), twin[k].float())] == []
+
+
 def test_dequantised_weights_equal_the_specification(released):
     """Every FP8 weight the model holds is the specification's dequantisation (exact in float32), and the layout's
     reference dequantises the experts the same."""
