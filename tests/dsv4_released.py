@@ -1,7 +1,8 @@
 """A tiny DeepSeek-V4 checkpoint in the layout DeepSeek releases (DeepSeek-V4-Flash), written independently of
 ``quant/`` from the formats' specifications, and its dequantised twin saved in float32 (the oracle's model).
 
-Layout: DeepSeek's own names (``embed.weight``, ``layers.{i}.attn.wq_a.weight``, ``hc_head_fn``, no ``model.``);
+Layout: DeepSeek's own names (``embed.weight``, ``layers.{i}.attn.wq_a.weight``, ``attn.kv_norm.weight``,
+``hc_head_fn``, no ``model.``);
 routed experts ``layers.{i}.ffn.experts.{e}.w{1,2,3}.weight`` int8 ``[rows, cols / 2]`` (two e2m1 codes a byte, the
 even element in the low nibble) beside ``.scale`` float8_e8m0fnu ``[rows, cols / 32]``; the attention projections
 (``wq_a``, ``wq_b``, ``wkv``, ``wo_a``, ``wo_b``), the indexer's ``wq_b`` and the shared expert in float8 e4m3 beside
@@ -35,7 +36,8 @@ BLOCK = 128
 
 def shipped_name(name: str) -> str:
     """transformers' ``save_pretrained`` name -> DeepSeek's own."""
-    return name.removeprefix("model.").replace("embed_tokens.", "embed.").replace("hc_head.hc_", "hc_head_")
+    name = name.removeprefix("model.").replace("embed_tokens.", "embed.").replace("hc_head.hc_", "hc_head_")
+    return re.sub(r"\.attn\.norm\.weight$", ".attn.kv_norm.weight", name)
 
 
 def fp4_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

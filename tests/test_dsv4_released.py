@@ -61,6 +61,7 @@ def test_the_fake_is_the_released_layout(released):
     assert t["layers.1.attn.wq_b.scale"].shape == (1, 1)  # [ceil(128 / 128), ceil(32 / 128)]
     assert t["layers.1.attn.compressor.wkv.weight"].dtype == torch.bfloat16  # no scale beside it
     assert "layers.1.attn.compressor.wkv.scale" not in t
+    assert "layers.1.attn.kv_norm.weight" in t and "layers.1.attn.compressor.norm.weight" in t  # DeepSeek's names
 
 
 def test_transformers_dequantising_load_is_the_twin(released):
