@@ -81,11 +81,14 @@ def fp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return packed.view(torch.int8), scale.view(torch.float8_e8m0fnu)
 
 
-def _attention(p: str, s: MoEShape, v: DeepseekV4Shape, ratio: int) -> dict[str, tuple[tuple[int, ...], str]]:
+Shapes = dict[str, tuple[tuple[int, ...], str]]  # tensor name -> (shape, kind)
+
+
+def _attention(p: str, s: MoEShape, v: DeepseekV4Shape, ratio: int) -> Shapes:
     """Layer tensors of the attention (after ``p`` = ``layers.{i}.attn.``): name -> (shape, kind); kinds: fp8
     (quantised, with a scale), bf16, f32, one (a bf16 norm of ones), f1 (float32 ones: the mixing gains)."""
     D, H, d, R = s.hidden, v.heads, v.head_dim, v.q_lora
-    t = {"wq_a.weight": ((R, D), "fp8"), "q_norm.weight": ((R,), "one"), "wq_b.weight": ((H * d, R), "fp8"),
+    t: Shapes = {"wq_a.weight": ((R, D), "fp8"), "q_norm.weight": ((R,), "one"), "wq_b.weight": ((H * d, R), "fp8"),
          "wkv.weight": ((d, D), "fp8"), "kv_norm.weight": ((d,), "one"),
          "wo_a.weight": ((v.o_groups * v.o_lora, H * d // v.o_groups), "fp8"),
          "wo_b.weight": ((D, v.o_groups * v.o_lora), "fp8"), "attn_sink": ((H,), "f32")}  # fmt: skip
@@ -103,11 +106,11 @@ def _attention(p: str, s: MoEShape, v: DeepseekV4Shape, ratio: int) -> dict[str,
     return {p + k: x for k, x in t.items()}
 
 
-def _layer(i: int, s: MoEShape, v: DeepseekV4Shape, ratio: int) -> dict[str, tuple[tuple[int, ...], str]]:
+def _layer(i: int, s: MoEShape, v: DeepseekV4Shape, ratio: int) -> Shapes:
     """Layer i's tensors but the routed experts and the hash table."""
     D, I, E, n = s.hidden, s.inter, s.experts, v.hc_mult
     p, f = f"layers.{i}.", f"layers.{i}.ffn."
-    t = {p + "attn_norm.weight": ((D,), "one"), p + "ffn_norm.weight": ((D,), "one")}
+    t: Shapes = {p + "attn_norm.weight": ((D,), "one"), p + "ffn_norm.weight": ((D,), "one")}
     for hc in ("hc_attn", "hc_ffn"):
         t |= {p + hc + "_fn": (((2 + n) * n, n * D), "f32"), p + hc + "_base": (((2 + n) * n,), "f32"),
               p + hc + "_scale": ((3,), "f1")}  # fmt: skip

@@ -114,7 +114,8 @@ def attention(
     aw = V4AttentionWeights(
         wq_a=w.get(p + "wq_a.weight", (c.q_rank, D)), q_norm=w.get(p + "q_norm.weight", (c.q_rank,), F32),
         wq_b=w.get(p + "wq_b.weight", (H * d, c.q_rank)), wkv=w.get(p + "wkv.weight", (d, D)),
-        kv_norm=w.get(names.first(p + "kv_norm.weight", p + "norm.weight"), (d,), F32), wo_a=w.get(p + "wo_a.weight", (G * c.o_rank, H * d // G)),
+        kv_norm=w.get(names.first(p + "kv_norm.weight", p + "norm.weight"), (d,), F32),
+        wo_a=w.get(p + "wo_a.weight", (G * c.o_rank, H * d // G)),
         wo_b=w.get(p + "wo_b.weight", (D, G * c.o_rank)), sinks=w.get(p + "attn_sink", (H,), F32),
     )  # fmt: skip
     layout = RowLayout(kind, d, c.index_dim)
