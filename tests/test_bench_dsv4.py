@@ -1,9 +1,9 @@
 """``ft bench e2e``'s ``deepseek-v4-flash`` preset writes DeepSeek-V4 in the released layout
-(``bench/synthetic_dsv4.py``: MXFP4 routed experts, FP8 attention and shared expert, DeepSeek's names): at the preset's layer count the checkpoint
-fits the GPU box's disk and RAM, its config.json is the published one; a scaled-down one, every expert drawn, loads in
-transformers (its own dequantising FP8 load) with no tensor missing or left over and in the engine, whose logits and
-greedy tokens match transformers' (CPU, fp32) on the offload and hybrid backends; and ``ft bench e2e --preset``
-writes one (scaled down) and decodes it end to end."""
+(``bench/synthetic_dsv4.py``: MXFP4 routed experts, FP8 attention and shared expert, DeepSeek's names): at the
+preset's layer count the checkpoint fits the GPU box's disk and RAM, its config.json is the published one; a
+scaled-down one, every expert drawn, loads in transformers (its own dequantising FP8 load) with no tensor missing or
+left over and in the engine, whose logits and greedy tokens match transformers' (CPU, fp32) on the offload and hybrid
+backends; and ``ft bench e2e --preset`` writes one (scaled down) and decodes it end to end."""
 
 from __future__ import annotations
 
