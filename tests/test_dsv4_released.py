@@ -236,3 +236,23 @@ def test_ftw_conversion_keeps_the_packed_experts(released, tmp_path):
     assert banks.fmt.name == "mxfp4" and banks.activation == "dsv4"
     assert all(torch.equal(got[9], want) for got, want in zip(banks.tensors(), _packed(t, 1, 1)))
     assert_close_logits(llm.engine.score(refs[1].prompt), refs[1].prompt_logits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend,cache,fill", [("fused", None, None), ("hybrid", 0.5, 0.5)])
+def test_cuda_greedy_tokens_match_the_dequantised_model(released, backend, cache, fill):
+    """On a GPU (fp32): the MXFP4 slots through the FP4 grouped GEMM under the dsv4 activation, the pool's misses
+    through the CPU kernel (hybrid), the FP8 weights dequantised on the device."""
+    d, t, refs = released
+    llm = LLM(model=str(d), device="cuda", dtype="float32", moe_backend=backend, expert_cache=cache, fill_fraction=fill)
+    for r in refs:
+        assert_close_logits(llm.engine.score(r.prompt), r.prompt_logits)
+    outs = llm.generate([r.prompt for r in refs], PARAMS)
+    assert [o.token_ids for o in outs] == [r.tokens for r in refs]
+    llm.check_integrity()
+    if backend == "hybrid":
+        backend_ = llm.engine.setup.loaded.backend
+        E = llm.engine.setup.loaded.banks.num_experts
+        for eid, slot in backend_.cache.resident().items():
+            for got, want in zip(backend_.cache.slots, _packed(t, eid // E, eid % E)):
+                assert torch.equal(got[slot].cpu(), want), eid
