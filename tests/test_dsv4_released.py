@@ -256,3 +256,20 @@ def test_cuda_greedy_tokens_match_the_dequantised_model(released, backend, cache
         for eid, slot in backend_.cache.resident().items():
             for got, want in zip(backend_.cache.slots, _packed(t, eid // E, eid % E)):
                 assert torch.equal(got[slot].cpu(), want), eid
+
+
+def test_float_block_scales_read_alike(fresh, released):
+    """``scale_fmt: float``: the FP8 weights' block scales stored as float32 values instead of e8m0 bytes (the routed
+    experts' stay e8m0): the same model."""
+    _, _, refs = released
+
+    def widen(t: dict[str, torch.Tensor]) -> None:
+        for name in [n for n in t if n.endswith(".scale") and not EXPERT.search(n.removesuffix(".scale") + ".weight")]:
+            t[name] = torch.pow(2.0, t[name].view(torch.uint8).float() - 127)
+
+    _edit(fresh, widen)
+    cfg = json.loads((fresh / "config.json").read_text())
+    cfg["quantization_config"]["scale_fmt"] = "float"
+    (fresh / "config.json").write_text(json.dumps(cfg))
+    llm = _llm(fresh)
+    assert_close_logits(llm.engine.score(refs[1].prompt), refs[1].prompt_logits)
