@@ -45,6 +45,8 @@ def is_expert(name: str) -> bool:
 
 
 def _expert_dtype(raw: Mapping[str, Any], qc: Mapping[str, Any]) -> str:
+    """``expert_dtype`` where either place has it; absent, the tensors decide (``check_tensors``: int8 experts are
+    read as MXFP4, e4m3 ones refused by name)."""
     v = qc.get("expert_dtype", raw.get("expert_dtype"))
     return "fp4" if v is None else str(v)
 
