@@ -232,8 +232,9 @@ def test_bad_tensors_are_refused_by_name(fresh, edit, match):
         ({"layer_types": None, "compress_ratios": [128, 4, 0, 16]}, r"compress_ratios \[16\] .* does not implement"),
         ({"swiglu_limit": 7.0}, r"swiglu_limit is 7.0"),
         ({"scoring_func": "relu"}, r"scoring_func 'relu'"),
-        ({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}},
-         r"quantization_config \(fp8\) is not supported for DeepSeek-V4 yet"),
+        ({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
+                                  "expert_dtype": "fp8"}},
+         r"expert_dtype 'fp8'.* FP8 routed experts are not implemented"),
     ],
     ids=["hc_mult", "rate-vs-weights", "rate-zero", "legacy-ratio", "swiglu_limit", "scoring", "quantized"],
 )  # fmt: skip

@@ -18,9 +18,9 @@
 #   e2e [fp8]      ft bench e2e (the whole model): fused, offload, hybrid, static-layers at 6 and 16 threads, batch 1
 #                  and 4, the model's own routing sampled, beside the MoE layers alone; offload and hybrid on the
 #                  replayed trace (fp8: the qwen3-30b-a3b-fp8 preset, hybrid / offload / static-layers, batch 1)
-#   frontier P [C] ft bench e2e --preset P (glm-5, deepseek-v3, ..., kimi-linear, gemma-4) at expert cache C (0.25):
-#                  hybrid, offload, static-layers, 8 threads, batch 1, sampled; the model's routing and the locality
-#                  trace of its experts x top-k (256x8, 128x8)
+#   frontier P [C] ft bench e2e --preset P (glm-5, deepseek-v3, ..., kimi-linear, gemma-4, deepseek-v4-flash) at
+#                  expert cache C (0.25): hybrid, offload, static-layers, 8 threads, batch 1, sampled; the model's
+#                  routing and the locality trace of its experts x top-k (256x8, 128x8, 256x6)
 #   fp4 [SLOTS]    qwen3.6-35b-a3b-nvfp4 vs qwen3.6-35b-a3b at the same expert-slot bytes (SLOTS bf16 slots, 256),
 #                  hybrid and offload, 6 threads, batch 1, sampled (a first call writes the checkpoints)
 #   threads [FMT]  ft bench bw --sweep auto (the default thread count, saved), hybrid e2e at 4-16 threads and the default
@@ -108,7 +108,8 @@ stage_e2e() {
 stage_frontier() {  # #34 / #38: a frontier preset end to end at one expert-cache share, 8 CPU threads (the paper's
   # RTX 5090 setting), batch 1, sampled: the model's own routing, then a replayed trace of the preset's experts and
   # top-k (locality-62x256x8: 256 experts, top-8, as DeepSeek-V3 / GLM-5 / MiniMax-M2 / Kimi-Linear route;
-  # locality-48x128x8: Gemma-4's 128; the model's MoE layers replay its first layers)
+  # locality-48x128x8: Gemma-4's 128; locality-43x256x6: DeepSeek-V4-Flash's 256, top-6, its first 3 layers routed
+  # by token id whatever the trace; the model's MoE layers replay its first layers)
   local p=${1:?"frontier PRESET [CACHE]"} c=${2:-0.25} name ek trace
   local F=(python3 -m freetoken.bench.e2e --preset "$p" --dir "/tmp/ft-e2e-$p" --expert-cache "$c" --cpu-threads 8
     --policies hybrid,offload,static-layers --batch 1 --repeats 2 --temperature 1.0 --tokens 32 --warmup 8)

@@ -1,7 +1,8 @@
 """The synthetic checkpoint ``ft bench e2e`` (and the benches that share it) measures: ``--model DIR``, the embedded
 model, or the preset's written once into the cache and reused (``--dir``: there). A preset of a family of its own
 writes that family (``synthetic_gpt_oss.py``, ``synthetic_frontier.py``, ``synthetic_kimi.py``,
-``synthetic_gemma4.py``), the rest a Qwen3-MoE (``synthetic_checkpoint.py``; with ``hybrid``: a Qwen3.5-MoE)."""
+``synthetic_gemma4.py``, ``synthetic_dsv4.py``), the rest a Qwen3-MoE (``synthetic_checkpoint.py``; with ``hybrid``:
+a Qwen3.5-MoE)."""
 
 from __future__ import annotations
 
@@ -26,13 +27,11 @@ def checkpoint(args: argparse.Namespace) -> Path:
     if args.model:
         return Path(args.model)
     shape = get_preset(args.preset)
-    if shape.dsv4 is not None:
-        raise SystemExit(f"ft bench e2e: preset {shape.name} has no synthetic checkpoint yet; pass --model DIR (a "
-                         "DeepSeek-V4 checkpoint) or use it with the MoE-only benches")  # fmt: skip
     cache = Path(env().cache_dir)
     layers = args.layers or shape.e2e_layers
     # gpt-oss, Kimi-Linear and Gemma-4 presets were Qwen3-MoE-shaped under "v2": their own kinds are not reused so
     kind = "gptoss" if shape.gpt_oss else "kimi" if shape.kimi else "gemma4" if shape.gemma4 else "v2"
+    kind = "dsv4" if shape.dsv4 else kind
     d = Path(args.dir) if args.dir else cache / "bench" / f"{shape.name}-{layers}layers-{kind}"
     if not (d / "model.safetensors.index.json").exists():
         t0 = time.perf_counter()
@@ -58,6 +57,10 @@ def _write(d: Path, shape: MoEShape, layers: int) -> int:
         from freetoken.bench.synthetic_kimi import write_kimi
 
         return write_kimi(d, shape, layers, a["max_positions"], EMBED_STD)
+    if shape.dsv4 is not None:
+        from freetoken.bench.synthetic_dsv4 import write_dsv4
+
+        return write_dsv4(d, shape, layers, a["max_positions"], EMBED_STD)
     if shape.gemma4 is not None:
         from freetoken.bench.synthetic_gemma4 import write_gemma4
 
@@ -72,12 +75,13 @@ def _write(d: Path, shape: MoEShape, layers: int) -> int:
     )  # fmt: skip
 
 
-ARCHITECTURES = {"gpt_oss": "GptOssForCausalLM", "kimi": "KimiLinearForCausalLM", "gemma4": "Gemma4ForCausalLM"}
+ARCHITECTURES = {"gpt_oss": "GptOssForCausalLM", "kimi": "KimiLinearForCausalLM", "gemma4": "Gemma4ForCausalLM",
+                 "dsv4": "DeepseekV4ForCausalLM"}  # fmt: skip
 
 
 def _check_architecture(d: Path, shape: MoEShape) -> None:
     """A checkpoint found in ``d`` (``--dir``, reused) is of the preset's family: an older Qwen3-MoE-shaped one of a
-    gpt-oss, Kimi-Linear or Gemma-4 preset is refused, not measured as that model."""
+    gpt-oss, Kimi-Linear, Gemma-4 or DeepSeek-V4 preset is refused, not measured as that model."""
     want = next((arch for field, arch in ARCHITECTURES.items() if getattr(shape, field) is not None), None)
     got = json.loads((d / "config.json").read_text()).get("architectures", [None])[0]
     if want is not None and got != want:

@@ -93,10 +93,12 @@ GLM_5 = FrontierShape("glm_moe_dsa", 64, 64, 64, 1.0, dense_layers=3, dense_inte
 
 @dataclass(frozen=True)
 class DeepseekV4Shape:
-    """DeepSeek-V4-Flash's non-expert shapes (``models/deepseek_v4.py``), from transformers 5.23's ``DeepseekV4Config``
-    defaults (its docstring's checkpoint: deepseek-ai/DeepSeek-V4-Flash-Base) and the grouped-projection note there
-    (V4-Flash: 64 heads of 512, 8 groups of 1024). The per-layer attention schedule (``layer_types``) is that
-    config's default (two HCA layers, then CSA / HCA alternating): check it against the checkpoint's config.json."""
+    """DeepSeek-V4-Flash's non-expert shapes (``models/deepseek_v4.py``; ``bench/synthetic_dsv4.py`` writes such a
+    checkpoint in the released layout), as its published config.json has them (the defaults of transformers 5.23's
+    ``DeepseekV4Config`` too): 64 heads of 512, one KV head, q LoRA 1024, 8 output groups of 1024, a 128-token
+    window, CSA at rate 4 with a 64-head indexer of 128 keeping 512, HCA at rate 128; the release's schedule
+    (``compress_ratios``): two sliding-window layers, then CSA / HCA alternating; the first 3 layers routed by token
+    id; 4 residual streams."""
 
     heads: int = 64
     head_dim: int = 512  # one KV head, K = V
@@ -176,7 +178,7 @@ class MoEShape:
     hybrid: HybridShape | None = None  # synthetic checkpoints: a Qwen3.5-MoE with these mixers (None: Qwen3-MoE)
     frontier: FrontierShape | None = None  # synthetic checkpoints: that family's own layers instead
     gpt_oss: GptOssShape | None = None  # synthetic checkpoints: a gpt-oss (its experts in ``weights``)
-    dsv4: DeepseekV4Shape | None = None  # a DeepSeek-V4 (no synthetic writer yet: e2e needs --model)
+    dsv4: DeepseekV4Shape | None = None  # synthetic checkpoints: a DeepSeek-V4 in the released layout
     kimi: KimiLinearShape | None = None  # synthetic checkpoints: a Kimi-Linear (KDA + NoPE MLA)
     gemma4: Gemma4Shape | None = None  # synthetic checkpoints: a Gemma-4 (sliding / full layers, MLP beside MoE)
     e2e_layers: int = 12  # ``ft bench e2e``'s synthetic layers when --layers is not given (dense layers count)
@@ -205,14 +207,16 @@ PRESETS: dict[str, MoEShape] = {
                  "fp8_block", HybridShape()),
         MoEShape("qwen3.6-35b-a3b-nvfp4", 2048, 512, 256, 8, 40, "the NVFP4 release's experts; e2e: hybrid as above",
                  "nvfp4", HybridShape()),
-        # MoE-only (no model family yet): 43 all-MoE layers, 256 routed experts, top-6, MXFP4 experts as shipped.
-        # D and I are inferred from the 284B total (43 x 256 x 3 x D x I): check them against its config.json
+        # MoE only: 43 all-MoE layers, 256 routed experts, top-6, MXFP4 experts as shipped (D 4096, I 2048: the
+        # published config.json's hidden_size and moe_intermediate_size)
         MoEShape("deepseek-v4-flash-experts", 4096, 2048, 256, 6, 43, "DeepSeek-V4-Flash's routed experts, MoE only",
                  "mxfp4"),
-        # DeepSeek-V4-Flash itself (models/deepseek_v4.py): D 4096, I 2048, 43 layers x 256 experts, top-6
-        # (transformers' DeepseekV4Config defaults), MXFP4 experts as above; attention and streams: DeepseekV4Shape
+        # DeepSeek-V4-Flash itself (models/deepseek_v4.py): D 4096, I 2048, 43 layers x 256 experts, top-6, MXFP4
+        # experts and FP8 attention as released (bench/synthetic_dsv4.py); attention and streams: DeepseekV4Shape.
+        # 9 layers = the real model's first 9 (2 sliding, 4 CSA, 3 HCA; 3 hash-routed): 34 GB with its 129280-token
+        # vocabulary (3.6 GB a layer, 3.4 of it the routed experts)
         MoEShape("deepseek-v4-flash", 4096, 2048, 256, 6, 43, "DeepSeek-V4-Flash: CSA/HCA + 128-token window, mHC",
-                 "mxfp4", dsv4=DeepseekV4Shape()),
+                 "mxfp4", dsv4=DeepseekV4Shape(), e2e_layers=9),
         # gpt-oss-20b: 24 layers, all MoE, 32 experts of 2880, top-4; MXFP4 experts as shipped (14 GB with its
         # 201088-token vocabulary: every layer fits); the bf16 one is the same model with bf16 experts
         MoEShape("gpt-oss-20b", 2880, 2880, 32, 4, 24, "gpt-oss-20b as shipped: MXFP4 experts, sinks, windows",

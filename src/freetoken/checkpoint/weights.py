@@ -84,6 +84,9 @@ class CheckpointWeights:
         as it is, and its scales into ``scale_dst`` as the bank holds them (``WeightFormat.bank_scale``)."""
         assert self.layout is not None
         name = self.resolve(name)
+        stored = self.reader.tensors[name].dtype
+        if stored is not None and stored != dst.dtype and stored.itemsize == dst.dtype.itemsize:
+            dst = dst.view(stored)  # packed bytes under another integer name (DeepSeek's int8 e2m1): bytes as stored
         self.read_into(name, dst, self.layout.checkpoint_packed_shape(name, shape))
         scale_dst.copy_(self._bank_scale(name).view(scale_dst.shape))
 

@@ -138,6 +138,10 @@ class ExpertBackend(ABC):
     def begin_step(self, num_tokens: int, is_decode: bool) -> None:  # noqa: B027 - optional hook
         """Called once before each model forward (a safe point between steps)."""
 
+    def prefetch(self, layer: int, topk_ids: torch.Tensor) -> None:  # noqa: B027 - optional hook
+        """A hint, before the step's first layer: ``layer``'s routes of this step are ``topk_ids`` [T, k] (known
+        ahead, e.g. routed by token id); a backend with a slot cache may fill them early. Results never change."""
+
     def stats(self) -> dict[str, int | float]:
         """Cumulative counters; DESIGN §4 names (``expert_hits``, ``expert_fills``, ``expert_cpu_runs``)."""
         return {}

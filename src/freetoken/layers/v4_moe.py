@@ -68,6 +68,11 @@ class V4MoE(MoELayer):
         w = scores.gather(1, experts)
         return w / (w.sum(dim=-1, keepdim=True) + 1e-20) * self.scale
 
+    def prefetch(self, ids: torch.Tensor) -> None:
+        """A hash layer's experts are known from the step's token ids before it runs: tell the backend."""
+        if self.tid2eid is not None:
+            self.backend.prefetch(self.moe_index, self.tid2eid[ids])
+
     def forward_ids(self, x: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
         experts, w = self.choose(x, ids)
         out = self.backend.forward(self.moe_index, x, experts, w)

@@ -2,7 +2,9 @@
 then the non-expert weights by name, every layer's routing (score-routed, or the ``tid2eid`` table checked), the
 unread tensors refused (the multi-token-prediction block skipped, said once), then the routed experts banked
 (``eid = layer * E + expert``, every layer is MoE) and the backend made over them, under the clamped SiLU (``dsv4``).
-Every layer keeps its rows in the KV pool (``layers/v4_compressor.py``): no state slots, prefix reuse as plain KV."""
+Every layer keeps its rows in the KV pool (``layers/v4_compressor.py``): no state slots, prefix reuse as plain KV.
+The release's quantisation (``quant/dsv4_layout.py``): FP8 weights dequantised at load, the MXFP4 routed experts
+banked packed as stored (``ExpertBanks.fmt`` MXFP4), whatever else refused by name before a weight is read."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.ftw_manifest import read_manifest
 from freetoken.checkpoint.hf_config import HFConfig
 from freetoken.checkpoint.quantization import check_supported
@@ -22,12 +25,14 @@ from freetoken.experts.reference import DSV4_LIMIT
 from freetoken.layers.v4_moe import V4MoE
 from freetoken.layers.v4_rope import InterleavedRope
 from freetoken.loader.ftw_load import read_ftw_banks
-from freetoken.loader.model_build import LoadedModel, weight_format
+from freetoken.loader.model_build import LoadedModel, expert_format
 from freetoken.models import deepseek_v4_blocks as blocks
 from freetoken.models.base import Family
 from freetoken.models.blocks import expert_reads
-from freetoken.models.deepseek_v4 import ACTIVATION, check_format, v4_config
+from freetoken.models.deepseek_v4 import ACTIVATION, checkpoint_layout, v4_config
 from freetoken.models.deepseek_v4_decoder import V4DecoderModel, V4Layer
+from freetoken.quant.base import QuantizationError
+from freetoken.quant.dsv4_layout import Dsv4Layout, check_tensors
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +40,7 @@ log = logging.getLogger(__name__)
 def check_config(hf: HFConfig) -> None:
     """Every switch and the weight format refused by name from config.json alone (``hub_support.py`` asks too)."""
     v4_config(hf)
-    check_format(hf)
+    checkpoint_layout(hf)
 
 
 def checkpoint_family(reader: SafetensorsReader) -> Family:
@@ -53,10 +58,13 @@ def build_model(
     c = v4_config(hf)
     ftw = read_manifest(hf.path)
     reader = SafetensorsReader(hf.path)
-    assert weight_format(reader, hf) is None
+    layout = checkpoint_layout(hf)
     skippable = ("*.rotary_emb.inv_freq", *blocks.MTP_PATTERNS)
-    check_supported(hf.raw, reader, (*skippable, "*.gate.tid2eid"), None)  # integer tables: read by blocks.tid2eid
-    w = CheckpointWeights(reader, device, dtype, None)
+    read = (*skippable, "*.gate.tid2eid")  # integer tables: read by blocks.tid2eid
+    if layout is not None:  # the release's own rules first: they name what is wrong more precisely
+        _check_layout(reader, layout, read)
+    check_supported(hf.raw, reader, read, layout)
+    w = CheckpointWeights(reader, device, dtype, layout)
     names = blocks.V4Names(w)
     family = names.family()  # DeepSeek's names as shipped or transformers'
     D, V, E = hf.hidden_size, hf.vocab_size, hf.num_experts
@@ -80,7 +88,8 @@ def build_model(
     lm_head = w.get(names.head, (V, D)) if names.head in w and not hf.tie_word_embeddings else embed
     head = blocks.hyper_head(w, names, hf, c)
     final_norm = w.get(names.norm, (D,), torch.float32)
-    w.claim([r[0] for r in reads])
+    scales = [s for r in reads if w.is_packed(r[0]) for s in w.side_tensors(r[0])] if layout is not None else []
+    w.claim([r[0] for r in reads] + scales)
     mtp = [n for n in reader.tensors if any(fnmatch.fnmatchcase(n, p) for p in blocks.MTP_PATTERNS)]
     if mtp:
         log.info("%s: the multi-token-prediction block (%d tensors, mtp.*) is not used: skipped", hf.path, len(mtp))
@@ -89,9 +98,14 @@ def build_model(
     if ftw is not None:
         banks, check = read_ftw_banks(ftw, hf, dtype, verify)
     else:
-        banks = ExpertBanks.empty(hf.num_layers, E, D, hf.moe_intermediate_size, dtype)
-        for name, bank, index, shape, _ in reads:
-            w.read_into(name, getattr(banks, bank)[index], shape)
+        efmt = expert_format(w, layout.expert_format if layout is not None else None, reads, hf)
+        banks = ExpertBanks.empty(hf.num_layers, E, D, hf.moe_intermediate_size, dtype, efmt)
+        for name, bank, index, shape, scale_index in reads:
+            if efmt.quantized:  # MXFP4 bytes and e8m0 scales as stored
+                w.read_packed_into(name, getattr(banks, bank)[index], getattr(banks, bank + "_scale")[scale_index],
+                                   shape)  # fmt: skip
+            else:
+                w.read_into(name, getattr(banks, bank)[index], shape)
     banks.top_k = hf.top_k
     banks.activation = ACTIVATION
     backend = make_backend(banks)
@@ -100,3 +114,13 @@ def build_model(
         layer.ffn.backend = backend
     model = V4DecoderModel(embed, layers, final_norm, lm_head, hf.rms_eps, head, c.streams)
     return LoadedModel(hf, model, banks, backend, hf.num_layers, None, check)
+
+
+def _check_layout(reader: SafetensorsReader, layout: Dsv4Layout, skippable: tuple[str, ...]) -> None:
+    """The release's per-tensor rules (``quant/dsv4_layout.check_tensors``) over the tensors the model reads."""
+    headers = {n: (t.dtype_name, tuple(t.shape)) for n, t in reader.tensors.items()
+               if not any(fnmatch.fnmatchcase(n, p) for p in skippable)}  # fmt: skip
+    try:
+        check_tensors(layout, headers)
+    except QuantizationError as exc:
+        raise CheckpointError(f"{reader.directory}: {exc}") from exc

@@ -13,6 +13,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -20,6 +21,7 @@ from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.ftw_manifest import MANIFEST, ExpertDims, Manifest, is_ftw
 from freetoken.checkpoint.ftw_write import write_bank, write_manifest, write_safetensors
 from freetoken.checkpoint.hf_config import HFConfig, load_hf_config
+from freetoken.checkpoint.quantization import PackedLayout
 from freetoken.checkpoint.safetensors_io import SafetensorsReader
 from freetoken.checkpoint.weights import CheckpointWeights
 from freetoken.experts.base import ExpertBackend, ExpertBanks
@@ -48,7 +50,9 @@ class _Unused(ExpertBackend):
 
 def _expert_names(reader: SafetensorsReader, hf: HFConfig, family: Family) -> list[str]:
     """The routed experts' tensors and scale tensors: what goes into banks (the rest is copied)."""
-    w = CheckpointWeights(reader, torch.device("cpu"), torch.float32, weight_format(reader, hf))
+    own = family_hook(family, "checkpoint_layout")  # a family's own quantisation layout (DeepSeek-V4 as released)
+    layout = cast("PackedLayout | None", own(hf)) if own is not None else weight_format(reader, hf)
+    w = CheckpointWeights(reader, torch.device("cpu"), torch.float32, layout)
     names: list[str] = []
     for li, i in enumerate(hf.moe_layer_ids):
         reads = gpt_oss.expert_reads(w, hf, i, li) if family.gpt_oss_experts else expert_reads(w, family, hf, i, li)

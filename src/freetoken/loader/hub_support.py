@@ -40,6 +40,9 @@ def support_of(directory: Path) -> Support:
         check = family_hook(family, "check_config")
         if check is not None:  # its switches and format, as its own assembly checks them (DeepSeek-V4)
             check(hf)
+        layout = family_hook(family, "checkpoint_layout")
+        named = layout(hf) if layout is not None else None  # a family's own quantisation layout (DeepSeek-V4)
+        form = str(getattr(named, "name", form))
     except CheckpointError as e:
         return Support(hf.architecture, form, False, str(e))
     return Support(hf.architecture, form, True, "")

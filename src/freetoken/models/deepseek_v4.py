@@ -22,6 +22,8 @@ from freetoken.experts.reference import DSV4_LIMIT
 from freetoken.layers.v4_compressor import CSA, HCA, KINDS, SLIDING
 from freetoken.layers.v4_moe import SCORING
 from freetoken.models.base import Family, Naming
+from freetoken.quant.base import QuantizationError
+from freetoken.quant.dsv4_layout import Dsv4Layout, layout_from_config
 
 FAMILY = Family(
     architectures=("DeepseekV4ForCausalLM",),
@@ -131,13 +133,13 @@ def _ropes(hf: HFConfig, rot: int) -> tuple[RopeConfig, RopeConfig]:
     return out[0], out[1]
 
 
-def check_format(hf: HFConfig) -> None:
-    """Refuse a quantised DeepSeek-V4 (its FP8 attention and FP4 experts as DeepSeek ships them are not read yet)."""
-    qc = hf.raw.get("quantization_config")
-    if qc:
-        method = qc.get("quant_method", "?") if isinstance(qc, dict) else "?"
-        raise _fail(hf, f"quantization_config ({method}) is not supported for DeepSeek-V4 yet: bf16 or float "
-                        "checkpoints and FTW banks are")  # fmt: skip
+def checkpoint_layout(hf: HFConfig) -> Dsv4Layout | None:
+    """The release's quantisation (``quant/dsv4_layout.py``: FP8 weights, MXFP4 routed experts), None for a float
+    checkpoint; anything else refused naming the field."""
+    try:
+        return layout_from_config(hf.raw)
+    except QuantizationError as exc:
+        raise _fail(hf, str(exc)) from exc
 
 
 def v4_config(hf: HFConfig) -> V4Config:

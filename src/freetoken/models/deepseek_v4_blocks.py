@@ -2,7 +2,8 @@
 
 Names are DeepSeek's own (``layers.{i}.attn.wq_a.weight``, ``layers.{i}.ffn.experts.{e}.w1.weight``, ``hc_head_fn``,
 ``embed.weight``, ``head.weight``), which transformers also writes back on ``save_pretrained`` (it adds ``model.``
-before the layers, the norm and ``embed_tokens`` / ``hc_head.hc_fn``): both spellings are read. The hyper-connection
+before the layers, the norm and ``embed_tokens`` / ``hc_head.hc_fn``, and names the attention's KV norm ``attn.norm``
+where the release has ``attn.kv_norm``): both spellings are read. The hyper-connection
 projections, sinks, ``ape`` biases and router biases are read in float32 (transformers keeps them so). A tensor whose
 shape disagrees with the config is refused naming it; the residual-stream tensors name ``hc_mult``; a ``tid2eid``
 table shorter than the vocabulary or with an entry outside [0, n_routed_experts) is refused naming it.
@@ -113,7 +114,8 @@ def attention(
     aw = V4AttentionWeights(
         wq_a=w.get(p + "wq_a.weight", (c.q_rank, D)), q_norm=w.get(p + "q_norm.weight", (c.q_rank,), F32),
         wq_b=w.get(p + "wq_b.weight", (H * d, c.q_rank)), wkv=w.get(p + "wkv.weight", (d, D)),
-        kv_norm=w.get(p + "norm.weight", (d,), F32), wo_a=w.get(p + "wo_a.weight", (G * c.o_rank, H * d // G)),
+        kv_norm=w.get(names.first(p + "kv_norm.weight", p + "norm.weight"), (d,), F32),
+        wo_a=w.get(p + "wo_a.weight", (G * c.o_rank, H * d // G)),
         wo_b=w.get(p + "wo_b.weight", (D, G * c.o_rank)), sinks=w.get(p + "attn_sink", (H,), F32),
     )  # fmt: skip
     layout = RowLayout(kind, d, c.index_dim)

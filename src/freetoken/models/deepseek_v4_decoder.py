@@ -1,7 +1,8 @@
 """DeepSeek-V4's decoder: the ``DecoderModel`` contract (``forward``, ``start``, ``block``, ``logits``) over
 ``n`` residual streams (``layers/hyper_connections.py``). The residual ``h`` is [T, n, D] (the embedding copied into
 every stream); each layer collapses the streams into its attention's input and spreads its output back, then the same
-around its MoE (routed by token id on the hash layers: the ids ride on the batch); after the last layer the head
+around its MoE (routed by token id on the hash layers: the ids ride on the batch, and the backend hears those layers'
+experts before the first layer runs: ``V4MoE.prefetch``); after the last layer the head
 collapses the streams and the final norm follows. ``block`` returns ``(h, h)`` except after the last layer, where the
 second is the final hidden [T, D] (what a layer-major pass hands back)."""
 
@@ -46,6 +47,9 @@ class V4DecoderModel(DecoderModel):
         h, x = self.start(input_ids, batch)
         if not self.layers:
             return v4_rms_norm(self.head.collapse(h), self.final_norm, self.eps)
+        for layer in self.v4_layers:  # hash layers: their experts fill ahead while the first layers compute
+            if isinstance(layer.ffn, V4MoE) and layer.ffn.tid2eid is not None:
+                layer.ffn.prefetch(input_ids)
         for i in range(len(self.layers)):
             h, x = self.block(i, h, x, batch, kv)
         return x

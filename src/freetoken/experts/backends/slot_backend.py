@@ -24,6 +24,7 @@ from freetoken.experts.slots.cache import SlotCache
 from freetoken.experts.slots.counters import DeviceCounters
 from freetoken.experts.slots.gemm import grouped_experts
 from freetoken.experts.slots.plan import FillRule, RouteGroups, StepPlan
+from freetoken.experts.slots.prefetch import Prefetcher
 from freetoken.experts.slots.sizing import check_slots_cover_topk, resolve_slots
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class SlotBackend(StepCapture, ExpertBackend):
             check_slots_cover_topk(num_slots, pool.banks.top_k)
         self.cache = SlotCache(pool, num_slots, device)
         self.counters = DeviceCounters(device)
+        self.prefetcher = Prefetcher(self.cache)  # routes known before their layer (hash layers), filled ahead
         self.cpu = CpuExpertRunner(pool, device, config.cpu_threads) if with_cpu else None
         self.share = torch.zeros((), dtype=torch.float32, device=device)  # device scalar read by plans
         self._one = torch.ones((), dtype=torch.float32, device=device)
@@ -94,6 +96,7 @@ class SlotBackend(StepCapture, ExpertBackend):
         return cls(config, pool, device, dtype)
 
     def begin_step(self, num_tokens: int, is_decode: bool) -> None:
+        self.prefetcher.release()
         self.streamer.begin_step(num_tokens, is_decode)
         self._decode = is_decode
         if self.cpu is not None:
@@ -135,9 +138,22 @@ class SlotBackend(StepCapture, ExpertBackend):
         cpu = plan.num_misses - plan.copy_count if cpu_runs else self._zero
         self.counters.add_step(plan.num_hits, plan.num_misses, plan.copy_count, cpu, first_round)
 
+    def prefetch(self, layer: int, topk_ids: torch.Tensor) -> None:
+        """Decode steps of a filling backend: ``layer``'s routes filled ahead on a side stream and held until the
+        layer has planned (``experts/slots/prefetch.py``)."""
+        if self._decode and self.rule.min_fill > 0 and self.cache.slots and topk_ids.numel():
+            self.prefetcher.issue(layer, topk_ids)
+
     # -- CUDA graphs of decode layers (``backends/layer_graphs.py``) ---------------------------------------------
     def graphed(self, layer: int, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, body: Body) -> torch.Tensor:
-        """``body(layer, x, ids, w)``, replayed from a CUDA graph when enabled and this step can be."""
+        """``body(layer, x, ids, w)``, replayed from a CUDA graph when enabled and this step can be; a prefetched
+        layer waits for its copies first and lets its slots go after."""
+        self.prefetcher.before(layer)
+        out = self._graphed(layer, x, ids, w, body)
+        self.prefetcher.after(layer)
+        return out
+
+    def _graphed(self, layer: int, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, body: Body) -> torch.Tensor:
         g, T = self.graphs, x.shape[0]
         if g is None or not self._decode or not g.eligible(T):
             return body(layer, x, ids, w)
@@ -227,6 +243,7 @@ class SlotBackend(StepCapture, ExpertBackend):
         if not lo <= num_slots <= hi:
             raise ValueError(f"{num_slots} expert slots: the {self.name} backend takes {lo} to {hi}")
         self.streamer.finish()
+        self.prefetcher.release()
         if self.graphs is not None:
             self.graphs.clear()
         self.cache.resize(num_slots, fallback)
@@ -238,8 +255,10 @@ class SlotBackend(StepCapture, ExpertBackend):
             "pinned_experts": self.pool.pinned_rows,
             **self.streamer.stats(),
             **(self.graphs.stats() if self.graphs is not None else {}),
+            **self.prefetcher.stats(),
         }
-        out["expert_bytes_copied"] = out["pcie_bytes"] + out["prefill_stream_bytes"]  # fills and streamed layers
+        ahead = out["expert_prefetches"] * self.pool.expert_bytes
+        out["expert_bytes_copied"] = out["pcie_bytes"] + out["prefill_stream_bytes"] + ahead  # fills, streams, ahead
         return out
 
     def check_integrity(self) -> None:
