@@ -11,7 +11,8 @@ the output core[b, h, block]. A sequence at position 0 reads zeros for both stat
 Who writes which conv channels: a v channel is read by its one program, which writes it. The q/k channels of key
 head hk are read by the H/Hk * NV programs of its value heads and blocks; the last of them to arrive writes them
 (an arrival counter per (slot, key head), back to 0 after each launch), so none reads a window already shifted.
-A row whose slot an earlier row holds (the step graph pads a batch by repeating row 0) writes nothing.
+A row whose slot an earlier row holds writes nothing; its reads may see the state that row already advanced,
+so callers never pass one (the step graph has a graph per batch size for models with state slots, no pad rows).
 Shapes: B rows, S pool slots, C conv channels (2*Hk*dk + H*dv), K conv width.
 """
 
