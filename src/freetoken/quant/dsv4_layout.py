@@ -31,6 +31,7 @@ import torch
 from freetoken.quant.base import QuantizationError
 from freetoken.quant.fp8_block import FP8_BLOCK_128
 from freetoken.quant.mxfp4 import E8M0_BIAS, GROUP, MXFP4
+from freetoken.quant.registry import quantization_section
 
 EXPERT = re.compile(r"(^|\.)ffn\.experts\.\d+\.w[123]\.weight$")  # a routed expert's weight, by DeepSeek's name
 FP4_DTYPES = ("I8", "U8")  # safetensors names of the packed e2m1 bytes
@@ -53,12 +54,10 @@ def _expert_dtype(raw: Mapping[str, Any], qc: Mapping[str, Any]) -> str:
 
 def layout_from_config(raw: Mapping[str, Any]) -> Dsv4Layout | None:
     """config.json's quantisation -> the layout (None: not quantised); what it lacks refused naming the field."""
-    qc = raw.get("quantization_config") or raw.get("compression_config")
-    if qc is None:
+    section = quantization_section(raw)
+    if section is None:
         return None
-    if not isinstance(qc, Mapping):
-        raise QuantizationError(f"quantization_config must be an object, got {type(qc).__name__}")
-    method = str(qc.get("quant_method") or qc.get("format") or "unknown")
+    qc, method = section
     if method != "fp8":
         raise QuantizationError(f"quantization_config uses {method!r}: DeepSeek-V4 is read as released (quant_method "
                                 "'fp8' with MXFP4 routed experts)")  # fmt: skip

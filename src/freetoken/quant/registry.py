@@ -33,14 +33,23 @@ def format_by_name(name: str) -> WeightFormat:
     return formats[name]
 
 
-def format_from_config(raw_config: Mapping[str, Any]) -> WeightFormat | None:
-    """The format declared by ``config.json``'s ``quantization_config`` (or ``compression_config``)."""
+def quantization_section(raw_config: Mapping[str, Any]) -> tuple[Mapping[str, Any], str] | None:
+    """``config.json``'s ``quantization_config`` (or ``compression_config``) and its method name; None when it has
+    none; an object of another type refused."""
     qc = raw_config.get("quantization_config") or raw_config.get("compression_config")
     if qc is None:
         return None
     if not isinstance(qc, Mapping):
         raise QuantizationError(f"quantization_config must be an object, got {type(qc).__name__}")
-    method = str(qc.get("quant_method") or qc.get("format") or "unknown")
+    return qc, str(qc.get("quant_method") or qc.get("format") or "unknown")
+
+
+def format_from_config(raw_config: Mapping[str, Any]) -> WeightFormat | None:
+    """The format declared by ``config.json``'s ``quantization_config`` (or ``compression_config``)."""
+    section = quantization_section(raw_config)
+    if section is None:
+        return None
+    qc, method = section
     if method == "mxfp4":
         from freetoken.quant.mxfp4 import MXFP4
 
