@@ -1,5 +1,6 @@
-"""Per-MoE-layer expert counts (``DeviceCounters.per_layer``, ``ExpertBackend.layer_counts``) in a real engine on the
-CPU: they add up to the totals of ``LLM.stats()``, and a layer whose experts all stay resident counts nothing."""
+"""Per-MoE-layer expert counts (``DeviceCounters.per_layer``, ``ExpertBackend.layer_counts``) in a real engine: they
+add up to the totals of ``LLM.stats()``, and a layer whose experts all stay resident counts nothing. On CUDA the
+decode steps take the fused plan, which counts its layer's row itself, replayed from step graphs."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from devices import DEVICES
 from freetoken import LLM, SamplingParams
 from freetoken.bench.placements import register
 from tiny_models import save_checkpoint
@@ -25,9 +27,9 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def _llm(ckpt: Path, backend: str, slots: int) -> LLM:
+def _llm(ckpt: Path, backend: str, slots: int, device: str) -> LLM:
     fill = 0.5 if backend == "hybrid" else None  # a fixed split, whatever this machine's profile says
-    return LLM(str(ckpt), device="cpu", dtype="float32", moe_backend=backend, expert_cache=slots,
+    return LLM(str(ckpt), device=device, dtype="float32", moe_backend=backend, expert_cache=slots,
                fill_fraction=fill, max_running_requests=2)  # fmt: skip
 
 
@@ -41,9 +43,10 @@ def _assert_sums(llm: LLM) -> dict[str, list[int]]:
     return per_layer
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", ["offload", "hybrid", "cpu"])
-def test_layer_counts_sum_to_the_totals(ckpt: Path, backend: str) -> None:
-    llm = _llm(ckpt, backend, 4)
+def test_layer_counts_sum_to_the_totals(ckpt: Path, backend: str, device: str) -> None:
+    llm = _llm(ckpt, backend, 4, device)
     try:
         llm.generate(PROMPTS, PARAMS)
         per_layer = _assert_sums(llm)
@@ -56,11 +59,12 @@ def test_layer_counts_sum_to_the_totals(ckpt: Path, backend: str) -> None:
         llm.engine.setup.loaded.backend.close()  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", ["hybrid", "static-layers"])
-def test_a_resident_layer_counts_no_misses(ckpt: Path, backend: str) -> None:
+def test_a_resident_layer_counts_no_misses(ckpt: Path, backend: str, device: str) -> None:
     """The last MoE layer's experts resident and locked (``static-layers`` places them itself; for ``hybrid`` the
     cache's host API does): that layer counts 0 misses, fills and CPU runs; the first layer misses."""
-    llm = _llm(ckpt, backend, E + 4)
+    llm = _llm(ckpt, backend, E + 4, device)
     cache = llm.engine.setup.loaded.backend.cache  # type: ignore[union-attr]
     last = list(range((MOE_LAYERS - 1) * E, MOE_LAYERS * E))
     if backend == "hybrid":
