@@ -103,3 +103,43 @@ def test_a_saved_profile_is_used_at_its_own_thread_count() -> None:
     no_gpu = HardwareProfile(probe(gpus=False), base)
     assert from_profile(no_gpu, 6, cuda=True) is None  # measured without the GPU this run has
     assert from_profile(no_gpu, 6, cuda=False) is not None and from_profile(None, 6, cuda=False) is None
+
+
+def test_per_layer_misses_bound_at_least_the_mean_and_equal_when_uniform() -> None:
+    """max is convex: the mean over layers puts every layer at 20 misses (2 ms each, GPU 1 ms) = 8 ms for 4 layers;
+    counted per layer (0, 0, 20, 60) the layers take 1, 1, 2 and 6 ms = 10 ms: a tighter floor, a lower tok/s."""
+    layers, t_gpu = 4, 1e-3
+    mean = policy_bound("misses", 1, layers, t_gpu, 20.0, 0.0, 10 * MB, 60.0, 40.0)
+    split = policy_bound("misses", 1, layers, t_gpu, [0.0, 0.0, 20.0, 60.0], 0.0, 10 * MB, 60.0, 40.0)
+    assert mean is not None and split is not None
+    assert mean.step_s == pytest.approx(8e-3) and split.step_s == pytest.approx(10e-3)
+    assert split.tok_s < mean.tok_s and split.of(50.0) > mean.of(50.0)  # e2e / bound was understated
+    uniform = policy_bound("misses", 1, layers, t_gpu, [20.0] * layers, 0.0, 10 * MB, 60.0, 40.0)
+    assert uniform is not None and uniform.step_s == pytest.approx(mean.step_s)
+    with pytest.raises(ValueError, match="3 per-layer figures for 4 MoE layers"):
+        policy_bound("misses", 1, layers, t_gpu, [1.0, 2.0, 3.0], 0.0, 10 * MB, 60.0, 40.0)
+
+
+def test_cpu_per_layer_runs_sum_as_the_mean_does() -> None:
+    """The cpu policy's time is linear in the runs: per layer or the mean, the same bound."""
+    s = 10 * MB
+    a = policy_bound("cpu", 1, 3, None, 0.0, [2.0, 4.0, 9.0], s, None, None, 40.0)
+    b = policy_bound("cpu", 1, 3, None, 0.0, 5.0, s, None, None, 40.0)
+    assert a is not None and b is not None and a.step_s == pytest.approx(b.step_s) == pytest.approx(15 * s / 40e9)
+
+
+def test_a_row_with_layer_counts_is_bounded_per_layer() -> None:
+    """``e2e_bound.row_bound``: the timed per-layer counts (2 steps of 2 layers) replace the row's mean."""
+    from freetoken.bench.e2e_bound import row_bound
+    from freetoken.bench.e2e_row import BoundBandwidths, Row
+
+    bw = BoundBandwidths(60.0, 40.0, None, None, "arguments")
+    counts = {"layer_steps": 4, "misses": 40, "cpu_runs": 20}
+    row = Row("hybrid", 1, 1, 10.0, None, 0, [10.0], moe_layers=2, backend="hybrid", counts=counts,
+              expert_bytes=10 * MB, bandwidths=bw)  # fmt: skip
+    fused_tok_s = 1 / 2e-3  # 1 ms per layer
+    mean = row_bound(row, 2, fused_tok_s)  # 10 misses per layer-step: 1 ms each, 2 ms
+    row.layer_counts = {"misses": [0, 40], "cpu_runs": [0, 20]}  # 0 and 20 per step: 1 ms and 2 ms
+    split = row_bound(row, 2, fused_tok_s)
+    assert mean is not None and split is not None
+    assert mean.step_s == pytest.approx(2e-3) and split.step_s == pytest.approx(3e-3)

@@ -66,6 +66,10 @@ def test_bench_e2e_bound_columns(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert cpu["bound_tok_s"] == pytest.approx(1 / step_s)
     assert 0 < cpu["of_bound"] == pytest.approx(cpu["e2e_tok_s"] / cpu["bound_tok_s"])
     assert offload["counts"]["misses"] > 0 and offload["bound_tok_s"] is None
+    # the timed misses and CPU runs per MoE layer (the bound's m_l) add up to the row's totals
+    assert "misses per MoE layer" in printed and fused["layer_counts"] == {}
+    for row, key in ((cpu, "cpu_runs"), (offload, "misses")):
+        assert len(row["layer_counts"][key]) == layers and sum(row["layer_counts"][key]) == row["counts"][key]
     (line,) = [ln for ln in printed.splitlines() if ln.startswith("| default | offload | 1 |")]
     assert line.endswith("| n/a | n/a |")
 

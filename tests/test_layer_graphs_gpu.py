@@ -79,7 +79,7 @@ def _run(name: str, graphs: bool, steps, banks: ExpertBanks):
         outs.append([backend.forward(layer, x, ids, w).clone() for layer, (x, ids, w) in enumerate(step)])
     torch.cuda.synchronize()
     backend.begin_step(1, True)
-    stats = backend.stats()
+    stats: dict = {**backend.stats(), "per_layer": backend.layer_counts()}
     backend.check_integrity()
     getattr(backend, "close", lambda: None)()  # fused has nothing to release
     return outs, stats
@@ -100,6 +100,9 @@ def test_graphed_decode_equals_eager(name: str) -> None:
             torch.testing.assert_close(g.float(), ref, rtol=1e-5, atol=1e-5)
     for key in COUNTERS:
         assert s_graph.get(key) == s_eager.get(key), key  # fused keeps no expert counters
+    assert s_graph["per_layer"] == s_eager["per_layer"]  # replayed layers add to their own rows too
+    if name != "fused":
+        assert sum(s_graph["per_layer"]["misses"]) == s_graph["expert_misses"] > 0
     if name == "hybrid":
         assert s_graph["expert_cpu_runs"] > 0 and s_graph["expert_fills"] > 0
     if name == "static-layers":  # whole layers resident, the rest on the CPU inside the graphs

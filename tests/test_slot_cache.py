@@ -260,7 +260,7 @@ def test_fused_triton_plan_equals_torch_plan(num_slots: int) -> None:
     from freetoken.experts.slots.counters import DeviceCounters
     from freetoken.experts.slots.plan_triton import plan_step_triton
 
-    ca, cb = DeviceCounters(CPU), DeviceCounters(CPU)
+    ca, cb = DeviceCounters(CPU, 3), DeviceCounters(CPU, 3)
 
     layers, experts, k = 3, 16, 2
     a, b = _tables(layers * experts, num_slots), _tables(layers * experts, num_slots)
@@ -281,9 +281,10 @@ def test_fused_triton_plan_equals_torch_plan(num_slots: int) -> None:
         rule = FillRule(min_fill, protect, recent_last, fill_rows=(None, experts + 3)[step_i % 5 == 1])
         want = plan_fills(a, groups, groups.valid, share, rule)
         off = layer * experts
-        got = plan_step_triton(b, ids, off, share, rule, cb.vector, True)
-        ca.add_step(want.num_hits, want.num_misses, want.copy_count, want.num_misses - want.copy_count)
+        got = plan_step_triton(b, ids, off, share, rule, cb.vector, True, cb.per_layer[layer])
+        ca.add_step(layer, want.num_hits, want.num_misses, want.copy_count, want.num_misses - want.copy_count)
         assert got.counted and torch.equal(cb.vector, ca.vector), (cb.vector, ca.vector)
+        assert torch.equal(cb.per_layer, ca.per_layer), (cb.per_layer, ca.per_layer)
         for f in ("order", "route_group", "start", "count", "eid", "valid", "n_groups"):
             assert torch.equal(getattr(got.groups, f), getattr(want.groups, f)), f
         for f in ("slot", "hit", "fill", "miss", "route_code", "copy_src", "copy_dst", "copy_count"):

@@ -39,7 +39,7 @@ def _run(
     if trace is not None:
         routing_trace.install(llm, str(trace))
     out = [r.token_ids for r in llm.generate(prompts, params)]
-    stats = llm.stats()
+    stats = {**llm.stats(), "per_layer": llm.engine.setup.loaded.backend.layer_counts()}
     llm.check_integrity()
     close = getattr(llm.engine.setup.loaded.backend, "close", None)
     if close is not None:
@@ -55,9 +55,12 @@ def test_graphed_step_equals_eager(ckpt: Path, backend: str, n: int) -> None:
         SamplingParams(temperature=0.8, top_p=0.9, max_tokens=16, ignore_eos=True, seed=11),
         SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=5, presence_penalty=1.0, logprobs=3),
     ):
-        eager, _ = _run(ckpt, False, backend, PROMPTS[:n], params)
+        eager, s_eager = _run(ckpt, False, backend, PROMPTS[:n], params)
         graphed, stats = _run(ckpt, True, backend, PROMPTS[:n], params)
         assert graphed == eager
+        if backend != "fused":  # the per-layer counts advance in replayed steps as the totals do
+            assert stats["per_layer"] == s_eager["per_layer"]
+            assert sum(stats["per_layer"]["misses"]) == stats["expert_misses"] == s_eager["expert_misses"]
         assert stats["step_graph_eager_fallbacks"] == 0, stats["step_graph_eager_fallback_reasons"]
         assert stats["step_graph_replays"] == stats["step_graph_decode_steps"] - stats["step_graph_captures"] > 0
         assert stats["step_graphs"] >= 1

@@ -28,7 +28,8 @@ def test_triton_kernels_compile(arch: int) -> None:
     from freetoken.kernels.attention import qkv_rope_triton, triton_decode, triton_prefill
 
     i64 = "*i64"
-    plan_sig = dict.fromkeys(["ids_ptr", "slot_of", "eid_of", "stamp", "tick_ptr", "i64_out", "counters"], i64)
+    plan_ptrs = ["ids_ptr", "slot_of", "eid_of", "stamp", "tick_ptr", "i64_out", "counters", "layer_counters"]
+    plan_sig = dict.fromkeys(plan_ptrs, i64)
     plan_sig |= dict.fromkeys(["K", "layer_off", "N", "S", "KV", "protect", "fill_rows"], "i32")
     plan_sig |= {"locked": "*u8", "share_ptr": "*fp32", "b_out": "*u8"}
     groups = dict.fromkeys(["order", "gstart", "gcount", "gslot", "ngroups_ptr"], i64)

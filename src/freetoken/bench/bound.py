@@ -11,6 +11,10 @@ each (``S``: one expert as the pool holds it, packed weights and their scales fo
                                                              the streaming read, ``B_H`` (kernel alone) without it
     T_step = sum_l T_l,    bound tok/s = b / T_step,    e2e / bound = measured tok/s / bound tok/s
 
+``m_l`` and ``c_l`` are counted per MoE layer by the slot backends' device counters (``DeviceCounters.per_layer``);
+given only the mean over layers, every layer gets the mean, a bound no higher than the per-layer one (``max`` is
+convex: the mean's max is at most the max's mean), so it can flatter a policy whose misses gather in a few layers.
+
 ``T_gpu_l`` is the all-resident (fused) GPU time of that layer with everything else the step does (attention, norms,
 the head) spread over the MoE layers: the fused step time / MoE layers, so a step without misses is bounded by the
 fused step itself (the fused row of the same command is then 1.00 of its bound by construction). ``B_P'`` and
@@ -84,20 +88,33 @@ class Bound:
         return measured_tok_s / self.tok_s
 
 
+PerLayer = float | Sequence[float]  # one figure per MoE layer-step, or a sequence of one per MoE layer
+
+
+def per_layer(value: PerLayer, layers: int, name: str) -> list[float]:
+    """``value`` as one entry per layer: a float is every layer's (the mean); a sequence must have ``layers``."""
+    if isinstance(value, (int, float)):
+        return [float(value)] * layers
+    if len(value) != layers:
+        raise ValueError(f"{name}: {len(value)} per-layer figures for {layers} MoE layers")
+    return [float(v) for v in value]
+
+
 def policy_bound(
-    kind: str, batch: int, layers: int, t_gpu_layer: float | None, misses_per_layer_step: float,
-    cpu_runs_per_layer_step: float, expert_bytes: int, b_copy_c: float | None, b_cpu_c: float | None,
+    kind: str, batch: int, layers: int, t_gpu_layer: float | None, misses_per_layer_step: PerLayer,
+    cpu_runs_per_layer_step: PerLayer, expert_bytes: int, b_copy_c: float | None, b_cpu_c: float | None,
     read_gbps: float | None = None,
 ) -> Bound | None:  # fmt: skip
-    """A row's bound from its measured per-layer-step counts. ``kind``: "fused", "cpu" or "misses" (any policy that
-    fills or runs misses beside a cache). The engine counts misses over all layers, so every layer gets the mean;
-    ``max`` being convex, that bound is no higher than the per-layer one (a floor still, perhaps a looser one)."""
+    """A row's bound from its measured counts per layer-step. ``kind``: "fused", "cpu" or "misses" (any policy that
+    fills or runs misses beside a cache). A count is a sequence of one per MoE layer (the engine's per-layer
+    counters), or one float, the mean over layers, that every layer then gets (a looser floor: see the module)."""
     if kind == "fused":
         step = None if t_gpu_layer is None else t_gpu_layer * layers
     elif kind == "cpu":
-        step = cpu_step_bound_s([cpu_runs_per_layer_step] * layers, expert_bytes, read_gbps)
+        step = cpu_step_bound_s(per_layer(cpu_runs_per_layer_step, layers, "cpu runs"), expert_bytes, read_gbps)
     else:
-        step = step_bound_s(t_gpu_layer, [misses_per_layer_step] * layers, expert_bytes, b_copy_c, b_cpu_c)
+        misses = per_layer(misses_per_layer_step, layers, "misses")
+        step = step_bound_s(t_gpu_layer, misses, expert_bytes, b_copy_c, b_cpu_c)
     return None if step is None or step <= 0 else Bound(step, batch)
 
 

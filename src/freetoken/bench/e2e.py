@@ -52,7 +52,8 @@ def decode_tok_s(
     """Generated tokens per second of ``batch`` concurrent requests, after ``warmup`` tokens each: greedy, or
     sampled at ``temperature`` (seeded: a random-weight model then emits varied tokens, as llama-bench feeds
     random tokens, where greedy decoding repeats a few tokens and so their experts). ``timed``: gets the
-    ``LLM.stats()`` before and after the timed tokens (outside the timing)."""
+    ``LLM.stats()`` and the per-layer counts (``e2e_bound.snapshot``) before and after the timed tokens (outside
+    the timing)."""
     from freetoken.runner.sampling_params import SamplingParams
 
     eng = llm.engine
@@ -67,7 +68,7 @@ def decode_tok_s(
         for out in eng.step():
             produced[out.request_id] = produced.get(out.request_id, 0) + len(out.new_token_ids)
     _sync(eng.device)
-    before = llm.stats() if timed is not None else {}
+    before = e2e_bound.snapshot(llm) if timed is not None else {}
     t0, n = time.perf_counter(), 0
     while eng.has_unfinished():
         for out in eng.step():
@@ -75,7 +76,7 @@ def decode_tok_s(
     _sync(eng.device)
     elapsed = time.perf_counter() - t0
     if timed is not None:
-        timed += [before, llm.stats()]
+        timed += [before, e2e_bound.snapshot(llm)]
     return n / elapsed
 
 
@@ -152,6 +153,8 @@ def decode_row(
     for b, a in zip(timed[::2], timed[1::2]):
         for k, v in e2e_bound.timed_counts(b, a).items():
             r.counts[k] = r.counts.get(k, 0) + v
+        for k, vs in e2e_bound.timed_layer_counts(b, a).items():
+            r.layer_counts[k] = [x + y for x, y in zip(r.layer_counts.get(k, [0] * len(vs)), vs)]
     shown = [round(x, 1) for x in runs]
     print(f"#   threads {threads} {policy} batch {batch}: e2e {r.e2e_tok_s:.1f} tok/s {shown}, "
           f"MoE only {moe or 0:.1f}", file=sys.stderr, flush=True)  # fmt: skip

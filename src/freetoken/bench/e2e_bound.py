@@ -1,7 +1,8 @@
 """``ft bench e2e``'s bound columns: each decode row held to the bandwidth bound of ``bound.py`` (BENCH.md).
 
-What goes in, per row: the misses and CPU runs per MoE layer-step counted by the engine (``LLM.stats()``) over the
-row's *timed* tokens only; the expert size ``S`` of the loaded pool (``ExpertBanks.expert_bytes``, packed + scales);
+What goes in, per row: the misses and CPU runs per MoE layer-step counted by the engine over the row's *timed* tokens
+only, per MoE layer where the backend counts them so (``ExpertBackend.layer_counts``), else their mean over layers
+(``LLM.stats()``); the expert size ``S`` of the loaded pool (``ExpertBanks.expert_bytes``, packed + scales);
 the fused GPU time per layer from the fused row of the same batch in this command, else from a short fused run of
 its own (``fused_tok_s``); and ``B_P'``, ``B_H'`` (and the streaming read for ``cpu``) from, in order: the
 ``--bw-*`` arguments, this machine's saved profile (``ft bench bw``) when it was measured at the row's thread count,
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from freetoken.bench.bound import Bound, policy_bound, t_gpu_layer_s
+from freetoken.bench.bound import Bound, PerLayer, policy_bound, t_gpu_layer_s
 from freetoken.bench.e2e_row import BoundBandwidths, Row
 
 if TYPE_CHECKING:
@@ -44,6 +45,24 @@ def timed_counts(before: dict[str, Any], after: dict[str, Any]) -> dict[str, flo
     d = {k: after.get(k, 0) - before.get(k, 0) for k in ("expert_misses", "expert_cpu_runs", "layer_steps")}
     steps = d["layer_steps"]
     return {"layer_steps": steps, "misses": d["expert_misses"], "cpu_runs": d["expert_cpu_runs"]} if steps > 0 else {}
+
+
+LAYER_COUNTS = "layer_counts"  # the key ``snapshot`` adds to the stats: the backend's per-layer counts
+
+
+def snapshot(llm: Any) -> dict[str, Any]:
+    """``LLM.stats()`` with the backend's per-layer counts under ``LAYER_COUNTS`` (where it counts them)."""
+    backend = llm.engine.setup.loaded.backend
+    layers = backend.layer_counts() if backend is not None else None
+    return {**llm.stats(), **({LAYER_COUNTS: layers} if layers is not None else {})}
+
+
+def timed_layer_counts(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[int]]:
+    """Misses and CPU runs of each MoE layer between two ``snapshot``s ({} where either lacks them)."""
+    b, a = before.get(LAYER_COUNTS), after.get(LAYER_COUNTS)
+    if not b or not a:
+        return {}
+    return {k: [y - x for x, y in zip(b[k], a[k])] for k in ("misses", "cpu_runs")}
 
 
 def expert_bytes_of(llm: Any) -> int | None:
@@ -105,9 +124,12 @@ def row_bound(row: Row, layers: int, fused_tok_s: float | None) -> Bound | None:
     if not c or row.expert_bytes is None:
         return None
     per_step = c["layer_steps"]
+    misses: PerLayer = c["misses"] / per_step  # the mean over layers, unless counted per layer
+    cpu_runs: PerLayer = c["cpu_runs"] / per_step
+    if len(row.layer_counts.get("misses", ())) == layers:  # each layer ran layer_steps / layers steps
+        misses, cpu_runs = ([v * layers / per_step for v in row.layer_counts[k]] for k in ("misses", "cpu_runs"))
     return policy_bound(
-        kind, row.batch, layers, t_gpu, c["misses"] / per_step, c["cpu_runs"] / per_step, row.expert_bytes,
-        bw.copy_c, bw.cpu_c, bw.read or bw.cpu,
+        kind, row.batch, layers, t_gpu, misses, cpu_runs, row.expert_bytes, bw.copy_c, bw.cpu_c, bw.read or bw.cpu,
     )  # fmt: skip
 
 
@@ -128,7 +150,9 @@ def bound_rows(
             why = (str(e).splitlines() or [type(e).__name__])[0]
             t_gpu = f"nowhere (fused did not run: {why}): the miss term alone"
     annotate(rows, fused)
-    print(f"# bound (BENCH.md, bench/bound.py): {rows[0].moe_layers} MoE layers; T_gpu per layer from {t_gpu}")
+    misses = "per MoE layer" if any(r.layer_counts for r in rows) else "their mean over MoE layers"
+    print(f"# bound (BENCH.md, bench/bound.py): {rows[0].moe_layers} MoE layers; T_gpu per layer from {t_gpu}; "
+          f"misses {misses}")  # fmt: skip
     figures = {r.bandwidths for r in rows if r.bandwidths is not None}
     for bw in sorted(figures, key=lambda b: b.source):
         print(f"# bound bandwidths: {bw.describe()}")

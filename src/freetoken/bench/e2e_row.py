@@ -39,6 +39,7 @@ class Row:
     moe_layers: int = 0
     backend: str = ""  # what ran
     counts: dict[str, float] = field(default_factory=dict)  # timed tokens: layer_steps, misses, cpu_runs
+    layer_counts: dict[str, list[int]] = field(default_factory=dict)  # timed tokens: misses, cpu_runs per MoE layer
     expert_bytes: int | None = None  # S: one expert as the pool holds it
     bandwidths: BoundBandwidths | None = None
     bound_tok_s: float | None = None  # e2e_bound.py / bound.py

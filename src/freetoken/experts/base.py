@@ -146,6 +146,11 @@ class ExpertBackend(ABC):
         """Cumulative counters; DESIGN §4 names (``expert_hits``, ``expert_fills``, ``expert_cpu_runs``)."""
         return {}
 
+    def layer_counts(self) -> dict[str, list[int]] | None:
+        """Cumulative ``misses``, ``fills`` and ``cpu_runs`` per MoE layer (one int each), read at a safe point (may
+        sync), or None where the backend does not count them (fused: no misses). Not in ``stats()``."""
+        return None
+
     def check_integrity(self) -> None:  # noqa: B027 - optional hook
         """Raise AssertionError when an internal invariant is broken (slot tables, counts)."""
 

@@ -19,7 +19,7 @@ class CpuBackend(ExpertBackend):
         self.pool = pool
         self.device = device
         self.runner = CpuExpertRunner(pool, device, config.cpu_threads)
-        self.counters = DeviceCounters(device)
+        self.counters = DeviceCounters(device, pool.num_layers)
         self._zero = torch.zeros((), dtype=torch.long, device=device)
 
     def begin_step(self, num_tokens: int, is_decode: bool) -> None:
@@ -32,13 +32,17 @@ class CpuBackend(ExpertBackend):
         handle = self.runner.submit(x, -1 - eids, topk_w, layer)
         groups = group_routes(eids, self.pool.num_rows)  # distinct experts, counted on the device
         n = groups.n_groups
-        self.counters.add_step(self._zero, n, self._zero, n)
+        self.counters.add_step(layer, self._zero, n, self._zero, n)
         out, _ = self.runner.wait(handle)
         # copy=True: a streamed batch's ``out`` is the layer's pinned buffer, rewritten by its next batch
         return out.to(x.dtype, copy=True)
 
     def stats(self) -> dict[str, int | float]:
         return self.counters.expert_stats(self.pool.expert_bytes, slots=0)  # no hits, no fills
+
+    def layer_counts(self) -> dict[str, list[int]]:
+        """Cumulative misses, fills (none) and CPU runs per MoE layer; one sync."""
+        return self.counters.read_layers()
 
     def close(self) -> None:
         self.runner.close()

@@ -38,17 +38,16 @@ class OffloadBackend(SlotBackend):
         return self.graphed(layer, x, topk_ids, topk_w, self._fill_all)
 
     def _fill_all(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
-        vec = self.counters.vector
-        plan = self.cache.group_and_plan(layer, topk_ids, self._one, self.rule, counters=vec)
+        plan = self.cache.group_and_plan(layer, topk_ids, self._one, self.rule, counters=self.counters)
         groups = plan.groups
         out = self._gpu(x, groups, plan, topk_w)
-        self._count(plan, True, False)
+        self._count(layer, plan, True, False)
         rounds = self.rounds(topk_ids.numel())
         pending = groups.valid & (plan.slot < 0) if rounds > 1 else groups.valid
         for _ in range(1, rounds):
             plan = self.cache.plan(groups, pending, self._one, self.rule)
             out = out + self._gpu(x, groups, plan, topk_w)
-            self._count(plan, False, False)
+            self._count(layer, plan, False, False)
             pending = pending & (plan.slot < 0)
         return out.to(x.dtype)
 

@@ -68,7 +68,7 @@ class SlotBackend(StepCapture, ExpertBackend):
         if pool.banks.top_k:  # refuse a cache too small for one token's experts now, not at the first step
             check_slots_cover_topk(num_slots, pool.banks.top_k)
         self.cache = SlotCache(pool, num_slots, device)
-        self.counters = DeviceCounters(device)
+        self.counters = DeviceCounters(device, pool.num_layers)
         self.prefetcher = Prefetcher(self.cache)  # routes known before their layer (hash layers), filled ahead
         self.cpu = CpuExpertRunner(pool, device, config.cpu_threads) if with_cpu else None
         self.share = torch.zeros((), dtype=torch.float32, device=device)  # device scalar read by plans
@@ -130,13 +130,17 @@ class SlotBackend(StepCapture, ExpertBackend):
         self.streamer.after_layer(layer)
         return out.to(x.dtype)
 
-    def _count(self, plan: StepPlan, first_round: bool, cpu_runs: bool) -> None:
+    def _count(self, layer: int, plan: StepPlan, first_round: bool, cpu_runs: bool) -> None:
         """The round's counts (``cpu_runs``: its unfilled misses ran on the CPU)."""
         if plan.counted:  # the fused plan added its device counts itself
             self.counters.layer_steps += 1
             return
         cpu = plan.num_misses - plan.copy_count if cpu_runs else self._zero
-        self.counters.add_step(plan.num_hits, plan.num_misses, plan.copy_count, cpu, first_round)
+        self.counters.add_step(layer, plan.num_hits, plan.num_misses, plan.copy_count, cpu, first_round)
+
+    def layer_counts(self) -> dict[str, list[int]]:
+        """Cumulative misses, fills and CPU runs per MoE layer (``DeviceCounters.read_layers``; one sync)."""
+        return self.counters.read_layers()
 
     def prefetch(self, layer: int, topk_ids: torch.Tensor) -> None:
         """Decode steps of a filling backend: ``layer``'s routes filled ahead on a side stream and held until the
@@ -206,14 +210,14 @@ class SlotBackend(StepCapture, ExpertBackend):
                 return torch.zeros_like(x)
             check_slots_cover_topk(self.cache.num_slots, topk_ids.shape[1])
             c = self.cache
-            vec = self.counters.vector  # the fused plan counts the step itself (CPU runs: the unfilled misses)
-            plan = c.group_and_plan(layer, topk_ids, self.share, self.rule, vec, True)
+            # the fused plan counts the step itself (CPU runs: the unfilled misses)
+            plan = c.group_and_plan(layer, topk_ids, self.share, self.rule, self.counters, True)
             handle = self.cpu.submit(x, plan.route_code, topk_w, layer)  # CPU branch first
             gpu = self._gpu(x, plan.groups, plan, topk_w)
             cpu, res = self.cpu.wait(handle)
             if res is not None:  # streamed batches report at the next begin_step
                 self._after_cpu(res.experts, res.seconds)
-            self._count(plan, True, True)
+            self._count(layer, plan, True, True)
             return (gpu + cpu).to(x.dtype)
 
         return self.graphed(layer, x, topk_ids, topk_w, body)

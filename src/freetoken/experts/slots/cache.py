@@ -20,6 +20,7 @@ import torch
 from freetoken.experts.host_pool import HostExpertPool
 from freetoken.experts.reference import ExpertAct
 from freetoken.experts.slots.copy import batched_fill, copy_rows, copy_runs
+from freetoken.experts.slots.counters import DeviceCounters
 from freetoken.experts.slots.plan import WARM, FillRule, RouteGroups, SlotTables, StepPlan, group_routes, plan_fills
 from freetoken.experts.slots.weights import SlotWeights
 from freetoken.hardware.device_memory import device_zeros, remake, uses_driver_memory
@@ -91,19 +92,20 @@ class SlotCache:
         topk_ids: torch.Tensor,
         share: torch.Tensor,
         rule: FillRule = WARM,
-        counters: torch.Tensor | None = None,
+        counters: DeviceCounters | None = None,
         count_cpu: bool = False,
     ) -> StepPlan:
         """``group`` + ``plan`` of every group (a step's first round). Decode-sized steps on CUDA take the
         fused Triton plan (one launch instead of ~100 small ops), with identical results; it also adds the
-        step to ``counters`` (``DeviceCounters.vector``; ``count_cpu``: the unfilled misses are CPU runs) and
-        says so in ``plan.counted``."""
+        step to ``counters`` (the vector and the layer's row; ``count_cpu``: the unfilled misses are CPU runs)
+        and says so in ``plan.counted``."""
         if use_triton(self.device):
             from freetoken.experts.slots.plan_triton import MAX_ROUTES, plan_step_triton
 
             if topk_ids.numel() <= MAX_ROUTES:
                 off = layer * self.pool.num_experts
-                return plan_step_triton(self.tables, topk_ids, off, share, rule, counters, count_cpu)
+                vec, row = (None, None) if counters is None else (counters.vector, counters.per_layer[layer])
+                return plan_step_triton(self.tables, topk_ids, off, share, rule, vec, count_cpu, row)
         groups = self.group(layer, topk_ids)
         return self.plan(groups, groups.valid, share, rule)
 

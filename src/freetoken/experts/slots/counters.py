@@ -1,5 +1,6 @@
-"""Step counters: device values accumulate in one device vector (one add per layer, no host sync);
-host-known values (layer steps) are plain ints. ``read`` syncs once."""
+"""Step counters: device values accumulate in one device vector (one add per layer, no host sync) and, per MoE
+layer, in one ``[L, 3]`` device table (misses, fills, CPU runs: the bandwidth bound's ``m_l``, ``bench/bound.py``);
+host-known values (layer steps) are plain ints. ``read`` and ``read_layers`` sync once each."""
 
 from __future__ import annotations
 
@@ -9,17 +10,22 @@ import torch
 # layer-steps with a miss; then the last round's fills (set, not added). The fused plan (``plan_triton``)
 # updates the same vector.
 DEVICE_NAMES = ("hits", "misses", "fills", "cpu_runs", "miss_layers")
+# The per-layer table's columns (``DeviceCounters.per_layer``; the fused plan updates its layer's row too).
+LAYER_NAMES = ("misses", "fills", "cpu_runs")
 
 
 class DeviceCounters:
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, num_layers: int) -> None:
         self.vector = torch.zeros(len(DEVICE_NAMES) + 1, dtype=torch.long, device=device)
         self._v = self.vector[: len(DEVICE_NAMES)]
         self._q_last = self.vector[len(DEVICE_NAMES)]
+        # [L, 3] int64. Never reallocated: captured graphs (layer and step graphs) add into its rows in place.
+        self.per_layer = torch.zeros(num_layers, len(LAYER_NAMES), dtype=torch.long, device=device)
         self.layer_steps = 0
 
     def add_step(
         self,
+        layer: int,
         hits: torch.Tensor,  # [] int64
         misses: torch.Tensor,
         fills: torch.Tensor,
@@ -29,9 +35,12 @@ class DeviceCounters:
         """One layer round's counts; a layer's later rounds (offload) add fills only."""
         if first_round:
             self.layer_steps += 1
-            self._v[:5] += torch.stack((hits, misses, fills, cpu_runs, (misses > 0).long()))
+            counts = torch.stack((hits, misses, fills, cpu_runs, (misses > 0).long()))
+            self._v[:5] += counts
+            self.per_layer[layer] += counts[1:4]
         else:
             self._v[2:3] += fills
+            self.per_layer[layer, 1:2] += fills
         self._q_last.copy_(fills)
 
     def expert_stats(self, expert_bytes: int, slots: int) -> dict[str, int | float]:
@@ -49,3 +58,9 @@ class DeviceCounters:
         out["q_last"] = int(self._q_last)
         out["layer_steps"] = self.layer_steps
         return out
+
+    def read_layers(self) -> dict[str, list[int]]:
+        """Cumulative per-MoE-layer counts (``LAYER_NAMES`` -> one int per layer); one sync. Kept out of
+        ``stats()``, which the server refreshes after every step."""
+        cols = self.per_layer.t().tolist()
+        return {name: [int(v) for v in col] for name, col in zip(LAYER_NAMES, cols)}

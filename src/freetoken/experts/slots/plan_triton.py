@@ -96,7 +96,7 @@ def group_routes_triton(topk_ids: torch.Tensor, layer_offset: int, num_rows: int
 def _plan_kernel(
     ids_ptr, K, layer_off, N, S, KV, protect, fill_rows,
     slot_of, eid_of, stamp, locked, tick_ptr, share_ptr,
-    i64_out, b_out, counters,
+    i64_out, b_out, counters, layer_counters,
     MIN_FILL: tl.constexpr, RECENT_LAST: tl.constexpr, KB: tl.constexpr, BS: tl.constexpr, COUNT: tl.constexpr,
 ):  # fmt: skip
     r = tl.arange(0, KB)
@@ -208,6 +208,9 @@ def _plan_kernel(
         tl.store(counters + 3, tl.load(counters + 3) + cpu)
         tl.store(counters + 4, tl.load(counters + 4) + (m > 0).to(tl.int64))
         tl.store(counters + 5, q)
+        tl.store(layer_counters + 0, tl.load(layer_counters + 0) + m)  # the layer's row: misses, fills, CPU runs
+        tl.store(layer_counters + 1, tl.load(layer_counters + 1) + q)
+        tl.store(layer_counters + 2, tl.load(layer_counters + 2) + cpu)
     tl.store(b_out + r, hit.to(tl.int8), mask=rv)
     tl.store(b_out + K + r, fill.to(tl.int8), mask=rv)
     tl.store(b_out + 2 * K + r, miss.to(tl.int8), mask=rv)
@@ -222,8 +225,11 @@ def plan_step_triton(
     rule: FillRule = WARM,
     counters: torch.Tensor | None = None,  # [6] int64 ``DeviceCounters.vector``: the step counted here
     count_cpu: bool = False,  # with counters: the misses not filled count as CPU runs (hybrid)
+    layer_counters: torch.Tensor | None = None,  # [3] int64 with counters: the layer's ``DeviceCounters.per_layer`` row
 ) -> StepPlan:
     """``group_routes`` + ``plan_fills(pending=valid, ...)`` in one launch, for T*k <= MAX_ROUTES."""
+    if (counters is None) != (layer_counters is None):
+        raise ValueError("the fused plan counts into both the counter vector and the layer's row, or neither")
     ids = topk_ids.reshape(-1)
     K = ids.numel()
     if not 0 < K <= MAX_ROUTES:
@@ -238,6 +244,7 @@ def plan_step_triton(
         ids, K, layer_offset, N, S, KV, rule.protect, N if rule.fill_rows is None else rule.fill_rows,
         tables.slot_of, tables.eid_of, tables.stamp, tables.locked.view(torch.uint8), tables.tick,
         share.to(torch.float32), i64, b.view(torch.uint8), i64 if counters is None else counters,
+        i64 if layer_counters is None else layer_counters,
         MIN_FILL=rule.min_fill, RECENT_LAST=rule.recent_last, KB=KB, BS=_BS,
         COUNT=0 if counters is None else 1 + count_cpu,
     )  # fmt: skip
