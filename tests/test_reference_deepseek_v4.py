@@ -278,8 +278,10 @@ def test_moe_layer_matches_transformers_where_the_clamp_binds(ckpt, backend, cac
 
 
 def test_kv_rows_and_plan_follow_the_config(ckpt):
-    """Every layer keeps one row per token in the KV pool, as wide as the widest layer's (a CSA layer: 6 d + 5 di);
-    the plan's KV bytes are those tensors'; no state pool; a layer-major pass keeps hc_mult streams a token."""
+    """Every layer keeps one row per token in the KV pool, as wide as its own kind's (``RowLayout``); the plan's KV
+    bytes are those tensors', and the formula from the config alone (per layer: the window key, the compressor's raw
+    kv and gate and its entry, the indexer's raw kv, gate and key); no state pool; a layer-major pass keeps hc_mult
+    streams a token."""
     from freetoken.checkpoint.hf_config import load_hf_config
     from freetoken.layers.v4_compressor import RowLayout
     from freetoken.memory.sizes import model_bytes
@@ -290,9 +292,18 @@ def test_kv_rows_and_plan_follow_the_config(ckpt):
     eng = llm.engine
     b = model_bytes(hf, 4)
     assert b.kv_layers == len(eng.kv.k) == hf.num_layers
-    width = max(RowLayout(k, 32, 16).width for k in hf.raw["layer_types"])
-    assert width == 6 * 32 + 5 * 16 and all(k.shape[1:] == (1, width) for k in eng.kv.k)
+    hd, di = hf.raw["head_dim"], hf.raw["index_head_dim"]
+    parts = {  # window, then (compressed kinds) raw kv + gate (a series each) and the entry, then the indexer's
+        "sliding_attention": hd,
+        "heavily_compressed_attention": hd + 2 * hd + hd,
+        "compressed_sparse_attention": hd + 2 * (2 * hd) + hd + 2 * (2 * di) + di,
+    }
+    kinds = hf.raw["layer_types"]
+    widths = [parts[k] for k in kinds]
+    assert widths == [RowLayout(k, hd, di).width for k in kinds] == [128, 272, 32, 272]
+    assert [k.shape[1:] for k in eng.kv.k] == [(1, w) for w in widths]
     kv = sum(t.numel() * t.element_size() for t in eng.kv.k + eng.kv.v)
+    assert b.kv_per_token == sum(widths) * 4 and eng.kv.page_bytes == b.page_bytes(8)
     assert kv == b.page_bytes(8) * eng.kv.num_pages == eng.memory.plan.kv_bytes
     assert eng.states is None and b.state_per_request == 0
     assert b.activations_per_token == 4 * 64 * 4

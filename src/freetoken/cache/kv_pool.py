@@ -4,8 +4,9 @@ Shapes: L = attention layers, P = pages, S = page_size, H = KV heads, hd = head 
 ``k[l]`` is ``[P * S, H, hd]`` and ``v[l]`` ``[P * S, H, vd]``, one tensor per layer: token slot ``page * S + offset``.
 Multi-head latent attention (``layers/mla.py``) keeps one latent row per token in ``k`` (H = 1, hd = kv_lora_rank
 + qk_rope_head_dim; DeepSeek sparse attention, ``layers/dsa.py``, adds its indexer's key of index_head_dim to the
-row) and nothing in ``v`` (vd = 0). Page tables live with the requests (a list of page ids per
-request); this pool only hands pages out and back.
+row) and nothing in ``v`` (vd = 0). ``head_dims`` gives each layer its own hd where layers differ (DeepSeek-V4: each
+layer's row as wide as its own kind's, ``layers/v4_compressor.py``); a resize keeps each layer's shape. Page tables
+live with the requests (a list of page ids per request); this pool only hands pages out and back.
 
 A page is in one of three states: free; owned by a request (its private tail, by request id); or
 owned by the radix prefix tree (shared, possibly locked by several requests that read it). Owners
@@ -34,17 +35,21 @@ class KVPool:
         dtype: torch.dtype,
         device: torch.device,
         value_dim: int | None = None,
+        head_dims: Sequence[int] | None = None,
     ) -> None:
         if num_pages < 1:
             raise ValueError("the KV pool needs at least one page")
+        dims = [head_dim] * num_layers if head_dims is None else list(head_dims)
+        if len(dims) != num_layers:
+            raise ValueError(f"the KV pool has {num_layers} layers but {len(dims)} head dims")
         self.num_pages = num_pages
         self.page_size = page_size
         self.device = torch.device(device)
         self.num_layers = num_layers
         vd = head_dim if value_dim is None else value_dim
-        self.page_bytes = num_layers * page_size * num_kv_heads * (head_dim + vd) * dtype.itemsize
+        self.page_bytes = page_size * num_kv_heads * (sum(dims) + num_layers * vd) * dtype.itemsize
         rows = num_pages * page_size
-        self.k = [device_zeros((rows, num_kv_heads, head_dim), dtype, self.device) for _ in range(num_layers)]
+        self.k = [device_zeros((rows, num_kv_heads, hd), dtype, self.device) for hd in dims]
         self.v = [device_zeros((rows, num_kv_heads, vd), dtype, self.device) for _ in range(num_layers)]
         # LIFO free list: recently freed pages are reused first (warm in caches).
         self._free: list[int] = list(range(num_pages - 1, -1, -1))

@@ -22,12 +22,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from freetoken.checkpoint.dsv4_config import CSA, HCA, SLIDING
 from freetoken.kernels.linear import linear
 from freetoken.layers.hyper_connections import v4_rms_norm
 from freetoken.layers.v4_rope import InterleavedRope
 
-SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
-KINDS = (SLIDING, CSA, HCA)
 HEADS_AT_ONCE = 8  # indexer heads scored together
 
 
@@ -62,11 +61,6 @@ class RowLayout:
     def width(self) -> int:
         d, di = self.hd, self.ihd
         return {SLIDING: d, HCA: 4 * d, CSA: 6 * d + 5 * di}[self.kind]
-
-
-def row_width(kinds: list[str], hd: int, ihd: int) -> int:
-    """The pool's row: the widest layer's (one row width for every layer of the pool)."""
-    return max(RowLayout(k, hd, ihd).width for k in kinds)
 
 
 @dataclass

@@ -3,7 +3,8 @@
 Cache kinds: full-attention layers keep K and V per token in the paged KV pool (a sliding-window layer keeps them in
 the same pages, except where its family keeps a ring: gpt-oss's window layers keep K and V of a request's last W tokens
 in its state slot, ``window_ring``); multi-head latent attention layers (a config with ``kv_lora_rank``) keep one
-latent of ``kv_lora_rank + qk_rope_head_dim`` per token instead (``kv_geometry``); gated DeltaNet (linear-attention)
+latent of ``kv_lora_rank + qk_rope_head_dim`` per token instead (``kv_geometry``; DeepSeek-V4: one row per token and
+layer, as wide as that layer's kind needs, ``v4_row_widths``); gated DeltaNet (linear-attention)
 layers keep one recurrent state per request - the last K-1 conv inputs in the model dtype and a [H, dk, dv] float32
 state - and state checkpoints are copies of that state (rings included); a layer-major prefill keeps two hidden
 vectors (``h`` and ``x``) per token. ``tests/test_memory_sizes.py`` checks these numbers against the tensors the
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from freetoken.checkpoint.dsv4_config import CSA, HCA, layer_kinds
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.gemma4_config import gemma4_config, is_gemma4
 from freetoken.checkpoint.hf_config import HFConfig
@@ -24,24 +26,33 @@ SSM_BYTES = 4  # the recurrent state is kept in float32 whatever the model dtype
 
 @dataclass(frozen=True)
 class KVGeometry:
-    """One attention layer's rows per token in the KV pool: ``heads`` x (``k_dim`` + ``v_dim``)."""
+    """One attention layer's rows per token in the KV pool: ``heads`` x (``k_dim`` + ``v_dim``); where the layers'
+    K widths differ (DeepSeek-V4), ``layer_k_dims`` gives each layer's (``k_dim``: the widest)."""
 
     heads: int
     k_dim: int
     v_dim: int
+    layer_k_dims: tuple[int, ...] = ()
 
     @property
     def per_token(self) -> int:
-        """Elements per token and layer."""
+        """Elements per token and layer (the widest layer's where widths differ)."""
         return self.heads * (self.k_dim + self.v_dim)
+
+    def elements(self, layers: int) -> int:
+        """Elements per token over ``layers`` layers (each layer's own width where widths differ)."""
+        if self.layer_k_dims:
+            return self.heads * (sum(self.layer_k_dims) + len(self.layer_k_dims) * self.v_dim)
+        return layers * self.per_token
 
 
 def kv_geometry(hf: HFConfig) -> KVGeometry:
     """GQA: K and V heads of ``head_dim``; MLA (``kv_lora_rank`` set): one latent row of ``kv_lora_rank +
     qk_rope_head_dim`` (the compressed K/V and the shared rotary key), no V; DSA (``index_topk`` set) widens that row
-    by the indexer's key of ``index_head_dim``."""
+    by the indexer's key of ``index_head_dim``; DeepSeek-V4: one row per layer of its own kind's width, no V."""
     if hf.architecture == "DeepseekV4ForCausalLM":
-        return KVGeometry(1, v4_row_width(hf), 0)
+        widths = v4_row_widths(hf)
+        return KVGeometry(1, max(widths), 0, tuple(widths))
     if is_gemma4(hf):  # its full layers' (its sliding layers keep rings): one geometry for all, checked here
         geos = {(lay.kv_heads, lay.head_dim) for lay in gemma4_config(hf).layers if lay.kind == FULL}
         if len(geos) != 1:
@@ -55,20 +66,13 @@ def kv_geometry(hf: HFConfig) -> KVGeometry:
     return KVGeometry(hf.num_kv_heads, hf.head_dim, hf.head_dim)
 
 
-def v4_row_width(hf: HFConfig) -> int:
-    """DeepSeek-V4's row per token and layer (``layers/v4_compressor.py`` ``RowLayout``, the widest layer's): the
-    window key d; a heavily compressed layer adds its raw kv and gate and its entry (4 d); a compressed sparse layer
-    its two series' raw kv and gate, its entry, and its indexer's raw kv, gate (2 di each) and key (6 d + 5 di)."""
-    d, raw = hf.head_dim, hf.raw
-    kinds = raw.get("layer_types")
-    if kinds is None and raw.get("compress_ratios") is not None:
-        kinds = [{4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}.get(r, "sliding_attention")
-                 for r in raw["compress_ratios"]]  # fmt: skip
-    kinds = list(kinds or (["heavily_compressed_attention", "compressed_sparse_attention"] if hf.num_layers > 2
-                           else ["heavily_compressed_attention"]))  # fmt: skip
-    if "compressed_sparse_attention" in kinds:
-        return 6 * d + 5 * int(raw.get("index_head_dim", 128))
-    return 4 * d if "heavily_compressed_attention" in kinds else d
+def v4_row_widths(hf: HFConfig) -> list[int]:
+    """DeepSeek-V4's row per token of each layer (``layers/v4_compressor.py`` ``RowLayout``): the window key d; a
+    heavily compressed layer adds its raw kv and gate and its entry (4 d); a compressed sparse layer its two series'
+    raw kv and gate, its entry, and its indexer's raw kv, gate (2 di each) and key (6 d + 5 di)."""
+    kinds = layer_kinds(hf)
+    d, di = hf.head_dim, int(hf.raw.get("index_head_dim", 128)) if CSA in kinds else 0
+    return [{SLIDING: d, HCA: 4 * d, CSA: 6 * d + 5 * di}[k] for k in kinds]
 
 
 @dataclass(frozen=True)
@@ -136,7 +140,7 @@ def model_bytes(
     if is_gemma4(hf):  # KV-shared layers keep nothing: they read an earlier layer's KV
         g = gemma4_config(hf)
         kv_layers, rings = len(g.kv_layers(FULL)), len(g.kv_layers(SLIDING))
-    kv = kv_layers * kv_geometry(hf).per_token * dtype_bytes
+    kv = kv_geometry(hf).elements(kv_layers) * dtype_bytes
     state = linear * state_bytes_per_layer(hf, dtype_bytes) if linear else 0
     state += rings * ring_bytes_per_layer(hf, dtype_bytes)
     acts = 2 * hf.hidden_size * dtype_bytes
