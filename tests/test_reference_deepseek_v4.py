@@ -278,33 +278,41 @@ def test_moe_layer_matches_transformers_where_the_clamp_binds(ckpt, backend, cac
 
 
 def test_kv_rows_and_plan_follow_the_config(ckpt):
-    """Every layer keeps one row per token in the KV pool, as wide as its own kind's (``RowLayout``); the plan's KV
-    bytes are those tensors', and the formula from the config alone (per layer: the window key, the compressor's raw
-    kv and gate and its entry, the indexer's raw kv, gate and key); no state pool; a layer-major pass keeps hc_mult
-    streams a token."""
+    """Every layer keeps one row per token in the KV pool, as wide as its own kind's (``RowLayout``), and a compressed
+    layer one entry row per m tokens (ceil(S / m) a page); the plan's KV bytes are those tensors', and the formula
+    from the config alone (per layer: the window key, the compressor's raw kv and gate, the indexer's raw kv and gate
+    per token; the entry and the indexer's key per m tokens); no state pool; a layer-major pass keeps hc_mult streams
+    a token."""
     from freetoken.checkpoint.hf_config import load_hf_config
     from freetoken.layers.v4_compressor import RowLayout
     from freetoken.memory.sizes import model_bytes
 
     d = ckpt[0]
     hf = load_hf_config(d)
-    llm = _llm(d, "hybrid", page_size=8, max_model_len=64, max_running_requests=2)
+    S = 8
+    llm = _llm(d, "hybrid", page_size=S, max_model_len=64, max_running_requests=2)
     eng = llm.engine
     b = model_bytes(hf, 4)
     assert b.kv_layers == len(eng.kv.k) == hf.num_layers
-    hd, di = hf.raw["head_dim"], hf.raw["index_head_dim"]
-    parts = {  # window, then (compressed kinds) raw kv + gate (a series each) and the entry, then the indexer's
+    hd, di, rates = hf.raw["head_dim"], hf.raw["index_head_dim"], hf.raw["compress_rates"]
+    rows = {  # per token: the window, then (compressed kinds) raw kv + gate (a series each), then the indexer's
         "sliding_attention": hd,
-        "heavily_compressed_attention": hd + 2 * hd + hd,
-        "compressed_sparse_attention": hd + 2 * (2 * hd) + hd + 2 * (2 * di) + di,
+        "heavily_compressed_attention": hd + 2 * hd,
+        "compressed_sparse_attention": hd + 2 * (2 * hd) + 2 * (2 * di),
     }
+    entry = {"heavily_compressed_attention": hd, "compressed_sparse_attention": hd + di}  # per m tokens
     kinds = hf.raw["layer_types"]
-    widths = [parts[k] for k in kinds]
-    assert widths == [RowLayout(k, hd, di).width for k in kinds] == [128, 272, 32, 272]
+    widths = [rows[k] for k in kinds]
+    assert widths == [RowLayout(k, hd, di).width for k in kinds] == [96, 224, 32, 224]
     assert [k.shape[1:] for k in eng.kv.k] == [(1, w) for w in widths]
-    kv = sum(t.numel() * t.element_size() for t in eng.kv.k + eng.kv.v)
-    assert b.kv_per_token == sum(widths) * 4 and eng.kv.page_bytes == b.page_bytes(8)
-    assert kv == b.page_bytes(8) * eng.kv.num_pages == eng.memory.plan.kv_bytes
+    per_page = [-(-S // rates[k]) if k in entry else 0 for k in kinds]
+    assert per_page == [1, 2, 0, 2]
+    n_pages = eng.kv.num_pages
+    assert [tuple(e.shape) for e in eng.kv.e] == [(n * n_pages, entry.get(k, 0)) for k, n in zip(kinds, per_page)]
+    page = (S * sum(widths) + sum(n * entry.get(k, 0) for k, n in zip(kinds, per_page))) * 4
+    kv = sum(t.numel() * t.element_size() for t in eng.kv.k + eng.kv.v + eng.kv.e)
+    assert page == eng.kv.page_bytes == b.page_bytes(S) == 19328
+    assert kv == page * eng.kv.num_pages == eng.memory.plan.kv_bytes
     assert eng.states is None and b.state_per_request == 0
     assert b.activations_per_token == 4 * 64 * 4
 

@@ -4,7 +4,7 @@ pure (no torch), so the memory sizes (``memory/sizes.py``: each layer's KV row) 
 
 ``layer_types`` names each layer's kind; older configs give ``compress_ratios`` (0 / 4 / 128, as transformers reads
 them); neither: transformers' default, two heavily compressed layers, then compressed sparse / heavily compressed
-alternating."""
+alternating. Compression rates: ``compress_rates``."""
 
 from __future__ import annotations
 
@@ -38,3 +38,21 @@ def layer_kinds(hf: HFConfig) -> tuple[str, ...]:
     if len(types) != n or bad:
         raise _fail(hf, f"layer_types must name {n} layers among {KINDS}; got {types}")
     return tuple(types)
+
+
+def compress_rates(hf: HFConfig) -> dict[str, int]:
+    """The compression rate of each compressed kind (``compress_rates``; older configs: ``compress_rate_csa`` /
+    ``compress_rate_hca``; neither: 4 and 128), checked."""
+    rates = dict(hf.raw.get("compress_rates") or {CSA: 4, HCA: 128})
+    for kind, legacy in ((CSA, "compress_rate_csa"), (HCA, "compress_rate_hca")):
+        if hf.raw.get(legacy) is not None:
+            rates[kind] = hf.raw[legacy]
+    for kind, rate in rates.items():
+        if kind not in (CSA, HCA):
+            raise _fail(hf, f"compress_rates names {kind!r}; DeepSeek-V4 compresses {CSA} and {HCA} only")
+        if isinstance(rate, bool) or not isinstance(rate, int) or rate < 1:
+            raise _fail(hf, f"compression rate {rate!r} of {kind} is not implemented (an integer >= 1 is)")
+    missing = sorted({k for k in layer_kinds(hf) if k != SLIDING} - set(rates))
+    if missing:
+        raise _fail(hf, f"compress_rates gives no rate for {missing}, a kind layer_types names")
+    return rates

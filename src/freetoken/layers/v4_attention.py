@@ -78,6 +78,7 @@ class V4Attention:
         T, H, d, lay = x.shape[0], self.h, self.hd, self.layout
         pos = batch.positions
         cache = kv.k[self.layer][:, 0]  # [slots, width]
+        ents = kv.e[self.layer] if self.comp is not None else cache[:0]  # [pages * R, entry width]
         q_resid = v4_rms_norm(linear(x, self.w.wq_a), self.w.q_norm, self.eps)
         q = self.rope.apply(unweighted_rms(linear(q_resid, self.w.wq_b).view(T, H, d), self.eps), pos)
         k = self.rope.apply(v4_rms_norm(linear(x, self.w.wkv), self.w.kv_norm, self.eps), pos)
@@ -91,7 +92,11 @@ class V4Attention:
             row[:, lay.part("ikv")], row[:, lay.part("igate")] = ikv, igate
         cache.index_copy_(0, batch.slot_mapping, row.to(cache.dtype))
         out = torch.empty((T, H, d), dtype=torch.float32, device=x.device)
-        S = kv.page_size
+        S, m = kv.page_size, self.comp.rate if self.comp is not None else 1
+        R = kv.entry_rows[self.layer] if self.comp is not None else 0
+        if self.comp is not None and kv.entry_rates[self.layer] != m:
+            raise ValueError(f"layer {self.layer}: the KV pool keeps an entry per {kv.entry_rates[self.layer]} tokens, "
+                             f"its compressor's rate is {m}")  # fmt: skip
         for s in step_sequences(batch):
             if s.q_len == 0:
                 continue
@@ -99,19 +104,26 @@ class V4Attention:
             def slots(p: torch.Tensor, table: torch.Tensor = s.table) -> torch.Tensor:
                 return table[torch.div(p, S, rounding_mode="floor")].long() * S + torch.remainder(p, S)
 
-            self._close_windows(cache, s, slots)
+            def eslots(p: torch.Tensor, table: torch.Tensor = s.table) -> torch.Tensor:
+                """Entry rows of positions ``p`` (windows' last tokens): R rows a page, one per m positions."""
+                page = table[torch.div(p, S, rounding_mode="floor")].long()
+                return page * R + torch.div(torch.remainder(p, S), m, rounding_mode="floor")
+
+            self._close_windows(cache, ents, s, slots, eslots)
             for r0 in range(0, s.q_len, BLOCK_ROWS):
                 r1 = min(s.q_len, r0 + BLOCK_ROWS)
                 sub = slice(s.q_start + r0, s.q_start + r1)
-                out[sub] = self._attend(cache, q[sub], q_resid[sub], x[sub], s.start + r0, s.start + r1, slots)
+                out[sub] = self._attend(cache, ents, q[sub], q_resid[sub], x[sub], s.start + r0, s.start + r1, slots,
+                                        eslots)  # fmt: skip
         o = self.rope.apply(out.to(x.dtype), pos, inverse=True)  # [T, H, d]
         G = self.groups
         wa = self.w.wo_a.view(G, -1, H * d // G)  # [G, R, H*d/G]
         y = torch.einsum("tgi,gri->tgr", o.reshape(T, G, -1), wa.to(o.dtype)).reshape(T, -1)
         return linear(y, self.w.wo_b)
 
-    def _close_windows(self, cache: torch.Tensor, s: SeqView, slots: Slots) -> None:
-        """The compressed entries of the windows whose last token is new in this step, into those tokens' rows."""
+    def _close_windows(self, cache: torch.Tensor, ents: torch.Tensor, s: SeqView, slots: Slots, eslots: Slots) -> None:
+        """The compressed entries of the windows whose last token is new in this step, into those tokens' entry
+        rows."""
         if self.comp is None:
             return
         m, lay, dev = self.comp.rate, self.layout, cache.device
@@ -123,17 +135,17 @@ class V4Attention:
         first = (windows + 1) * m - span  # [nW]: the first raw row each entry reads (CSA: window w - 1's)
         src = slots((first[:, None] + torch.arange(span, device=dev)[None]).clamp(min=0))  # [nW, span]
         raw = cache[src]  # [nW, span, width]
-        dst = slots((windows + 1) * m - 1)
+        dst = eslots((windows + 1) * m - 1)
         ent = self.comp.entries(raw[..., lay.part("kv")], raw[..., lay.part("gate")], windows, self.rope)
-        cache[dst, lay.part("entry")] = ent.to(cache.dtype)
+        ents[dst, lay.entry_part("entry")] = ent.to(ents.dtype)
         if self.indexer is not None:
             ic = self.indexer.comp
             key = ic.entries(raw[..., lay.part("ikv")], raw[..., lay.part("igate")], windows, self.rope)
-            cache[dst, lay.part("ikey")] = key.to(cache.dtype)
+            ents[dst, lay.entry_part("ikey")] = key.to(ents.dtype)
 
     def _attend(
-        self, cache: torch.Tensor, q: torch.Tensor, q_resid: torch.Tensor, x: torch.Tensor, p0: int, p1: int,
-        slots: Slots,
+        self, cache: torch.Tensor, ents: torch.Tensor, q: torch.Tensor, q_resid: torch.Tensor, x: torch.Tensor,
+        p0: int, p1: int, slots: Slots, eslots: Slots,
     ) -> torch.Tensor:
         """Queries at positions [p0, p1) ([n, H, d]) over the window and the entries they may see -> [n, H, d] f32.
         A CSA layer whose context holds more entries than the indexer keeps gathers each query's kept entries
@@ -148,12 +160,12 @@ class V4Attention:
         if self.comp is not None:
             m = self.comp.rate
             n_ent = p1 // m
-            eslots = slots(torch.arange(n_ent, device=dev) * m + m - 1)
+            rows = eslots(torch.arange(n_ent, device=dev) * m + m - 1)
             seen = torch.arange(n_ent, device=dev)[None] < torch.div(qpos + 1, m, rounding_mode="floor")[:, None]
-            ent = cache[eslots, lay.part("entry")].float()  # [N, d]
+            ent = ents[rows, lay.entry_part("entry")].float()  # [N, d]
             if self.indexer is not None and n_ent > self.indexer.topk:
                 iq, iw = self.indexer.queries(q_resid, x, qpos, self.rope)
-                sc = self.indexer.scores(iq, iw, cache[eslots, lay.part("ikey")]).masked_fill(~seen, float("-inf"))
+                sc = self.indexer.scores(iq, iw, ents[rows, lay.entry_part("ikey")]).masked_fill(~seen, float("-inf"))
                 top = sc.topk(self.indexer.topk, dim=-1).indices  # [n, k]
                 kept, seen = ent[top], seen.gather(1, top)
                 se = torch.einsum("nhd,nkd->nhk", q.float(), kept)

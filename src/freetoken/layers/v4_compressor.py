@@ -2,8 +2,9 @@
 
 Every V4 layer keeps one row per token and layer in the KV pool (``memory/sizes.py``: one "head" of ``RowLayout.width``
 channels, no V). The row holds the token's window key (K = V, normed and rotated), and on a compressed layer the
-compressor's raw projections of that token (``kv``, ``gate``: what transformers buffers until a window closes) and,
-on the row of a window's last token, the compressed entry that window closed. So every cache of the layer is paged by
+compressor's raw projections of that token (``kv``, ``gate``: what transformers buffers until a window closes). A
+compressed layer's entries sit in the pool's entry rows (``KVPool.e``: one row per m tokens, ``RowLayout.entry_width``
+channels): entry w in the row of its window's last token (w + 1) m - 1. So every cache of the layer is paged by
 position: a prefix's rows are the same whoever wrote them (the radix tree shares them as it shares plain KV), and a
 window that closes in a later step reads its tokens' raw rows back from the pages (no per-request state at all).
 
@@ -32,7 +33,8 @@ HEADS_AT_ONCE = 8  # indexer heads scored together
 
 @dataclass(frozen=True)
 class RowLayout:
-    """Where each part sits in a layer's per-token row (the same layout for every layer of one kind)."""
+    """Where each part sits in a layer's per-token row (``part``) and in its entry row (``entry_part``: the compressed
+    entry, CSA's indexer key), the same layout for every layer of one kind."""
 
     kind: str
     hd: int  # head_dim d
@@ -47,20 +49,32 @@ class RowLayout:
         d, di, s = self.hd, self.ihd, self.series
         sizes = [("window", d)]
         if self.kind != SLIDING:
-            sizes += [("kv", s * d), ("gate", s * d), ("entry", d)]
+            sizes += [("kv", s * d), ("gate", s * d)]
         if self.kind == CSA:
-            sizes += [("ikv", 2 * di), ("igate", 2 * di), ("ikey", di)]
-        at = 0
-        for n, size in sizes:
-            if n == name:
-                return slice(at, at + size)
-            at += size
-        raise KeyError(f"a {self.kind} row has no {name!r} part")
+            sizes += [("ikv", 2 * di), ("igate", 2 * di)]
+        return _find(sizes, name, f"a {self.kind} row")
+
+    def entry_part(self, name: str) -> slice:
+        sizes = [("entry", self.hd)] if self.kind != SLIDING else []
+        return _find(sizes + ([("ikey", self.ihd)] if self.kind == CSA else []), name, f"a {self.kind} entry")
 
     @property
     def width(self) -> int:
         d, di = self.hd, self.ihd
-        return {SLIDING: d, HCA: 4 * d, CSA: 6 * d + 5 * di}[self.kind]
+        return {SLIDING: d, HCA: 3 * d, CSA: 5 * d + 4 * di}[self.kind]
+
+    @property
+    def entry_width(self) -> int:
+        return {SLIDING: 0, HCA: self.hd, CSA: self.hd + self.ihd}[self.kind]
+
+
+def _find(sizes: list[tuple[str, int]], name: str, what: str) -> slice:
+    at = 0
+    for n, size in sizes:
+        if n == name:
+            return slice(at, at + size)
+        at += size
+    raise KeyError(f"{what} has no {name!r} part")
 
 
 @dataclass

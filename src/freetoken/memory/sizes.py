@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from freetoken.checkpoint.dsv4_config import CSA, HCA, layer_kinds
+from freetoken.checkpoint.dsv4_config import CSA, HCA, compress_rates, layer_kinds
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.gemma4_config import gemma4_config, is_gemma4
 from freetoken.checkpoint.hf_config import HFConfig
@@ -33,6 +33,7 @@ class KVGeometry:
     k_dim: int
     v_dim: int
     layer_k_dims: tuple[int, ...] = ()
+    layer_entries: tuple[tuple[int, int], ...] = ()  # per layer (rate m, width): a row per m tokens (0, 0: none)
 
     @property
     def per_token(self) -> int:
@@ -51,8 +52,8 @@ def kv_geometry(hf: HFConfig) -> KVGeometry:
     qk_rope_head_dim`` (the compressed K/V and the shared rotary key), no V; DSA (``index_topk`` set) widens that row
     by the indexer's key of ``index_head_dim``; DeepSeek-V4: one row per layer of its own kind's width, no V."""
     if hf.architecture == "DeepseekV4ForCausalLM":
-        widths = v4_row_widths(hf)
-        return KVGeometry(1, max(widths), 0, tuple(widths))
+        widths = v4_row_widths(hf)  # and its compressed entries, a row per m tokens
+        return KVGeometry(1, max(widths), 0, tuple(widths), tuple(v4_entry_layouts(hf)))
     if is_gemma4(hf):  # its full layers' (its sliding layers keep rings): one geometry for all, checked here
         geos = {(lay.kv_heads, lay.head_dim) for lay in gemma4_config(hf).layers if lay.kind == FULL}
         if len(geos) != 1:
@@ -66,26 +67,45 @@ def kv_geometry(hf: HFConfig) -> KVGeometry:
     return KVGeometry(hf.num_kv_heads, hf.head_dim, hf.head_dim)
 
 
+def _v4_dims(hf: HFConfig) -> tuple[tuple[str, ...], int, int]:
+    kinds = layer_kinds(hf)
+    return kinds, hf.head_dim, int(hf.raw.get("index_head_dim", 128)) if CSA in kinds else 0
+
+
 def v4_row_widths(hf: HFConfig) -> list[int]:
     """DeepSeek-V4's row per token of each layer (``layers/v4_compressor.py`` ``RowLayout``): the window key d; a
-    heavily compressed layer adds its raw kv and gate and its entry (4 d); a compressed sparse layer its two series'
-    raw kv and gate, its entry, and its indexer's raw kv, gate (2 di each) and key (6 d + 5 di)."""
-    kinds = layer_kinds(hf)
-    d, di = hf.head_dim, int(hf.raw.get("index_head_dim", 128)) if CSA in kinds else 0
-    return [{SLIDING: d, HCA: 4 * d, CSA: 6 * d + 5 * di}[k] for k in kinds]
+    heavily compressed layer adds its raw kv and gate (3 d); a compressed sparse layer its two series' raw kv and
+    gate, and its indexer's raw kv and gate (2 di each) (5 d + 4 di)."""
+    kinds, d, di = _v4_dims(hf)
+    return [{SLIDING: d, HCA: 3 * d, CSA: 5 * d + 4 * di}[k] for k in kinds]
+
+
+def v4_entry_layouts(hf: HFConfig) -> list[tuple[int, int]]:
+    """DeepSeek-V4's compressed entries of each layer: (rate m, width), a row per m tokens (``KVPool`` ``entries``):
+    a heavily compressed layer's entry (d), a compressed sparse layer's entry and its indexer's key (d + di); a
+    sliding layer has none (0, 0)."""
+    kinds, d, di = _v4_dims(hf)
+    rates = compress_rates(hf)
+    return [(rates[k], {HCA: d, CSA: d + di}[k]) if k != SLIDING else (0, 0) for k in kinds]
 
 
 @dataclass(frozen=True)
 class ModelBytes:
     kv_layers: int  # full-attention layers (each keeps K and V per token)
     linear_layers: int  # gated DeltaNet layers (each keeps a recurrent state per request)
-    kv_per_token: int  # K and V (MLA: the latent) of one token, every full-attention layer
+    kv_per_token: int  # K and V (MLA: the latent; V4: its rows, not its entries) of one token, every attention layer
     state_per_request: int  # one request's recurrent state, every linear-attention layer (a checkpoint: the same)
     activations_per_token: int  # what a layer-major pass keeps per token (``h`` and ``x``)
     ring_layers: int = 0  # sliding-window layers keeping a KV ring per request (in ``state_per_request``)
+    entries: tuple[tuple[int, int], ...] = ()  # (rate m, bytes of a row) per layer keeping a row per m tokens (V4)
 
     def page_bytes(self, page_size: int) -> int:
-        return self.kv_per_token * page_size
+        """One KV page: every token's rows, and each entry layer's ceil(S / m) rows (``KVPool``)."""
+        rows = sum(-(-page_size // m) * row for m, row in self.entries if m)
+        return self.kv_per_token * page_size + rows
+
+    def bytes_per_token(self, page_size: int) -> float:
+        return self.page_bytes(page_size) / page_size
 
 
 def layer_counts(hf: HFConfig, full_attention_interval: int | None) -> tuple[int, int]:
@@ -140,10 +160,12 @@ def model_bytes(
     if is_gemma4(hf):  # KV-shared layers keep nothing: they read an earlier layer's KV
         g = gemma4_config(hf)
         kv_layers, rings = len(g.kv_layers(FULL)), len(g.kv_layers(SLIDING))
-    kv = kv_geometry(hf).elements(kv_layers) * dtype_bytes
+    geo = kv_geometry(hf)
+    kv = geo.elements(kv_layers) * dtype_bytes
+    entries = tuple((m, w * dtype_bytes) for m, w in geo.layer_entries)
     state = linear * state_bytes_per_layer(hf, dtype_bytes) if linear else 0
     state += rings * ring_bytes_per_layer(hf, dtype_bytes)
     acts = 2 * hf.hidden_size * dtype_bytes
     if hf.architecture == "DeepseekV4ForCausalLM":  # its residual is hc_mult streams (the normed input is not kept)
         acts = max(2, int(hf.raw.get("hc_mult", 4))) * hf.hidden_size * dtype_bytes
-    return ModelBytes(kv_layers, linear, kv, state, acts, rings)
+    return ModelBytes(kv_layers, linear, kv, state, acts, rings, entries)

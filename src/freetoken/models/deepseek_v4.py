@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from freetoken.checkpoint.dsv4_config import CSA, HCA, layer_kinds
+from freetoken.checkpoint.dsv4_config import CSA, compress_rates, layer_kinds
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.hf_config import HFConfig, RopeConfig
 from freetoken.experts.reference import DSV4_LIMIT
@@ -65,19 +65,6 @@ def _int(hf: HFConfig, key: str, default: Any = None, low: int = 1) -> int:
 
 def _fail(hf: HFConfig, msg: str) -> CheckpointError:
     return CheckpointError(f"{hf.path / 'config.json'}: {msg}")
-
-
-def _rates(hf: HFConfig) -> dict[str, int]:
-    rates = dict(hf.raw.get("compress_rates") or {CSA: 4, HCA: 128})
-    for kind, legacy in ((CSA, "compress_rate_csa"), (HCA, "compress_rate_hca")):
-        if hf.raw.get(legacy) is not None:
-            rates[kind] = hf.raw[legacy]
-    for kind, rate in rates.items():
-        if kind not in (CSA, HCA):
-            raise _fail(hf, f"compress_rates names {kind!r}; DeepSeek-V4 compresses {CSA} and {HCA} only")
-        if isinstance(rate, bool) or not isinstance(rate, int) or rate < 1:
-            raise _fail(hf, f"compression rate {rate!r} of {kind} is not implemented (an integer >= 1 is)")
-    return rates
 
 
 def _hash_layers(hf: HFConfig) -> tuple[bool, ...]:
@@ -145,7 +132,7 @@ def v4_config(hf: HFConfig) -> V4Config:
         raise _fail(hf, f"index_head_dim {index_dim} is narrower than qk_rope_head_dim {rot}")
     main, comp = _ropes(hf, rot)
     return V4Config(
-        kinds=kinds, hash_layers=_hash_layers(hf), rates=_rates(hf), streams=_int(hf, "hc_mult", 4),
+        kinds=kinds, hash_layers=_hash_layers(hf), rates=compress_rates(hf), streams=_int(hf, "hc_mult", 4),
         sinkhorn_iters=_int(hf, "hc_sinkhorn_iters", 20), hc_eps=float(raw.get("hc_eps", 1e-6)), rot=rot,
         window=_int(hf, "sliding_window", 128), groups=groups, o_rank=_int(hf, "o_lora_rank", 1024),
         q_rank=_int(hf, "q_lora_rank", 1024), index_heads=_int(hf, "index_n_heads", 64) if CSA in kinds else 0,
