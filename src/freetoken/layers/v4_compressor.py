@@ -1,12 +1,13 @@
-"""DeepSeek-V4's KV compressors over the KV pool's per-token rows (torch reference).
+"""DeepSeek-V4's KV compressors (torch reference) and where a layer's caches sit.
 
-Every V4 layer keeps one row per token and layer in the KV pool (``memory/sizes.py``: one "head" of ``RowLayout.width``
-channels, no V). The row holds the token's window key (K = V, normed and rotated), and on a compressed layer the
-compressor's raw projections of that token (``kv``, ``gate``: what transformers buffers until a window closes). A
-compressed layer's entries sit in the pool's entry rows (``KVPool.e``: one row per m tokens, ``RowLayout.entry_width``
-channels): entry w in the row of its window's last token (w + 1) m - 1. So every cache of the layer is paged by
-position: a prefix's rows are the same whoever wrote them (the radix tree shares them as it shares plain KV), and a
-window that closes in a later step reads its tokens' raw rows back from the pages (no per-request state at all).
+A V4 layer computes one row per token (``RowLayout.width`` channels): the token's window key (K = V, normed and
+rotated), and on a compressed layer the compressor's raw projections of that token (``kv``, ``gate``: what transformers
+buffers until a window closes). The rows live in rings of the request's state slot (``cache/state_pool.py``
+``rows``, ``memory/sizes.py`` ``v4_state_rings``): the window keys of its last W positions, and the raw rows (the row
+past its window key) of the last m positions (CSA: 2 m, its entries pool the window before too), the most a window
+not yet closed reads. A compressed layer's entries sit in the KV pool's entry rows (``KVPool.e``: one row per m
+tokens, ``RowLayout.entry_width`` channels): entry w in the row of its window's last token (w + 1) m - 1, so the
+radix tree shares them with their pages; a request resumed after an edit takes its rings from a state checkpoint.
 
 Heavily compressed attention (HCA, ``heavily_compressed_attention``, rate m'): entry w of tokens [w m', (w+1) m') =
 ``norm(sum_j softmax_j(gate_j + ape_j) * kv_j)``, rotated (``compress`` rope) at position w m'. Compressed sparse
@@ -53,6 +54,11 @@ class RowLayout:
         if self.kind == CSA:
             sizes += [("ikv", 2 * di), ("igate", 2 * di)]
         return _find(sizes, name, f"a {self.kind} row")
+
+    def raw_part(self, name: str) -> slice:
+        """A part's place in the row past the window key (the raw ring's row: ``layers/v4_attention.py``)."""
+        p = self.part(name)
+        return slice(p.start - self.hd, p.stop - self.hd)
 
     def entry_part(self, name: str) -> slice:
         sizes = [("entry", self.hd)] if self.kind != SLIDING else []

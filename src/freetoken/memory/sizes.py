@@ -1,13 +1,13 @@
 """What each cache kind costs for a model, from its Hugging Face config alone (pure: no torch, no allocation).
 
-Cache kinds: full-attention layers keep K and V per token in the paged KV pool (a sliding-window layer keeps them in
-the same pages, except where its family keeps a ring: gpt-oss's window layers keep K and V of a request's last W tokens
-in its state slot, ``window_ring``); multi-head latent attention layers (a config with ``kv_lora_rank``) keep one
-latent of ``kv_lora_rank + qk_rope_head_dim`` per token instead (``kv_geometry``; DeepSeek-V4: one row per token and
-layer, as wide as that layer's kind needs, ``v4_row_widths``); gated DeltaNet (linear-attention)
-layers keep one recurrent state per request - the last K-1 conv inputs in the model dtype and a [H, dk, dv] float32
-state - and state checkpoints are copies of that state (rings included); a layer-major prefill keeps two hidden
-vectors (``h`` and ``x``) per token. ``tests/test_memory_sizes.py`` checks these numbers against the tensors the
+Cache kinds: full-attention layers keep K and V per token in the paged KV pool (a sliding-window layer keeps them in the
+same pages, except where its family keeps a ring: gpt-oss's window layers keep K and V of a request's last W tokens in
+its state slot, ``window_ring``); multi-head latent attention layers (a config with ``kv_lora_rank``) keep one latent of
+``kv_lora_rank + qk_rope_head_dim`` per token instead (``kv_geometry``; DeepSeek-V4: its compressed entries, one row per
+m tokens, ``v4_entry_layouts``, its per-token rows in rings per request, ``v4_state_rings``); gated DeltaNet
+(linear-attention) layers keep one recurrent state per request - the last K-1 conv inputs in the model dtype and a [H,
+dk, dv] float32 state - and state checkpoints are copies of that state (rings included); a layer-major prefill keeps two
+hidden vectors (``h`` and ``x``) per token. ``tests/test_memory_sizes.py`` checks these numbers against the tensors the
 engine allocates for a tiny model of every family.
 """
 
@@ -51,9 +51,8 @@ def kv_geometry(hf: HFConfig) -> KVGeometry:
     """GQA: K and V heads of ``head_dim``; MLA (``kv_lora_rank`` set): one latent row of ``kv_lora_rank +
     qk_rope_head_dim`` (the compressed K/V and the shared rotary key), no V; DSA (``index_topk`` set) widens that row
     by the indexer's key of ``index_head_dim``; DeepSeek-V4: one row per layer of its own kind's width, no V."""
-    if hf.architecture == "DeepseekV4ForCausalLM":
-        widths = v4_row_widths(hf)  # and its compressed entries, a row per m tokens
-        return KVGeometry(1, max(widths), 0, tuple(widths), tuple(v4_entry_layouts(hf)))
+    if hf.architecture == "DeepseekV4ForCausalLM":  # its per-token rows in state rings: only its entries in pages
+        return KVGeometry(1, 0, 0, (0,) * hf.num_layers, tuple(v4_entry_layouts(hf)))
     if is_gemma4(hf):  # its full layers' (its sliding layers keep rings): one geometry for all, checked here
         geos = {(lay.kv_heads, lay.head_dim) for lay in gemma4_config(hf).layers if lay.kind == FULL}
         if len(geos) != 1:
@@ -78,6 +77,20 @@ def v4_row_widths(hf: HFConfig) -> list[int]:
     gate, and its indexer's raw kv and gate (2 di each) (5 d + 4 di)."""
     kinds, d, di = _v4_dims(hf)
     return [{SLIDING: d, HCA: 3 * d, CSA: 5 * d + 4 * di}[k] for k in kinds]
+
+
+def v4_state_rings(hf: HFConfig) -> list[tuple[int, int]]:
+    """DeepSeek-V4's rings of per-token rows in a request's state slot (``cache/state_pool.py`` ``row_rings``), two a
+    layer: the window keys of its last W positions (W, d), then the raw compressor rows (``v4_row_widths`` past the
+    window key) of the positions a window not yet closed pools: m on a heavily compressed layer, 2 m on a compressed
+    sparse one (its entries pool the window before too); (0, 0) on a sliding layer."""
+    kinds, d, _ = _v4_dims(hf)
+    rates, W = compress_rates(hf), int(hf.raw.get("sliding_window") or 128)
+    rings: list[tuple[int, int]] = []
+    for k, width in zip(kinds, v4_row_widths(hf)):
+        span = 0 if k == SLIDING else rates[k] * (2 if k == CSA else 1)
+        rings += [(W, d), (span, width - d if span else 0)]
+    return rings
 
 
 def v4_entry_layouts(hf: HFConfig) -> list[tuple[int, int]]:
@@ -167,5 +180,6 @@ def model_bytes(
     state += rings * ring_bytes_per_layer(hf, dtype_bytes)
     acts = 2 * hf.hidden_size * dtype_bytes
     if hf.architecture == "DeepseekV4ForCausalLM":  # its residual is hc_mult streams (the normed input is not kept)
+        state += sum(n * w for n, w in v4_state_rings(hf)) * dtype_bytes
         acts = max(2, int(hf.raw.get("hc_mult", 4))) * hf.hidden_size * dtype_bytes
     return ModelBytes(kv_layers, linear, kv, state, acts, rings, entries)
