@@ -28,7 +28,7 @@ from freetoken.layers.v4_compressor import CSA, SLIDING, Compressor, Indexer, Ro
 from freetoken.layers.v4_rope import InterleavedRope
 
 BLOCK_ROWS = 256  # query rows per block of a prefill
-Slots = Callable[[torch.Tensor], torch.Tensor]  # a sequence's positions -> their flat KV slots
+Slots = Callable[[torch.Tensor], torch.Tensor]  # a sequence's positions -> their rows in the KV pool's entry layer
 
 
 @dataclass
