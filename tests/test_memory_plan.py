@@ -116,3 +116,17 @@ def test_the_checkpoints_own_context_is_cut_to_what_fits_a_given_one_is_refused(
     assert "context 1760 tokens, cut from 65536 to fit" in p.table()
     with pytest.raises(BudgetError, match="the largest share is KV pages, which would need 4.000 GiB"):
         plan(free, SIZES, Wants(context=64 * 1024, reserve_bytes=GIB))  # --max-model-len given: refused
+
+
+def test_pages_that_cost_nothing_plan_and_split_without_dividing_by_them() -> None:
+    """DeepSeek-V4 without compressed layers keeps nothing in KV pages (its rows live in state rings): a page of 0
+    bytes. The plan gives a context per running request of them, and a budget split the slots the rest."""
+    from dataclasses import replace
+
+    from freetoken.memory.budget import split_budget
+
+    free = replace(HYBRID, page_bytes=0)
+    p = plan(GPU, free, Wants(context=CTX, max_running=4, reserve_bytes=GIB))
+    assert p.kv_pages == 4 * 64 and p.kv_bytes == 0
+    s = split_budget(GIB + 200 * MIB, p.facts(64), kv_wanted=100)
+    assert (s.slots, s.kv_pages) == (20, 100)

@@ -20,9 +20,7 @@ from freetoken.checkpoint.errors import CheckpointError
 from reference import (
     LOGIT_MARGIN,
     ROUTER_MARGIN,
-    RefRun,
     assert_close_logits,
-    check_reuse_after_an_edit,
     check_scoring,
     reference_greedy,
     torch_ops,
@@ -129,21 +127,46 @@ def test_logits_and_greedy_tokens_match(ckpt, backend, cache, fill):
     llm.check_integrity()
 
 
-@pytest.mark.parametrize("S,at", [(8, 29), (4, 30)])  # reuse ends on an HCA window's edge (24), or inside one (28)
-def test_prefix_reuse_after_an_edit(ckpt, freetoken_env, S, at):
-    """An edit in the middle of a context: reuse stops at its page; the windows and compressed entries of the
-    suffix are computed from the shared pages' rows (the window's keys, the raw rows of a compression window that
-    the edit cuts)."""
+@pytest.mark.parametrize("S,every,at,resume", [(8, 8, 29, 24), (4, 4, 30, 28)])  # an HCA window's edge (24), or inside
+def test_prefix_reuse_after_an_edit(ckpt, freetoken_env, S, every, at, resume):
+    """An edit in the middle of a context: the request resumes from the deepest state checkpoint before the edit's page
+    (a grid every ``every`` tokens: the tiny model has no anchors): the window keys and the raw rows of a compression
+    window the checkpoint cuts come from its rings, the compressed entries from the shared pages; the suffix is
+    prefilled, and both requests continue as transformers does."""
     d, model, _, _ = ckpt
     freetoken_env("FREETOKEN_DEBUG", "1")  # every cache checked after every step
     history = torch.randint(3, 512, (40,), generator=torch.Generator().manual_seed(77)).tolist()
-
-    def reference(ids: list[int]) -> RefRun:
+    edited = list(history)
+    edited[at] = (edited[at] + 1) % 500 + 3
+    llm = _llm(d, page_size=S, state_checkpoint_every=every)
+    first = llm.generate([history], PARAMS)[0].token_ids
+    before = llm.stats()
+    out = llm.generate([edited], PARAMS)[0].token_ids
+    after = llm.stats()
+    assert after["state_restores"] == before["state_restores"] + 1
+    assert after["prefix_tokens_reused"] - before["prefix_tokens_reused"] == resume
+    assert after["prefill_tokens"] - before["prefill_tokens"] == len(edited) - resume
+    for ids, got in ((history, first), (edited, out)):
         ref = reference_greedy(model, ids, STEPS)
-        assert ref.min_logit_margin > LOGIT_MARGIN
-        return ref
+        assert ref.min_logit_margin > LOGIT_MARGIN and got == ref.tokens
+    llm.check_integrity()
 
-    check_reuse_after_an_edit(_llm(d, page_size=S), reference, history, at, PARAMS)
+
+def test_the_next_turn_resumes_after_the_reply(ckpt):
+    """The reply (past the window and several compression windows) is checkpointed when the request finishes; the next
+    turn re-prefills its new suffix and less than a page, and continues as transformers does."""
+    d, model, _, _ = ckpt
+    first = torch.randint(3, 512, (13,), generator=torch.Generator().manual_seed(5)).tolist()
+    llm = _llm(d, page_size=4)
+    reply = llm.generate([first], PARAMS)[0].token_ids
+    prompt = first + reply + torch.randint(3, 512, (6,), generator=torch.Generator().manual_seed(6)).tolist()
+    before = llm.stats()
+    out = llm.generate([prompt], PARAMS)[0].token_ids
+    refilled = llm.stats()["prefill_tokens"] - before["prefill_tokens"]
+    assert refilled <= 6 + 4, refilled
+    ref = reference_greedy(model, prompt, STEPS)
+    assert ref.min_logit_margin > LOGIT_MARGIN and out == ref.tokens
+    llm.check_integrity()
 
 
 def test_mtp_block_is_skipped_and_said_once(ckpt, caplog):
@@ -278,23 +301,41 @@ def test_moe_layer_matches_transformers_where_the_clamp_binds(ckpt, backend, cac
 
 
 def test_kv_rows_and_plan_follow_the_config(ckpt):
-    """Every layer keeps one row per token in the KV pool, as wide as the widest layer's (a CSA layer: 6 d + 5 di);
-    the plan's KV bytes are those tensors'; no state pool; a layer-major pass keeps hc_mult streams a token."""
+    """A compressed layer keeps one entry row per m tokens in the KV pool (ceil(S / m) a page); every layer keeps its
+    window keys (W of them) and a compressed layer the raw rows its open windows pool (m on HCA, 2 m on CSA) in rings
+    of each request's state slot. The plan's KV and state bytes are those tensors', and the formula from the config
+    alone (per layer: the window key; the compressor's raw kv and gate, the indexer's raw kv and gate; the entry and
+    the indexer's key per m tokens); a layer-major pass keeps hc_mult streams a token."""
     from freetoken.checkpoint.hf_config import load_hf_config
-    from freetoken.layers.v4_compressor import RowLayout
     from freetoken.memory.sizes import model_bytes
 
     d = ckpt[0]
     hf = load_hf_config(d)
-    llm = _llm(d, "hybrid", page_size=8, max_model_len=64, max_running_requests=2)
+    S = 8
+    llm = _llm(d, "hybrid", page_size=S, max_model_len=64, max_running_requests=2)
     eng = llm.engine
     b = model_bytes(hf, 4)
     assert b.kv_layers == len(eng.kv.k) == hf.num_layers
-    width = max(RowLayout(k, 32, 16).width for k in hf.raw["layer_types"])
-    assert width == 6 * 32 + 5 * 16 and all(k.shape[1:] == (1, width) for k in eng.kv.k)
-    kv = sum(t.numel() * t.element_size() for t in eng.kv.k + eng.kv.v)
-    assert kv == b.page_bytes(8) * eng.kv.num_pages == eng.memory.plan.kv_bytes
-    assert eng.states is None and b.state_per_request == 0
+    hd, di, rates, W = hf.raw["head_dim"], hf.raw["index_head_dim"], hf.raw["compress_rates"], hf.raw["sliding_window"]
+    raw = {"heavily_compressed_attention": 2 * hd, "compressed_sparse_attention": 2 * (2 * hd) + 2 * (2 * di)}
+    span = {"heavily_compressed_attention": 1, "compressed_sparse_attention": 2}  # windows a raw row waits for
+    entry = {"heavily_compressed_attention": hd, "compressed_sparse_attention": hd + di}  # per m tokens
+    kinds = hf.raw["layer_types"]
+    per_page = [-(-S // rates[k]) if k in entry else 0 for k in kinds]
+    assert per_page == [1, 2, 0, 2] and all(t.numel() == 0 for t in eng.kv.k + eng.kv.v)
+    n_pages = eng.kv.num_pages
+    assert [tuple(e.shape) for e in eng.kv.e] == [(n * n_pages, entry.get(k, 0)) for k, n in zip(kinds, per_page)]
+    page = sum(n * entry.get(k, 0) for k, n in zip(kinds, per_page)) * 4
+    kv = sum(t.numel() * t.element_size() for t in eng.kv.k + eng.kv.v + eng.kv.e)
+    assert page == eng.kv.page_bytes == b.page_bytes(S) == 896
+    assert kv == page * n_pages == eng.memory.plan.kv_bytes
+    rings = [r for k in kinds for r in ((W, hd), (span[k] * rates[k], raw[k]) if k in raw else (0, 0))]
+    assert rings == [(8, 32), (8, 64), (8, 32), (8, 192), (8, 32), (0, 0), (8, 32), (8, 192)]
+    assert [tuple(r.shape[1:]) for r in eng.states.rows] == rings
+    slot = sum(n * w for n, w in rings) * 4
+    assert b.state_per_request == slot == eng.states.flat[0, 0].nbytes
+    slots = eng.states.num_slots + eng.states.num_checkpoints
+    assert eng.states.bytes == eng.memory.plan.states_bytes == slot * slots
     assert b.activations_per_token == 4 * 64 * 4
 
 

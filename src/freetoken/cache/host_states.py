@@ -37,7 +37,7 @@ class HostStates:
             log.warning("state checkpoints: the host tier could not be pinned (%s); pageable instead", e)
             self.pinned = False
             self.tensors = self._alloc(pool, num_slots, False)
-        self.conv, self.ssm, self.ring_k, self.ring_v = self.tensors
+        self.conv, self.ssm, self.ring_k, self.ring_v = self.tensors[:4]
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._saved: dict[int, torch.cuda.Event] = {}  # host slot -> its device -> host copy is done
         self._read: dict[int, torch.cuda.Event] = {}  # device slot -> the copy reading it is done

@@ -4,8 +4,12 @@ Shapes: L = attention layers, P = pages, S = page_size, H = KV heads, hd = head 
 ``k[l]`` is ``[P * S, H, hd]`` and ``v[l]`` ``[P * S, H, vd]``, one tensor per layer: token slot ``page * S + offset``.
 Multi-head latent attention (``layers/mla.py``) keeps one latent row per token in ``k`` (H = 1, hd = kv_lora_rank
 + qk_rope_head_dim; DeepSeek sparse attention, ``layers/dsa.py``, adds its indexer's key of index_head_dim to the
-row) and nothing in ``v`` (vd = 0). Page tables live with the requests (a list of page ids per
-request); this pool only hands pages out and back.
+row) and nothing in ``v`` (vd = 0). ``head_dims`` gives each layer its own hd where layers differ (DeepSeek-V4: each
+layer's row as wide as its own kind's, ``layers/v4_compressor.py``). ``entries`` (per layer: rate m, width e) adds
+``e[l]`` ``[P * R, e]``, one row per m tokens, R = ceil(S / m) rows a page: position pos's row is
+``page * R + (pos % S) // m`` (two positions of one page m apart never share it); DeepSeek-V4 keeps its compressed
+entries there (a layer without entries: m = 0, R = 0). A resize keeps every tensor's shape and rows per page. Page
+tables live with the requests (a list of page ids per request); this pool only hands pages out and back.
 
 A page is in one of three states: free; owned by a request (its private tail, by request id); or
 owned by the radix prefix tree (shared, possibly locked by several requests that read it). Owners
@@ -22,6 +26,14 @@ import torch
 from freetoken.hardware.device_memory import device_zeros, first_granted, remake, uses_driver_memory
 from freetoken.hardware.device_memory import free_bytes as free_device_bytes
 
+Shape = tuple[int, tuple[int, ...], torch.dtype]  # one layer tensor: rows per page, a row's shape, dtype
+Banks = tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]  # K, V and entry layers
+
+
+def _rows(pages: Sequence[int], r: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The rows of ``pages`` (in order) in a tensor of ``r`` rows a page."""
+    return torch.tensor([p * r + i for p in pages for i in range(r)], dtype=torch.long, device=device)
+
 
 class KVPool:
     def __init__(
@@ -34,25 +46,35 @@ class KVPool:
         dtype: torch.dtype,
         device: torch.device,
         value_dim: int | None = None,
+        head_dims: Sequence[int] | None = None,
+        entries: Sequence[tuple[int, int]] | None = None,
     ) -> None:
         if num_pages < 1:
             raise ValueError("the KV pool needs at least one page")
+        dims = [head_dim] * num_layers if head_dims is None else list(head_dims)
+        if len(dims) != num_layers:
+            raise ValueError(f"the KV pool has {num_layers} layers but {len(dims)} head dims")
         self.num_pages = num_pages
         self.page_size = page_size
         self.device = torch.device(device)
         self.num_layers = num_layers
         vd = head_dim if value_dim is None else value_dim
-        self.page_bytes = num_layers * page_size * num_kv_heads * (head_dim + vd) * dtype.itemsize
+        ents = list(entries or [])
+        if ents and len(ents) != num_layers:
+            raise ValueError(f"the KV pool has {num_layers} layers but {len(ents)} entry layouts")
+        self.entry_rates = [m for m, _ in ents]
+        self.entry_rows = [-(-page_size // m) if m else 0 for m in self.entry_rates]  # R per layer
+        entry_elems = sum(r * w for r, (_, w) in zip(self.entry_rows, ents))
+        self.page_bytes = (page_size * num_kv_heads * (sum(dims) + num_layers * vd) + entry_elems) * dtype.itemsize
         rows = num_pages * page_size
-        self.k = [device_zeros((rows, num_kv_heads, head_dim), dtype, self.device) for _ in range(num_layers)]
+        self.k = [device_zeros((rows, num_kv_heads, hd), dtype, self.device) for hd in dims]
         self.v = [device_zeros((rows, num_kv_heads, vd), dtype, self.device) for _ in range(num_layers)]
+        self.e = [device_zeros((num_pages * r, w), dtype, self.device) for r, (_, w) in zip(self.entry_rows, ents)]
         # LIFO free list: recently freed pages are reused first (warm in caches).
         self._free: list[int] = list(range(num_pages - 1, -1, -1))
         self._owner: dict[int, object] = {}  # page -> request id or the radix tree
-        # a resize refused at every size: (used pages, their K/V per bank and layer in host memory, layer shapes)
-        self._waiting: tuple[list[int], list[list[torch.Tensor]], list[tuple[tuple[int, ...], torch.dtype]]] | None = (
-            None
-        )
+        # a resize refused at every size: (used pages, their rows per bank and layer in host memory, layer shapes)
+        self._waiting: tuple[list[int], list[list[torch.Tensor]], list[Shape]] | None = None
 
     @property
     def num_free(self) -> int:
@@ -120,20 +142,21 @@ class KVPool:
             raise ValueError("the KV pool needs at least one page")
         if self.num_used > num_pages:
             raise ValueError(f"{self.num_used} KV pages are in use; the pool cannot shrink to {num_pages}")
-        S = self.page_size
         used = sorted(self._owner)
-        src = torch.tensor([p * S + i for p in used for i in range(S)], dtype=torch.long, device=self.device)
-        shapes = [(tuple(t.shape[1:]), t.dtype) for t in (*self.k, *self.v)]  # K layers, then V layers
-        old = [self.k, self.v]
+        shapes = self._shapes()
+        src = {r: _rows(used, r, self.device) for r, _, _ in shapes}
+        old = [self.k, self.v, self.e]
         staged: list[list[torch.Tensor]] = []
 
         def drop() -> None:
             # On a GPU the used pages wait in host memory while the old layers go (their memory returns to the
             # device: ``device_zeros``): the peak is the old pool, and a shrink really frees memory.
             host = self.device.type == "cuda"
-            staged.extend([t[src].to("cpu") if host else t[src] for t in bank] for bank in old)
+            n = self.num_pages
+            staged.extend([t[src[t.shape[0] // n]].to("cpu") if host else t[src[t.shape[0] // n]] for t in bank]
+                          for bank in old)  # fmt: skip
             old.clear()
-            self.k, self.v = [], []
+            self.k, self.v, self.e = [], [], []
             if host and not uses_driver_memory(self.device):
                 torch.cuda.empty_cache()
 
@@ -144,13 +167,13 @@ class KVPool:
         n0 = self.num_pages
         try:
             try:
-                num_pages, (k, v) = remake(make, sizes, n0, drop, "the KV pages", beside)
+                num_pages, banks = remake(make, sizes, n0, drop, "the KV pages", beside)
             except torch.OutOfMemoryError:
                 if make_room is None or not make_room():
                     raise
-                num_pages, (k, v) = first_granted(make, [floor], "the KV pages")  # in what the caller freed
+                num_pages, banks = first_granted(make, [floor], "the KV pages")  # in what the caller freed
             # staged rows, or (made beside the old layers) the old layers themselves, read at ``src`` layer by layer
-            moves = self._install(num_pages, k, v, used, staged or old, None if staged else src)
+            moves = self._install(num_pages, banks, used, staged or old, None if staged else src)
         except torch.OutOfMemoryError:
             if staged:  # (else the old layers are still in place: nothing changed)
                 self._waiting = (used, staged, shapes)  # the used pages wait in host memory for ``resume``
@@ -167,13 +190,12 @@ class KVPool:
         num_pages: int,
         used: list[int],
         staged: list[list[torch.Tensor]],
-        shapes: list[tuple[tuple[int, ...], torch.dtype]],
+        shapes: list[Shape],
     ) -> None:
         """After a failed resize: layers of ``num_pages`` pages again, the used pages' K/V where they were; if even
         that fails, the pool waits (``waiting``) with its used pages in host memory, as when the device refuses."""
         try:
-            k, v = self._banks(num_pages, shapes)
-            self._install(num_pages, k, v, used, staged)
+            self._install(num_pages, self._banks(num_pages, shapes), used, staged)
         except Exception:  # noqa: BLE001 - the caller raises the first failure
             self._waiting = (used, staged, shapes)
 
@@ -191,55 +213,63 @@ class KVPool:
         used0, staged, shapes = self._waiting
         used = sorted(self._owner)  # requests that ended meanwhile gave pages back: never new ones
         try:
-            k, v = self._banks(max(len(used), 1), shapes)
+            banks = self._banks(max(len(used), 1), shapes)
         except torch.OutOfMemoryError:
             return None
         self._waiting = None
-        S, at = self.page_size, {p: i for i, p in enumerate(used0)}
-        keep = torch.tensor([at[p] * S + i for p in used for i in range(S)], dtype=torch.long)
-        rows = [[t[keep.to(t.device)] for t in bank] for bank in staged]
-        return self._install(max(len(used), 1), k, v, used, rows)
+        at = {p: i for i, p in enumerate(used0)}
+        keep = {r: _rows([at[p] for p in used], r) for r, _, _ in shapes}
+        per = iter(r for r, _, _ in shapes)
+        rows = [[t[keep[next(per)].to(t.device)] for t in bank] for bank in staged]
+        return self._install(max(len(used), 1), banks, used, rows)
 
     def _install(
         self,
         num_pages: int,
-        k: list[torch.Tensor],
-        v: list[torch.Tensor],
+        banks: Banks,
         used: list[int],
         rows: list[list[torch.Tensor]],
-        src: torch.Tensor | None = None,
+        src: dict[int, torch.Tensor] | None = None,
     ) -> dict[int, int]:
-        """The new layers in place, with ``rows`` (per bank and layer, the used pages' K/V in ``used`` order; or,
-        with ``src``, tensors to read them from at ``src``) copied in: the used pages at or above ``num_pages``
-        move into free pages below it."""
-        S = self.page_size
+        """The new layers (K, V, entries) in place, with ``rows`` (per bank and layer, the used pages' rows in
+        ``used`` order; or, with ``src``, tensors to read them from at ``src`` by rows per page) copied in: the used
+        pages at or above ``num_pages`` move into free pages below it."""
         high = [p for p in used if p >= num_pages]
         low_free = sorted(p for p in range(num_pages) if p not in self._owner)
         moves = dict(zip(high, low_free))  # empty when growing
-        dst = torch.tensor([moves.get(p, p) * S + i for p in used for i in range(S)], dtype=torch.long)
-        dst = dst.to(self.device)
-        for new_bank, bank_rows in zip((k, v), rows):
+        to = [moves.get(p, p) for p in used]
+        dst: dict[int, torch.Tensor] = {}
+        for new_bank, bank_rows in zip(banks, rows):
             for layer, kept in zip(new_bank, bank_rows):
-                layer[dst] = kept[src] if src is not None else kept.to(self.device)
-        self.k, self.v = k, v
+                r = layer.shape[0] // num_pages
+                if r not in dst:
+                    dst[r] = _rows(to, r, self.device)
+                layer[dst[r]] = kept[src[r]] if src is not None else kept.to(self.device)
+        self.k, self.v, self.e = banks
         self._owner = {moves.get(p, p): o for p, o in self._owner.items()}
         self._free = sorted((p for p in range(num_pages) if p not in self._owner), reverse=True)
         self.num_pages = num_pages
         return moves
 
+    def _shapes(self) -> list[Shape]:
+        """Every layer tensor's shape: the K layers', then the V layers', then the entry layers'."""
+        S, L = self.page_size, self.num_layers
+        per = [S] * (2 * L) + self.entry_rows
+        return [(r, tuple(t.shape[1:]), t.dtype) for r, t in zip(per, (*self.k, *self.v, *self.e))]
+
     def _banks(
-        self, num_pages: int, shapes: list[tuple[tuple[int, ...], torch.dtype]]
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """K and V layers of ``num_pages`` pages (``shapes``: the K layers', then the V layers'), all or none (a
-        refused one drops those made before it)."""
+        self, num_pages: int, shapes: list[Shape]
+    ) -> Banks:
+        """K, V and entry layers of ``num_pages`` pages (``shapes``: the K layers', the V layers', the entry
+        layers'), all or none (a refused one drops those made before it)."""
         try:
-            made = [device_zeros((num_pages * self.page_size, *shape), dt, self.device) for shape, dt in shapes]
+            made = [device_zeros((num_pages * r, *shape), dt, self.device) for r, shape, dt in shapes]
         except torch.OutOfMemoryError:
             if self.device.type == "cuda" and not uses_driver_memory(self.device):
                 torch.cuda.empty_cache()  # what was made before the refusal goes back to the device
             raise
-        half = len(shapes) // 2
-        return made[:half], made[half:]
+        L = self.num_layers
+        return made[:L], made[L : 2 * L], made[2 * L :]
 
     def slots(self, pages: list[int], start: int, end: int) -> list[int]:
         """Flat slot ids of token positions [start, end) of a sequence with page table ``pages``."""
@@ -250,12 +280,15 @@ class KVPool:
         """Why a step cannot read or write the pool now (cheap: its layers' count and rows), None when it can."""
         if self._waiting is not None:
             return "the KV pool waits for device memory"
-        rows = self.num_pages * self.page_size
-        if len(self.k) != self.num_layers or len(self.v) != self.num_layers:
-            return f"the KV pool has {len(self.k)} K and {len(self.v)} V layers of {self.num_layers}"
-        short = next((t.shape[0] for t in (*self.k, *self.v) if t.shape[0] != rows), None)
+        L, n = self.num_layers, self.num_pages
+        if len(self.k) != L or len(self.v) != L:
+            return f"the KV pool has {len(self.k)} K and {len(self.v)} V layers of {L}"
+        if len(self.e) != len(self.entry_rows):
+            return f"the KV pool has {len(self.e)} entry layers of {len(self.entry_rows)}"
+        per = [self.page_size] * (2 * L) + self.entry_rows
+        short = next(((t.shape[0], r) for r, t in zip(per, (*self.k, *self.v, *self.e)) if t.shape[0] != n * r), None)
         if short is not None:
-            return f"a KV layer has {short} token rows, not {rows} ({self.num_pages} pages)"
+            return f"a KV layer has {short[0]} rows, not {n * short[1]} ({n} pages of {short[1]})"
         return None
 
     def check_integrity(self, page_tables: Mapping[object, Sequence[int]] | None = None) -> None:

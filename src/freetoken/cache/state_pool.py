@@ -1,15 +1,17 @@
 """Recurrent-state slots of the running requests (gated DeltaNet layers, and the KV rings of sliding-window attention
-layers: gpt-oss): one slot per request, like a KV page table of one page, allocated at admission and freed at finish
-or preemption.
+layers: gpt-oss): one slot per request, like a KV page table of one page, allocated at admission and freed at finish or
+preemption.
 
 Shapes: L = linear-attention layers, S = slots, C = conv channels, K = conv kernel, H = value heads, dk / dv = key /
 value head dims. ``conv[l]`` is ``[S, C, K-1]`` (the last K-1 conv inputs, the model dtype), ``ssm[l]`` is
 ``[S, H, dk, dv]`` (float32); ``ring_k[r]`` and ``ring_v[r]`` are ``[S, W, Hkv, hd]`` (the model dtype: window layer r's
-K/V of a request's last W tokens, position p at ring row p % W). The layers read and write a slot in place, so a
-decode step captured in a CUDA graph reads the slot ids from a static buffer; a slot's contents are valid only for its
-owner's computed tokens (a request starting at position 0 starts from zeros, whatever the slot held; a ring's rows of
-positions below 0 are masked). ``free + used == total`` always. Slots past
-``num_slots`` hold checkpoints (``state_checkpoints.py``), copied from and to request slots (``copy``).
+K/V of a request's last W tokens, position p at ring row p % W); ``rows[j]`` is ``[S, n_j, w_j]`` (the model dtype: ring
+j of ``row_rings``, a request's last n_j per-token rows of w_j channels, position p at row p % n_j: DeepSeek-V4's window
+keys and raw compressor rows), views of one ``flat`` ``[1, S, sum n_j w_j]``. The layers read and write a slot in place,
+so a decode step captured in a CUDA graph reads the slot ids from a static buffer; a slot's contents are valid only for
+its owner's computed tokens (a request starting at position 0 starts from zeros, whatever the slot held; a ring's rows
+of positions below 0 are masked). ``free + used == total`` always. Slots past ``num_slots`` hold checkpoints
+(``state_checkpoints.py``), copied from and to request slots (``copy``).
 """
 
 from __future__ import annotations
@@ -35,11 +37,13 @@ class StateShape:
     ring_len: int = 0
     ring_heads: int = 0  # KV heads
     ring_dim: int = 0  # head dim
+    row_rings: tuple[tuple[int, int], ...] = ()  # rings of per-token rows: (positions n, width w) each
 
     def slot_bytes(self, dtype: torch.dtype) -> int:
         conv = self.conv_channels * self.conv_len * dtype.itemsize
         ring = 2 * self.ring_layers * self.ring_len * self.ring_heads * self.ring_dim * dtype.itemsize
-        return self.num_layers * (conv + self.heads * self.k_dim * self.v_dim * 4) + ring
+        rows = sum(n * w for n, w in self.row_rings) * dtype.itemsize
+        return self.num_layers * (conv + self.heads * self.k_dim * self.v_dim * 4) + ring + rows
 
 
 class StatePool:
@@ -55,6 +59,11 @@ class StatePool:
         ring = (shape.ring_layers, n, shape.ring_len, shape.ring_heads, shape.ring_dim)
         self.ring_k = torch.zeros(ring, dtype=dtype, device=device)
         self.ring_v = torch.zeros(ring, dtype=dtype, device=device)
+        sizes = [rn * w for rn, w in shape.row_rings]
+        self.flat = torch.zeros((1, n, sum(sizes)), dtype=dtype, device=device)
+        at = [sum(sizes[:j]) for j in range(len(sizes))]
+        self.rows = [self.flat[0, :, a : a + size].view(n, rn, w)
+                     for a, size, (rn, w) in zip(at, sizes, shape.row_rings)]  # fmt: skip
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
         self._owner: dict[int, object] = {}
 
@@ -65,7 +74,7 @@ class StatePool:
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """Every per-slot tensor, ``[layers, slots, ...]`` each: what a checkpoint copies."""
-        return (self.conv, self.ssm, self.ring_k, self.ring_v)
+        return (self.conv, self.ssm, self.ring_k, self.ring_v, self.flat)
 
     @property
     def bytes(self) -> int:

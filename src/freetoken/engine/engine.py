@@ -47,8 +47,9 @@ class LLMEngine:
         self.tokenizer = s.tokenizer
         self.max_model_len = s.max_model_len
         self.eos_token_ids = s.eos_token_ids
-        g = kv_geometry(s.hf)  # GQA heads, or MLA's one latent row per token
-        self.kv = KVPool(s.loaded.kv_layers, s.kv_pages, config.page_size, g.heads, g.k_dim, s.dtype, s.device, g.v_dim)
+        g = kv_geometry(s.hf)  # GQA heads, or MLA's one latent row per token (V4: each layer's own width)
+        self.kv = KVPool(s.loaded.kv_layers, s.kv_pages, config.page_size, g.heads, g.k_dim, s.dtype, s.device, g.v_dim,
+                         g.layer_k_dims or None, g.layer_entries or None)  # fmt: skip
         checkpoints = s.plan.state_checkpoints  # every size below comes from the memory plan (``s.plan``)
         self.states = make_state_pool(s.loaded, config.max_running_requests, s.dtype, s.device, checkpoints)
         # a recurrent state resumes only from a checkpoint: without any, no prefix reuse

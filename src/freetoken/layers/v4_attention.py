@@ -1,14 +1,15 @@
-"""DeepSeek-V4 attention over the KV pool's per-token rows (torch reference; ``v4_compressor.py`` has the row layout).
+"""DeepSeek-V4 attention over its state rings and KV entry rows (torch reference; ``v4_compressor.py``: the layout).
 
-One KV head of ``head_dim`` shared by all query heads and read as both key and value (K = V), a ``window``-token
-sliding window on every layer, and on compressed layers the compressed entries (HCA: every visible one; CSA: the
-``index_topk`` its lightning indexer scores highest), all in one softmax with a learned sink logit per head. Queries
-come from a q LoRA (``wq_a``, weighted RMSNorm, ``wq_b``, then an unweighted RMSNorm per head); keys from ``wkv``
-and a weighted RMSNorm. Both rotate their trailing ``rot`` channels (interleaved; ``main`` rope on sliding layers,
-``compress`` on the others); the output's rope slice is rotated back by the query's position, then the grouped
-low-rank output projection (``wo_a`` per group of heads, ``wo_b``). Per sequence, queries in blocks of
-``BLOCK_ROWS``; the sequence's context is read through its page table (decode and prefill alike, host-side loop:
-not a CUDA-graph path). T = new tokens, H = heads, d = head dim, G = output groups, R = o_lora_rank.
+One KV head of ``head_dim`` shared by all query heads and read as both key and value (K = V), a ``window``-token sliding
+window on every layer, and on compressed layers the compressed entries (HCA: every visible one; CSA: the ``index_topk``
+its lightning indexer scores highest), all in one softmax with a learned sink logit per head. Queries come from a q LoRA
+(``wq_a``, weighted RMSNorm, ``wq_b``, then an unweighted RMSNorm per head); keys from ``wkv`` and a weighted RMSNorm.
+Both rotate their trailing ``rot`` channels (interleaved; ``main`` rope on sliding layers, ``compress`` on the others);
+the output's rope slice is rotated back by the query's position, then the grouped low-rank output projection (``wo_a``
+per group of heads, ``wo_b``). Per sequence, queries in blocks of ``BLOCK_ROWS``; the window keys and raw rows before
+the step come from the sequence's state-slot rings (``Context``: the ring's, then the step's new rows; the newest go
+back to the ring and to the checkpoints the step takes), the entries through its page table (decode and prefill alike,
+host-side loop: not a CUDA-graph path). T = new tokens, H = heads, d = head dim, G = output groups, R = o_lora_rank.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from freetoken.cache.kv_pool import KVPool
+from freetoken.cache.state_pool import StatePool
 from freetoken.kernels.linear import linear
 from freetoken.layers.attention import AttnBatch
 from freetoken.layers.hyper_connections import unweighted_rms, v4_rms_norm
@@ -26,7 +28,7 @@ from freetoken.layers.v4_compressor import CSA, SLIDING, Compressor, Indexer, Ro
 from freetoken.layers.v4_rope import InterleavedRope
 
 BLOCK_ROWS = 256  # query rows per block of a prefill
-Slots = Callable[[torch.Tensor], torch.Tensor]  # a sequence's positions -> their flat KV slots
+Slots = Callable[[torch.Tensor], torch.Tensor]  # a sequence's positions -> their rows in the KV pool's entry layer
 
 
 @dataclass
@@ -74,14 +76,15 @@ class V4Attention:
         self.hd = layout.hd
         self.scale = self.hd**-0.5
 
-    def forward(self, x: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: AttnBatch, kv: KVPool, states: StatePool | None) -> torch.Tensor:
+        assert states is not None, "a DeepSeek-V4 layer keeps its window and raw rows in the state pool's rings"
         T, H, d, lay = x.shape[0], self.h, self.hd, self.layout
         pos = batch.positions
-        cache = kv.k[self.layer][:, 0]  # [slots, width]
+        wring, rring = states.rows[2 * self.layer], states.rows[2 * self.layer + 1]  # [slots, W, d], [slots, span, r]
         q_resid = v4_rms_norm(linear(x, self.w.wq_a), self.w.q_norm, self.eps)
         q = self.rope.apply(unweighted_rms(linear(q_resid, self.w.wq_b).view(T, H, d), self.eps), pos)
         k = self.rope.apply(v4_rms_norm(linear(x, self.w.wkv), self.w.kv_norm, self.eps), pos)
-        row = x.new_zeros((T, cache.shape[1]))
+        row = x.new_zeros((T, lay.width))
         row[:, lay.part("window")] = k
         if self.comp is not None:
             ckv, cgate = self.comp.project(x)
@@ -89,71 +92,101 @@ class V4Attention:
         if self.indexer is not None:
             ikv, igate = self.indexer.comp.project(x)
             row[:, lay.part("ikv")], row[:, lay.part("igate")] = ikv, igate
-        cache.index_copy_(0, batch.slot_mapping, row.to(cache.dtype))
+        row = row.to(wring.dtype)
         out = torch.empty((T, H, d), dtype=torch.float32, device=x.device)
-        S = kv.page_size
-        for s in step_sequences(batch):
+        S, m = kv.page_size, self.comp.rate if self.comp is not None else 1
+        ents, R = (kv.e[self.layer], kv.entry_rows[self.layer]) if self.comp is not None else (row[:0], 0)
+        self._check(kv, wring, rring)
+        for s, slot, captures in self._sequences(batch):
             if s.q_len == 0:
                 continue
+            new = slice(s.q_start, s.q_start + s.q_len)
+            wctx = _context(wring[slot], row[new, :d], s.start)  # [N, d], positions from wctx.base
+            rctx = _context(rring[slot], row[new, d:], s.start)  # [N', width - d]
 
-            def slots(p: torch.Tensor, table: torch.Tensor = s.table) -> torch.Tensor:
-                return table[torch.div(p, S, rounding_mode="floor")].long() * S + torch.remainder(p, S)
+            def eslots(p: torch.Tensor, table: torch.Tensor = s.table) -> torch.Tensor:
+                """Entry rows of positions ``p`` (windows' last tokens): R rows a page, one per m positions."""
+                page = table[torch.div(p, S, rounding_mode="floor")].long()
+                return page * R + torch.div(torch.remainder(p, S), m, rounding_mode="floor")
 
-            self._close_windows(cache, s, slots)
+            self._close_windows(rctx, ents, s, eslots)
             for r0 in range(0, s.q_len, BLOCK_ROWS):
                 r1 = min(s.q_len, r0 + BLOCK_ROWS)
                 sub = slice(s.q_start + r0, s.q_start + r1)
-                out[sub] = self._attend(cache, q[sub], q_resid[sub], x[sub], s.start + r0, s.start + r1, slots)
+                out[sub] = self._attend(wctx, ents, q[sub], q_resid[sub], x[sub], s.start + r0, s.start + r1, eslots)
+            for at, dst in [*captures, (s.q_len, slot)]:  # checkpoints after ``at`` new tokens, then the slot
+                wctx.store(wring[dst], s.start + at)
+                rctx.store(rring[dst], s.start + at)
         o = self.rope.apply(out.to(x.dtype), pos, inverse=True)  # [T, H, d]
         G = self.groups
         wa = self.w.wo_a.view(G, -1, H * d // G)  # [G, R, H*d/G]
         y = torch.einsum("tgi,gri->tgr", o.reshape(T, G, -1), wa.to(o.dtype)).reshape(T, -1)
         return linear(y, self.w.wo_b)
 
-    def _close_windows(self, cache: torch.Tensor, s: SeqView, slots: Slots) -> None:
-        """The compressed entries of the windows whose last token is new in this step, into those tokens' rows."""
+    def _check(self, kv: KVPool, wring: torch.Tensor, rring: torch.Tensor) -> None:
+        """The pool's entry rate and the state pool's ring lengths are this layer's (cheap: shapes)."""
+        span = (2 if self.comp.overlap else 1) * self.comp.rate if self.comp is not None else 0
+        want = (self.window, self.hd, span, self.layout.width - self.hd if span else 0)
+        if (wring.shape[1], wring.shape[2], rring.shape[1], rring.shape[2]) != want:
+            raise ValueError(f"layer {self.layer}: the state pool's rings {tuple(wring.shape[1:])}, "
+                             f"{tuple(rring.shape[1:])} are not (window, d), (span, raw width) = {want}")  # fmt: skip
+        if self.comp is not None and kv.entry_rates[self.layer] != self.comp.rate:
+            raise ValueError(f"layer {self.layer}: the KV pool keeps an entry per {kv.entry_rates[self.layer]} tokens, "
+                             f"its compressor's rate is {self.comp.rate}")  # fmt: skip
+
+    @staticmethod
+    def _sequences(batch: AttnBatch) -> list[tuple[SeqView, int, list[tuple[int, int]]]]:
+        """The step's sequences with their state slots and (prefill steps) their checkpoint captures."""
+        views = step_sequences(batch)
+        if batch.decode is not None:
+            assert batch.state_slots is not None, "a decode step over DeepSeek-V4 layers needs state slots"
+            return [(v, slot, []) for v, slot in zip(views, batch.state_slots.tolist())]
+        return [(v, a.state_slot, a.captures) for v, a in zip(views, batch.seqs, strict=True)]
+
+    def _close_windows(self, rctx: Context, ents: torch.Tensor, s: SeqView, eslots: Slots) -> None:
+        """The compressed entries of the windows whose last token is new in this step, into those tokens' entry
+        rows (the raw rows they pool: from ``rctx``, the raw ring's and the step's)."""
         if self.comp is None:
             return
-        m, lay, dev = self.comp.rate, self.layout, cache.device
+        m, lay, dev = self.comp.rate, self.layout, ents.device
         end = s.start + s.q_len
         windows = torch.arange(s.start // m, end // m, device=dev)
         if windows.numel() == 0:
             return
         span = (2 if self.comp.overlap else 1) * m
         first = (windows + 1) * m - span  # [nW]: the first raw row each entry reads (CSA: window w - 1's)
-        src = slots((first[:, None] + torch.arange(span, device=dev)[None]).clamp(min=0))  # [nW, span]
-        raw = cache[src]  # [nW, span, width]
-        dst = slots((windows + 1) * m - 1)
-        ent = self.comp.entries(raw[..., lay.part("kv")], raw[..., lay.part("gate")], windows, self.rope)
-        cache[dst, lay.part("entry")] = ent.to(cache.dtype)
+        raw = rctx.at((first[:, None] + torch.arange(span, device=dev)[None]).clamp(min=0))  # [nW, span, width - d]
+        dst = eslots((windows + 1) * m - 1)
+        ent = self.comp.entries(raw[..., lay.raw_part("kv")], raw[..., lay.raw_part("gate")], windows, self.rope)
+        ents[dst, lay.entry_part("entry")] = ent.to(ents.dtype)
         if self.indexer is not None:
             ic = self.indexer.comp
-            key = ic.entries(raw[..., lay.part("ikv")], raw[..., lay.part("igate")], windows, self.rope)
-            cache[dst, lay.part("ikey")] = key.to(cache.dtype)
+            key = ic.entries(raw[..., lay.raw_part("ikv")], raw[..., lay.raw_part("igate")], windows, self.rope)
+            ents[dst, lay.entry_part("ikey")] = key.to(ents.dtype)
 
     def _attend(
-        self, cache: torch.Tensor, q: torch.Tensor, q_resid: torch.Tensor, x: torch.Tensor, p0: int, p1: int,
-        slots: Slots,
+        self, wctx: Context, ents: torch.Tensor, q: torch.Tensor, q_resid: torch.Tensor, x: torch.Tensor, p0: int,
+        p1: int, eslots: Slots,
     ) -> torch.Tensor:
         """Queries at positions [p0, p1) ([n, H, d]) over the window and the entries they may see -> [n, H, d] f32.
         A CSA layer whose context holds more entries than the indexer keeps gathers each query's kept entries
         ([n, topk, d]: the scores never span every entry times every head)."""
-        dev, lay, W = cache.device, self.layout, self.window
+        dev, lay, W = q.device, self.layout, self.window
         qpos = torch.arange(p0, p1, device=dev)
         kpos = torch.arange(max(0, p0 - W + 1), p1, device=dev)
-        keys = cache[slots(kpos), lay.part("window")].float()  # [Nk, d]
+        keys = wctx.at(kpos).float()  # [Nk, d]
         mask = (kpos[None] <= qpos[:, None]) & (kpos[None] > qpos[:, None] - W)  # [n, Nk]
         s = torch.einsum("nhd,kd->nhk", q.float(), keys).masked_fill(~mask[:, None], float("-inf"))
         kept: torch.Tensor | None = None  # [n, k, d] each query's own entries (CSA past topk)
         if self.comp is not None:
             m = self.comp.rate
             n_ent = p1 // m
-            eslots = slots(torch.arange(n_ent, device=dev) * m + m - 1)
+            rows = eslots(torch.arange(n_ent, device=dev) * m + m - 1)
             seen = torch.arange(n_ent, device=dev)[None] < torch.div(qpos + 1, m, rounding_mode="floor")[:, None]
-            ent = cache[eslots, lay.part("entry")].float()  # [N, d]
+            ent = ents[rows, lay.entry_part("entry")].float()  # [N, d]
             if self.indexer is not None and n_ent > self.indexer.topk:
                 iq, iw = self.indexer.queries(q_resid, x, qpos, self.rope)
-                sc = self.indexer.scores(iq, iw, cache[eslots, lay.part("ikey")]).masked_fill(~seen, float("-inf"))
+                sc = self.indexer.scores(iq, iw, ents[rows, lay.entry_part("ikey")]).masked_fill(~seen, float("-inf"))
                 top = sc.topk(self.indexer.topk, dim=-1).indices  # [n, k]
                 kept, seen = ent[top], seen.gather(1, top)
                 se = torch.einsum("nhd,nkd->nhk", q.float(), kept)
@@ -170,3 +203,31 @@ class V4Attention:
             pe = p[..., Nk:]
             out = out + (torch.einsum("nhk,nkd->nhd", pe, kept) if kept.dim() == 3 else pe @ kept)
         return out
+
+
+@dataclass
+class Context:
+    """A sequence's per-token rows of one ring for a step: the ring's positions [base, start) (the newest it holds,
+    none below 0), then the step's new rows; ``at(p)`` reads positions p >= base."""
+
+    rows: torch.Tensor  # [N, w]
+    base: int
+
+    def at(self, p: torch.Tensor) -> torch.Tensor:
+        return self.rows[p - self.base]
+
+    def store(self, ring: torch.Tensor, upto: int) -> None:
+        """The newest ring-length positions before ``upto`` (none below 0 or ``base``) into ``ring`` [n, w] at p % n."""
+        n = ring.shape[0]
+        if n == 0:
+            return
+        p = torch.arange(max(self.base, upto - n), upto, device=ring.device)
+        ring.index_copy_(0, torch.remainder(p, n), self.rows[p - self.base])
+
+
+def _context(ring: torch.Tensor, new: torch.Tensor, start: int) -> Context:
+    """``ring`` [n, w] (position p at row p % n) and ``new`` [q, w], the rows of positions start .. start + q - 1."""
+    n = ring.shape[0]
+    base = max(0, start - n)
+    prev = ring[torch.remainder(torch.arange(base, start, device=ring.device), n)] if n else ring
+    return Context(torch.cat((prev, new)), base)

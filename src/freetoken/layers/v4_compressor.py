@@ -1,11 +1,13 @@
-"""DeepSeek-V4's KV compressors over the KV pool's per-token rows (torch reference).
+"""DeepSeek-V4's KV compressors (torch reference) and where a layer's caches sit.
 
-Every V4 layer keeps one row per token and layer in the KV pool (``memory/sizes.py``: one "head" of ``RowLayout.width``
-channels, no V). The row holds the token's window key (K = V, normed and rotated), and on a compressed layer the
-compressor's raw projections of that token (``kv``, ``gate``: what transformers buffers until a window closes) and,
-on the row of a window's last token, the compressed entry that window closed. So every cache of the layer is paged by
-position: a prefix's rows are the same whoever wrote them (the radix tree shares them as it shares plain KV), and a
-window that closes in a later step reads its tokens' raw rows back from the pages (no per-request state at all).
+A V4 layer computes one row per token (``RowLayout.width`` channels): the token's window key (K = V, normed and
+rotated), and on a compressed layer the compressor's raw projections of that token (``kv``, ``gate``: what transformers
+buffers until a window closes). The rows live in rings of the request's state slot (``cache/state_pool.py``
+``rows``, ``memory/sizes.py`` ``v4_state_rings``): the window keys of its last W positions, and the raw rows (the row
+past its window key) of the last m positions (CSA: 2 m, its entries pool the window before too), the most a window
+not yet closed reads. A compressed layer's entries sit in the KV pool's entry rows (``KVPool.e``: one row per m
+tokens, ``RowLayout.entry_width`` channels): entry w in the row of its window's last token (w + 1) m - 1, so the
+radix tree shares them with their pages; a request resumed after an edit takes its rings from a state checkpoint.
 
 Heavily compressed attention (HCA, ``heavily_compressed_attention``, rate m'): entry w of tokens [w m', (w+1) m') =
 ``norm(sum_j softmax_j(gate_j + ape_j) * kv_j)``, rotated (``compress`` rope) at position w m'. Compressed sparse
@@ -22,18 +24,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from freetoken.checkpoint.dsv4_config import CSA, HCA, SLIDING
 from freetoken.kernels.linear import linear
 from freetoken.layers.hyper_connections import v4_rms_norm
 from freetoken.layers.v4_rope import InterleavedRope
 
-SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
-KINDS = (SLIDING, CSA, HCA)
 HEADS_AT_ONCE = 8  # indexer heads scored together
 
 
 @dataclass(frozen=True)
 class RowLayout:
-    """Where each part sits in a layer's per-token row (the same layout for every layer of one kind)."""
+    """Where each part sits in a layer's per-token row (``part``) and in its entry row (``entry_part``: the compressed
+    entry, CSA's indexer key), the same layout for every layer of one kind."""
 
     kind: str
     hd: int  # head_dim d
@@ -48,25 +50,37 @@ class RowLayout:
         d, di, s = self.hd, self.ihd, self.series
         sizes = [("window", d)]
         if self.kind != SLIDING:
-            sizes += [("kv", s * d), ("gate", s * d), ("entry", d)]
+            sizes += [("kv", s * d), ("gate", s * d)]
         if self.kind == CSA:
-            sizes += [("ikv", 2 * di), ("igate", 2 * di), ("ikey", di)]
-        at = 0
-        for n, size in sizes:
-            if n == name:
-                return slice(at, at + size)
-            at += size
-        raise KeyError(f"a {self.kind} row has no {name!r} part")
+            sizes += [("ikv", 2 * di), ("igate", 2 * di)]
+        return _find(sizes, name, f"a {self.kind} row")
+
+    def raw_part(self, name: str) -> slice:
+        """A part's place in the row past the window key (the raw ring's row: ``layers/v4_attention.py``)."""
+        p = self.part(name)
+        return slice(p.start - self.hd, p.stop - self.hd)
+
+    def entry_part(self, name: str) -> slice:
+        sizes = [("entry", self.hd)] if self.kind != SLIDING else []
+        return _find(sizes + ([("ikey", self.ihd)] if self.kind == CSA else []), name, f"a {self.kind} entry")
 
     @property
     def width(self) -> int:
         d, di = self.hd, self.ihd
-        return {SLIDING: d, HCA: 4 * d, CSA: 6 * d + 5 * di}[self.kind]
+        return {SLIDING: d, HCA: 3 * d, CSA: 5 * d + 4 * di}[self.kind]
+
+    @property
+    def entry_width(self) -> int:
+        return {SLIDING: 0, HCA: self.hd, CSA: self.hd + self.ihd}[self.kind]
 
 
-def row_width(kinds: list[str], hd: int, ihd: int) -> int:
-    """The pool's row: the widest layer's (one row width for every layer of the pool)."""
-    return max(RowLayout(k, hd, ihd).width for k in kinds)
+def _find(sizes: list[tuple[str, int]], name: str, what: str) -> slice:
+    at = 0
+    for n, size in sizes:
+        if n == name:
+            return slice(at, at + size)
+        at += size
+    raise KeyError(f"{what} has no {name!r} part")
 
 
 @dataclass

@@ -2,7 +2,8 @@
 then the non-expert weights by name, every layer's routing (score-routed, or the ``tid2eid`` table checked), the
 unread tensors refused (the multi-token-prediction block skipped, said once), then the routed experts banked
 (``eid = layer * E + expert``, every layer is MoE) and the backend made over them, under the clamped SiLU (``dsv4``).
-Every layer keeps its rows in the KV pool (``layers/v4_compressor.py``): no state slots, prefix reuse as plain KV.
+Every layer keeps its window keys and raw compressor rows in rings of a request's state slot (``memory/sizes.py``
+``v4_state_rings``) and its compressed entries in KV pages: prefix reuse resumes from a state checkpoint.
 The release's quantisation (``quant/dsv4_layout.py``): FP8 weights dequantised at load, the MXFP4 routed experts
 banked packed as stored (``ExpertBanks.fmt`` MXFP4), whatever else refused by name before a weight is read."""
 
@@ -14,6 +15,7 @@ from collections.abc import Callable
 
 import torch
 
+from freetoken.cache.state_pool import StateShape
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.ftw_manifest import read_manifest
 from freetoken.checkpoint.hf_config import HFConfig
@@ -26,6 +28,7 @@ from freetoken.layers.v4_moe import V4MoE
 from freetoken.layers.v4_rope import InterleavedRope
 from freetoken.loader.ftw_load import read_ftw_banks
 from freetoken.loader.model_build import LoadedModel, expert_format
+from freetoken.memory.sizes import v4_state_rings
 from freetoken.models import deepseek_v4_blocks as blocks
 from freetoken.models.base import Family
 from freetoken.models.blocks import expert_reads
@@ -113,7 +116,8 @@ def build_model(
         assert isinstance(layer.ffn, V4MoE)
         layer.ffn.backend = backend
     model = V4DecoderModel(embed, layers, final_norm, lm_head, hf.rms_eps, head, c.streams)
-    return LoadedModel(hf, model, banks, backend, hf.num_layers, None, check)
+    states = StateShape(0, 0, 0, 0, 0, 0, row_rings=tuple(v4_state_rings(hf)))  # window and raw rows, per request
+    return LoadedModel(hf, model, banks, backend, hf.num_layers, states, check)
 
 
 def _check_layout(reader: SafetensorsReader, layout: Dsv4Layout, skippable: tuple[str, ...]) -> None:

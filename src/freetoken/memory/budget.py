@@ -127,6 +127,9 @@ def split_budget(budget: int, facts: MemoryFacts, kv_wanted: int) -> MemorySplit
             f"a VRAM budget of {budget / GIB:.3f} GiB is below the minimum this model needs: {f.explain_minimum()}"
         )
     avail = budget - f.reserve_bytes
+    if not f.page_bytes:  # pages that cost nothing (DeepSeek-V4 without compressed layers: its rows live in states)
+        slots = min(f.max_slots, avail // f.slot_bytes) if f.slot_bytes else 0
+        return MemorySplit(budget, int(slots), max(kv_wanted, f.min_pages), f.reserve_bytes)
     most_kv = (avail - f.min_slots * f.slot_bytes) // f.page_bytes
     kv = min(max(kv_wanted, f.min_pages), most_kv)
     slots = min(f.max_slots, (avail - kv * f.page_bytes) // f.slot_bytes) if f.slot_bytes else 0

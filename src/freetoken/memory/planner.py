@@ -330,5 +330,5 @@ def _split(base: MemoryPlan, w: Wants, free: Free | None, left: int | None, min_
         slots = w.slots if w.slots is not None else min(s.max_slots, s.min_slots + left // s.slot_bytes)
         left -= (slots - s.min_slots) * s.slot_bytes if w.slots is None else 0
     if w.kv_pages is None:  # the KV pages what the slots leave, up to one context per running request
-        kv = min(wanted_kv, min_pages + max(left, 0) // s.page_bytes)
+        kv = min(wanted_kv, min_pages + max(left, 0) // s.page_bytes) if s.page_bytes else wanted_kv
     return replace(base, slots=int(slots), kv_pages=int(kv))

@@ -1,12 +1,13 @@
 """What each cache kind costs for a model, from its Hugging Face config alone (pure: no torch, no allocation).
 
-Cache kinds: full-attention layers keep K and V per token in the paged KV pool (a sliding-window layer keeps them in
-the same pages, except where its family keeps a ring: gpt-oss's window layers keep K and V of a request's last W tokens
-in its state slot, ``window_ring``); multi-head latent attention layers (a config with ``kv_lora_rank``) keep one
-latent of ``kv_lora_rank + qk_rope_head_dim`` per token instead (``kv_geometry``); gated DeltaNet (linear-attention)
-layers keep one recurrent state per request - the last K-1 conv inputs in the model dtype and a [H, dk, dv] float32
-state - and state checkpoints are copies of that state (rings included); a layer-major prefill keeps two hidden
-vectors (``h`` and ``x``) per token. ``tests/test_memory_sizes.py`` checks these numbers against the tensors the
+Cache kinds: full-attention layers keep K and V per token in the paged KV pool (a sliding-window layer keeps them in the
+same pages, except where its family keeps a ring: gpt-oss's window layers keep K and V of a request's last W tokens in
+its state slot, ``window_ring``); multi-head latent attention layers (a config with ``kv_lora_rank``) keep one latent of
+``kv_lora_rank + qk_rope_head_dim`` per token instead (``kv_geometry``; DeepSeek-V4: its compressed entries, one row per
+m tokens, ``v4_entry_layouts``, its per-token rows in rings per request, ``v4_state_rings``); gated DeltaNet
+(linear-attention) layers keep one recurrent state per request - the last K-1 conv inputs in the model dtype and a [H,
+dk, dv] float32 state - and state checkpoints are copies of that state (rings included); a layer-major prefill keeps two
+hidden vectors (``h`` and ``x``) per token. ``tests/test_memory_sizes.py`` checks these numbers against the tensors the
 engine allocates for a tiny model of every family.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from freetoken.checkpoint.dsv4_config import CSA, HCA, compress_rates, layer_kinds
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.gemma4_config import gemma4_config, is_gemma4
 from freetoken.checkpoint.hf_config import HFConfig
@@ -24,24 +26,33 @@ SSM_BYTES = 4  # the recurrent state is kept in float32 whatever the model dtype
 
 @dataclass(frozen=True)
 class KVGeometry:
-    """One attention layer's rows per token in the KV pool: ``heads`` x (``k_dim`` + ``v_dim``)."""
+    """One attention layer's rows per token in the KV pool: ``heads`` x (``k_dim`` + ``v_dim``); where the layers'
+    K widths differ (DeepSeek-V4), ``layer_k_dims`` gives each layer's (``k_dim``: the widest)."""
 
     heads: int
     k_dim: int
     v_dim: int
+    layer_k_dims: tuple[int, ...] = ()
+    layer_entries: tuple[tuple[int, int], ...] = ()  # per layer (rate m, width): a row per m tokens (0, 0: none)
 
     @property
     def per_token(self) -> int:
-        """Elements per token and layer."""
+        """Elements per token and layer (the widest layer's where widths differ)."""
         return self.heads * (self.k_dim + self.v_dim)
+
+    def elements(self, layers: int) -> int:
+        """Elements per token over ``layers`` layers (each layer's own width where widths differ)."""
+        if self.layer_k_dims:
+            return self.heads * (sum(self.layer_k_dims) + len(self.layer_k_dims) * self.v_dim)
+        return layers * self.per_token
 
 
 def kv_geometry(hf: HFConfig) -> KVGeometry:
     """GQA: K and V heads of ``head_dim``; MLA (``kv_lora_rank`` set): one latent row of ``kv_lora_rank +
     qk_rope_head_dim`` (the compressed K/V and the shared rotary key), no V; DSA (``index_topk`` set) widens that row
-    by the indexer's key of ``index_head_dim``."""
-    if hf.architecture == "DeepseekV4ForCausalLM":
-        return KVGeometry(1, v4_row_width(hf), 0)
+    by the indexer's key of ``index_head_dim``; DeepSeek-V4: one row per layer of its own kind's width, no V."""
+    if hf.architecture == "DeepseekV4ForCausalLM":  # its per-token rows in state rings: only its entries in pages
+        return KVGeometry(1, 0, 0, (0,) * hf.num_layers, tuple(v4_entry_layouts(hf)))
     if is_gemma4(hf):  # its full layers' (its sliding layers keep rings): one geometry for all, checked here
         geos = {(lay.kv_heads, lay.head_dim) for lay in gemma4_config(hf).layers if lay.kind == FULL}
         if len(geos) != 1:
@@ -55,33 +66,59 @@ def kv_geometry(hf: HFConfig) -> KVGeometry:
     return KVGeometry(hf.num_kv_heads, hf.head_dim, hf.head_dim)
 
 
-def v4_row_width(hf: HFConfig) -> int:
-    """DeepSeek-V4's row per token and layer (``layers/v4_compressor.py`` ``RowLayout``, the widest layer's): the
-    window key d; a heavily compressed layer adds its raw kv and gate and its entry (4 d); a compressed sparse layer
-    its two series' raw kv and gate, its entry, and its indexer's raw kv, gate (2 di each) and key (6 d + 5 di)."""
-    d, raw = hf.head_dim, hf.raw
-    kinds = raw.get("layer_types")
-    if kinds is None and raw.get("compress_ratios") is not None:
-        kinds = [{4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}.get(r, "sliding_attention")
-                 for r in raw["compress_ratios"]]  # fmt: skip
-    kinds = list(kinds or (["heavily_compressed_attention", "compressed_sparse_attention"] if hf.num_layers > 2
-                           else ["heavily_compressed_attention"]))  # fmt: skip
-    if "compressed_sparse_attention" in kinds:
-        return 6 * d + 5 * int(raw.get("index_head_dim", 128))
-    return 4 * d if "heavily_compressed_attention" in kinds else d
+def _v4_dims(hf: HFConfig) -> tuple[tuple[str, ...], int, int]:
+    kinds = layer_kinds(hf)
+    return kinds, hf.head_dim, int(hf.raw.get("index_head_dim", 128)) if CSA in kinds else 0
+
+
+def v4_row_widths(hf: HFConfig) -> list[int]:
+    """DeepSeek-V4's row per token of each layer (``layers/v4_compressor.py`` ``RowLayout``): the window key d; a
+    heavily compressed layer adds its raw kv and gate (3 d); a compressed sparse layer its two series' raw kv and
+    gate, and its indexer's raw kv and gate (2 di each) (5 d + 4 di)."""
+    kinds, d, di = _v4_dims(hf)
+    return [{SLIDING: d, HCA: 3 * d, CSA: 5 * d + 4 * di}[k] for k in kinds]
+
+
+def v4_state_rings(hf: HFConfig) -> list[tuple[int, int]]:
+    """DeepSeek-V4's rings of per-token rows in a request's state slot (``cache/state_pool.py`` ``row_rings``), two a
+    layer: the window keys of its last W positions (W, d), then the raw compressor rows (``v4_row_widths`` past the
+    window key) of the positions a window not yet closed pools: m on a heavily compressed layer, 2 m on a compressed
+    sparse one (its entries pool the window before too); (0, 0) on a sliding layer."""
+    kinds, d, _ = _v4_dims(hf)
+    rates, W = compress_rates(hf), int(hf.raw.get("sliding_window") or 128)
+    rings: list[tuple[int, int]] = []
+    for k, width in zip(kinds, v4_row_widths(hf)):
+        span = 0 if k == SLIDING else rates[k] * (2 if k == CSA else 1)
+        rings += [(W, d), (span, width - d if span else 0)]
+    return rings
+
+
+def v4_entry_layouts(hf: HFConfig) -> list[tuple[int, int]]:
+    """DeepSeek-V4's compressed entries of each layer: (rate m, width), a row per m tokens (``KVPool`` ``entries``):
+    a heavily compressed layer's entry (d), a compressed sparse layer's entry and its indexer's key (d + di); a
+    sliding layer has none (0, 0)."""
+    kinds, d, di = _v4_dims(hf)
+    rates = compress_rates(hf)
+    return [(rates[k], {HCA: d, CSA: d + di}[k]) if k != SLIDING else (0, 0) for k in kinds]
 
 
 @dataclass(frozen=True)
 class ModelBytes:
     kv_layers: int  # full-attention layers (each keeps K and V per token)
     linear_layers: int  # gated DeltaNet layers (each keeps a recurrent state per request)
-    kv_per_token: int  # K and V (MLA: the latent) of one token, every full-attention layer
+    kv_per_token: int  # K and V (MLA: the latent; V4: its rows, not its entries) of one token, every attention layer
     state_per_request: int  # one request's recurrent state, every linear-attention layer (a checkpoint: the same)
     activations_per_token: int  # what a layer-major pass keeps per token (``h`` and ``x``)
     ring_layers: int = 0  # sliding-window layers keeping a KV ring per request (in ``state_per_request``)
+    entries: tuple[tuple[int, int], ...] = ()  # (rate m, bytes of a row) per layer keeping a row per m tokens (V4)
 
     def page_bytes(self, page_size: int) -> int:
-        return self.kv_per_token * page_size
+        """One KV page: every token's rows, and each entry layer's ceil(S / m) rows (``KVPool``)."""
+        rows = sum(-(-page_size // m) * row for m, row in self.entries if m)
+        return self.kv_per_token * page_size + rows
+
+    def bytes_per_token(self, page_size: int) -> float:
+        return self.page_bytes(page_size) / page_size
 
 
 def layer_counts(hf: HFConfig, full_attention_interval: int | None) -> tuple[int, int]:
@@ -136,10 +173,13 @@ def model_bytes(
     if is_gemma4(hf):  # KV-shared layers keep nothing: they read an earlier layer's KV
         g = gemma4_config(hf)
         kv_layers, rings = len(g.kv_layers(FULL)), len(g.kv_layers(SLIDING))
-    kv = kv_layers * kv_geometry(hf).per_token * dtype_bytes
+    geo = kv_geometry(hf)
+    kv = geo.elements(kv_layers) * dtype_bytes
+    entries = tuple((m, w * dtype_bytes) for m, w in geo.layer_entries)
     state = linear * state_bytes_per_layer(hf, dtype_bytes) if linear else 0
     state += rings * ring_bytes_per_layer(hf, dtype_bytes)
     acts = 2 * hf.hidden_size * dtype_bytes
     if hf.architecture == "DeepseekV4ForCausalLM":  # its residual is hc_mult streams (the normed input is not kept)
+        state += sum(n * w for n, w in v4_state_rings(hf)) * dtype_bytes
         acts = max(2, int(hf.raw.get("hc_mult", 4))) * hf.hidden_size * dtype_bytes
-    return ModelBytes(kv_layers, linear, kv, state, acts, rings)
+    return ModelBytes(kv_layers, linear, kv, state, acts, rings, entries)

@@ -79,6 +79,8 @@ class DecoderModel:
         m = layer.attn
         if isinstance(m, GatedDeltaNet | WindowAttention):
             return m.forward(x, batch, self.states)
+        if isinstance(m, V4Attention):  # entries in the KV pages, its rows in state rings
+            return m.forward(x, batch, kv, self.states)
         return m.forward(x, batch, kv)
 
     @torch.inference_mode()

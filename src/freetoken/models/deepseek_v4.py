@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from freetoken.checkpoint.dsv4_config import CSA, compress_rates, layer_kinds
 from freetoken.checkpoint.errors import CheckpointError
 from freetoken.checkpoint.hf_config import HFConfig, RopeConfig
 from freetoken.experts.reference import DSV4_LIMIT
-from freetoken.layers.v4_compressor import CSA, HCA, KINDS, SLIDING
 from freetoken.layers.v4_moe import SCORING
 from freetoken.models.base import Family, Naming
 from freetoken.quant.base import QuantizationError
@@ -31,7 +31,6 @@ FAMILY = Family(
     build="freetoken.loader.deepseek_v4_build",
 )
 ACTIVATION = "dsv4"  # the routed experts' clamped SiLU by its kernel name (``experts/reference.py``)
-LEGACY_RATIOS = {0: SLIDING, 4: CSA, 128: HCA}  # ``compress_ratios`` as transformers reads them
 MLP_KINDS = ("hash_moe", "moe")
 
 
@@ -66,38 +65,6 @@ def _int(hf: HFConfig, key: str, default: Any = None, low: int = 1) -> int:
 
 def _fail(hf: HFConfig, msg: str) -> CheckpointError:
     return CheckpointError(f"{hf.path / 'config.json'}: {msg}")
-
-
-def _rates(hf: HFConfig) -> dict[str, int]:
-    rates = dict(hf.raw.get("compress_rates") or {CSA: 4, HCA: 128})
-    for kind, legacy in ((CSA, "compress_rate_csa"), (HCA, "compress_rate_hca")):
-        if hf.raw.get(legacy) is not None:
-            rates[kind] = hf.raw[legacy]
-    for kind, rate in rates.items():
-        if kind not in (CSA, HCA):
-            raise _fail(hf, f"compress_rates names {kind!r}; DeepSeek-V4 compresses {CSA} and {HCA} only")
-        if isinstance(rate, bool) or not isinstance(rate, int) or rate < 1:
-            raise _fail(hf, f"compression rate {rate!r} of {kind} is not implemented (an integer >= 1 is)")
-    return rates
-
-
-def _kinds(hf: HFConfig) -> tuple[str, ...]:
-    n = hf.num_layers
-    types = hf.raw.get("layer_types")
-    if types is None and hf.raw.get("compress_ratios") is not None:
-        ratios = list(hf.raw["compress_ratios"])
-        bad = [r for r in ratios if r not in LEGACY_RATIOS]
-        if bad:
-            raise _fail(hf, f"compress_ratios {bad} are compression rates the engine does not implement "
-                            f"(implemented: {sorted(LEGACY_RATIOS)})")  # fmt: skip
-        types = [LEGACY_RATIOS[r] for r in ratios]
-    if types is None:  # transformers' default: two HCA layers, then CSA / HCA alternating
-        types = [HCA] * min(n, 2) + [CSA if i % 2 else HCA for i in range(max(n - 2, 0))]
-    types = list(types)[:n]
-    bad = [t for t in types if t not in KINDS]
-    if len(types) != n or bad:
-        raise _fail(hf, f"layer_types must name {n} layers among {KINDS}; got {types}")
-    return tuple(types)
 
 
 def _hash_layers(hf: HFConfig) -> tuple[bool, ...]:
@@ -157,7 +124,7 @@ def v4_config(hf: HFConfig) -> V4Config:
     rot = int(raw["qk_rope_head_dim"]) if raw.get("qk_rope_head_dim") else int(hf.head_dim * float(prf or 64 / 512))
     if rot < 2 or rot % 2 or rot > hf.head_dim:
         raise _fail(hf, f"qk_rope_head_dim {rot} must be even and within head_dim {hf.head_dim}")
-    kinds, groups = _kinds(hf), _int(hf, "o_groups", 8)
+    kinds, groups = layer_kinds(hf), _int(hf, "o_groups", 8)
     if hf.num_heads % groups:
         raise _fail(hf, f"o_groups {groups} does not divide num_attention_heads {hf.num_heads}")
     index_dim = _int(hf, "index_head_dim", 128) if CSA in kinds else 0
@@ -165,7 +132,7 @@ def v4_config(hf: HFConfig) -> V4Config:
         raise _fail(hf, f"index_head_dim {index_dim} is narrower than qk_rope_head_dim {rot}")
     main, comp = _ropes(hf, rot)
     return V4Config(
-        kinds=kinds, hash_layers=_hash_layers(hf), rates=_rates(hf), streams=_int(hf, "hc_mult", 4),
+        kinds=kinds, hash_layers=_hash_layers(hf), rates=compress_rates(hf), streams=_int(hf, "hc_mult", 4),
         sinkhorn_iters=_int(hf, "hc_sinkhorn_iters", 20), hc_eps=float(raw.get("hc_eps", 1e-6)), rot=rot,
         window=_int(hf, "sliding_window", 128), groups=groups, o_rank=_int(hf, "o_lora_rank", 1024),
         q_rank=_int(hf, "q_lora_rank", 1024), index_heads=_int(hf, "index_n_heads", 64) if CSA in kinds else 0,

@@ -61,7 +61,7 @@ class V4DecoderModel(DecoderModel):
         assert layer.attn_hc is not None and layer.ffn_hc is not None and isinstance(layer.attn, V4Attention)
         assert isinstance(layer.ffn, V4MoE)
         post, comb, col = layer.attn_hc.weights(h)
-        out = layer.attn.forward(v4_rms_norm(col, layer.attn_norm, self.eps), batch, kv)
+        out = layer.attn.forward(v4_rms_norm(col, layer.attn_norm, self.eps), batch, kv, self.states)
         h = HyperConnection.merge(h, out, post, comb)
         post, comb, col = layer.ffn_hc.weights(h)
         out = layer.ffn.forward_ids(v4_rms_norm(col, layer.ffn_norm, self.eps), batch.input_ids)
