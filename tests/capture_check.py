@@ -95,10 +95,15 @@ def _refuse(name: str, why: str) -> Callable[..., Any]:
     return refused
 
 
-# host reads that never reach the dispatcher for a CPU tensor (on CUDA each is a device-to-host copy and a sync)
+# host reads that never reach the dispatcher for a CPU tensor (on CUDA each is a device-to-host copy and a sync); under
+# ``torch.inference_mode`` (a model's forward) ``.item()``, ``int()`` and ``float()`` of a CPU tensor skip it too
 _METHODS = {
     "tolist": _HOST_READ,
     "numpy": _HOST_READ,
+    "item": _HOST_READ,
+    "__int__": _HOST_READ,
+    "__float__": _HOST_READ,
+    "__index__": _HOST_READ,
     "cpu": "a device-to-host copy (a sync)",
     "pin_memory": "pinned host memory allocated inside the region",
 }

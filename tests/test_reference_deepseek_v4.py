@@ -402,7 +402,7 @@ def test_deepseek_names_as_shipped(fresh, ckpt):
 @pytest.mark.parametrize("backend,cache,fill", [("fused", None, None), ("hybrid", 0.5, 0.5)])
 def test_cuda_logits_and_greedy_tokens_match(ckpt, backend, cache, fill):
     """The same on a GPU (fp32): the torch attention on CUDA, the Triton expert GEMMs under the dsv4 activation, decode
-    steps eager (``step_capturable`` False)."""
+    steps through the step graphs (``layers/v4_decode.py``; graphed == eager: ``test_dsv4_step_graph.py``)."""
     d, _, refs, full = ckpt
     llm = LLM(model=str(d), device="cuda", dtype="float32", moe_backend=backend, expert_cache=cache, fill_fraction=fill)
     for r, ref in zip(refs, full):

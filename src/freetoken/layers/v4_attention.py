@@ -8,8 +8,9 @@ Both rotate their trailing ``rot`` channels (interleaved; ``main`` rope on slidi
 the output's rope slice is rotated back by the query's position, then the grouped low-rank output projection (``wo_a``
 per group of heads, ``wo_b``). Per sequence, queries in blocks of ``BLOCK_ROWS``; the window keys and raw rows before
 the step come from the sequence's state-slot rings (``Context``: the ring's, then the step's new rows; the newest go
-back to the ring and to the checkpoints the step takes), the entries through its page table (decode and prefill alike,
-host-side loop: not a CUDA-graph path). T = new tokens, H = heads, d = head dim, G = output groups, R = o_lora_rank.
+back to the ring and to the checkpoints the step takes), the entries through its page table (a host-side loop: not
+a CUDA-graph path). A decode step (one token per sequence) runs ``v4_decode.py``'s fixed-shape batch instead.
+T = new tokens, H = heads, d = head dim, G = output groups, R = o_lora_rank.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from freetoken.kernels.linear import linear
 from freetoken.layers.attention import AttnBatch
 from freetoken.layers.hyper_connections import unweighted_rms, v4_rms_norm
 from freetoken.layers.v4_compressor import CSA, SLIDING, Compressor, Indexer, RowLayout
+from freetoken.layers.v4_decode import decode_attention
 from freetoken.layers.v4_rope import InterleavedRope
 
 BLOCK_ROWS = 256  # query rows per block of a prefill
@@ -54,12 +56,9 @@ class SeqView:
 
 
 def step_sequences(batch: AttnBatch) -> list[SeqView]:
-    """The step's sequences from its decode or prefill metadata (host reads: a reference path)."""
-    if batch.decode is not None:
-        d = batch.decode
-        return [SeqView(b, 1, n - 1, d.block_table[b]) for b, n in enumerate(d.seq_lens.tolist())]
+    """The step's sequences from its prefill metadata (host reads: a reference path)."""
     p = batch.prefill
-    assert p is not None, "a step is a decode step or has prefill metadata"
+    assert p is not None, "a step that is not a decode step has prefill metadata"
     qs, ql, cl = p.q_start.tolist(), p.q_len.tolist(), p.ctx_len.tolist()
     return [SeqView(qs[i], ql[i], cl[i] - ql[i], p.block_table[i]) for i in range(len(qs))]
 
@@ -93,10 +92,27 @@ class V4Attention:
             ikv, igate = self.indexer.comp.project(x)
             row[:, lay.part("ikv")], row[:, lay.part("igate")] = ikv, igate
         row = row.to(wring.dtype)
-        out = torch.empty((T, H, d), dtype=torch.float32, device=x.device)
-        S, m = kv.page_size, self.comp.rate if self.comp is not None else 1
+        S = kv.page_size
         ents, R = (kv.e[self.layer], kv.entry_rows[self.layer]) if self.comp is not None else (row[:0], 0)
         self._check(kv, wring, rring)
+        if batch.decode is not None:  # one token per sequence: fixed shapes, capturable (``v4_decode.py``)
+            out = decode_attention(self, q, q_resid, x, row, batch, ents, (wring, rring), S, R)
+        else:
+            out = self._per_sequence(q, q_resid, x, row, batch, ents, (wring, rring), S, R)
+        o = self.rope.apply(out.to(x.dtype), pos, inverse=True)  # [T, H, d]
+        G = self.groups
+        wa = self.w.wo_a.view(G, -1, H * d // G)  # [G, R, H*d/G]
+        y = torch.einsum("tgi,gri->tgr", o.reshape(T, G, -1), wa.to(o.dtype)).reshape(T, -1)
+        return linear(y, self.w.wo_b)
+
+    def _per_sequence(
+        self, q: torch.Tensor, q_resid: torch.Tensor, x: torch.Tensor, row: torch.Tensor, batch: AttnBatch,
+        ents: torch.Tensor, rings: tuple[torch.Tensor, torch.Tensor], S: int, R: int,
+    ) -> torch.Tensor:  # fmt: skip
+        """A prefill or mixed step, sequence by sequence (host reads: a reference path) -> [T, H, d] f32."""
+        (wring, rring), d = rings, self.hd
+        m = self.comp.rate if self.comp is not None else 1
+        out = torch.empty((x.shape[0], self.h, d), dtype=torch.float32, device=x.device)
         for s, slot, captures in self._sequences(batch):
             if s.q_len == 0:
                 continue
@@ -117,11 +133,7 @@ class V4Attention:
             for at, dst in [*captures, (s.q_len, slot)]:  # checkpoints after ``at`` new tokens, then the slot
                 wctx.store(wring[dst], s.start + at)
                 rctx.store(rring[dst], s.start + at)
-        o = self.rope.apply(out.to(x.dtype), pos, inverse=True)  # [T, H, d]
-        G = self.groups
-        wa = self.w.wo_a.view(G, -1, H * d // G)  # [G, R, H*d/G]
-        y = torch.einsum("tgi,gri->tgr", o.reshape(T, G, -1), wa.to(o.dtype)).reshape(T, -1)
-        return linear(y, self.w.wo_b)
+        return out
 
     def _check(self, kv: KVPool, wring: torch.Tensor, rring: torch.Tensor) -> None:
         """The pool's entry rate and the state pool's ring lengths are this layer's (cheap: shapes)."""
@@ -136,11 +148,8 @@ class V4Attention:
 
     @staticmethod
     def _sequences(batch: AttnBatch) -> list[tuple[SeqView, int, list[tuple[int, int]]]]:
-        """The step's sequences with their state slots and (prefill steps) their checkpoint captures."""
+        """The step's sequences with their state slots and checkpoint captures."""
         views = step_sequences(batch)
-        if batch.decode is not None:
-            assert batch.state_slots is not None, "a decode step over DeepSeek-V4 layers needs state slots"
-            return [(v, slot, []) for v, slot in zip(views, batch.state_slots.tolist())]
         return [(v, a.state_slot, a.captures) for v, a in zip(views, batch.seqs, strict=True)]
 
     def _close_windows(self, rctx: Context, ents: torch.Tensor, s: SeqView, eslots: Slots) -> None:

@@ -2,7 +2,8 @@
 ``n`` residual streams (``layers/hyper_connections.py``). The residual ``h`` is [T, n, D] (the embedding copied into
 every stream); each layer collapses the streams into its attention's input and spreads its output back, then the same
 around its MoE (routed by token id on the hash layers: the ids ride on the batch, and the backend hears those layers'
-experts before the first layer runs: ``V4MoE.prefetch``); after the last layer the head
+experts before the first layer runs: ``V4MoE.prefetch``, a hint left out of a captured decode step, whose side-stream
+copies and host-held locks a replay would not redo); after the last layer the head
 collapses the streams and the final norm follows. ``block`` returns ``(h, h)`` except after the last layer, where the
 second is the final hidden [T, D] (what a layer-major pass hands back)."""
 
@@ -28,7 +29,7 @@ class V4Layer(DecoderLayer):
 
 
 class V4DecoderModel(DecoderModel):
-    step_capturable = False  # its attention reads each sequence's lengths on the host (a reference path)
+    step_capturable = True  # a decode step's attention is fixed-shape device work (``layers/v4_decode.py``)
 
     def __init__(
         self, embed: torch.Tensor, layers: list[V4Layer], final_norm: torch.Tensor, lm_head: torch.Tensor, eps: float,
@@ -47,7 +48,8 @@ class V4DecoderModel(DecoderModel):
         h, x = self.start(input_ids, batch)
         if not self.layers:
             return v4_rms_norm(self.head.collapse(h), self.final_norm, self.eps)
-        for layer in self.v4_layers:  # hash layers: their experts fill ahead while the first layers compute
+        ahead = not (input_ids.is_cuda and torch.cuda.is_current_stream_capturing())  # a hint a replay goes without
+        for layer in self.v4_layers if ahead else []:  # hash layers: their experts fill while the first layers compute
             if isinstance(layer.ffn, V4MoE) and layer.ffn.tid2eid is not None:
                 layer.ffn.prefetch(input_ids)
         for i in range(len(self.layers)):
