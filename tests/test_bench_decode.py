@@ -48,3 +48,15 @@ def test_bench_decode_plumbing_and_bound(tmp_path) -> None:
     hyb = r["hybrid"]
     assert layer_bound_s(hyb, banks.expert_bytes, bw, 0.0) == pytest.approx(hyb.misses_per_layer_step * gb / 60.0)
     assert layer_bound_s(hyb, banks.expert_bytes, bw, 1.0) == 1.0  # the GPU term dominates
+    # per MoE layer: the backend's own counts, whose mean is the mean count; misses that differ between layers bound
+    # each layer by its own max(T_gpu, miss time), above the bound of the mean
+    import dataclasses
+
+    assert off.misses_per_layer is not None and len(off.misses_per_layer) == args.layers
+    assert sum(off.misses_per_layer) / args.layers == pytest.approx(off.misses_per_layer_step)
+    m = off.misses_per_layer_step
+    t = m * gb / 50.0  # a GPU term equal to the mean's miss time
+    skew = dataclasses.replace(off, misses_per_layer=[0.0, 2 * m])
+    assert layer_bound_s(skew, banks.expert_bytes, bw, t) == pytest.approx(1.5 * t)
+    mean = dataclasses.replace(off, misses_per_layer=None)
+    assert layer_bound_s(mean, banks.expert_bytes, bw, t) == pytest.approx(t)

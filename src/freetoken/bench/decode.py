@@ -136,7 +136,7 @@ def run_policy(
         kern = getattr(runner, "kernel", None) if args.cpu_trace else None
         if kern is not None:
             kern.trace(1 << 16)
-        s0 = backend.stats()
+        s0, l0 = backend.stats(), backend.layer_counts()
         lag = max(args.host_lag, int("lag" in policy.split("+")[1:]))
         marks: deque[torch.cuda.Event] = deque()
         t0, host = time.perf_counter(), 0.0
@@ -152,7 +152,7 @@ def run_policy(
                     marks.popleft().synchronize()
         sync()
         elapsed = time.perf_counter() - t0
-        s1 = backend.stats()
+        s1, l1 = backend.stats(), backend.layer_counts()
         if kern is not None:
             print_batch_trace(policy, kern, banks)
         ahead = None
@@ -169,7 +169,7 @@ def run_policy(
         close: Callable[[], None] | None = getattr(backend, "close", None)
         if close is not None:
             close()
-    r = summarize(policy, backend.name, s0, s1, elapsed, args.steps, B, banks.expert_bytes)
+    r = summarize(policy, backend.name, s0, s1, elapsed, args.steps, B, banks.expert_bytes, l0, l1)
     r.runahead = ahead
     r.host_ms = host / args.steps * 1e3
     return r

@@ -27,6 +27,9 @@ class PolicyResult:
     misses_per_layer_step: float
     cpu_runs_per_layer_step: float
     fills_per_layer_step: float
+    # per MoE layer (the backend's ``layer_counts()``; None where it counts none): the bound sums each layer's own
+    misses_per_layer: list[float] | None = None
+    cpu_runs_per_layer: list[float] | None = None
     bound_tok_s: float | None = None
     of_bound: float | None = None
     runahead: float | None = None  # share of steps where the host queued the last layer before the GPU ended the first
@@ -60,29 +63,37 @@ def _num(v: object) -> float | None:
 
 
 def layer_bound_s(r: PolicyResult, expert_bytes: int, bw: Bandwidths, t_gpu_layer: float) -> float | None:
-    """The BENCH.md floor for one layer of one step under this policy's measured miss counts."""
+    """The BENCH.md floor for one layer of one step under this policy's measured miss counts: the mean over MoE
+    layers of each layer's own max(T_gpu, miss time) where the backend counted per layer (the mean's max is lower
+    when misses differ between layers), else of the mean counts."""
     gb = expert_bytes / 1e9
     if r.backend == "fused":
         return t_gpu_layer if t_gpu_layer > 0 else None
     if r.backend == "offload":
-        if bw.copy is None:
-            return None
-        miss_s = r.misses_per_layer_step * gb / bw.copy
+        gbps, counts, mean = bw.copy, r.misses_per_layer, r.misses_per_layer_step
     elif r.backend == "hybrid":
-        if bw.copy_c is None or bw.cpu_c is None:
-            return None
-        miss_s = r.misses_per_layer_step * gb / (bw.copy_c + bw.cpu_c)
+        both = None if bw.copy_c is None or bw.cpu_c is None else bw.copy_c + bw.cpu_c
+        gbps, counts, mean = both, r.misses_per_layer, r.misses_per_layer_step
     else:  # cpu, static-layers, static-freq: the misses run on the CPU only
-        if bw.cpu is None:
-            return None
-        miss_s = r.cpu_runs_per_layer_step * gb / bw.cpu
-    return max(t_gpu_layer, miss_s)
+        gbps, counts, mean = bw.cpu, r.cpu_runs_per_layer, r.cpu_runs_per_layer_step
+    if gbps is None:
+        return None
+    per_layer = counts or [mean]
+    return sum(max(t_gpu_layer, m * gb / gbps) for m in per_layer) / len(per_layer)
 
 
 def summarize(
-    policy: str, name: str, s0: dict, s1: dict, elapsed: float, steps: int, batch: int, expert_bytes: int
-) -> PolicyResult:
+    policy: str, name: str, s0: dict, s1: dict, elapsed: float, steps: int, batch: int, expert_bytes: int,
+    layers0: dict[str, list[int]] | None = None, layers1: dict[str, list[int]] | None = None,
+) -> PolicyResult:  # fmt: skip
+    """One policy's figures from the backend's stats (and ``layer_counts()``) before and after ``steps`` steps."""
     d = {k: s1.get(k, 0) - s0.get(k, 0) for k in s1 if isinstance(s1.get(k), (int, float))}
+
+    def per_step(key: str) -> list[float] | None:
+        if not layers0 or not layers1:
+            return None
+        return [(b - a) / steps for a, b in zip(layers0[key], layers1[key])]
+
     tokens = steps * batch
     hits, misses = d.get("expert_hits", 0), d.get("expert_misses", 0)
     layer_steps = max(d.get("layer_steps", 0), 1)
@@ -100,6 +111,8 @@ def summarize(
         misses_per_layer_step=misses / layer_steps,
         cpu_runs_per_layer_step=cpu_runs / layer_steps,
         fills_per_layer_step=fills / layer_steps,
+        misses_per_layer=per_step("misses"),
+        cpu_runs_per_layer=per_step("cpu_runs"),
         stats=s1,
     )
 
