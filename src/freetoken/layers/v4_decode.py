@@ -20,15 +20,26 @@ B = sequences, H = heads, d = head dim, W = window, E = entries the page table r
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
 from freetoken.layers.attention import AttnBatch
-from freetoken.layers.v4_compressor import HEADS_AT_ONCE
+from freetoken.layers.v4_compressor import HEADS_AT_ONCE, Compressor, Indexer, RowLayout
+from freetoken.layers.v4_rope import InterleavedRope
 
-if TYPE_CHECKING:
-    from freetoken.layers.v4_attention import V4Attention
+
+class V4Attention(Protocol):
+    """What this path reads of a layer (``v4_attention.V4Attention``, which imports this module)."""
+
+    w: Any  # its V4AttentionWeights
+    layout: RowLayout
+    hd: int
+    scale: float
+    window: int
+    rope: InterleavedRope
+    comp: Compressor | None
+    indexer: Indexer | None
 
 NEG = float("-inf")
 
