@@ -5,8 +5,10 @@ seed SEED), its three prompts (1, 9 and 30 tokens, decoded 16 greedy tokens each
 chunks beside decode rows, then 3 decode rows), a fresh engine per round, for SECONDS; every request whose tokens
 differ from transformers' greedy tokens is printed (round, request, first wrong step, tokens), then a last line
 ``RESULT variant: wrong of requests``. Variants: fused, offload (cache 0.5), hybrid (cache 1.0, fill 0.5),
-hybrid-eager (no step or layer graphs). Run by ``bash bench/gpu/run.sh repeat`` (PYTHONPATH=src:tests), one process
-per variant side by side: ``python3 bench/gpu/repeat_greedy.py VARIANT [--family F] [--seed S] [--seconds N]``.
+hybrid-eager (no step or layer graphs); ``--family qwen3_moe --seed 2``: a model without state slots, whose 3 rows
+run in the 4-row graph with a pad repeating row 0. Run by ``bash bench/gpu/run.sh repeat`` (PYTHONPATH=src:tests),
+one process per variant side by side: ``python3 bench/gpu/repeat_greedy.py VARIANT [--family F] [--seed S]
+[--seconds N]``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 import torch
 
 from freetoken import LLM, SamplingParams
-from reference import reference_greedy
+from reference import LOGIT_MARGIN, ROUTER_MARGIN, reference_greedy
 from tiny_models import save_checkpoint
 
 VARIANTS = {
@@ -46,6 +48,10 @@ def main() -> int:
         g = torch.Generator().manual_seed(1000 + args.seed)
         prompts = [torch.randint(3, 512, (n,), generator=g).tolist() for n in (1, 9, 30)]
         refs = [reference_greedy(model, p, 16, 2) for p in prompts]
+        margins = min(r.min_logit_margin for r in refs), min(r.min_router_margin for r in refs)
+        if margins[0] <= LOGIT_MARGIN or margins[1] <= ROUTER_MARGIN:  # the near-tie rule (DESIGN §8)
+            raise SystemExit(f"{args.family} seed {args.seed} has a near tie (logit, router margins {margins}): "
+                             "pick another seed")  # fmt: skip
         params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
         kw = dict(model=tmp, device="cuda", dtype="float32", max_batched_tokens=16, **VARIANTS[args.variant])
         if args.variant != "fused":

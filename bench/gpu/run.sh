@@ -319,6 +319,8 @@ stage_repeat() {  # repeat_greedy.py: each variant SECONDS (240) side by side; w
   for v in fused offload hybrid hybrid-eager; do
     timeout $((secs + 150)) python3 bench/gpu/repeat_greedy.py "$v" --seconds "$secs" > "$OUT/repeat_$v.log" 2>&1 &
   done
+  timeout $((secs + 150)) python3 bench/gpu/repeat_greedy.py fused --family qwen3_moe --seed 2 --seconds "$secs" \
+    > "$OUT/repeat_fused_qwen3_moe.log" 2>&1 &  # pads without state slots (row 0 repeated): benign?
   [ -d .before/src ] && PYTHONPATH=$PWD/.before/src:$PWD/tests:/tmp/site timeout $((secs + 150)) \
     python3 bench/gpu/repeat_greedy.py fused --seconds "$secs" > "$OUT/repeat_before_fused.log" 2>&1 &
   wait
