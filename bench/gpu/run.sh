@@ -336,7 +336,9 @@ llamacpp|llamacpp_gptoss|train)
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nvidia-smi --query-gpu=name --format=csv,noheader \
     2>/dev/null | head -1), $(nproc) CPUs" | tee "$OUT/machine.txt"
   if [ "$stage" = graphs ]; then
-    timeout 300 python3 bench/gpu/graph_matrix.py > "$OUT/graphs.log" 2>&1; echo "rc $?"; tail -30 "$OUT/graphs.log"
+    timeout 240 python3 bench/gpu/graph_matrix.py > "$OUT/graphs.log" 2>&1; echo "rc $?"; tail -30 "$OUT/graphs.log"
+    timeout 240 python3 bench/gpu/graph_matrix.py --family qwen3_5_moe > "$OUT/graphs_states.log" 2>&1; echo "rc $?"
+    tail -30 "$OUT/graphs_states.log"
   else "stage_$stage" "$@"; fi ;;
 *) echo "usage: bash bench/gpu/run.sh STAGE [ARG] (stages: the list at the top of this file)"; exit 2 ;;
 esac
