@@ -71,6 +71,24 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory):
     return build_tokenizer(str(tmp_path_factory.mktemp("tok")))
 
 
+@pytest.fixture(scope="module")
+def kimi_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[bytes, int]]:
+    """A directory with a trained ``tiktoken.model`` and Kimi's tokenizer_config.json (``tiktoken_files.py``), and the
+    ranks: the tiktoken tests' checkpoint."""
+    from tiktoken_files import write_kimi_tokenizer
+
+    d = tmp_path_factory.mktemp("kimi_tok")
+    return d, write_kimi_tokenizer(d)
+
+
+@pytest.fixture(scope="module")
+def kimi_enc(kimi_dir: tuple[Path, dict[bytes, int]]) -> Any:
+    """The ``tiktoken`` library's encoding of ``kimi_dir``'s ranks: the tiktoken tests' oracle."""
+    from tiktoken_files import reference_encoding
+
+    return reference_encoding(kimi_dir[1])
+
+
 def _triton_interpreter_numpy_shim() -> None:
     """Triton 3.6's interpreter turns a one-element block into an index with ``int(array)``, which NumPy
     2.4 refuses for 1-d arrays; the same through ``.item()`` (tests only: the interpreter is our CPU

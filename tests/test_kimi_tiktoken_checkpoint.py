@@ -16,20 +16,7 @@ from freetoken.checkpoint.tiktoken_tokenizer import RESERVED_SPECIAL_TOKENS
 from freetoken.checkpoint.tokenizer import load_tokenizer
 from tiktoken_files import (
     reference_encode,
-    reference_encoding,
-    write_kimi_tokenizer,
 )
-
-
-@pytest.fixture(scope="module")
-def kimi_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[bytes, int]]:
-    d = tmp_path_factory.mktemp("kimi_tok")
-    return d, write_kimi_tokenizer(d)
-
-
-@pytest.fixture(scope="module")
-def enc(kimi_dir: tuple[Path, dict[bytes, int]]) -> Any:
-    return reference_encoding(kimi_dir[1])
 
 # ---- a tiny Kimi-Linear checkpoint shipping only tiktoken.model --------------------------------------------------
 
@@ -57,8 +44,9 @@ def test_no_production_module_imports_tiktoken() -> None:
     assert not [p for p in src.rglob("*.py") if re.search(r"^\s*(import|from) tiktoken\b", p.read_text(), re.M)]
 
 
-def test_llm_loads_and_generates_from_a_chat_prompt(kimi_ckpt: Path, kimi_dir: tuple[Path, dict[bytes, int]], enc: Any,
-                                                    tmp_path: Path, freetoken_env: Any) -> None:  # fmt: skip
+def test_llm_loads_and_generates_from_a_chat_prompt(
+    kimi_ckpt: Path, kimi_dir: tuple[Path, dict[bytes, int]], kimi_enc: Any, tmp_path: Path, freetoken_env: Any
+) -> None:
     from freetoken import LLM, SamplingParams
 
     freetoken_env("FREETOKEN_CACHE", str(tmp_path))
@@ -66,7 +54,7 @@ def test_llm_loads_and_generates_from_a_chat_prompt(kimi_ckpt: Path, kimi_dir: t
     prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": "Say 你好"}], tokenize=False,
                                                add_generation_prompt=True)  # fmt: skip
     out = llm.generate(prompt, SamplingParams(max_tokens=6, temperature=0.0))[0]
-    assert out.prompt_token_ids == reference_encode(enc, prompt)
+    assert out.prompt_token_ids == reference_encode(kimi_enc, prompt)
     assert 1 <= len(out.token_ids) <= 6 and max(out.token_ids) < len(kimi_dir[1]) + RESERVED_SPECIAL_TOKENS
     assert out.text == llm.tokenizer.decode(out.token_ids, skip_special_tokens=True)
 

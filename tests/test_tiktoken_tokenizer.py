@@ -36,19 +36,9 @@ from tiktoken_files import (
 
 
 @pytest.fixture(scope="module")
-def kimi_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[bytes, int]]:
-    d = tmp_path_factory.mktemp("kimi_tok")
-    return d, write_kimi_tokenizer(d)
-
-
-@pytest.fixture(scope="module")
 def tok(kimi_dir: tuple[Path, dict[bytes, int]], tmp_path_factory: pytest.TempPathFactory) -> Any:
     return load_tiktoken_tokenizer(kimi_dir[0], str(tmp_path_factory.mktemp("ftcache")))
 
-
-@pytest.fixture(scope="module")
-def enc(kimi_dir: tuple[Path, dict[bytes, int]]) -> Any:
-    return reference_encoding(kimi_dir[1])
 
 
 def _config(d: Path) -> dict[str, Any]:
@@ -92,20 +82,20 @@ TEXTS = {
 
 
 @pytest.mark.parametrize("name", list(TEXTS))
-def test_encode_and_decode_match_tiktoken(name: str, tok: Any, enc: Any) -> None:
+def test_encode_and_decode_match_tiktoken(name: str, tok: Any, kimi_enc: Any) -> None:
     text = TEXTS[name]
-    want = reference_encode(enc, text)
+    want = reference_encode(kimi_enc, text)
     got = tok.encode(text, add_special_tokens=False)
     assert got == want
-    assert tok.decode(got) == enc.decode(want) == text
+    assert tok.decode(got) == kimi_enc.decode(want) == text
 
 
-def test_random_strings_match_tiktoken(tok: Any, enc: Any) -> None:
+def test_random_strings_match_tiktoken(tok: Any, kimi_enc: Any) -> None:
     rng = random.Random(0)
     alphabet = "ab cA1'.,\n\t中é😀\x1c\u3000-_"
     for _ in range(400):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
-        assert tok.encode(text, add_special_tokens=False) == reference_encode(enc, text), repr(text)
+        assert tok.encode(text, add_special_tokens=False) == reference_encode(kimi_enc, text), repr(text)
 
 
 def test_a_larger_vocabulary_on_this_repositorys_own_files(tmp_path: Path) -> None:
@@ -120,28 +110,28 @@ def test_a_larger_vocabulary_on_this_repositorys_own_files(tmp_path: Path) -> No
     write_tiktoken_model(d / "tiktoken.model", ranks)
     (d / "tokenizer_config.json").write_text(json.dumps(kimi_config(len(ranks))))
     tok = load_tiktoken_tokenizer(d, str(tmp_path / "cache"))
-    enc = reference_encoding(ranks)
+    kimi_enc = reference_encoding(ranks)
     assert len(ranks) > 3000
     for path, text in zip(files, texts):
         ids = tok.encode(text, add_special_tokens=False)
-        assert ids == reference_encode(enc, text), path.name
+        assert ids == reference_encode(kimi_enc, text), path.name
         assert tok.decode(ids) == text
 
 
-def test_the_cuts_change_tokens_and_are_kimis(tok: Any, enc: Any) -> None:
+def test_the_cuts_change_tokens_and_are_kimis(tok: Any, kimi_enc: Any) -> None:
     """The cuts are observable (other sizes, or none, give other tokens), and the converted tokenizer makes Kimi's."""
     text = "fibonacci" * 3_000 + " " + "xyz"
-    want = reference_encode(enc, text)
-    assert reference_encode(enc, text, run=20_000) != want and reference_encode(enc, text, run=10**9) != want
+    want = reference_encode(kimi_enc, text)
+    assert reference_encode(kimi_enc, text, run=20_000) != want and reference_encode(kimi_enc, text, run=10**9) != want
     assert tok.encode(text, add_special_tokens=False) == want
     long = TEXTS["past_a_chunk"]
-    assert reference_encode(enc, long, chunk=10**9) != reference_encode(enc, long)
+    assert reference_encode(kimi_enc, long, chunk=10**9) != reference_encode(kimi_enc, long)
 
 
-def test_bytes_that_are_not_utf8_decode_as_tiktoken(tok: Any, enc: Any) -> None:
+def test_bytes_that_are_not_utf8_decode_as_tiktoken(tok: Any, kimi_enc: Any) -> None:
     ids = tok.encode("中文😀", add_special_tokens=False)
     for n in range(1, len(ids) + 1):
-        assert tok.decode(ids[:n]) == enc.decode(ids[:n])  # a cut character is U+FFFD in both
+        assert tok.decode(ids[:n]) == kimi_enc.decode(ids[:n])  # a cut character is U+FFFD in both
 
 
 def test_special_tokens_ids_and_names(kimi_dir: tuple[Path, dict[bytes, int]], tok: Any) -> None:
@@ -168,13 +158,13 @@ def test_the_reserved_block_is_the_releases(kimi_dir: tuple[Path, dict[bytes, in
     reserved = 258 if model_type == "kimi_linear" else 256
     tok = load_tiktoken_tokenizer(d, str(tmp_path / "cache"))
     assert len(tok) == n + reserved
-    enc = reference_encoding(kimi_dir[1], specials_of(n, reserved, named))
+    kimi_enc = reference_encoding(kimi_dir[1], specials_of(n, reserved, named))
     text = f"a<|reserved_token_{n + 257}|>b<|reserved_token_{n + 255}|>[PAD]"
-    assert tok.encode(text, add_special_tokens=False) == reference_encode(enc, text)
+    assert tok.encode(text, add_special_tokens=False) == reference_encode(kimi_enc, text)
     assert (n + 257 in tok.encode(text, add_special_tokens=False)) == (reserved == 258)
 
 
-def test_chat_template_renders_kimis_markup(kimi_dir: tuple[Path, dict[bytes, int]], tok: Any, enc: Any) -> None:
+def test_chat_template_renders_kimis_markup(kimi_dir: tuple[Path, dict[bytes, int]], tok: Any, kimi_enc: Any) -> None:
     n = len(kimi_dir[1])
     msgs = [{"role": "user", "content": "Hello 中文 world"}, {"role": "assistant", "content": "Hi!"},
             {"role": "user", "content": "def f(): pass"}]  # fmt: skip
@@ -185,7 +175,7 @@ def test_chat_template_renders_kimis_markup(kimi_dir: tuple[Path, dict[bytes, in
         "<|im_user|>user<|im_middle|>def f(): pass<|im_end|><|im_assistant|>assistant<|im_middle|>"
     )
     ids = tok.encode(text, add_special_tokens=False)
-    assert ids == reference_encode(enc, text)
+    assert ids == reference_encode(kimi_enc, text)
     assert ids[0] == n + NAMED_ID["<|im_system|>"] and ids[-1] == n + NAMED_ID["<|im_middle|>"]
 
 
@@ -203,7 +193,7 @@ def test_streaming_detokenizer_rebuilds_the_text(tok: Any) -> None:
 
 
 def test_a_token_marked_not_special_is_matched_whole_and_kept_on_decode(
-    kimi_dir: tuple[Path, dict[bytes, int]], tmp_path: Path, enc: Any
+    kimi_dir: tuple[Path, dict[bytes, int]], tmp_path: Path, kimi_enc: Any
 ) -> None:
     d = _copy(kimi_dir, tmp_path)
     n = len(kimi_dir[1])
@@ -213,7 +203,7 @@ def test_a_token_marked_not_special_is_matched_whole_and_kept_on_decode(
     tok = load_tiktoken_tokenizer(d, str(tmp_path / "cache"))
     text = "x <|media_begin|>[EOS]y"
     ids = tok.encode(text, add_special_tokens=False)
-    assert ids == reference_encode(enc, text) and n + 256 in ids
+    assert ids == reference_encode(kimi_enc, text) and n + 256 in ids
     assert tok.decode(ids, skip_special_tokens=True) == "x <|media_begin|>y"
 
 

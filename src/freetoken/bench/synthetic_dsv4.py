@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import save_file
 
 from freetoken.bench.presets import DeepseekV4Shape, MoEShape
+from freetoken.bench.synthetic_experts import expert_tensors
 from freetoken.quant.fp8_block import E4M3_MAX
 from freetoken.quant.mxfp4 import MXFP4
 
@@ -173,14 +174,12 @@ def write_dsv4(
             ranks = torch.rand((V, E), generator=g).argsort(dim=-1)[:, : shape.top_k]
             t[f"layers.{i}.ffn.gate.tid2eid"] = ranks.contiguous()
         flush(t, f"model-layer{i:03d}.safetensors")
-        one = [fp4(rnd(*dims)) for dims in ((I, D), (I, D), (D, I))] if same_experts else None
-        experts: dict[str, torch.Tensor] = {}
-        for e in range(E):
-            packs = one or [fp4(rnd(*dims)) for dims in ((I, D), (I, D), (D, I))]
-            for w, (q, scale) in zip(("w1", "w3", "w2"), packs):
-                name = f"layers.{i}.ffn.experts.{e}.{w}."
-                experts[name + "weight"] = q.clone() if one else q
-                experts[name + "scale"] = scale.clone() if one else scale
+        def one_expert() -> dict[str, torch.Tensor]:
+            packs = [fp4(rnd(*dims)) for dims in ((I, D), (I, D), (D, I))]
+            return {f"{w}.{part}": t for w, (q, sc) in zip(("w1", "w3", "w2"), packs)
+                    for part, t in (("weight", q), ("scale", sc))}  # fmt: skip
+
+        experts = expert_tensors(E, one_expert, f"layers.{i}.ffn.experts.", same_experts)
         flush(experts, f"model-layer{i:03d}-experts.safetensors")
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index))

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import save_file
 
 from freetoken.bench.presets import KimiLinearShape, MoEShape
+from freetoken.bench.synthetic_experts import expert_tensors
 
 
 def kimi_config(s: MoEShape, k: KimiLinearShape, num_layers: int, max_positions: int) -> dict[str, Any]:
@@ -118,12 +119,10 @@ def write_kimi(
         t |= {m + "shared_experts.gate_proj.weight": rnd(si, D), m + "shared_experts.up_proj.weight": rnd(si, D),
               m + "shared_experts.down_proj.weight": rnd(D, si)}  # fmt: skip
         flush(t, f"model-layer{i:03d}.safetensors")
-        one = (rnd(I, D), rnd(I, D), rnd(D, I)) if same_experts else None
-        experts: dict[str, torch.Tensor] = {}
-        for e in range(E):
-            w = one or (rnd(I, D), rnd(I, D), rnd(D, I))
-            for n, x in zip(("w1", "w3", "w2"), w):
-                experts[m + f"experts.{e}.{n}.weight"] = x.clone() if one else x
+        def one_expert() -> dict[str, torch.Tensor]:
+            return {f"{n}.weight": x for n, x in zip(("w1", "w3", "w2"), (rnd(I, D), rnd(I, D), rnd(D, I)))}
+
+        experts = expert_tensors(E, one_expert, m + "experts.", same_experts)
         flush(experts, f"model-layer{i:03d}-experts.safetensors")
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index))

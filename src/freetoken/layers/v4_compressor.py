@@ -134,12 +134,18 @@ class Indexer:
 
     @staticmethod
     def scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        """q [n, Hi, di], w [n, Hi], keys [N, di] -> [n, N]: sum_h w_h relu(q_h . k), HEADS_AT_ONCE heads at a time
-        (never [n, Hi, N] at once)."""
-        k, out = keys.float(), None
-        for h0 in range(0, q.shape[1], HEADS_AT_ONCE):
-            s = torch.relu(torch.einsum("nhd,kd->nhk", q[:, h0 : h0 + HEADS_AT_ONCE].float(), k))
-            part = (s * w[:, h0 : h0 + HEADS_AT_ONCE, None]).sum(dim=1)
-            out = part if out is None else out + part
-        assert out is not None
-        return out
+        """q [n, Hi, di], w [n, Hi], keys [N, di] -> [n, N] (``head_scores`` over one key set)."""
+        return head_scores(q, w, keys, "nhd,kd->nhk")
+
+
+def head_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, spec: str) -> torch.Tensor:
+    """The indexer's scores sum_h w_h relu(q_h . k), float32, HEADS_AT_ONCE heads at a time (never every head's scores
+    at once). q [n, Hi, di], w [n, Hi]; ``spec`` is one head block's einsum: ``nhd,kd->nhk`` (keys [N, di], one set
+    for every query) or ``bhd,bkd->bhk`` (keys [n, N, di], a set per query) -> [n, N]."""
+    k, out = keys.float(), None
+    for h0 in range(0, q.shape[1], HEADS_AT_ONCE):
+        s = torch.relu(torch.einsum(spec, q[:, h0 : h0 + HEADS_AT_ONCE].float(), k))
+        part = (s * w[:, h0 : h0 + HEADS_AT_ONCE, None]).sum(dim=1)
+        out = part if out is None else out + part
+    assert out is not None
+    return out

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import torch
 
 from freetoken.layers.attention import AttnBatch
-from freetoken.layers.v4_compressor import HEADS_AT_ONCE, Compressor, Indexer, RowLayout
+from freetoken.layers.v4_compressor import Compressor, Indexer, RowLayout, head_scores
 from freetoken.layers.v4_rope import InterleavedRope
 
 
@@ -130,12 +130,5 @@ def _entries(
 
 
 def index_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """q [B, Hi, di], w [B, Hi], each query's own keys [B, E, di] -> [B, E]: sum_h w_h relu(q_h . k), HEADS_AT_ONCE
-    heads at a time (``Indexer.scores`` with a key set per query)."""
-    out: torch.Tensor | None = None
-    for h0 in range(0, q.shape[1], HEADS_AT_ONCE):
-        s = torch.relu(torch.einsum("bhd,bkd->bhk", q[:, h0 : h0 + HEADS_AT_ONCE].float(), keys))
-        part = (s * w[:, h0 : h0 + HEADS_AT_ONCE, None]).sum(dim=1)
-        out = part if out is None else out + part
-    assert out is not None
-    return out
+    """q [B, Hi, di], w [B, Hi], each query's own keys [B, E, di] -> [B, E] (``head_scores``, a key set per query)."""
+    return head_scores(q, w, keys, "bhd,bkd->bhk")
