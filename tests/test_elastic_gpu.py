@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from freetoken import LLM, SamplingParams
+from freetoken.hardware import device_memory
 from freetoken.hardware.device_memory import device_zeros, uses_driver_memory
 from freetoken.memory.budget import MemorySplit
 from tiny_models import save_checkpoint
@@ -73,6 +74,24 @@ def _generate(llm: LLM, prompts: list[list[int]], resizes: dict[int, tuple[int, 
             assert (eng.memory.num_slots, eng.kv.num_pages) == (slots, pages)
             eng.check_integrity()
     return [out[f"r{i}"] for i in range(len(prompts))]
+
+
+def test_a_cache_whose_last_tensor_goes_during_a_capture_is_freed_after_it() -> None:
+    """cuMemFree inside a capture would void it (the step graph then ran eagerly after a resize, at random: a
+    garbage collection in the capture dropped an old bank): the free waits for the capture's end."""
+    if not uses_driver_memory(CUDA):
+        pytest.skip("no driver allocations")
+    held = [device_zeros((GIB // 4,), torch.float32, CUDA)]  # 1 GiB
+    x = torch.ones(8, device=CUDA)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        y = x * 2
+        held.clear()  # the last tensor on the block goes inside the capture
+        assert len(device_memory._DEFERRED) == 1
+    assert device_memory.release_deferred() == 1 and not device_memory._DEFERRED
+    x.fill_(3.0)
+    graph.replay()
+    assert y.tolist() == [6.0] * 8  # the capture held
 
 
 @pytest.mark.parametrize("backend", ["offload", "hybrid"])

@@ -59,8 +59,13 @@ def test_graphed_step_equals_eager(ckpt: Path, backend: str, n: int) -> None:
         graphed, stats = _run(ckpt, True, backend, PROMPTS[:n], params)
         assert graphed == eager
         if backend != "fused":  # the per-layer counts advance in replayed steps as the totals do
-            assert stats["per_layer"] == s_eager["per_layer"]
-            assert sum(stats["per_layer"]["misses"]) == stats["expert_misses"] == s_eager["expert_misses"]
+            layers = stats["per_layer"]
+            assert sum(layers["misses"]) == stats["expert_misses"] and sum(layers["fills"]) == stats["expert_fills"]
+            assert [f + c for f, c in zip(layers["fills"], layers["cpu_runs"])] == layers["misses"]
+            # the same counts as eager where the cache sees the same touches: offload (hybrid refines its split
+            # from timed branches), no pad row (a pad repeats row 0's routes, renewing their LRU stamps)
+            if backend == "offload" and n in BUCKETS:
+                assert layers == s_eager["per_layer"]
         assert stats["step_graph_eager_fallbacks"] == 0, stats["step_graph_eager_fallback_reasons"]
         assert stats["step_graph_replays"] == stats["step_graph_decode_steps"] - stats["step_graph_captures"] > 0
         assert stats["step_graphs"] >= 1

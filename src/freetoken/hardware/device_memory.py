@@ -72,12 +72,36 @@ class _Block:
 
     def __del__(self) -> None:  # pragma: no cover - runs on the GPU box
         try:
-            d = self._drv
-            d.push(self._ctx)  # the thread that drops the last tensor may have no current context
-            d.free(self._ptr)
-            d.pop(ctypes.byref(ctypes.c_void_p()))
+            if torch.cuda.is_current_stream_capturing():  # cuMemFree would void this thread's capture
+                _DEFERRED.append((self._drv, self._ptr, self._ctx))
+                return
+            _free(self._drv, self._ptr, self._ctx)
+            release_deferred()
         except Exception:  # noqa: BLE001 - interpreter shutdown: the driver frees everything anyway
             pass
+
+
+# Driver frees whose last tensor went while this thread captured a CUDA graph (a garbage collection inside a
+# step's capture, say): cuMemFree synchronizes the device, which a capture forbids (it would fail the capture).
+# Freed at the next free or allocation outside a capture, and after each capture (``release_deferred``).
+_DEFERRED: list[tuple[_Driver, int, Any]] = []
+
+
+def _free(drv: _Driver, ptr: int, ctx: Any) -> None:
+    drv.push(ctx)  # the thread that drops the last tensor may have no current context
+    drv.free(ptr)
+    drv.pop(ctypes.byref(ctypes.c_void_p()))
+
+
+def release_deferred() -> int:
+    """Frees the driver allocations deferred during a capture (none while this thread captures); how many."""
+    if not _DEFERRED or torch.cuda.is_current_stream_capturing():
+        return 0
+    n = 0
+    while _DEFERRED:
+        _free(*_DEFERRED.pop())
+        n += 1
+    return n
 
 
 def device_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -94,6 +118,7 @@ def device_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devic
             raise torch.OutOfMemoryError(f"the host has not {nbytes / 2**30:.2f} GiB free for a cache: {exc}") from exc
     with torch.cuda.device(device):
         torch.cuda.init()
+        release_deferred()  # their bytes count for this allocation
         ctx = ctypes.c_void_p()
         drv.get_ctx(ctypes.byref(ctx))
         ptr = ctypes.c_uint64(0)

@@ -45,6 +45,7 @@ import torch
 from freetoken.cache.anchors import due_captures
 from freetoken.cache.kv_pool import KVPool
 from freetoken.experts.base import ExpertBackend
+from freetoken.hardware.device_memory import release_deferred
 from freetoken.kernels.attention import DecodeMeta
 from freetoken.layers.attention import AttnBatch
 from freetoken.models.decoder import DecoderModel
@@ -352,6 +353,8 @@ class StepGraphs:
         except BaseException:
             torch.cuda.set_stream(stream)  # a failed capture can leave the capture stream current
             raise
+        finally:
+            release_deferred()  # cache memory whose last tensor went during the capture
         return graph, out
 
     def _fallback(self, reason: str, detail: str) -> None:

@@ -26,6 +26,8 @@ from typing import Any, Protocol
 
 import torch
 
+from freetoken.hardware.device_memory import release_deferred
+
 log = logging.getLogger(__name__)
 RETRY_AFTER = 32  # eager calls before a capture that ran out of device memory is tried again (elastic memory)
 
@@ -123,6 +125,7 @@ class LayerGraphs:
             return None
         finally:
             host.capture_end()
+            release_deferred()  # cache memory whose last tensor went during the capture
         entry = _Entry(graph, sx, sids, sw, out)
         self._entries[key] = entry
         self.captures += 1
