@@ -14,6 +14,7 @@ import torch
 
 from capture_check import cpu_step_graph_host, fake_step_graphs
 from freetoken import LLM
+from freetoken.runner import step_graph
 from graph_cases import BUCKETS, GRAPH_PROMPTS, cuda_tokens_eager_and_graphed, run_case
 from reference import LOGIT_MARGIN, ROUTER_MARGIN, reference_greedy
 from test_reference_deepseek_v4 import INDEX_MARGIN, margins
@@ -74,7 +75,9 @@ def test_dsv4_sampled_rows_replay_the_eager_tokens(ckpt, monkeypatch: pytest.Mon
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("backend", ["fused", "hybrid"])
-def test_graphed_dsv4_step_on_cuda(ckpt, backend: str) -> None:
+def test_graphed_dsv4_step_on_cuda(ckpt, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Graphed == eager == transformers on CUDA, the graphs per page-table width (1 and 2 pages of 16 here)."""
+    monkeypatch.setattr(step_graph, "FIRST_WIDTH_TOKENS", 16)
     d, model = ckpt
     eager, graphed = cuda_tokens_eager_and_graphed(d, backend)
     assert eager == graphed
@@ -84,3 +87,21 @@ def test_graphed_dsv4_step_on_cuda(ckpt, backend: str) -> None:
         router, index = margins(model, r.prompt + r.tokens)
         assert router > ROUTER_MARGIN and index > INDEX_MARGIN
     assert graphed == [r.tokens for r in refs]
+
+
+def test_dsv4_graphs_come_per_page_table_width(ckpt, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode step that reads every entry its page table reaches runs in the narrowest width holding its longest
+    page table (here 2, 4 and 8 pages as the contexts grow to 26 tokens), not at ``max_model_len``'s: the same tokens
+    as eager, each width captured once per batch size."""
+    monkeypatch.setattr(step_graph, "FIRST_WIDTH_TOKENS", 8)  # 2 pages of 4 tokens
+    d, _ = ckpt
+    graphed = _cpu_graphed(d, monkeypatch)
+    graphs = graphed.engine.runner.graphs
+    assert graphs is not None and graphed.engine.setup.loaded.model.scans_table
+    assert graphs.widths == [2, 4, 8, 16, 32, 64, graphs.max_pages]
+    eager = _engine(d)
+    cases = [run_case(graphed, eager, b, "greedy", STEPS) for b in (1, 3)]
+    assert all(c.same_as_eager and c.replays > 0 for c in cases), "\n".join(c.row() for c in cases)
+    assert all(set(c.reasons) <= {"state_checkpoint"} for c in cases), "\n".join(c.row() for c in cases)
+    used = {b: sorted(per) for b, per in graphs._static.items()}
+    assert used == {1: [2, 4, 8], 3: [2, 4, 8]}, used  # 6 prompt tokens + 20: pages 2, then 3-4, then 5-7

@@ -50,6 +50,8 @@ class DSAttention(MLAttention):
     """``idx``: this layer's indexer; None on a layer sharing layer ``source``'s selection (GLM-5's "shared" layers:
     the step's selection of the last indexer layer before it, kept on the batch)."""
 
+    scans_table = True  # a decode step's indexer scores every position its page table reaches (``decode_selection``)
+
     def __init__(
         self, w: MLAWeights, layer: int, dims: MLADims, eps: float, rotary: Rotary, scale: float,
         idx: IndexerWeights | None, source: int, index_dim: int,

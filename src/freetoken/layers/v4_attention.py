@@ -73,6 +73,7 @@ class V4Attention:
         self.w, self.layer, self.layout, self.h, self.groups = w, layer, layout, heads, groups
         self.window, self.eps, self.rope, self.comp, self.indexer = window, eps, rope, comp, indexer
         self.hd = layout.hd
+        self.scans_table = comp is not None  # a decode step reads every entry its page table reaches (``v4_decode``)
         self.scale = self.hd**-0.5
 
     def forward(self, x: torch.Tensor, batch: AttnBatch, kv: KVPool, states: StatePool | None) -> torch.Tensor:

@@ -46,6 +46,13 @@ class DecoderModel:
         self.embed, self.layers, self.final_norm, self.lm_head, self.eps = embed, layers, final_norm, lm_head, eps
         self.states: StatePool | None = None  # the linear-attention layers' state slots, set by the engine
 
+    @property
+    def scans_table(self) -> bool:
+        """Whether a decode step reads every position its page table reaches in torch ops (a mixer's ``scans_table``:
+        DSA's indexer, DeepSeek-V4's compressed entries): then its step graphs come per page-table width
+        (``runner/step_graph.py``), not at the longest context's."""
+        return any(getattr(layer.attn, "scans_table", False) for layer in self.layers)
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, batch: AttnBatch, kv: KVPool) -> torch.Tensor:
         """input_ids [T] -> final hidden states [T, D]."""

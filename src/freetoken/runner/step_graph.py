@@ -26,6 +26,13 @@ graph is captured on its first use: that step runs eagerly on the static buffers
 compiles the kernels), then the capture records it; later steps replay it. So with no fallback,
 ``replays == decode_steps - captures``.
 
+A model whose decode step reads every position its page table reaches in torch ops (``DecoderModel.scans_table``:
+DeepSeek sparse attention's indexer scores each position, DeepSeek-V4 each compressed entry) would pay for the
+longest context at every step in a graph of ``max_pages`` columns: its graphs come per page-table width too
+(``widths``: powers of two from ``FIRST_WIDTH_TOKENS`` up to ``max_pages``; a step runs in the narrowest holding its
+longest page table, the columns past a row's pages 0 and masked by its length), so a step costs at most twice its
+longest context. Other models' kernels stop at each row's length: one width, ``max_pages``.
+
 A decode step that runs eagerly although graphs are on is a fallback, counted by reason (``FALLBACKS``;
 ``stats()``: ``step_graph_eager_fallbacks`` and per reason) and logged once per reason: a batch past the largest
 bucket, a backend that cannot capture it, a state checkpoint due (taken per sequence), a (bucket, stages) whose
@@ -58,6 +65,7 @@ from freetoken.runner.step_sampler import Choice, StepSampler, features_of, pack
 
 log = logging.getLogger(__name__)
 RETRY_AFTER = 32  # steps before a capture that ran out of device memory is tried again (elastic memory)
+FIRST_WIDTH_TOKENS = 4096  # the narrowest page table (in tokens) of a model whose graphs come per width
 
 # why a decode step ran eagerly although step graphs are on (``StepGraphs.fallbacks``' keys)
 FALLBACKS = {
@@ -93,6 +101,16 @@ def buckets(max_batch: int, every_size: bool = False) -> list[int]:
     return [*out, max_batch]
 
 
+def widths(max_pages: int, page_size: int, per_width: bool) -> list[int]:
+    """The page-table widths with a graph: ``max_pages`` alone, or (``per_width``) powers of two from
+    ``FIRST_WIDTH_TOKENS`` tokens' pages up to ``max_pages`` and it."""
+    out, w = [], max(1, -(-FIRST_WIDTH_TOKENS // page_size))
+    while per_width and w < max_pages:
+        out.append(w)
+        w *= 2
+    return [*out, max_pages]
+
+
 @dataclass
 class _Host:
     """One of a bucket's two sets of pinned host buffers, and the event after the last step that used it."""
@@ -106,8 +124,8 @@ class _Host:
 
 @dataclass
 class _Static:
-    """One bucket's input and output buffers (device), their pinned host twins (two sets, used in turn), and
-    its graphs."""
+    """One (bucket, width)'s input and output buffers (device), their pinned host twins (two sets, used in turn),
+    and its graphs."""
 
     ints: torch.Tensor  # [_INTS*B + B*P + 5*B + ceil(_FLOATS*B/2)] int64, the floats' words last: one copy a step
     floats: torch.Tensor  # [_FLOATS, B] float32, a view of ``ints``' tail
@@ -117,6 +135,7 @@ class _Static:
     ids: torch.Tensor  # [B] the model's input tokens
     mask: torch.Tensor  # [B, ceil(V/32)] int32 the allowed-token bitmask of grammar-constrained rows
     host_mask: torch.Tensor  # (a constrained step is never launched ahead: one is enough)
+    width: int  # P, the page table's columns
     graphs: dict[Features, tuple[Graph, torch.Tensor]] = field(default_factory=dict)  # graph, out
     failed: dict[Features, str] = field(default_factory=dict)  # stages whose capture failed: why
     oom_wait: dict[Features, int] = field(default_factory=dict)  # eager steps left before a capture is retried
@@ -139,10 +158,11 @@ class StepGraphs:
         self.model, self.kv, self.backend, self.sampler = model, kv, backend, sampler
         self.max_pages, self.top_k = max_pages, top_k
         self.buckets = buckets(max_batch, every_size=model.states is not None)  # no pad shares a state slot
+        self.widths = widths(max_pages, kv.page_size, model.scans_table)
         self.vocab = int(model.lm_head.shape[0])  # the logits' width (the allowed-token bitmask's)
         self.device = kv.device
         self.capture = capture or self._cuda_capture
-        self._static: dict[int, _Static] = {}
+        self._static: dict[int, dict[int, _Static]] = {}  # bucket -> page-table width -> its buffers and graphs
         self._pool: Any = None
         self.enabled = True
         self.decode_steps = self.captures = self.replays = 0
@@ -150,6 +170,11 @@ class StepGraphs:
 
     def bucket(self, n: int) -> int | None:
         return next((b for b in self.buckets if b >= n), None)
+
+    def width(self, reqs: Sequence[StepRequest]) -> int:
+        """The narrowest page-table width holding every row's pages."""
+        most = max(len(req.pages) for req in reqs)
+        return next((w for w in self.widths if w >= most), self.max_pages)
 
     def refusal(self, items: Sequence[tuple[R, int]], starts: list[int] | None = None) -> tuple[str, str] | None:
         """Why a decode-only step (``starts``: as ``launch``'s) cannot run from the graphs: (reason, detail), or
@@ -163,8 +188,9 @@ class StepGraphs:
             return "past_buckets", f"{len(items)} rows, largest bucket {self.buckets[-1]}"
         if self.backend is not None and not self.backend.step_capturable(b, self.top_k):
             return "backend", f"the {self.backend.name} backend, {b} rows"
-        st = self._static.get(b)
-        why = st.failed.get(features_of([req for req, _ in items])) if st is not None else None
+        reqs = [req for req, _ in items]
+        st = self._static.get(b, {}).get(self.width(reqs))
+        why = st.failed.get(features_of(reqs)) if st is not None else None
         return ("capture_failed", why) if why is not None else None
 
     def admit(self, items: Sequence[tuple[R, int]], starts: list[int] | None = None, graphs: bool = True) -> bool:
@@ -200,7 +226,8 @@ class StepGraphs:
         starts = starts if starts is not None else [req.num_computed_tokens for req in reqs]
         B = self.bucket(len(reqs))
         assert B is not None
-        st = self._static.get(B) or self._make(B)
+        P = self.width(reqs)
+        st = self._static.get(B, {}).get(P) or self._make(B, P)
         f = features_of(reqs)
         host = st.hosts[st.turn]
         st.turn ^= 1
@@ -230,8 +257,8 @@ class StepGraphs:
         return step
 
     # -- buffers ---------------------------------------------------------------------------------------
-    def _make(self, B: int) -> _Static:
-        P, dev = self.max_pages, self.device
+    def _make(self, B: int, P: int) -> _Static:
+        dev = self.device
         n_ints = _INTS * B + B * P + 5 * B
         n = n_ints + (_FLOATS * B + 1) // 2  # the float32 settings, two to an int64 word
         ints = torch.zeros(n, dtype=torch.int64, device=dev)
@@ -256,9 +283,9 @@ class StepGraphs:
         ]  # fmt: skip
         st = _Static(
             ints, floats, hosts, batch, sampling, ids,
-            new_bitmask(B, self.vocab).to(dev), new_bitmask(B, self.vocab).pin_memory(),  # mask, host_mask
+            new_bitmask(B, self.vocab).to(dev), new_bitmask(B, self.vocab).pin_memory(), P,  # mask, host_mask, width
         )  # fmt: skip
-        self._static[B] = st
+        self._static.setdefault(B, {})[P] = st
         return st
 
     def _fill(
@@ -267,7 +294,7 @@ class StepGraphs:
         """The step's metadata into the pinned twin, then one copy to the device buffers (on CUDA the page table
         and lengths are read in place; on a CPU converted to int32 inside the step). A row ahead of its request's
         ``token_ids`` gets ``src_rows``' entry as its id: the row of the previous step that ``launch`` gathers."""
-        B, P = st.floats.shape[1], self.max_pages
+        B, P = st.floats.shape[1], st.width
         pad = B - len(reqs)
         assert not (pad and st.batch.state_slots is not None), "a pad row would share row 0's state slot"
         rows, starts, src_rows = [*reqs] + [reqs[0]] * pad, starts + [starts[0]] * pad, src_rows + [src_rows[0]] * pad
@@ -304,8 +331,7 @@ class StepGraphs:
         """The step; returns [B, 1] float64 sampled ids, or with logprobs [B, 2 + 2*MAX_TOP_LOGPROBS]."""
         meta = st.batch.decode
         assert meta is not None
-        B = st.ids.shape[0]
-        P = self.max_pages
+        B, P = st.ids.shape[0], st.width
         if meta.block_table.dtype != torch.int64:
             meta.block_table.copy_(st.ints[_INTS * B : _INTS * B + B * P].view(B, P))
             meta.seq_lens.copy_(st.ints[3 * B : 4 * B])
@@ -376,7 +402,7 @@ class StepGraphs:
 
     def stats(self) -> dict[str, Any]:
         return {
-            "step_graphs": sum(len(s.graphs) for s in self._static.values()),
+            "step_graphs": sum(len(s.graphs) for per in self._static.values() for s in per.values()),
             "step_graph_decode_steps": self.decode_steps,
             "step_graph_captures": self.captures,
             "step_graph_replays": self.replays,
