@@ -7,7 +7,8 @@ KV pool's row beside the latent (``memory/sizes.py``: the row is ``R + dr + Di``
 Rotary turns the first ``dr`` dims of the indexer's q and k (rotate-half; GLM-5's interleaved layout is permuted into it
 at load, ``models/dsa_blocks.py``). The scoring, selection and sparse attention are
 ``kernels/attention/dsa_reference.py``'s; decode and prefill are both absorbed as MLA's decode is (each query reads
-at most ``index_topk`` latents; on CUDA decode is MLA's Triton kernel over the kept latents, ``dsa_triton_decode.py``).
+at most ``index_topk`` latents; on CUDA a decode step's scores come from Triton, ``index_triton.py``, and MLA's Triton
+kernel attends the kept latents, ``dsa_triton_decode.py``).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class DSAttention(MLAttention):
         self.idx, self.source, self.index_dim = idx, source, index_dim
         # the head weights' scales folded in: relu(s q.k) = s relu(q.k) for s > 0
         self.head_scale = 0.0 if idx is None else float(idx.heads**-0.5 * idx.head_dim**-0.5)
-        self.triton = use_triton(w.kv_a.device)  # decode: Triton over the kept latents (``dsa_triton_decode.py``)
+        self.triton = use_triton(w.kv_a.device)  # decode: Triton scores and attention (``dsa_triton_decode.py``)
 
     def index_keys(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [T, D] -> the indexer's rotated keys [T, Di] (zeros on a sharing layer: its rows' keys are unused)."""
@@ -80,7 +81,10 @@ class DSAttention(MLAttention):
         iw = linear(x.float(), i.weights_proj) * self.head_scale
         L = self.dims.rank + self.dims.rope_dim
         if batch.decode is not None:
-            sel: object = decode_selection(cache, batch.decode, L, iq, iw, i.topk)
+            select = decode_selection
+            if self.triton:  # the scores in Triton
+                from freetoken.kernels.attention.dsa_triton_decode import decode_selection_triton as select
+            sel: object = select(cache, batch.decode, L, iq, iw, i.topk)
         else:
             assert batch.prefill is not None, "a step is a decode step or has prefill metadata"
             sel = prefill_selection(cache, batch.prefill, L, iq, iw, i.topk, self.dims.heads)

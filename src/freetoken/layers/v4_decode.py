@@ -13,8 +13,9 @@ Per sequence b at position p (``batch.positions``) with state slot s (``batch.st
 - the query attends the W ring rows (row r holds position p - ((p - r) mod W); those below 0 masked) and every entry
   row its page table reaches (E = P S // m entries: entry e of position e m + m - 1), those not yet complete
   (e >= (p + 1) // m) masked; a CSA layer whose table reaches more entries than its indexer keeps scores them all and
-  keeps its top ``index_topk`` (the masked ones score -inf). Masked keys are zeroed before they are read, so rows of
-  pages past the sequence's (any values) never reach the output.
+  keeps its top ``index_topk`` (the masked ones score -inf; on CUDA the scores come from Triton, ``index_triton.py``).
+  Masked keys are zeroed before they are read, so rows of pages past the sequence's (any values) never reach the
+  output.
 B = sequences, H = heads, d = head dim, W = window, E = entries the page table reaches, k = kept entries.
 """
 
@@ -24,6 +25,7 @@ from typing import Any, Protocol
 
 import torch
 
+from freetoken.kernels.triton_support import use_triton
 from freetoken.layers.attention import AttnBatch
 from freetoken.layers.v4_compressor import Compressor, Indexer, RowLayout, head_scores
 from freetoken.layers.v4_rope import InterleavedRope
@@ -123,8 +125,16 @@ def _entries(
     rows = _entry_row(table, (e * m + m - 1).expand(p.shape[0], -1), page_size, m, entry_rows)  # [B, E]
     if a.indexer is not None and E > a.indexer.topk:
         iq, iw = a.indexer.queries(q_resid, x, p, a.rope)
-        ikeys = torch.where(seen[..., None], ents[rows, lay.entry_part("ikey")].float(), 0.0)  # [B, E, di]
-        top = index_scores(iq, iw, ikeys).masked_fill(~seen, NEG).topk(a.indexer.topk, dim=-1).indices  # [B, k]
+        ikey = lay.entry_part("ikey")
+        if use_triton(ents):  # each key read in place, once for all heads (``kernels/attention/index_triton.py``)
+            from freetoken.kernels.attention.index_triton import index_scores_paged
+
+            visible = torch.div(p + 1, m, rounding_mode="floor")
+            scores = index_scores_paged(iq, iw, ents[:, ikey], table, visible, page_size, m, entry_rows)
+        else:
+            ikeys = torch.where(seen[..., None], ents[rows, ikey].float(), 0.0)  # [B, E, di]
+            scores = index_scores(iq, iw, ikeys).masked_fill(~seen, NEG)
+        top = scores.topk(a.indexer.topk, dim=-1).indices  # [B, k]
         rows, seen = rows.gather(1, top), seen.gather(1, top)
     return torch.where(seen[..., None], ents[rows, lay.entry_part("entry")].float(), 0.0), seen
 
