@@ -22,6 +22,17 @@ _NO_INTERPRETER = pytest.mark.skipif(
 def TRITON_INTERPRETER(fn: Any) -> Any:  # noqa: N802 - used as a marker
     return pytest.mark.interp(_NO_INTERPRETER(fn))
 
+# The shared bf16 tolerance of a GPU kernel on bf16 inputs against its float32 reference (the fast-step issue's rule):
+# relative l2 error at most BF16_REL and the largest error at most BF16_MAX of max|ref|.
+BF16_REL, BF16_MAX = 8e-3, 2**-6
+
+
+def assert_bf16_close(got: torch.Tensor, ref: torch.Tensor, what: object = "") -> None:
+    err, r = got.float() - ref.float(), ref.float()
+    rel, worst = float(err.norm() / r.norm()), float(err.abs().max() / r.abs().max())
+    assert rel <= BF16_REL and worst <= BF16_MAX, f"{what}: relative l2 {rel:.3g}, max {worst:.3g} of max|ref|"
+
+
 DEVICES = [
     "cpu",
     pytest.param(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from devices import assert_bf16_close
 from freetoken import LLM, SamplingParams
 from freetoken.kernels import gated_delta_fla
 from freetoken.kernels.gated_delta import chunk_gated_delta, heads, l2norm, recurrent_gated_delta
@@ -28,11 +29,7 @@ def _fla() -> gated_delta_fla.FlaKernels:
     return fla
 
 
-def _close(got: torch.Tensor, ref: torch.Tensor, what: str) -> None:
-    """The fast-step issue's bf16 rule: ||got - ref|| / ||ref|| <= 8e-3 and max error <= 2^-6 max|ref|."""
-    err, r = got.float() - ref.float(), ref.float()
-    rel, worst = float(err.norm() / r.norm()), float(err.abs().max() / r.abs().max())
-    assert rel <= 8e-3 and worst <= 2**-6, f"{what}: relative l2 {rel:.3g}, max {worst:.3g} of max|ref|"
+_close = assert_bf16_close  # the shared bf16 tolerance
 
 
 def _inputs(T: int, hk: int, h: int, dk: int, dv: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
