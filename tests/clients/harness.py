@@ -1,6 +1,7 @@
-"""Real agent clients against the real ``ft serve`` app on loopback: one scripted task ("read numbers.txt and
-answer with the number in it"), each client run non-interactively, pointed at the server by ``ft launch``'s
-own plans (src/freetoken/launch/), in a throw-away HOME and work folder.
+"""Real agent clients against the real ``ft serve`` app on loopback, each run non-interactively on a task, pointed
+at the server by ``ft launch``'s own plans (src/freetoken/launch/), in a throw-away HOME and work folder. Two tasks:
+``READ`` ("read numbers.txt and answer with the number in it": a tool's output must come back) and ``HELLO`` (create
+hello.py that prints hi, in a fresh git repository: the client's own write tool must run).
 
 The server is the real HTTP app (``freetoken.bench.loopback.serve``) with a recorder around it that keeps
 every request body and every error answer, for the facts (API, tools, first request's size, errors).
@@ -9,6 +10,7 @@ a real model (``--model PATH``, or ``--model default`` for the embedded default 
 
     PYTHONPATH=src:tests python3 tests/clients/harness.py --model scripted           # every client, scripted
     PYTHONPATH=src:tests python3 tests/clients/harness.py --model default claude     # the embedded model
+    PYTHONPATH=src:tests python3 tests/clients/harness.py --task hello               # create hello.py
 """
 
 from __future__ import annotations
@@ -41,7 +43,21 @@ from freetoken.server.settings import ServerConfig
 MODEL = "freetoken"
 NUMBER = "73914"
 PROMPT = "Read the file numbers.txt and answer with the number in it."
+HELLO_PROMPT = "Create a file hello.py in this folder that prints hi when run with python3."
 CLIENT_TIMEOUT_S = 180
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    prompt: str
+    writes: bool  # the client must be allowed to write in its work folder
+    git: bool = False  # the work folder is a fresh git repository
+
+
+READ = Task("read", PROMPT, writes=False)
+HELLO = Task("hello", HELLO_PROMPT, writes=True, git=True)
+TASKS = (READ, HELLO)
 
 
 @dataclass
@@ -100,28 +116,31 @@ class Recorder:
 class Client:
     name: str
     launch: Any  # the ft launch module (plan(), BINARY)
-    args: Callable[[str], list[str]]  # prompt -> the arguments after those of the launch plan
+    args: Callable[[str, bool], list[str]]  # (prompt, may write) -> the arguments after those of the launch plan
     env: Mapping[str, str] = field(default_factory=dict)
 
 
 CLIENTS: dict[str, Client] = {
     c.name: c
     for c in (
-        # -p: print mode; Read is allowed without a prompt (root may not skip permissions altogether).
-        Client("claude", claude_launch, lambda p: ["-p", p, "--allowedTools", "Read"]),
-        # exec: one task; its shell tool runs in Codex's read-only sandbox (its bundled bubblewrap).
-        Client("codex", codex_launch, lambda p: ["exec", "--skip-git-repo-check", "--sandbox", "read-only", p]),
+        # -p: print mode; Read (and Write where the task writes) allowed without a prompt (root may not skip
+        # permissions altogether).
+        Client("claude", claude_launch, lambda p, w: ["-p", p, "--allowedTools", "Read,Write" if w else "Read"]),
+        # exec: one task; its shell tool runs in Codex's sandbox (its bundled bubblewrap): read-only, or the work folder
+        # writable.
+        Client("codex", codex_launch,
+               lambda p, w: ["exec", "--skip-git-repo-check", "--sandbox", "workspace-write" if w else "read-only", p]),
         Client(
             "opencode",
             opencode_launch,
-            lambda p: ["run", p],
+            lambda p, w: ["run", p],
             # models.dev (its model catalogue) is not npm: never asked; our model's limits come from the config.
             env={"OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_AUTOUPDATE": "1"},
         ),
         # -z: one shot (prompt in, final text out; approvals bypassed).
-        Client("hermes", hermes_launch, lambda p: ["-z", p]),
+        Client("hermes", hermes_launch, lambda p, w: ["-z", p]),
         # agent --local: one turn of the embedded agent, no gateway.
-        Client("openclaw", openclaw_launch, lambda p: ["agent", "--local", "--message", p]),
+        Client("openclaw", openclaw_launch, lambda p, w: ["agent", "--local", "--message", p]),
     )
 }
 # opencode wants its provider package (@ai-sdk/openai-compatible) from npm at first use: one shared cache.
@@ -136,10 +155,18 @@ class Outcome:
     stderr: str
     seconds: float
     exchanges: list[Exchange]
+    work: Path  # the client's work folder
 
     @property
     def answered(self) -> bool:
         return self.rc == 0 and NUMBER in self.stdout
+
+    def hello_prints(self) -> str | None:
+        """What ``python3 hello.py`` prints in the work folder (None: no hello.py, or it failed)."""
+        if not (self.work / "hello.py").is_file():
+            return None
+        run = subprocess.run([sys.executable, "hello.py"], cwd=self.work, capture_output=True, text=True, timeout=30)
+        return run.stdout if run.returncode == 0 else None
 
     def describe(self) -> str:
         rc = "timed out" if self.rc is None else f"exit {self.rc}"
@@ -148,18 +175,21 @@ class Outcome:
         return f"{self.client}: {rc} after {self.seconds:.1f} s; requests: [{paths}]; output: {tail!r}"
 
 
-def workspace(root: Path) -> tuple[Path, Path]:
-    """A work folder holding numbers.txt, and an empty HOME."""
+def workspace(root: Path, task: Task = READ) -> tuple[Path, Path]:
+    """A work folder holding numbers.txt (a fresh git repository where the task asks for one), and an empty HOME."""
     work, home = root / "work", root / "home"
     work.mkdir(parents=True)
     home.mkdir()
     (work / "numbers.txt").write_text(NUMBER + "\n")
+    if task.git:
+        subprocess.run(["git", "init", "-q", str(work)], check=True)
     return work, home
 
 
 def client_env(
-    client: Client, url: str, home: Path, bin_dir: Path, model: str | None = MODEL, key: str = base.API_KEY
-) -> tuple[list[str], dict[str, str]]:
+    client: Client, url: str, home: Path, bin_dir: Path, model: str | None = MODEL, key: str = base.API_KEY,
+    task: Task = READ,
+) -> tuple[list[str], dict[str, str]]:  # fmt: skip
     """The command line and environment ``ft launch <client>`` would run, files written into ``home``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "CODEX_", "OPENCODE_"))}
     env.update(HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", NO_PROXY="127.0.0.1,localhost")
@@ -167,20 +197,20 @@ def client_env(
     env["XDG_CACHE_HOME"] = str(client_install.prefix() / "xdg-cache") if client.name in SHARED_CACHE else ""
     env = {k: v for k, v in env.items() if v}
     server = base.probe_server(url, model, key=key)
-    plan = client.launch.plan(server, env, client.args(PROMPT))
+    plan = client.launch.plan(server, env, client.args(task.prompt, task.writes))
     base.apply_plan(plan)
     return [str(bin_dir / plan.binary), *plan.args], {**plan.child_env(env), **client.env}
 
 
 def run_client(
     client: Client, running: Running | str, recorder: Recorder, root: Path, bin_dir: Path, timeout: float,
-    key: str = base.API_KEY,
+    key: str = base.API_KEY, task: Task = READ,
 ) -> Outcome:  # fmt: skip
     """``running``: our server, or the URL of an ``ft serve`` started elsewhere (its first model is used); ``key``:
     what ``ft launch`` is given as ``--api-key``."""
-    work, home = workspace(root)
+    work, home = workspace(root, task)
     url = running if isinstance(running, str) else running.url
-    cmd, env = client_env(client, url, home, bin_dir, None if isinstance(running, str) else MODEL, key)
+    cmd, env = client_env(client, url, home, bin_dir, None if isinstance(running, str) else MODEL, key, task)
     env["PWD"] = str(work)  # opencode takes its project folder from $PWD, not from the process's cwd
     if not isinstance(running, str) and hasattr(running.engine, "workdir"):
         running.engine.workdir = str(work)  # the scripted model's tool calls name this folder
@@ -199,7 +229,7 @@ def run_client(
         out, err = proc.communicate()
         rc = None
     _kill_session(proc.pid)  # what the client left running
-    return Outcome(client.name, rc, out, err, time.monotonic() - t0, recorder.exchanges[first:])
+    return Outcome(client.name, rc, out, err, time.monotonic() - t0, recorder.exchanges[first:], work)
 
 
 def _kill_session(pgid: int) -> None:
@@ -225,7 +255,7 @@ def server(
         from freetoken.config import EngineConfig
         from freetoken.engine.async_llm import AsyncLLM
 
-        cfg = EngineConfig(model=None if model == "default" else model, device="cpu")
+        cfg = EngineConfig(model=None if model == "default" else model, device="cpu", seed=0)  # the seed fixed
 
         def engine() -> Any:
             return AsyncLLM.start(cfg)
@@ -262,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-model-len", type=int, default=None, help="the scripted model's context (toy tokens)")
     p.add_argument("--dump", type=Path, default=None, help="write each client's requests to DUMP/<client>.json")
     p.add_argument("--url", default=None, help="an `ft serve` already running (no requests recorded then)")
+    p.add_argument("--task", choices=[t.name for t in TASKS], default=READ.name, help="what each client is asked")
     args = p.parse_args(argv)
     dirs = client_install.bin_dirs(args.clients)
     ok = True
@@ -275,9 +306,10 @@ def main(argv: list[str] | None = None) -> int:
         url = running if isinstance(running, str) else running.url
         for name in args.clients:
             root = Path(d) / name
-            outcome = run_client(CLIENTS[name], running, rec, root, dirs[name], args.timeout)
+            task = next(t for t in TASKS if t.name == args.task)
+            outcome = run_client(CLIENTS[name], running, rec, root, dirs[name], args.timeout, task=task)
             print(json.dumps(facts(outcome, url), indent=1), flush=True)
-            ok &= outcome.answered
+            ok &= outcome.answered if task is READ else outcome.rc == 0 and outcome.hello_prints() == "hi\n"
             if args.dump:
                 args.dump.mkdir(parents=True, exist_ok=True)
                 dumped = [{"path": e.path, "status": e.status, "body": e.body} for e in outcome.exchanges]

@@ -1,10 +1,12 @@
 """The scripted model behind the real server in the client tests: it plays one agent turn of the task
-"read numbers.txt and answer with the number in it".
+"read numbers.txt and answer with the number in it", or of "create hello.py that prints hi" where the prompt asks
+for hello.py (``harness.HELLO_PROMPT``).
 
 It reads the rendered prompt (the Qwen-like template of ``scripted_engine``): when the last turn holds a tool
 result, it answers with the 5-digit number found there (so the answer can only be right if the client ran the
-tool and sent its output back); when the prompt offers a file-reading tool, it calls it on ``numbers.txt``
-with the arguments that client's tool takes; with no tools (title or summary requests) it says a few words.
+tool and sent its output back), or says hello.py is written; when the prompt offers a file-reading tool, it calls it
+on ``numbers.txt`` with the arguments that client's tool takes (hello.py: its file-writing tool, Codex's shell);
+with no tools (title or summary requests) it says a few words.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ SHELL_CALLS: tuple[tuple[str, Callable[[str], dict[str, Any]]], ...] = (
     ("exec_command", lambda d: {"cmd": "cat numbers.txt", "workdir": d}),  # unified exec
     ("shell", lambda d: {"command": ["cat", "numbers.txt"], "workdir": d}),  # classic shell
 )
+# File-writing tools (Claude Code's Write, opencode's write, OpenClaw's write, Hermes' write_file) and their path key.
+WRITE_TOOLS = (("Write", "file_path"), ("write", "filePath"), ("write", "path"), ("write_file", "path"))
+HELLO_ASK = "Create a file hello.py"  # the task's words in the user's turn
+HELLO_SOURCE = 'print("hi")\n'
+HELLO_SHELL = "printf 'print(\"hi\")\\n' > hello.py"
 MAX_MODEL_LEN = 1 << 20  # the toy tokenizer spends ~2x the real one's tokens; no limit worth meeting here
 
 
@@ -56,9 +63,24 @@ def tool_call(offered: dict[str, set[str]], workdir: str) -> dict[str, Any] | No
     return None
 
 
+def write_call(offered: dict[str, set[str]], workdir: str) -> dict[str, Any] | None:
+    """The call that writes hello.py with the client's own tool (Codex: its shell)."""
+    for name, key in WRITE_TOOLS:
+        if {key, "content"} <= offered.get(name, set()):
+            return {"name": name, "arguments": {key: f"{workdir}/hello.py", "content": HELLO_SOURCE}}
+    if "exec_command" in offered:
+        return {"name": "exec_command", "arguments": {"cmd": HELLO_SHELL, "workdir": workdir}}
+    if "shell" in offered:
+        return {"name": "shell", "arguments": {"command": ["bash", "-c", HELLO_SHELL], "workdir": workdir}}
+    return None
+
+
 def reply(prompt: str, workdir: str) -> str:
     # Everything since the previous assistant turn (the whole prompt on the first turn).
     last = prompt.rsplit("<|im_start|>assistant", 2)[-2]
+    hello = HELLO_ASK in prompt
+    if "<tool_response>" in last and hello:
+        return "hello.py is written: `python3 hello.py` prints hi."
     if "<tool_response>" in last:
         result = last.rsplit("<tool_response>", 1)[1]
         # Codex's exec tools put their own numbers first (chunk and session ids, a 5-digit one among them at
@@ -66,7 +88,7 @@ def reply(prompt: str, workdir: str) -> str:
         found = NUMBER_RE.findall(result.rsplit("Output:", 1)[-1])
         return f"The number is {found[0]}." if found else "The tool result holds no number."
     offered = tools(prompt)
-    call = tool_call(offered, workdir)
+    call = write_call(offered, workdir) if hello else tool_call(offered, workdir)
     if call is not None:
         return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
     return "Reading a number." if not offered else f"No file-reading tool among: {', '.join(offered)}."

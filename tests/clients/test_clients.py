@@ -1,8 +1,9 @@
 """Real Claude Code, Codex, opencode, Hermes Agent and OpenClaw, each run non-interactively against the real
-server app (the scripted model behind it, tests/clients/scripted.py) on one task that needs a tool call: read
-numbers.txt, answer with its number. Each must exit 0 with the number, after a round trip that sent the tool's
-output back; and with a context too small for its first request, each must say so and stop (opencode does
-not: pinned below)."""
+server app (the scripted model behind it, tests/clients/scripted.py; ``$FT_CLIENTS_MODEL`` a real one) on two tasks
+that need a tool call: read numbers.txt and answer with its number (each must exit 0 with the number, after a round
+trip that sent the tool's output back), and create hello.py that prints hi in a fresh git repository (each must run
+its own write tool, within 5 minutes and 20 requests). With a context too small for its first request, each must say
+so and stop (opencode does not: pinned below)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from pathlib import Path
 
 import pytest
 from client_install import bin_dirs
-from harness import CLIENTS, NUMBER, Outcome, Recorder, run_client, server
+from harness import CLIENTS, HELLO, NUMBER, READ, Outcome, Recorder, Task, run_client, server
 
 from freetoken.bench.loopback import Running
 
 API_PATH = {"claude": "/v1/messages", "codex": "/v1/responses"}  # the others: "/v1/chat/completions"
 TIMEOUT_S = 120
+HELLO_TIMEOUT_S = 300  # the default model's bound per client (#37); the scripted model takes seconds
+MAX_REQUESTS = 20
 OVERFLOW_CONTEXT = 4096  # toy tokens: every client's first request is 10-40k of them
 KEY = "k3y-for-the-clients"  # the keyed server's --api-key
 
@@ -50,9 +53,10 @@ def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Run
 
 
 def _run(name: str, srv: tuple[Running, Recorder], tmp: Path, dirs: dict[str, Path], timeout: float,
-         key: str | None = None) -> Outcome:  # fmt: skip
+         key: str | None = None, task: Task = READ) -> Outcome:  # fmt: skip
     running, recorder = srv
-    return run_client(CLIENTS[name], running, recorder, tmp, dirs[name], timeout, *([key] if key else []))
+    kw = {"key": key} if key else {}
+    return run_client(CLIENTS[name], running, recorder, tmp, dirs[name], timeout, task=task, **kw)
 
 
 @pytest.mark.parametrize("name", list(CLIENTS))
@@ -64,6 +68,16 @@ def test_client_reads_the_file_and_answers(name: str, scripted_server, tmp_path:
     assert len(turns) >= 2 and all(e.path == path and e.status == 200 for e in turns), out.describe()
     # The second turn carries the tool's output: the number reached the client's tool and came back.
     assert NUMBER not in json.dumps(turns[0].body) and NUMBER in json.dumps(turns[1].body), out.describe()
+
+
+@pytest.mark.parametrize("name", list(CLIENTS))
+def test_client_creates_hello_py(name: str, scripted_server, tmp_path: Path, dirs) -> None:
+    """In a fresh git repository, the client writes hello.py with its own tool (Codex: its shell, in its
+    workspace-write sandbox) and ``python3 hello.py`` prints hi; at most 20 requests, all answered 200."""
+    out = _run(name, scripted_server, tmp_path, dirs, HELLO_TIMEOUT_S, task=HELLO)
+    assert out.rc == 0, out.describe()
+    assert (out.work / ".git").is_dir() and out.hello_prints() == "hi\n", out.describe()
+    assert 0 < len(out.exchanges) <= MAX_REQUESTS and all(e.status == 200 for e in out.exchanges), out.describe()
 
 
 @pytest.mark.parametrize("name", ["claude", "codex", "openclaw"])
