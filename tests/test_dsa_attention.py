@@ -15,6 +15,7 @@ from freetoken.kernels.attention.dsa_reference import (
     dense_meta,
     dsa_decode_reference,
     dsa_prefill_reference,
+    index_scores,
     prefill_selection,
 )
 from test_mla_attention import PAGE, _pool, _weights
@@ -96,7 +97,7 @@ def test_prefill_keeps_each_query_s_top_k_of_what_it_sees(elements: int | None, 
 
 
 def _check_triton(device: str, dtype: torch.dtype, H: int, R: int, dr: int, topk: int) -> None:
-    from freetoken.kernels.attention.dsa_triton_decode import dsa_decode_triton
+    from freetoken.kernels.attention.dsa_triton import dsa_decode_triton
 
     g = torch.Generator().manual_seed(H + R + topk)
     for lens in ([1, 33, 70], [16, 32, 5, 100]):
@@ -127,3 +128,67 @@ def test_triton_dsa_decode_in_the_interpreter(H: int, R: int, dr: int, topk: int
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_triton_dsa_decode_on_cuda(H: int, R: int, dr: int, topk: int, dtype: torch.dtype) -> None:
     _check_triton("cuda", dtype, H, R, dr, topk)
+
+
+def _dense(blocks: list) -> list[tuple[int, int, int]]:
+    return [(b.seq, b.start, b.stop) for b in blocks if b.slots is None]
+
+
+def _rows_of(blocks: list) -> dict[int, tuple]:
+    """Each sparse row of a selection: its block and its index there."""
+    return {r: (b, r - b.start) for b in blocks if b.slots is not None for r in range(b.start, b.stop)}
+
+
+def _check_triton_prefill(device: str, dtype: torch.dtype, H: int, R: int, dr: int, topk: int) -> None:
+    """The Triton prefill path (``dsa_triton.py``) against the reference: the same dense blocks, each sparse row's
+    kept positions (its visible ones, best first) and counts; its attention over the reference's own selection."""
+    from freetoken.kernels.attention.dsa_triton import dsa_prefill_triton, prefill_selection_triton
+
+    g = torch.Generator().manual_seed(H + R + topk)
+    lens, news = [9, 70, 41, 3], [9, 12, 41, 1]  # a first chunk, a later chunk, a whole prompt, one token
+    cache, table = _pool(lens, R + dr + DI, dtype, device, g)
+    T = sum(news)
+    starts = [sum(news[:i]) for i in range(len(news))]
+    meta = PrefillMeta(*(torch.tensor(v, dtype=torch.int32, device=device) for v in (starts, news, lens)), table,
+                       PAGE, max(news))  # fmt: skip
+    q = torch.randn((T, H, R + dr), generator=g).to(dtype).to(device)
+    iq, iw = (torch.randn(s, generator=g).to(device) for s in ((T, HI, DI), (T, HI)))
+    iq = iq.to(dtype).float()  # the queries the kernel reads (bf16: rounded)
+    ref_sel = prefill_selection(cache.float(), meta, R + dr, iq, iw, topk, H)
+    sel = prefill_selection_triton(cache, meta, R + dr, iq.to(dtype), iw, topk, H)
+    assert _dense(sel) == _dense(ref_sel)
+    got, want = _rows_of(sel), _rows_of(ref_sel)
+    assert sorted(got) == sorted(want)
+    for r, (b, i) in want.items():  # the same count; kept positions of the same scores (ties at 0 in any order)
+        gb, gi = got[r]
+        assert gb.kept is not None and b.kept is not None and torch.equal(gb.kept[gi], b.kept[i]), r
+        n = int(b.kept[i].sum())
+        scores = [index_scores(iq[r : r + 1].float(), iw[r : r + 1], cache[sl[:n], 0, R + dr :].float())[0]
+                  for sl in (gb.slots[gi], b.slots[i])]  # fmt: skip
+        close = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(scores[0].sort().values, scores[1].sort().values, **close, msg=str(r))
+    ref = dsa_prefill_reference(q.float(), cache.float(), ref_sel, 0.1, R)
+    out = dsa_prefill_triton(q, cache, ref_sel, 0.1, R).float()
+    if dtype == torch.float32:
+        rel = float((out - ref).norm() / ref.norm())
+        assert rel < (1e-5 if device == "cpu" else 5e-3), rel
+    else:
+        assert_bf16_close(out, ref, "prefill")
+
+
+@TRITON_INTERPRETER
+@pytest.mark.parametrize("elements", [None, 3000])  # 3000: blocks of a few rows
+def test_triton_dsa_prefill_in_the_interpreter(elements: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    if elements is not None:
+        from freetoken.kernels.attention import dsa_triton
+
+        monkeypatch.setattr(dsa_triton, "ELEMENTS", elements)
+    _check_triton_prefill("cpu", torch.float32, 4, 32, 16, 8)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("H,R,dr,topk", [(16, 512, 64, 32), (4, 32, 16, 8)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_triton_dsa_prefill_on_cuda(H: int, R: int, dr: int, topk: int, dtype: torch.dtype) -> None:
+    _check_triton_prefill("cuda", dtype, H, R, dr, topk)

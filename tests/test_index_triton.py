@@ -75,7 +75,7 @@ def test_dsa_selection_with_triton_scores_is_the_reference_selection() -> None:
     """``decode_selection_triton`` keeps the reference's slots, best first, and the same counts."""
     from freetoken.kernels.attention import DecodeMeta
     from freetoken.kernels.attention.dsa_reference import decode_selection
-    from freetoken.kernels.attention.dsa_triton_decode import decode_selection_triton
+    from freetoken.kernels.attention.dsa_triton import decode_selection_triton
     from test_mla_attention import PAGE, _pool
 
     g = torch.Generator().manual_seed(3)
@@ -93,12 +93,10 @@ def test_dsa_selection_with_triton_scores_is_the_reference_selection() -> None:
 
 @TRITON_INTERPRETER
 @pytest.mark.parametrize("family", ["deepseek_v4", "glm_moe_dsa"])
-def test_decode_with_triton_scores_keeps_the_engine_tokens(
-    family: str, tmp_path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A tiny DeepSeek-V4 (its CSA layers' indexer over compressed entries) and GLM-5 (DSA) decode past the indexer's
-    top-k with the Triton scores (in the interpreter, the layers' CUDA path forced on the CPU): the torch path's
-    greedy tokens."""
+def test_triton_paths_keep_the_engine_tokens(family: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tiny DeepSeek-V4 (its CSA layers' indexer over compressed entries) and GLM-5 (DSA: scores, selection and
+    sparse attention, prefill and decode) past the indexer's top-k, with their CUDA paths forced on the CPU (Triton's
+    interpreter): the torch path's greedy tokens."""
     from freetoken import LLM, SamplingParams
     from freetoken.layers import dsa, v4_decode
 
@@ -110,18 +108,13 @@ def test_decode_with_triton_scores_keeps_the_engine_tokens(
         from tiny_dsa import save_dsa_checkpoint
 
         save_dsa_checkpoint(family, tmp_path, seed=0)
-    prompts = [[5, 40, 77, 100, 9, 30], [7, 44, 70, 102, 9, 31, 8, 300]]
+    prompts = [[5, 40, 77, 100, 9, 30], [7, 44, 70, 102, 9, 31, 8, 300], [(11 * i) % 400 + 3 for i in range(23)]]
     params = SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True)
 
     def tokens() -> list[list[int]]:
-        llm = LLM(model=str(tmp_path), device="cpu", dtype="float32", page_size=4, max_running_requests=2)
+        llm = LLM(model=str(tmp_path), device="cpu", dtype="float32", page_size=4, max_running_requests=3)
         return [r.token_ids for r in llm.generate(prompts, params)]
 
     want = tokens()
-    if family == "deepseek_v4":
-        monkeypatch.setattr(v4_decode, "use_triton", lambda where: True)
-    else:
-        from freetoken.kernels.attention import dsa_triton_decode
-
-        monkeypatch.setattr(dsa, "decode_selection", dsa_triton_decode.decode_selection_triton)
+    monkeypatch.setattr(v4_decode if family == "deepseek_v4" else dsa, "use_triton", lambda where: True)
     assert tokens() == want

@@ -7,8 +7,8 @@ KV pool's row beside the latent (``memory/sizes.py``: the row is ``R + dr + Di``
 Rotary turns the first ``dr`` dims of the indexer's q and k (rotate-half; GLM-5's interleaved layout is permuted into it
 at load, ``models/dsa_blocks.py``). The scoring, selection and sparse attention are
 ``kernels/attention/dsa_reference.py``'s; decode and prefill are both absorbed as MLA's decode is (each query reads
-at most ``index_topk`` latents; on CUDA a decode step's scores come from Triton, ``index_triton.py``, and MLA's Triton
-kernel attends the kept latents, ``dsa_triton_decode.py``).
+at most ``index_topk`` latents; on CUDA the scores come from Triton, ``index_triton.py``, and MLA's Triton decode
+kernel attends the kept latents, a new token a row, in decode and prefill alike: ``dsa_triton.py``).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class DSAttention(MLAttention):
         self.idx, self.source, self.index_dim = idx, source, index_dim
         # the head weights' scales folded in: relu(s q.k) = s relu(q.k) for s > 0
         self.head_scale = 0.0 if idx is None else float(idx.heads**-0.5 * idx.head_dim**-0.5)
-        self.triton = use_triton(w.kv_a.device)  # decode: Triton scores and attention (``dsa_triton_decode.py``)
+        self.triton = use_triton(w.kv_a.device)  # Triton scores and sparse attention (``dsa_triton.py``)
 
     def index_keys(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [T, D] -> the indexer's rotated keys [T, Di] (zeros on a sharing layer: its rows' keys are unused)."""
@@ -83,11 +83,14 @@ class DSAttention(MLAttention):
         if batch.decode is not None:
             select = decode_selection
             if self.triton:  # the scores in Triton
-                from freetoken.kernels.attention.dsa_triton_decode import decode_selection_triton as select
+                from freetoken.kernels.attention.dsa_triton import decode_selection_triton as select
             sel: object = select(cache, batch.decode, L, iq, iw, i.topk)
         else:
             assert batch.prefill is not None, "a step is a decode step or has prefill metadata"
-            sel = prefill_selection(cache, batch.prefill, L, iq, iw, i.topk, self.dims.heads)
+            select_rows = prefill_selection
+            if self.triton:
+                from freetoken.kernels.attention.dsa_triton import prefill_selection_triton as select_rows
+            sel = select_rows(cache, batch.prefill, L, iq, iw, i.topk, self.dims.heads)
         batch.selections[self.layer] = sel
         return sel
 
@@ -103,11 +106,14 @@ class DSAttention(MLAttention):
             assert isinstance(sel, tuple)
             decode = dsa_decode_reference
             if self.triton:
-                from freetoken.kernels.attention.dsa_triton_decode import dsa_decode_triton as decode
+                from freetoken.kernels.attention.dsa_triton import dsa_decode_triton as decode
             o = self.out(decode(q, cache, sel, self.scale, d.rank), x.dtype)  # [T, H, dv]
         else:
             assert isinstance(sel, list) and batch.prefill is not None
-            o = self.out(dsa_prefill_reference(q, cache, sel, self.scale, d.rank), x.dtype)
+            prefill = dsa_prefill_reference
+            if self.triton:  # each new token a decode row over its kept latents
+                from freetoken.kernels.attention.dsa_triton import dsa_prefill_triton as prefill
+            o = self.out(prefill(q, cache, sel, self.scale, d.rank), x.dtype)
             dense = dense_meta(batch.prefill, sel)
             if dense is not None:  # contexts within topk keep all they see: MLA's expanded prefill (its flash kernel)
                 qf = torch.cat((q_nope, q_rope), dim=-1).to(cache.dtype)

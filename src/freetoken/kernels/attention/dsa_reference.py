@@ -43,7 +43,7 @@ def decode_selection(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A decode step's kept positions as cache slots [B, K] int64, best first (K = min(topk, addressable
     positions); entries past a sequence's count are not slots), and the counts [B] int32 (min(topk, length)): a
-    page table of page size 1 over the kept latents (``dsa_triton_decode.py``). No host sync."""
+    page table of page size 1 over the kept latents (``dsa_triton.py``). No host sync."""
     slots, valid = _decode_context(meta)
     scores = index_scores(iq[:, None], iw[:, None], cache[slots, 0, width:])[:, 0]  # [B, n]
     k = min(topk, scores.shape[-1])
