@@ -23,6 +23,7 @@ import torch
 from freetoken.cache.kv_pool import KVPool
 from freetoken.cache.state_pool import StatePool
 from freetoken.kernels.linear import linear
+from freetoken.kernels.triton_support import use_triton
 from freetoken.layers.attention import AttnBatch
 from freetoken.layers.hyper_connections import unweighted_rms, v4_rms_norm
 from freetoken.layers.v4_compressor import CSA, SLIDING, Compressor, Indexer, RowLayout
@@ -130,7 +131,8 @@ class V4Attention:
             for r0 in range(0, s.q_len, BLOCK_ROWS):
                 r1 = min(s.q_len, r0 + BLOCK_ROWS)
                 sub = slice(s.q_start + r0, s.q_start + r1)
-                out[sub] = self._attend(wctx, ents, q[sub], q_resid[sub], x[sub], s.start + r0, s.start + r1, eslots)
+                out[sub] = self._attend(wctx, ents, q[sub], q_resid[sub], x[sub], s.start + r0, s.start + r1, eslots,
+                                        (s.table, S, R))  # fmt: skip
             for at, dst in [*captures, (s.q_len, slot)]:  # checkpoints after ``at`` new tokens, then the slot
                 wctx.store(wring[dst], s.start + at)
                 rctx.store(rring[dst], s.start + at)
@@ -176,11 +178,12 @@ class V4Attention:
 
     def _attend(
         self, wctx: Context, ents: torch.Tensor, q: torch.Tensor, q_resid: torch.Tensor, x: torch.Tensor, p0: int,
-        p1: int, eslots: Slots,
+        p1: int, eslots: Slots, paged: tuple[torch.Tensor, int, int],
     ) -> torch.Tensor:
         """Queries at positions [p0, p1) ([n, H, d]) over the window and the entries they may see -> [n, H, d] f32.
         A CSA layer whose context holds more entries than the indexer keeps gathers each query's kept entries
-        ([n, topk, d]: the scores never span every entry times every head)."""
+        ([n, topk, d]: the scores never span every entry times every head; on CUDA they come from Triton, each key
+        read in place through ``paged``: the sequence's page table, page size, entry rows a page)."""
         dev, lay, W = q.device, self.layout, self.window
         qpos = torch.arange(p0, p1, device=dev)
         kpos = torch.arange(max(0, p0 - W + 1), p1, device=dev)
@@ -196,7 +199,16 @@ class V4Attention:
             ent = ents[rows, lay.entry_part("entry")].float()  # [N, d]
             if self.indexer is not None and n_ent > self.indexer.topk:
                 iq, iw = self.indexer.queries(q_resid, x, qpos, self.rope)
-                sc = self.indexer.scores(iq, iw, ents[rows, lay.entry_part("ikey")]).masked_fill(~seen, float("-inf"))
+                if use_triton(ents):
+                    from freetoken.kernels.attention.index_triton import index_scores_paged
+
+                    table, S, R = paged
+                    vis = torch.div(qpos + 1, m, rounding_mode="floor")
+                    sc = index_scores_paged(iq, iw, ents[:, lay.entry_part("ikey")], table[None].expand(len(qpos), -1),
+                                            vis, S, m, R)[:, :n_ent]  # fmt: skip
+                else:
+                    sc = self.indexer.scores(iq, iw, ents[rows, lay.entry_part("ikey")])
+                sc = sc.masked_fill(~seen, float("-inf"))
                 top = sc.topk(self.indexer.topk, dim=-1).indices  # [n, k]
                 kept, seen = ent[top], seen.gather(1, top)
                 se = torch.einsum("nhd,nkd->nhk", q.float(), kept)
