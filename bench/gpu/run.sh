@@ -301,8 +301,12 @@ stage_train() {  # ~9.5 min: data + fla's gradient check + training (400 s on th
   python3 -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)" \
     > "$log" 2>&1
   python3 -c "import fla; print('fla-core', fla.__version__)" >> "$log" 2>&1
+  # the schedule across runs: continue the repository's checkpoint (training/default_model_v2/checkpoint, the latest
+  # run's $OUT/model copied in and committed), else start one V2_SCHEDULE_S training seconds long
+  local ck=training/default_model_v2/checkpoint from=(--schedule-seconds "${V2_SCHEDULE_S:-4000}")
+  [ -f "$ck/schedule.json" ] && from=(--resume "$ck")
   timeout 450 python3 -m training.default_model_v2.train --out "$OUT/model" --time-budget 400 --workers 15 \
-    ${V2_INIT:+--init "$V2_INIT"} ${V2_TRAIN_ARGS:-} >> "$log" 2>&1
+    "${from[@]}" ${V2_TRAIN_ARGS:-} >> "$log" 2>&1
   echo "[sh] train rc $? after $(( $(date +%s) - t0 )) s" >> "$log"
   grep -q "chunk_gated_delta_rule. is falling back\|fla's gradients disagree" "$log" \
     && echo "[sh] WARNING: fla was not used: the DeltaNet trained on transformers' torch loop" >> "$log"
@@ -310,7 +314,8 @@ stage_train() {  # ~9.5 min: data + fla's gradient check + training (400 s on th
   [ $left -gt 30 ] && timeout $left python3 -m training.default_model_v2.evaluate --model "$OUT/model" \
     --device "${V2_DEVICE:-cuda}" --n-tool 40 --n-arith 20 --n-none 20 >> "$log" 2>&1
   echo "[sh] eval rc $? after $(( $(date +%s) - t0 )) s" >> "$log"
-  grep -E "^\[(fla-check|data|model|done|eval|sh)\]|is falling back|Error" "$log" | grep -v "^\[eval\] .* miss" | tail -40
+  grep -E "^\[(fla-check|data|model|done|schedule|eval|sh)\]|is falling back|Error" "$log" | grep -v "^\[eval\] .* miss" \
+    | tail -40
 }
 
 stage_repeat() {  # repeat_greedy.py: each variant SECONDS (240) side by side; with .before carried (git archive BASE
