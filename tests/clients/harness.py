@@ -293,9 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dump", type=Path, default=None, help="write each client's requests to DUMP/<client>.json")
     p.add_argument("--url", default=None, help="an `ft serve` already running (no requests recorded then)")
     p.add_argument("--task", choices=[t.name for t in TASKS], default=READ.name, help="what each client is asked")
+    p.add_argument("--runs", type=int, default=1, help="runs per client (a table of successes follows them)")
     args = p.parse_args(argv)
+    task = next(t for t in TASKS if t.name == args.task)
     dirs = client_install.bin_dirs(args.clients)
-    ok = True
+    tally: dict[str, list[tuple[bool, int, float]]] = {}  # client -> (succeeded, requests, seconds) per run
     with ExitStack() as stack:
         d = stack.enter_context(tempfile.TemporaryDirectory(prefix="ft-clients-"))
         if args.url:
@@ -304,16 +306,23 @@ def main(argv: list[str] | None = None) -> int:
         else:
             running, rec = stack.enter_context(server(args.model, Path(d), args.max_model_len))
         url = running if isinstance(running, str) else running.url
-        for name in args.clients:
-            root = Path(d) / name
-            task = next(t for t in TASKS if t.name == args.task)
-            outcome = run_client(CLIENTS[name], running, rec, root, dirs[name], args.timeout, task=task)
-            print(json.dumps(facts(outcome, url), indent=1), flush=True)
-            ok &= outcome.answered if task is READ else outcome.rc == 0 and outcome.hello_prints() == "hi\n"
-            if args.dump:
-                args.dump.mkdir(parents=True, exist_ok=True)
-                dumped = [{"path": e.path, "status": e.status, "body": e.body} for e in outcome.exchanges]
-                (args.dump / f"{name}.json").write_text(json.dumps(dumped, indent=1, default=str))
+        for run in range(args.runs):
+            for name in args.clients:
+                root = Path(d) / f"{name}-{run}"
+                outcome = run_client(CLIENTS[name], running, rec, root, dirs[name], args.timeout, task=task)
+                print(json.dumps(facts(outcome, url), indent=1), flush=True)
+                ok = outcome.answered if task is READ else outcome.rc == 0 and outcome.hello_prints() == "hi\n"
+                tally.setdefault(name, []).append((ok, len(outcome.exchanges), outcome.seconds))
+                if args.dump:
+                    args.dump.mkdir(parents=True, exist_ok=True)
+                    dumped = [{"path": e.path, "status": e.status, "body": e.body} for e in outcome.exchanges]
+                    (args.dump / f"{name}-{run}.json").write_text(json.dumps(dumped, indent=1, default=str))
+    print(f"\n| client | {task.name}: succeeded | requests (most) | seconds (median) |\n|---|---|---|---|")
+    for name, rows in tally.items():
+        secs = sorted(r[2] for r in rows)
+        print(f"| {name} | {sum(r[0] for r in rows)} of {len(rows)} | {max(r[1] for r in rows)} | "
+              f"{secs[len(secs) // 2]:.1f} |")
+    ok = all(r[0] for rows in tally.values() for r in rows)
     return 0 if ok else 1
 
 
