@@ -225,7 +225,8 @@ stage_kernels() {
   FREETOKEN_FLA=0 run_logged 90 dnstep_time python3 bench/gpu/dnstep_time.py
   run_logged 90 hostckpt_copy python3 bench/gpu/hostckpt_copy.py
   run_logged 90 sample_time python3 bench/gpu/sample_time.py
-  tables gemm_tiles fp8_gemm dnstep_time sample_time; echo "-- hostckpt_copy"; cat "$OUT/hostckpt_copy.log"
+  run_logged 240 dsa_time python3 bench/gpu/dsa_time.py  # DSA's Triton scores / prefill against the torch path
+  tables gemm_tiles fp8_gemm dnstep_time sample_time dsa_time; echo "-- hostckpt_copy"; cat "$OUT/hostckpt_copy.log"
 }
 
 stage_contention() {
