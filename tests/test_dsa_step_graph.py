@@ -14,7 +14,7 @@ import torch
 
 from capture_check import cpu_step_graph_host, fake_step_graphs
 from freetoken import LLM
-from freetoken.runner import step_graph
+from freetoken.runner import graph_shapes
 from graph_cases import BUCKETS, cuda_tokens_eager_and_graphed, run_case
 from tiny_dsa import save_dsa_checkpoint
 
@@ -33,7 +33,7 @@ def _engine(d: Path) -> LLM:
 
 
 def test_dsa_decode_replays_the_eager_tokens_in_a_graph_per_width(ckpt, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(step_graph, "FIRST_WIDTH_TOKENS", 8)  # widths of 2, 4, 8, ... pages
+    monkeypatch.setattr(graph_shapes, "FIRST_WIDTH_TOKENS", 8)  # widths of 2, 4, 8, ... pages
     d, _ = ckpt
     cpu_step_graph_host(monkeypatch)
     graphed = fake_step_graphs(_engine(d), monkeypatch)
@@ -55,7 +55,7 @@ def test_dsa_decode_replays_the_eager_tokens_in_a_graph_per_width(ckpt, monkeypa
 def test_graphed_dsa_step_on_cuda(ckpt, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """On CUDA (the Triton decode over the kept latents): graphed == eager, the graphs per page-table width (1 and 2
     pages of 16 tokens as the contexts grow past 16)."""
-    monkeypatch.setattr(step_graph, "FIRST_WIDTH_TOKENS", 16)
+    monkeypatch.setattr(graph_shapes, "FIRST_WIDTH_TOKENS", 16)
     d, _ = ckpt
     eager, graphed = cuda_tokens_eager_and_graphed(d, backend, steps=16)
     assert eager == graphed

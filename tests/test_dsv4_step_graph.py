@@ -14,7 +14,7 @@ import torch
 
 from capture_check import cpu_step_graph_host, fake_step_graphs
 from freetoken import LLM
-from freetoken.runner import step_graph
+from freetoken.runner import graph_shapes
 from graph_cases import BUCKETS, GRAPH_PROMPTS, cuda_tokens_eager_and_graphed, run_case
 from reference import LOGIT_MARGIN, ROUTER_MARGIN, reference_greedy
 from test_reference_deepseek_v4 import INDEX_MARGIN, margins
@@ -77,7 +77,7 @@ def test_dsv4_sampled_rows_replay_the_eager_tokens(ckpt, monkeypatch: pytest.Mon
 @pytest.mark.parametrize("backend", ["fused", "hybrid"])
 def test_graphed_dsv4_step_on_cuda(ckpt, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Graphed == eager == transformers on CUDA, the graphs per page-table width (1 and 2 pages of 16 here)."""
-    monkeypatch.setattr(step_graph, "FIRST_WIDTH_TOKENS", 16)
+    monkeypatch.setattr(graph_shapes, "FIRST_WIDTH_TOKENS", 16)
     d, model = ckpt
     eager, graphed = cuda_tokens_eager_and_graphed(d, backend)
     assert eager == graphed
@@ -93,7 +93,7 @@ def test_dsv4_graphs_come_per_page_table_width(ckpt, monkeypatch: pytest.MonkeyP
     """A decode step that reads every entry its page table reaches runs in the narrowest width holding its longest
     page table (here 2, 4 and 8 pages as the contexts grow to 26 tokens), not at ``max_model_len``'s: the same tokens
     as eager, each width captured once per batch size."""
-    monkeypatch.setattr(step_graph, "FIRST_WIDTH_TOKENS", 8)  # 2 pages of 4 tokens
+    monkeypatch.setattr(graph_shapes, "FIRST_WIDTH_TOKENS", 8)  # 2 pages of 4 tokens
     d, _ = ckpt
     graphed = _cpu_graphed(d, monkeypatch)
     graphs = graphed.engine.runner.graphs

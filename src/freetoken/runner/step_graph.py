@@ -24,14 +24,7 @@ every sampler stage is fixed-shape device work (``sampler.py``: counter-based no
 generator state; penalties by gathers and scatters): no stage reads a device value on the host. A (bucket, stages)
 graph is captured on its first use: that step runs eagerly on the static buffers (its result is the step's; it
 compiles the kernels), then the capture records it; later steps replay it. So with no fallback,
-``replays == decode_steps - captures``.
-
-A model whose decode step reads every position its page table reaches in torch ops (``DecoderModel.scans_table``:
-DeepSeek sparse attention's indexer scores each position, DeepSeek-V4 each compressed entry) would pay for the
-longest context at every step in a graph of ``max_pages`` columns: its graphs come per page-table width too
-(``widths``: powers of two from ``FIRST_WIDTH_TOKENS`` up to ``max_pages``; a step runs in the narrowest holding its
-longest page table, the columns past a row's pages 0 and masked by its length), so a step costs at most twice its
-longest context. Other models' kernels stop at each row's length: one width, ``max_pages``.
+``replays == decode_steps - captures``. Which (bucket, page-table width) a step runs in: ``graph_shapes.py``.
 
 A decode step that runs eagerly although graphs are on is a fallback, counted by reason (``FALLBACKS``;
 ``stats()``: ``step_graph_eager_fallbacks`` and per reason) and logged once per reason: a batch past the largest
@@ -59,13 +52,13 @@ from freetoken.models.decoder import DecoderModel
 from freetoken.runner import noise
 from freetoken.runner.batch import R, StepRequest
 from freetoken.runner.constraint import new_bitmask
+from freetoken.runner.graph_shapes import buckets, widths
 from freetoken.runner.inflight import Launch, launched
 from freetoken.runner.sampler import MAX_TOP_LOGPROBS, Features, SamplingBatch, sample_batch
 from freetoken.runner.step_sampler import Choice, StepSampler, features_of, pack
 
 log = logging.getLogger(__name__)
 RETRY_AFTER = 32  # steps before a capture that ran out of device memory is tried again (elastic memory)
-FIRST_WIDTH_TOKENS = 4096  # the narrowest page table (in tokens) of a model whose graphs come per width
 
 # why a decode step ran eagerly although step graphs are on (``StepGraphs.fallbacks``' keys)
 FALLBACKS = {
@@ -88,27 +81,6 @@ Capture = Callable[[Callable[[], torch.Tensor]], tuple[Graph, torch.Tensor]]
 
 _INTS = 5  # ids, positions, KV slots, lengths, state slots; then the page table; then the sampler's 5 integer rows
 _FLOATS = 6  # temperature, top_p, min_p, presence, frequency, repetition
-
-
-def buckets(max_batch: int, every_size: bool = False) -> list[int]:
-    """The batch sizes with a graph: powers of two up to ``max_batch`` and it, or (``every_size``) 1..max_batch."""
-    if every_size:
-        return list(range(1, max_batch + 1))
-    out, b = [], 1
-    while b < max_batch:
-        out.append(b)
-        b *= 2
-    return [*out, max_batch]
-
-
-def widths(max_pages: int, page_size: int, per_width: bool) -> list[int]:
-    """The page-table widths with a graph: ``max_pages`` alone, or (``per_width``) powers of two from
-    ``FIRST_WIDTH_TOKENS`` tokens' pages up to ``max_pages`` and it."""
-    out, w = [], max(1, -(-FIRST_WIDTH_TOKENS // page_size))
-    while per_width and w < max_pages:
-        out.append(w)
-        w *= 2
-    return [*out, max_pages]
 
 
 @dataclass
