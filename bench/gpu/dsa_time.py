@@ -9,10 +9,10 @@ graphs per page-table width, ``runner/step_graph.py``, bound it by twice the con
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 
 import torch
+from event_time import median_ms
 
 from freetoken.kernels.attention import DecodeMeta, PrefillMeta
 from freetoken.kernels.attention.dsa_reference import decode_selection, dsa_prefill_reference, prefill_selection
@@ -27,18 +27,11 @@ L = R + DR
 
 
 def _ms(fn: Callable[[], object], calls: int = 1, repeats: int = 5) -> float:
-    fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+    def run() -> None:
         for _ in range(calls):
             fn()
-        end.record()
-        torch.cuda.synchronize()
-        out.append(start.elapsed_time(end) / calls)
-    return statistics.median(out)
+
+    return median_ms(run, repeats) / calls
 
 
 def _pool(B: int, ctx: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,10 +13,10 @@ per-expert loop for prefill sizes) and against the fp32 reference on the dequant
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Callable
 
 import torch
+from event_time import median_ms
 
 from freetoken.experts.slots.gemm import grouped_experts_gather, grouped_experts_loop
 from freetoken.experts.slots.gemm_fp8_triton import grouped_experts_fp8_triton
@@ -44,17 +44,7 @@ def _time_us(fn: Callable[[int], object], graph: bool, reps: int = 7) -> float:
             for i in range(CALLS):
                 fn(i)
 
-    run()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        run()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / CALLS)
-    return statistics.median(times)
+    return median_ms(run, reps) * 1e3 / CALLS
 
 
 def bench_tokens(T: int, S: int, sw: SlotWeights, gub: torch.Tensor, dnb: torch.Tensor) -> str:

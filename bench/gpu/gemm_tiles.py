@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 from collections.abc import Callable
 
 import torch
+from event_time import median_ms
 
 from freetoken.experts.slots.gemm_triton import DEFAULT_TILES, GemmTiles, grouped_experts_triton
 from freetoken.experts.slots.plan import group_routes
@@ -28,17 +28,7 @@ def _time_us(fn: Callable[[int], object], calls: int = 24, reps: int = 7) -> flo
     with torch.cuda.graph(g):
         for i in range(calls):
             fn(i)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    return statistics.median(times)
+    return median_ms(g.replay, reps) * 1e3 / calls
 
 
 def bench_tokens(T: int, gu: torch.Tensor, dn: torch.Tensor, settings: list[tuple[str, GemmTiles]]) -> None:
