@@ -4,7 +4,7 @@
 #pragma once
 
 struct FmtF32 {
-  static constexpr bool kScaled = false;
+  static constexpr bool kScaled = false, kFp4 = false;
   using Row = const float*;
   static inline Row row(const Bank& bank, int64_t index, int64_t K) { return static_cast<const float*>(bank.w) + index * K; }
   static inline void load2(Row r, int64_t k, S::vec& a, S::vec& b) {
@@ -15,7 +15,7 @@ struct FmtF32 {
 };
 
 struct FmtBF16 {
-  static constexpr bool kScaled = false;
+  static constexpr bool kScaled = false, kFp4 = false;
   using Row = const uint16_t*;
   static inline Row row(const Bank& bank, int64_t index, int64_t K) {
     return static_cast<const uint16_t*>(bank.w) + index * K;
@@ -26,7 +26,7 @@ struct FmtBF16 {
 
 // fp8 e4m3 with 128x128 block scales: rows decode to the values / 256 (exact); the operands carry 256 * scale.
 struct FmtFP8 {
-  static constexpr bool kScaled = true;
+  static constexpr bool kScaled = true, kFp4 = false;
   using Row = const uint8_t*;
   static inline Row row(const Bank& bank, int64_t index, int64_t K) { return static_cast<const uint8_t*>(bank.w) + index * K; }
   static inline void load2(Row r, int64_t k, S::vec& a, S::vec& b) { S::load_fp8x2(r + k, a, b); }
@@ -58,7 +58,7 @@ struct Fp4Row {
 // group's scale is computed as the reference computes it (e4m3 * multiplier, rounded once), then halved exactly.
 template <bool NV>
 struct FmtFP4 {
-  static constexpr bool kScaled = false;
+  static constexpr bool kScaled = false, kFp4 = true, kNV = NV;
   static constexpr int64_t G = NV ? 16 : 32;  // elements per scale
   using Row = Fp4Row;
   static inline Row row(const Bank& bank, int64_t index, int64_t K) {

@@ -29,6 +29,9 @@ static inline float fmin_(float a, float b) { return a < b ? a : b; }
 static inline float fmax_(float a, float b) { return a > b ? a : b; }
 
 #include "dot_formats.h"
+#ifdef FT_DOT_BF16
+#include "dot_fp4_dp.h"
+#endif
 
 // res[t] = dot(row[0:K], xs[t][0:K]) for t < NT. Every token owns two accumulators and one scalar
 // tail, reduced in a fixed order, so a value never depends on the tile (NT) it was computed in:
@@ -188,7 +191,14 @@ static inline Operands scaled_operands(const Bank& bank, int64_t first, int64_t 
 template <class F, bool DP>
 static inline void dot_row(typename F::Row row, const Operands& o, int64_t K, float* res) {
 #ifdef FT_DOT_BF16
-  if constexpr (DP) {
+  if constexpr (DP && F::kFp4) {
+    switch (o.nt) {
+      case 1: return dot_tile_dp_fp4<F::kNV, 1>(row, o.hi, o.lo, K, res);
+      case 2: return dot_tile_dp_fp4<F::kNV, 2>(row, o.hi, o.lo, K, res);
+      case 3: return dot_tile_dp_fp4<F::kNV, 3>(row, o.hi, o.lo, K, res);
+      default: return dot_tile_dp_fp4<F::kNV, 4>(row, o.hi, o.lo, K, res);
+    }
+  } else if constexpr (DP) {
     const uint16_t* r = reinterpret_cast<const uint16_t*>(row);
     switch (o.nt) {
       case 1: return dot_tile_dp<1>(r, o.hi, o.lo, o.f, K, res);
@@ -315,6 +325,10 @@ static uint64_t stream_sum(const uint64_t* p, int64_t words) {
 
 static void phase1_dispatch(const Plan& p, int64_t u) {
   if (p.fmt == FMT_FP8_BLOCK) return phase1<FmtFP8, false>(p, u);
+#ifdef FT_DOT_BF16
+  if (p.fmt == FMT_MXFP4 && p.x_hi) return phase1<FmtFP4<false>, true>(p, u);
+  if (p.fmt == FMT_NVFP4 && p.x_hi) return phase1<FmtFP4<true>, true>(p, u);
+#endif
   if (p.fmt == FMT_MXFP4) return phase1<FmtFP4<false>, false>(p, u);
   if (p.fmt == FMT_NVFP4) return phase1<FmtFP4<true>, false>(p, u);
 #ifdef FT_DOT_BF16
@@ -326,6 +340,10 @@ static void phase1_dispatch(const Plan& p, int64_t u) {
 
 static void phase2_dispatch(const Plan& p, int64_t u) {
   if (p.fmt == FMT_FP8_BLOCK) return phase2<FmtFP8, false>(p, u);
+#ifdef FT_DOT_BF16
+  if (p.fmt == FMT_MXFP4 && p.h_hi) return phase2<FmtFP4<false>, true>(p, u);
+  if (p.fmt == FMT_NVFP4 && p.h_hi) return phase2<FmtFP4<true>, true>(p, u);
+#endif
   if (p.fmt == FMT_MXFP4) return phase2<FmtFP4<false>, false>(p, u);
   if (p.fmt == FMT_NVFP4) return phase2<FmtFP4<true>, false>(p, u);
 #ifdef FT_DOT_BF16

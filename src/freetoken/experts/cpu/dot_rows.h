@@ -89,7 +89,9 @@ static inline void dot_rows_at(const Bank& bank, int64_t first, int64_t stride, 
   float out[R];
   for (int r = 0; r < R; ++r) rows[r] = F::row(bank, first + r * stride, K);
 #ifdef FT_DOT_BF16
-  if constexpr (DP) {
+  if constexpr (DP && F::kFp4) {
+    dot_rows_dp_fp4<F::kNV, R>(rows, o.hi[0], o.lo[0], K, out);
+  } else if constexpr (DP) {
     const uint16_t* r16[R];
     for (int r = 0; r < R; ++r) r16[r] = reinterpret_cast<const uint16_t*>(rows[r]);
     dot_rows_dp<R>(r16, o.hi[0], o.lo[0], o.f[0], K, out);

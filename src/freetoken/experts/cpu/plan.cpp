@@ -56,7 +56,7 @@ int PlanBuilder::build(const FtMoeArgs& a, bool split_bf16) {
     max_routes = std::max(max_routes, tok_begin_[t1] - tok_begin_[t0]);
     t0 = t1;
   }
-  split_ = split_bf16 && a.fmt == FMT_BF16 && R > 0;
+  split_ = split_bf16 && (a.fmt == FMT_BF16 || a.fmt == FMT_MXFP4 || a.fmt == FMT_NVFP4) && R > 0;
   h_.resize(max_routes * a.I);
   y_.resize(max_routes * a.D);
   if (split_) x_hi_.resize(T * a.D), x_lo_.resize(T * a.D), h_hi_.resize(max_routes * a.I), h_lo_.resize(max_routes * a.I);
