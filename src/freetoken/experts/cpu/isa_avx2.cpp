@@ -53,6 +53,25 @@ struct S {
     a = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
     b = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)));
   }
+  // load_e2m1x2 with the codes' group scale `s` applied (2W codes of one group: FmtFP4::load2): the 8 magnitudes
+  // times s make a table that each code's low 3 bits index (vpermps), its bit 3 flips the sign; each code's nibble
+  // reaches its lane by a variable shift of the 4 bytes broadcast. The same values as load_e2m1x2 times s (one
+  // rounding), in 10 instructions instead of 11 plus two multiplies, 2 of them on the shuffle port instead of 5.
+  static constexpr bool kE2m1Scaled = true;
+  static inline void load_e2m1x2_scaled(const uint8_t* p, float s, vec& a, vec& b) {
+    const __m256 table = _mm256_mul_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 6, 8, 12), _mm256_set1_ps(s));
+    const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+    uint32_t lo, hi;
+    __builtin_memcpy(&lo, p, 4);
+    __builtin_memcpy(&hi, p + 4, 4);
+    const __m256i ca = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(lo)), shifts);
+    const __m256i cb = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(hi)), shifts);
+    a = _mm256_xor_ps(_mm256_permutevar8x32_ps(table, ca),
+                      _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(ca, 28), sign)));
+    b = _mm256_xor_ps(_mm256_permutevar8x32_ps(table, cb),
+                      _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(cb, 28), sign)));
+  }
 };
 }  // namespace avx2
 }  // namespace ft
