@@ -114,7 +114,12 @@ stage_frontier() {  # #34 / #38: a frontier preset end to end at one expert-cach
   local F=(python3 -m freetoken.bench.e2e --preset "$p" --dir "/tmp/ft-e2e-$p" --expert-cache "$c" --cpu-threads 8
     --policies hybrid,offload,static-layers --batch 1 --repeats 2 --temperature 1.0 --tokens 32 --warmup 8)
   name=fr_${p}_$c
-  run_logged 330 "$name" "${F[@]}" --json "$OUT/$name.json"  # the first call writes the checkpoint (31-37 GB)
+  # the first call writes the checkpoint (31-37 GB): another preset's checkpoint goes first when the 64 GiB disk would
+  # not hold both (a DeepSeek-V3 write failed with "No space left on device" beside V4-Flash's)
+  local free_gb; free_gb=$(df -BG --output=avail /tmp | tail -1 | tr -dc 0-9)
+  [ -d "/tmp/ft-e2e-$p" ] || [ "$free_gb" -ge 40 ] || find /tmp -maxdepth 1 -name 'ft-e2e-*' ! -name "ft-e2e-$p" \
+    -exec rm -rf {} +
+  run_logged 330 "$name" "${F[@]}" --json "$OUT/$name.json"
   ek=$(python3 -c "from freetoken.bench.presets import PRESETS as P; s = P['$p']; print(f'{s.experts}x{s.top_k}')")
   trace=$(ls bench/traces/locality-*x"$ek".npy 2>/dev/null | head -1)
   [ -n "$trace" ] || { echo "no locality trace of ${ek} experts x top-k: the model's routing only"; tables "$name"; return; }
