@@ -136,3 +136,40 @@ def test_cuda_side_stream_prefetch(ckpt, backend, fill):
     assert _generate(llm) == _generate(ref)
     assert llm.stats()["expert_prefetches"] > 0
     llm.check_integrity()
+
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend,fill", [("offload", None), ("hybrid", 0.5)])
+def test_replayed_steps_prefetch(ckpt, backend, fill):
+    """The prefetch is part of the captured decode step. Over 8 replayed steps of 2 sequences (16 slots, up to 16
+    experts a step: the LRU churns, the non-hash layers miss): the hash layers plan on hits only, the device count of
+    experts filled ahead grows though no Python prefetch ran (the host's count stays), and the tokens are the CPU's."""
+    llm, ref = _llm(ckpt, backend, "cuda", fill=fill), _llm(ckpt, "cpu", cache=None)
+    eng, b = llm.engine, llm.engine.setup.loaded.backend
+    prompts = [[5, 6, 7, 8, 9], [300, 2, 77]]
+    params = SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True)
+    got: dict[str, list[int]] = {"r0": [], "r1": []}
+
+    def step() -> None:
+        for o in eng.step():
+            got[o.request_id] += o.new_token_ids
+
+    for i, p in enumerate(prompts):
+        eng.add_request(f"r{i}", p, params)
+    for _ in range(4):  # the prefill, then the batch of 2's first decode steps (its capture among them)
+        step()
+    s0, m0 = llm.stats(), b.layer_counts()["misses"]
+    for _ in range(8):
+        step()
+    s1, m1 = llm.stats(), b.layer_counts()["misses"]
+    assert s1["step_graph_replays"] - s0["step_graph_replays"] == 8, (s0, s1)
+    assert m1[2] + m1[3] > m0[2] + m0[3], (m0, m1)  # the cache churns: routed layers miss
+    assert (m1[0], m1[1]) == (m0[0], m0[1]), (m0, m1)  # the hash layers' experts were resident before they planned
+    assert s1["prefetch_layers"] == s0["prefetch_layers"]  # no prefetch issued from Python in a replay ...
+    assert s1["expert_prefetches"] > s0["expert_prefetches"]  # ... yet the replays filled ahead
+    while eng.has_unfinished():
+        step()
+    assert [got["r0"], got["r1"]] == [o.token_ids for o in ref.generate(prompts, params)]
+    assert not bool(b.cache.tables.locked.any())
+    llm.check_integrity()

@@ -2,8 +2,8 @@
 ``n`` residual streams (``layers/hyper_connections.py``). The residual ``h`` is [T, n, D] (the embedding copied into
 every stream); each layer collapses the streams into its attention's input and spreads its output back, then the same
 around its MoE (routed by token id on the hash layers: the ids ride on the batch, and the backend hears those layers'
-experts before the first layer runs: ``V4MoE.prefetch``, a hint left out of a captured decode step, whose side-stream
-copies and host-held locks a replay would not redo); after the last layer the head
+experts before the first layer runs: ``V4MoE.prefetch``; in a captured decode step its plan, locks and side-stream
+copies are graph nodes, so every replay fills ahead too); after the last layer the head
 collapses the streams and the final norm follows. ``block`` returns ``(h, h)`` except after the last layer, where the
 second is the final hidden [T, D] (what a layer-major pass hands back)."""
 
@@ -48,8 +48,7 @@ class V4DecoderModel(DecoderModel):
         h, x = self.start(input_ids, batch)
         if not self.layers:
             return v4_rms_norm(self.head.collapse(h), self.final_norm, self.eps)
-        ahead = not (input_ids.is_cuda and torch.cuda.is_current_stream_capturing())  # a hint a replay goes without
-        for layer in self.v4_layers if ahead else []:  # hash layers: their experts fill while the first layers compute
+        for layer in self.v4_layers:  # hash layers: their experts fill while the first layers compute (captured too)
             if isinstance(layer.ffn, V4MoE) and layer.ffn.tid2eid is not None:
                 layer.ffn.prefetch(input_ids)
         for i in range(len(self.layers)):

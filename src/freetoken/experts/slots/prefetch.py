@@ -10,7 +10,9 @@ Per decode step and prefetched layer (``issue``, before the model's first layer;
 - the copies run on a side stream that first waits for everything enqueued on the compute stream so far: kernels of
   earlier steps still reading a victim slot are done before it is overwritten (DESIGN §6.3); an event marks them.
 ``before(layer)``: the compute stream waits for that event (the layer's plan finds hits, its GEMM reads the rows).
-``after(layer)``: the locks go back to what they were. On the CPU the copies run in place, in order.
+``after(layer)``: the locks go back to what they were. On the CPU the copies run in place, in order. Inside a captured
+decode step all of it is graph nodes (the side stream forks from the capture and joins it at ``before``), so every
+replay fills ahead; only the host's counts (``layers``, ``skipped``) see the capture alone.
 
 A step prefetches only while every prefetched layer's routes and one more layer's fit the slots at once
 (``layers + 1`` times ``min(T * k, E)`` <= S, from shapes alone): a layer's plan then always finds victims for its
