@@ -111,21 +111,27 @@ def test_scaled_down_checkpoint_matches_transformers(tmp_path):
 
 def test_bench_e2e_writes_the_preset_and_decodes(tmp_path, monkeypatch, capsys):
     """``ft bench e2e --preset deepseek-v4-flash`` (scaled down): writes the released layout, decodes it on the
-    offload and hybrid backends beside the MoE layers alone; a second call reuses it; a Qwen3-MoE-shaped checkpoint
-    found in ``--dir`` is refused."""
+    offload and hybrid backends beside the MoE layers alone, printing each layer's misses per step (the prefetched hash
+    layers': 0); a second call reuses it; a Qwen3-MoE-shaped checkpoint found in ``--dir`` is refused."""
     monkeypatch.setitem(PRESETS, "deepseek-v4-flash", _tiny())
     d, out = tmp_path / "ckpt", tmp_path / "e2e.json"
     argv = ["bench", "e2e", "--preset", "deepseek-v4-flash", "--dir", str(d), "--device", "cpu", "--policies"]
     argv += ["offload,hybrid", "--batch", "1", "--tokens", "4", "--warmup", "2", "--repeats", "1", "--moe-steps", "4"]
     argv += ["--no-bound", "--expert-cache", "0.5", "--json", str(out)]
     assert main(argv) == 0
-    assert "# wrote" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "# wrote" in printed
+    for policy in ("offload", "hybrid"):  # the hash layers' experts were filled ahead: they never miss
+        line = next(x for x in printed.splitlines() if x.startswith(f"# {policy} batch 1: "))
+        per_layer = [float(v) for v in line.split("by MoE layer: ")[1].split()]
+        assert len(per_layer) == LAYERS and per_layer[: TINY.hash_layers] == [0.0] * TINY.hash_layers, line
+        assert max(per_layer[TINY.hash_layers :]) > 0, line  # ... where the routed layers do
     cfg = json.loads((d / "config.json").read_text())
     assert cfg["architectures"] == ["DeepseekV4ForCausalLM"] and cfg["expert_dtype"] == "fp4"
     rows = json.loads(out.read_text())["rows"]
     assert [r["policy"] for r in rows] == ["offload", "hybrid"]
     assert all(r["e2e_tok_s"] > 0 and r["moe_tok_s"] > 0 for r in rows)
-    assert {r["moe_layers"] for r in rows} == {LAYERS}
+    assert {r["moe_layers"] for r in rows} == {LAYERS} and all(r["prefetched"] > 0 for r in rows)
     assert main(argv[:-2]) == 0 and "# wrote" not in capsys.readouterr().out
     old = tmp_path / "old"
     old.mkdir()

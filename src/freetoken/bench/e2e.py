@@ -149,7 +149,8 @@ def decode_row(
     replays = int(llm.stats().get("step_graph_replays", 0))
     r = Row(policy, threads, batch, statistics.median(runs), moe, replays, runs, hits,
             len(llm.engine.hf.moe_layer_ids), str(llm.stats().get("moe_backend", "")),
-            expert_bytes=e2e_bound.expert_bytes_of(llm), peer_runs=peer_runs, peer_n_cpu_moe=peer_ncm)  # fmt: skip
+            expert_bytes=e2e_bound.expert_bytes_of(llm), peer_runs=peer_runs, peer_n_cpu_moe=peer_ncm,
+            prefetched=int(st.get("expert_prefetches", 0)))  # fmt: skip
     for b, a in zip(timed[::2], timed[1::2]):
         for k, v in e2e_bound.timed_counts(b, a).items():
             r.counts[k] = r.counts.get(k, 0) + v
@@ -251,6 +252,11 @@ def run(args: argparse.Namespace) -> int:
             hit = "–" if r.hit_rate is None else f"{r.hit_rate:.2f}"
             print(f"| {r.threads or 'default'} | {r.policy} | {r.batch} | {r.e2e_tok_s:.1f} ({runs_s}) | {moe_s} "
                   f"| {ratio} | {r.step_graph_replays} | {hit} | {e2e_bound.cells(r)} |")  # fmt: skip
+    for r in rows:  # models whose first layers route by token id (DeepSeek-V4): the prefetch's effect, per layer
+        per_layer = r.layer_misses_per_step()
+        if r.prefetched and per_layer:
+            print(f"# {r.policy} batch {r.batch}: {r.prefetched} experts filled ahead; misses per step by MoE layer: "
+                  + " ".join(f"{m:.2f}" for m in per_layer))  # fmt: skip
     llama_peer.print_table(rows)
     e2e_prefill.print_tables(ttft, itl)
     if peer:

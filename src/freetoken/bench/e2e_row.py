@@ -46,6 +46,13 @@ class Row:
     of_bound: float | None = None
     peer_runs: list[float] = field(default_factory=list)  # llama-bench tok/s, alternating with ``runs``
     peer_n_cpu_moe: int | None = None
+    prefetched: int = 0  # experts filled ahead of their layer (hash layers routed by token id), whole run
+
+    def layer_misses_per_step(self) -> list[float]:
+        """Each MoE layer's misses per timed step ([] without per-layer counts): a prefetched layer's is 0."""
+        misses, L = self.layer_counts.get("misses"), self.moe_layers
+        steps = self.counts.get("layer_steps", 0) / L if L else 0
+        return [m / steps for m in misses] if misses and steps else []
 
     @property
     def ratio(self) -> float | None:
