@@ -2,8 +2,10 @@
 // (twice the e2m1 values, small integers: exact in bf16), vdpbf16ps takes them against the operand's bf16 hi and
 // lo halves (dot_tile_dp's split, ~16 mantissa bits), and the 32 codes' group scales multiply the 16 partial sums
 // once (MXFP4: one scale per 32 codes; NVFP4: lanes 0-7 hold codes 0-15, lanes 8-15 codes 16-31, one scale each).
-// Against the fp32 path (dot_tile with FmtFP4) this is 4 decode instructions and one scale multiply per 32 codes
-// instead of 11 and two. Included by dot_impl.h inside its ISA namespace (FT_DOT_BF16 only), after FmtFP4.
+// Per 32 codes: 4 decode instructions, 2 dot products, a scale permute and one multiply-add, where the fp32 path
+// (dot_tile with FmtFP4) takes 11 decode instructions, two scale lookups, broadcasts and multiplies, and 2 FMAs;
+// 3x the packed GB/s on the dev box's Zen 4 (docs/benchmarks.md). Included by dot_impl.h inside its ISA namespace
+// (FT_DOT_BF16 only), after FmtFP4.
 //
 // Every row keeps the same accumulators, operation order and reduction whether it runs alone (dot_tile_dp_fp4) or
 // among R rows (dot_rows_dp_fp4), so a result has the same bits whatever the row blocking. K is a multiple of 32.
