@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from freetoken.kernels.triton_support import use_triton
+
 
 def unweighted_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
@@ -21,6 +23,25 @@ def v4_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tens
     """DeepSeek-V4's RMSNorm: float32 weights multiplied in float32, cast to x's dtype once at the end."""
     h = x.float()
     return (weight.float() * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
+
+
+def hc_weights_reference(
+    mix: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int, iters: int, hc_eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(pre [T, n], post [T, n], comb [T, n, n]) from the streams' projection ``mix`` [T, (2 + n) n]: the sigmoids of
+    the pre and post parts, and the comb part's row softmax made doubly stochastic by Sinkhorn-Knopp."""
+    T = mix.shape[0]
+    pre_w, post_w, comb_w = mix.split([n, n, n * n], dim=-1)
+    pre_b, post_b, comb_b = base.split([n, n, n * n])
+    s_pre, s_post, s_comb = scale.unbind(0)
+    pre = torch.sigmoid(pre_w * s_pre + pre_b) + hc_eps
+    post = 2 * torch.sigmoid(post_w * s_post + post_b)
+    comb = torch.softmax(comb_w.view(T, n, n) * s_comb + comb_b.view(n, n), dim=-1) + hc_eps
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
+    for _ in range(iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + hc_eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
+    return pre, post, comb
 
 
 @dataclass
@@ -35,18 +56,14 @@ class HyperConnection:
 
     def weights(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """streams [T, n, D] -> (post [T, n], comb [T, n, n], collapsed [T, D]) (weights float32)."""
-        T, n = streams.shape[0], self.n
+        T = streams.shape[0]
         mix = F.linear(unweighted_rms(streams.reshape(T, -1).float(), self.eps), self.fn)
-        pre_w, post_w, comb_w = mix.split([n, n, n * n], dim=-1)
-        pre_b, post_b, comb_b = self.base.split([n, n, n * n])
-        s_pre, s_post, s_comb = self.scale.unbind(0)
-        pre = torch.sigmoid(pre_w * s_pre + pre_b) + self.hc_eps
-        post = 2 * torch.sigmoid(post_w * s_post + post_b)
-        comb = torch.softmax(comb_w.view(T, n, n) * s_comb + comb_b.view(n, n), dim=-1) + self.hc_eps
-        comb = comb / (comb.sum(dim=-2, keepdim=True) + self.hc_eps)
-        for _ in range(self.iters - 1):
-            comb = comb / (comb.sum(dim=-1, keepdim=True) + self.hc_eps)
-            comb = comb / (comb.sum(dim=-2, keepdim=True) + self.hc_eps)
+        if use_triton(mix):  # one launch for the ~130 of the Sinkhorn loop's small ops
+            from freetoken.kernels.hyper_triton import hc_weights_triton
+
+            pre, post, comb = hc_weights_triton(mix, self.base, self.scale, self.n, self.iters, self.hc_eps)
+        else:
+            pre, post, comb = hc_weights_reference(mix, self.base, self.scale, self.n, self.iters, self.hc_eps)
         collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
         return post, comb, collapsed
 
