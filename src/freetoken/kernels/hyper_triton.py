@@ -5,8 +5,8 @@ From the projection ``mix`` [T, (2 + n) n] of the flattened streams, per token: 
 comb_b`` [n, n], plus eps, made doubly stochastic by Sinkhorn-Knopp (columns, then ``iters - 1`` times rows and
 columns). The torch version (``hc_weights_reference``) is 6 launches per iteration (a sum, an add, a division per
 direction), 20 iterations: ~130 launches per call, two calls per layer, each a few microseconds of GPU time in a
-replayed step graph for a [T, 4, 4] tensor. Here a program holds one token's n x n matrix in registers. Same float32 arithmetic; sums of n terms may
-round in another order (last bit).
+replayed step graph for a [T, 4, 4] tensor. Here a program holds one token's n x n matrix in registers. Same
+float32 arithmetic; sums of n terms may round in another order (last bit).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from freetoken.checkpoint.hf_config import RopeConfig
+from freetoken.kernels.triton_support import use_triton
 from freetoken.layers.rope import inv_freq_and_scale
 
 
@@ -21,6 +22,14 @@ class InterleavedRope:
 
     def apply(self, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
         """x [T, ..., hd], positions [T] -> x with its last ``rot`` channels rotated (float32 math, x's dtype)."""
+        if use_triton(x):  # one launch for the torch path's ~12
+            from freetoken.kernels.interleaved_rope_triton import interleaved_rope_triton
+
+            return interleaved_rope_triton(x, positions, self.cos, self.sin, self.rot, inverse)
+        return self.reference(x, positions, inverse)
+
+    def reference(self, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+        """``apply`` in torch ops (every device)."""
         shape = (positions.shape[0],) + (1,) * (x.dim() - 2) + (self.rot // 2,)
         cos, sin = self.cos[positions].view(shape), self.sin[positions].view(shape)
         if inverse:
