@@ -95,7 +95,7 @@ def test_dsa_selection_with_triton_scores_is_the_reference_selection() -> None:
 @pytest.mark.parametrize("family", ["deepseek_v4", "glm_moe_dsa"])
 def test_triton_paths_keep_the_engine_tokens(family: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A tiny DeepSeek-V4 (its CSA layers' indexer over compressed entries, prefill and decode; the hyper-connection
-    weights; the rotary) and GLM-5 (DSA: scores, selection and sparse attention, prefill and decode) past the
+    weights, its norms; the rotary) and GLM-5 (DSA: scores, selection and sparse attention, prefill and decode) past the
     indexer's top-k, with their CUDA paths forced on the CPU (Triton's interpreter): the torch path's greedy tokens."""
     from freetoken import LLM, SamplingParams
     from freetoken.layers import dsa, hyper_connections, v4_attention, v4_decode, v4_rope

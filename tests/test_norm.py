@@ -18,10 +18,21 @@ def _case(rows: int, n: int, dtype: torch.dtype, device: str) -> tuple[torch.Ten
 
 
 def _check(device: str, dtype: torch.dtype, tol: float) -> None:
-    from freetoken.kernels.norm_triton import add_rms_norm_triton, embed_rms_norm_triton, rms_norm_triton
+    from freetoken.kernels.norm_triton import (
+        add_rms_norm_triton,
+        embed_rms_norm_triton,
+        rms_norm_triton,
+        v4_rms_norm_triton,
+    )
+    from freetoken.layers.hyper_connections import unweighted_rms, v4_rms_norm  # torch on CPU tensors
 
     for rows, n in ((1, 64), (3, 128), (5, 2048), (7, 100)):
         x, d, w = _case(rows, n, dtype, device)
+        xc, wc = x.cpu(), w.cpu().float()  # DeepSeek-V4's forms: float32 weights, their own rounding
+        torch.testing.assert_close(v4_rms_norm_triton(x, w.float(), 1e-6).cpu(), v4_rms_norm(xc, wc, 1e-6), rtol=tol,
+                                   atol=tol)  # fmt: skip
+        torch.testing.assert_close(v4_rms_norm_triton(x, None, 1e-6).cpu(), unweighted_rms(xc, 1e-6), rtol=tol,
+                                   atol=tol)  # fmt: skip
         torch.testing.assert_close(rms_norm_triton(x, w, 1e-6), rms_norm_reference(x, w, 1e-6), rtol=tol, atol=tol)
         s, y = add_rms_norm_triton(x, d, w, 1e-6)
         torch.testing.assert_close(s, x + d, rtol=0, atol=0)

@@ -15,7 +15,8 @@ import triton.language as tl
 
 @triton.jit
 def _rms_norm_kernel(
-    X, D, W, H, Y, N, eps, stride, HAS_ADD: tl.constexpr, BLOCK: tl.constexpr, GATHER: tl.constexpr = False
+    X, D, W, H, Y, N, eps, stride, HAS_ADD: tl.constexpr, BLOCK: tl.constexpr, GATHER: tl.constexpr = False,
+    ROUNDING: tl.constexpr = 0,
 ):  # fmt: skip
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -30,9 +31,15 @@ def _rms_norm_kernel(
         tl.store(H + row * stride + cols, x, mask=mask)
     xf = x.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + eps)
-    normed = (xf * inv).to(x.dtype)
-    w = tl.load(W + cols, mask=mask, other=0.0)
-    tl.store(Y + row * stride + cols, (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype), mask=mask)
+    if ROUNDING == 0:  # the normalised row rounded to x's dtype, times the weight (norm.py)
+        normed = (xf * inv).to(x.dtype)
+        w = tl.load(W + cols, mask=mask, other=0.0)
+        y = (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype)
+    elif ROUNDING == 1:  # DeepSeek-V4's: a float32 weight times the float32 normalised row, rounded once
+        y = (tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) * (xf * inv)).to(x.dtype)
+    else:  # DeepSeek-V4's unweighted: x times the factor rounded to x's dtype
+        y = x * inv.to(x.dtype)
+    tl.store(Y + row * stride + cols, y, mask=mask)
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -65,6 +72,23 @@ def embed_rms_norm_triton(
             HAS_ADD=False, BLOCK=triton.next_power_of_2(N), GATHER=True,
         )  # fmt: skip
     return h, y
+
+
+def v4_rms_norm_triton(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """DeepSeek-V4's RMSNorm over x's last dim (``layers/hyper_connections.v4_rms_norm``: a float32 weight multiplied
+    in float32, rounded once) or, without a weight, its ``unweighted_rms`` (the factor rounded to x's dtype first)."""
+    N = x.shape[-1]
+    if weight is not None and weight.numel() != N:
+        raise ValueError(f"rms_norm: weight of {weight.numel()} for rows of {N}")
+    x2 = x.reshape(-1, N).contiguous()
+    y = torch.empty_like(x2)
+    if x2.shape[0]:
+        w = x2 if weight is None else weight.float().contiguous()  # unread without a weight
+        _rms_norm_kernel[(x2.shape[0],)](
+            x2, x2, w, y, y, N, eps, N, HAS_ADD=False, BLOCK=triton.next_power_of_2(N),
+            ROUNDING=2 if weight is None else 1,
+        )  # fmt: skip
+    return y.view(x.shape)
 
 
 def _launch(

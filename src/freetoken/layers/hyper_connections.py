@@ -16,11 +16,19 @@ from freetoken.kernels.triton_support import use_triton
 
 
 def unweighted_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    if use_triton(x):  # one launch for ~5
+        from freetoken.kernels.norm_triton import v4_rms_norm_triton
+
+        return v4_rms_norm_triton(x, None, eps)
     return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
 
 
 def v4_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """DeepSeek-V4's RMSNorm: float32 weights multiplied in float32, cast to x's dtype once at the end."""
+    if use_triton(x):  # one launch for ~6
+        from freetoken.kernels.norm_triton import v4_rms_norm_triton
+
+        return v4_rms_norm_triton(x, weight, eps)
     h = x.float()
     return (weight.float() * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
 
