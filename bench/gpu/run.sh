@@ -34,7 +34,7 @@
 #   http           ft bench http: 4 streaming clients through a real ft serve process, 8k-token prompts, TTFT
 #   cpu            the CPU expert kernels: bench/cpu_kernel.py (bf16; 6 and 16 threads, called and queued, huge
 #                  pages; AVX2 forced) and bench/cpu_formats.py (fp8, MXFP4, NVFP4 at 6 and 16 threads; AVX2
-#                  forced at 16), beside the streaming read
+#                  forced at 16; one thread in the L3), beside the streaming read
 #   formats        ft bench bw per expert format (bf16, fp8_block, mxfp4, nvfp4) at 6 and 16 threads: B_H, copies
 #   kernels        GPU kernels alone: gemm_tiles.py, fp8_gemm.py, dnstep_time.py, hostckpt_copy.py, sample_time.py
 #   contention     fills against the CPU kernel: contention.py (the kernel beside copies / the gather), gather_bw.py
@@ -210,7 +210,9 @@ stage_cpu() {
   run_logged 200 cpu_formats python3 bench/cpu_formats.py --threads 6,16 --iters 7 --pool-gib 2 --read-gib 4
   run_logged 100 cpu_formats_avx2 python3 bench/cpu_formats.py --threads 16 --iters 5 --pool-gib 2 --read-gib 2 \
     --isa avx2
-  tables cpu_kernel cpu_kernel_avx2 cpu_formats cpu_formats_avx2
+  # one thread on a pool that fits the L3 (32 experts, 75 MB of FP4): the kernel's compute rate without DRAM
+  run_logged 90 cpu_formats_l3 python3 bench/cpu_formats.py --threads 1 --iters 7 --pool-gib 0.05 --read-gib 1
+  tables cpu_kernel cpu_kernel_avx2 cpu_formats cpu_formats_avx2 cpu_formats_l3
 }
 
 stage_formats() {  # the CPU kernel's B_H and the copies per expert format (packed bytes), 6 and 16 threads
