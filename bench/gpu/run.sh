@@ -24,8 +24,9 @@
 #   fp4 [SLOTS]    qwen3.6-35b-a3b-nvfp4 vs qwen3.6-35b-a3b at the same expert-slot bytes (SLOTS bf16 slots, 256),
 #                  hybrid and offload, 6 threads, batch 1, sampled (a first call writes the checkpoints)
 #   threads [FMT]  ft bench bw --sweep auto (the default thread count, saved), hybrid e2e at 4-16 threads and the default
-#   step           the fused decode step under the profiler (e2e_profile.py): kernels per step, GPU busy share,
-#                  ms/step at batch 1 and 4, overlap on and off; the host's ops once
+#   step [DIR]     the fused decode step under the profiler (e2e_profile.py): kernels per step, GPU busy share,
+#                  ms/step at batch 1 and 4, overlap on and off; the host's ops once (DIR: e.g. a frontier preset's
+#                  checkpoint, /tmp/ft-e2e-deepseek-v4-flash)
 #   experts THREADS [model]   ft bench decode (the MoE layers alone) with the bandwidth probe: every policy on the
 #                  replayed trace (or the model's own routing), medians of 3; CORES=0-5 confines it (a 6-core machine)
 #   layers         where a MoE layer's device time goes (offload, hybrid; THREADS=6): profiler traces, timeline.py
@@ -150,15 +151,16 @@ stage_threads() {  # #39: ft bench bw --sweep auto (saved: the default --cpu-thr
   grep "^|" "$OUT/sweep.log" | head -12; tables e2e_threads e2e_default
 }
 
-stage_step() {
-  [ -f $CK/model.safetensors.index.json ] || run_logged 120 write "${E2E[@]}" --policies fused --batch 1 --tokens 8 \
+stage_step() {  # [DIR]: another checkpoint (a frontier preset's, written by `frontier`), else the qwen3 one
+  local ck=${1:-$CK}
+  [ -f $ck/model.safetensors.index.json ] || run_logged 120 write "${E2E[@]}" --policies fused --batch 1 --tokens 8 \
     --repeats 1 --no-moe-only
   local b ov
   for b in 1 4; do for ov in overlap no-overlap; do
-    timeout 60 python3 bench/gpu/e2e_profile.py $CK --backend fused --batch $b --$ov --top 30 \
+    timeout 60 python3 bench/gpu/e2e_profile.py $ck --backend fused --batch $b --$ov --top 30 \
       > "$OUT/profile_b${b}_$ov.txt" 2>&1 || tail -5 "$OUT/profile_b${b}_$ov.txt"
   done; done
-  timeout 60 python3 bench/gpu/e2e_profile.py $CK --backend fused --host-ops --top 30 > "$OUT/profile_host.txt" 2>&1
+  timeout 60 python3 bench/gpu/e2e_profile.py $ck --backend fused --host-ops --top 30 > "$OUT/profile_host.txt" 2>&1
   echo "| batch | overlap | profiled step (kernels/step, GPU busy, ms/step) |"; echo "|---|---|---|"
   for b in 1 4; do for ov in overlap no-overlap; do
     echo "| $b | $ov | $(grep "kernels/step" "$OUT/profile_b${b}_$ov.txt" | tail -1) |"
