@@ -85,7 +85,11 @@ def write_qwen3_moe(
 
     def flush(tensors: dict[str, torch.Tensor], name: str) -> None:
         nonlocal total
-        tensors = packed(tensors)
+        tensors, seen = packed(tensors), set()
+        for k, v in tensors.items():  # safetensors >= 0.8 refuses tensors sharing storage (``shared_experts``)
+            ptr = v.untyped_storage().data_ptr()
+            tensors[k] = v.clone() if ptr in seen else v
+            seen.add(ptr)
         save_file(tensors, str(directory / name))
         for k, v in tensors.items():
             weight_map[k] = name

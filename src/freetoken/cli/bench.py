@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, str] = {
     "e2e": "freetoken.bench.e2e",
     "http": "freetoken.bench.http_ttft",
     "load": "freetoken.bench.ftw_load",
+    "predict-routing": "freetoken.bench.predict_routing",
     "prefill": "freetoken.bench.prefill",
     "record-routing": "freetoken.bench.record_routing",
     "structured": "freetoken.bench.structured",
