@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from freetoken.bench.record_routing import DEFAULT_PROMPTS, RecordingBackend, chat_prompt
-from freetoken.bench.routing_trace import moe_layers
+from freetoken.bench.record_routing import RecordingBackend, decode, install_wrapper
 from freetoken.config import EngineConfig, add_config_args, config_kwargs
 from freetoken.experts.base import ExpertBackend
 from freetoken.layers.moe import MoELayer
@@ -100,20 +98,6 @@ class PredictingBackend(RecordingBackend):
         return out
 
 
-def install_predictor(llm: Any) -> PredictingBackend:
-    engine = llm.engine
-    inner = engine.setup.loaded.backend
-    if inner is None:
-        raise ValueError("this model has no MoE layers: nothing to predict")
-    moe = moe_layers(engine.runner.model)
-    rec = PredictingBackend(inner, moe)
-    for m in moe:
-        m.backend = rec
-    engine.runner.backend = rec
-    engine.setup.loaded.backend = rec
-    return rec
-
-
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=500, help="decode tokens in all")
     p.add_argument("--chat", action="store_true", help="chat-formatted built-in questions, stopping at EOS")
@@ -124,26 +108,11 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from freetoken import LLM, SamplingParams
+    from freetoken import LLM
 
     llm = LLM(**config_kwargs(EngineConfig, args))
-    rec = install_predictor(llm)
-    if args.chat:
-        i = 0
-        while len(rec.rows) < args.tokens:
-            msgs = [{"role": "user", "content": chat_prompt(i)}]
-            ids = llm.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
-            llm.generate([list(ids)], SamplingParams(temperature=0.0, max_tokens=256))
-            i += 1
-    else:  # the built-in prompts, or (a checkpoint without a tokenizer: the synthetic presets) random token ids
-        per = -(-args.tokens // len(DEFAULT_PROMPTS)) + 1
-        g = torch.Generator().manual_seed(0)
-        vocab = llm.engine.hf.vocab_size
-        for i, text in enumerate(DEFAULT_PROMPTS):
-            ids = torch.randint(3, vocab, (32,), generator=g).tolist()
-            prompt: str | list[int] = text if llm.tokenizer is not None else ids
-            params = SamplingParams(temperature=args.temperature, max_tokens=per, ignore_eos=True, seed=i)
-            llm.generate([prompt], params)
+    rec = install_wrapper(llm, PredictingBackend)
+    decode(llm, rec, args.tokens, args.chat, temperature=args.temperature)
     t = rec.table()
     L = rec.num_layers
     print(f"# {len(rec.rows)} decode tokens, {L} MoE layers; recall of layer l's routed experts")

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -21,6 +22,7 @@ import torch
 from freetoken.bench.routing_trace import moe_layers
 from freetoken.config import EngineConfig, add_config_args, config_kwargs
 from freetoken.experts.base import ExpertBackend
+from freetoken.layers.moe import MoELayer
 
 DEFAULT_PROMPTS = (
     "Write a Python function that parses an ISO 8601 date string and returns a datetime. Add tests.",
@@ -80,19 +82,51 @@ class RecordingBackend(ExpertBackend):
         self.inner.check_integrity()
 
 
-def install_recorder(llm: Any) -> RecordingBackend:
-    """Wrap the LLM's expert backend in a recorder, everywhere the engine holds it."""
+R = TypeVar("R", bound=RecordingBackend)
+
+
+def install_wrapper(llm: Any, wrap: Callable[[ExpertBackend, list[MoELayer]], R]) -> R:
+    """Wrap the LLM's expert backend (``wrap(inner, the MoE layers)``), everywhere the engine holds it."""
     engine = llm.engine
     inner = engine.setup.loaded.backend
     if inner is None:
         raise ValueError("this model has no MoE layers: nothing to record")
     moe = moe_layers(engine.runner.model)
-    rec = RecordingBackend(inner, len(moe))
+    rec = wrap(inner, moe)
     for m in moe:
         m.backend = rec
     engine.runner.backend = rec
     engine.setup.loaded.backend = rec
     return rec
+
+
+def install_recorder(llm: Any) -> RecordingBackend:
+    """Wrap the LLM's expert backend in a recorder, everywhere the engine holds it."""
+    return install_wrapper(llm, lambda inner, moe: RecordingBackend(inner, len(moe)))
+
+
+def decode(llm: Any, rec: RecordingBackend, tokens: int, chat: bool, prompts: list[str] | None = None,
+           temperature: float = 0.0) -> None:  # fmt: skip
+    """Decode until ``rec`` holds ``tokens`` decode tokens: chat-formatted built-in questions (each answer stops at
+    the model's own end of turn), else the prompts (default: built-in; a checkpoint without a tokenizer, such as the
+    synthetic presets, gets 32 random token ids each), ``temperature`` > 0 sampled with a seed per prompt."""
+    from freetoken import SamplingParams
+
+    if chat:
+        i = 0
+        while len(rec.rows) < tokens:
+            msgs = [{"role": "user", "content": chat_prompt(i)}]
+            ids = llm.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+            llm.generate([list(ids)], SamplingParams(temperature=temperature, max_tokens=256, seed=i))
+            i += 1
+        return
+    texts = list(prompts or DEFAULT_PROMPTS)
+    per = -(-tokens // len(texts)) + 1  # the first generated token comes from prefill
+    g = torch.Generator().manual_seed(0)
+    for i, text in enumerate(texts):
+        ids = torch.randint(3, llm.engine.hf.vocab_size, (32,), generator=g).tolist()
+        prompt: str | list[int] = text if llm.tokenizer is not None else ids
+        llm.generate([prompt], SamplingParams(temperature=temperature, max_tokens=per, ignore_eos=True, seed=i))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -105,23 +139,11 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from freetoken import LLM, SamplingParams
+    from freetoken import LLM
 
     llm = LLM(**config_kwargs(EngineConfig, args))
     rec = install_recorder(llm)
-    if args.chat:  # chat-formatted questions; each answer stops at the model's own end of turn
-        tok = llm.tokenizer
-        i = 0
-        while len(rec.rows) < args.tokens:
-            msgs = [{"role": "user", "content": chat_prompt(i)}]
-            ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
-            llm.generate([list(ids)], SamplingParams(temperature=0.0, max_tokens=256))
-            i += 1
-    else:
-        prompts = list(args.prompt or DEFAULT_PROMPTS)
-        per = -(-args.tokens // len(prompts)) + 1  # the first generated token comes from prefill
-        for p in prompts:
-            llm.generate([p], SamplingParams(temperature=0.0, max_tokens=per, ignore_eos=True))
+    decode(llm, rec, args.tokens, args.chat, args.prompt)
     trace = rec.trace()[: args.tokens]
     np.save(args.out, trace)
     print(f"recorded {trace.shape[0]} tokens x {trace.shape[1]} MoE layers x top-{trace.shape[2]} -> {args.out}")
