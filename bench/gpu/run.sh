@@ -18,6 +18,7 @@
 #   e2e [fp8]      ft bench e2e (the whole model): fused, offload, hybrid, static-layers at 6 and 16 threads, batch 1
 #                  and 4, the model's own routing sampled, beside the MoE layers alone; offload and hybrid on the
 #                  replayed trace (fp8: the qwen3-30b-a3b-fp8 preset, hybrid / offload / static-layers, batch 1)
+#   lookahead      #39's experiment: hybrid and offload with and without EngineConfig.lookahead, 6 and 16 threads
 #   frontier P [C] ft bench e2e --preset P (glm-5, deepseek-v3, ..., kimi-linear, gemma-4, deepseek-v4-flash) at
 #                  expert cache C (0.25): hybrid, offload, static-layers, 8 threads, batch 1, sampled; the model's
 #                  routing and the locality trace of its experts x top-k (256x8, 128x8, 256x6)
@@ -104,6 +105,13 @@ stage_e2e() {
   run_logged 200 e2e_trace "${E2E[@]}" --policies offload,hybrid --cpu-threads 6,16 --batch 1,4 --repeats 2 \
     --routing-trace $TRACE --json "$OUT/e2e_trace.json"
   tables e2e_model e2e_trace
+}
+
+stage_lookahead() {  # #39's experiment: each MoE layer's likely experts filled while the layer before runs
+  # (EngineConfig.lookahead) beside the same backend without it, the model's routing, sampled
+  run_logged 420 e2e_lookahead "${E2E[@]}" --policies hybrid,hybrid+la,offload,offload+la --cpu-threads 6,16 \
+    --batch 1 --repeats 2 --temperature 1.0 --json "$OUT/e2e_lookahead.json"
+  tables e2e_lookahead; grep "filled ahead" "$OUT/e2e_lookahead.log"
 }
 
 stage_frontier() {  # #34 / #38: a frontier preset end to end at one expert-cache share, 8 CPU threads (the paper's
@@ -345,7 +353,8 @@ stage_repeat() {  # repeat_greedy.py: each variant SECONDS (240) side by side; w
 stage=${1:-}; shift || true
 case $stage in
 wheels) download_wheels ;;
-tests|graphs|repeat|ab|memory|e2e|frontier|fp4|threads|step|experts|layers|prefill|http|cpu|formats|kernels|contention|fla|elastic|load|\
+tests|graphs|repeat|ab|memory|e2e|lookahead|frontier|fp4|threads|step|experts|layers|prefill|http|cpu|formats|kernels|\
+contention|fla|elastic|load|\
 llamacpp|llamacpp_gptoss|train)
   install_wheels
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nvidia-smi --query-gpu=name --format=csv,noheader \

@@ -174,13 +174,26 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
+# Policy variants beside the plain ones: "<backend>+<option>", e.g. "hybrid+la".
+POLICY_OPTIONS = {"la": "EngineConfig.lookahead: each MoE layer's likely experts filled while the layer before runs"}
+
+
+def policy_config(policy: str) -> dict[str, Any]:
+    """The engine settings of a policy name: its backend, and its options (``POLICY_OPTIONS``)."""
+    base, *opts = policy.split("+")
+    unknown = [o for o in opts if o not in POLICY_OPTIONS]
+    if unknown:
+        raise SystemExit(f"unknown policy option(s) {unknown} in {policy!r}; known: {sorted(POLICY_OPTIONS)}")
+    return {"moe_backend": base, "lookahead": "la" in opts}
+
+
 def _load(
     path: Path, args: argparse.Namespace, dev: str, dtype: str, policy: str, threads: int | None, batches: list[int]
 ) -> Any:
     from freetoken import LLM
 
-    llm = LLM(str(path), **config_kwargs(EngineConfig, args) | dict(
-        device=dev, dtype=dtype, moe_backend=policy, cpu_threads=threads,
+    llm = LLM(str(path), **config_kwargs(EngineConfig, args) | policy_config(policy) | dict(
+        device=dev, dtype=dtype, cpu_threads=threads,
         max_running_requests=max(*batches, args.itl_streams + 1),
         cuda_graphs=args.cuda_graphs, moe_cuda_graphs=args.cuda_graphs,
     ))  # fmt: skip
@@ -278,7 +291,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="a checkpoint directory instead ('default': the embedded model)")
     p.add_argument("--dir", default=None, help="where the synthetic checkpoint is written (default: the cache)")
     p.add_argument("--policies", default="fused,offload,hybrid",
-                   help=f"comma-separated MoE backends (or placements: {', '.join(PLACEMENTS)})")  # fmt: skip
+                   help=f"comma-separated MoE backends (or placements: {', '.join(PLACEMENTS)}); a backend may take "
+                        "options: hybrid+la (lookahead fills)")  # fmt: skip
     p.add_argument("--cpu-threads", default=None, help="CPU expert threads; a comma list runs each in turn")
     p.add_argument("--batch", default="1,4", help="concurrent requests; a comma list")
     p.add_argument("--tokens", type=int, default=64, help="timed tokens per request")
