@@ -6,6 +6,7 @@ layers miss less when they plan, and no slot stays locked."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from freetoken import LLM, SamplingParams
 from freetoken.layers.moe import MoELayer, link_lookahead
@@ -56,3 +57,24 @@ def test_e2e_policy_option() -> None:
     assert policy_config("offload+la") == {"moe_backend": "offload", "lookahead": True}
     with pytest.raises(SystemExit, match=r"unknown policy option\(s\) \['xx'\]"):
         policy_config("hybrid+xx")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["offload", "hybrid"])
+def test_lookahead_on_cuda(backend: str) -> None:
+    """On a GPU (whole-step graphs replayed, the copies on the side stream): the CPU engine's tokens, experts filled
+    ahead, fewer misses when the layers plan, no slot left locked."""
+    def on_cuda(lookahead: bool) -> LLM:
+        return LLM(device="cuda", dtype="float32", moe_backend=backend, expert_cache=0.4, lookahead=lookahead,
+                   fill_fraction=0.5 if backend == "hybrid" else None)  # fmt: skip
+
+    want = [o.token_ids for o in _llm("cpu", False, None).generate(PROMPTS, PARAMS)]
+    off, on = on_cuda(False), on_cuda(True)
+    (t_off, m_off), (t_on, m_on) = _run(off), _run(on)
+    assert t_off == t_on == want
+    s = on.stats()
+    assert s["step_graph_replays"] > 0 and s["expert_prefetches"] > 0
+    assert sum(m_on[1:]) < sum(m_off[1:]), (m_on, m_off)
+    assert not bool(on.engine.setup.loaded.backend.cache.tables.locked.any())
+    on.check_integrity()
