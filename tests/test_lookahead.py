@@ -78,3 +78,13 @@ def test_lookahead_on_cuda(backend: str) -> None:
     assert sum(m_on[1:]) < sum(m_off[1:]), (m_on, m_off)
     assert not bool(on.engine.setup.loaded.backend.cache.tables.locked.any())
     on.check_integrity()
+
+
+def test_e2e_refuses_lookahead_on_a_replayed_trace(tmp_path) -> None:
+    """A trace routes instead of the router the prediction reads: refused before any checkpoint is written."""
+    from freetoken.bench.e2e import main
+
+    with pytest.raises(SystemExit, match="hybrid\\+la: lookahead predicts from the model's router"):
+        main(["--preset", "qwen3-30b-a3b", "--dir", str(tmp_path / "ck"), "--policies", "hybrid,hybrid+la",
+              "--routing-trace", "bench/traces/locality-48x128x8.npy"])  # fmt: skip
+    assert not (tmp_path / "ck").exists()

@@ -221,6 +221,9 @@ def _fused_tok_s(path: Path, args: argparse.Namespace, dev: str, dtype: str, bat
 
 def run(args: argparse.Namespace) -> int:
     register()  # the placements, when a policy names one
+    for p in args.policies.split(","):  # every policy's options checked before a checkpoint is written
+        if p and policy_config(p)["lookahead"] and args.routing_trace:
+            raise SystemExit(f"{p}: lookahead predicts from the model's router, a replayed trace routes instead")
     path = checkpoint(args)
     dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = args.dtype or ("bfloat16" if dev == "cuda" else "float32")

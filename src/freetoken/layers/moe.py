@@ -57,7 +57,7 @@ class MoELayer:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ids, w = self.route(x)
         nxt = self.lookahead
-        if nxt is not None:  # its router on this input: most of its experts (bench/predict_routing.py)
+        if nxt is not None and nxt.router_override is None:  # its router on this input: most of its experts
             self.backend.hint_next(nxt.moe_index, lambda: nxt.route(x)[0])
         out = self.backend.forward(self.moe_index, x, ids, w)
         if self.down_bias is not None:
