@@ -95,10 +95,11 @@ def test_dsa_selection_with_triton_scores_is_the_reference_selection() -> None:
 @pytest.mark.parametrize("family", ["deepseek_v4", "glm_moe_dsa"])
 def test_triton_paths_keep_the_engine_tokens(family: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A tiny DeepSeek-V4 (its CSA layers' indexer over compressed entries, prefill and decode; the hyper-connection
-    weights, its norms; the rotary) and GLM-5 (DSA: scores, selection and sparse attention, prefill and decode) past the
-    indexer's top-k, with their CUDA paths forced on the CPU (Triton's interpreter): the torch path's greedy tokens."""
+    weights, its norms; the rotary) and GLM-5 (DSA: scores, selection and sparse attention, prefill and decode; the
+    rotary) past the indexer's top-k, with their CUDA paths forced on the CPU (Triton's interpreter): the torch path's
+    greedy tokens."""
     from freetoken import LLM, SamplingParams
-    from freetoken.layers import dsa, hyper_connections, v4_attention, v4_decode, v4_rope
+    from freetoken.layers import dsa, hyper_connections, rope, v4_attention, v4_decode, v4_rope
 
     if family == "deepseek_v4":
         from tiny_dsv4 import save_dsv4_checkpoint
@@ -117,6 +118,6 @@ def test_triton_paths_keep_the_engine_tokens(family: str, tmp_path, monkeypatch:
 
     want = tokens()
     v4 = (v4_decode, v4_attention, hyper_connections, v4_rope)
-    for module in v4 if family == "deepseek_v4" else (dsa,):
+    for module in v4 if family == "deepseek_v4" else (dsa, rope):
         monkeypatch.setattr(module, "use_triton", lambda where: True)
     assert tokens() == want

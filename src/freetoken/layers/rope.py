@@ -7,6 +7,7 @@ import math
 import torch
 
 from freetoken.checkpoint.hf_config import RopeConfig
+from freetoken.kernels.triton_support import use_triton
 
 
 def inv_freq_and_scale(rope: RopeConfig, head_dim: int, max_pos: int) -> tuple[torch.Tensor, float]:
@@ -94,6 +95,14 @@ class Rotary:
 
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [T, H, hd], positions [T] -> rotated x (same dtype)."""
+        if use_triton(x):  # one launch for the ~9 below
+            from freetoken.kernels.rope_triton import half_rope_triton
+
+            return half_rope_triton(x, positions, self.cos, self.sin)
+        return self.reference(x, positions)
+
+    def reference(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``apply`` in torch ops (every device)."""
         cos, sin = self._tables(positions, x.dtype)
         rot, rest = x[..., : self.rot_dim], x[..., self.rot_dim :]
         half = self.rot_dim // 2

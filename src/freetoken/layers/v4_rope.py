@@ -23,7 +23,7 @@ class InterleavedRope:
     def apply(self, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
         """x [T, ..., hd], positions [T] -> x with its last ``rot`` channels rotated (float32 math, x's dtype)."""
         if use_triton(x):  # one launch for the torch path's ~12
-            from freetoken.kernels.interleaved_rope_triton import interleaved_rope_triton
+            from freetoken.kernels.rope_triton import interleaved_rope_triton
 
             return interleaved_rope_triton(x, positions, self.cos, self.sin, self.rot, inverse)
         return self.reference(x, positions, inverse)
