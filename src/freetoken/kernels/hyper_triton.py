@@ -31,9 +31,10 @@ def _hc_weights_kernel(MIX, BASE, SCALE, PRE, POST, COMB, n, stride, iters, eps,
     m = (r < n) & (c < n)
     at = 2 * n + r * n + c
     x = tl.load(row + at, mask=m, other=0.0) * s_comb + tl.load(BASE + at, mask=m, other=0.0)
-    x = tl.where(m, x, float("-inf"))
+    x = tl.where(m, x, -1e30)  # not -inf: a row past n would make inf - inf (its values are dropped anyway)
     e = tl.where(m, tl.exp(x - tl.max(x, axis=1)[:, None]), 0.0)
-    comb = tl.where(m, e / tl.sum(e, axis=1)[:, None] + eps, 0.0)
+    den = tl.sum(e, axis=1)  # >= 1 on the rows below n; 0 past them, which divide by 1 instead
+    comb = tl.where(m, e / tl.where(den > 0, den, 1.0)[:, None] + eps, 0.0)
     comb = comb / (tl.sum(comb, axis=0)[None, :] + eps)
     for _ in range(iters - 1):
         comb = comb / (tl.sum(comb, axis=1)[:, None] + eps)
