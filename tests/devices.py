@@ -40,3 +40,13 @@ DEVICES = [
         marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")],
     ),
 ]
+
+
+_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+# A Triton kernel's cases as (device, dtype): Triton's interpreter on the CPU in float32 (marked ``interp``: CI's
+# interp stage), CUDA in float32 and bf16 (marked ``gpu``). Use with ``@pytest.mark.parametrize("device,dtype", ...)``.
+TRITON_CASES = [
+    pytest.param("cpu", torch.float32, marks=[pytest.mark.interp, _NO_INTERPRETER], id="interpreter"),
+    pytest.param("cuda", torch.float32, marks=_CUDA, id="cuda-float32"),
+    pytest.param("cuda", torch.bfloat16, marks=_CUDA, id="cuda-bfloat16"),
+]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from devices import TRITON_INTERPRETER
+from devices import TRITON_CASES
 from freetoken.layers.hyper_connections import hc_weights_reference
 
 CASES = [(4, 20, 5), (4, 1, 1), (3, 7, 4), (2, 20, 3)]  # (n, iters, tokens)
@@ -38,15 +38,9 @@ def _check(device: str) -> None:
     assert [tuple(t.shape) for t in empty] == [(0, 4), (0, 4), (0, 4, 4)]
 
 
-@TRITON_INTERPRETER
-def test_kernel_in_the_interpreter() -> None:
-    _check("cpu")
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_kernel_on_cuda() -> None:
-    _check("cuda")
+@pytest.mark.parametrize("device,dtype", [c for c in TRITON_CASES if c.values[1] == torch.float32])
+def test_kernel(device: str, dtype: torch.dtype) -> None:  # the weights are float32 whatever the model's dtype
+    _check(device)
 
 
 def test_bad_shapes_are_refused() -> None:

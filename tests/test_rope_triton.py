@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from devices import TRITON_INTERPRETER, assert_bf16_close
+from devices import TRITON_CASES, assert_bf16_close
 from freetoken.checkpoint.hf_config import RopeConfig
 from freetoken.layers.rope import Rotary
 from freetoken.layers.v4_rope import InterleavedRope
@@ -59,18 +59,10 @@ def _check_half(device: str, dtype: torch.dtype) -> None:
             assert_bf16_close(got, want, (shape, kind))
 
 
-@TRITON_INTERPRETER
-def test_kernel_in_the_interpreter() -> None:
-    _check("cpu", torch.float32)
-    _check_half("cpu", torch.float32)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kernel_on_cuda(dtype: torch.dtype) -> None:
-    _check("cuda", dtype)
-    _check_half("cuda", dtype)
+@pytest.mark.parametrize("device,dtype", TRITON_CASES)
+def test_kernel(device: str, dtype: torch.dtype) -> None:
+    _check(device, dtype)
+    _check_half(device, dtype)
 
 
 def test_bad_shapes_are_refused() -> None:

@@ -2,10 +2,10 @@
 
 embeddings → every layer (attention over the page table, router, the MoE backend with its fills and the
 CPU branch's flags) → final norm → logits → sampling, replayed from static buffers. Per step the host
-packs the step's metadata (ids, positions, KV slots, page table, lengths, sampling settings) into two
-pinned tensor, copies it over in one transfer, does the MoE backend's host share of every layer
-(``before_step_replay``: queue the CPU branch's batches), replays, and queues the copy of the sampled ids (and
-logprobs) back, with an event after it (``launch``; ``inflight.Launch.read`` waits for it). A step launched
+packs the step's metadata (ids, positions, KV slots, page table, lengths, sampling settings) into a pinned
+tensor, copies it over in one transfer (``step_buffers.py``: the layout), does the MoE backend's host share of
+every layer (``before_step_replay``: queue the CPU branch's batches), replays, and queues the copy of the sampled
+ids (and logprobs) back, with an event after it (``launch``; ``inflight.Launch.read`` waits for it). A step launched
 before the previous one was read (``engine/overlap.py``) gathers its input ids from that step's sampled ids on
 the device, stream-ordered before its replay; the host buffers are double-buffered so that filling the next
 step never overwrites a copy still queued.
@@ -46,15 +46,12 @@ from freetoken.cache.anchors import due_captures
 from freetoken.cache.kv_pool import KVPool
 from freetoken.experts.base import ExpertBackend
 from freetoken.hardware.device_memory import release_deferred
-from freetoken.kernels.attention import DecodeMeta
-from freetoken.layers.attention import AttnBatch
 from freetoken.models.decoder import DecoderModel
-from freetoken.runner import noise
 from freetoken.runner.batch import R, StepRequest
-from freetoken.runner.constraint import new_bitmask
 from freetoken.runner.graph_shapes import buckets, widths
 from freetoken.runner.inflight import Launch, launched
-from freetoken.runner.sampler import MAX_TOP_LOGPROBS, Features, SamplingBatch, sample_batch
+from freetoken.runner.sampler import Features, sample_batch
+from freetoken.runner.step_buffers import StepBuffers
 from freetoken.runner.step_sampler import Choice, StepSampler, features_of, pack
 
 log = logging.getLogger(__name__)
@@ -78,40 +75,13 @@ class Graph(Protocol):
 
 # records ``body`` (a step on the static buffers) as a graph; returns it and the output it rewrites at each replay
 Capture = Callable[[Callable[[], torch.Tensor]], tuple[Graph, torch.Tensor]]
-
-_INTS = 5  # ids, positions, KV slots, lengths, state slots; then the page table; then the sampler's 5 integer rows
-_FLOATS = 6  # temperature, top_p, min_p, presence, frequency, repetition
-
-
 @dataclass
-class _Host:
-    """One of a bucket's two sets of pinned host buffers, and the event after the last step that used it."""
+class _Static(StepBuffers):
+    """One (bucket, width)'s buffers (``step_buffers.py``) and its graphs."""
 
-    ints: torch.Tensor  # the device ``ints``' twin
-    floats: torch.Tensor  # a view of its tail (``_floats``)
-    out: torch.Tensor  # [B * (2 + 2*MAX_TOP_LOGPROBS)] float64: the step's [B, w] rows (id, logprob, top ids,
-    # top logprobs), contiguous: a strided destination would make the copy back a synchronous one
-    done: torch.cuda.Event | None = None
-
-
-@dataclass
-class _Static:
-    """One (bucket, width)'s input and output buffers (device), their pinned host twins (two sets, used in turn),
-    and its graphs."""
-
-    ints: torch.Tensor  # [_INTS*B + B*P + 5*B + ceil(_FLOATS*B/2)] int64, the floats' words last: one copy a step
-    floats: torch.Tensor  # [_FLOATS, B] float32, a view of ``ints``' tail
-    hosts: list[_Host]
-    batch: AttnBatch
-    sampling: SamplingBatch
-    ids: torch.Tensor  # [B] the model's input tokens
-    mask: torch.Tensor  # [B, ceil(V/32)] int32 the allowed-token bitmask of grammar-constrained rows
-    host_mask: torch.Tensor  # (a constrained step is never launched ahead: one is enough)
-    width: int  # P, the page table's columns
     graphs: dict[Features, tuple[Graph, torch.Tensor]] = field(default_factory=dict)  # graph, out
     failed: dict[Features, str] = field(default_factory=dict)  # stages whose capture failed: why
     oom_wait: dict[Features, int] = field(default_factory=dict)  # eager steps left before a capture is retried
-    turn: int = 0  # which of ``hosts`` the next step fills
 
 
 class StepGraphs:
@@ -205,7 +175,7 @@ class StepGraphs:
         st.turn ^= 1
         if host.done is not None:  # the last step that used these buffers has copied them (it was read already)
             host.done.synchronize()
-        self._fill(st, host, reqs, starts, src_rows or [0] * len(reqs))
+        st.fill(host, reqs, starts, src_rows or [0] * len(reqs), self.kv, self.sampler)
         if prev is not None:  # the rows' input ids: the previous step's samples, gathered on the device
             st.ids.copy_(prev.ids.index_select(0, st.ids))
         if self.backend is not None:
@@ -230,83 +200,15 @@ class StepGraphs:
 
     # -- buffers ---------------------------------------------------------------------------------------
     def _make(self, B: int, P: int) -> _Static:
-        dev = self.device
-        n_ints = _INTS * B + B * P + 5 * B
-        n = n_ints + (_FLOATS * B + 1) // 2  # the float32 settings, two to an int64 word
-        ints = torch.zeros(n, dtype=torch.int64, device=dev)
-        floats = _floats(ints, n_ints, B).fill_(1.0)
-        ids, pos, slots, lens, states = (ints[i * B : (i + 1) * B] for i in range(_INTS))
-        table = ints[_INTS * B : _INTS * B + B * P].view(B, P)
-        srows = ints[_INTS * B + B * P : n_ints].view(5, B)
-        if dev.type == "cuda":  # the decode kernel reads the int64 rows in place
-            meta = DecodeMeta(table, lens, self.kv.page_size)
-        else:  # the CPU step's C++ attention takes int32 (copied in each step, ``_body``)
-            meta = DecodeMeta(table.to(torch.int32), lens.to(torch.int32), self.kv.page_size)
-        batch = AttnBatch(pos, slots, meta, state_slots=states if self.model.states is not None else None)
-        sampling = SamplingBatch(
-            temperature=floats[0], top_p=floats[1], min_p=floats[2], presence=floats[3], frequency=floats[4],
-            repetition=floats[5], top_k=srows[0], seed_lo=srows[1], seed_hi=srows[2], step=srows[3], rows=srows[4],
-        )  # fmt: skip
-        pinned = [torch.zeros(n, dtype=torch.int64).pin_memory() for _ in range(2)]
-        hosts = [
-            _Host(h, _floats(h, n_ints, B).fill_(1.0),
-                  torch.zeros(B * (2 + 2 * MAX_TOP_LOGPROBS), dtype=torch.float64).pin_memory())
-            for h in pinned
-        ]  # fmt: skip
-        st = _Static(
-            ints, floats, hosts, batch, sampling, ids,
-            new_bitmask(B, self.vocab).to(dev), new_bitmask(B, self.vocab).pin_memory(), P,  # mask, host_mask, width
-        )  # fmt: skip
+        st = _Static.make(B, P, self.kv, self.model.states is not None, self.vocab)
+        assert isinstance(st, _Static)
         self._static.setdefault(B, {})[P] = st
         return st
-
-    def _fill(
-        self, st: _Static, host: _Host, reqs: Sequence[StepRequest], starts: list[int], src_rows: list[int]
-    ) -> None:
-        """The step's metadata into the pinned twin, then one copy to the device buffers (on CUDA the page table
-        and lengths are read in place; on a CPU converted to int32 inside the step). A row ahead of its request's
-        ``token_ids`` gets ``src_rows``' entry as its id: the row of the previous step that ``launch`` gathers."""
-        B, P = st.floats.shape[1], st.width
-        pad = B - len(reqs)
-        assert not (pad and st.batch.state_slots is not None), "a pad row would share row 0's state slot"
-        rows, starts, src_rows = [*reqs] + [reqs[0]] * pad, starts + [starts[0]] * pad, src_rows + [src_rows[0]] * pad
-        hi, hf = host.ints.numpy(), host.floats.numpy()
-        for b, req in enumerate(rows):
-            pos = starts[b]
-            ahead = pos - req.num_computed_tokens  # sampled tokens not in token_ids yet (0 or 1)
-            hi[b] = req.token_ids[pos] if ahead == 0 else src_rows[b]
-            hi[B + b] = pos
-            hi[2 * B + b] = self.kv.slots(req.pages, pos, pos + 1)[0]
-            hi[3 * B + b] = pos + 1
-            hi[4 * B + b] = req.state_slot or 0
-            base = _INTS * B + b * P
-            hi[base : base + P] = 0
-            hi[base : base + len(req.pages)] = req.pages
-            s = _INTS * B + B * P
-            p = req.params
-            lo, h = noise.split_seed(req.seed)
-            hi[s + b] = max(p.top_k, 0)
-            hi[s + B + b], hi[s + 2 * B + b] = lo, h
-            hi[s + 3 * B + b] = req.num_output_tokens + ahead
-            hi[s + 4 * B + b] = self.sampler.shared_row if b >= len(reqs) else self.sampler.row_of(req)
-            hf[:, b] = (p.temperature, p.top_p, p.min_p, p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
-        st.ints.copy_(host.ints, non_blocking=True)  # the float settings with them
-        if any(r.constraint is not None for r in reqs):  # the next token's allowed set, row by row (pads: all)
-            st.host_mask.fill_(-1)
-            for b, req in enumerate(reqs):
-                if req.constraint is not None:
-                    req.constraint.fill_bitmask(st.host_mask[b])
-            st.mask.copy_(st.host_mask, non_blocking=True)
 
     # -- the step itself -------------------------------------------------------------------------------
     def _body(self, st: _Static, f: Features) -> torch.Tensor:
         """The step; returns [B, 1] float64 sampled ids, or with logprobs [B, 2 + 2*MAX_TOP_LOGPROBS]."""
-        meta = st.batch.decode
-        assert meta is not None
-        B, P = st.ids.shape[0], st.width
-        if meta.block_table.dtype != torch.int64:
-            meta.block_table.copy_(st.ints[_INTS * B : _INTS * B + B * P].view(B, P))
-            meta.seq_lens.copy_(st.ints[3 * B : 4 * B])
+        st.cpu_tables()
         hidden = self.model.forward(st.ids, st.batch, self.kv)
         logits = self.model.logits(hidden)
         s = sample_batch(logits, st.sampling, self.sampler.state, f, st.mask if f.mask else None)
@@ -381,11 +283,6 @@ class StepGraphs:
             "step_graph_eager_fallbacks": sum(self.fallbacks.values()),
             "step_graph_eager_fallback_reasons": dict(self.fallbacks),
         }
-
-
-def _floats(ints: torch.Tensor, at: int, B: int) -> torch.Tensor:
-    """The [_FLOATS, B] float32 settings stored in ``ints``' int64 words from ``at`` on."""
-    return ints[at:].view(torch.float32)[: _FLOATS * B].view(_FLOATS, B)
 
 
 def _decode_only(items: Sequence[tuple[R, int]], starts: list[int] | None) -> bool:
