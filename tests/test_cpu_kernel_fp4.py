@@ -13,7 +13,7 @@ from freetoken.experts.cpu.kernel import ISAS, CpuExpertKernel, cpu_experts_refe
 from freetoken.quant import MXFP4, NVFP4, WeightFormat
 
 # (T, D, I, N): one token (the row-blocked path), a few, a 4-token tile; D, I multiples of 32 only
-SHAPES = [(1, 64, 96, 3), (3, 96, 64, 4), (4, 128, 160, 2)]
+SHAPES = [(1, 64, 96, 3), (3, 96, 64, 4), (4, 128, 160, 2), (1, 640, 352, 2), (5, 352, 640, 2)]
 FORMATS = {"mxfp4": MXFP4, "nvfp4": NVFP4}
 
 
@@ -71,11 +71,11 @@ def test_fp4_matches_reference(fmt: str, isa: str, activation: str) -> None:
 @pytest.mark.parametrize("isa", ISAS)
 def test_fp4_row_blocking_does_not_change_bits(fmt: str, isa: str) -> None:
     """Batch-1 row blocking (1, 2, 4 rows at once) keeps each FP4 row's accumulators: the same bits. D and I are odd
-    multiples of 32, so the 64-code steps and a 32-code tail both run."""
+    multiples of 32 above 128, so whole 128-code blocks and 32-code tails both run."""
     if not _supported(isa):
         pytest.skip(f"{isa} not supported on this CPU/build")
     for T in (1, 3):
-        case, scales = make_fp4_case(FORMATS[fmt], T, 224, 96, 3, R=2 * T + 3, seed=13)
+        case, scales = make_fp4_case(FORMATS[fmt], T, 224, 352, 3, R=2 * T + 3, seed=13)
         outs = [CpuExpertKernel(num_threads=2, isa=isa, rows=r).run(*case, scales=scales) for r in (1, 2, 4)]
         assert all(torch.equal(outs[0], o) for o in outs[1:])
         _close(outs[0], cpu_experts_reference(*case, scales=scales), isa)

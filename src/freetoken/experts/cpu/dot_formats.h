@@ -73,10 +73,6 @@ struct FmtFP4 {
     return kFp4Scales.e8m0[r.s[k / G]] * 0.5f;
   }
   static inline void load2(const Row& r, int64_t k, S::vec& a, S::vec& b) {
-    if constexpr (S::kE2m1Scaled && 2 * S::W <= G) {  // 2W codes of one group: its scale goes into the decode
-      S::load_e2m1x2_scaled(r.w + k / 2, scale(r, k), a, b);
-      return;
-    }
     S::load_e2m1x2(r.w + k / 2, a, b);  // 2W elements from k (k even: whole bytes)
     a = S::mul(a, S::set1(scale(r, k)));
     b = S::mul(b, S::set1(scale(r, k + S::W)));

@@ -13,9 +13,10 @@
 // weight), and kScaled: whether the operands of a run of rows are scaled first (scaled_operands below).
 // Block-scaled formats decode in load2, in registers, and move the block scale onto the operand: every row of a
 // phase unit lies in one block row, so x (or h) times that row's scales, once per unit, makes every weight's scale
-// multiply go away. FP4 formats (FmtFP4) cannot: their scales change along a row and from row to row, so load2
-// decodes 2W e2m1 codes through a 16-entry table shuffle (S::load_e2m1x2: twice the values, small integers, exact)
-// and multiplies each W-half by its group's scale (S::mul, S::set1). The phases stay as they are.
+// multiply go away. FP4 formats (FmtFP4) cannot: their scales change along a row and from row to row. AVX512-BF16
+// (dot_fp4_dp.h) and AVX2 (dot_fp4_avx2.h) have FP4 kernels of their own that dot a group unscaled and scale the
+// partial sum; elsewhere load2 decodes 2W e2m1 codes through a 16-entry table shuffle (S::load_e2m1x2: twice the
+// values, small integers, exact) and multiplies each W-half by its group's scale (S::mul, S::set1).
 #pragma once
 
 #include "kernel_api.h"
@@ -31,6 +32,9 @@ static inline float fmax_(float a, float b) { return a > b ? a : b; }
 #include "dot_formats.h"
 #ifdef FT_DOT_BF16
 #include "dot_fp4_dp.h"
+#endif
+#ifdef FT_FP4_GROUPS
+#include "dot_fp4_avx2.h"
 #endif
 
 // res[t] = dot(row[0:K], xs[t][0:K]) for t < NT. Every token owns two accumulators and one scalar
@@ -208,15 +212,24 @@ static inline void dot_row(typename F::Row row, const Operands& o, int64_t K, fl
     }
   }
 #endif
-  switch (o.nt) {
+#ifdef FT_FP4_GROUPS
+  if constexpr (F::kFp4) {  // the generic tiles below are never instantiated for FP4 here (no S::load_e2m1x2)
+    static_assert(FT_NT_MAX == 2, "dot_fp4_avx2.h: tiles of 1 or 2 tokens");
+    if (o.nt == 1) return dot_tile_fp4<F::kNV, 1>(row, o.f, K, res);
+    return dot_tile_fp4<F::kNV, 2>(row, o.f, K, res);
+  } else
+#endif
+  {
+    switch (o.nt) {
 #if FT_NT_MAX >= 4
-    case 4: return dot_tile<F, 4>(row, o.f, K, res);
-    case 3: return dot_tile<F, 3>(row, o.f, K, res);
+      case 4: return dot_tile<F, 4>(row, o.f, K, res);
+      case 3: return dot_tile<F, 3>(row, o.f, K, res);
 #endif
 #if FT_NT_MAX >= 2
-    case 2: return dot_tile<F, 2>(row, o.f, K, res);
+      case 2: return dot_tile<F, 2>(row, o.f, K, res);
 #endif
-    default: return dot_tile<F, 1>(row, o.f, K, res);
+      default: return dot_tile<F, 1>(row, o.f, K, res);
+    }
   }
 }
 
@@ -261,8 +274,9 @@ static void phase1(const Plan& p, int64_t u) {
       if (DP) {
         for (int64_t i = 0; i < n; ++i) {
           const uint16_t hi = f32_to_bf16(h[i]);
-          p.h_hi[(s + t) * I + i0 + i] = hi;
-          p.h_lo[(s + t) * I + i0 + i] = f32_to_bf16(h[i] - bf16_to_f32(hi));
+          const int64_t at = (s + t) * I + (F::kFp4 ? fp4_dp_pos(i0 + i, I) : i0 + i);
+          p.h_hi[at] = hi;
+          p.h_lo[at] = f32_to_bf16(h[i] - bf16_to_f32(hi));
         }
       }
     }

@@ -6,8 +6,6 @@
 struct S {
   static constexpr int W = 16;
   using vec = __m512;
-  static constexpr bool kE2m1Scaled = false;  // load_e2m1x2 and a scale multiply (only AVX2 folds it: isa_avx2.cpp)
-  static void load_e2m1x2_scaled(const uint8_t* p, float s, vec& a, vec& b);  // declared for FmtFP4, never called
   static inline vec zero() { return _mm512_setzero_ps(); }
   static inline vec load(const float* p) { return _mm512_loadu_ps(p); }
   static inline vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }

@@ -22,8 +22,6 @@ struct S {
   struct vec {
     float v[8];
   };
-  static constexpr bool kE2m1Scaled = false;  // load_e2m1x2 and a scale multiply (only AVX2 folds it: isa_avx2.cpp)
-  static void load_e2m1x2_scaled(const uint8_t* p, float s, vec& a, vec& b);  // declared for FmtFP4, never called
   static inline vec zero() { return vec{}; }
   static inline vec load(const float* p) {
     vec r;

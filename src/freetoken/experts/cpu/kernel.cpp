@@ -65,10 +65,15 @@ IsaOps ops_for(int isa) {
 
 constexpr int64_t kSplitTokens = 8;  // tokens per unit of the bf16 hi/lo split of x
 
-void split_bf16(const float* src, int64_t n, uint16_t* hi, uint16_t* lo) {
-  for (int64_t i = 0; i < n; ++i) {
-    hi[i] = f32_to_bf16(src[i]);
-    lo[i] = f32_to_bf16(src[i] - bf16_to_f32(hi[i]));
+// `rows` rows of K values; FP4 banks read the halves in fp4_dp_pos order.
+void split_bf16(const float* src, int64_t rows, int64_t K, bool fp4, uint16_t* hi, uint16_t* lo) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < K; ++i) {
+      const float v = src[r * K + i];
+      const int64_t j = r * K + (fp4 ? fp4_dp_pos(i, K) : i);
+      hi[j] = f32_to_bf16(v);
+      lo[j] = f32_to_bf16(v - bf16_to_f32(hi[j]));
+    }
   }
 }
 
@@ -88,7 +93,7 @@ class MoeJob final : public Job {
     if (s == 0) {
       const Plan& p = plans_.chunks().front();
       const int64_t t0 = u * kSplitTokens, t1 = std::min(p.T, t0 + kSplitTokens);
-      split_bf16(p.x + t0 * p.D, (t1 - t0) * p.D, plans_.x_hi() + t0 * p.D, plans_.x_lo() + t0 * p.D);
+      split_bf16(p.x + t0 * p.D, t1 - t0, p.D, fp4_format(p.fmt), plans_.x_hi() + t0 * p.D, plans_.x_lo() + t0 * p.D);
       return;
     }
     const Plan& p = plans_.chunks()[(s - 1) / 3];
@@ -142,7 +147,7 @@ class Kernel {
 
   int threads() const { return pool_.threads(); }
   // Batch-1 weight rows streamed at once per thread (1, 2, 4) for the batches built from now on.
-  void set_rows(int64_t rows) { plans_.set_rows(rows); }
+  void set_rows(int64_t rows, int64_t rows_fp4) { plans_.set_rows(rows, rows_fp4); }
   bool busy() const { return pool_.busy(); }
 
   int submit_moe(const FtMoeArgs& a) {
@@ -224,11 +229,12 @@ void* ft_pool_create(int n, const int* cpus, int isa, int spin_us) {
 
 void ft_pool_destroy(void* k) { delete static_cast<ft::Kernel*>(k); }
 
-// Batch-1 row blocking (1, 2 or 4 weight rows streamed at once per thread; the ISA may cap it); set
-// while idle. -1: not one of those.
-int ft_pool_set_rows(void* k, int64_t rows) {
-  if (rows != 1 && rows != 2 && rows != 4) return -1;
-  static_cast<ft::Kernel*>(k)->set_rows(rows);
+// Batch-1 row blocking (1, 2 or 4 weight rows streamed at once per thread; the ISA may cap it) for FP4 banks and
+// for the other formats; set while idle. -1: not one of those.
+int ft_pool_set_rows(void* k, int64_t rows, int64_t rows_fp4) {
+  for (const int64_t r : {rows, rows_fp4})
+    if (r != 1 && r != 2 && r != 4) return -1;
+  static_cast<ft::Kernel*>(k)->set_rows(rows, rows_fp4);
   return 0;
 }
 

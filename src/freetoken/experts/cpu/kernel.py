@@ -71,7 +71,7 @@ def load_library() -> ctypes.CDLL | None:
     lib.ft_best_isa.argtypes, lib.ft_best_isa.restype = [], i32
     lib.ft_pool_create.argtypes, lib.ft_pool_create.restype = [i32, vp, i32, i32], vp
     lib.ft_pool_destroy.argtypes, lib.ft_pool_destroy.restype = [vp], None
-    lib.ft_pool_set_rows.argtypes, lib.ft_pool_set_rows.restype = [vp, i64], i32
+    lib.ft_pool_set_rows.argtypes, lib.ft_pool_set_rows.restype = [vp, i64, i64], i32
     lib.ft_moe_submit.argtypes, lib.ft_moe_submit.restype = [vp, ctypes.POINTER(MoeArgs)], i32
     lib.ft_wait.argtypes, lib.ft_wait.restype = [vp, i32], None
     lib.ft_moe_run_inline.argtypes, lib.ft_moe_run_inline.restype = [vp, ctypes.POINTER(MoeArgs)], i32
@@ -104,6 +104,12 @@ def default_rows(isa: str) -> int:
     return 4 if isa in ("avx512", "avx512bf16") and cpu_vendor() == "GenuineIntel" else 1
 
 
+# FP4 rows decode more than they read (a quarter of a bf16 row's bytes): one row alone leaves the vector units
+# waiting on its own chain, so FP4 banks stream 4 rows at once (the ISA's cap: 2 on AVX2) on every CPU (1.5x the
+# packed GB/s of 1 row on the dev box's Zen, AVX512-BF16; AVX2 1.07x; docs/benchmarks.md).
+DEFAULT_ROWS_FP4 = 4
+
+
 class CpuExpertKernel:
     """Routed experts on the CPU, on a persistent pool of pinned worker threads that sleep when idle.
 
@@ -113,10 +119,10 @@ class CpuExpertKernel:
     never spin on few cores). ``caller_helps``: the thread blocked in ``wait()``/``run()`` computes units too
     (it would only sleep otherwise; on a busy machine it may do the whole batch before a worker is
     scheduled). ``rows``: at batch 1, weight rows each thread streams at once (1, 2 or 4; the AVX2 path caps
-    it at 2; None: ``default_rows``). ``inline_bytes``: ``run`` computes batches whose routes read at most this
-    many weight bytes on the calling thread alone (0: never). Results do not depend on the thread count, the rows
-    or where a batch runs. Without a
-    compiler it falls back to the torch reference (``backend == "torch"``), synchronously.
+    it at 2; None: ``default_rows``, and ``DEFAULT_ROWS_FP4`` for FP4 banks). ``inline_bytes``: ``run`` computes
+    batches whose routes read at most this many weight bytes on the calling thread alone (0: never). Results do not
+    depend on the thread count, the rows or where a batch runs. Without a compiler it falls back to the torch
+    reference (``backend == "torch"``), synchronously.
     """
 
     def __init__(
@@ -141,7 +147,7 @@ class CpuExpertKernel:
         self._pool: int | None = None
         self._inflight: tuple[torch.Tensor, ...] | None = None
         self.isa = "torch"
-        self.rows, self.spin_us = 1, 0
+        self.rows, self.rows_fp4, self.spin_us = 1, 1, 0
         if rows is not None and rows not in ROW_BLOCKS:
             raise ValueError(f"rows must be one of {ROW_BLOCKS}, got {rows}")
         if self._lib is None:
@@ -158,7 +164,8 @@ class CpuExpertKernel:
             raise RuntimeError("could not create the CPU expert worker pool")
         self.isa = ISAS[isa_id]
         self.rows = default_rows(self.isa) if rows is None else int(rows)
-        self._lib.ft_pool_set_rows(self._pool, self.rows)
+        self.rows_fp4 = DEFAULT_ROWS_FP4 if rows is None else int(rows)
+        self._lib.ft_pool_set_rows(self._pool, self.rows, self.rows_fp4)
         self._finalizer = weakref.finalize(self, self._lib.ft_pool_destroy, self._pool)
 
     @property

@@ -30,6 +30,14 @@ struct Bank {
 enum Activation : int32_t { ACT_SILU = 0, ACT_GPTOSS = 1, ACT_GELU_TANH = 2, ACT_DSV4 = 3 };
 enum Isa : int32_t { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512BF16 = 3, ISA_COUNT = 4 };
 
+// The operand halves (Plan::x_hi ... h_lo) of FP4 banks on the vdpbf16ps path, in dot_fp4_dp.h's order: within
+// each whole 128-element block of a K-element row, element 4j + m sits at 32m + j; elements past the last whole
+// block keep their places. Other formats keep element order.
+inline int64_t fp4_dp_pos(int64_t k, int64_t K) {
+  return k >= (K & ~int64_t{127}) ? k : (k & ~int64_t{127}) | ((k & 3) << 5) | ((k >> 2) & 31);
+}
+inline bool fp4_format(int32_t fmt) { return fmt == FMT_MXFP4 || fmt == FMT_NVFP4; }
+
 // Built by the submitting thread; workers only read it, except the scratch buffers h and y, where
 // every element is written by exactly one worker in one phase and read only in later phases.
 struct Plan {
@@ -65,7 +73,7 @@ struct Plan {
   int64_t oblock;  // phase 3: output columns per unit; unit = (token, column block)
   int64_t units3;  // (t1 - t0) * ceil(D / oblock)
   // Batch-1 row blocking: weight rows streamed at once per thread (1, 2 or 4; capped per ISA), a
-  // per-kernel setting (ft_pool_set_rows), copied into every plan.
+  // per-kernel setting for FP4 banks and one for the others (ft_pool_set_rows), copied into every plan.
   int64_t rows;
 };
 

@@ -27,7 +27,7 @@ int check(const FtMoeArgs& a) {
   }
   if (a.fmt < FMT_F32 || a.fmt > FMT_NVFP4 || a.act < ACT_SILU || a.act > ACT_DSV4) return -5;
   if (a.fmt == FMT_FP8_BLOCK && (!a.gate_up_scale || !a.down_scale || a.D % kFp8Block || a.I % kFp8Block)) return -2;
-  const bool fp4 = a.fmt == FMT_MXFP4 || a.fmt == FMT_NVFP4;
+  const bool fp4 = fp4_format(a.fmt);
   if (fp4 && (!a.gate_up_scale || !a.down_scale || a.D % kFp4Cols || a.I % kFp4Cols)) return -2;
   return 0;
 }
@@ -56,12 +56,12 @@ int PlanBuilder::build(const FtMoeArgs& a, bool split_bf16) {
     max_routes = std::max(max_routes, tok_begin_[t1] - tok_begin_[t0]);
     t0 = t1;
   }
-  split_ = split_bf16 && (a.fmt == FMT_BF16 || a.fmt == FMT_MXFP4 || a.fmt == FMT_NVFP4) && R > 0;
+  split_ = split_bf16 && (a.fmt == FMT_BF16 || fp4_format(a.fmt)) && R > 0;
   h_.resize(max_routes * a.I);
   y_.resize(max_routes * a.D);
   if (split_) x_hi_.resize(T * a.D), x_lo_.resize(T * a.D), h_hi_.resize(max_routes * a.I), h_lo_.resize(max_routes * a.I);
   for (Plan& p : plans_) {  // scratch pointers last: the vectors above may have moved
-    p.h = h_.data(), p.y = y_.data(), p.rows = rows_;
+    p.h = h_.data(), p.y = y_.data(), p.rows = fp4_format(a.fmt) ? rows_fp4_ : rows_;
     if (split_) p.x_hi = x_hi_.data(), p.x_lo = x_lo_.data(), p.h_hi = h_hi_.data(), p.h_lo = h_lo_.data();
   }
   return 0;
@@ -94,7 +94,7 @@ void PlanBuilder::build_chunk(const FtMoeArgs& a, int64_t t0, int64_t t1, Chunk&
   p.group_row = c.group_row.data(), p.group_start = c.group_start.data();
   p.s_tok = c.s_tok.data(), p.s_w = c.s_w.data();
   p.tok_start = c.tok_start.data(), p.tok_route = c.tok_route.data();
-  const bool fp8 = a.fmt == FMT_FP8_BLOCK, fp4 = a.fmt == FMT_MXFP4 || a.fmt == FMT_NVFP4;
+  const bool fp8 = a.fmt == FMT_FP8_BLOCK, fp4 = fp4_format(a.fmt);
   p.hblock = fp4 ? kHBlockFp4 : fp8 ? kHBlockFp8 : kHBlock, p.units1 = p.G * ((a.I + p.hblock - 1) / p.hblock);
   p.dblock = fp4 ? kDBlockFp4 : fp8 ? kDBlockFp8 : kDBlock, p.units2 = p.G * ((a.D + p.dblock - 1) / p.dblock);
   p.oblock = kOBlock, p.units3 = (t1 - t0) * ((a.D + kOBlock - 1) / kOBlock);

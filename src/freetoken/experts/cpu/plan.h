@@ -69,7 +69,7 @@ class PlanBuilder {
   bool split() const { return split_; }
   uint16_t* x_hi() { return x_hi_.data(); }
   uint16_t* x_lo() { return x_lo_.data(); }
-  void set_rows(int64_t rows) { rows_ = rows; }  // Plan::rows of the next builds
+  void set_rows(int64_t rows, int64_t rows_fp4) { rows_ = rows, rows_fp4_ = rows_fp4; }  // Plan::rows from now on
 
  private:
   struct Chunk {  // storage behind one Plan
@@ -85,7 +85,7 @@ class PlanBuilder {
   AlignedBuf<float> h_, y_;  // scratch shared by the chunks (run one after another)
   AlignedBuf<uint16_t> x_hi_, x_lo_, h_hi_, h_lo_;
   bool split_ = false;
-  int64_t rows_ = 1;
+  int64_t rows_ = 1, rows_fp4_ = 1;
 };
 
 }  // namespace ft

@@ -1,0 +1,82 @@
+// The FP4 dot products of the CPU expert kernel alone, one thread, rows in L2 (64 rows of 2,048 codes: 64 KiB):
+// what the decode can do when memory is not the limit. Prints packed GB/s for batch-1 row blocking (R rows
+// at once, the ISA's cap) and for one row alone (the tile path), MXFP4 and NVFP4. Random codes and scales.
+//
+// AVX512-BF16, then AVX2 (from the repository root):
+//   g++ -std=c++17 -O3 -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512bf16
+//       -Isrc/freetoken/experts/cpu bench/fp4_dot.cpp -o /tmp/fp4_dot && /tmp/fp4_dot
+//   g++ -std=c++17 -O3 -mavx2 -mfma -mf16c -DFT_BENCH_AVX2
+//       -Isrc/freetoken/experts/cpu bench/fp4_dot.cpp -o /tmp/fp4_dot2 && /tmp/fp4_dot2
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "kernel_api.h"
+
+#ifdef FT_BENCH_AVX2
+#define FT_ISA_NS avx2
+#define FT_ROWS_MAX 2
+#define FT_NT_MAX 2
+#define FT_FP4_GROUPS 1
+namespace ft {
+namespace avx2 {
+#include "isa_avx2_s.h"
+}  // namespace avx2
+}  // namespace ft
+#else
+#define FT_ISA_NS avx512bf16
+#define FT_ROWS_MAX 4
+#define FT_NT_MAX 4
+#define FT_DOT_BF16 1
+namespace ft {
+namespace avx512bf16 {
+#include "isa_avx512_s.h"
+}  // namespace avx512bf16
+}  // namespace ft
+#endif
+#include "dot_impl.h"
+
+using namespace ft::FT_ISA_NS;
+
+template <bool NV>
+static void run(const char* fmt) {
+  constexpr int64_t K = 2048, NR = 64, kIters = 20000;
+  std::vector<uint8_t> w(NR * K / 2), s(NR * (K / 16 + 4));
+  for (auto& b : w) b = static_cast<uint8_t>(rand());
+  for (auto& b : s) b = static_cast<uint8_t>(120 + rand() % 8);  // NVFP4's multiplier bytes too: a normal float
+  std::vector<float> x(K);
+  for (auto& v : x) v = rand() / static_cast<float>(RAND_MAX) - 0.5f;
+  std::vector<uint16_t> hi(K), lo(K);
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t j = ft::fp4_dp_pos(k, K);
+    hi[j] = ft::f32_to_bf16(x[k]), lo[j] = ft::f32_to_bf16(x[k] - ft::bf16_to_f32(hi[j]));
+  }
+  const ft::Bank bank{w.data(), s.data()};
+  Operands o{};
+  o.nt = 1, o.f[0] = x.data(), o.hi[0] = hi.data(), o.lo[0] = lo.data();
+  constexpr bool kDp = FT_ROWS_MAX == 4;  // the AVX512-BF16 build
+  float res[NR], sink = 0.f;
+  auto bench = [&](const char* name, auto fn) {
+    double best = 1e9;
+    for (int rep = 0; rep < 5; ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t it = 0; it < kIters; ++it) fn(), sink += res[0];
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::printf("| %s | %s | %.1f |\n", fmt, name, kIters * NR * K / 2 / best / 1e9);
+  };
+  bench(FT_ROWS_MAX == 4 ? "rows 4" : "rows 2", [&] { dot_row_run<FmtFP4<NV>, kDp>(bank, 0, NR, K, o, res, FT_ROWS_MAX); });
+  bench("rows 1", [&] { dot_row_run<FmtFP4<NV>, kDp>(bank, 0, NR, K, o, res, 1); });
+  if (sink == 1234.5f) std::printf("(sink)\n");
+}
+
+int main() {
+  std::printf("| format | batch-1 rows | packed GB/s, one thread |\n|---|---|---|\n");
+  run<false>("MXFP4");
+  run<true>("NVFP4");
+  return 0;
+}
