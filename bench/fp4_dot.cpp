@@ -21,7 +21,7 @@
 #define FT_ISA_NS avx2
 #define FT_ROWS_MAX 2
 #define FT_NT_MAX 2
-#define FT_FP4_GROUPS 1
+#define FT_FP4_Q16 1
 namespace ft {
 namespace avx2 {
 #include "isa_avx2_s.h"
@@ -55,9 +55,12 @@ static void run(const char* fmt) {
     const int64_t j = ft::fp4_dp_pos(k, K);
     hi[j] = ft::f32_to_bf16(x[k]), lo[j] = ft::f32_to_bf16(x[k] - ft::bf16_to_f32(hi[j]));
   }
+  std::vector<int16_t> q(K);
+  std::vector<float> qs(K / 32);
+  ft::quantize_q16(x.data(), K, q.data(), qs.data());
   const ft::Bank bank{w.data(), s.data()};
   Operands o{};
-  o.nt = 1, o.f[0] = x.data(), o.hi[0] = hi.data(), o.lo[0] = lo.data();
+  o.nt = 1, o.f[0] = x.data(), o.hi[0] = hi.data(), o.lo[0] = lo.data(), o.q[0] = q.data(), o.qs[0] = qs.data();
   constexpr bool kDp = FT_ROWS_MAX == 4;  // the AVX512-BF16 build
   float res[NR], sink = 0.f;
   auto bench = [&](const char* name, auto fn) {

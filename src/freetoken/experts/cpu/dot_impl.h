@@ -14,9 +14,10 @@
 // Block-scaled formats decode in load2, in registers, and move the block scale onto the operand: every row of a
 // phase unit lies in one block row, so x (or h) times that row's scales, once per unit, makes every weight's scale
 // multiply go away. FP4 formats (FmtFP4) cannot: their scales change along a row and from row to row. AVX512-BF16
-// (dot_fp4_dp.h) and AVX2 (dot_fp4_avx2.h) have FP4 kernels of their own that dot a group unscaled and scale the
-// partial sum; elsewhere load2 decodes 2W e2m1 codes through a 16-entry table shuffle (S::load_e2m1x2: twice the
-// values, small integers, exact) and multiplies each W-half by its group's scale (S::mul, S::set1).
+// (dot_fp4_dp.h: bf16 codes against the operand's hi/lo halves) and AVX2 (dot_fp4_avx2.h: int8 codes against the
+// operand as int16 blocks) have FP4 kernels of their own that dot a block unscaled and scale the partial sums;
+// elsewhere load2 decodes 2W e2m1 codes through a 16-entry table shuffle (S::load_e2m1x2: twice the values, small
+// integers, exact) and multiplies each W-half by its group's scale (S::mul, S::set1).
 #pragma once
 
 #include "kernel_api.h"
@@ -33,7 +34,7 @@ static inline float fmax_(float a, float b) { return a > b ? a : b; }
 #ifdef FT_DOT_BF16
 #include "dot_fp4_dp.h"
 #endif
-#ifdef FT_FP4_GROUPS
+#ifdef FT_FP4_Q16
 #include "dot_fp4_avx2.h"
 #endif
 
@@ -146,6 +147,8 @@ struct Operands {
   const float* f[FT_NT_MAX];
   const uint16_t* hi[FT_NT_MAX];
   const uint16_t* lo[FT_NT_MAX];
+  const int16_t* q[FT_NT_MAX];  // int16 blocks and their scales (FP4 on the AVX2 path)
+  const float* qs[FT_NT_MAX];
 };
 
 // Per-thread scratch for scaled operands (this TU's own: the namespace is per ISA).
@@ -212,11 +215,11 @@ static inline void dot_row(typename F::Row row, const Operands& o, int64_t K, fl
     }
   }
 #endif
-#ifdef FT_FP4_GROUPS
+#ifdef FT_FP4_Q16
   if constexpr (F::kFp4) {  // the generic tiles below are never instantiated for FP4 here (no S::load_e2m1x2)
     static_assert(FT_NT_MAX == 2, "dot_fp4_avx2.h: tiles of 1 or 2 tokens");
-    if (o.nt == 1) return dot_tile_fp4<F::kNV, 1>(row, o.f, K, res);
-    return dot_tile_fp4<F::kNV, 2>(row, o.f, K, res);
+    if (o.nt == 1) return dot_tile_fp4<F::kNV, 1>(row, o.q, o.qs, K, res);
+    return dot_tile_fp4<F::kNV, 2>(row, o.q, o.qs, K, res);
   } else
 #endif
   {
@@ -244,6 +247,7 @@ static inline Operands operands(const Plan& p, int64_t s, int nt, bool x_side) {
     const int64_t off = x_side ? static_cast<int64_t>(p.s_tok[s + t]) * p.D : (s + t) * p.I;
     o.f[t] = (x_side ? p.x : p.h) + off;
     if (DP) o.hi[t] = (x_side ? p.x_hi : p.h_hi) + off, o.lo[t] = (x_side ? p.x_lo : p.h_lo) + off;
+    if (p.x_q) o.q[t] = (x_side ? p.x_q : p.h_q) + off, o.qs[t] = (x_side ? p.x_qs : p.h_qs) + off / 32;
   }
   return o;
 }
@@ -271,6 +275,7 @@ static void phase1(const Plan& p, int64_t u) {
     for (int t = 0; t < nt; ++t) {
       float* h = p.h + (s + t) * I + i0;
       activate_block(p, p.group_row[g], i0, n, nt, t, gate, up, h);
+      if (F::kFp4 && p.h_q) quantize_q16(h, n, p.h_q + (s + t) * I + i0, p.h_qs + ((s + t) * I + i0) / 32);
       if (DP) {
         for (int64_t i = 0; i < n; ++i) {
           const uint16_t hi = f32_to_bf16(h[i]);

@@ -6,7 +6,7 @@
 #define FT_ISA_NS avx2
 #define FT_ROWS_MAX 2  // batch-1 rows at once (dot_rows.h)
 #define FT_NT_MAX 2  // 2 tokens x 4 accumulators = 8 of the 16 ymm registers
-#define FT_FP4_GROUPS 1  // FP4 rows by dot_fp4_avx2.h
+#define FT_FP4_Q16 1  // FP4 rows by dot_fp4_avx2.h
 
 namespace ft {
 namespace avx2 {
@@ -16,4 +16,4 @@ namespace avx2 {
 
 #include "dot_impl.h"
 
-ft::IsaOps ft::ops_avx2() { return IsaOps{avx2::phase1_dispatch, avx2::phase2_dispatch, avx2::phase3, false, avx2::stream_sum}; }
+ft::IsaOps ft::ops_avx2() { return IsaOps{avx2::phase1_dispatch, avx2::phase2_dispatch, avx2::phase3, OPERANDS_Q16_FP4, avx2::stream_sum}; }

@@ -15,4 +15,4 @@ namespace avx512 {
 
 #include "dot_impl.h"
 
-ft::IsaOps ft::ops_avx512() { return IsaOps{avx512::phase1_dispatch, avx512::phase2_dispatch, avx512::phase3, false, avx512::stream_sum}; }
+ft::IsaOps ft::ops_avx512() { return IsaOps{avx512::phase1_dispatch, avx512::phase2_dispatch, avx512::phase3, OPERANDS_F32, avx512::stream_sum}; }

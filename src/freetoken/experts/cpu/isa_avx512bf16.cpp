@@ -17,4 +17,4 @@ namespace avx512bf16 {
 
 #include "dot_impl.h"
 
-ft::IsaOps ft::ops_avx512bf16() { return IsaOps{avx512bf16::phase1_dispatch, avx512bf16::phase2_dispatch, avx512bf16::phase3, true, avx512bf16::stream_sum}; }
+ft::IsaOps ft::ops_avx512bf16() { return IsaOps{avx512bf16::phase1_dispatch, avx512bf16::phase2_dispatch, avx512bf16::phase3, OPERANDS_BF16, avx512bf16::stream_sum}; }

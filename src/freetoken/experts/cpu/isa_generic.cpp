@@ -70,4 +70,4 @@ struct S {
 
 #include "dot_impl.h"
 
-ft::IsaOps ft::ops_generic() { return IsaOps{generic::phase1_dispatch, generic::phase2_dispatch, generic::phase3, false, generic::stream_sum}; }
+ft::IsaOps ft::ops_generic() { return IsaOps{generic::phase1_dispatch, generic::phase2_dispatch, generic::phase3, OPERANDS_F32, generic::stream_sum}; }

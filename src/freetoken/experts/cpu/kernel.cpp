@@ -77,14 +77,14 @@ void split_bf16(const float* src, int64_t rows, int64_t K, bool fp4, uint16_t* h
   }
 }
 
-// One batch of routes: step 0 splits x into bf16 hi/lo (vdpbf16ps path only), then three steps
-// (phases 1, 2, 3) per token chunk.
+// One batch of routes: step 0 writes x's other operand form (IsaOps::operands: bf16 hi/lo or int16 blocks), then
+// three steps (phases 1, 2, 3) per token chunk.
 class MoeJob final : public Job {
  public:
   MoeJob(const IsaOps& ops, PlanBuilder& plans) : ops_(ops), plans_(plans) {}
   int64_t steps() const override { return 1 + 3 * static_cast<int64_t>(plans_.chunks().size()); }
   int64_t units(int64_t s) const override {
-    if (s == 0) return plans_.split() ? (plans_.chunks().front().T + kSplitTokens - 1) / kSplitTokens : 0;
+    if (s == 0) return plans_.split() != OPERANDS_F32 ? (plans_.chunks().front().T + kSplitTokens - 1) / kSplitTokens : 0;
     const Plan& p = plans_.chunks()[(s - 1) / 3];
     const int64_t phase = (s - 1) % 3;
     return phase == 0 ? p.units1 : phase == 1 ? p.units2 : p.units3;
@@ -93,7 +93,11 @@ class MoeJob final : public Job {
     if (s == 0) {
       const Plan& p = plans_.chunks().front();
       const int64_t t0 = u * kSplitTokens, t1 = std::min(p.T, t0 + kSplitTokens);
-      split_bf16(p.x + t0 * p.D, t1 - t0, p.D, fp4_format(p.fmt), plans_.x_hi() + t0 * p.D, plans_.x_lo() + t0 * p.D);
+      if (plans_.split() == OPERANDS_Q16_FP4) {
+        for (int64_t t = t0; t < t1; ++t) quantize_q16(p.x + t * p.D, p.D, plans_.x_q() + t * p.D, plans_.x_qs() + t * (p.D / 32));
+      } else {
+        split_bf16(p.x + t0 * p.D, t1 - t0, p.D, fp4_format(p.fmt), plans_.x_hi() + t0 * p.D, plans_.x_lo() + t0 * p.D);
+      }
       return;
     }
     const Plan& p = plans_.chunks()[(s - 1) / 3];
@@ -153,7 +157,7 @@ class Kernel {
   int submit_moe(const FtMoeArgs& a) {
     if (busy() || feeder_.pending()) return -1;
     pool_.quiesce();  // late workers of the previous batch may still read its plans
-    if (const int rc = plans_.build(a, ops_.split_bf16)) return rc;
+    if (const int rc = plans_.build(a, ops_.operands)) return rc;
     pool_.start(&moe_);
     return 0;
   }
@@ -165,7 +169,7 @@ class Kernel {
   int run_moe_inline(const FtMoeArgs& a) {
     if (busy() || feeder_.pending()) return -1;
     pool_.quiesce();
-    if (const int rc = plans_.build(a, ops_.split_bf16)) return rc;
+    if (const int rc = plans_.build(a, ops_.operands)) return rc;
     for (int64_t s = 0; s < moe_.steps(); ++s)
       for (int64_t u = 0, n = moe_.units(s); u < n; ++u) moe_.run(s, u);
     return 0;
@@ -195,7 +199,7 @@ class Kernel {
   // A queued batch, on the feeder thread: the whole batch, this thread helping.
   int run_now(const FtMoeArgs& a) {
     pool_.quiesce();
-    if (const int rc = plans_.build(a, ops_.split_bf16)) return rc;
+    if (const int rc = plans_.build(a, ops_.operands)) return rc;
     pool_.start(&moe_);
     pool_.wait(true);
     return 0;

@@ -105,8 +105,8 @@ def default_rows(isa: str) -> int:
 
 
 # FP4 rows decode more than they read (a quarter of a bf16 row's bytes): one row alone leaves the vector units
-# waiting on its own chain, so FP4 banks stream 4 rows at once (the ISA's cap: 2 on AVX2) on every CPU (1.5x the
-# packed GB/s of 1 row on the dev box's Zen, AVX512-BF16; AVX2 1.07x; docs/benchmarks.md).
+# waiting on its own chain, so FP4 banks stream 4 rows at once (the ISA's cap: 2 on AVX2) on every CPU (dev box,
+# whole kernel, 2 threads: 1.5x the packed GB/s of 1 row on AVX512-BF16; AVX2 no slower; docs/benchmarks.md).
 DEFAULT_ROWS_FP4 = 4
 
 

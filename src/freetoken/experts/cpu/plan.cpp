@@ -15,6 +15,7 @@ constexpr int64_t kHBlockFp8 = 2 * kHBlock, kDBlockFp8 = 2 * kDBlock;
 // FP4 rows are a quarter of a bf16 row's bytes (plus scale rows): four times the rows, for the same reason
 constexpr int64_t kHBlockFp4 = 4 * kHBlock, kDBlockFp4 = 4 * kDBlock;
 static_assert(kHBlockFp4 <= kMaxHBlock, "phase 1 keeps a block of gate/up values on the stack");
+static_assert(kHBlockFp4 % 32 == 0, "a phase-1 unit quantises whole 32-blocks of h (quantize_q16)");
 static_assert(kHBlockFp8 <= kMaxHBlock, "phase 1 keeps a block of gate/up values on the stack");
 static_assert(kFp8Block % kHBlockFp8 == 0 && kFp8Block % kDBlockFp8 == 0, "a phase unit's rows share one fp8 block row");
 
@@ -34,7 +35,7 @@ int check(const FtMoeArgs& a) {
 
 }  // namespace
 
-int PlanBuilder::build(const FtMoeArgs& a, bool split_bf16) {
+int PlanBuilder::build(const FtMoeArgs& a, int32_t operands) {
   if (const int rc = check(a)) return rc;
   const int64_t T = a.T, R = a.R;
   // bucket routes by token, keeping submission order within a token (counting sort)
@@ -56,13 +57,21 @@ int PlanBuilder::build(const FtMoeArgs& a, bool split_bf16) {
     max_routes = std::max(max_routes, tok_begin_[t1] - tok_begin_[t0]);
     t0 = t1;
   }
-  split_ = split_bf16 && (a.fmt == FMT_BF16 || fp4_format(a.fmt)) && R > 0;
+  const bool fp4 = fp4_format(a.fmt);
+  split_ = R == 0                                                             ? OPERANDS_F32
+           : operands == OPERANDS_BF16 && (a.fmt == FMT_BF16 || fp4)           ? OPERANDS_BF16
+           : operands == OPERANDS_Q16_FP4 && fp4                               ? OPERANDS_Q16_FP4
+                                                                               : OPERANDS_F32;
   h_.resize(max_routes * a.I);
   y_.resize(max_routes * a.D);
-  if (split_) x_hi_.resize(T * a.D), x_lo_.resize(T * a.D), h_hi_.resize(max_routes * a.I), h_lo_.resize(max_routes * a.I);
+  if (split_ == OPERANDS_BF16)
+    x_hi_.resize(T * a.D), x_lo_.resize(T * a.D), h_hi_.resize(max_routes * a.I), h_lo_.resize(max_routes * a.I);
+  if (split_ == OPERANDS_Q16_FP4)
+    x_q_.resize(T * a.D), x_qs_.resize(T * a.D / 32), h_q_.resize(max_routes * a.I), h_qs_.resize(max_routes * a.I / 32);
   for (Plan& p : plans_) {  // scratch pointers last: the vectors above may have moved
-    p.h = h_.data(), p.y = y_.data(), p.rows = fp4_format(a.fmt) ? rows_fp4_ : rows_;
-    if (split_) p.x_hi = x_hi_.data(), p.x_lo = x_lo_.data(), p.h_hi = h_hi_.data(), p.h_lo = h_lo_.data();
+    p.h = h_.data(), p.y = y_.data(), p.rows = fp4 ? rows_fp4_ : rows_;
+    if (split_ == OPERANDS_BF16) p.x_hi = x_hi_.data(), p.x_lo = x_lo_.data(), p.h_hi = h_hi_.data(), p.h_lo = h_lo_.data();
+    if (split_ == OPERANDS_Q16_FP4) p.x_q = x_q_.data(), p.x_qs = x_qs_.data(), p.h_q = h_q_.data(), p.h_qs = h_qs_.data();
   }
   return 0;
 }

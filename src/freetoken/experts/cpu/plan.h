@@ -62,13 +62,15 @@ constexpr int64_t kMaxChunkRoutes = 4096;
 class PlanBuilder {
  public:
   // Checks `a` and builds the chunk plans. 0, or the error codes of ft_moe_submit (-2 .. -5).
-  int build(const FtMoeArgs& a, bool split_bf16);
+  int build(const FtMoeArgs& a, int32_t operands);
 
   const std::vector<Plan>& chunks() const { return plans_; }
-  // bf16 hi/lo split of x wanted (filled by the workers before phase 1; the plans point at it)
-  bool split() const { return split_; }
+  // The operand form of x the workers write before phase 1 (OPERANDS_F32: none; the plans point at it)
+  int32_t split() const { return split_; }
   uint16_t* x_hi() { return x_hi_.data(); }
   uint16_t* x_lo() { return x_lo_.data(); }
+  int16_t* x_q() { return x_q_.data(); }
+  float* x_qs() { return x_qs_.data(); }
   void set_rows(int64_t rows, int64_t rows_fp4) { rows_ = rows, rows_fp4_ = rows_fp4; }  // Plan::rows from now on
 
  private:
@@ -84,7 +86,9 @@ class PlanBuilder {
   std::vector<Plan> plans_;
   AlignedBuf<float> h_, y_;  // scratch shared by the chunks (run one after another)
   AlignedBuf<uint16_t> x_hi_, x_lo_, h_hi_, h_lo_;
-  bool split_ = false;
+  AlignedBuf<int16_t> x_q_, h_q_;
+  AlignedBuf<float> x_qs_, h_qs_;
+  int32_t split_ = OPERANDS_F32;
   int64_t rows_ = 1, rows_fp4_ = 1;
 };
 
