@@ -7,11 +7,20 @@
 // 4j + 1, 4j + 3 (odd): MXFP4's one group, or NVFP4's first group in lanes 0-3 and its second in lanes 4-7. One
 // FMA by (group scale x block scale) per block. Per 32 codes: 3 nibble ops, 2 shuffles, 2 widenings, 2 vpmaddwd,
 // an add, a conversion and an FMA, where the fp32 decode took 4 instructions and an FMA per 8 codes plus a
-// broadcast. Included by dot_impl.h inside the AVX2 namespace (FT_FP4_Q16), after FmtFP4.
+// broadcast. Included by dot_impl.h inside the AVX2 and AVX-512 namespaces (FT_FP4_Q16), after FmtFP4; 256-bit
+// throughout (the AVX-512 path without BF16 takes it as it is).
 //
 // Every row keeps the same accumulator, operation order and reduction whether it runs alone (dot_tile_fp4) or
 // among R rows (dot_rows_fp4), so a result has the same bits whatever the row blocking. K is a multiple of 32.
 #pragma once
+
+// A fixed-order sum of 8 lanes (the AVX-512 TU's S works on 16).
+static inline float fp4_hsum256(__m256 a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
 
 // Twice the e2m1 values by code, as int8.
 static inline __m128i fp4_i8_table() { return _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12); }
@@ -46,7 +55,7 @@ static inline void dot_tile_fp4(const Fp4Row& row, const int16_t* const* q, cons
     for (int t = 0; t < NT; ++t)
       acc[t] = _mm256_fmadd_ps(fp4_q16_block(row.w + k / 2, q[t] + k, table), fp4_q16_scale<NV>(row, k, qs[t][k / 32]),
                                acc[t]);
-  for (int t = 0; t < NT; ++t) res[t] = S::hsum(acc[t]);
+  for (int t = 0; t < NT; ++t) res[t] = fp4_hsum256(acc[t]);
 }
 
 // One token against R rows at once (dot_rows.h's batch-1 row blocking), each row as dot_tile_fp4<NV, 1>.
@@ -59,5 +68,5 @@ static inline void dot_rows_fp4(const Fp4Row* rows, const int16_t* q, const floa
     for (int r = 0; r < R; ++r)
       acc[r] = _mm256_fmadd_ps(fp4_q16_block(rows[r].w + k / 2, q + k, table), fp4_q16_scale<NV>(rows[r], k, qs[k / 32]),
                                acc[r]);
-  for (int r = 0; r < R; ++r) res[r] = S::hsum(acc[r]);
+  for (int r = 0; r < R; ++r) res[r] = fp4_hsum256(acc[r]);
 }

@@ -217,9 +217,14 @@ static inline void dot_row(typename F::Row row, const Operands& o, int64_t K, fl
 #endif
 #ifdef FT_FP4_Q16
   if constexpr (F::kFp4) {  // the generic tiles below are never instantiated for FP4 here (no S::load_e2m1x2)
-    static_assert(FT_NT_MAX == 2, "dot_fp4_avx2.h: tiles of 1 or 2 tokens");
-    if (o.nt == 1) return dot_tile_fp4<F::kNV, 1>(row, o.q, o.qs, K, res);
-    return dot_tile_fp4<F::kNV, 2>(row, o.q, o.qs, K, res);
+    switch (o.nt) {
+#if FT_NT_MAX >= 4
+      case 4: return dot_tile_fp4<F::kNV, 4>(row, o.q, o.qs, K, res);
+      case 3: return dot_tile_fp4<F::kNV, 3>(row, o.q, o.qs, K, res);
+#endif
+      case 2: return dot_tile_fp4<F::kNV, 2>(row, o.q, o.qs, K, res);
+      default: return dot_tile_fp4<F::kNV, 1>(row, o.q, o.qs, K, res);
+    }
   } else
 #endif
   {
