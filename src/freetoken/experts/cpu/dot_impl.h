@@ -14,9 +14,9 @@
 // Block-scaled formats decode in load2, in registers, and move the block scale onto the operand: every row of a
 // phase unit lies in one block row, so x (or h) times that row's scales, once per unit, makes every weight's scale
 // multiply go away. FP4 formats (FmtFP4) cannot: their scales change along a row and from row to row. AVX512-BF16
-// (dot_fp4_dp.h: bf16 codes against the operand's hi/lo halves) and AVX2 (dot_fp4_avx2.h: int8 codes against the
-// operand as int16 blocks) have FP4 kernels of their own that dot a block unscaled and scale the partial sums;
-// elsewhere load2 decodes 2W e2m1 codes through a 16-entry table shuffle (S::load_e2m1x2: twice the values, small
+// (dot_fp4_dp.h: bf16 codes against the operand's hi/lo halves), AVX2 and AVX-512 (dot_fp4_avx2.h: int8 codes
+// against the operand as int16 blocks) have FP4 kernels of their own that dot a block unscaled and scale the partial
+// sums; elsewhere load2 decodes 2W e2m1 codes through a 16-entry table shuffle (S::load_e2m1x2: twice the values, small
 // integers, exact) and multiplies each W-half by its group's scale (S::mul, S::set1).
 #pragma once
 
@@ -147,7 +147,7 @@ struct Operands {
   const float* f[FT_NT_MAX];
   const uint16_t* hi[FT_NT_MAX];
   const uint16_t* lo[FT_NT_MAX];
-  const int16_t* q[FT_NT_MAX];  // int16 blocks and their scales (FP4 on the AVX2 path)
+  const int16_t* q[FT_NT_MAX];  // int16 blocks and their scales (FP4 on the AVX2 and AVX-512 paths)
   const float* qs[FT_NT_MAX];
 };
 

@@ -38,9 +38,9 @@ inline int64_t fp4_dp_pos(int64_t k, int64_t K) {
 }
 inline bool fp4_format(int32_t fmt) { return fmt == FMT_MXFP4 || fmt == FMT_NVFP4; }
 
-// The operands of FP4 banks on the AVX2 path (dot_fp4_avx2.h): K values as int16 in blocks of 32, each with the
-// fp32 scale s = max |v| / 32767 of its block (v ~= q * s, within s / 2), and within a block the even elements
-// first, then the odd ones (fp4_q16_pos). Written into Plan::x_q / h_q and x_qs / h_qs; K a multiple of 32.
+// The operands of FP4 banks on the AVX2 and AVX-512 paths (dot_fp4_avx2.h): K values as int16 in blocks of 32,
+// each with the fp32 scale s = max |v| / 32767 of its block (v ~= q * s, within s / 2), and within a block the even
+// elements first, then the odd ones (fp4_q16_pos). Written into Plan::x_q / h_q and x_qs / h_qs; K a multiple of 32.
 inline int64_t fp4_q16_pos(int64_t k) { return (k & ~int64_t{31}) | ((k & 1) << 4) | ((k & 31) >> 1); }
 inline void quantize_q16(const float* v, int64_t K, int16_t* q, float* qs) {
   for (int64_t b = 0; b < K; b += 32) {
@@ -79,7 +79,7 @@ struct Plan {
   uint16_t* x_lo;  // [T, D]
   uint16_t* h_hi;
   uint16_t* h_lo;  // [R, I]
-  // int16 x and h with their block scales (quantize_q16), only for FP4 banks on the AVX2 path; null otherwise.
+  // int16 x and h with their block scales (quantize_q16), for FP4 banks on AVX2 / AVX-512; null otherwise.
   int16_t* x_q;   // [T, D]
   float* x_qs;    // [T, D / 32]
   int16_t* h_q;   // [R, I]
@@ -101,7 +101,7 @@ struct Plan {
 // Phase 2: y = down . h: a unit streams a block of one expert's down rows.
 // Phase 3: out[t] = sum of w_s * y_s over t's routes in sorted order (a fixed order per element).
 // Operand forms an ISA's phases want written before phase 1 (x) and by phase 1 (h): none (fp32 only), the bf16
-// hi/lo split for bf16 and FP4 banks (the vdpbf16ps path), or int16 blocks for FP4 banks (the AVX2 path).
+// hi/lo split for bf16 and FP4 banks (the vdpbf16ps path), or int16 blocks for FP4 banks (AVX2, AVX-512).
 enum OperandForm : int32_t { OPERANDS_F32 = 0, OPERANDS_BF16 = 1, OPERANDS_Q16_FP4 = 2 };
 
 struct IsaOps {
