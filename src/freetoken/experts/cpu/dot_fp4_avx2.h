@@ -25,36 +25,45 @@ static inline float fp4_hsum256(__m256 a) {
 // Twice the e2m1 values by code, as int8.
 static inline __m128i fp4_i8_table() { return _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12); }
 
-// The exact int32 sums of the 32 codes at w against the int16 block q (fp4_q16_pos order), as 8 fp32 lanes.
-static inline __m256 fp4_q16_block(const uint8_t* w, const int16_t* q, __m128i table) {
+// The 32 codes at w as int16: the even codes, then the odd ones (fp4_q16_pos order).
+struct Fp4Q16Codes {
+  __m256i even, odd;
+};
+static inline Fp4Q16Codes fp4_q16_codes(const uint8_t* w, __m128i table) {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w)), m = _mm_set1_epi8(0x0F);
-  const __m256i we = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(b, m)));
-  const __m256i wo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(b, 4), m)));
-  const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(we, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q))),
-                                     _mm256_madd_epi16(wo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16))));
+  return {_mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(b, m))),
+          _mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(b, 4), m)))};
+}
+
+// The exact int32 sums of a block's codes against the int16 block q, as 8 fp32 lanes.
+static inline __m256 fp4_q16_dot(const Fp4Q16Codes& c, const int16_t* q) {
+  const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(c.even, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q))),
+                                     _mm256_madd_epi16(c.odd, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16))));
   return _mm256_cvtepi32_ps(p);
 }
 
-// The lanes' scales of the row's block at k: group scale x the operand block's scale qs (NVFP4: lanes 0-3 the
-// block's first group, 4-7 its second).
+// The lanes' group scales of the row's block at k (NVFP4: lanes 0-3 the block's first group, 4-7 its second);
+// times an operand block's scale, they scale that block's sums.
 template <bool NV>
-static inline __m256 fp4_q16_scale(const Fp4Row& row, int64_t k, float qs) {
+static inline __m256 fp4_q16_scales(const Fp4Row& row, int64_t k) {
   using F = FmtFP4<NV>;
-  if constexpr (NV) return _mm256_set_m128(_mm_set1_ps(F::scale(row, k + 16) * qs), _mm_set1_ps(F::scale(row, k) * qs));
-  return _mm256_set1_ps(F::scale(row, k) * qs);
+  if constexpr (NV) return _mm256_set_m128(_mm_set1_ps(F::scale(row, k + 16)), _mm_set1_ps(F::scale(row, k)));
+  return _mm256_set1_ps(F::scale(row, k));
 }
 
-// res[t] = row . x[t] for t < NT (q / qs: the tokens' int16 blocks and their scales).
+// res[t] = row . x[t] for t < NT (q / qs: the tokens' int16 blocks and their scales): each block decoded once.
 template <bool NV, int NT>
 static inline void dot_tile_fp4(const Fp4Row& row, const int16_t* const* q, const float* const* qs, int64_t K,
                                 float* res) {
   const __m128i table = fp4_i8_table();
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K; k += 32)
+  for (int64_t k = 0; k < K; k += 32) {
+    const Fp4Q16Codes c = fp4_q16_codes(row.w + k / 2, table);
+    const __m256 g = fp4_q16_scales<NV>(row, k);
     for (int t = 0; t < NT; ++t)
-      acc[t] = _mm256_fmadd_ps(fp4_q16_block(row.w + k / 2, q[t] + k, table), fp4_q16_scale<NV>(row, k, qs[t][k / 32]),
-                               acc[t]);
+      acc[t] = _mm256_fmadd_ps(fp4_q16_dot(c, q[t] + k), _mm256_mul_ps(g, _mm256_set1_ps(qs[t][k / 32])), acc[t]);
+  }
   for (int t = 0; t < NT; ++t) res[t] = fp4_hsum256(acc[t]);
 }
 
@@ -64,9 +73,11 @@ static inline void dot_rows_fp4(const Fp4Row* rows, const int16_t* q, const floa
   const __m128i table = fp4_i8_table();
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K; k += 32)
+  for (int64_t k = 0; k < K; k += 32) {
+    const __m256 s = _mm256_set1_ps(qs[k / 32]);
     for (int r = 0; r < R; ++r)
-      acc[r] = _mm256_fmadd_ps(fp4_q16_block(rows[r].w + k / 2, q + k, table), fp4_q16_scale<NV>(rows[r], k, qs[k / 32]),
-                               acc[r]);
+      acc[r] = _mm256_fmadd_ps(fp4_q16_dot(fp4_q16_codes(rows[r].w + k / 2, table), q + k),
+                               _mm256_mul_ps(fp4_q16_scales<NV>(rows[r], k), s), acc[r]);
+  }
   for (int r = 0; r < R; ++r) res[r] = fp4_hsum256(acc[r]);
 }
