@@ -8,7 +8,7 @@
 // halves are stored in that order on this path (fp4_dp_pos, kernel_api.h), so vector m meets elements 4j + m.
 // fp32 lane i of a block's dot products then sums elements 8i + m and 8i + 4 + m: group i / 4 (MXFP4, 32 codes)
 // or i / 2 (NVFP4, 16), and one permute lays the block's scales over the lanes. Per 128 codes: 8 decode
-// instructions, 8 dot products, an add, a scale permute and one multiply-add; the 32-code form it replaces took
+// instructions, 8 dot products, 3 adds, a scale permute and one multiply-add; the 32-code form it replaces took
 // 4 decode instructions, 2 dot products, a permute, a broadcast and a multiply-add per 32 codes.
 // A row's codes past its last whole block (K % 128: 32, 64 or 96; natural operand order) take the 32-code form.
 // Included by dot_impl.h inside its ISA namespace (FT_DOT_BF16 only), after FmtFP4.
