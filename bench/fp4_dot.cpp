@@ -15,30 +15,11 @@
 #include <cstdlib>
 #include <vector>
 
-#include "kernel_api.h"
-
 #ifdef FT_BENCH_AVX2
-#define FT_ISA_NS avx2
-#define FT_ROWS_MAX 2
-#define FT_NT_MAX 2
-#define FT_FP4_Q16 1
-namespace ft {
-namespace avx2 {
-#include "isa_avx2_s.h"
-}  // namespace avx2
-}  // namespace ft
+#include "isa_avx2.h"  // the kernel's own AVX2 configuration
 #else
-#define FT_ISA_NS avx512bf16
-#define FT_ROWS_MAX 4
-#define FT_NT_MAX 4
-#define FT_DOT_BF16 1
-namespace ft {
-namespace avx512bf16 {
-#include "isa_avx512_s.h"
-}  // namespace avx512bf16
-}  // namespace ft
+#include "isa_avx512bf16.h"  // the kernel's own AVX512-BF16 configuration
 #endif
-#include "dot_impl.h"
 
 using namespace ft::FT_ISA_NS;
 

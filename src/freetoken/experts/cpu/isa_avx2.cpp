@@ -1,19 +1,4 @@
-// AVX2 + FMA path (compiled with -mavx2 -mfma -mf16c): the traits of isa_avx2_s.h, FP4 rows by dot_fp4_avx2.h.
-#include <immintrin.h>
-
-#include "kernel_api.h"
-
-#define FT_ISA_NS avx2
-#define FT_ROWS_MAX 2  // batch-1 rows at once (dot_rows.h)
-#define FT_NT_MAX 2  // 2 tokens x 4 accumulators = 8 of the 16 ymm registers
-#define FT_FP4_Q16 1  // FP4 rows by dot_fp4_avx2.h
-
-namespace ft {
-namespace avx2 {
-#include "isa_avx2_s.h"
-}  // namespace avx2
-}  // namespace ft
-
-#include "dot_impl.h"
+// The AVX2 + FMA path (isa_avx2.h says how it is configured).
+#include "isa_avx2.h"
 
 ft::IsaOps ft::ops_avx2() { return IsaOps{avx2::phase1_dispatch, avx2::phase2_dispatch, avx2::phase3, OPERANDS_Q16_FP4, avx2::stream_sum}; }
