@@ -120,10 +120,12 @@ stage_frontier() {  # #34 / #38: a frontier preset end to end at one expert-cach
   # RTX 5090 setting), batch 1, sampled: the model's own routing, then a replayed trace of the preset's experts and
   # top-k (locality-62x256x8: 256 experts, top-8, as DeepSeek-V3 / GLM-5 / MiniMax-M2 / Kimi-Linear route;
   # locality-48x128x8: Gemma-4's 128; locality-43x256x6: DeepSeek-V4-Flash's 256, top-6, its first 3 layers routed
-  # by token id whatever the trace; the model's MoE layers replay its first layers)
+  # by token id whatever the trace; the model's MoE layers replay its first layers). FRONTIER_POLICIES: the model
+  # routing row's policies (e.g. hybrid,hybrid+la,offload,static-layers); the trace row takes them without options
   local p=${1:?"frontier PRESET [CACHE]"} c=${2:-0.25} name ek trace
+  local pol=${FRONTIER_POLICIES:-hybrid,offload,static-layers}
   local F=(python3 -m freetoken.bench.e2e --preset "$p" --dir "/tmp/ft-e2e-$p" --expert-cache "$c" --cpu-threads 8
-    --policies hybrid,offload,static-layers --batch 1 --repeats 2 --temperature 1.0 --tokens 32 --warmup 8)
+    --policies "$pol" --batch 1 --repeats 2 --temperature 1.0 --tokens 32 --warmup 8)
   name=fr_${p}_$c
   # the first call writes the checkpoint (31-37 GB): another preset's checkpoint goes first when the 64 GiB disk would
   # not hold both (a DeepSeek-V3 write failed with "No space left on device" beside V4-Flash's)
@@ -134,7 +136,8 @@ stage_frontier() {  # #34 / #38: a frontier preset end to end at one expert-cach
   ek=$(python3 -c "from freetoken.bench.presets import PRESETS as P; s = P['$p']; print(f'{s.experts}x{s.top_k}')")
   trace=$(ls bench/traces/locality-*x"$ek".npy 2>/dev/null | head -1)
   [ -n "$trace" ] || { echo "no locality trace of ${ek} experts x top-k: the model's routing only"; tables "$name"; return; }
-  run_logged 180 "${name}_trace" "${F[@]}" --no-moe-only --routing-trace "$trace" --json "$OUT/${name}_trace.json"
+  run_logged 180 "${name}_trace" "${F[@]}" --policies "$(tr , '\n' <<< "$pol" | grep -v + | paste -sd,)" --no-moe-only \
+    --routing-trace "$trace" --json "$OUT/${name}_trace.json"
   tables "$name" "${name}_trace"
 }
 
