@@ -36,12 +36,13 @@ struct FmtFP8 {
 // Scale decode tables of the FP4 formats (this TU's own): e4m3 codes (NVFP4) and e8m0 codes (MXFP4) -> fp32, each
 // times 0.5, which undoes load_e2m1x2's doubling (exact: powers of two).
 struct Fp4ScaleTables {
-  float e4m3[256], e8m0[256];
+  float e4m3[256], e8m0[256], e8m0_half[256];
   Fp4ScaleTables() {
     for (int i = 0; i < 256; ++i) {
       e4m3[i] = fp8_to_f32(static_cast<uint8_t>(i));
       const uint32_t u = i == 0 ? 0x00400000u : i == 255 ? 0x7F800000u : static_cast<uint32_t>(i) << 23;  // 2^(i-127)
       __builtin_memcpy(&e8m0[i], &u, 4);
+      e8m0_half[i] = e8m0[i] * 0.5f;
     }
   }
 };
