@@ -15,9 +15,10 @@
 #                  (repeat_greedy.py), side by side; .before's fused variant too when carried
 #   ab             ft bench e2e from .before/src (carry it) and this tree in alternating runs, medians of 3 (ab.py)
 #   memory [ARGS]  the memory plan against the device's taken bytes, per preset and budget (memory_plan.py)
-#   e2e [fp8]      ft bench e2e (the whole model): fused, offload, hybrid, static-layers at 6 and 16 threads, batch 1
+#   e2e [fp8|cpu]  ft bench e2e (the whole model): fused, offload, hybrid, static-layers at 6 and 16 threads, batch 1
 #                  and 4, the model's own routing sampled, beside the MoE layers alone; offload and hybrid on the
-#                  replayed trace (fp8: the qwen3-30b-a3b-fp8 preset, hybrid / offload / static-layers, batch 1)
+#                  replayed trace (fp8: the qwen3-30b-a3b-fp8 preset, hybrid / offload / static-layers, batch 1;
+#                  cpu: the cpu policy alone, 6 and 16 threads, medians of 3, beside the peer when llamacpp ran)
 #   lookahead      #39's experiment: hybrid and offload with and without EngineConfig.lookahead, 6 and 16 threads
 #   frontier P [C] ft bench e2e --preset P (glm-5, deepseek-v3, ..., kimi-linear, gemma-4, deepseek-v4-flash) at
 #                  expert cache C (0.25): hybrid, offload, static-layers, 8 threads, batch 1, sampled; the model's
@@ -102,6 +103,11 @@ stage_e2e() {
   fi
   # llama-bench alternating with the batch-1 rows once `run.sh llamacpp` built it and its GGUF in this lease
   local peer=(); [ -x $LB ] && [ -f /tmp/m.gguf ] && peer=(--peer-llama-cpp $LB /tmp/m.gguf)
+  if [ "${1:-bf16}" = cpu ]; then  # #39: every expert on the CPU against the peer's --n-cpu-moe 12, medians of 3
+    run_logged 500 e2e_cpu "${E2E[@]}" --policies cpu --cpu-threads 6,16 --batch 1 --repeats 3 --temperature 1.0 \
+      "${peer[@]}" --json "$OUT/e2e_cpu.json"
+    tables e2e_cpu; return
+  fi
   run_logged 330 e2e_model "${E2E[@]}" --policies fused,offload,hybrid,static-layers --cpu-threads 6,16 \
     --batch 1,4 --repeats 2 --temperature 1.0 "${peer[@]}" --json "$OUT/e2e_model.json"
   run_logged 200 e2e_trace "${E2E[@]}" --policies offload,hybrid --cpu-threads 6,16 --batch 1,4 --repeats 2 \
