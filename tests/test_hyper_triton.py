@@ -32,8 +32,11 @@ def _check(device: str) -> None:
         for g, w, what in zip(got, want, ("pre", "post", "comb")):
             assert g.shape == w.shape and g.dtype == torch.float32, what
             torch.testing.assert_close(g, w, rtol=2e-6, atol=2e-7, msg=f"{what} n={n} iters={iters}")
-        cols = got[2].sum(-2)  # the last normalisation is the columns': each sums to 1 (up to eps)
-        torch.testing.assert_close(cols, torch.ones_like(cols), rtol=0, atol=1e-5)
+        # the last normalisation is the columns': each sums to s / (s + eps), below 1 by eps / s for a column that
+        # summed to s before it (1.007e-5 on the H100 for a small s, 2026-12-07: the reference agrees within 2e-6)
+        cols = got[2].sum(-2)
+        assert bool((cols <= 1 + 1e-6).all()), cols
+        torch.testing.assert_close(cols, torch.ones_like(cols), rtol=0, atol=1e-4)
     empty = hc_weights_triton(torch.zeros((0, 24), device=device), torch.zeros(24, device=device), scale, 4, 20, 1e-6)
     assert [tuple(t.shape) for t in empty] == [(0, 4), (0, 4), (0, 4, 4)]
 
