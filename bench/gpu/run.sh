@@ -75,7 +75,7 @@ stage_tests() {
   local P=(timeout -s INT "$limit" python3 -m pytest -q -p no:cacheprovider -rfEs --durations=40 --timeout=300)
   case $shard in
   gpu|gpu1|gpu2) local h=${shard#gpu}; mapfile -t files < <(gpu_files "${h:-all}")
-    "${P[@]}" -n "${GPU_WORKERS:-8}" -m gpu "${files[@]}" > "$OUT/tests_$shard.log" 2>&1 ;;
+    "${P[@]}" -v -n "${GPU_WORKERS:-8}" -m gpu "${files[@]}" > "$OUT/tests_$shard.log" 2>&1 ;;
   cpu) "${P[@]}" -n 14 -m "not gpu" "${NOT_HERE[@]}" tests > "$OUT/tests_$shard.log" 2>&1 ;;
   *) echo "unknown shard $shard (gpu1, gpu2, cpu)"; exit 2 ;;
   esac
@@ -376,7 +376,7 @@ stage=${1:-}; shift || true
 case $stage in
 wheels) download_wheels ;;
 tests|graphs|repeat|ab|memory|e2e|lookahead|frontier|fp4|threads|step|experts|layers|prefill|http|cpu|formats|kernels|\
-contention|fla|elastic|load|\
+contention|fla|elastic|load|cpufp4|\
 llamacpp|llamacpp_gptoss|train)
   install_wheels
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nvidia-smi --query-gpu=name --format=csv,noheader \
