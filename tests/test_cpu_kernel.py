@@ -146,6 +146,24 @@ def test_rows_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     assert kmod.default_rows("avx512bf16") == 1
 
 
+def test_fp4_banks_take_avx2_on_intel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FP4 kernels on Intel cores with AVX512-BF16 run the AVX2 path (auto_isa); every other case the best ISA."""
+    from freetoken.experts.cpu.runner import make_kernel
+
+    _lib_or_skip()
+    best = CpuExpertKernel(num_threads=1).isa
+    monkeypatch.setattr(kmod, "cpu_vendor", lambda: "GenuineIntel")
+    assert kmod.auto_isa(False) == "auto"
+    assert kmod.auto_isa(True) == ("avx2" if best == "avx512bf16" else "auto")
+    fp4, bf16 = make_kernel(torch.uint8, 2), make_kernel(torch.bfloat16, 2)
+    assert fp4 is not None and bf16 is not None
+    assert (fp4.isa, bf16.isa) == ("avx2" if best == "avx512bf16" else best, best)
+    monkeypatch.setattr(kmod, "cpu_vendor", lambda: "AuthenticAMD")
+    assert kmod.auto_isa(True) == "auto"
+    fp4.close()
+    bf16.close()
+
+
 @pytest.mark.parametrize("spin_us", [0, 20])
 def test_many_small_batches_back_to_back(spin_us: int) -> None:
     """Hundreds of quick jobs through the start/barrier/done handshakes (sleeping or spinning)."""

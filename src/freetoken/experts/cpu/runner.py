@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from freetoken.experts.cpu.kernel import CpuExpertKernel
+from freetoken.experts.cpu.kernel import CpuExpertKernel, auto_isa
 from freetoken.experts.cpu.reference import cpu_experts_reference
 from freetoken.experts.cpu.stream_ops import stream_ops
 from freetoken.experts.cpu.streamed import StreamedCpuBranch, StreamedHandle
@@ -108,6 +108,7 @@ def make_kernel(dtype: torch.dtype, threads: int | None, isa: str = "auto") -> C
     if dtype not in (torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.uint8):
         return None
     n = (profile_kernel_threads() or default_kernel_threads()) if threads is None else threads
+    isa = auto_isa(dtype == torch.uint8) if isa == "auto" else isa
     return CpuExpertKernel(num_threads=max(1, n - 1), isa=isa, caller_helps=True, inline_bytes=INLINE_BYTES)
 
 
