@@ -19,7 +19,6 @@
 #                  and 4, the model's own routing sampled, beside the MoE layers alone; offload and hybrid on the
 #                  replayed trace (fp8: the qwen3-30b-a3b-fp8 preset, hybrid / offload / static-layers, batch 1;
 #                  cpu: the cpu policy alone, 6 and 16 threads, medians of 3, beside the peer when llamacpp ran)
-#   lookahead      #39's experiment: hybrid and offload with and without EngineConfig.lookahead, 6 and 16 threads
 #   frontier P [C] ft bench e2e --preset P (glm-5, deepseek-v3, ..., kimi-linear, gemma-4, deepseek-v4-flash) at
 #                  expert cache C (0.25): hybrid, offload, static-layers, 8 threads, batch 1, sampled; the model's
 #                  routing and the locality trace of its experts x top-k (256x8, 128x8, 256x6)
@@ -115,19 +114,12 @@ stage_e2e() {
   tables e2e_model e2e_trace
 }
 
-stage_lookahead() {  # #39's experiment: each MoE layer's likely experts filled while the layer before runs
-  # (EngineConfig.lookahead) beside the same backend without it, the model's routing, sampled
-  run_logged 420 e2e_lookahead "${E2E[@]}" --policies hybrid,hybrid+la,offload,offload+la --cpu-threads 6,16 \
-    --batch 1 --repeats 2 --temperature 1.0 --json "$OUT/e2e_lookahead.json"
-  tables e2e_lookahead; grep "filled ahead" "$OUT/e2e_lookahead.log"
-}
-
 stage_frontier() {  # #34 / #38: a frontier preset end to end at one expert-cache share, 8 CPU threads (the paper's
   # RTX 5090 setting), batch 1, sampled: the model's own routing, then a replayed trace of the preset's experts and
   # top-k (locality-62x256x8: 256 experts, top-8, as DeepSeek-V3 / GLM-5 / MiniMax-M2 / Kimi-Linear route;
   # locality-48x128x8: Gemma-4's 128; locality-43x256x6: DeepSeek-V4-Flash's 256, top-6, its first 3 layers routed
-  # by token id whatever the trace; the model's MoE layers replay its first layers). FRONTIER_POLICIES: the model
-  # routing row's policies (e.g. hybrid,hybrid+la,offload,static-layers); the trace row takes them without options
+  # by token id whatever the trace; the model's MoE layers replay its first layers). FRONTIER_POLICIES: both
+  # rows' policies (default hybrid,offload,static-layers)
   local p=${1:?"frontier PRESET [CACHE]"} c=${2:-0.25} name ek trace
   local pol=${FRONTIER_POLICIES:-hybrid,offload,static-layers}
   local F=(python3 -m freetoken.bench.e2e --preset "$p" --dir "/tmp/ft-e2e-$p" --expert-cache "$c" --cpu-threads 8
@@ -142,7 +134,7 @@ stage_frontier() {  # #34 / #38: a frontier preset end to end at one expert-cach
   ek=$(python3 -c "from freetoken.bench.presets import PRESETS as P; s = P['$p']; print(f'{s.experts}x{s.top_k}')")
   trace=$(ls bench/traces/locality-*x"$ek".npy 2>/dev/null | head -1)
   [ -n "$trace" ] || { echo "no locality trace of ${ek} experts x top-k: the model's routing only"; tables "$name"; return; }
-  run_logged 180 "${name}_trace" "${F[@]}" --policies "$(tr , '\n' <<< "$pol" | grep -v + | paste -sd,)" --no-moe-only \
+  run_logged 180 "${name}_trace" "${F[@]}" --no-moe-only \
     --routing-trace "$trace" --json "$OUT/${name}_trace.json"
   tables "$name" "${name}_trace"
 }
@@ -375,7 +367,7 @@ stage_repeat() {  # repeat_greedy.py: each variant SECONDS (240) side by side; w
 stage=${1:-}; shift || true
 case $stage in
 wheels) download_wheels ;;
-tests|graphs|repeat|ab|memory|e2e|lookahead|frontier|fp4|threads|step|experts|layers|prefill|http|cpu|formats|kernels|\
+tests|graphs|repeat|ab|memory|e2e|frontier|fp4|threads|step|experts|layers|prefill|http|cpu|formats|kernels|\
 contention|fla|elastic|load|cpufp4|\
 llamacpp|llamacpp_gptoss|train)
   install_wheels

@@ -39,9 +39,6 @@ class EngineConfig:
     """Expert-slot cache size: a slot count (int) or a fraction of the pool (float in (0, 1])."""
     fill_fraction: float | None = None
     """Fixed share of cache misses to copy into the cache (the rest run on the CPU). None: measured split."""
-    lookahead: bool = False
-    """Decode with a slot cache: fill each MoE layer's likely experts while the layer before it computes, from
-    the next layer's router applied to this layer's input (outputs never change; an experiment until measured)."""
     max_running_requests: int = 4
     """Requests decoded together; later ones wait in the queue."""
     max_queued_requests: int = 256

@@ -174,26 +174,13 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-# Policy variants beside the plain ones: "<backend>+<option>", e.g. "hybrid+la".
-POLICY_OPTIONS = {"la": "EngineConfig.lookahead: each MoE layer's likely experts filled while the layer before runs"}
-
-
-def policy_config(policy: str) -> dict[str, Any]:
-    """The engine settings of a policy name: its backend, and its options (``POLICY_OPTIONS``)."""
-    base, *opts = policy.split("+")
-    unknown = [o for o in opts if o not in POLICY_OPTIONS]
-    if unknown:
-        raise SystemExit(f"unknown policy option(s) {unknown} in {policy!r}; known: {sorted(POLICY_OPTIONS)}")
-    return {"moe_backend": base, "lookahead": "la" in opts}
-
-
 def _load(
     path: Path, args: argparse.Namespace, dev: str, dtype: str, policy: str, threads: int | None, batches: list[int]
 ) -> Any:
     from freetoken import LLM
 
-    llm = LLM(str(path), **config_kwargs(EngineConfig, args) | policy_config(policy) | dict(
-        device=dev, dtype=dtype, cpu_threads=threads,
+    llm = LLM(str(path), **config_kwargs(EngineConfig, args) | dict(
+        device=dev, dtype=dtype, moe_backend=policy, cpu_threads=threads,
         max_running_requests=max(*batches, args.itl_streams + 1),
         cuda_graphs=args.cuda_graphs, moe_cuda_graphs=args.cuda_graphs,
     ))  # fmt: skip
@@ -221,9 +208,6 @@ def _fused_tok_s(path: Path, args: argparse.Namespace, dev: str, dtype: str, bat
 
 def run(args: argparse.Namespace) -> int:
     register()  # the placements, when a policy names one
-    for p in args.policies.split(","):  # every policy's options checked before a checkpoint is written
-        if p and policy_config(p)["lookahead"] and args.routing_trace:
-            raise SystemExit(f"{p}: lookahead predicts from the model's router, a replayed trace routes instead")
     path = checkpoint(args)
     dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = args.dtype or ("bfloat16" if dev == "cuda" else "float32")
@@ -294,8 +278,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="a checkpoint directory instead ('default': the embedded model)")
     p.add_argument("--dir", default=None, help="where the synthetic checkpoint is written (default: the cache)")
     p.add_argument("--policies", default="fused,offload,hybrid",
-                   help=f"comma-separated MoE backends (or placements: {', '.join(PLACEMENTS)}); a backend may take "
-                        "options: hybrid+la (lookahead fills)")  # fmt: skip
+                   help=f"comma-separated MoE backends (or placements: {', '.join(PLACEMENTS)})")  # fmt: skip
     p.add_argument("--cpu-threads", default=None, help="CPU expert threads; a comma list runs each in turn")
     p.add_argument("--batch", default="1,4", help="concurrent requests; a comma list")
     p.add_argument("--tokens", type=int, default=64, help="timed tokens per request")

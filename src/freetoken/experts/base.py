@@ -7,7 +7,7 @@ L = MoE layers, E = routed experts per layer, N = L * E pool rows (``eid = moe_l
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -141,11 +141,6 @@ class ExpertBackend(ABC):
     def prefetch(self, layer: int, topk_ids: torch.Tensor) -> None:  # noqa: B027 - optional hook
         """A hint, before the step's first layer: ``layer``'s routes of this step are ``topk_ids`` [T, k] (known
         ahead, e.g. routed by token id); a backend with a slot cache may fill them early. Results never change."""
-
-    def hint_next(self, layer: int, predict: Callable[[], torch.Tensor]) -> None:  # noqa: B027 - optional hook
-        """A hint, before the MoE layer before ``layer`` runs: ``predict()`` gives ``layer``'s likely routes [T, k]
-        (its router on this layer's input); a backend with a slot cache may fill them while this layer computes.
-        Results never change."""
 
     def stats(self) -> dict[str, int | float]:
         """Cumulative counters; DESIGN §4 names (``expert_hits``, ``expert_fills``, ``expert_cpu_runs``)."""

@@ -36,7 +36,6 @@ class MoELayer:
     bias: torch.Tensor | None = None  # [E] float32: its correction bias (read by the choice only)
     router_bias: torch.Tensor | None = None  # [E] (gpt-oss)
     down_bias: torch.Tensor | None = None  # [E, D] the experts' down_proj biases (gpt-oss), added here once per route
-    lookahead: MoELayer | None = None  # the next MoE layer, predicted from this one's input (EngineConfig.lookahead)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, D] -> (topk_ids [T, k] int64, topk_w [T, k] float32)."""
@@ -56,9 +55,6 @@ class MoELayer:
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ids, w = self.route(x)
-        nxt = self.lookahead
-        if nxt is not None and nxt.router_override is None:  # its router on this input: most of its experts
-            self.backend.hint_next(nxt.moe_index, lambda: nxt.route(x)[0])
         out = self.backend.forward(self.moe_index, x, ids, w)
         if self.down_bias is not None:
             out = out + routed_down_bias(self.down_bias, ids, w).to(out.dtype)
@@ -76,9 +72,3 @@ def routed_down_bias(down_bias: torch.Tensor, ids: torch.Tensor, w: torch.Tensor
     partial sums of the GPU and CPU branches stay bias-free and still add up exactly)."""
     return (down_bias[ids].float() * w.float()[..., None]).sum(dim=1)
 
-
-def link_lookahead(layers: list[MoELayer]) -> int:
-    """Each MoE layer of ``layers`` (in order) predicts the next one's experts from its own input; the links made."""
-    for a, b in zip(layers, layers[1:]):
-        a.lookahead = b
-    return max(0, len(layers) - 1)

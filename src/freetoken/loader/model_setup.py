@@ -16,7 +16,6 @@ from freetoken.checkpoint.hf_config import HFConfig, load_hf_config
 from freetoken.checkpoint.tokenizer import load_tokenizer
 from freetoken.config import EngineConfig
 from freetoken.experts.backends.registry import check_backend
-from freetoken.layers.moe import MoELayer, link_lookahead
 from freetoken.loader.hub import resolve_model
 from freetoken.loader.memory_plan import StartPlan
 from freetoken.loader.model_build import LoadedModel, build_model
@@ -100,9 +99,6 @@ def setup_model(config: EngineConfig) -> ModelSetup:
     max_len = context_length(config, hf)
     start = StartPlan(config, hf, family, device, dtype, max_len)
     loaded = build_model(hf, family, device, dtype, start, max_len, config.verify_weights)
-    if config.lookahead and loaded.backend is not None:
-        link_lookahead([m for m in (getattr(layer, "ffn", None) for layer in loaded.model.layers)
-                        if isinstance(m, MoELayer)])  # fmt: skip
     if loaded.backend is not None:  # when the model goes, or at exit if it never does: before the kernels' own
         weakref.finalize(loaded, _close_backend, loaded.backend)  # finalizers (registered earlier, run later)
     tokenizer = load_tokenizer(path)

@@ -131,11 +131,6 @@ class LayerGraphs:
         self.captures += 1
         return entry
 
-    @property
-    def recording_step(self) -> bool:
-        """Inside the engine's capture of a whole decode step (not a capture of one layer's graph)."""
-        return self._recording is not None
-
     def record_begin(self, host: GraphHost) -> None:
         """The engine captures a whole decode step: layers run as plain bodies, their keys recorded."""
         host.capture_begin()

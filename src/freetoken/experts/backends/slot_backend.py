@@ -9,7 +9,7 @@ Subclasses choose the share of misses to fill and the residency policy.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -79,7 +79,6 @@ class SlotBackend(StepCapture, ExpertBackend):
         cuda_graphs = config.moe_cuda_graphs and device.type == "cuda"
         self.graphs = LayerGraphs(STREAMED_MAX_TOKENS) if cuda_graphs else None
         self._decode = True
-        self._ahead: tuple[int, Callable[[], torch.Tensor]] | None = None  # hint_next's, until this layer's fills
         self._saved_layer_steps = 0
         self.rule = FROZEN  # how split_forward's rounds fill and evict (offload and hybrid: streaming_rule)
 
@@ -111,10 +110,8 @@ class SlotBackend(StepCapture, ExpertBackend):
         self.cache.copy(plan)
 
     def _gpu(self, x: torch.Tensor, groups: RouteGroups, plan: StepPlan, topk_w: torch.Tensor) -> torch.Tensor:
-        """The round's fills, then (a ``hint_next`` pending) the next layer's predicted experts on the prefetcher's
-        side stream, then the grouped GEMM over the slots serving it (float32 [T, D])."""
+        """The round's fills, then the grouped GEMM over the slots serving it (float32 [T, D])."""
         self._copy(plan)
-        self._issue_ahead()
         c = self.cache
         return grouped_experts(x, groups, plan.slot, topk_w, c.weights, self.pool.num_experts)
 
@@ -145,26 +142,6 @@ class SlotBackend(StepCapture, ExpertBackend):
         """Cumulative misses, fills and CPU runs per MoE layer (``DeviceCounters.read_layers``; one sync)."""
         return self.counters.read_layers()
 
-    def hint_next(self, layer: int, predict: Callable[[], torch.Tensor]) -> None:
-        """Decode steps of a filling backend: the next layer's predicted routes are filled once this layer's own
-        fills are queued (``_issue_ahead``), beside its GEMM and CPU branch, and held until that layer has planned."""
-        ok = self._decode and self.rule.min_fill > 0 and self.cache.slots
-        self._ahead = (layer, predict) if ok else None
-
-    def _issue_ahead(self) -> None:
-        """The pending hint, issued. The side stream then waits for this layer's plan and fills only, so the copies
-        run beside its GEMM: safe, as the victims are the least recently used unlocked slots and this layer's slots
-        were just stamped (``Prefetcher.fits`` leaves room for them). Never inside a graph of this layer alone: its
-        side stream would join only at the next layer, outside that capture."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is None:
-            return
-        one_layer = self.graphs is not None and not self.graphs.recording_step
-        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing() and one_layer:
-            return
-        layer, predict = ahead
-        self.prefetcher.issue(layer, predict())
-
     def prefetch(self, layer: int, topk_ids: torch.Tensor) -> None:
         """Decode steps of a filling backend: ``layer``'s routes filled ahead on a side stream and held until the
         layer has planned (``experts/slots/prefetch.py``)."""
@@ -178,7 +155,6 @@ class SlotBackend(StepCapture, ExpertBackend):
         self.prefetcher.before(layer)
         out = self._graphed(layer, x, ids, w, body)
         self.prefetcher.after(layer)
-        self._ahead = None  # a hint this layer's body did not reach (no GPU round) lapses
         return out
 
     def _graphed(self, layer: int, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, body: Body) -> torch.Tensor:
