@@ -105,7 +105,7 @@ def test_float16_pool_runs_the_cpu_branch_by_the_reference(name: str) -> None:
     half = ExpertBanks(banks.gate_up.half(), banks.down.half(), 2, 8)
     cfg = EngineConfig(moe_backend=name, expert_cache=0.25, fill_fraction=0.5 if name == "hybrid" else None)
     backend = create_backend(cfg, half, torch.device("cpu"), torch.float16)
-    runner = backend.cpu if name == "hybrid" else backend.runner  # type: ignore[attr-defined]
+    runner = backend.cpu  # type: ignore[attr-defined]
     assert runner.kernel is None
     g = torch.Generator().manual_seed(5)
     gu, dn = half.gate_up.float(), half.down.float()

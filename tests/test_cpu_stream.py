@@ -45,5 +45,5 @@ def test_streamed_backends_equal_reference_cuda(name: str, graphs: bool) -> None
     backend = create_backend(cfg, banks, dev, torch.float32)
     assert run_steps(backend, banks, steps=30, seed=3, device=dev, max_t=4) < 1e-5
     assert backend.stats()["expert_cpu_runs"] > 0
-    runner = getattr(backend, "cpu", None) or backend.runner  # type: ignore[attr-defined]
+    runner = backend.cpu  # type: ignore[attr-defined]
     assert runner.streamed  # the streamed branch served the steps

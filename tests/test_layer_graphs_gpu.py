@@ -85,7 +85,7 @@ def _run(name: str, graphs: bool, steps, banks: ExpertBanks):
     return outs, stats
 
 
-@pytest.mark.parametrize("name", ["fused", "offload", "hybrid", "static-layers"])
+@pytest.mark.parametrize("name", ["fused", "offload", "hybrid", "static-layers", "cpu"])
 def test_graphed_decode_equals_eager(name: str) -> None:
     banks = _banks()
     steps = _steps([1, 1, 2, 1, 2, 1, 1, 3, 1, 2], seed=4)  # sizes repeat: captured, then replayed
@@ -105,7 +105,7 @@ def test_graphed_decode_equals_eager(name: str) -> None:
         assert sum(s_graph["per_layer"]["misses"]) == s_graph["expert_misses"] > 0
     if name == "hybrid":
         assert s_graph["expert_cpu_runs"] > 0 and s_graph["expert_fills"] > 0
-    if name == "static-layers":  # whole layers resident, the rest on the CPU inside the graphs
+    if name in ("static-layers", "cpu"):  # whole layers resident (or none), the rest on the CPU inside the graphs
         assert s_graph["expert_cpu_runs"] > 0 and s_graph["expert_fills"] == 0
 
 

@@ -47,7 +47,7 @@ def _run(
     return out, stats
 
 
-@pytest.mark.parametrize("backend", ["fused", "offload", "hybrid"])
+@pytest.mark.parametrize("backend", ["fused", "offload", "hybrid", "cpu"])
 @pytest.mark.parametrize("n", [1, 3, 4])
 def test_graphed_step_equals_eager(ckpt: Path, backend: str, n: int) -> None:
     for params in (
@@ -71,7 +71,7 @@ def test_graphed_step_equals_eager(ckpt: Path, backend: str, n: int) -> None:
         assert stats["step_graphs"] >= 1
 
 
-@pytest.mark.parametrize("backend", ["fused", "offload", "hybrid"])
+@pytest.mark.parametrize("backend", ["fused", "offload", "hybrid", "cpu"])
 def test_every_bucket_and_feature_set_replays_with_no_fallback(ckpt: Path, backend: str) -> None:
     """Buckets 1, 2, 4, 8 x every sampler feature set (``graph_cases``): no decode step falls back to eager, each
     (bucket, stages) is captured once and replayed at every later step, and the tokens are the eager engine's."""

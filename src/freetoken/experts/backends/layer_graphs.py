@@ -22,11 +22,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from freetoken.hardware.device_memory import release_deferred
+
+if TYPE_CHECKING:
+    from freetoken.experts.cpu.runner import CpuExpertRunner
+    from freetoken.experts.slots.counters import DeviceCounters
 
 log = logging.getLogger(__name__)
 RETRY_AFTER = 32  # eager calls before a capture that ran out of device memory is tried again (elastic memory)
@@ -176,3 +180,35 @@ class StepCapture:
     def before_step_replay(self, tokens: int) -> None:
         assert self.graphs is not None
         self.graphs.before_step_replay(self, tokens)  # type: ignore[arg-type]
+
+
+class CpuBranchHost(StepCapture):
+    """The graphs' host share of a backend whose layers may run a stream-ordered CPU branch (``cpu``): queue the
+    branch's batch before a replayed layer (or every layer's before a replayed step) and count the layer steps that
+    the device counters see only at replay."""
+
+    cpu: CpuExpertRunner | None
+    counters: DeviceCounters
+    _saved_layer_steps = 0
+
+    def capture_begin(self) -> None:
+        self._saved_layer_steps = self.counters.layer_steps
+
+    def capture_end(self) -> None:
+        self.counters.layer_steps = self._saved_layer_steps  # the capture ran no step
+
+    def before_replay(self, layer: int, tokens: int) -> None:
+        """The host's share of a replayed layer: queue its CPU batch, count the layer step."""
+        if self.cpu is not None:
+            self.cpu.push_replay(layer, tokens)
+        self.counters.layer_steps += 1
+
+    def before_step(self, items: Sequence[tuple[int, int]]) -> None:
+        """The host's share of a replayed step's layers ((layer, tokens)): every CPU batch queued in one call."""
+        if self.cpu is not None and items:
+            self.cpu.push_replay_many(items)
+        self.counters.layer_steps += len(items)
+
+    def replay_failed(self) -> None:
+        if self.cpu is not None:
+            self.cpu.cancel_replay()

@@ -15,7 +15,7 @@ import torch
 
 from freetoken.config import EngineConfig
 from freetoken.experts.backends.cpu import CpuBackend
-from freetoken.experts.backends.layer_graphs import Body, LayerGraphs, StepCapture
+from freetoken.experts.backends.layer_graphs import Body, CpuBranchHost, LayerGraphs
 from freetoken.experts.base import ExpertBackend, ExpertBanks
 from freetoken.experts.cpu.runner import STREAMED_MAX_TOKENS, CpuExpertRunner
 from freetoken.experts.host_pool import HostExpertPool
@@ -41,7 +41,7 @@ def streaming_rule(num_layers: int, fill_rows: int | None = None) -> FillRule:
     return FillRule(min_fill=1, protect=RECENT_STEPS * num_layers, recent_last=True, fill_rows=fill_rows)
 
 
-class SlotBackend(StepCapture, ExpertBackend):
+class SlotBackend(CpuBranchHost, ExpertBackend):
     name = "slots"
     partly_pinned_ok = False  # hybrid: the experts past a pinned budget run on its CPU branch
 
@@ -172,28 +172,6 @@ class SlotBackend(StepCapture, ExpertBackend):
     def step_capturable(self, tokens: int, top_k: int) -> bool:
         g = self.graphs
         return g is not None and g.eligible(tokens) and (self.cpu is None or self.cpu.can_capture(tokens, top_k))
-
-    def capture_begin(self) -> None:
-        self._saved_layer_steps = self.counters.layer_steps
-
-    def capture_end(self) -> None:
-        self.counters.layer_steps = self._saved_layer_steps  # the capture ran no step
-
-    def before_replay(self, layer: int, tokens: int) -> None:
-        """The host's share of a replayed layer: queue its CPU batch, count the layer step."""
-        if self.cpu is not None:
-            self.cpu.push_replay(layer, tokens)
-        self.counters.layer_steps += 1
-
-    def before_step(self, items: Sequence[tuple[int, int]]) -> None:
-        """The host's share of a replayed step's layers ((layer, tokens)): every CPU batch queued in one call."""
-        if self.cpu is not None and items:
-            self.cpu.push_replay_many(items)
-        self.counters.layer_steps += len(items)
-
-    def replay_failed(self) -> None:
-        if self.cpu is not None:
-            self.cpu.cancel_replay()
 
     def split_forward(
         self,
