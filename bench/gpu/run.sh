@@ -236,7 +236,12 @@ stage_cpufp4() {  # #35: the FP4 dot products alone (one thread, rows in L2; ben
     --read-gib 4
   run_logged 100 cpufp4_avx2 python3 bench/cpu_formats.py --formats mxfp4,nvfp4 --threads 16 --iters 5 --pool-gib 2 \
     --read-gib 2 --isa avx2
-  tables fp4_dot fp4_dot_avx2 cpufp4 cpufp4_avx2
+  # experts of 4x the bytes (4096 x 1536): does the share of the streaming read grow with the bytes a call reads (a
+  # fixed cost per call) or not (the decode)?
+  run_logged 120 cpufp4_big python3 bench/cpu_formats.py --formats mxfp4,nvfp4 --threads 16 --iters 5 --pool-gib 2 \
+    --read-gib 2 --isa avx2 --hidden 4096 --inter 1536
+  lscpu | grep -E "^(Model name|Thread|Core|Socket)" | tee "$OUT/lscpu.txt"
+  tables fp4_dot fp4_dot_avx2 cpufp4 cpufp4_avx2 cpufp4_big
 }
 
 stage_formats() {  # the CPU kernel's B_H and the copies per expert format (packed bytes), 6 and 16 threads
