@@ -46,6 +46,7 @@ from freetoken.cache.anchors import due_captures
 from freetoken.cache.kv_pool import KVPool
 from freetoken.experts.base import ExpertBackend
 from freetoken.hardware.device_memory import release_deferred
+from freetoken.hardware.graph_capture import capture_graph
 from freetoken.models.decoder import DecoderModel
 from freetoken.runner.batch import R, StepRequest
 from freetoken.runner.graph_shapes import buckets, widths
@@ -248,7 +249,7 @@ class StepGraphs:
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.current_stream()
         try:
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            with capture_graph(graph, self._pool):
                 out = body()
         except BaseException:
             torch.cuda.set_stream(stream)  # a failed capture can leave the capture stream current

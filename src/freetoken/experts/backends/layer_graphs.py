@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from freetoken.hardware.device_memory import release_deferred
+from freetoken.hardware.graph_capture import capture_graph
 
 if TYPE_CHECKING:
     from freetoken.experts.cpu.runner import CpuExpertRunner
@@ -113,7 +114,7 @@ class LayerGraphs:
         host.capture_begin()
         try:
             # thread_local: CUDA calls of other threads (the CPU branch's fallback worker) do not void it
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            with capture_graph(graph, self._pool):
                 out = body(key[0], sx, sids, sw)
         except Exception as exc:  # noqa: BLE001 - any capture failure: run eagerly from now on
             torch.cuda.set_stream(stream)  # a failed capture can leave the capture stream current
