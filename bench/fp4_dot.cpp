@@ -3,9 +3,11 @@
 // at once, the ISA's cap) and for one row alone (the tile path), MXFP4 and NVFP4, at K = 2,048 (a gate/up row of the
 // Qwen3-30B-A3B shape) and K = 768 (a down row, 64 rows of 768 codes). Random codes and scales.
 //
-// AVX512-BF16, then AVX2 (from the repository root):
+// AVX512-BF16, AVX-512 without it, then AVX2 (from the repository root):
 //   g++ -std=c++17 -O3 -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512bf16
 //       -Isrc/freetoken/experts/cpu bench/fp4_dot.cpp -o /tmp/fp4_dot && /tmp/fp4_dot
+//   g++ -std=c++17 -O3 -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -DFT_BENCH_AVX512
+//       -Isrc/freetoken/experts/cpu bench/fp4_dot.cpp -o /tmp/fp4_dot5 && /tmp/fp4_dot5
 //   g++ -std=c++17 -O3 -mavx2 -mfma -mf16c -DFT_BENCH_AVX2
 //       -Isrc/freetoken/experts/cpu bench/fp4_dot.cpp -o /tmp/fp4_dot2 && /tmp/fp4_dot2
 #include <immintrin.h>
@@ -16,8 +18,10 @@
 #include <cstdlib>
 #include <vector>
 
-#ifdef FT_BENCH_AVX2
+#if defined(FT_BENCH_AVX2)
 #include "isa_avx2.h"  // the kernel's own AVX2 configuration
+#elif defined(FT_BENCH_AVX512)
+#include "isa_avx512.h"  // the kernel's own AVX-512 (no BF16) configuration
 #else
 #include "isa_avx512bf16.h"  // the kernel's own AVX512-BF16 configuration
 #endif
@@ -40,11 +44,19 @@ static void run(const char* fmt, int64_t K) {
   }
   std::vector<int16_t> q(K);
   std::vector<float> qs(K / 32);
+#ifdef FT_FP4_Q16I
+  ft::quantize_q16i(x.data(), 0, K, K, q.data(), qs.data());
+#else
   ft::quantize_q16(x.data(), K, q.data(), qs.data());
+#endif
   const ft::Bank bank{w.data(), s.data()};
   Operands o{};
   o.nt = 1, o.f[0] = x.data(), o.hi[0] = hi.data(), o.lo[0] = lo.data(), o.q[0] = q.data(), o.qs[0] = qs.data();
-  constexpr bool kDp = FT_ROWS_MAX == 4;  // the AVX512-BF16 build
+#ifdef FT_DOT_BF16
+  constexpr bool kDp = true;  // the AVX512-BF16 build
+#else
+  constexpr bool kDp = false;
+#endif
   float res[NR], sink = 0.f;
   auto bench = [&](const char* name, auto fn) {
     double best = 1e9;

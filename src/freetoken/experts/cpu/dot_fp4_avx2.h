@@ -8,7 +8,7 @@
 // FMA by (group scale x block scale) per block. Per 32 codes: 3 nibble ops, 2 shuffles, 2 widenings, 2 vpmaddwd,
 // an add, a conversion and an FMA, where the fp32 decode took 4 instructions and an FMA per 8 codes plus a
 // broadcast. Included by dot_impl.h inside the AVX2 and AVX-512 namespaces (FT_FP4_Q16), after FmtFP4; 256-bit
-// throughout (the AVX-512 path without BF16 takes it as it is).
+// throughout (the AVX-512 path takes its 32-code form for the rows' tails, dot_fp4_avx512.h the rest).
 //
 // Every row keeps the same accumulator, operation order and reduction whether it runs alone (dot_tile_fp4) or
 // among R rows (dot_rows_fp4), so a result has the same bits whatever the row blocking. K is a multiple of 32.

@@ -97,7 +97,11 @@ static inline void dot_rows_at(const Bank& bank, int64_t first, int64_t stride, 
     dot_rows_dp<R>(r16, o.hi[0], o.lo[0], o.f[0], K, out);
   } else
 #endif
-#ifdef FT_FP4_Q16
+#ifdef FT_FP4_Q16I
+  if constexpr (F::kFp4) {
+    dot_rows_fp4i<F::kNV, R>(rows, o.q[0], o.qs[0], K, out);
+  } else
+#elif defined(FT_FP4_Q16)
   if constexpr (F::kFp4) {
     dot_rows_fp4<F::kNV, R>(rows, o.q[0], o.qs[0], K, out);
   } else

@@ -95,6 +95,9 @@ class MoeJob final : public Job {
       const int64_t t0 = u * kSplitTokens, t1 = std::min(p.T, t0 + kSplitTokens);
       if (plans_.split() == OPERANDS_Q16_FP4) {
         for (int64_t t = t0; t < t1; ++t) quantize_q16(p.x + t * p.D, p.D, plans_.x_q() + t * p.D, plans_.x_qs() + t * (p.D / 32));
+      } else if (plans_.split() == OPERANDS_Q16I_FP4) {
+        for (int64_t t = t0; t < t1; ++t)
+          quantize_q16i(p.x + t * p.D, 0, p.D, p.D, plans_.x_q() + t * p.D, plans_.x_qs() + t * (p.D / 32));
       } else {
         split_bf16(p.x + t0 * p.D, t1 - t0, p.D, fp4_format(p.fmt), plans_.x_hi() + t0 * p.D, plans_.x_lo() + t0 * p.D);
       }

@@ -60,18 +60,18 @@ int PlanBuilder::build(const FtMoeArgs& a, int32_t operands) {
   const bool fp4 = fp4_format(a.fmt);
   split_ = R == 0                                                             ? OPERANDS_F32
            : operands == OPERANDS_BF16 && (a.fmt == FMT_BF16 || fp4)           ? OPERANDS_BF16
-           : operands == OPERANDS_Q16_FP4 && fp4                               ? OPERANDS_Q16_FP4
+           : q16_form(operands) && fp4                                         ? operands
                                                                                : OPERANDS_F32;
   h_.resize(max_routes * a.I);
   y_.resize(max_routes * a.D);
   if (split_ == OPERANDS_BF16)
     x_hi_.resize(T * a.D), x_lo_.resize(T * a.D), h_hi_.resize(max_routes * a.I), h_lo_.resize(max_routes * a.I);
-  if (split_ == OPERANDS_Q16_FP4)
+  if (q16_form(split_))
     x_q_.resize(T * a.D), x_qs_.resize(T * a.D / 32), h_q_.resize(max_routes * a.I), h_qs_.resize(max_routes * a.I / 32);
   for (Plan& p : plans_) {  // scratch pointers last: the vectors above may have moved
     p.h = h_.data(), p.y = y_.data(), p.rows = fp4 ? rows_fp4_ : rows_;
     if (split_ == OPERANDS_BF16) p.x_hi = x_hi_.data(), p.x_lo = x_lo_.data(), p.h_hi = h_hi_.data(), p.h_lo = h_lo_.data();
-    if (split_ == OPERANDS_Q16_FP4) p.x_q = x_q_.data(), p.x_qs = x_qs_.data(), p.h_q = h_q_.data(), p.h_qs = h_qs_.data();
+    if (q16_form(split_)) p.x_q = x_q_.data(), p.x_qs = x_qs_.data(), p.h_q = h_q_.data(), p.h_qs = h_qs_.data();
   }
   return 0;
 }
