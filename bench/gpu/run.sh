@@ -81,9 +81,11 @@ stage_tests() {
   echo "rc $? shard $shard: $(summary "$OUT/tests_$shard.log")"
 }
 
-stage_ab() {  # carry .before (git archive BASE src | tar -x -C .before): e2e from both trees, alternating
+stage_ab() {  # carry .before (git archive BASE src | tar -x -C .before): e2e from both trees, alternating (AB_POLICIES,
+  # AB_BATCH: other rows, e.g. AB_POLICIES=cpu AB_BATCH=1 for the cpu backend's graphs against 0b63574)
   run_logged 560 ab python3 bench/gpu/ab.py --before .before --after . --rounds 3 --log "$OUT/ab_runs.log" -- \
-    --preset qwen3-30b-a3b --layers 12 --expert-cache 0.25 --policies fused,hybrid --cpu-threads 6,16 --batch 1,4 \
+    --preset qwen3-30b-a3b --layers 12 --expert-cache 0.25 --policies "${AB_POLICIES:-fused,hybrid}" --cpu-threads 6,16 \
+    --batch "${AB_BATCH:-1,4}" \
     --tokens 48 --warmup 8 --no-moe-only
   tail -12 "$OUT/ab.log"
 }
