@@ -88,6 +88,24 @@ def _reference_greedy(model, prompt: list[int], steps: int, top_k: int | None) -
     return RefRun(prompt, ids[len(prompt):], first_logits, min(margins), router_margin)
 
 
+def fp4_logit_rel() -> float:
+    """``assert_close_logits``' relative tolerance for FP4 experts run by the C++ kernel on this machine: its AVX2 and
+    AVX-512 paths dot int16 operand blocks (``quantize_q16``: 3-6e-5 of a product's max each; 1.1-2.4e-4 of the
+    logits' max after the tiny gpt-oss's and DeepSeek-V4's layers), the AVX512-BF16 path a bf16 hi/lo split (~5e-6),
+    whichever ISA the engine takes for FP4 banks here (``auto_isa``: AVX2 on Intel cores, and on every machine
+    without AVX512-BF16)."""
+    from freetoken.experts.cpu.kernel import CpuExpertKernel, auto_isa, load_library
+
+    if load_library() is None:
+        return 1e-4  # the torch reference path
+    isa = auto_isa(True)
+    if isa == "auto":
+        kern = CpuExpertKernel(num_threads=1)
+        isa = kern.isa
+        kern.close()
+    return 5e-4 if isa in ("avx2", "avx512") else 1e-4
+
+
 def assert_close_logits(ours: torch.Tensor, ref: torch.Tensor, rel: float = 1e-4) -> None:
     tol = rel * max(1.0, float(ref.abs().max()))
     err = float((ours - ref).abs().max())
