@@ -96,14 +96,15 @@ def widening_isa() -> str:
 
 
 def auto_isa(fp4: bool) -> str:
-    """``isa="auto"`` for a kernel: the best ISA, except that FP4 banks on Intel cores take AVX2 over AVX512-BF16.
-    There ``vpermw`` (the dp path's decode, ``dot_fp4_dp.h``) is two port-5 uops where AMD's Zen 4 runs it in one,
+    """``isa="auto"`` for a kernel: the best ISA, except that FP4 banks on Intel cores with AVX-512 take AVX2. There
+    ``vpermw`` (the AVX512-BF16 path's decode, ``dot_fp4_dp.h``) is two port-5 uops where AMD's Zen 4 runs it in one,
     and the AVX2 ``vpshufb`` decode (``dot_fp4_avx2.h``) measured faster in every row on the GPU box's Intel host
     (2026-12-07, ``run.sh cpufp4``: one thread in L2 9.7 vs 6.4 packed GB/s MXFP4, 7.9 vs 5.9 NVFP4; the whole kernel
-    at 16 threads 1.19x / 1.03x at batch 1, 1.57x / 1.10x at batch 4)."""
+    at 16 threads 1.19x / 1.03x at batch 1, 1.57x / 1.10x at batch 4). The AVX-512 path's integer decode
+    (``dot_fp4_avx512.h``) has not run on an Intel core yet: until ``run.sh cpufp4`` measures it there, AVX2 stays."""
     lib = load_library()
     best = ISAS[lib.ft_best_isa()] if lib is not None else "generic"
-    return "avx2" if fp4 and best == "avx512bf16" and cpu_vendor() == "GenuineIntel" else "auto"
+    return "avx2" if fp4 and best in ("avx512", "avx512bf16") and cpu_vendor() == "GenuineIntel" else "auto"
 
 
 ROW_BLOCKS = (1, 2, 4)  # batch-1 weight rows streamed at once per thread (CpuExpertKernel rows)
