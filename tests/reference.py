@@ -94,7 +94,8 @@ def fp4_logit_rel() -> float:
     logits' max after the tiny gpt-oss's and DeepSeek-V4's layers), the AVX512-BF16 path a bf16 hi/lo split (~5e-6),
     whichever ISA the engine takes for FP4 banks here (``auto_isa``: AVX2 on Intel cores with AVX-512, the best ISA
     elsewhere)."""
-    from freetoken.experts.cpu.kernel import CpuExpertKernel, auto_isa, load_library
+    from freetoken.experts.cpu.defaults import auto_isa
+    from freetoken.experts.cpu.kernel import CpuExpertKernel, load_library
 
     if load_library() is None:
         return 1e-4  # the torch reference path

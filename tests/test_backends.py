@@ -458,7 +458,8 @@ def test_fused_cpu_float32_steps_keep_bf16_banks_with_the_same_bits() -> None:
     """bf16 values under float32 steps on a CPU (bf16 banks, or float32 ones holding bf16 values): the banks stay bf16
     for the C++ kernel's widening path, which gives the bits of float32 banks (decode-sized steps); the torch paths
     widen per expert (larger ones). Other float32 banks stay float32."""
-    from freetoken.experts.cpu.kernel import CpuExpertKernel, widening_isa
+    from freetoken.experts.cpu.defaults import widening_isa
+    from freetoken.experts.cpu.kernel import CpuExpertKernel
 
     banks = make_banks(2, 16, seed=5)
     bf = ExpertBanks(banks.gate_up.bfloat16(), banks.down.bfloat16(), 2, 16)

@@ -7,6 +7,7 @@ import ctypes
 import pytest
 import torch
 
+from freetoken.experts.cpu import defaults as dmod
 from freetoken.experts.cpu import kernel as kmod
 from freetoken.experts.cpu.kernel import ISAS, CpuExpertKernel, cpu_experts_reference
 from freetoken.experts.cpu.sources import CPU_EXPERTS
@@ -136,14 +137,14 @@ def test_rows_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     """4 rows by default on Intel's AVX-512 paths, 1 elsewhere; the argument wins."""
     _lib_or_skip()
     k = CpuExpertKernel(num_threads=1)
-    assert k.rows == kmod.default_rows(k.isa)
+    assert k.rows == dmod.default_rows(k.isa)
     assert CpuExpertKernel(num_threads=1, rows=2).rows == 2
     with pytest.raises(ValueError, match="rows"):
         CpuExpertKernel(num_threads=1, rows=8)
-    monkeypatch.setattr(kmod, "cpu_vendor", lambda: "GenuineIntel")
-    assert (kmod.default_rows("avx512bf16"), kmod.default_rows("avx512"), kmod.default_rows("avx2")) == (4, 4, 1)
-    monkeypatch.setattr(kmod, "cpu_vendor", lambda: "AuthenticAMD")
-    assert kmod.default_rows("avx512bf16") == 1
+    monkeypatch.setattr(dmod, "cpu_vendor", lambda: "GenuineIntel")
+    assert (dmod.default_rows("avx512bf16"), dmod.default_rows("avx512"), dmod.default_rows("avx2")) == (4, 4, 1)
+    monkeypatch.setattr(dmod, "cpu_vendor", lambda: "AuthenticAMD")
+    assert dmod.default_rows("avx512bf16") == 1
 
 
 def test_fp4_banks_take_avx2_on_intel(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -152,15 +153,15 @@ def test_fp4_banks_take_avx2_on_intel(monkeypatch: pytest.MonkeyPatch) -> None:
 
     _lib_or_skip()
     best = CpuExpertKernel(num_threads=1).isa
-    monkeypatch.setattr(kmod, "cpu_vendor", lambda: "GenuineIntel")
-    assert kmod.auto_isa(False) == "auto"
+    monkeypatch.setattr(dmod, "cpu_vendor", lambda: "GenuineIntel")
+    assert dmod.auto_isa(False) == "auto"
     intel_avx2 = best in ("avx512", "avx512bf16")
-    assert kmod.auto_isa(True) == ("avx2" if intel_avx2 else "auto")
+    assert dmod.auto_isa(True) == ("avx2" if intel_avx2 else "auto")
     fp4, bf16 = make_kernel(torch.uint8, 2), make_kernel(torch.bfloat16, 2)
     assert fp4 is not None and bf16 is not None
     assert (fp4.isa, bf16.isa) == ("avx2" if intel_avx2 else best, best)
-    monkeypatch.setattr(kmod, "cpu_vendor", lambda: "AuthenticAMD")
-    assert kmod.auto_isa(True) == "auto"
+    monkeypatch.setattr(dmod, "cpu_vendor", lambda: "AuthenticAMD")
+    assert dmod.auto_isa(True) == "auto"
     fp4.close()
     bf16.close()
 

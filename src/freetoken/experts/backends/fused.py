@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from freetoken.config import EngineConfig
 from freetoken.experts.backends.layer_graphs import LayerGraphs, StepCapture
 from freetoken.experts.base import ExpertBackend, ExpertBanks
-from freetoken.experts.cpu.kernel import CpuExpertKernel, widening_isa
+from freetoken.experts.cpu.defaults import widening_isa
+from freetoken.experts.cpu.kernel import CpuExpertKernel
 from freetoken.experts.cpu.runner import make_kernel
 from freetoken.experts.reference import ExpertAct, moe_reference
 from freetoken.experts.slots.gemm import grouped_experts

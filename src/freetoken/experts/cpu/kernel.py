@@ -12,8 +12,6 @@ itself meanwhile unless ``caller_helps=False``). One caller thread per object.
 from __future__ import annotations
 
 import ctypes
-import functools
-import warnings
 import weakref
 from collections.abc import Sequence
 
@@ -30,12 +28,13 @@ from freetoken.experts.cpu.args import (
     kernel_format,
     scale_ptrs,
 )
+from freetoken.experts.cpu.defaults import DEFAULT_ROWS_FP4, ROW_BLOCKS, default_rows
+from freetoken.experts.cpu.library import ISAS, load_library
 from freetoken.experts.cpu.reference import ACTIVATIONS, cpu_experts_reference
-from freetoken.hardware.cpus import cpu_vendor, default_kernel_threads, physical_cores, worker_cpus
+from freetoken.hardware.cpus import default_kernel_threads, physical_cores, worker_cpus
 
 __all__ = ["ISAS", "CpuExpertKernel", "cpu_experts_reference", "load_library"]
 
-ISAS = ("generic", "avx2", "avx512", "avx512bf16")  # index = the C enum value
 # Machines with at least this many physical cores let waiting threads poll briefly (for the next
 # layer's batch, for the next step of a batch) before sleeping; smaller ones always sleep at once.
 SPIN_MIN_CORES = 8
@@ -53,73 +52,6 @@ class PreparedBatches:
         self.n = len(self.args)
         self.ptrs = (ctypes.c_void_p * max(1, self.n))(*[ctypes.addressof(a) for a in self.args])
         self.tokens = (ctypes.c_int64 * max(1, self.n))(*[int(t) for t in tokens])
-
-
-@functools.lru_cache(maxsize=1)
-def load_library() -> ctypes.CDLL | None:
-    """The built kernel library, or None (warned once) when it cannot be built here."""
-    from freetoken.experts.cpu.sources import CPU_EXPERTS
-    from freetoken.kernels.build import BuildError, library_path
-
-    try:
-        lib = ctypes.CDLL(str(library_path(CPU_EXPERTS)))
-    except (BuildError, OSError) as exc:
-        warnings.warn(f"CPU expert kernel unavailable, using the torch fallback: {exc}", stacklevel=2)
-        return None
-    vp, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-    lib.ft_isa_supported.argtypes, lib.ft_isa_supported.restype = [i32], i32
-    lib.ft_best_isa.argtypes, lib.ft_best_isa.restype = [], i32
-    lib.ft_pool_create.argtypes, lib.ft_pool_create.restype = [i32, vp, i32, i32], vp
-    lib.ft_pool_destroy.argtypes, lib.ft_pool_destroy.restype = [vp], None
-    lib.ft_pool_set_rows.argtypes, lib.ft_pool_set_rows.restype = [vp, i64, i64], i32
-    lib.ft_moe_submit.argtypes, lib.ft_moe_submit.restype = [vp, ctypes.POINTER(MoeArgs)], i32
-    lib.ft_wait.argtypes, lib.ft_wait.restype = [vp, i32], None
-    lib.ft_moe_run_inline.argtypes, lib.ft_moe_run_inline.restype = [vp, ctypes.POINTER(MoeArgs)], i32
-    lib.ft_moe_enqueue.argtypes, lib.ft_moe_enqueue.restype = [vp, ctypes.POINTER(QueuedArgs)], i32
-    lib.ft_moe_enqueue_many.argtypes, lib.ft_moe_enqueue_many.restype = [vp, vp, vp, i64], i32
-    lib.ft_queue_drain.argtypes, lib.ft_queue_drain.restype = [vp], None
-    lib.ft_queue_pending.argtypes, lib.ft_queue_pending.restype = [vp], i64
-    lib.ft_queue_error.argtypes, lib.ft_queue_error.restype = [vp], i32
-    lib.ft_queue_trace_fields.argtypes, lib.ft_queue_trace_fields.restype = [], i32
-    lib.ft_queue_trace.argtypes, lib.ft_queue_trace.restype = [vp, i64], None
-    lib.ft_queue_take_trace.argtypes, lib.ft_queue_take_trace.restype = [vp, vp, i64], i64
-    lib.ft_stream_read.argtypes, lib.ft_stream_read.restype = [vp, vp, i64], ctypes.c_uint64
-    return lib
-
-
-def widening_isa() -> str:
-    """The best ISA whose bf16 banks widen to float32 exactly (the same bits as float32 banks): the best one but
-    AVX512-BF16, whose dot-product path splits the float32 operand into two bf16 halves."""
-    lib = load_library()
-    best = ISAS[lib.ft_best_isa()] if lib is not None else "generic"
-    return "avx512" if best == "avx512bf16" else best
-
-
-def auto_isa(fp4: bool) -> str:
-    """``isa="auto"`` for a kernel: the best ISA, except that FP4 banks on Intel cores with AVX-512 take AVX2. There
-    ``vpermw`` (the AVX512-BF16 path's decode, ``dot_fp4_dp.h``) is two port-5 uops where AMD's Zen 4 runs it in one,
-    and the AVX2 ``vpshufb`` decode (``dot_fp4_avx2.h``) measured faster in every row on the GPU box's Intel host
-    (2026-12-07, ``run.sh cpufp4``: one thread in L2 9.7 vs 6.4 packed GB/s MXFP4, 7.9 vs 5.9 NVFP4; the whole kernel
-    at 16 threads 1.19x / 1.03x at batch 1, 1.57x / 1.10x at batch 4). The AVX-512 path's integer decode
-    (``dot_fp4_avx512.h``) has not run on an Intel core yet: until ``run.sh cpufp4`` measures it there, AVX2 stays."""
-    lib = load_library()
-    best = ISAS[lib.ft_best_isa()] if lib is not None else "generic"
-    return "avx2" if fp4 and best in ("avx512", "avx512bf16") and cpu_vendor() == "GenuineIntel" else "auto"
-
-
-ROW_BLOCKS = (1, 2, 4)  # batch-1 weight rows streamed at once per thread (CpuExpertKernel rows)
-
-
-def default_rows(isa: str) -> int:
-    """Batch-1 row blocking by default: 4 on the AVX-512 paths of Intel cores, 1 elsewhere (where 4 was
-    slower or no faster: ``bench/cpu_kernel.py --rows``, figures per machine in docs/benchmarks.md)."""
-    return 4 if isa in ("avx512", "avx512bf16") and cpu_vendor() == "GenuineIntel" else 1
-
-
-# FP4 rows decode more than they read (a quarter of a bf16 row's bytes): one row alone leaves the vector units
-# waiting on its own chain, so FP4 banks stream 4 rows at once (the ISA's cap: 2 on AVX2) on every CPU (dev box,
-# whole kernel, 2 threads: 1.5x the packed GB/s of 1 row on AVX512-BF16; AVX2 no slower; docs/benchmarks.md).
-DEFAULT_ROWS_FP4 = 4
 
 
 class CpuExpertKernel:

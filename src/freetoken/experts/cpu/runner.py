@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from freetoken.experts.cpu.kernel import CpuExpertKernel, auto_isa
+from freetoken.experts.cpu.defaults import auto_isa
+from freetoken.experts.cpu.kernel import CpuExpertKernel
 from freetoken.experts.cpu.reference import cpu_experts_reference
 from freetoken.experts.cpu.stream_ops import stream_ops
 from freetoken.experts.cpu.streamed import StreamedCpuBranch, StreamedHandle

@@ -1,0 +1,40 @@
+"""What the CPU expert kernel runs by default on this CPU: the ISA path per kind of bank and the batch-1 row blocking,
+each chosen by measurement (figures in docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+from freetoken.experts.cpu.library import best_isa
+from freetoken.hardware.cpus import cpu_vendor
+
+
+def widening_isa() -> str:
+    """The best ISA whose bf16 banks widen to float32 exactly (the same bits as float32 banks): the best one but
+    AVX512-BF16, whose dot-product path splits the float32 operand into two bf16 halves."""
+    best = best_isa()
+    return "avx512" if best == "avx512bf16" else best
+
+
+def auto_isa(fp4: bool) -> str:
+    """``isa="auto"`` for a kernel: the best ISA, except that FP4 banks on Intel cores with AVX-512 take AVX2. There
+    ``vpermw`` (the AVX512-BF16 path's decode, ``dot_fp4_dp.h``) is two port-5 uops where AMD's Zen 4 runs it in one,
+    and the AVX2 ``vpshufb`` decode (``dot_fp4_avx2.h``) measured faster in every row on the GPU box's Intel host
+    (2026-12-07, ``run.sh cpufp4``: one thread in L2 9.7 vs 6.4 packed GB/s MXFP4, 7.9 vs 5.9 NVFP4; the whole kernel
+    at 16 threads 1.19x / 1.03x at batch 1, 1.57x / 1.10x at batch 4). The AVX-512 path's integer decode
+    (``dot_fp4_avx512.h``) has not run on an Intel core yet: until ``run.sh cpufp4`` measures it there, AVX2 stays."""
+    best = best_isa()
+    return "avx2" if fp4 and best in ("avx512", "avx512bf16") and cpu_vendor() == "GenuineIntel" else "auto"
+
+
+ROW_BLOCKS = (1, 2, 4)  # batch-1 weight rows streamed at once per thread (CpuExpertKernel rows)
+
+
+def default_rows(isa: str) -> int:
+    """Batch-1 row blocking by default: 4 on the AVX-512 paths of Intel cores, 1 elsewhere (where 4 was
+    slower or no faster: ``bench/cpu_kernel.py --rows``, figures per machine in docs/benchmarks.md)."""
+    return 4 if isa in ("avx512", "avx512bf16") and cpu_vendor() == "GenuineIntel" else 1
+
+
+# FP4 rows decode more than they read (a quarter of a bf16 row's bytes): one row alone leaves the vector units
+# waiting on its own chain, so FP4 banks stream 4 rows at once (the ISA's cap: 2 on AVX2) on every CPU (dev box,
+# whole kernel, 2 threads: 1.5x the packed GB/s of 1 row on AVX512-BF16; AVX2 no slower; docs/benchmarks.md).
+DEFAULT_ROWS_FP4 = 4
