@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
+from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +134,21 @@ def _round_bf16_to_nearest(interpreter: Any) -> None:
 _triton_interpreter_numpy_shim()
 
 
-# ``ft launch``'s tests (test_launch.py, test_launch_keys.py): a dead port and a temporary HOME with a PATH of fakes
+# ``ft launch``'s tests (test_launch*.py; their harness: launch_harness.py): a fake server of models, a dead port and
+# a temporary HOME with a PATH of fakes
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    """A fake ``ft serve`` on loopback serving ``launch_harness.MODELS`` (a module's own ``server`` wins)."""
+    from launch_harness import ModelsHandler
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), ModelsHandler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
 @pytest.fixture
 def dead_url() -> str:
     with socket.socket() as s:  # a port nobody listens on once this socket closes

@@ -2,7 +2,7 @@
 ``$FREETOKEN_API_KEY``) goes with ``ft launch``'s own requests and into every agent's configuration; a server that
 refuses the key, or does not answer, stops the launch with one line before anything is written or started
 (``--no-server-check`` starts the agent anyway). A real HTTP server on loopback; fake agent binaries record what
-they were started with (``test_launch.py``'s box)."""
+they were started with (``launch_harness.py``; conftest.py's box)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 import tomllib
 import yaml
 
-from test_launch import MODELS, all_files, fake_agent, ft_launch, recorded
+from launch_harness import MODELS, all_files, fake_agent, ft_launch, recorded
 
 KEY = "s3cret-key"
 SEEN: list[tuple[str, str]] = []  # (path, Authorization) of every request the keyed server got
