@@ -21,7 +21,6 @@ from freetoken.launch import load_agent
 from freetoken.launch.base import apply_plan, probe_server
 from launch_harness import CODEX_CONFIG, all_files, backups, fake_agent, ft_launch, recorded
 
-
 # ---------------------------------------------------------------------------- dry run
 
 DRY_RUN_EXPECT = {

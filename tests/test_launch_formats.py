@@ -14,7 +14,6 @@ from freetoken.launch import tomlw
 from freetoken.launch.files import loads_json5
 from launch_harness import CODEX_CONFIG
 
-
 # ---------------------------------------------------------------------------- TOML
 
 _scalar = st.one_of(

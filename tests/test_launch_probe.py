@@ -12,7 +12,6 @@ from freetoken.launch import load_agent
 from freetoken.launch.base import DEFAULT_CONTEXT_LENGTH, default_output_tokens, probe_server
 from launch_harness import CHARS_PER_TOKEN, all_files, fake_agent, ft_launch, recorded
 
-
 # ---------------------------------------------------------------------------- server
 
 
