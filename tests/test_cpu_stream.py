@@ -10,7 +10,7 @@ from devices import TRITON_INTERPRETER
 from freetoken.bench.placements import register
 from freetoken.config import EngineConfig
 from freetoken.experts.backends.registry import create_backend
-from test_backends import HAS_CUDA, make_banks, run_steps
+from random_experts import HAS_CUDA, make_banks, run_steps
 
 register()  # the static-layers and static-freq backends
 

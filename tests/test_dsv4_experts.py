@@ -10,7 +10,7 @@ from devices import TRITON_INTERPRETER
 from freetoken.experts.reference import ExpertAct, moe_reference
 from freetoken.experts.slots.gemm import grouped_experts_gather, grouped_experts_loop
 from freetoken.experts.slots.plan import group_routes
-from test_backends import D, make_banks, random_routing
+from random_experts import D, make_banks, random_routing
 
 E = 12
 

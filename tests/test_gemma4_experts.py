@@ -13,7 +13,7 @@ from freetoken.experts.reference import ExpertAct, activate, moe_reference
 from freetoken.experts.slots.gemm import grouped_experts_gather, grouped_experts_loop
 from freetoken.experts.slots.plan import group_routes
 from freetoken.experts.slots.weights import SlotWeights
-from test_backends import D, make_banks, random_routing
+from random_experts import D, make_banks, random_routing
 
 E = 12
 

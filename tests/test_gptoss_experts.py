@@ -14,7 +14,7 @@ from freetoken.experts.slots.gemm import grouped_experts_gather, grouped_experts
 from freetoken.experts.slots.plan import group_routes
 from freetoken.experts.slots.weights import SlotWeights
 from freetoken.layers.moe import routed_down_bias
-from test_backends import K_TOP, D, make_banks, random_routing
+from random_experts import K_TOP, D, make_banks, random_routing
 
 E = 12
 

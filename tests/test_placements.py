@@ -15,7 +15,7 @@ from freetoken.bench.placements import register
 from freetoken.cli.main import main
 from freetoken.config import EngineConfig
 from freetoken.experts.backends.registry import backend_names, create_backend, register_backend
-from test_backends import make_banks, run_steps
+from random_experts import make_banks, run_steps
 
 register()  # the static-layers and static-freq backends
 

@@ -20,7 +20,7 @@ CPU = torch.device("cpu")
 L, E = 4, 8  # 4 MoE layers x 8 experts, top-2: 16 slots (cache 0.5) hold exactly two whole layers
 
 from devices import DEVICES  # noqa: E402
-from test_backends import K_TOP, D, make_banks, random_routing  # noqa: E402
+from random_experts import K_TOP, D, make_banks, random_routing  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
