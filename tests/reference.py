@@ -1,4 +1,5 @@
-"""The transformers oracle: greedy continuations with logits and router margins (near-tie rule, DESIGN §8)."""
+"""The transformers oracle: greedy continuations with logits and router margins (near-tie rule, DESIGN §8);
+DeepSeek-V4's router and indexer margins (``margins``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 
 LOGIT_MARGIN = 1e-3
 ROUTER_MARGIN = 1e-4
+INDEX_MARGIN = 1e-4
 
 
 @dataclass
@@ -143,6 +145,63 @@ def sigmoid_router_margin(logits: torch.Tensor, bias: torch.Tensor, top_k: int, 
         gap = top[:, top_k - 1] - top[:, top_k]
         margin = min(margin, float(gap[torch.isfinite(gap)].min()) if bool(torch.isfinite(gap).any()) else margin)
     return margin
+
+
+@torch.no_grad()
+def margins(model: Any, ids: list[int]) -> tuple[float, float]:
+    """(router, indexer) near-tie margins of transformers' forward over ``ids`` (DESIGN §8): the k-th minus the
+    (k+1)-th biased score of every score-routed token; the last kept minus the first dropped indexer score of every
+    query that sees more entries than it keeps."""
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4Indexer, DeepseekV4TopKRouter
+
+    router, index = float("inf"), float("inf")
+    hooks = []
+
+    def on_router(mod: Any, args: Any, out: Any) -> None:
+        nonlocal router
+        scores = mod.score_fn(out[0].float()) + mod.e_score_correction_bias
+        top = scores.topk(mod.top_k + 1, dim=-1).values
+        router = min(router, float((top[:, -2] - top[:, -1]).min()))
+
+    seen: list[torch.Tensor] = []
+    topk = torch.Tensor.topk
+
+    def record(self: torch.Tensor, *a: Any, **kw: Any) -> Any:
+        if self.dim() == 3 and self.shape[1] == len(ids) and recording:
+            seen.append(self.clone())
+        return topk(self, *a, **kw)
+
+    for m in model.modules():
+        if isinstance(m, DeepseekV4TopKRouter):
+            hooks.append(m.register_forward_hook(on_router))
+    recording = False
+
+    def pre(mod: Any, args: Any) -> None:
+        nonlocal recording
+        recording = True
+
+    def post(mod: Any, args: Any, out: Any) -> None:
+        nonlocal recording
+        recording = False
+
+    for m in model.modules():
+        if isinstance(m, DeepseekV4Indexer):
+            hooks += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
+    torch.Tensor.topk = record  # type: ignore[method-assign]
+    try:
+        with torch_ops(model):
+            model(torch.tensor([ids]), use_cache=False)
+    finally:
+        torch.Tensor.topk = topk  # type: ignore[method-assign]
+        for h in hooks:
+            h.remove()
+    k = model.config.index_topk
+    for scores in seen:
+        for row in scores[0]:
+            ok = row[torch.isfinite(row)].sort(descending=True).values
+            if ok.numel() > k:
+                index = min(index, float(ok[k - 1] - ok[k]) / max(1.0, float(ok.abs().max())))
+    return router, index
 
 
 def float32_llm(d: Any, backend: str = "auto", cache: float | None = None, fill: float | None = None,

@@ -18,8 +18,16 @@ from freetoken.bench.presets import PRESETS, DeepseekV4Shape, MoEShape
 from freetoken.bench.synthetic_dsv4 import dsv4_bytes, dsv4_config, write_dsv4
 from freetoken.checkpoint.hf_config import load_hf_config
 from freetoken.cli.main import main
-from reference import LOGIT_MARGIN, ROUTER_MARGIN, assert_close_logits, float32_llm, reference_greedy, torch_ops
-from test_reference_deepseek_v4 import INDEX_MARGIN, margins
+from reference import (
+    INDEX_MARGIN,
+    LOGIT_MARGIN,
+    ROUTER_MARGIN,
+    assert_close_logits,
+    float32_llm,
+    margins,
+    reference_greedy,
+    torch_ops,
+)
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 

@@ -18,8 +18,15 @@ import torch
 from dsv4_released import EXPERT, fp4_dequantize, fp8_dequantize, load_twin, write_released
 from freetoken import LLM, SamplingParams
 from freetoken.checkpoint.errors import CheckpointError
-from reference import LOGIT_MARGIN, ROUTER_MARGIN, assert_close_logits, fp4_logit_rel, reference_greedy
-from test_reference_deepseek_v4 import INDEX_MARGIN, margins
+from reference import (
+    INDEX_MARGIN,
+    LOGIT_MARGIN,
+    ROUTER_MARGIN,
+    assert_close_logits,
+    fp4_logit_rel,
+    margins,
+    reference_greedy,
+)
 from tiny_dsv4 import save_dsv4_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")

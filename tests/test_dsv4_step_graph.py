@@ -16,8 +16,7 @@ from capture_check import cpu_step_graph_host, fake_step_graphs
 from freetoken import LLM
 from freetoken.runner import graph_shapes
 from graph_cases import BUCKETS, GRAPH_PROMPTS, cuda_tokens_eager_and_graphed, run_case
-from reference import LOGIT_MARGIN, ROUTER_MARGIN, reference_greedy
-from test_reference_deepseek_v4 import INDEX_MARGIN, margins
+from reference import INDEX_MARGIN, LOGIT_MARGIN, ROUTER_MARGIN, margins, reference_greedy
 from tiny_dsv4 import save_dsv4_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")

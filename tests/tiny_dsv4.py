@@ -3,7 +3,9 @@
 an indexer of 16 heads keeping 3 entries: enough heads that no entry scores exactly 0, a tie; sliding), an 8-token
 window, the first two layers routed by token id (``tid2eid``: a random table of distinct experts), 4 residual
 streams; the multi-token-prediction block DeepSeek ships (``mtp.0.*``) is appended to the safetensors, as the real
-checkpoint carries it."""
+checkpoint carries it. The reference tests' case on it (``reference_case``: prompts, transformers' greedy
+continuations checked free of near-ties, the logits at every position) and the engine on it in float32
+(``dsv4_llm``)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ from typing import Any
 
 import torch
 
+from freetoken import LLM
 from freetoken.bench.tiny_hybrid import randomize
+from reference import INDEX_MARGIN, LOGIT_MARGIN, ROUTER_MARGIN, RefRun, margins, reference_greedy, torch_ops
 
 HCA, CSA, SLIDING = "heavily_compressed_attention", "compressed_sparse_attention", "sliding_attention"
 TINY: dict[str, Any] = dict(
@@ -64,3 +68,30 @@ def save_dsv4_checkpoint(directory: Path, seed: int, **over: Any) -> Any:
     model.save_pretrained(directory)
     add_mtp(Path(directory), model.config.hidden_size)
     return model
+
+
+SEED = 0
+PROMPT_LENGTHS = (5, 13, 29)
+STEPS = 16  # the longest context reaches 45 tokens: 11 CSA entries (3 kept), 5 HCA entries, windows of 8
+
+
+def reference_case(d: Path) -> tuple[Path, Any, list[RefRun], list[torch.Tensor]]:
+    """The checkpoint of seed ``SEED`` saved in ``d``, the model, the greedy references of prompts of
+    ``PROMPT_LENGTHS`` tokens (``STEPS`` tokens each) and the logits at every position of prompt + continuation."""
+    model = save_dsv4_checkpoint(d, SEED)
+    g = torch.Generator().manual_seed(1000 + SEED)
+    prompts = [torch.randint(3, 512, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
+    refs = [reference_greedy(model, p, STEPS) for p in prompts]
+    for r in refs:  # the near-tie rule: this seed must be free of ties, else pick another seed
+        assert r.min_logit_margin > LOGIT_MARGIN, f"seed has a logit near-tie ({r.min_logit_margin:.2g})"
+        router, index = margins(model, r.prompt + r.tokens)
+        assert router > ROUTER_MARGIN, f"seed has a router near-tie ({router:.2g})"
+        assert index > INDEX_MARGIN, f"seed has an indexer near-tie ({index:.2g})"
+    with torch.no_grad(), torch_ops(model):  # logits at every position of prompt + continuation
+        full = [model(torch.tensor([r.prompt + r.tokens]), use_cache=False).logits[0].float() for r in refs]
+    return d, model, refs, full
+
+
+def dsv4_llm(d: Path, backend: str = "fused", cache: float | None = None, fill: float | None = None, **kw: Any) -> LLM:
+    return LLM(model=str(d), device="cpu", dtype="float32", moe_backend=backend, expert_cache=cache, fill_fraction=fill,
+               **kw)  # fmt: skip
