@@ -48,7 +48,8 @@
 #   load           ft bench load: time to the first token, safetensors vs FTW, beside the raw O_DIRECT read
 #   llamacpp       the peer on the same shape (12 layers, bf16 and Q8_0 GGUFs by make_gguf.py): llama-bench decode
 #                  at --n-cpu-moe 12 / 9 / 0, 6 and 16 threads, and its prompt rate at 8k; run it in the lease of
-#                  the figures it is compared with (a first call starts the ~5 min build and may end before it)
+#                  the figures it is compared with (a first call starts the ~5 min build and may end before it;
+#                  FUSED=1: fused_rows, the fused step sampled / greedy and the qwen3.6 preset's, while it builds)
 #   llamacpp_gptoss [e2e]   the peer of --preset gpt-oss-20b (24 layers, MXFP4 experts, make_gguf_gpt_oss.py):
 #                  llama-bench decode at --n-cpu-moe 18 (25% cache) / 0 / 24, 6 threads (18 also at 16); e2e: ft bench
 #                  e2e --preset gpt-oss-20b fused + hybrid, 6 threads, batch 1, the peer alternating (a second call)
@@ -306,8 +307,22 @@ stage_load() {
   cat "$OUT/ftw_load.log"
 }
 
-stage_llamacpp() {
+fused_rows() {  # #39, while llama.cpp builds (nice'd; a fused step leaves the CPU to it): the fused step at batch 1,
+  # 6 threads, sampled (temperature 1) and greedy in alternating processes (3 rounds), then the qwen3.6 preset's
+  # (sampled, medians of 3): sampled / greedy and qwen3.6 / qwen3 within one call
+  local F=(--policies fused --cpu-threads 6 --batch 1 --repeats 1 --tokens 128 --warmup 16 --no-moe-only --no-bound) i
+  for i in 1 2 3; do
+    run_logged 90 "fused_t1_$i" "${E2E[@]}" "${F[@]}" --temperature 1.0
+    run_logged 90 "fused_t0_$i" "${E2E[@]}" "${F[@]}" --temperature 0
+  done
+  run_logged 150 fused_q36 python3 -m freetoken.bench.e2e --preset qwen3.6-35b-a3b --layers 12 --dir $Q36 \
+    --expert-cache 0.25 "${F[@]}" --repeats 3 --temperature 1.0
+  grep -h "^|" "$OUT"/fused_t1_*.log "$OUT"/fused_t0_*.log "$OUT"/fused_q36.log 2>/dev/null | tee "$OUT/fused_rows.md"
+}
+
+stage_llamacpp() {  # FUSED=1: fused_rows while the peer builds (a fresh machine's first call)
   build_llama 14
+  [ "${FUSED:-0}" = 1 ] && [ ! -x $LB ] && fused_rows
   wait_llama 60 || { echo "llama.cpp still building (or failed: $(tail -3 /tmp/lc/build.log 2>/dev/null)): call again"; return; }
   export PYTHONPATH=/tmp/lc/llama.cpp/gguf-py:$PYTHONPATH
   printf '| GGUF | test | --n-cpu-moe | threads | tok/s |\n|---|---|---|---|---|\n' | tee "$OUT/llamacpp.md"
