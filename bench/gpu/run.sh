@@ -314,6 +314,9 @@ stage_llamacpp() {  # FUSED=1: fused_rows while the peer builds (a fresh machine
   export PYTHONPATH=/tmp/lc/llama.cpp/gguf-py:$PYTHONPATH
   printf '| GGUF | test | --n-cpu-moe | threads | tok/s |\n|---|---|---|---|---|\n' | tee "$OUT/llamacpp.md"
   [ -f /tmp/m.gguf ] || timeout 120 python3 bench/gpu/make_gguf.py /tmp/m.gguf 12 bf16 > "$OUT/gguf.log" 2>&1
+  if [ -n "${PAIRS:-}" ]; then  # PAIRS="0:6 9:6": those decode rows only (a lease whose next call runs the e2e)
+    peer_decode /tmp/m.gguf $PAIRS | tee -a "$OUT/llamacpp.md"; return
+  fi
   { peer_decode /tmp/m.gguf 12:6 12:16 9:6 9:16 0:6 0:16; peer_prompt /tmp/m.gguf 8192; } | tee -a "$OUT/llamacpp.md"
   [ $SECONDS -lt 420 ] && timeout 120 python3 bench/gpu/make_gguf.py /tmp/q8.gguf 12 q8_0 >> "$OUT/gguf.log" 2>&1 \
     && peer_decode /tmp/q8.gguf 9:6 9:16 | tee -a "$OUT/llamacpp.md"; rm -f /tmp/q8.gguf
