@@ -9,6 +9,7 @@ import torch
 from freetoken.bench.placements import register
 from freetoken.experts.base import ExpertBackend, ExpertBanks
 from freetoken.experts.reference import moe_reference
+from freetoken.experts.slots.plan import RouteGroups, group_routes
 
 D, I, K_TOP = 64, 32, 2
 SLOT_BACKENDS = ["offload", "cpu", "hybrid", "static-layers", "static-freq"]
@@ -58,3 +59,18 @@ def run_steps(
             worst = max(worst, float((out - ref).abs().max() / ref.abs().max()))
         backend.check_integrity()
     return worst
+
+
+def thirds_elsewhere(
+    ids: torch.Tensor, w: torch.Tensor, banks: ExpertBanks
+) -> tuple[RouteGroups, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Slot banks = the pool plus the scratch slot, every third group served elsewhere (slot -1): the groups, each
+    group's slot, the slot banks and the routes' weights with the elsewhere routes' zeroed (what the slots sum)."""
+    T, E = ids.shape[0], banks.num_experts
+    groups = group_routes(ids.reshape(-1), E)
+    slot = torch.where(torch.arange(T * K_TOP) % 3 == 2, -1, groups.eid.clamp(max=E - 1))
+    slot = torch.where(groups.valid, slot, -1)
+    gu = torch.cat([banks.gate_up, torch.zeros_like(banks.gate_up[:1])])  # + scratch slot
+    dn = torch.cat([banks.down, torch.zeros_like(banks.down[:1])])
+    on = slot[groups.route_group] >= 0
+    return groups, slot, gu, dn, torch.where(on.view(T, K_TOP), w, torch.zeros_like(w))

@@ -9,9 +9,8 @@ import torch
 from devices import TRITON_INTERPRETER
 from freetoken.experts.reference import moe_reference
 from freetoken.experts.slots.gemm import grouped_experts_gather, grouped_experts_loop
-from freetoken.experts.slots.plan import group_routes
 from freetoken.experts.slots.weights import SlotWeights
-from random_experts import HAS_CUDA, K_TOP, D, make_banks, random_routing
+from random_experts import HAS_CUDA, D, make_banks, random_routing, thirds_elsewhere
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
@@ -21,14 +20,7 @@ def _groups_case(T: int, E: int, seed: int) -> tuple:
     banks = make_banks(1, E, seed)
     x = torch.randn(T, D, generator=g)
     ids, w = random_routing(T, E, g, torch.device("cpu"))
-    groups = group_routes(ids.reshape(-1), E)
-    # Slot of each group: the expert itself (slots = pool), but every third group runs elsewhere (-1).
-    slot = torch.where(torch.arange(T * K_TOP) % 3 == 2, -1, groups.eid.clamp(max=E - 1))
-    slot = torch.where(groups.valid, slot, -1)
-    gu = torch.cat([banks.gate_up, torch.zeros_like(banks.gate_up[:1])])  # + scratch slot
-    dn = torch.cat([banks.down, torch.zeros_like(banks.down[:1])])
-    on = slot[groups.route_group] >= 0
-    w_on = torch.where(on.view(T, K_TOP), w, torch.zeros_like(w))
+    groups, slot, gu, dn, w_on = thirds_elsewhere(ids, w, banks)  # slots = pool, every third group elsewhere
     ref = moe_reference(x, ids, w_on, banks.gate_up, banks.down).float()
     return x, groups, slot, w, gu, dn, ref
 

@@ -11,10 +11,9 @@ import torch
 from devices import TRITON_INTERPRETER
 from freetoken.experts.reference import ExpertAct, moe_reference
 from freetoken.experts.slots.gemm import grouped_experts_gather, grouped_experts_loop
-from freetoken.experts.slots.plan import group_routes
 from freetoken.experts.slots.weights import SlotWeights
 from freetoken.layers.moe import routed_down_bias
-from random_experts import K_TOP, D, make_banks, random_routing
+from random_experts import K_TOP, D, make_banks, random_routing, thirds_elsewhere
 
 E = 12
 
@@ -28,13 +27,7 @@ def _case(T: int, seed: int):
     bias = torch.randn(E, 2 * banks.intermediate_size, generator=g) * 2.0
     act = ExpertAct.of("gptoss", bias, torch.device("cpu"))
     assert act is not None
-    groups = group_routes(ids.reshape(-1), E)
-    slot = torch.where(torch.arange(T * K_TOP) % 3 == 2, -1, groups.eid.clamp(max=E - 1))
-    slot = torch.where(groups.valid, slot, -1)
-    gu = torch.cat([banks.gate_up, torch.zeros_like(banks.gate_up[:1])])  # + scratch slot
-    dn = torch.cat([banks.down, torch.zeros_like(banks.down[:1])])
-    on = slot[groups.route_group] >= 0
-    w_on = torch.where(on.view(T, K_TOP), w, torch.zeros_like(w))
+    groups, slot, gu, dn, w_on = thirds_elsewhere(ids, w, banks)
     ref = moe_reference(x, ids, w_on, banks.gate_up, banks.down, act).float()
     silu = moe_reference(x, ids, w_on, banks.gate_up, banks.down).float()
     assert not torch.allclose(ref, silu, atol=1e-3)  # not SiLU's sums
