@@ -79,7 +79,7 @@ def prompt_text(tokenizer_json: Path, tokens: int, seed: int) -> str:
     return tok.decode(ids[:tokens])
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:
@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"{path} has no tokenizer.json: the chat API needs one")
     texts = [[prompt_text(path / "tokenizer.json", args.prompt_tokens, 1000 * r + c) for c in range(args.clients)]
              for r in range(args.rounds + 1)]  # fmt: skip
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = Path(args.server_log)
     with log_path.open("wb") as log:

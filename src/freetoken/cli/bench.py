@@ -11,6 +11,7 @@ from typing import Any
 
 BENCHMARKS: dict[str, str] = {
     "agent-edits": "freetoken.bench.agent_edits",
+    "agent-ttft": "freetoken.bench.agent_ttft",
     "bw": "freetoken.bench.bw",
     "decode": "freetoken.bench.decode",
     "e2e": "freetoken.bench.e2e",
