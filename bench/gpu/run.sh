@@ -19,6 +19,7 @@
 #                  and 4, the model's own routing sampled, beside the MoE layers alone; offload and hybrid on the
 #                  replayed trace (fp8: the qwen3-30b-a3b-fp8 preset, hybrid / offload / static-layers, batch 1;
 #                  cpu: the cpu policy alone, 6 and 16 threads, medians of 3, beside the peer when llamacpp ran)
+#   fused          fused_rows (lib.sh): the fused step sampled / greedy alternating and the qwen3.6 preset's (#39)
 #   frontier P [C] ft bench e2e --preset P (glm-5, deepseek-v3, ..., kimi-linear, gemma-4, deepseek-v4-flash) at
 #                  expert cache C (0.25): hybrid, offload, static-layers, 8 threads, batch 1, sampled; the model's
 #                  routing and the locality trace of its experts x top-k (256x8, 128x8, 256x6)
@@ -307,6 +308,8 @@ stage_load() {
   cat "$OUT/ftw_load.log"
 }
 
+stage_fused() { fused_rows; }  # lib.sh: sampled / greedy and qwen3.6 / qwen3, the fused step alone (no peer build)
+
 stage_llamacpp() {  # FUSED=1: fused_rows while the peer builds (a fresh machine's first call)
   build_llama 14
   [ "${FUSED:-0}" = 1 ] && [ ! -x $LB ] && fused_rows
@@ -383,7 +386,7 @@ stage_repeat() {  # repeat_greedy.py: each variant SECONDS (240) side by side; w
 stage=${1:-}; shift || true
 case $stage in
 wheels) download_wheels ;;
-tests|graphs|repeat|ab|memory|e2e|frontier|fp4|threads|step|experts|layers|prefill|http|cpu|formats|kernels|\
+tests|graphs|repeat|ab|memory|e2e|fused|frontier|fp4|threads|step|experts|layers|prefill|http|cpu|formats|kernels|\
 contention|fla|elastic|load|cpufp4|\
 llamacpp|llamacpp_gptoss|train)
   install_wheels
