@@ -94,8 +94,8 @@ def fp4_logit_rel() -> float:
     """``assert_close_logits``' relative tolerance for FP4 experts run by the C++ kernel on this machine: its AVX2 and
     AVX-512 paths dot int16 operand blocks (``quantize_q16``: 3-6e-5 of a product's max each; 1.1-2.4e-4 of the
     logits' max after the tiny gpt-oss's and DeepSeek-V4's layers), the AVX512-BF16 path a bf16 hi/lo split (~5e-6),
-    whichever ISA the engine takes for FP4 banks here (``auto_isa``: AVX2 on Intel cores with AVX-512, the best ISA
-    elsewhere)."""
+    whichever ISA the engine takes for FP4 banks here (``auto_isa``: the AVX-512 integer path on Intel cores with
+    AVX-512, the best ISA elsewhere)."""
     from freetoken.experts.cpu.defaults import auto_isa
     from freetoken.experts.cpu.kernel import CpuExpertKernel, load_library
 

@@ -147,19 +147,20 @@ def test_rows_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     assert dmod.default_rows("avx512bf16") == 1
 
 
-def test_fp4_banks_take_avx2_on_intel(monkeypatch: pytest.MonkeyPatch) -> None:
-    """FP4 kernels on Intel cores with AVX-512 run the AVX2 path (auto_isa); every other case the best ISA."""
+def test_fp4_banks_take_the_avx512_integer_path_on_intel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FP4 kernels on Intel cores with AVX-512 run the AVX-512 integer path, not AVX512-BF16's (auto_isa); every other
+    case the best ISA."""
     from freetoken.experts.cpu.runner import make_kernel
 
     _lib_or_skip()
     best = CpuExpertKernel(num_threads=1).isa
     monkeypatch.setattr(dmod, "cpu_vendor", lambda: "GenuineIntel")
     assert dmod.auto_isa(False) == "auto"
-    intel_avx2 = best in ("avx512", "avx512bf16")
-    assert dmod.auto_isa(True) == ("avx2" if intel_avx2 else "auto")
+    avx512 = best in ("avx512", "avx512bf16")
+    assert dmod.auto_isa(True) == ("avx512" if avx512 else "auto")
     fp4, bf16 = make_kernel(torch.uint8, 2), make_kernel(torch.bfloat16, 2)
     assert fp4 is not None and bf16 is not None
-    assert (fp4.isa, bf16.isa) == ("avx2" if intel_avx2 else best, best)
+    assert (fp4.isa, bf16.isa) == ("avx512" if avx512 else best, best)
     monkeypatch.setattr(dmod, "cpu_vendor", lambda: "AuthenticAMD")
     assert dmod.auto_isa(True) == "auto"
     fp4.close()

@@ -15,14 +15,16 @@ def widening_isa() -> str:
 
 
 def auto_isa(fp4: bool) -> str:
-    """``isa="auto"`` for a kernel: the best ISA, except that FP4 banks on Intel cores with AVX-512 take AVX2. There
-    ``vpermw`` (the AVX512-BF16 path's decode, ``dot_fp4_dp.h``) is two port-5 uops where AMD's Zen 4 runs it in one,
-    and the AVX2 ``vpshufb`` decode (``dot_fp4_avx2.h``) measured faster in every row on the GPU box's Intel host
-    (2026-12-07, ``run.sh cpufp4``: one thread in L2 9.7 vs 6.4 packed GB/s MXFP4, 7.9 vs 5.9 NVFP4; the whole kernel
-    at 16 threads 1.19x / 1.03x at batch 1, 1.57x / 1.10x at batch 4). The AVX-512 path's integer decode
-    (``dot_fp4_avx512.h``) has not run on an Intel core yet: until ``run.sh cpufp4`` measures it there, AVX2 stays."""
+    """``isa="auto"`` for a kernel: the best ISA, except that FP4 banks on Intel cores with AVX-512 take the AVX-512
+    integer path (``dot_fp4_avx512.h``: ``vpshufb`` decode, int16 operands), not AVX512-BF16's. There ``vpermw``
+    (the AVX512-BF16 path's decode, ``dot_fp4_dp.h``) is two port-5 uops where AMD's Zen 4 runs it in one: on the GPU
+    box's Intel host AVX2's ``vpshufb`` decode beat it in every row (2026-12-07, 0b63574: one thread in L2 9.7 vs 6.4
+    packed GB/s MXFP4, 7.9 vs 5.9 NVFP4), and the AVX-512 integer path beats or ties AVX2 (2026-12-07, 687c3b7,
+    ``bench/cpu_formats.py``, packed GB/s AVX-512 / AVX2: 6 threads batch 1 MXFP4 22.8 / 22.4, NVFP4 28.3 / 21.0,
+    batch 4 25.6 / 24.9, 32.5 / 22.4; 16 threads batch 1 MXFP4 34.9 / 39.4 (queued as decode runs it 44.8 / 44.1),
+    NVFP4 43.9 / 38.8, batch 4 55.8 / 55.7, 68.9 / 50.6; one thread in L2, K 2,048: 11.9 / 8.7 and 11.1 / 4.0)."""
     best = best_isa()
-    return "avx2" if fp4 and best in ("avx512", "avx512bf16") and cpu_vendor() == "GenuineIntel" else "auto"
+    return "avx512" if fp4 and best in ("avx512", "avx512bf16") and cpu_vendor() == "GenuineIntel" else "auto"
 
 
 ROW_BLOCKS = (1, 2, 4)  # batch-1 weight rows streamed at once per thread (CpuExpertKernel rows)
