@@ -32,6 +32,7 @@ FEATURE_SETS = {
     "logprobs": Features(draw=False, cuts=False, penalties=False, logprobs=True),
     "mask": Features(draw=True, cuts=False, penalties=False, logprobs=False, mask=True),
     "all": Features(draw=True, cuts=True, penalties=True, logprobs=True, mask=True),
+    "nucleus": Features(draw=True, cuts=True, penalties=False, logprobs=False, nucleus=True),
 }
 
 

@@ -24,7 +24,7 @@ def test_triton_kernels_compile(arch: int) -> None:
         pytest.skip("the interpreter replaces compilation")
     from freetoken.experts.cpu import stage_triton
     from freetoken.experts.slots import copy_triton, gemm_fp4_triton, gemm_fp8_triton, gemm_triton, plan_triton
-    from freetoken.kernels import deltanet_triton, draw_triton, norm_triton, router_triton
+    from freetoken.kernels import deltanet_triton, draw_triton, norm_triton, nucleus_triton, router_triton
     from freetoken.kernels.attention import qkv_rope_triton, triton_decode, triton_prefill
 
     i64 = "*i64"
@@ -197,6 +197,14 @@ def test_triton_kernels_compile(arch: int) -> None:
     cases.append((draw_triton._draw_kernel, draw, {"NB_POW": 128, "BLOCK": 2048, "PRECISE": True}))
     pick = {"G": "*u8", "PM": "*fp32", "PI": "*i32", "DM": "*fp32", "DI": "*i32", "OUT": i64, "V": "i32", "NB": "i32"}
     cases.append((draw_triton._pick_kernel, pick, {"NB_POW": 128}))
+    # its top-p / min-p cut without a sort: the first, a middle and the masking pass
+    hist = {"Z": "*fp32", "TP": "*fp32", "PH": "*fp32", "PC": "*i32", "SP": i64, "SA": "*fp32", "SS": "*fp32",
+            "V": "i32", "stride": "i32", "B": "i32", "NB": "i32"}  # fmt: skip
+    for level in (0, 1, 5):
+        cases.append((nucleus_triton._level_kernel, hist, {"LEVEL": level, "NB_POW": 128, "BLOCK": 2048}))
+    mask = {**hist, "MP": "*fp32", "OUT": "*fp32"}
+    order = ["Z", "TP", "MP", "PH", "PC", "SP", "SA", "SS", "OUT", "V", "stride", "B", "NB"]
+    cases.append((nucleus_triton._mask_kernel, {k: mask[k] for k in order}, {"NB_POW": 128, "BLOCK": 2048}))
     for fn, sig, consts in cases:
         signature: dict[str, str] = {**sig, **{k: "constexpr" for k in consts}}
         src = ASTSource(fn=fn, signature=signature, constexprs=consts)

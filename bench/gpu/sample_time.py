@@ -1,7 +1,8 @@
 """The sampler alone on CUDA (issue #39: sampling at ≤ 5% of the greedy step): µs per ``sample_batch`` call at
 V = 151,936 (Qwen's vocabulary), batch 1 and 4, replayed from a captured CUDA graph (as the step graph runs it),
-greedy vs temperature 1 vs temperature 1 + top-p 0.95, through the torch ops (``sampler.use_triton`` off: the draw's
-torch reference) and through the Triton draw (``kernels/draw_triton.py``). Medians of 7 timings of 50 replays (each
+greedy vs temperature 1 vs temperature 1 + top-p 0.95 (sorted, and sort-free: ``kernels/nucleus_triton.py``), through
+the torch ops (``sampler.use_triton`` off: the draw's torch reference, the cut's sort) and through the Triton kernels
+(``kernels/draw_triton.py``). Medians of 7 timings of 50 replays (each
 replay 10 calls). No penalties, no logprobs, no mask. Prints a markdown table. Seconds. No arguments.
 ``PYTHONPATH=src python bench/gpu/sample_time.py``"""
 
@@ -22,6 +23,8 @@ MODES = {  # name: (temperature, top_p, features)
     "greedy": (0.0, 1.0, Features(draw=False, cuts=False, penalties=False, logprobs=False)),
     "temperature 1": (1.0, 1.0, Features(draw=True, cuts=False, penalties=False, logprobs=False)),
     "temperature 1 + top-p 0.95": (1.0, 0.95, Features(draw=True, cuts=True, penalties=False, logprobs=False)),
+    "the same, sort-free (nucleus)": (1.0, 0.95, Features(draw=True, cuts=True, penalties=False, logprobs=False,
+                                                          nucleus=True)),
 }
 
 

@@ -50,6 +50,8 @@ class Features:
     mask: bool = False  # a row is grammar-constrained: the allowed-token bitmask applies (a step-graph input)
     top_k: int = 0  # > 0: every drawn row keeps at most this many tokens (top_k): the cut takes torch.topk of them
     # instead of sorting the whole row (the same kept set: nothing past a row's top_k survives the cut anyway)
+    nucleus: bool = False  # no drawn row has a top_k: on CUDA the top-p / min-p cut is a radix select, not a sort
+    # (kernels/nucleus_triton.py)
 
 
 @dataclass
@@ -116,7 +118,13 @@ def sample_batch(
     temp = torch.where(greedy, torch.ones_like(b.temperature), b.temperature)
     keys = noise.row_keys(b.seed_lo, b.seed_hi, b.step)
     if f.cuts:
-        z = _cut((x - x.max(dim=-1, keepdim=True).values) / temp[:, None], b, f.top_k)  # shifted: no overflow
+        z = (x - x.max(dim=-1, keepdim=True).values) / temp[:, None]  # shifted: no overflow
+        if f.nucleus and use_triton(z):
+            from freetoken.kernels.nucleus_triton import nucleus_cut_triton
+
+            z = nucleus_cut_triton(z, b.top_p, b.min_p)
+        else:
+            z = _cut(z, b, f.top_k)
         # z's best is 0 and its temperature 1: the draw's own shift and division leave it as it is
         drawn = gumbel_argmax(z, torch.ones_like(temp), keys, torch.zeros_like(greedy))
         ids = torch.where(greedy, torch.argmax(x, dim=-1), drawn)

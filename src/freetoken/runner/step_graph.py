@@ -296,4 +296,5 @@ def _decode_only(items: Sequence[tuple[R, int]], starts: list[int] | None) -> bo
 def _stages(f: Features) -> str:
     """The sampler stages of ``f`` in words (a capture failure's log line)."""
     on = [name for name in ("draw", "cuts", "penalties", "logprobs", "mask") if getattr(f, name)]
-    return "stages " + ("+".join(on) if on else "greedy") + (f" (top-k <= {f.top_k})" if f.top_k else "")
+    cut = f" (top-k <= {f.top_k})" if f.top_k else " (sort-free)" if f.nucleus else ""
+    return "stages " + ("+".join(on) if on else "greedy") + cut

@@ -106,13 +106,15 @@ class StepSampler:
 def features_of(reqs: Sequence[StepRequest]) -> Features:
     """The sampler's stages some row of the step needs."""
     p = [r.params for r in reqs]
+    cuts = any(not x.greedy and (x.top_k > 0 or x.top_p < 1 or x.min_p > 0) for x in p)
     return Features(
         draw=any(not x.greedy for x in p),
-        cuts=any(not x.greedy and (x.top_k > 0 or x.top_p < 1 or x.min_p > 0) for x in p),
+        cuts=cuts,
         penalties=any(x.has_penalties for x in p),
         logprobs=any(x.logprobs is not None for x in p),
         mask=any(r.constraint is not None for r in reqs),
         top_k=top_k_bound([x.top_k for x in p if not x.greedy]),
+        nucleus=cuts and all(x.greedy or x.top_k <= 0 for x in p),
     )
 
 

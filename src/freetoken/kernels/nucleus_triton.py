@@ -1,0 +1,123 @@
+"""The sampler's top-p / min-p cut (``runner/sampler.py::_cut``) without sorting the vocabulary: per row, the
+smallest kept logit found by a radix select over the logits' float bits, then one masking pass.
+
+``z`` [B, V] holds each row's temperature-scaled logits with its best at 0, so ``w = exp(z)`` are the row's
+unnormalised probabilities (best 1) and ``S = sum w``. The sorted cut keeps a token when the probability mass ranked
+before it is at most ``top_p``: with ``key`` the logit's order-preserving uint32, token i is kept iff
+``W(key > key_i) <= top_p * S``, an upper set of keys, so it is ``key >= k*`` for the smallest kept key ``k*``. The
+select finds ``k*`` four bits at a time, most significant first (8 levels): level l's programs (one per block of
+``BLOCK`` tokens) sum ``w`` and count tokens per 16 values of the next 4 bits, among the tokens whose higher bits
+match the prefix chosen so far; the next level's programs each reduce those partial histograms in the same fixed order
+(the same bits in every program and every run: no atomics) and take the lowest digit whose bin holds a token and
+whose mass above (the mass above the prefix's range plus the bins above it) is at most ``top_p * S``. Min-p keeps
+``w >= min_p`` (the sorted cut's ``p >= min_p * p_max`` with ``p_max = 1 / S``). The best token always stays.
+
+What differs from the sort: the masses are summed in another order (a token whose mass ranked before it is within
+float32 rounding of ``top_p * S`` may go the other way), and tokens tied at ``k*`` are all kept (the sort keeps those
+its order puts first). Launches: 8 histogram levels and one masking pass, fixed shapes, no host read: capturable.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 2048
+LEVELS = 8  # 4 bits each
+
+
+@triton.jit
+def _keys(z):
+    """float32 -> uint32 in the same order (negatives: every bit flipped; the others: the sign bit set)."""
+    u = z.to(tl.uint32, bitcast=True)
+    return tl.where((u >> 31) != 0, u ^ 0xFFFFFFFF, u | 0x80000000)
+
+
+@triton.jit
+def _choose(PH, PC, SP, SA, SS, TP, row, blk, B, NB, LEVEL: tl.constexpr, NB_POW: tl.constexpr):
+    """Level LEVEL's prefix (the bits above its digit) and the mass above its range, from level LEVEL - 1's partial
+    histograms (buffer (LEVEL - 1) % 2: level LEVEL writes the other); program 0 of the row stores them in state slot
+    LEVEL, for the next level."""
+    parts = tl.arange(0, NB_POW)
+    bins = tl.arange(0, 16)
+    at = (((LEVEL - 1) % 2) * B * NB + row * NB + parts)[:, None] * 16 + bins[None, :]
+    ok = (parts < NB)[:, None]
+    h = tl.sum(tl.load(PH + at, mask=ok, other=0.0), axis=0)  # [16], the same order in every program
+    c = tl.sum(tl.load(PC + at, mask=ok, other=0), axis=0)
+    if LEVEL == 1:
+        prefix = tl.zeros((), dtype=tl.uint32)
+        above = tl.zeros((), dtype=tl.float32)
+        limit = tl.load(TP + row) * tl.sum(h, axis=0)  # top_p * S
+    else:
+        prefix = tl.load(SP + row * 9 + LEVEL - 1).to(tl.uint32)
+        above = tl.load(SA + row * 9 + LEVEL - 1)
+        limit = tl.load(SS + row)
+    over = tl.sum(h, axis=0) - tl.cumsum(h, axis=0)  # mass of the bins above each bin
+    fits = (above + over <= limit) & (c > 0)
+    d = tl.min(tl.where(fits, bins, 16), axis=0)
+    # the range's top bin fits by the last level's choice; should rounding say otherwise, take it
+    d = tl.where(d < 16, d, tl.max(tl.where(c > 0, bins, 0), axis=0))
+    above = above + tl.sum(tl.where(bins == d, over, 0.0), axis=0)  # the very sum the test above compared
+    prefix = (prefix << 4) | d.to(tl.uint32)
+    if blk == 0:
+        tl.store(SP + row * 9 + LEVEL, prefix.to(tl.int64))
+        tl.store(SA + row * 9 + LEVEL, above)
+        if LEVEL == 1:
+            tl.store(SS + row, limit)
+    return prefix
+
+
+@triton.jit
+def _level_kernel(Z, TP, PH, PC, SP, SA, SS, V, stride, B, NB, LEVEL: tl.constexpr, NB_POW: tl.constexpr,
+                  BLOCK: tl.constexpr):  # fmt: skip
+    """Partial histograms of digit LEVEL (bits 28 - 4 LEVEL .. 31 - 4 LEVEL) over the block's tokens in the range."""
+    row, blk = tl.program_id(0), tl.program_id(1)
+    cols = blk * BLOCK + tl.arange(0, BLOCK)
+    z = tl.load(Z + row.to(tl.int64) * stride + cols, mask=cols < V, other=float("-inf"))
+    key = _keys(z)
+    inside = cols < V
+    if LEVEL > 0:
+        prefix = _choose(PH, PC, SP, SA, SS, TP, row, blk, B, NB, LEVEL, NB_POW)
+        inside = inside & ((key >> (32 - 4 * LEVEL)) == prefix)
+    digit = (key >> (28 - 4 * LEVEL)) & 15
+    hit = (digit[:, None] == tl.arange(0, 16)[None, :].to(tl.uint32)) & inside[:, None]
+    w = tl.exp(z)
+    out = ((LEVEL % 2) * B * NB + row * NB + blk) * 16 + tl.arange(0, 16)
+    tl.store(PH + out, tl.sum(tl.where(hit, w[:, None], 0.0), axis=0))
+    tl.store(PC + out, tl.sum(hit.to(tl.int32), axis=0))
+
+
+@triton.jit
+def _mask_kernel(Z, TP, MP, PH, PC, SP, SA, SS, OUT, V, stride, B, NB, NB_POW: tl.constexpr, BLOCK: tl.constexpr):
+    """The smallest kept key from the last level, then z where kept (key >= it and w >= min_p), else -inf."""
+    row, blk = tl.program_id(0), tl.program_id(1)
+    kmin = _choose(PH, PC, SP, SA, SS, TP, row, blk, B, NB, 8, NB_POW)
+    cols = blk * BLOCK + tl.arange(0, BLOCK)
+    z = tl.load(Z + row.to(tl.int64) * stride + cols, mask=cols < V, other=float("-inf"))
+    keep = (_keys(z) >= kmin) & (tl.exp(z) >= tl.load(MP + row))
+    tl.store(OUT + row.to(tl.int64) * V + cols, tl.where(keep, z, float("-inf")), mask=cols < V)
+
+
+def nucleus_cut_triton(z: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """z [B, V] float32 (each row's best at 0), top_p, min_p [B] float32 -> z with the cut tokens at -inf."""
+    B, V = z.shape
+    if z.dtype != torch.float32 or z.stride(1) != 1:
+        raise ValueError(f"nucleus cut: z must be float32 with unit column stride, got {z.dtype} {z.stride()}")
+    NB = triton.cdiv(V, BLOCK)
+    nb_pow = max(2, triton.next_power_of_2(NB))
+    dev = z.device
+    out = torch.empty((B, V), dtype=torch.float32, device=dev)
+    if B == 0 or V == 0:
+        return out
+    ph = torch.empty((2, B, NB, 16), dtype=torch.float32, device=dev)  # two levels' partial histograms, alternately
+    pc = torch.empty((2, B, NB, 16), dtype=torch.int32, device=dev)
+    sp = torch.empty((B, LEVELS + 1), dtype=torch.int64, device=dev)  # the prefix after each level
+    sa = torch.empty((B, LEVELS + 1), dtype=torch.float32, device=dev)  # the mass above its range
+    ss = torch.empty(B, dtype=torch.float32, device=dev)  # top_p * S
+    tp, mp = top_p.to(torch.float32).contiguous(), min_p.to(torch.float32).contiguous()
+    for level in range(LEVELS):
+        _level_kernel[(B, NB)](z, tp, ph, pc, sp, sa, ss, V, z.stride(0), B, NB, LEVEL=level, NB_POW=nb_pow,
+                               BLOCK=BLOCK)  # fmt: skip
+    _mask_kernel[(B, NB)](z, tp, mp, ph, pc, sp, sa, ss, out, V, z.stride(0), B, NB, NB_POW=nb_pow, BLOCK=BLOCK)
+    return out
