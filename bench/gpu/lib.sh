@@ -15,18 +15,26 @@ WHEELS=(fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 h11==0.16.0 anyio==4.
   regex==2026.12.2 fla-core==0.6.0 einops==0.8.2 accelerate==1.15.0 xxhash==4.1.0 nvidia-ml-py==13.615.71
   huggingface_hub==2.4.0 click==8.5.1)
 
+# The SDKs (the server tests' clients) in .whl-sdk/: .whl + .carry/lcpp-src.tgz + the tree must fit the device
+# tool's 64 MiB, .whl + .whl-sdk too; the llama.cpp stages need no SDK (carry .whl and .carry), the tests do (carry
+# .whl and .whl-sdk)
+SDK_WHEELS=(openai anthropic)
+
 download_wheels() {  # on the dev box (it reaches the registry; the box does not)
-  mkdir -p .whl
+  mkdir -p .whl .whl-sdk
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
-    --platform manylinux_2_31_x86_64 -d .whl "${WHEELS[@]}" && du -sh .whl
+    --platform manylinux_2_31_x86_64 -d .whl "${WHEELS[@]}" || return
+  local p; for p in "${SDK_WHEELS[@]}"; do mv .whl/"$p"-*.whl .whl-sdk/; done
+  du -sh .whl .whl-sdk
 }
 
 install_wheels() {  # into /tmp/site, after src and tests on PYTHONPATH (tests: the helpers graph_matrix.py imports);
   # absolute, so test processes started in another directory find them too
   [ -d .whl ] || { echo "no .whl/: run 'bash bench/gpu/run.sh wheels' on the dev box and carry .whl"; exit 2; }
+  local sdk=(); compgen -G ".whl-sdk/*.whl" > /dev/null && sdk=(.whl-sdk/*.whl)  # the SDKs, when carried
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    > "$OUT/pip.log" 2>&1 || { tail -5 "$OUT/pip.log"; exit 2; }
+    "${sdk[@]}" > "$OUT/pip.log" 2>&1 || { tail -5 "$OUT/pip.log"; exit 2; }
   export PYTHONPATH=$PWD/src:$PWD/tests:/tmp/site
 }
 

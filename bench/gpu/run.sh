@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU box's one runner: `bash bench/gpu/run.sh STAGE [ARG]` from the repository root, one device call a stage
 # (each inside 10 minutes), every log whole under $OUT, a short table last. Carry [".whl"] (the wheels: `bash
-# bench/gpu/run.sh wheels` on the dev box); `llamacpp` also [".carry/lcpp-src.tgz"] (lib.sh says how to make it).
+# bench/gpu/run.sh wheels` on the dev box), `tests` also [".whl-sdk"] (the SDKs), `llamacpp` [".carry"] (lib.sh).
 # The box's python3 has torch, triton, numpy, safetensors, tokenizers, hypothesis, pytest-xdist. Benchmarks run on
 # synthetic checkpoints written once per machine under /tmp (qwen3-30b-a3b's and qwen3.6-35b-a3b's per-layer shapes,
 # 12 layers, 25% expert cache); the replayed routing trace is bench/traces/locality-48x128x8.npy.
