@@ -73,6 +73,8 @@ stage_tests() {
   # the Triton kernels in parallel (tiny models; one GPU serves every worker): all gpu tests in 162 s on 8 (H100)
   # (the cpu shard, ~1,900 tests on 14 workers, gets the call's whole 560 s; TEST_LIMIT: a call that ran a stage first)
   local limit=${TEST_LIMIT:-480}; [ "$shard" = cpu ] && limit=${TEST_LIMIT:-560}
+  # PEER=1 (carry .carry): llama.cpp builds in the background meanwhile (nice'd, 6 jobs), for the lease's next calls
+  [ "${PEER:-0}" = 1 ] && build_llama 6
   local P=(timeout -s INT "$limit" python3 -m pytest -q -p no:cacheprovider -rfEs --durations=40 --timeout=300)
   case $shard in
   gpu|gpu1|gpu2) local h=${shard#gpu}; mapfile -t files < <(gpu_files "${h:-all}")
