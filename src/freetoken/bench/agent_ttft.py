@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from freetoken.bench.http_ttft import free_port, prompt_text, start_server, wait_ready
+from freetoken.bench.http_ttft import add_server_arguments, free_port, prompt_text, start_server, wait_ready
 
 TOOLS = 16  # Claude Code's first request declares 15-20 tools
 TOOL_DESCRIPTION_TOKENS = 600  # each with a long description (its instructions for the tool)
@@ -158,16 +158,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--model", default="default", help="a checkpoint directory with a tokenizer ('default': embedded)")
     p.add_argument("--prompt-tokens", type=int, default=37000, help="the first request's size (server's count)")
     p.add_argument("--next-tokens", type=int, default=300, help="the next turn's tool result, about")
-    p.add_argument("--policy", default="auto", help="the server's MoE backend")
-    p.add_argument("--expert-cache", default="0.25")
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None)
-    p.add_argument("--cpu-threads", default=None)
-    p.add_argument("--max-model-len", default=None)
-    p.add_argument("--start-timeout", type=float, default=300.0)
-    p.add_argument("--server-log", default="/tmp/ft-agent-ttft-server.log")
-    p.add_argument("--json", default=None)
-    return p
+    return add_server_arguments(p, "auto", "/tmp/ft-agent-ttft-server.log")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -207,18 +207,24 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--preset", default="qwen3-30b-a3b", choices=sorted(PRESETS))
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--dir", default=None, help="where the synthetic checkpoint is (written once)")
-    p.add_argument("--policy", default="hybrid", help="the server's MoE backend")
+    p.add_argument("--clients", type=int, default=4, help="concurrent streaming clients per round")
+    p.add_argument("--prompt-tokens", type=int, default=2048)
+    p.add_argument("--rounds", type=int, default=3, help="timed rounds (after one untimed)")
+    p.add_argument("--max-tokens", type=int, default=4, help="tokens generated per request")
+    return add_server_arguments(p, "hybrid", "/tmp/ft-bench-http-server.log")
+
+
+def add_server_arguments(p: argparse.ArgumentParser, policy: str, log: str) -> argparse.ArgumentParser:
+    """The ``ft serve`` process's options ``start_server`` reads (and the run's log and JSON), shared by the
+    benchmarks that measure through it."""
+    p.add_argument("--policy", default=policy, help="the server's MoE backend")
     p.add_argument("--expert-cache", type=float, default=0.25)
     p.add_argument("--cpu-threads", type=int, default=None)
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
     p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--clients", type=int, default=4, help="concurrent streaming clients per round")
-    p.add_argument("--prompt-tokens", type=int, default=2048)
-    p.add_argument("--rounds", type=int, default=3, help="timed rounds (after one untimed)")
-    p.add_argument("--max-tokens", type=int, default=4, help="tokens generated per request")
     p.add_argument("--start-timeout", type=float, default=300.0)
-    p.add_argument("--server-log", default="/tmp/ft-bench-http-server.log")
+    p.add_argument("--server-log", default=log)
     p.add_argument("--json", default=None)
     return p
 
