@@ -83,7 +83,8 @@ def main() -> None:
     ms = wall_us / args.steps / 1e3
     print(f"{args.backend} batch {args.batch} graphs {args.cuda_graphs} overlap {args.overlap}: {ms:.2f} ms/step, "
           f"{len(kernels) / args.steps:.0f} kernels/step, GPU busy {busy:.1%} (graph replays {graphs}, "
-          f"launched ahead {ahead})")  # fmt: skip
+          f"launched ahead {ahead}, eager fallbacks {stats.get('step_graph_eager_fallback_reasons', {})}, "
+          f"MoE graph failures {stats.get('moe_graph_failures', 0)})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -168,10 +168,11 @@ stage_threads() {  # #39: ft bench bw --sweep auto (saved: the default --cpu-thr
   grep "^|" "$OUT/sweep.log" | head -12; tables e2e_threads e2e_default
 }
 
-stage_step() {  # [DIR]: another checkpoint (a frontier preset's, written by `frontier`), else the qwen3 one
-  local ck=${1:-$CK}
-  [ -f $ck/model.safetensors.index.json ] || run_logged 120 write "${E2E[@]}" --policies fused --batch 1 --tokens 8 \
-    --repeats 1 --no-moe-only
+stage_step() {  # [DIR]: another checkpoint (a frontier preset's, written by `frontier`; $Q36 written here), else qwen3's
+  local ck=${1:-$CK} preset=qwen3-30b-a3b
+  [ "$ck" = $Q36 ] && preset=qwen3.6-35b-a3b
+  [ -f $ck/model.safetensors.index.json ] || run_logged 150 write "${E2E[@]}" --preset $preset --dir "$ck" \
+    --policies fused --batch 1 --tokens 8 --repeats 1 --no-moe-only
   local b ov
   for b in 1 4; do for ov in overlap no-overlap; do
     timeout 60 python3 bench/gpu/e2e_profile.py $ck --backend fused --batch $b --$ov --top 30 \
