@@ -23,15 +23,25 @@ DEVICES = [
 NEAR = 1e-5
 
 
-def _kernel(x: torch.Tensor, temp: torch.Tensor, keys: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
+Seeds = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # the rows' seed halves and steps, int64
+
+
+def _kernel(x: torch.Tensor, temp: torch.Tensor, seeds: Seeds, greedy: torch.Tensor, unit: bool = False) -> torch.Tensor:
+    """The kernel on x's device; greedy rows passed at temperature 0 (the kernel tells them by their temperature)."""
     from freetoken.kernels.draw_triton import gumbel_argmax_triton
 
-    return gumbel_argmax_triton(x, temp, keys, greedy)
+    t = torch.where(greedy, torch.zeros_like(temp), temp)
+    lo, hi, step = (v.to(x.device) for v in seeds)
+    return gumbel_argmax_triton(x, t.to(x.device), lo, hi, step, unit)
 
 
-def _inputs(B: int, V: int, device: str, seed: int) -> tuple[torch.Tensor, ...]:
+def _keys(seeds: Seeds) -> torch.Tensor:
+    return noise.row_keys(*(v.cpu() for v in seeds))
+
+
+def _inputs(B: int, V: int, device: str, seed: int) -> tuple[torch.Tensor, torch.Tensor, Seeds, torch.Tensor]:
     """Random logits (a third of the rows' tokens masked to -inf in every other row), temperatures 0.3 .. 1.7,
-    every third row greedy, random 64-bit seeds and steps."""
+    every third row greedy, random 64-bit seeds and steps (steps past 2**32 too: their low 32 bits count)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(B, V, generator=g) * 4
     for r in range(0, B, 2):
@@ -39,13 +49,14 @@ def _inputs(B: int, V: int, device: str, seed: int) -> tuple[torch.Tensor, ...]:
     temp = 0.3 + 1.4 * torch.rand(B, generator=g)
     greedy = torch.arange(B) % 3 == 2
     temp = torch.where(greedy, torch.ones_like(temp), temp)
-    lo, hi, step = (torch.randint(0, 2**32, (B,), generator=g) for _ in range(3))
-    keys = noise.row_keys(lo, hi, step)
-    return tuple(t.to(device) for t in (x, temp, keys, greedy))
+    lo, hi = (torch.randint(0, 2**32, (B,), generator=g) for _ in range(2))
+    step = torch.randint(0, 2**40, (B,), generator=g)
+    return x.to(device), temp.to(device), (lo, hi, step), greedy.to(device)
 
 
-def _check(x: torch.Tensor, temp: torch.Tensor, keys: torch.Tensor, greedy: torch.Tensor, got: torch.Tensor) -> None:
-    x, temp, keys, greedy, got = (t.cpu() for t in (x, temp, keys, greedy, got))
+def _check(x: torch.Tensor, temp: torch.Tensor, seeds: Seeds, greedy: torch.Tensor, got: torch.Tensor) -> None:
+    x, temp, greedy, got = (t.cpu() for t in (x, temp, greedy, got))
+    keys = _keys(seeds)
     ref = gumbel_argmax_reference(x, temp, keys, greedy)
     g = -torch.log(-torch.log(noise.uniform(keys, x.shape[1])))
     v = (x - x.max(dim=-1, keepdim=True).values) / temp[:, None] + g
@@ -63,8 +74,8 @@ def _check(x: torch.Tensor, temp: torch.Tensor, keys: torch.Tensor, greedy: torc
 @pytest.mark.parametrize("B, V", [(1, 1000), (3, 1000), (8, 1000), (3, 151_936)])
 def test_the_kernel_draws_the_reference_token(device: str, B: int, V: int) -> None:
     for seed in range(3 if V <= 1000 else 1):
-        x, temp, keys, greedy = _inputs(B, V, device, seed)
-        _check(x, temp, keys, greedy, _kernel(x, temp, keys, greedy))
+        x, temp, seeds, greedy = _inputs(B, V, device, seed)
+        _check(x, temp, seeds, greedy, _kernel(x, temp, seeds, greedy))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -72,10 +83,10 @@ def test_the_noise_is_bit_exact(device: str) -> None:
     """Flat logits at temperature 1: the draw is the argmax of the row's uniforms (distinct 23-bit draws), so every
     row's token is exactly the reference's: the hash, its keys and the token counter as noise.py's."""
     B, V = 64, 1000
-    lo, hi = torch.arange(B) * 977 + 2**32 - 40, torch.arange(B) % 5
-    keys = noise.row_keys(lo % 2**32, hi, torch.arange(B) * 3)
+    seeds = ((torch.arange(B) * 977 + 2**32 - 40) % 2**32, torch.arange(B) % 5, torch.arange(B) * 3)
+    keys = _keys(seeds)
     x, temp, greedy = torch.zeros(B, V), torch.ones(B), torch.zeros(B, dtype=torch.bool)
-    got = _kernel(x.to(device), temp.to(device), keys.to(device), greedy.to(device)).cpu()
+    got = _kernel(x.to(device), temp, seeds, greedy).cpu()
     assert got.tolist() == noise.uniform(keys, V).argmax(dim=-1).tolist()
     assert got.tolist() == gumbel_argmax_reference(x, temp, keys, greedy).tolist()
 
@@ -93,8 +104,9 @@ def test_ties_masks_and_nan(device: str) -> None:
     x[4, ::2] = float("nan")  # drawn: NaN never picked
     x[5] = 1.0  # greedy, all tied: 0
     greedy = torch.tensor([True, False, False, True, False, True])
-    keys = noise.row_keys(torch.arange(6), torch.zeros(6, dtype=torch.int64), torch.arange(6))
-    got = _kernel(x.to(device), torch.ones(6, device=device), keys.to(device), greedy.to(device)).cpu().tolist()
+    seeds = (torch.arange(6), torch.zeros(6, dtype=torch.int64), torch.arange(6))
+    keys = _keys(seeds)
+    got = _kernel(x.to(device), torch.ones(6), seeds, greedy).cpu().tolist()
     assert got[:4] + got[5:] == [7, 0, 4321, 10, 0]
     clean = torch.where(x[4].isnan(), float("-inf"), x[4])[None]
     assert got[4] % 2 == 1 and got[4] == gumbel_argmax_reference(clean, torch.ones(1), keys[4:5], greedy[4:5]).item()
@@ -107,14 +119,22 @@ def test_a_rows_draw_depends_on_its_seed_and_step_only(device: str) -> None:
     x = torch.randn(5, V)
     x[1] = x[3] = row
     lo, hi, step = torch.tensor([1, 42, 9, 42, 5]), torch.tensor([0, 3, 0, 3, 1]), torch.tensor([0, 3, 3, 3, 7])
-    keys = noise.row_keys(lo, hi, step)
     t = torch.full((5,), 0.8)
-    mixed = _kernel(x.to(device), t.to(device), keys.to(device), torch.zeros(5, dtype=torch.bool, device=device))
-    one = torch.zeros(1, dtype=torch.bool, device=device)
-    alone = _kernel(row[None].to(device), t[:1].to(device), keys[1:2].to(device), one)
+    mixed = _kernel(x.to(device), t, (lo, hi, step), torch.zeros(5, dtype=torch.bool))
+    one = torch.zeros(1, dtype=torch.bool)
+    alone = _kernel(row[None].to(device), t[:1], (lo[1:2], hi[1:2], step[1:2]), one)
     assert int(mixed[1]) == int(mixed[3]) == int(alone[0])
-    steps = [noise.row_keys(lo[1:2], hi[1:2], step[1:2] + s).to(device) for s in range(8)]  # successive steps
-    assert len({int(_kernel(row[None].to(device), t[:1].to(device), k, one)[0]) for k in steps}) > 2
+    steps = [(lo[1:2], hi[1:2], step[1:2] + s) for s in range(8)]  # successive steps
+    assert len({int(_kernel(row[None].to(device), t[:1], s, one)[0]) for s in steps}) > 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_unit_draws_every_row_at_temperature_one(device: str) -> None:
+    """``unit`` (the draw after a top-p cut): a row at temperature 0 is drawn too, every row as at temperature 1."""
+    x, temp, seeds, greedy = _inputs(6, 1000, device, 5)
+    got = _kernel(x, temp, seeds, greedy, unit=True)
+    _check(x, torch.ones(6), seeds, torch.zeros(6, dtype=torch.bool), got)
+    assert got.cpu().tolist() != torch.argmax(x, dim=-1).cpu().tolist()
 
 
 def _batch(B: int, device: str, temperature: torch.Tensor, top_p: float) -> SamplingBatch:
@@ -144,13 +164,13 @@ def test_sample_batch_through_the_kernel(device: str, cuts: bool, monkeypatch: p
         b = _batch(B, "cpu", temp, 0.9)
         t = torch.where(temp < 1e-5, torch.ones_like(temp), temp)
         z = sampler._cut((x - x.max(dim=-1, keepdim=True).values) / t[:, None], b)
-        keys = noise.row_keys(b.seed_lo, b.seed_hi, b.step)
         drawn, n = temp >= 1e-5, int((temp >= 1e-5).sum())
-        _check(z[drawn], torch.ones(n), keys[drawn], torch.zeros(n, dtype=torch.bool), got[drawn])
+        seeds = (b.seed_lo[drawn], b.seed_hi[drawn], b.step[drawn])
+        _check(z[drawn], torch.ones(n), seeds, torch.zeros(n, dtype=torch.bool), got[drawn])
         assert got[~drawn].tolist() == want[~drawn].tolist()
     else:
-        keys = noise.row_keys(torch.arange(B) * 11 + 3, torch.zeros(B, dtype=torch.int64), torch.arange(B) + 5)
-        _check(x, torch.where(temp < 1e-5, torch.ones_like(temp), temp), keys, temp < 1e-5, got)
+        seeds = (torch.arange(B) * 11 + 3, torch.zeros(B, dtype=torch.int64), torch.arange(B) + 5)
+        _check(x, torch.where(temp < 1e-5, torch.ones_like(temp), temp), seeds, temp < 1e-5, got)
 
 
 @pytest.mark.gpu
@@ -192,10 +212,10 @@ def test_the_draw_compiles_for_sm90_with_the_precise_log_and_32_bit_hash() -> No
 
     from freetoken.kernels import draw_triton as d
 
-    sig = {"X": "*fp32", "T": "*fp32", "K": "*i64", "G": "*u8", "PM": "*fp32", "DM": "*fp32", "DI": "*i32",
-           "V": "i32", "stride": "i32", "NB": "i32", "NB_POW": "constexpr", "BLOCK": "constexpr",
-           "PRECISE": "constexpr"}  # fmt: skip
-    consts = {"NB_POW": 128, "BLOCK": d.BLOCK, "PRECISE": True}
+    sig = {"X": "*fp32", "T": "*fp32", "LO": "*i64", "HI": "*i64", "STEP": "*i64", "PM": "*fp32", "DM": "*fp32",
+           "DI": "*i32", "V": "i32", "stride": "i32", "NB": "i32", "NB_POW": "constexpr", "BLOCK": "constexpr",
+           "PRECISE": "constexpr", "UNIT": "constexpr"}  # fmt: skip
+    consts = {"NB_POW": 128, "BLOCK": d.BLOCK, "PRECISE": True, "UNIT": False}
     names = d._draw_kernel.arg_names
     src = ASTSource(d._draw_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()})
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32))

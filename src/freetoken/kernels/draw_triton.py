@@ -5,7 +5,10 @@ counter-based hash of ``runner/noise.py`` (computed here per token, bit-exact), 
 The row is split in blocks of ``BLOCK`` tokens, one program each (a decode step has 1-8 rows: one program per row
 would leave the GPU almost idle): pass 1 takes each block's max and its first index; pass 2 reduces the row's
 max from pass 1's partials, then each block's best ``z + g`` and its first index (greedy rows skip it); pass 3,
-one program per row, picks the best block (the first on ties: torch.argmax's lowest index).
+one program per row, picks the best block (the first on ties: torch.argmax's lowest index). A row's key
+(``noise.row_keys``) and whether it is greedy (temperature < 1e-5, as ``sampler.sample_batch``) are computed in the
+launches from its seed halves, step and temperature: no torch ops around them (each a launch of its own in the step's
+CUDA graph: ~15 of them took ~40 µs a step, the draw's larger part, ``bench/gpu/sample_time.py``).
 
 The hash runs in uint32 arithmetic: ``noise.mix32`` computes over int64 ``(x * c) & 0xFFFFFFFF`` with ``x`` and
 ``c`` below 2**32, which is the uint32 product modulo 2**32, and its shifts of non-negative values are logical
@@ -39,6 +42,23 @@ def _mix32(x):
 
 
 @triton.jit
+def _row_key(LO, HI, STEP, row):
+    """``noise.row_keys`` of one row, in uint32 (its int64 ops on values below 2**32 are these)."""
+    step = tl.load(STEP + row).to(tl.uint32)  # the low 32 bits: ``step & 0xFFFFFFFF``
+    return _mix32(tl.load(LO + row).to(tl.uint32) ^ _mix32(tl.load(HI + row).to(tl.uint32) ^ _mix32(step)))
+
+
+@triton.jit
+def _greedy(T, row, UNIT: tl.constexpr):
+    """Whether a row is greedy: temperature below 1e-5 (``UNIT``: no row is, every temperature 1)."""
+    if UNIT:
+        g = False
+    else:
+        g = tl.load(T + row) < 1e-5
+    return g
+
+
+@triton.jit
 def _log(x, PRECISE: tl.constexpr):
     if PRECISE:
         y = libdevice.log(x)
@@ -68,18 +88,21 @@ def _max_kernel(X, PM, PI, V, stride, NB, BLOCK: tl.constexpr):
 
 @triton.jit
 def _draw_kernel(
-    X, T, K, G, PM, DM, DI, V, stride, NB, NB_POW: tl.constexpr, BLOCK: tl.constexpr, PRECISE: tl.constexpr
+    X, T, LO, HI, STEP, PM, DM, DI, V, stride, NB, NB_POW: tl.constexpr, BLOCK: tl.constexpr,
+    PRECISE: tl.constexpr, UNIT: tl.constexpr,
 ):  # fmt: skip
     row, blk = tl.program_id(0), tl.program_id(1)
-    if tl.load(G + row) == 0:
+    if not _greedy(T, row, UNIT):
         parts = tl.arange(0, NB_POW)
         pm = tl.load(PM + row * NB + parts, mask=parts < NB, other=float("-inf"))
         x_max = tl.max(pm, axis=0)  # the partials hold no NaN
-        temp = tl.load(T + row)
         cols = blk * BLOCK + tl.arange(0, BLOCK)
         x = tl.load(X + row.to(tl.int64) * stride + cols, mask=cols < V, other=float("-inf"))
-        z = (x - x_max) / temp
-        h = _mix32(tl.load(K + row).to(tl.uint32) ^ _mix32(cols.to(tl.uint32) + 0x9E3779B9))
+        if UNIT:
+            z = x - x_max
+        else:
+            z = (x - x_max) / tl.load(T + row)
+        h = _mix32(_row_key(LO, HI, STEP, row) ^ _mix32(cols.to(tl.uint32) + 0x9E3779B9))
         u = ((h >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
         g = -_log(-_log(u, PRECISE), PRECISE)
         m, i = _block_best(z + g, cols, V)
@@ -88,11 +111,11 @@ def _draw_kernel(
 
 
 @triton.jit
-def _pick_kernel(G, PM, PI, DM, DI, OUT, V, NB, NB_POW: tl.constexpr):
+def _pick_kernel(T, PM, PI, DM, DI, OUT, V, NB, NB_POW: tl.constexpr, UNIT: tl.constexpr):
     row = tl.program_id(0)
     parts = tl.arange(0, NB_POW)
     ok = parts < NB
-    if tl.load(G + row) != 0:
+    if _greedy(T, row, UNIT):
         m = tl.load(PM + row * NB + parts, mask=ok, other=float("-inf"))
         i = tl.load(PI + row * NB + parts, mask=ok, other=V)
     else:
@@ -104,15 +127,19 @@ def _pick_kernel(G, PM, PI, DM, DI, OUT, V, NB, NB_POW: tl.constexpr):
 
 
 def gumbel_argmax_triton(
-    x: torch.Tensor, temperature: torch.Tensor, keys: torch.Tensor, greedy: torch.Tensor
+    x: torch.Tensor, temperature: torch.Tensor, seed_lo: torch.Tensor, seed_hi: torch.Tensor, step: torch.Tensor,
+    unit: bool = False,
 ) -> torch.Tensor:
-    """x [B, V] float32, temperature [B] float32 (> 0 where drawn), keys [B] int64 (``noise.row_keys``), greedy [B]
-    bool -> [B] int64 token ids. Fixed-shape launches, no host read: capturable in a CUDA graph."""
+    """x [B, V] float32, temperature [B] float32, the rows' seed halves and steps [B] int64 (``SamplingBatch``'s)
+    -> [B] int64 token ids: rows at temperature < 1e-5 greedy, the others drawn at theirs (``unit``: every row drawn at
+    temperature 1, whatever its own). Fixed-shape launches, no host read: capturable in a CUDA graph."""
     B, V = x.shape
     if x.dtype != torch.float32 or x.stride(1) != 1:
         raise ValueError(f"gumbel_argmax: x must be float32 with unit column stride, got {x.dtype} {x.stride()}")
     if V == 0 or V > 2**32 - 0x9E3779B9:  # the token counter + 0x9E3779B9 stays below 2**32, as in int64
         raise ValueError(f"gumbel_argmax: vocabulary of {V} tokens out of range")
+    if temperature.dtype != torch.float32 or not all(t.dtype == torch.int64 for t in (seed_lo, seed_hi, step)):
+        raise ValueError("gumbel_argmax: temperature must be float32, the seeds and steps int64")
     NB = triton.cdiv(V, BLOCK)
     nb_pow = max(2, triton.next_power_of_2(NB))
     dev = x.device
@@ -122,10 +149,9 @@ def gumbel_argmax_triton(
     out = torch.empty(B, dtype=torch.int64, device=dev)
     if B == 0:
         return out
-    t = temperature.to(torch.float32).contiguous()
-    k = keys.to(torch.int64).contiguous()
-    g = greedy.contiguous().view(torch.uint8)  # (a view: no conversion kernel)
+    t, lo, hi, st = (v.contiguous() for v in (temperature, seed_lo, seed_hi, step))  # (views where they already are)
     _max_kernel[(B, NB)](x, pm, pi, V, x.stride(0), NB, BLOCK=BLOCK)
-    _draw_kernel[(B, NB)](x, t, k, g, pm, dm, di, V, x.stride(0), NB, NB_POW=nb_pow, BLOCK=BLOCK, PRECISE=_PRECISE)
-    _pick_kernel[(B,)](g, pm, pi, dm, di, out, V, NB, NB_POW=nb_pow)
+    _draw_kernel[(B, NB)](x, t, lo, hi, st, pm, dm, di, V, x.stride(0), NB, NB_POW=nb_pow, BLOCK=BLOCK,
+                          PRECISE=_PRECISE, UNIT=unit)  # fmt: skip
+    _pick_kernel[(B,)](t, pm, pi, dm, di, out, V, NB, NB_POW=nb_pow, UNIT=unit)
     return out

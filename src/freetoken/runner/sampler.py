@@ -114,10 +114,9 @@ def sample_batch(
         x = apply_bitmask(x, bitmask)
     if not f.draw:
         return _with_logprobs(Sampled(torch.argmax(x, dim=-1)), logits, f)
-    greedy = b.temperature < 1e-5
-    temp = torch.where(greedy, torch.ones_like(b.temperature), b.temperature)
-    keys = noise.row_keys(b.seed_lo, b.seed_hi, b.step)
     if f.cuts:
+        greedy = b.temperature < 1e-5
+        temp = torch.where(greedy, torch.ones_like(b.temperature), b.temperature)
         z = (x - x.max(dim=-1, keepdim=True).values) / temp[:, None]  # shifted: no overflow
         if f.nucleus and use_triton(z):
             from freetoken.kernels.nucleus_triton import nucleus_cut_triton
@@ -126,22 +125,27 @@ def sample_batch(
         else:
             z = _cut(z, b, f.top_k)
         # z's best is 0 and its temperature 1: the draw's own shift and division leave it as it is
-        drawn = gumbel_argmax(z, torch.ones_like(temp), keys, torch.zeros_like(greedy))
-        ids = torch.where(greedy, torch.argmax(x, dim=-1), drawn)
+        ids = torch.where(greedy, torch.argmax(x, dim=-1), gumbel_argmax(z, b, unit=True))
     else:
-        ids = gumbel_argmax(x, temp, keys, greedy)
+        ids = gumbel_argmax(x, b)
     return _with_logprobs(Sampled(ids), logits, f)
 
 
-def gumbel_argmax(x: torch.Tensor, temp: torch.Tensor, keys: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
-    """Per row of x [B, V]: greedy rows argmax x, the others argmax((x - max x) / temp + g), g the Gumbel noise of
-    the row's key (``noise.uniform``): the exponential race. One Triton pass on CUDA (``kernels/draw_triton.py``),
-    these torch ops (the reference) elsewhere."""
+def gumbel_argmax(x: torch.Tensor, b: SamplingBatch, unit: bool = False) -> torch.Tensor:
+    """Per row of x [B, V]: rows at temperature < 1e-5 argmax x, the others argmax((x - max x) / temp + g), g the
+    Gumbel noise of the row's key (``noise.row_keys`` of its seed and step; ``noise.uniform``): the exponential race.
+    ``unit``: every row drawn, at temperature 1. One Triton pass on CUDA (``kernels/draw_triton.py``, the keys
+    included), these torch ops (the reference) elsewhere."""
     if use_triton(x):
         from freetoken.kernels.draw_triton import gumbel_argmax_triton
 
-        return gumbel_argmax_triton(x, temp, keys, greedy)
-    return gumbel_argmax_reference(x, temp, keys, greedy)
+        return gumbel_argmax_triton(x, b.temperature, b.seed_lo, b.seed_hi, b.step, unit)
+    keys = noise.row_keys(b.seed_lo, b.seed_hi, b.step)
+    ones = torch.ones_like(b.temperature)
+    if unit:
+        return gumbel_argmax_reference(x, ones, keys, torch.zeros_like(ones, dtype=torch.bool))
+    greedy = b.temperature < 1e-5
+    return gumbel_argmax_reference(x, torch.where(greedy, ones, b.temperature), keys, greedy)
 
 
 def gumbel_argmax_reference(
