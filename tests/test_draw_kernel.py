@@ -26,7 +26,9 @@ NEAR = 1e-5
 Seeds = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # the rows' seed halves and steps, int64
 
 
-def _kernel(x: torch.Tensor, temp: torch.Tensor, seeds: Seeds, greedy: torch.Tensor, unit: bool = False) -> torch.Tensor:
+def _kernel(
+    x: torch.Tensor, temp: torch.Tensor, seeds: Seeds, greedy: torch.Tensor, unit: bool = False
+) -> torch.Tensor:
     """The kernel on x's device; greedy rows passed at temperature 0 (the kernel tells them by their temperature)."""
     from freetoken.kernels.draw_triton import gumbel_argmax_triton
 
