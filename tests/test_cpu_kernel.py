@@ -345,3 +345,17 @@ def test_build_drops_an_isa_the_compiler_cannot_build(monkeypatch: pytest.Monkey
     lib = ctypes.CDLL(str(build.library_path(CPU_EXPERTS, cache_dir=str(tmp_path))))
     assert lib.ft_isa_supported(ISAS.index("avx512bf16")) == 0
     assert lib.ft_isa_supported(ISAS.index("generic")) == 1
+
+
+def test_the_isa_units_run_nothing_when_the_library_loads() -> None:
+    """An ISA unit's code runs only on a CPU that has the ISA: none has a load-time initializer (a table built by a
+    global's constructor in an AVX-512 unit ran AVX-512 instructions at load and killed the process on AVX2 CPUs)."""
+    import shutil
+    import subprocess
+
+    _lib_or_skip()
+    if shutil.which("nm") is None:
+        pytest.skip("no nm")
+    symbols = subprocess.run(["nm", str(build.library_path(CPU_EXPERTS))], capture_output=True, text=True, check=True)
+    inits = [line.split()[-1] for line in symbols.stdout.splitlines() if "_GLOBAL__sub_I_" in line]
+    assert not [s for s in inits if "isa_avx" in s], inits

@@ -45,6 +45,8 @@ def main() -> None:
                     help="launch decode step N+1 before reading step N (EngineConfig.overlap_steps)")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--top", type=int, default=0, help="also print the N kernels of most launches per step")
+    ap.add_argument("--cprofile", type=int, default=0,
+                    help="instead: the host's Python functions over the steps (cProfile), the N of most own time")
     ap.add_argument("--host-ops", action="store_true",
                     help="also record the host's torch ops (their recording slows the host: the busy share drops)")
     args = ap.parse_args()
@@ -58,6 +60,17 @@ def main() -> None:
     for _ in range(20):
         eng.step()
     torch.cuda.synchronize()
+    if args.cprofile:
+        import cProfile
+        import pstats
+
+        prof_py = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof_py.runcall(lambda: [eng.step() for _ in range(args.steps)])
+        torch.cuda.synchronize()
+        print(f"{(time.perf_counter() - t0) / args.steps * 1e3:.2f} ms/step under cProfile")
+        pstats.Stats(prof_py).sort_stats("tottime").print_stats(args.cprofile)
+        return
     acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if args.host_ops else [ProfilerActivity.CUDA]
     with profile(activities=acts) as prof:
         t0 = time.perf_counter()

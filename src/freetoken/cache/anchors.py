@@ -54,6 +54,14 @@ def due_captures(items: Sequence[tuple[Any, int]], starts: Sequence[int] | None 
             for c in captures_in(req.captures, s, s + n)]  # fmt: skip
 
 
+def end_checkpoints(items: Sequence[tuple[Any, int]], starts: Sequence[int]) -> list[tuple[int, int]]:
+    """A decode step's due checkpoints (one new token a row: each is the state after its row's step) as (the row's
+    state slot, the checkpoint's slot): taken by copying the one into the other behind the step (``StatePool.copy``),
+    so the step itself runs as any decode step (from its CUDA graph)."""
+    return [(req.state_slot, slot) for (req, n), s in zip(items, starts, strict=True) if req.captures
+            for off, slot in captures_in(req.captures, s, s + n) if off == n == 1]  # fmt: skip
+
+
 def captures_in(captures: Sequence[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
     """The planned checkpoints (position, slot) a step computing positions [start, end) takes, as (tokens into
     the step, slot)."""

@@ -19,7 +19,7 @@ next owner starts them over in stream order (a slot from zeros or a restored che
 its request is finished.
 
 The next step is launched ahead only for a batch of the same running requests, each decoding one token, with
-no grammar-constrained row (its bitmask needs the token), no state checkpoint due (those run eagerly), no request
+no grammar-constrained row (its bitmask needs the token; a state checkpoint due is a copy behind the step), no request
 waiting for room to join, no layer-major prefill in flight, no memory resize wanted, a backend whose per-step
 host work may run ahead (``ExpertBackend.runs_ahead``) and KV pages for the extra position allocated first. A
 request known to finish at the step in flight (its length limit) is left out of the next launch. Otherwise the
@@ -34,7 +34,6 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from freetoken.cache.anchors import due_captures
 from freetoken.cache.state_pool import StatePool
 from freetoken.engine.elastic import ElasticMemory
 from freetoken.engine.kv_manager import KVManager
@@ -131,8 +130,6 @@ class StepOverlap:
             return None, []
         items = [(step.items[i][0], 1) for i in rows]
         starts = [step.starts[i] + 1 for i in rows]
-        if due_captures(items, starts):
-            return None, []  # a state checkpoint: taken by an eager step at the serial boundary
         if not all(e.pages.grow(req, 2) for req, _ in items):  # the page for the position after (no preemption)
             return None, []
         try:

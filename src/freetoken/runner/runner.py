@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-from freetoken.cache.anchors import captures_in, due_captures
+from freetoken.cache.anchors import captures_in, end_checkpoints
 from freetoken.cache.kv_pool import KVPool
 from freetoken.experts.base import ExpertBackend
 from freetoken.kernels.attention import DecodeMeta, PrefillMeta
@@ -52,8 +52,9 @@ class ModelRunner:
         slots: list[int] = []
         last_rows: list[int] = []
         seqs: list[SeqAttn] = []
-        # a state checkpoint is taken per sequence: a step that takes one runs as a prefill step
-        decode = all(n == 1 for _, n in items) and not any(due_captures(items, starts))
+        # a decode step's state checkpoints are copies behind it (``take_end_checkpoints``); a longer step's, per
+        # sequence by its layers (``SeqAttn.captures``)
+        decode = all(n == 1 for _, n in items)
         for (req, n), start in zip(items, starts):
             end = start + n
             q_start = len(ids)
@@ -138,11 +139,19 @@ class ModelRunner:
         if self.backend is not None:
             self.backend.begin_step(len(items), True)
         logits = self.model.logits(self.model.forward(input_ids, batch, self.kv))
+        self.take_end_checkpoints(items, starts)
         reqs = [req for req, _ in items]
         ahead = 0 if prev is None else 1
         sampled = self.sampler.sample_on_device(reqs, logits, ahead)
         blocking = self.backend is not None and self.backend.cpu_busy_in_step
         return launched(items, starts, pack(sampled, sampled.logprob is not None), blocking=blocking)
+
+    def take_end_checkpoints(self, items: Sequence[tuple[R, int]], starts: list[int]) -> None:
+        """A decode step's due state checkpoints (``anchors.end_checkpoints``), queued behind the step it follows."""
+        states = self.model.states
+        if states is not None:
+            for src, dst in end_checkpoints(items, starts):
+                states.copy(src, dst)
 
     def _cpu_threads(self, tokens: int) -> None:
         """On a CPU device, steps of a few tokens use one intra-op thread: their ops are too small to
@@ -160,6 +169,8 @@ class ModelRunner:
             is_decode = all(n == 1 for _, n in items)
             self.backend.begin_step(int(input_ids.shape[0]), is_decode)
         hidden = self.model.forward(input_ids, batch, self.kv)
+        if batch.decode is not None:
+            self.take_end_checkpoints(items, [req.num_computed_tokens for req, _ in items])
         sampling = [
             (req, row) for (req, n), row in zip(items, last_rows) if req.num_computed_tokens + n == req.num_tokens
         ]

@@ -24,12 +24,13 @@ every sampler stage is fixed-shape device work (``sampler.py``: counter-based no
 generator state; penalties by gathers and scatters): no stage reads a device value on the host. A (bucket, stages)
 graph is captured on its first use: that step runs eagerly on the static buffers (its result is the step's; it
 compiles the kernels), then the capture records it; later steps replay it. So with no fallback,
-``replays == decode_steps - captures``. Which (bucket, page-table width) a step runs in: ``graph_shapes.py``.
+``replays == decode_steps - captures``. Which (bucket, page-table width) a step runs in: ``graph_shapes.py``. A
+step whose rows reach a state checkpoint runs from its graph too: each checkpoint is the state after its row's token,
+copied into the checkpoint's slot behind the replay (``anchors.end_checkpoints``).
 
 A decode step that runs eagerly although graphs are on is a fallback, counted by reason (``FALLBACKS``;
 ``stats()``: ``step_graph_eager_fallbacks`` and per reason) and logged once per reason: a batch past the largest
-bucket, a backend that cannot capture it, a state checkpoint due (taken per sequence), a (bucket, stages) whose
-capture failed (its steps stay eager; other graphs go on), a capture out of memory (retried after
+bucket, a backend that cannot capture it, a (bucket, stages) whose capture failed (its steps stay eager; other graphs go on), a capture out of memory (retried after
 ``RETRY_AFTER`` steps), a step retried alone after a batched step failed, graphs turned off.
 """
 
@@ -42,7 +43,7 @@ from typing import Any, Protocol
 
 import torch
 
-from freetoken.cache.anchors import due_captures
+from freetoken.cache.anchors import end_checkpoints
 from freetoken.cache.kv_pool import KVPool
 from freetoken.experts.base import ExpertBackend
 from freetoken.hardware.device_memory import release_deferred
@@ -63,7 +64,6 @@ FALLBACKS = {
     "disabled": "step graphs are turned off",
     "past_buckets": "the batch is past the largest bucket",
     "backend": "the MoE backend cannot capture this step",
-    "state_checkpoint": "a state checkpoint is due (taken per sequence, eagerly)",
     "capture_failed": "the capture of this bucket and sampler stages failed",
     "capture_oom": "the capture ran out of device memory (tried again later)",
     "retried_alone": "a batched step failed; its rows are retried one by one",
@@ -125,8 +125,6 @@ class StepGraphs:
         b = self.bucket(len(items))
         if not self.enabled:
             return "disabled", ""
-        if due_captures(items, starts):
-            return "state_checkpoint", ""
         if b is None:
             return "past_buckets", f"{len(items)} rows, largest bucket {self.buckets[-1]}"
         if self.backend is not None and not self.backend.step_capturable(b, self.top_k):
@@ -191,6 +189,9 @@ class StepGraphs:
             captured[0].replay()
             self.replays += 1
             out = captured[1]
+        if self.model.states is not None:
+            for src, dst in end_checkpoints(items, starts):
+                self.model.states.copy(src, dst)
         blocking = self.backend is not None and self.backend.cpu_busy_in_step
         back = host.out[: out.numel()].view(out.shape)
         if out.device.type != "cuda":  # (tests on a CPU) the copy back that ``launched`` queues on CUDA: the graph's

@@ -33,20 +33,35 @@ struct FmtFP8 {
   static inline float at(Row r, int64_t k) { return fp8_to_f32(r[k]) * (1.f / 256.f); }
 };
 
-// Scale decode tables of the FP4 formats (this TU's own): e4m3 codes (NVFP4) and e8m0 codes (MXFP4) -> fp32, each
-// times 0.5, which undoes load_e2m1x2's doubling (exact: powers of two).
+// Scale decode tables of the FP4 formats: e4m3 codes (NVFP4) and e8m0 codes (MXFP4) -> fp32, each times 0.5, which
+// undoes load_e2m1x2's doubling (exact: powers of two). Built at compile time (constexpr, from fp8_to_f32's exact
+// values): a table built when the library loads would run this ISA's instructions in its initializer, on every CPU
+// (an AVX-512 one: SIGILL on an AVX2 machine).
+constexpr float fp4_pow2(int n) {  // 2^n, exact (subnormals included)
+  float f = 1.f;
+  for (; n > 0; --n) f *= 2.f;
+  for (; n < 0; ++n) f *= 0.5f;
+  return f;
+}
+constexpr float fp4_e4m3_value(int i) {  // = fp8_to_f32(i) (the NaN codes as +-480)
+  const int e = (i >> 3) & 15, m = i & 7;
+  const float f = e ? (1.f + m / 8.f) * fp4_pow2(e - 7) : m / 512.f;
+  return (i & 0x80) ? -f : f;
+}
+constexpr float fp4_e8m0_value(int i) {  // 2^(i - 127); 255 (NaN in OCP's e8m0) as +inf, as the bit pattern 0x7F800000
+  return i == 255 ? __builtin_huge_valf() : fp4_pow2(i - 127);
+}
 struct Fp4ScaleTables {
   float e4m3[256], e8m0[256], e8m0_half[256];
-  Fp4ScaleTables() {
+  constexpr Fp4ScaleTables() : e4m3(), e8m0(), e8m0_half() {
     for (int i = 0; i < 256; ++i) {
-      e4m3[i] = fp8_to_f32(static_cast<uint8_t>(i));
-      const uint32_t u = i == 0 ? 0x00400000u : i == 255 ? 0x7F800000u : static_cast<uint32_t>(i) << 23;  // 2^(i-127)
-      __builtin_memcpy(&e8m0[i], &u, 4);
+      e4m3[i] = fp4_e4m3_value(i);
+      e8m0[i] = fp4_e8m0_value(i);
       e8m0_half[i] = e8m0[i] * 0.5f;
     }
   }
 };
-static const Fp4ScaleTables kFp4Scales;
+static constexpr Fp4ScaleTables kFp4Scales{};
 
 // A FP4 row: its packed bytes, its scale row, and (NVFP4) the tensor's multiplier from the scale row's tail.
 struct Fp4Row {
