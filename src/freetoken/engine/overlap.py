@@ -18,15 +18,15 @@ next owner starts them over in stream order (a slot from zeros or a restored che
 ``PenaltyState.reset``). A request that survives is never stepped twice: a launched row is always committed or
 its request is finished.
 
-The next step is launched ahead only for a batch of the same running requests, each decoding one token, with
-no grammar-constrained row (its bitmask needs the token; a state checkpoint due is a copy behind the step), no request
-waiting for room to join, no layer-major prefill in flight, no memory resize wanted, a backend whose per-step
-host work may run ahead (``ExpertBackend.runs_ahead``) and KV pages for the extra position allocated first. A
-request known to finish at the step in flight (its length limit) is left out of the next launch. Otherwise the
-in-flight step is read alone, and the engine's next step is a serial boundary: scheduling (requests join,
-prefill chunks, preemption) happens only there. A launch ahead that fails turns overlap off; its rows are computed
-again by serial steps (with recurrent states, which the failure may have advanced part of the way, each of its
-requests is preempted once the step in flight is read: recomputed from its cached prefix and checkpoint).
+The next step is launched ahead only for a batch of the same running requests, each decoding one token, with no
+grammar-constrained row (its bitmask needs the token), no state checkpoint due (its copy follows a serial step, whose
+row is never discarded), no request waiting for room to join, no layer-major prefill in flight, no memory resize wanted,
+a backend whose per-step host work may run ahead (``ExpertBackend.runs_ahead``) and KV pages for the extra position
+allocated first. A request known to finish at the step in flight (its length limit) is left out of the next launch.
+Otherwise the in-flight step is read alone, and the engine's next step is a serial boundary: scheduling (requests join,
+prefill chunks, preemption) happens only there. A launch ahead that fails turns overlap off; its rows are computed again
+by serial steps (with recurrent states, which the failure may have advanced part of the way, each of its requests is
+preempted once the step in flight is read: recomputed from its cached prefix and checkpoint).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
+from freetoken.cache.anchors import due_captures
 from freetoken.cache.state_pool import StatePool
 from freetoken.engine.elastic import ElasticMemory
 from freetoken.engine.kv_manager import KVManager
@@ -130,6 +131,10 @@ class StepOverlap:
             return None, []
         items = [(step.items[i][0], 1) for i in rows]
         starts = [step.starts[i] + 1 for i in rows]
+        if due_captures(items, starts):
+            # a state checkpoint: its copy is taken behind a serial step, whose row is committed (a row launched
+            # ahead may be discarded, and its state must not reach the checkpoint)
+            return None, []
         if not all(e.pages.grow(req, 2) for req, _ in items):  # the page for the position after (no preemption)
             return None, []
         try:

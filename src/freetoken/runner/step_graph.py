@@ -28,10 +28,11 @@ compiles the kernels), then the capture records it; later steps replay it. So wi
 step whose rows reach a state checkpoint runs from its graph too: each checkpoint is the state after its row's token,
 copied into the checkpoint's slot behind the replay (``anchors.end_checkpoints``).
 
-A decode step that runs eagerly although graphs are on is a fallback, counted by reason (``FALLBACKS``;
-``stats()``: ``step_graph_eager_fallbacks`` and per reason) and logged once per reason: a batch past the largest
-bucket, a backend that cannot capture it, a (bucket, stages) whose capture failed (its steps stay eager; other graphs go on), a capture out of memory (retried after
-``RETRY_AFTER`` steps), a step retried alone after a batched step failed, graphs turned off.
+A decode step that runs eagerly although graphs are on is a fallback, counted by reason (``FALLBACKS``; ``stats()``:
+``step_graph_eager_fallbacks`` and per reason) and logged once per reason: a batch past the largest bucket, a backend
+that cannot capture it, a (bucket, stages) whose capture failed (its steps stay eager; other graphs go on), a capture
+out of memory (retried after ``RETRY_AFTER`` steps), a step retried alone after a batched step failed, graphs turned
+off.
 """
 
 from __future__ import annotations
