@@ -55,17 +55,12 @@ class Case:
     same_as_eager: bool
 
     @property
-    def by_design(self) -> int:
-        """Eager steps that take a state checkpoint (per sequence, by design; models with state slots only)."""
-        return self.reasons.get("state_checkpoint", 0)
-
-    @property
     def replays_match(self) -> bool:
-        return self.replays == self.decode_steps - self.captures - self.by_design
+        return self.replays == self.decode_steps - self.captures
 
     @property
     def ok(self) -> bool:
-        return self.decode_steps > 0 and self.fallbacks == self.by_design and self.replays_match and self.same_as_eager
+        return self.decode_steps > 0 and self.fallbacks == 0 and self.replays_match and self.same_as_eager
 
     def row(self) -> str:
         cells = (self.bucket, self.feature, self.decode_steps, self.captures, self.replays, self.fallbacks,
@@ -76,7 +71,7 @@ class Case:
 
 HEADER = (
     "| bucket | features | decode steps | captures | replays | eager fallbacks | replays == steps - captures "
-    "(- state checkpoints) | tokens == eager |"
+    "| tokens == eager |"
 )
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from capture_check import cpu_step_graph_host, fake_step_graphs
 from freetoken import LLM, SamplingParams
 from freetoken.bench.agent_edits import common_prefix
 from freetoken.cache.anchors import Anchors
@@ -161,13 +162,19 @@ def test_an_empty_checkpoint_pool_is_refused():
         EngineConfig(state_checkpoints=-1)
 
 
-def test_next_turn_resumes_after_the_reply(ckpt):
+@pytest.mark.parametrize("graphed", [False, True])
+def test_next_turn_resumes_after_the_reply(ckpt, graphed: bool, monkeypatch: pytest.MonkeyPatch):
     """The state after the request's own reply (to its last whole page) is checkpointed when it finishes: the next
     turn, which sends the reply back, re-prefills only its new suffix (and less than a page), with the logits of a
-    fresh full prefill."""
+    fresh full prefill. ``graphed``: the reply's decode steps run from the step graphs (under the capture checker),
+    its checkpoints as copies behind the replays, none eagerly."""
     d, sp = ckpt
     first, _ = _turns(sp)
-    llm = LLM(model=str(d), device="cpu", dtype="float32", page_size=PAGE)
+    if graphed:
+        cpu_step_graph_host(monkeypatch)
+    llm = LLM(model=str(d), device="cpu", dtype="float32", page_size=PAGE, overlap_steps=True)
+    if graphed:
+        fake_step_graphs(llm, monkeypatch, recurrent=True)
     reply = llm.generate([first], SamplingParams(temperature=0.0, max_tokens=23, ignore_eos=True))[0].token_ids
     g = torch.Generator().manual_seed(5)
     S, E = sp["<|im_start|>"], sp["<|im_end|>"]
@@ -179,7 +186,10 @@ def test_next_turn_resumes_after_the_reply(ckpt):
     model.logits = lambda h: seen.append(real_logits(h)) or seen[-1]  # type: ignore[method-assign]
     before = llm.stats()
     llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
-    refilled = llm.stats()["prefill_tokens"] - before["prefill_tokens"]
+    stats = llm.stats()
+    refilled = stats["prefill_tokens"] - before["prefill_tokens"]
+    if graphed:  # the 23 steps crossed 5 page boundaries
+        assert stats["step_graph_replays"] >= 20 and stats["step_graph_eager_fallbacks"] == 0, stats
     suffix = len(prompt) - len(first) - len(reply)
     assert refilled <= suffix + PAGE, (refilled, suffix)
     assert_close_logits(seen[-1][0].cpu(), fresh)
