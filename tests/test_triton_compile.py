@@ -193,10 +193,14 @@ def test_triton_kernels_compile(arch: int) -> None:
     # the sampler's draw (Qwen's vocabulary of 151,936: 75 blocks of 2048)
     parts = {"V": "i32", "stride": "i32", "NB": "i32"}
     cases.append((draw_triton._max_kernel, {"X": "*fp32", "PM": "*fp32", "PI": "*i32", **parts}, {"BLOCK": 2048}))
-    draw = {"X": "*fp32", "T": "*fp32", "K": i64, "G": "*u8", "PM": "*fp32", "DM": "*fp32", "DI": "*i32", **parts}
-    cases.append((draw_triton._draw_kernel, draw, {"NB_POW": 128, "BLOCK": 2048, "PRECISE": True}))
-    pick = {"G": "*u8", "PM": "*fp32", "PI": "*i32", "DM": "*fp32", "DI": "*i32", "OUT": i64, "V": "i32", "NB": "i32"}
-    cases.append((draw_triton._pick_kernel, pick, {"NB_POW": 128}))
+    draw = {"X": "*fp32", "T": "*fp32", "LO": i64, "HI": i64, "STEP": i64, "PM": "*fp32", "DM": "*fp32",
+            "DI": "*i32", **parts}  # fmt: skip
+    for unit in (False, True):
+        cases.append((draw_triton._draw_kernel, draw, {"NB_POW": 128, "BLOCK": 2048, "PRECISE": True, "UNIT": unit}))
+    pick = {"T": "*fp32", "PM": "*fp32", "PI": "*i32", "DM": "*fp32", "DI": "*i32", "OUT": i64, "V": "i32",
+            "NB": "i32"}  # fmt: skip
+    for unit in (False, True):
+        cases.append((draw_triton._pick_kernel, pick, {"NB_POW": 128, "UNIT": unit}))
     # its top-p / min-p cut without a sort: the first, a middle and the masking pass
     hist = {"Z": "*fp32", "TP": "*fp32", "PH": "*fp32", "PC": "*i32", "SP": i64, "SA": "*fp32", "SS": "*fp32",
             "V": "i32", "stride": "i32", "B": "i32", "NB": "i32"}  # fmt: skip
