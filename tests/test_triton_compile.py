@@ -169,7 +169,7 @@ def test_triton_kernels_compile(arch: int) -> None:
               "D": "i32"}  # fmt: skip
     for e, k in ((128, 8), (512, 10)):
         consts = {"K": k, "BT": 16, "BE": 16, "BD": 128, "KS": 4, "BLOCK_E": e, "BLOCK_K": 16 if k > 8 else 8,
-                  "NORM": True, "ACT": triton.language.bfloat16, "PREC": "tf32"}  # fmt: skip
+                  "NORM": True, "ACT": triton.language.bfloat16, "PREC": "tf32", "BTT": 2}  # fmt: skip
         cases.append((router_triton._linear_route_kernel, lroute, consts))
     grp = {"ids_ptr": i64, "K": "i32", "layer_off": "i32", "N": "i32", "i64_out": i64, "b_out": "*u8"}
     cases.append((plan_triton._group_kernel, grp, {"KB": 32}))

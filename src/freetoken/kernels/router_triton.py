@@ -6,7 +6,8 @@ model renormalises, then rounded to the activation dtype (as the reference casts
 and returned in float32. ``route_triton``: a program per token, on given logits. ``route_linear_triton`` (decode
 sizes): the router's GEMM in the same launch — program (i, s) computes the partial logits of experts i*BE.. over
 its share s of the hidden dim for every token, and the last program to finish (a ticket) sums the shares in order,
-rounds the logits to the activation dtype (as ``F.linear`` returns them) and routes every token at once.
+rounds the logits to the activation dtype (as ``F.linear`` returns them) and routes every token at once (over the T
+rows only, not the GEMM tile's 16: the tail runs alone, after every other program).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def route_triton(
 def _linear_route_kernel(
     X, RW, L, IDS, W, TK, T, E, D,
     K: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr, BD: tl.constexpr, KS: tl.constexpr, BLOCK_E: tl.constexpr,
-    BLOCK_K: tl.constexpr, NORM: tl.constexpr, ACT: tl.constexpr, PREC: tl.constexpr,
+    BLOCK_K: tl.constexpr, NORM: tl.constexpr, ACT: tl.constexpr, PREC: tl.constexpr, BTT: tl.constexpr,
 ):  # fmt: skip
     e0 = tl.program_id(0) * BE
     ks = tl.program_id(1)  # this program's share of the reduction (split-K: more programs stream the weights)
@@ -91,20 +92,23 @@ def _linear_route_kernel(
     tl.store(L + (ks * BT + t[:, None]) * E + ev[None, :], acc, mask=tmask[:, None] & emask[None, :])
     tl.debug_barrier()  # every thread's partial logits stored before the ticket releases them
     if tl.atomic_add(TK, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) * KS - 1:
+        # the routing of the T tokens only (BTT = T rounded up to a power of two; the GEMM's tile has 16 rows)
+        tr = tl.arange(0, BTT)
+        trm = tr < T
         e = tl.arange(0, BLOCK_E)
-        am = tmask[:, None] & (e[None, :] < E)
-        logit = tl.zeros((BT, BLOCK_E), tl.float32)
+        am = trm[:, None] & (e[None, :] < E)
+        logit = tl.zeros((BTT, BLOCK_E), tl.float32)
         for j in tl.static_range(KS):  # the partials in a fixed order, then rounded as F.linear's output
-            logit += tl.load(L + (j * BT + t[:, None]) * E + e[None, :], mask=am, other=0.0, cache_modifier=".cg")
+            logit += tl.load(L + (j * BT + tr[:, None]) * E + e[None, :], mask=am, other=0.0, cache_modifier=".cg")
         logit = tl.where(am, logit.to(ACT).to(tl.float32), float("-inf"))
-        logit = tl.where(tmask[:, None], logit, 0.0)  # padding rows: finite, never stored
+        logit = tl.where(trm[:, None], logit, 0.0)  # padding rows: finite, never stored
         p = tl.exp(logit - tl.max(logit, 1)[:, None])
         p = tl.where(am, p, 0.0)
-        p = p / tl.where(tmask, tl.sum(p, 1), 1.0)[:, None]
+        p = p / tl.where(trm, tl.sum(p, 1), 1.0)[:, None]
         p = tl.where(am, p, -1.0)
         kk = tl.arange(0, BLOCK_K)
-        ids = tl.zeros((BT, BLOCK_K), tl.int64)
-        ws = tl.zeros((BT, BLOCK_K), tl.float32)
+        ids = tl.zeros((BTT, BLOCK_K), tl.int64)
+        ws = tl.zeros((BTT, BLOCK_K), tl.float32)
         for j in tl.static_range(K):
             top = tl.max(p, 1)
             idx = tl.min(tl.where(p == top[:, None], e[None, :], BLOCK_E), 1)
@@ -114,9 +118,9 @@ def _linear_route_kernel(
         if NORM:
             ws = ws / tl.sum(tl.where(kk[None, :] < K, ws, 0.0), 1)[:, None]
         ws = ws.to(ACT).to(tl.float32)
-        om = tmask[:, None] & (kk[None, :] < K)
-        tl.store(IDS + t[:, None] * K + kk[None, :], ids, mask=om)
-        tl.store(W + t[:, None] * K + kk[None, :], ws, mask=om)
+        om = trm[:, None] & (kk[None, :] < K)
+        tl.store(IDS + tr[:, None] * K + kk[None, :], ids, mask=om)
+        tl.store(W + tr[:, None] * K + kk[None, :], ws, mask=om)
         tl.store(TK, 0)  # ready for the next launch
 
 
@@ -143,6 +147,6 @@ def route_linear_triton(
         x, router, partial, ids, w, tickets(x.device, 1, "route"), T, E, D,
         K=top_k, BT=16, BE=_BE, BD=_BD, KS=ks, BLOCK_E=triton.next_power_of_2(E),
         BLOCK_K=max(2, triton.next_power_of_2(top_k)), NORM=norm_topk, ACT=_TL[x.dtype],
-        PREC="ieee" if x.dtype == torch.float32 else "tf32",
+        PREC="ieee" if x.dtype == torch.float32 else "tf32", BTT=max(2, triton.next_power_of_2(T)),
     )  # fmt: skip
     return ids, w
