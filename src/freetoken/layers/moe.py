@@ -59,9 +59,9 @@ class MoELayer:
         if self.down_bias is not None:
             out = out + routed_down_bias(self.down_bias, ids, w).to(out.dtype)
         if self.shared is not None:
-            s = self.shared.forward(x)
+            s, logit = self.shared.forward_with_extra(x)  # the gate's logit from the shared input GEMM when fused
             if self.shared_gate is not None:
-                s = torch.sigmoid(F.linear(x, self.shared_gate)) * s
+                s = torch.sigmoid(logit if logit is not None else F.linear(x, self.shared_gate)) * s
             out = out + s
         return out
 

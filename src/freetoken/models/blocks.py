@@ -11,7 +11,7 @@ import torch
 from freetoken.checkpoint.hf_config import HFConfig, RopeConfig
 from freetoken.checkpoint.weights import CheckpointWeights
 from freetoken.layers.attention import Attention, AttentionWeights
-from freetoken.layers.mlp import DenseMLP
+from freetoken.layers.mlp import DenseMLP, fuse_inputs
 from freetoken.layers.rope import Rotary
 from freetoken.layers.window_attention import WindowAttention
 from freetoken.models.base import Family
@@ -135,7 +135,7 @@ def moe_parts(w: CheckpointWeights, fam: Family, hf: HFConfig, i: int) -> MoEPar
     shared = shared_gate = None
     if n.shared_expert and hf.shared_expert_intermediate_size:
         shared = dense_mlp(w, mp + n.shared_expert, D, hf.shared_expert_intermediate_size)
-        shared_gate = w.opt(mp + (n.shared_expert_gate or ""), (1, D))
+        shared, shared_gate = fuse_inputs(shared, w.opt(mp + (n.shared_expert_gate or ""), (1, D)))
     if fam.routing == "sigmoid":
         # sigmoid routing runs its GEMM in float32 as the references do: the router kept in float32 (no cast a
         # step); the correction bias too (its differences between experts are far below bf16's resolution)
