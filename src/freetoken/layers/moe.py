@@ -60,9 +60,10 @@ class MoELayer:
             out = out + routed_down_bias(self.down_bias, ids, w).to(out.dtype)
         if self.shared is not None:
             s, logit = self.shared.forward_with_extra(x)  # the gate's logit from the shared input GEMM when fused
-            if self.shared_gate is not None:
-                s = torch.sigmoid(logit if logit is not None else F.linear(x, self.shared_gate)) * s
-            out = out + s
+            if self.shared_gate is None:
+                return out + s
+            gate = torch.sigmoid(logit if logit is not None else F.linear(x, self.shared_gate))
+            return torch.addcmul(out, gate, s)  # out + gate * s in one launch
         return out
 
 
