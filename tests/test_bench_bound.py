@@ -143,3 +143,14 @@ def test_a_row_with_layer_counts_is_bounded_per_layer() -> None:
     split = row_bound(row, 2, fused_tok_s)
     assert mean is not None and split is not None
     assert mean.step_s == pytest.approx(2e-3) and split.step_s == pytest.approx(3e-3)
+
+
+def test_the_graph_cell_names_each_eager_step_by_its_reason() -> None:
+    """A row's eager decode steps (fallbacks off the step graphs) are shown beside its replays, by reason: a model
+    whose every 16th step ran eagerly (its state checkpoints, before they were copies) read 0.37x the Qwen3 shape."""
+    from freetoken.bench.e2e_row import Row
+
+    plain = Row("fused", 6, 1, 900.0, None, 140, [900.0])
+    assert plain.graph_cell() == "140"
+    eager = replace(plain, eager_steps={"state_checkpoint": 9, "backend": 2})
+    assert eager.graph_cell() == "140; 2 eager (backend), 9 eager (state_checkpoint)"

@@ -146,11 +146,15 @@ def decode_row(
     seen = st.get("expert_hits", 0) + st.get("expert_fills", 0) + st.get("expert_cpu_runs", 0)
     hits = st.get("expert_hits", 0) / seen if seen else None
     moe = moe_only_tok_s(llm, batch, args.moe_steps, args.routing_trace, 0) if args.moe_only else None
-    replays = int(llm.stats().get("step_graph_replays", 0))
+    after = llm.stats()
+    replays = int(after.get("step_graph_replays", 0))
+    reasons0 = before.get("step_graph_eager_fallback_reasons", {})
+    eager = {k: int(v) - int(reasons0.get(k, 0)) for k, v in after.get("step_graph_eager_fallback_reasons", {}).items()}
     r = Row(policy, threads, batch, statistics.median(runs), moe, replays, runs, hits,
             len(llm.engine.hf.moe_layer_ids), str(llm.stats().get("moe_backend", "")),
             expert_bytes=e2e_bound.expert_bytes_of(llm), peer_runs=peer_runs, peer_n_cpu_moe=peer_ncm,
-            prefetched=int(st.get("expert_prefetches", 0)))  # fmt: skip
+            prefetched=int(st.get("expert_prefetches", 0)),
+            eager_steps={k: v for k, v in eager.items() if v})  # fmt: skip
     for b, a in zip(timed[::2], timed[1::2]):
         for k, v in e2e_bound.timed_counts(b, a).items():
             r.counts[k] = r.counts.get(k, 0) + v
@@ -251,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
             ratio = f"{r.ratio:.2f}" if r.ratio else "–"
             hit = "–" if r.hit_rate is None else f"{r.hit_rate:.2f}"
             print(f"| {r.threads or 'default'} | {r.policy} | {r.batch} | {r.e2e_tok_s:.1f} ({runs_s}) | {moe_s} "
-                  f"| {ratio} | {r.step_graph_replays} | {hit} | {e2e_bound.cells(r)} |")  # fmt: skip
+                  f"| {ratio} | {r.graph_cell()} | {hit} | {e2e_bound.cells(r)} |")  # fmt: skip
     for r in rows:  # models whose first layers route by token id (DeepSeek-V4): the prefetch's effect, per layer
         per_layer = r.layer_misses_per_step()
         if r.prefetched and per_layer:

@@ -47,6 +47,13 @@ class Row:
     peer_runs: list[float] = field(default_factory=list)  # llama-bench tok/s, alternating with ``runs``
     peer_n_cpu_moe: int | None = None
     prefetched: int = 0  # experts filled ahead of their layer (hash layers routed by token id), whole run
+    eager_steps: dict[str, int] = field(default_factory=dict)  # decode steps eager though graphs are on, by reason
+
+    def graph_cell(self) -> str:
+        """The table's step-graph cell: replays, and the row's eager decode steps by reason (each a fallback: a step
+        off the graph costs the host's launches, ms on a big model)."""
+        eager = ", ".join(f"{n} eager ({why})" for why, n in sorted(self.eager_steps.items()))
+        return f"{self.step_graph_replays}" + (f"; {eager}" if eager else "")
 
     def layer_misses_per_step(self) -> list[float]:
         """Each MoE layer's misses per timed step ([] without per-layer counts): a prefetched layer's is 0."""
