@@ -46,8 +46,6 @@ static void run(const char* fmt, int64_t K) {
   std::vector<float> qs(K / 32);
 #ifdef FT_FP4_Q16I
   ft::quantize_q16i(x.data(), 0, K, K, q.data(), qs.data());
-#else
-  ft::quantize_q16(x.data(), K, q.data(), qs.data());
 #endif
   const ft::Bank bank{w.data(), s.data()};
   Operands o{};

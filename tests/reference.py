@@ -92,7 +92,7 @@ def _reference_greedy(model, prompt: list[int], steps: int, top_k: int | None) -
 
 def fp4_logit_rel() -> float:
     """``assert_close_logits``' relative tolerance for FP4 experts run by the C++ kernel on this machine: its AVX2 and
-    AVX-512 paths dot int16 operand blocks (``quantize_q16``: 3-6e-5 of a product's max each; 1.1-2.4e-4 of the
+    AVX-512 paths dot int16 operand blocks (``quantize_q16i``: 3-6e-5 of a product's max each; 1.1-2.4e-4 of the
     logits' max after the tiny gpt-oss's and DeepSeek-V4's layers), the AVX512-BF16 path a bf16 hi/lo split (~5e-6),
     whichever ISA the engine takes for FP4 banks here (``auto_isa``: the AVX-512 integer path on Intel cores with
     AVX-512, the best ISA elsewhere)."""

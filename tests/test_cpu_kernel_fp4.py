@@ -47,7 +47,7 @@ def make_fp4_case(fmt: WeightFormat, T: int, D: int, inter: int, N: int, R: int,
 def _close(out: torch.Tensor, ref: torch.Tensor, isa: str) -> None:
     # float32 paths: summation order only (the dequantised values are exact); AVX512-BF16 takes the FP4 codes as bf16
     # (exact) against the operand's bf16 hi/lo halves (~16 mantissa bits), as for bf16 banks (test_cpu_kernel.py);
-    # AVX2 and AVX-512 against the operand as int16 per 32-block of its max (quantize_q16: measured 2.6-6.4e-5 of the
+    # AVX2 and AVX-512 against the operand as int16 per 32-block of its max (quantize_q16i: measured 2.6-6.4e-5 of the
     # max here)
     tol = {"avx512bf16": 5e-5, "avx2": 1e-4, "avx512": 1e-4}.get(isa, 2e-6) * max(1.0, float(ref.abs().max()))
     err = float((out - ref).abs().max())

@@ -1,17 +1,13 @@
-// FP4 rows (MXFP4, NVFP4) on AVX2, in integers: the operand arrives as int16 blocks of 32 with one fp32 scale each
-// (quantize_q16, kernel_api.h: |error| <= half the block's max / 32767; measured 3-6e-5 of the output's max, where
-// the AVX512-BF16 path's bf16 hi/lo split gives ~5e-6), and a 32-code block's dot product is exact in int32: the nibbles index a 16-entry int8
-// table of the doubled e2m1 values (vpshufb: the low nibbles give the even codes, the high ones the odd codes, which
-// is why the operand stores a block's even elements first), vpmovsxbw widens them, and vpmaddwd multiplies and adds
+// FP4 rows (MXFP4, NVFP4) in integers, 32 codes at a time: the rows' tails past their last whole 128-code block on the
+// AVX2 and AVX-512 paths (dot_fp4_avx2i.h, dot_fp4_avx512.h), against the operand's int16 blocks of 32 with one fp32
+// scale each (quantize_q16i, kernel_api.h, which lays a tail block's even elements first, then its odd ones:
+// fp4_q16_pos; |error| <= half the block's max / 32767, measured 3-6e-5 of the output's max). A 32-code block's dot
+// product is exact in int32: the nibbles index a 16-entry int8 table of the doubled e2m1 values (vpshufb: the low
+// nibbles give the even codes, the high ones the odd codes), vpmovsxbw widens them, and vpmaddwd multiplies and adds
 // pairs (|sum| <= 32 * 12 * 32767 < 2^24: exact as fp32 too). int32 lane j then holds codes 4j, 4j + 2 (even) plus
-// 4j + 1, 4j + 3 (odd): MXFP4's one group, or NVFP4's first group in lanes 0-3 and its second in lanes 4-7. One
-// FMA by (group scale x block scale) per block. Per 32 codes: 3 nibble ops, 2 shuffles, 2 widenings, 2 vpmaddwd,
-// an add, a conversion and an FMA, where the fp32 decode took 4 instructions and an FMA per 8 codes plus a
-// broadcast. Included by dot_impl.h inside the AVX2 and AVX-512 namespaces (FT_FP4_Q16), after FmtFP4; 256-bit
-// throughout (the AVX-512 path takes its 32-code form for the rows' tails, dot_fp4_avx512.h the rest).
-//
-// Every row keeps the same accumulator, operation order and reduction whether it runs alone (dot_tile_fp4) or
-// among R rows (dot_rows_fp4), so a result has the same bits whatever the row blocking. K is a multiple of 32.
+// 4j + 1, 4j + 3 (odd): MXFP4's one group, or NVFP4's first group in lanes 0-3 and its second in lanes 4-7; one FMA
+// by (group scale x block scale) per block. Included by dot_impl.h inside the AVX2 and AVX-512 namespaces
+// (FT_FP4_Q16), after FmtFP4; 256-bit throughout.
 #pragma once
 
 // A fixed-order sum of 8 lanes (the AVX-512 TU's S works on 16).
@@ -54,35 +50,4 @@ static inline __m256 fp4_q16_scales(const Fp4Row& row, int64_t k) {
     return _mm256_mul_ps(e, _mm256_set1_ps(row.mult * 0.5f));  // * 0.5 commutes with the rounding
   }
   return _mm256_broadcast_ss(&kFp4Scales.e8m0_half[row.s[k / 32]]);
-}
-
-// res[t] = row . x[t] for t < NT (q / qs: the tokens' int16 blocks and their scales): each block decoded once.
-template <bool NV, int NT>
-static inline void dot_tile_fp4(const Fp4Row& row, const int16_t* const* q, const float* const* qs, int64_t K,
-                                float* res) {
-  const __m128i table = fp4_i8_table();
-  __m256 acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K; k += 32) {
-    const Fp4Q16Codes c = fp4_q16_codes(row.w + k / 2, table);
-    const __m256 g = fp4_q16_scales<NV>(row, k);
-    for (int t = 0; t < NT; ++t)
-      acc[t] = _mm256_fmadd_ps(fp4_q16_dot(c, q[t] + k), _mm256_mul_ps(g, _mm256_broadcast_ss(qs[t] + k / 32)), acc[t]);
-  }
-  for (int t = 0; t < NT; ++t) res[t] = fp4_hsum256(acc[t]);
-}
-
-// One token against R rows at once (dot_rows.h's batch-1 row blocking), each row as dot_tile_fp4<NV, 1>.
-template <bool NV, int R>
-static inline void dot_rows_fp4(const Fp4Row* rows, const int16_t* q, const float* qs, int64_t K, float* res) {
-  const __m128i table = fp4_i8_table();
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K; k += 32) {
-    const __m256 s = _mm256_broadcast_ss(qs + k / 32);
-    for (int r = 0; r < R; ++r)
-      acc[r] = _mm256_fmadd_ps(fp4_q16_dot(fp4_q16_codes(rows[r].w + k / 2, table), q + k),
-                               _mm256_mul_ps(fp4_q16_scales<NV>(rows[r], k), s), acc[r]);
-  }
-  for (int r = 0; r < R; ++r) res[r] = fp4_hsum256(acc[r]);
 }

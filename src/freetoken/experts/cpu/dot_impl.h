@@ -14,10 +14,10 @@
 // Block-scaled formats decode in load2, in registers, and move the block scale onto the operand: every row of a
 // phase unit lies in one block row, so x (or h) times that row's scales, once per unit, makes every weight's scale
 // multiply go away. FP4 formats (FmtFP4) cannot: their scales change along a row and from row to row. AVX512-BF16
-// (dot_fp4_dp.h: bf16 codes against the operand's hi/lo halves), AVX2 (dot_fp4_avx2.h: int8 codes against the
-// operand as int16 blocks) and AVX-512 (dot_fp4_avx512.h: the same in 512-bit words, no widening) have FP4 kernels of
-// their own that dot a block unscaled and scale the partial
-// sums; elsewhere load2 decodes 2W e2m1 codes through a 16-entry table shuffle (S::load_e2m1x2: twice the values, small
+// (dot_fp4_dp.h: bf16 codes against the operand's hi/lo halves), AVX2 (dot_fp4_avx2i.h: codes decoded to the high
+// bytes of int16 words against the operand as int16 blocks; dot_fp4_avx2.h's 32-code form for the rows' tails) and
+// AVX-512 (dot_fp4_avx512.h: the same in 512-bit words) have FP4 kernels of their own that dot a block unscaled and
+// scale the partial sums; elsewhere load2 decodes 2W e2m1 codes through a 16-entry table shuffle (S::load_e2m1x2: twice the values, small
 // integers, exact) and multiplies each W-half by its group's scale (S::mul, S::set1).
 #pragma once
 
@@ -38,7 +38,9 @@ static inline float fmax_(float a, float b) { return a > b ? a : b; }
 #ifdef FT_FP4_Q16
 #include "dot_fp4_avx2.h"
 #endif
-#ifdef FT_FP4_Q16I
+#if defined(FT_FP4_Q16I_256)
+#include "dot_fp4_avx2i.h"
+#elif defined(FT_FP4_Q16I)
 #include "dot_fp4_avx512.h"
 #endif
 
@@ -220,23 +222,15 @@ static inline void dot_row(typename F::Row row, const Operands& o, int64_t K, fl
   }
 #endif
 #ifdef FT_FP4_Q16I
-  if constexpr (F::kFp4) {  // the 512-bit integer path (dot_fp4_avx512.h)
-    switch (o.nt) {
-      case 4: return dot_tile_fp4i<F::kNV, 4>(row, o.q, o.qs, K, res);
-      case 3: return dot_tile_fp4i<F::kNV, 3>(row, o.q, o.qs, K, res);
-      case 2: return dot_tile_fp4i<F::kNV, 2>(row, o.q, o.qs, K, res);
-      default: return dot_tile_fp4i<F::kNV, 1>(row, o.q, o.qs, K, res);
-    }
-  } else
-#elif defined(FT_FP4_Q16)
-  if constexpr (F::kFp4) {  // the generic tiles below are never instantiated for FP4 here (no S::load_e2m1x2)
+  if constexpr (F::kFp4) {  // the high-byte integer path (dot_fp4_avx512.h, dot_fp4_avx2i.h); the generic tiles
+    // below are never instantiated for FP4 here (no S::load_e2m1x2)
     switch (o.nt) {
 #if FT_NT_MAX >= 4
-      case 4: return dot_tile_fp4<F::kNV, 4>(row, o.q, o.qs, K, res);
-      case 3: return dot_tile_fp4<F::kNV, 3>(row, o.q, o.qs, K, res);
+      case 4: return dot_tile_fp4i<F::kNV, 4>(row, o.q, o.qs, K, res);
+      case 3: return dot_tile_fp4i<F::kNV, 3>(row, o.q, o.qs, K, res);
 #endif
-      case 2: return dot_tile_fp4<F::kNV, 2>(row, o.q, o.qs, K, res);
-      default: return dot_tile_fp4<F::kNV, 1>(row, o.q, o.qs, K, res);
+      case 2: return dot_tile_fp4i<F::kNV, 2>(row, o.q, o.qs, K, res);
+      default: return dot_tile_fp4i<F::kNV, 1>(row, o.q, o.qs, K, res);
     }
   } else
 #endif
@@ -293,11 +287,7 @@ static void phase1(const Plan& p, int64_t u) {
     for (int t = 0; t < nt; ++t) {
       float* h = p.h + (s + t) * I + i0;
       activate_block(p, p.group_row[g], i0, n, nt, t, gate, up, h);
-#ifdef FT_FP4_Q16I
       if (F::kFp4 && p.h_q) quantize_q16i(h, i0, n, I, p.h_q + (s + t) * I, p.h_qs + (s + t) * I / 32);
-#else
-      if (F::kFp4 && p.h_q) quantize_q16(h, n, p.h_q + (s + t) * I + i0, p.h_qs + ((s + t) * I + i0) / 32);
-#endif
       if (DP) {
         for (int64_t i = 0; i < n; ++i) {
           const uint16_t hi = f32_to_bf16(h[i]);

@@ -101,10 +101,6 @@ static inline void dot_rows_at(const Bank& bank, int64_t first, int64_t stride, 
   if constexpr (F::kFp4) {
     dot_rows_fp4i<F::kNV, R>(rows, o.q[0], o.qs[0], K, out);
   } else
-#elif defined(FT_FP4_Q16)
-  if constexpr (F::kFp4) {
-    dot_rows_fp4<F::kNV, R>(rows, o.q[0], o.qs[0], K, out);
-  } else
 #endif
   {
     dot_rows<F, R>(rows, o.f[0], K, out);

@@ -35,6 +35,6 @@ struct S {
     a = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
     b = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
   }
-  // FP4 rows run in dot_fp4_avx2.h (FT_FP4_Q16): declared for FmtFP4::load2, never called.
+  // FP4 rows run in dot_fp4_avx2i.h (FT_FP4_Q16I): declared for FmtFP4::load2, never called.
   static void load_e2m1x2(const uint8_t* p, vec& a, vec& b);
 };

@@ -93,9 +93,7 @@ class MoeJob final : public Job {
     if (s == 0) {
       const Plan& p = plans_.chunks().front();
       const int64_t t0 = u * kSplitTokens, t1 = std::min(p.T, t0 + kSplitTokens);
-      if (plans_.split() == OPERANDS_Q16_FP4) {
-        for (int64_t t = t0; t < t1; ++t) quantize_q16(p.x + t * p.D, p.D, plans_.x_q() + t * p.D, plans_.x_qs() + t * (p.D / 32));
-      } else if (plans_.split() == OPERANDS_Q16I_FP4) {
+      if (plans_.split() == OPERANDS_Q16I_FP4) {
         for (int64_t t = t0; t < t1; ++t)
           quantize_q16i(p.x + t * p.D, 0, p.D, p.D, plans_.x_q() + t * p.D, plans_.x_qs() + t * (p.D / 32));
       } else {

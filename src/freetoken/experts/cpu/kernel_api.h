@@ -38,24 +38,14 @@ inline int64_t fp4_dp_pos(int64_t k, int64_t K) {
 }
 inline bool fp4_format(int32_t fmt) { return fmt == FMT_MXFP4 || fmt == FMT_NVFP4; }
 
-// The operands of FP4 banks on the AVX2 and AVX-512 paths (dot_fp4_avx2.h): K values as int16 in blocks of 32,
-// each with the fp32 scale s = max |v| / 32767 of its block (v ~= q * s, within s / 2), and within a block the even
-// elements first, then the odd ones (fp4_q16_pos). Written into Plan::x_q / h_q and x_qs / h_qs; K a multiple of 32.
+// The int16 operands of FP4 banks on the AVX2 and AVX-512 paths (dot_fp4_avx2i.h, dot_fp4_avx512.h): K values as
+// int16 in blocks of 32, each with the fp32 scale s = max |v| / 32767 of its block (v ~= q * s, within s / 2), written
+// into Plan::x_q / h_q and x_qs / h_qs (K a multiple of 32). Within each whole 128-element block they lie as
+// fp4_dp_pos lays the bf16 halves (element 4j + m at 32m + j); past the last whole block, in 32-blocks with the even
+// elements first, then the odd ones (fp4_q16_pos: the 32-code form of the rows' tails, dot_fp4_avx2.h).
+// quantize_q16i quantises elements [i0, i0 + n) of a K-element row into the row's q and qs (i0 and n multiples of
+// 32), so phase-1 units write their own blocks.
 inline int64_t fp4_q16_pos(int64_t k) { return (k & ~int64_t{31}) | ((k & 1) << 4) | ((k & 31) >> 1); }
-inline void quantize_q16(const float* v, int64_t K, int16_t* q, float* qs) {
-  for (int64_t b = 0; b < K; b += 32) {
-    float m = 0.f;
-    for (int64_t i = b; i < b + 32; ++i) m = v[i] > m ? v[i] : -v[i] > m ? -v[i] : m;
-    const float s = m / 32767.f, inv = m > 0.f ? 32767.f / m : 0.f;
-    qs[b / 32] = s;
-    for (int64_t i = b; i < b + 32; ++i) q[fp4_q16_pos(i)] = static_cast<int16_t>(__builtin_lrintf(v[i] * inv));
-  }
-}
-
-// The int16 operands of FP4 banks on the AVX-512 path (dot_fp4_avx512.h): quantize_q16's values and scales, laid out
-// as fp4_dp_pos lays the bf16 halves within each whole 128-element block (element 4j + m at 32m + j), and past the
-// last whole block in fp4_q16_pos's order (that path's 32-code tail). quantize_q16i quantises elements [i0, i0 + n) of
-// a K-element row into the row's q and qs (i0 and n multiples of 32), so phase-1 units write their own blocks.
 inline int64_t fp4_q16i_pos(int64_t k, int64_t K) {
   return k >= (K & ~int64_t{127}) ? fp4_q16_pos(k) : fp4_dp_pos(k, K);
 }
@@ -97,7 +87,7 @@ struct Plan {
   uint16_t* x_lo;  // [T, D]
   uint16_t* h_hi;
   uint16_t* h_lo;  // [R, I]
-  // int16 x and h with their block scales (quantize_q16 / quantize_q16i), FP4 banks on AVX2 / AVX-512; else null.
+  // int16 x and h with their block scales (quantize_q16i), FP4 banks on AVX2 / AVX-512; else null.
   int16_t* x_q;   // [T, D]
   float* x_qs;    // [T, D / 32]
   int16_t* h_q;   // [R, I]
@@ -119,10 +109,10 @@ struct Plan {
 // Phase 2: y = down . h: a unit streams a block of one expert's down rows.
 // Phase 3: out[t] = sum of w_s * y_s over t's routes in sorted order (a fixed order per element).
 // Operand forms an ISA's phases want written before phase 1 (x) and by phase 1 (h): none (fp32 only), the bf16
-// hi/lo split for bf16 and FP4 banks (the vdpbf16ps path), or int16 blocks for FP4 banks (AVX2, AVX-512).
-// OPERANDS_Q16I_FP4: the same int16 blocks in quantize_q16i's order (the AVX-512 path).
-enum OperandForm : int32_t { OPERANDS_F32 = 0, OPERANDS_BF16 = 1, OPERANDS_Q16_FP4 = 2, OPERANDS_Q16I_FP4 = 3 };
-inline bool q16_form(int32_t form) { return form == OPERANDS_Q16_FP4 || form == OPERANDS_Q16I_FP4; }
+// hi/lo split for bf16 and FP4 banks (the vdpbf16ps path), or int16 blocks in quantize_q16i's order for FP4 banks
+// (OPERANDS_Q16I_FP4: AVX2, AVX-512).
+enum OperandForm : int32_t { OPERANDS_F32 = 0, OPERANDS_BF16 = 1, OPERANDS_Q16I_FP4 = 2 };
+inline bool q16_form(int32_t form) { return form == OPERANDS_Q16I_FP4; }
 
 struct IsaOps {
   void (*phase1)(const Plan&, int64_t unit);

@@ -15,7 +15,7 @@ constexpr int64_t kHBlockFp8 = 2 * kHBlock, kDBlockFp8 = 2 * kDBlock;
 // FP4 rows are a quarter of a bf16 row's bytes (plus scale rows): four times the rows, for the same reason
 constexpr int64_t kHBlockFp4 = 4 * kHBlock, kDBlockFp4 = 4 * kDBlock;
 static_assert(kHBlockFp4 <= kMaxHBlock, "phase 1 keeps a block of gate/up values on the stack");
-static_assert(kHBlockFp4 % 32 == 0, "a phase-1 unit quantises whole 32-blocks of h (quantize_q16)");
+static_assert(kHBlockFp4 % 32 == 0, "a phase-1 unit quantises whole 32-blocks of h (quantize_q16i)");
 static_assert(kHBlockFp8 <= kMaxHBlock, "phase 1 keeps a block of gate/up values on the stack");
 static_assert(kFp8Block % kHBlockFp8 == 0 && kFp8Block % kDBlockFp8 == 0, "a phase unit's rows share one fp8 block row");
 
