@@ -21,10 +21,10 @@ DEVICES = [
 ]
 
 
-def _kernel(z: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+def _kernel(z: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor, **launch: int) -> torch.Tensor:
     from freetoken.kernels.nucleus_triton import nucleus_cut_triton
 
-    return nucleus_cut_triton(z, top_p, min_p)
+    return nucleus_cut_triton(z, top_p, min_p, **launch)
 
 
 def _batch(top_p: torch.Tensor, min_p: torch.Tensor) -> SamplingBatch:
@@ -70,6 +70,18 @@ def test_the_kept_set_is_the_sorted_cuts(device: str, B: int, V: int) -> None:
         _check(z, top_p, min_p, got)
         again = _kernel(z.to(device), top_p.to(device), min_p.to(device)).cpu()
         assert torch.equal(got, again)  # no atomics: the same bits
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block, num_warps", [(512, 4), (1024, 8), (4096, 8)])
+def test_other_blocks_keep_the_same_set(device: str, block: int, num_warps: int) -> None:
+    """The launch shapes sample_time.py's sweep times: the same kept set as the default's (up to the order of the
+    mass sums: the same check against the sorted cut)."""
+    z, top_p, min_p = _rows(5, 7001, 3)
+    got = _kernel(z.to(device), top_p.to(device), min_p.to(device), block=block, num_warps=num_warps).cpu()
+    _check(z, top_p, min_p, got)
+    with pytest.raises(ValueError, match="power of 2"):
+        _kernel(z.to(device), top_p.to(device), min_p.to(device), block=1000)
 
 
 @pytest.mark.parametrize("device", DEVICES)

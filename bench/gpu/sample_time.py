@@ -3,7 +3,8 @@ V = 151,936 (Qwen's vocabulary), batch 1 and 4, replayed from a captured CUDA gr
 greedy vs temperature 1 vs temperature 1 + top-p 0.95 (sorted, and sort-free: ``kernels/nucleus_triton.py``), through
 the torch ops (``sampler.use_triton`` off: the draw's torch reference, the cut's sort) and through the Triton kernels
 (``kernels/draw_triton.py``). Medians of 7 timings of 50 replays (each
-replay 10 calls). No penalties, no logprobs, no mask. Prints a markdown table. Seconds. No arguments.
+replay 10 calls). No penalties, no logprobs, no mask. Prints a markdown table, then the sort-free cut alone per
+launch shape (tokens per program, warps: ``SHAPES``; the first is the default). Seconds. No arguments.
 ``PYTHONPATH=src python bench/gpu/sample_time.py``"""
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ MODES = {  # name: (temperature, top_p, features)
     "the same, sort-free (nucleus)": (1.0, 0.95, Features(draw=True, cuts=True, penalties=False, logprobs=False,
                                                           nucleus=True)),
 }
+
+
+SHAPES = [(2048, 4), (2048, 8), (4096, 8), (1024, 4), (1024, 8), (512, 4)]  # nucleus_cut_triton's block, num_warps
 
 
 def _batch(B: int, temperature: float, top_p: float, dev: torch.device) -> SamplingBatch:
@@ -91,6 +95,21 @@ def main() -> None:
         for mode in MODES:
             t, k = _time(B, mode, False, x), _time(B, mode, True, x)
             print(f"| {B} | {mode} | {t:.1f} | {k:.1f} | {k / t:.2f} | {t / greedy:.2f} | {k / greedy:.2f} |")
+    _shapes(g, dev)
+
+
+def _shapes(g: torch.Generator, dev: torch.device) -> None:
+    """The sort-free cut alone (``nucleus_cut_triton``, top-p 0.95) per launch shape, batch 1 and 4."""
+    from freetoken.kernels.nucleus_triton import nucleus_cut_triton
+
+    print("\n| batch | block | warps | cut µs |\n|---|---|---|---|")
+    for B in (1, 4):
+        x = torch.randn(B, V, generator=g, device=dev) * 3
+        z = x - x.max(dim=-1, keepdim=True).values
+        tp, mp = torch.full((B,), 0.95, device=dev), torch.zeros(B, device=dev)
+        for block, warps in SHAPES:
+            us = _replay_us(lambda: nucleus_cut_triton(z, tp, mp, block=block, num_warps=warps))  # noqa: B023
+            print(f"| {B} | {block} | {warps} | {us:.1f} |")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK = 2048
+BLOCK = 2048  # tokens per program (the launches' defaults; bench/gpu/sample_time.py's sweep times others)
+NUM_WARPS = 4
 LEVELS = 8  # 4 bits each
 
 
@@ -99,12 +100,16 @@ def _mask_kernel(Z, TP, MP, PH, PC, SP, SA, SS, OUT, V, stride, B, NB, NB_POW: t
     tl.store(OUT + row.to(tl.int64) * V + cols, tl.where(keep, z, float("-inf")), mask=cols < V)
 
 
-def nucleus_cut_triton(z: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """z [B, V] float32 (each row's best at 0), top_p, min_p [B] float32 -> z with the cut tokens at -inf."""
+def nucleus_cut_triton(z: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor, *, block: int = BLOCK,
+                       num_warps: int = NUM_WARPS) -> torch.Tensor:  # fmt: skip
+    """z [B, V] float32 (each row's best at 0), top_p, min_p [B] float32 -> z with the cut tokens at -inf. ``block``
+    (a power of 2 of at least 16) tokens per program; the same kept set whatever it is."""
     B, V = z.shape
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"nucleus cut: block must be a power of 2 of at least 16, got {block}")
     if z.dtype != torch.float32 or z.stride(1) != 1:
         raise ValueError(f"nucleus cut: z must be float32 with unit column stride, got {z.dtype} {z.stride()}")
-    NB = triton.cdiv(V, BLOCK)
+    NB = triton.cdiv(V, block)
     nb_pow = max(2, triton.next_power_of_2(NB))
     dev = z.device
     out = torch.empty((B, V), dtype=torch.float32, device=dev)
@@ -118,6 +123,7 @@ def nucleus_cut_triton(z: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
     tp, mp = top_p.to(torch.float32).contiguous(), min_p.to(torch.float32).contiguous()
     for level in range(LEVELS):
         _level_kernel[(B, NB)](z, tp, ph, pc, sp, sa, ss, V, z.stride(0), B, NB, LEVEL=level, NB_POW=nb_pow,
-                               BLOCK=BLOCK)  # fmt: skip
-    _mask_kernel[(B, NB)](z, tp, mp, ph, pc, sp, sa, ss, out, V, z.stride(0), B, NB, NB_POW=nb_pow, BLOCK=BLOCK)
+                               BLOCK=block, num_warps=num_warps)  # fmt: skip
+    _mask_kernel[(B, NB)](z, tp, mp, ph, pc, sp, sa, ss, out, V, z.stride(0), B, NB, NB_POW=nb_pow, BLOCK=block,
+                          num_warps=num_warps)  # fmt: skip
     return out
