@@ -1,9 +1,11 @@
 """The sampler alone on CUDA (issue #39: sampling at ≤ 5% of the greedy step): µs per ``sample_batch`` call at
 V = 151,936 (Qwen's vocabulary), batch 1 and 4, replayed from a captured CUDA graph (as the step graph runs it),
-greedy vs temperature 1 vs temperature 1 + top-p 0.95 (sorted, and sort-free: ``kernels/nucleus_triton.py``), through
+greedy vs temperature 1 vs temperature 1 + top-p 0.95 (sorted, and sort-free: ``kernels/nucleus_triton.py``) vs
+Qwen's recommended settings (temperature 0.7, top-k 20, top-p 0.8) alone, with a presence penalty over a 2,000-token
+history, and with logprobs too, through
 the torch ops (``sampler.use_triton`` off: the draw's torch reference, the cut's sort) and through the Triton kernels
 (``kernels/draw_triton.py``). Medians of 7 timings of 50 replays (each
-replay 10 calls). No penalties, no logprobs, no mask. Prints a markdown table, then the sort-free cut alone per
+replay 10 calls). No grammar mask. Prints a markdown table, then the sort-free cut alone per
 launch shape (tokens per program, warps: ``SHAPES``; the first is the default). Seconds. No arguments.
 ``PYTHONPATH=src python bench/gpu/sample_time.py``"""
 
@@ -17,31 +19,39 @@ from unittest import mock
 import torch
 
 from freetoken.runner import sampler
-from freetoken.runner.sampler import Features, SamplingBatch, sample_batch
+from freetoken.runner.sampler import Features, PenaltyState, SamplingBatch, sample_batch
 
 V = 151_936
-MODES = {  # name: (temperature, top_p, features)
-    "greedy": (0.0, 1.0, Features(draw=False, cuts=False, penalties=False, logprobs=False)),
-    "temperature 1": (1.0, 1.0, Features(draw=True, cuts=False, penalties=False, logprobs=False)),
-    "temperature 1 + top-p 0.95": (1.0, 0.95, Features(draw=True, cuts=True, penalties=False, logprobs=False)),
-    "the same, sort-free (nucleus)": (1.0, 0.95, Features(draw=True, cuts=True, penalties=False, logprobs=False,
-                                                          nucleus=True)),
+MODES = {  # name: (temperature, top_p, top_k, presence penalty, features)
+    "greedy": (0.0, 1.0, 0, 0.0, Features(draw=False, cuts=False, penalties=False, logprobs=False)),
+    "temperature 1": (1.0, 1.0, 0, 0.0, Features(draw=True, cuts=False, penalties=False, logprobs=False)),
+    "temperature 1 + top-p 0.95": (1.0, 0.95, 0, 0.0, Features(draw=True, cuts=True, penalties=False,
+                                                               logprobs=False)),
+    "the same, sort-free (nucleus)": (1.0, 0.95, 0, 0.0, Features(draw=True, cuts=True, penalties=False,
+                                                                  logprobs=False, nucleus=True)),
+    # Qwen3's recommended settings (temperature 0.7, top-p 0.8, top-k 20), then with a presence penalty, then logprobs
+    "Qwen's: T 0.7, top-k 20, top-p 0.8": (0.7, 0.8, 20, 0.0, Features(draw=True, cuts=True, penalties=False,
+                                                                       logprobs=False, top_k=20)),
+    "the same + presence penalty 1.5": (0.7, 0.8, 20, 1.5, Features(draw=True, cuts=True, penalties=True,
+                                                                    logprobs=False, top_k=20)),
+    "the same + logprobs": (0.7, 0.8, 20, 1.5, Features(draw=True, cuts=True, penalties=True, logprobs=True,
+                                                        top_k=20)),
 }
 
 
 SHAPES = [(2048, 4), (2048, 8), (4096, 8), (1024, 4), (1024, 8), (512, 4)]  # nucleus_cut_triton's block, num_warps
 
 
-def _batch(B: int, temperature: float, top_p: float, dev: torch.device) -> SamplingBatch:
+def _batch(B: int, temperature: float, top_p: float, top_k: int, presence: float, dev: torch.device) -> SamplingBatch:
     f, i = torch.float32, torch.int64
 
     def full(v: float, dtype: torch.dtype) -> torch.Tensor:
         return torch.full((B,), v, dtype=dtype, device=dev)
 
     return SamplingBatch(
-        temperature=full(temperature, f), top_k=full(0, i), top_p=full(top_p, f), min_p=full(0.0, f),
+        temperature=full(temperature, f), top_k=full(top_k, i), top_p=full(top_p, f), min_p=full(0.0, f),
         seed_lo=torch.arange(B, device=dev) + 7, seed_hi=full(0, i), step=torch.arange(B, device=dev),
-        rows=full(0, i), presence=full(0.0, f), frequency=full(0.0, f), repetition=full(1.0, f),
+        rows=torch.arange(B, device=dev), presence=full(presence, f), frequency=full(0.0, f), repetition=full(1.0, f),
     )  # fmt: skip
 
 
@@ -71,10 +81,13 @@ def _replay_us(fn: Callable[[], object], calls: int = 10, replays: int = 50, rep
 
 
 def _time(B: int, mode: str, kernel: bool, x: torch.Tensor) -> float:
-    temperature, top_p, f = MODES[mode]
-    b = _batch(B, temperature, top_p, x.device)
+    temperature, top_p, top_k, presence, f = MODES[mode]
+    b = _batch(B, temperature, top_p, top_k, presence, x.device)
+    state = PenaltyState(B, V, x.device)  # a 2,000-token history per row: the penalties read counts and seen
+    state.update(torch.arange(B, device=x.device).repeat_interleave(2000), torch.randint(0, V, (2000 * B,),
+                                                                                          device=x.device))
     with mock.patch.object(sampler, "use_triton", lambda where: kernel and where.is_cuda):
-        return _replay_us(lambda: sample_batch(x, b, None, f))
+        return _replay_us(lambda: sample_batch(x, b, state, f))
 
 
 def main() -> None:
