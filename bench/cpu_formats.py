@@ -106,6 +106,9 @@ def run_threads(args: argparse.Namespace, n: int) -> list[str]:
                 vals.setdefault((f, "kernel"), []).append(gbps(walks[f], x, banks.get(f, bf16), "kernel"))
             for f, b in banks.items():
                 vals.setdefault((f, "queued"), []).append(gbps(walks[f], x, b, "queued"))
+            # the torch baselines last: torch's OpenMP threads spin on after it for a while, and a queued run right
+            # after one shared the cores with them (NVFP4 queued read half its rate at 16 threads, 2026-12-07)
+            for f, b in banks.items():
                 if it < 2:  # the baseline is 100x+ slower: two measurements say enough
                     vals.setdefault((f, "torch"), []).append(gbps(walks[f], x, b, "torch"))
             time.sleep(OMP_SETTLE_S)
