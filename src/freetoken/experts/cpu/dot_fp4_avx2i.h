@@ -1,11 +1,11 @@
 // FP4 rows (MXFP4, NVFP4) on AVX2, in integers, on quantize_q16i's operand order (kernel_api.h): dot_fp4_avx512.h's
 // high-byte decode in 256-bit halves. A 32-byte load holds 64 codes; in each 16-bit word, the code's nibble moved to
-// the high byte and 0x80 in the low byte make vpshufb give 256 x the code's doubled e2m1 value as a signed int16
-// (an index byte with bit 7 set reads zero), so the four nibble positions m give codes 4j + m (j < 16) as vector m
-// with no widening. Against a 128-code operand block, whose vector m holds elements 4j + m at 32m + j (j < 32), the
+// the high byte and a low byte of 0 make vpshufb give 256 x the code's doubled e2m1 value as a signed int16 (index 0
+// reads the table's entry for code 0, e2m1's +0, so the low byte needs no zeroing index), so the four nibble
+// positions m give codes 4j + m (j < 16) as vector m with no widening. Against a 128-code operand block, whose vector m holds elements 4j + m at 32m + j (j < 32), the
 // block's first 64 codes meet words 0-15 of each vector m and its last 64 words 16-31; vpmaddwd and three adds leave
 // int32 lane i of a half with that half's elements 8i .. 8i + 7, 256 x at most 8 * 12 * 32767 < 2^24 (exact as
-// fp32). Per 64 codes: 3 shifts, 8 logic ops and 4 vpshufb for the decode (the 32-code form of dot_fp4_avx2.h takes
+// fp32). Per 64 codes: 3 shifts, 4 ands and 4 vpshufb for the decode (the 32-code form of dot_fp4_avx2.h takes
 // 4 vpshufb and 4 vpmovsxbw, the shuffle port's), then per token 4 vpmaddwd, 3 adds, a conversion and a multiply-add
 // by the lanes' group x block scales / 256. A row's codes past its last whole 128-code block take the 32-code form
 // (fp4_q16_pos's order, as quantize_q16i lays them). Included by dot_impl.h inside the AVX2 namespace (FT_FP4_Q16I
@@ -18,11 +18,11 @@
 // 32 bytes (64 codes, low nibble first) -> v[m], word j = 256 x the doubled e2m1 value of code 4j + m.
 static inline void fp4_w16x64(const uint8_t* p, __m256i table, __m256i v[4]) {
   const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  const __m256i nib = _mm256_set1_epi16(0x0F00), zero_lo = _mm256_set1_epi16(0x0080);
-  v[0] = _mm256_shuffle_epi8(table, _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(w, 8), nib), zero_lo));
-  v[1] = _mm256_shuffle_epi8(table, _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(w, 4), nib), zero_lo));
-  v[2] = _mm256_shuffle_epi8(table, _mm256_or_si256(_mm256_and_si256(w, nib), zero_lo));
-  v[3] = _mm256_shuffle_epi8(table, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), nib), zero_lo));
+  const __m256i nib = _mm256_set1_epi16(0x0F00);  // the low byte left 0 indexes table[0], e2m1's +0
+  v[0] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_slli_epi16(w, 8), nib));
+  v[1] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_slli_epi16(w, 4), nib));
+  v[2] = _mm256_shuffle_epi8(table, _mm256_and_si256(w, nib));
+  v[3] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(w, 4), nib));
 }
 
 // Half h of a 128-code block: its 8 lane sums (x 256) against the operand block q (quantize_q16i's order), as fp32.
