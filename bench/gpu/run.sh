@@ -38,7 +38,8 @@
 #   cpu            the CPU expert kernels: bench/cpu_kernel.py (bf16; 6 and 16 threads, called and queued, huge
 #                  pages; AVX2 forced) and bench/cpu_formats.py (fp8, MXFP4, NVFP4 at 6 and 16 threads; AVX2
 #                  forced at 16; one thread in the L3), beside the streaming read
-#   cpufp4         the FP4 dot products alone (bench/fp4_dot.cpp, AVX512-BF16, AVX-512 and AVX2, one thread in L2)
+#   cpufp4         the FP4 dot products alone (bench/fp4_dot.cpp, AVX512-BF16, AVX-512 and AVX2, one thread in L2;
+#                  AVX-512 and AVX2 also on 6 and 16 threads, rows in L2 and from DRAM beside the streaming read)
 #                  and bench/cpu_formats.py for MXFP4 / NVFP4 at 6 and 16 threads per ISA, experts of 4x the bytes
 #   formats        ft bench bw per expert format (bf16, fp8_block, mxfp4, nvfp4) at 6 and 16 threads: B_H, copies
 #   kernels        GPU kernels alone: gemm_tiles.py, fp8_gemm.py, dnstep_time.py, hostckpt_copy.py, sample_time.py
@@ -235,14 +236,14 @@ stage_cpu() {
   tables cpu_kernel cpu_kernel_avx2 cpu_formats cpu_formats_avx2 cpu_formats_l3
 }
 
-stage_cpufp4() {  # #35: the FP4 dot products alone (one thread, rows in L2; bench/fp4_dot.cpp), then the kernel
-  local f=(-std=c++17 -O3 -mavx2 -mfma -mf16c -Isrc/freetoken/experts/cpu bench/fp4_dot.cpp)
+stage_cpufp4() {  # #35: the FP4 dot products alone (bench/fp4_dot.cpp: one thread in L2; 6 and 16 threads), the kernel
+  local f=(-std=c++17 -O3 -mavx2 -mfma -mf16c -pthread -Isrc/freetoken/experts/cpu bench/fp4_dot.cpp)
   g++ "${f[@]}" -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -o /tmp/fp4_dot && /tmp/fp4_dot > "$OUT/fp4_dot.log" 2>&1
-  g++ "${f[@]}" -mavx512f -mavx512bw -mavx512vl -DFT_BENCH_AVX512 -o /tmp/fp4_dot5 && /tmp/fp4_dot5 \
+  # the AVX-512 integer and AVX2 paths also on 6 and 16 threads: rows in L2, rows from DRAM, the streaming read
+  g++ "${f[@]}" -mavx512f -mavx512bw -mavx512vl -DFT_BENCH_AVX512 -o /tmp/fp4_dot5 && /tmp/fp4_dot5 6 16 \
     > "$OUT/fp4_dot_avx512.log" 2>&1
-  g++ "${f[@]}" -DFT_BENCH_AVX2 -o /tmp/fp4_dot2 && /tmp/fp4_dot2 > "$OUT/fp4_dot_avx2.log" 2>&1
-  run_logged 220 cpufp4 python3 bench/cpu_formats.py --formats mxfp4,nvfp4 --threads 6,16 --iters 7 --pool-gib 2 \
-    --read-gib 4
+  g++ "${f[@]}" -DFT_BENCH_AVX2 -o /tmp/fp4_dot2 && /tmp/fp4_dot2 6 16 > "$OUT/fp4_dot_avx2.log" 2>&1
+  # the kernel per ISA (auto is the AVX-512 integer path on an Intel host with AVX-512)
   run_logged 100 cpufp4_avx2 python3 bench/cpu_formats.py --formats mxfp4,nvfp4 --threads 6,16 --iters 5 --pool-gib 2 \
     --read-gib 2 --isa avx2
   run_logged 100 cpufp4_avx512 python3 bench/cpu_formats.py --formats mxfp4,nvfp4 --threads 6,16 --iters 5 \
@@ -252,7 +253,7 @@ stage_cpufp4() {  # #35: the FP4 dot products alone (one thread, rows in L2; ben
   run_logged 120 cpufp4_big python3 bench/cpu_formats.py --formats mxfp4,nvfp4 --threads 16 --iters 5 --pool-gib 2 \
     --read-gib 2 --isa avx2 --hidden 4096 --inter 1536
   lscpu | grep -E "^(Model name|Thread|Core|Socket)" | tee "$OUT/lscpu.txt"
-  tables fp4_dot fp4_dot_avx512 fp4_dot_avx2 cpufp4 cpufp4_avx2 cpufp4_avx512 cpufp4_big
+  tables fp4_dot fp4_dot_avx512 fp4_dot_avx2 cpufp4_avx2 cpufp4_avx512 cpufp4_big
 }
 
 stage_formats() {  # the CPU kernel's B_H and the copies per expert format (packed bytes), 6 and 16 threads
