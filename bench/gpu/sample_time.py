@@ -39,7 +39,7 @@ MODES = {  # name: (temperature, top_p, top_k, presence penalty, features)
 }
 
 
-SHAPES = [(2048, 4), (2048, 8), (4096, 8), (1024, 4), (1024, 8), (512, 4)]  # nucleus_cut_triton's block, num_warps
+SHAPES = [(1024, 4), (2048, 4), (2048, 8), (1024, 8), (512, 4), (512, 8)]  # nucleus_cut_triton's block, num_warps
 
 
 def _batch(B: int, temperature: float, top_p: float, top_k: int, presence: float, dev: torch.device) -> SamplingBatch:
