@@ -42,7 +42,8 @@
 #                  AVX-512 and AVX2 also on 6 and 16 threads, rows in L2 and from DRAM beside the streaming read)
 #                  and bench/cpu_formats.py for MXFP4 / NVFP4 at 6 and 16 threads per ISA, experts of 4x the bytes
 #   formats        ft bench bw per expert format (bf16, fp8_block, mxfp4, nvfp4) at 6 and 16 threads: B_H, copies
-#   kernels        GPU kernels alone: gemm_tiles.py, fp8_gemm.py, dnstep_time.py, hostckpt_copy.py, sample_time.py
+#   kernels        GPU kernels alone: gemm_tiles.py, fp8_gemm.py, fp4_gemm.py (.before carried: that tree's FP4
+#                  kernel too), dnstep_time.py, hostckpt_copy.py, sample_time.py
 #   contention     fills against the CPU kernel: contention.py (the kernel beside copies / the gather), gather_bw.py
 #   fla            the hybrid preset qwen3.6-35b-a3b: fla's kernels per head dims (fla_dims.py), decode e2e vs
 #                  MoE-only and the 8k prefill row vs the PCIe bound, with fla and with FREETOKEN_FLA=0
@@ -270,11 +271,13 @@ stage_formats() {  # the CPU kernel's B_H and the copies per expert format (pack
 stage_kernels() {
   run_logged 90 gemm_tiles python3 bench/gpu/gemm_tiles.py
   run_logged 150 fp8_gemm python3 bench/gpu/fp8_gemm.py
+  local before=(); [ -d .before/src ] && before=(--before .before/src)  # that tree's FP4 kernel in the same loop
+  run_logged 200 fp4_gemm python3 bench/gpu/fp4_gemm.py "${before[@]}"
   FREETOKEN_FLA=0 run_logged 90 dnstep_time python3 bench/gpu/dnstep_time.py
   run_logged 90 hostckpt_copy python3 bench/gpu/hostckpt_copy.py
   run_logged 90 sample_time python3 bench/gpu/sample_time.py
   run_logged 240 dsa_time python3 bench/gpu/dsa_time.py  # DSA's Triton scores / prefill against the torch path
-  tables gemm_tiles fp8_gemm dnstep_time sample_time dsa_time; echo "-- hostckpt_copy"; cat "$OUT/hostckpt_copy.log"
+  tables gemm_tiles fp8_gemm fp4_gemm dnstep_time sample_time dsa_time; echo "-- hostckpt_copy"; cat "$OUT/hostckpt_copy.log"
 }
 
 stage_contention() {
