@@ -2,7 +2,8 @@
 ``quant/nvfp4.py``), dequantised in registers: the grid and route layout of ``gemm_triton.py`` (which says how),
 but each reduction step of BK codes loads a [BK/2, BN] tile of packed bytes (contiguous runs of each weight row, which
 Triton vectorises and pipelines) and the scale-row bytes, decodes both nibbles of every byte and the group scales
-with integer ops and bitcasts only (no fp8 or fp4 type reaches Triton), multiplies them in float32 as the torch
+with integer ops and bitcasts only (no fp8 or fp4 type reaches Triton: e2m1 and e4m3 bits moved into an fp16, exact,
+then widened), multiplies them in float32 as the torch
 reference does (``e2m1 * scale``; NVFP4 ``scale = e4m3 * the row's multiplier``), rounds once to the compute dtype
 and runs two dots: the even codes (low nibbles) against the operand's even columns, the odd codes against its odd
 ones. (Indexing codes one by one, ``k // 2``, hid the bytes' contiguity from Triton: byte loads, 5.3 + 4.9 ms of a
@@ -56,14 +57,30 @@ def _bits_f32(u):
 
 
 @triton.jit
-def _e2m1(code):
-    """e2m1 codes (int32 in [0, 16)) -> float32 values, exactly."""
-    mag = code & 7
-    e = mag >> 1
-    m = mag & 1
-    normal = _bits_f32(((e + 126) << 23) | (m << 22))  # (1 + m/2) * 2^(e - 1)
-    v = tl.where(e == 0, m.to(tl.float32) * 0.5, normal)
-    return tl.where((code & 8) != 0, -v, v)
+def _f16_bits_f32(u):
+    """int32 holding fp16 bits in its low 16 -> that fp16 value as float32 (exact, subnormals included)."""
+    return u.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _e4m3(c):
+    """e4m3 bytes ``c`` (int32, 0..255) -> float32 values, exactly (0x7F / 0xFF, NaN, read as 480): its bits moved up
+    by 7 (the sign to bit 15) are the fp16 of its value / 256, subnormals included."""
+    return _f16_bits_f32(((c & 0x7F) << 7) | ((c & 0x80) << 8)) * 256.0
+
+
+@triton.jit
+def _e2m1_lo(b):
+    """The low nibbles of bytes ``b`` (int32) as e2m1 values, float32, exactly. Sign to bit 15 and the 3 magnitude bits
+    to bits 9-11 make the fp16 whose value is the e2m1 value x 2^-14 (e = 0, m = 1 its subnormal 2^-15); the product
+    with 2^14 is exact."""
+    return _f16_bits_f32(((b & 7) << 9) | ((b & 8) << 12)) * 16384.0
+
+
+@triton.jit
+def _e2m1_hi(b):
+    """The high nibbles of bytes ``b`` (int32, 0..255) as e2m1 values, float32, exactly (``_e2m1_lo``'s bits)."""
+    return _f16_bits_f32(((b & 0x70) << 5) | ((b & 0x80) << 8)) * 16384.0
 
 
 @triton.jit
@@ -80,16 +97,13 @@ def _w_tiles(wp, sp, rows, offs_b, rmask, bmask, K: tl.constexpr, KIND: tl.const
     else:  # NVFP4: e4m3 per 16 codes (8 bytes), times the row's float32 multiplier (the scale row's last 4 bytes)
         SB: tl.constexpr = K // 16 + 4
         c = tl.load(sp + r * SB + (offs_b // 8)[:, None], mask=m, other=0).to(tl.int32)
-        ce = (c >> 3) & 15
-        cm = c & 7
-        s8 = tl.where(ce == 0, cm.to(tl.float32) * (1.0 / 512.0), _bits_f32(((ce + 120) << 23) | (cm << 20)))
-        s8 = tl.where((c & 0x80) != 0, -s8, s8)
+        s8 = _e4m3(c)
         mb = sp + rows.to(tl.int64) * SB + K // 16
         u = (tl.load(mb, mask=rmask, other=0).to(tl.int32) | (tl.load(mb + 1, mask=rmask, other=0).to(tl.int32) << 8)
              | (tl.load(mb + 2, mask=rmask, other=0).to(tl.int32) << 16)
              | (tl.load(mb + 3, mask=rmask, other=0).to(tl.int32) << 24))  # fmt: skip
         scale = s8 * _bits_f32(u)[None, :]
-    return _as_dt(_e2m1(b & 15) * scale, DT), _as_dt(_e2m1(b >> 4) * scale, DT)
+    return _as_dt(_e2m1_lo(b) * scale, DT), _as_dt(_e2m1_hi(b) * scale, DT)
 
 
 @triton.jit
