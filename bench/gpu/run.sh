@@ -53,9 +53,10 @@
 #                  at --n-cpu-moe 12 / 9 / 0, 6 and 16 threads, and its prompt rate at 8k; run it in the lease of
 #                  the figures it is compared with (a first call starts the ~5 min build and may end before it;
 #                  FUSED=1: fused_rows, the fused step sampled / greedy and the qwen3.6 preset's, while it builds)
-#   llamacpp_gptoss [e2e]   the peer of --preset gpt-oss-20b (24 layers, MXFP4 experts, make_gguf_gpt_oss.py):
+#   llamacpp_gptoss [prep|e2e]   the peer of --preset gpt-oss-20b (24 layers, MXFP4 experts, make_gguf_gpt_oss.py):
 #                  llama-bench decode at --n-cpu-moe 18 (25% cache) / 0 / 24, 6 threads (18 also at 16); e2e: ft bench
-#                  e2e --preset gpt-oss-20b fused + hybrid, 6 threads, batch 1, the peer alternating (a second call)
+#                  e2e --preset gpt-oss-20b fused + hybrid, 6 threads, batch 1, the peer alternating (a second call);
+#                  prep: a fresh machine's first call (the build starts; the GGUF and our checkpoint are written)
 #   train          the embedded model v2's training run and a quick held-out eval (docs/default_model.md)
 #   wheels         (dev box, not the device) download the wheels into .whl/ for the box's Python 3.12
 set -uo pipefail
@@ -335,17 +336,25 @@ stage_llamacpp() {  # FUSED=1: fused_rows while the peer builds (a fresh machine
 stage_llamacpp_gptoss() {  # #35: the peer of --preset gpt-oss-20b (24 layers, MXFP4 experts; make_gguf_gpt_oss.py,
   # 13.75 GB): llama-bench decode at --n-cpu-moe 18 (our 25% cache: 24 - round(0.25 * 24), llama_peer.n_cpu_moe_for),
   # 0 (every expert on the GPU) and 24 (none), 6 threads, 18 also at 16; `llamacpp_gptoss e2e` then runs ft bench e2e
-  # --preset gpt-oss-20b (fused, hybrid; 6 threads, batch 1, sampled) with the peer alternating (a second call: the
-  # e2e writes its own 14 GB checkpoint)
+  # --preset gpt-oss-20b (fused, hybrid; 6 threads, batch 1, sampled) with the peer alternating; `llamacpp_gptoss prep`
+  # (a fresh machine's first call) starts the build and writes the GGUF and our 14 GB checkpoint meanwhile
   build_llama 14
+  local g=/tmp/gptoss.gguf ck=/tmp/ft-e2e-gpt-oss-20b
+  if [ "${1:-}" = prep ]; then  # a fresh machine's first call: the build runs on while both checkpoints are written
+    local i; for i in $(seq 1 30); do [ -d /tmp/lc/llama.cpp/gguf-py ] && break; sleep 2; done
+    [ -f $g ] || PYTHONPATH=/tmp/lc/llama.cpp/gguf-py:$PYTHONPATH run_logged 300 gguf_gptoss \
+      python3 bench/gpu/make_gguf_gpt_oss.py $g 24 || rm -f $g
+    [ -f $ck/model.safetensors.index.json ] || run_logged 240 ck_gptoss python3 -m freetoken.bench.e2e --preset \
+      gpt-oss-20b --dir $ck --policies fused --batch 1 --tokens 2 --warmup 1 --repeats 1 --no-moe-only --no-bound
+    ls -la $g; du -sh $ck; echo "llama.cpp build: $(tail -1 /tmp/lc/build.log 2>/dev/null)"; return
+  fi
   wait_llama 60 || { echo "llama.cpp still building (or failed: $(tail -3 /tmp/lc/build.log 2>/dev/null)): call again"; return; }
   export PYTHONPATH=/tmp/lc/llama.cpp/gguf-py:$PYTHONPATH
-  local g=/tmp/gptoss.gguf
   local free_gb; free_gb=$(df -BG --output=avail /tmp | tail -1 | tr -dc 0-9)  # 64 GB disk: other stages' checkpoints
   [ -f $g ] || [ "$free_gb" -ge 16 ] || { echo "only ${free_gb} GB free under /tmp (the GGUF needs 14): rm -rf /tmp/ft-e2e-*"; return; }
   [ -f $g ] || run_logged 300 gguf_gptoss python3 bench/gpu/make_gguf_gpt_oss.py $g 24 || { rm -f $g; return; }
   if [ "${1:-}" = e2e ]; then
-    run_logged 500 e2e_gptoss python3 -m freetoken.bench.e2e --preset gpt-oss-20b --dir /tmp/ft-e2e-gpt-oss-20b \
+    run_logged 500 e2e_gptoss python3 -m freetoken.bench.e2e --preset gpt-oss-20b --dir $ck \
       --expert-cache 0.25 --policies fused,hybrid --cpu-threads 6 --batch 1 --repeats 2 --temperature 1.0 \
       --peer-llama-cpp $LB $g --json "$OUT/e2e_gptoss.json"
     tables e2e_gptoss; return
