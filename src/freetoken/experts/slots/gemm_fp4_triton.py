@@ -84,25 +84,34 @@ def _e2m1_hi(b):
 
 
 @triton.jit
-def _w_tiles(wp, sp, rows, offs_b, rmask, bmask, K: tl.constexpr, KIND: tl.constexpr, DT: tl.constexpr):
-    """The weight tiles of ``rows`` x the packed bytes ``offs_b`` of one slot bank (``wp`` packed bytes [rows, K/2],
-    ``sp`` scale rows) in the compute dtype: [BK/2, BN] of the even codes 2b (each byte's low nibble) and of the
-    odd codes 2b + 1 (its high nibble). The bytes load as contiguous runs of each row, both nibbles used."""
-    m = bmask[:, None] & rmask[None, :]
+def _w_tiles(wp, sp, rows, b0, rmask, NB: tl.constexpr, K: tl.constexpr, KIND: tl.constexpr, DT: tl.constexpr):
+    """The weight tiles of ``rows`` x the NB packed bytes from ``b0`` (a multiple of 16) of one slot bank (``wp``
+    packed bytes [rows, K/2], ``sp`` scale rows) in the compute dtype: [NB, BN] of the even codes 2b (each byte's low
+    nibble) and of the odd codes 2b + 1 (its high nibble). The bytes load as contiguous runs of each row, both nibbles
+    used; the group scales load once per group ([NB/16, BN] for MXFP4, [NB/8, BN] for NVFP4) and are broadcast over
+    their bytes."""
+    offs_b = b0 + tl.arange(0, NB)
+    m = (offs_b < K // 2)[:, None] & rmask[None, :]
     r = rows[None, :].to(tl.int64)
     b = tl.load(wp + r * (K // 2) + offs_b[:, None], mask=m, other=0).to(tl.int32)
+    BN: tl.constexpr = rows.shape[0]
     if KIND == 0:  # MXFP4: e8m0 per 32 codes (16 bytes) -> 2^(s - 127) (code 0: 2^-127, a subnormal)
-        s = tl.load(sp + r * (K // 32) + (offs_b // 16)[:, None], mask=m, other=127).to(tl.int32)
-        scale = _bits_f32(tl.where(s == 0, 0x00400000, s << 23))
+        gi = b0 // 16 + tl.arange(0, NB // 16)
+        gm = (gi < K // 32)[:, None] & rmask[None, :]
+        s = tl.load(sp + r * (K // 32) + gi[:, None], mask=gm, other=127).to(tl.int32)
+        sg = _bits_f32(tl.where(s == 0, 0x00400000, s << 23))
+        scale = tl.reshape(tl.broadcast_to(sg[:, None, :], (NB // 16, 16, BN)), (NB, BN))
     else:  # NVFP4: e4m3 per 16 codes (8 bytes), times the row's float32 multiplier (the scale row's last 4 bytes)
         SB: tl.constexpr = K // 16 + 4
-        c = tl.load(sp + r * SB + (offs_b // 8)[:, None], mask=m, other=0).to(tl.int32)
-        s8 = _e4m3(c)
+        gi = b0 // 8 + tl.arange(0, NB // 8)
+        gm = (gi < K // 16)[:, None] & rmask[None, :]
+        c = tl.load(sp + r * SB + gi[:, None], mask=gm, other=0).to(tl.int32)
         mb = sp + rows.to(tl.int64) * SB + K // 16
         u = (tl.load(mb, mask=rmask, other=0).to(tl.int32) | (tl.load(mb + 1, mask=rmask, other=0).to(tl.int32) << 8)
              | (tl.load(mb + 2, mask=rmask, other=0).to(tl.int32) << 16)
              | (tl.load(mb + 3, mask=rmask, other=0).to(tl.int32) << 24))  # fmt: skip
-        scale = s8 * _bits_f32(u)[None, :]
+        sg = _e4m3(c) * _bits_f32(u)[None, :]
+        scale = tl.reshape(tl.broadcast_to(sg[:, None, :], (NB // 8, 8, BN)), (NB, BN))
     return _as_dt(_e2m1_lo(b) * scale, DT), _as_dt(_e2m1_hi(b) * scale, DT)
 
 
@@ -138,8 +147,8 @@ def _gate_up_fp4_kernel(
                 xrow = x + tok[:, None] * D + 2 * offs_b[None, :]
                 xe = tl.load(xrow, mask=xm, other=0.0)  # x at the even codes, then at the odd ones
                 xo = tl.load(xrow + 1, mask=xm, other=0.0)
-                ge, go = _w_tiles(wp, sp, offs_n, offs_b, nmask, bmask, D, KIND, DT)
-                ue, uo = _w_tiles(wp, sp, I + offs_n, offs_b, nmask, bmask, D, KIND, DT)
+                ge, go = _w_tiles(wp, sp, offs_n, b0, nmask, BK // 2, D, KIND, DT)
+                ue, uo = _w_tiles(wp, sp, I + offs_n, b0, nmask, BK // 2, D, KIND, DT)
                 acc_g = tl.dot(xe, ge, acc_g, input_precision=PREC)
                 acc_g = tl.dot(xo, go, acc_g, input_precision=PREC)
                 acc_u = tl.dot(xe, ue, acc_u, input_precision=PREC)
@@ -177,7 +186,7 @@ def _down_fp4_kernel(
             for b0 in range(0, I // 2, BK // 2):
                 offs_b = b0 + tl.arange(0, BK // 2)
                 bmask = offs_b < I // 2
-                we, wo = _w_tiles(wp, sp, offs_n, offs_b, nmask, bmask, I, KIND, DT)
+                we, wo = _w_tiles(wp, sp, offs_n, b0, nmask, BK // 2, I, KIND, DT)
                 hp = h + (start + rows).to(tl.int64)[:, None] * I + 2 * offs_b[None, :]
                 hm = mmask[:, None] & bmask[None, :]
                 acc = tl.dot(_as_dt(tl.load(hp, mask=hm, other=0.0), DT), we, acc, input_precision=PREC)
