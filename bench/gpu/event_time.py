@@ -21,3 +21,15 @@ def median_ms(run: Callable[[], object], reps: int = 7) -> float:
         b.synchronize()
         times.append(a.elapsed_time(b))
     return statistics.median(times)
+
+
+def graph_us(fn: Callable[[int], object], calls: int, reps: int = 7) -> float:
+    """Device µs per call of ``fn(0) … fn(calls - 1)``, captured once in a CUDA graph (as the engine replays its
+    steps) and replayed ``reps`` times (``median_ms``); ``fn(0)`` runs once first (compiles, allocates)."""
+    fn(0)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(calls):
+            fn(i)
+    return median_ms(g.replay, reps) * 1e3 / calls

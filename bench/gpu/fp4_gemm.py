@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import torch
-from event_time import median_ms
+from event_time import graph_us
 
 from freetoken.experts.reference import ExpertAct
 from freetoken.experts.slots import gemm_fp4_triton
@@ -32,16 +31,6 @@ from freetoken.quant import format_by_name
 
 CALLS = 12
 SHAPES = {"qwen3": (2048, 768, 8, False), "gpt-oss": (2880, 2880, 4, True)}  # D, I, top-k, gpt-oss's activation
-
-
-def _time_us(fn: Callable[[int], object], reps: int = 7) -> float:
-    fn(0)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(CALLS):
-            fn(i)
-    return median_ms(g.replay, reps) * 1e3 / CALLS
 
 
 def _load_before(src: Path) -> ModuleType:
@@ -86,18 +75,18 @@ def bench_row(shape: str, fmt_name: str, T: int, S: int, before: ModuleType | No
     err = float((ours(0) - exact).abs().max()) / scale
     assert err < 2e-2, f"{shape} {fmt_name} T={T}: FP4 kernel off the fp32 reference by {err:.3g}"
     n_exp = int(calls[0][0].n_groups)
-    t4 = _time_us(ours)
+    t4 = graph_us(ours, CALLS)
     cells = [shape, fmt_name, str(T), str(n_exp), f"{t4:.1f}", f"{n_exp * packed / (t4 * 1e-6) / 1e9:.0f}"]
     if before is not None:
         old = lambda i: before.grouped_experts_fp4_triton(x, calls[i][0], calls[i][1], w, sw, E)  # noqa: E731
         err_old = float((old(0) - exact).abs().max()) / scale
-        t_old = _time_us(old)
+        t_old = graph_us(old, CALLS)
         cells += [f"{t_old:.1f}", f"{t_old / t4:.2f}x", f"{err_old:.1e}"]
     else:
         cells += ["–", "–", "–"]
     if not gptoss:  # the bf16 kernel has no gpt-oss activation path here: the Qwen shape only
         gub, dnb = (t.contiguous() for t in sw.rows(slice(None), torch.bfloat16))
-        t16 = _time_us(lambda i: grouped_experts_triton(x, calls[i][0], calls[i][1], w, gub, dnb, E))
+        t16 = graph_us(lambda i: grouped_experts_triton(x, calls[i][0], calls[i][1], w, gub, dnb, E), CALLS)
         cells += [f"{t16:.1f}", f"{t16 / t4:.2f}x"]
     else:
         cells += ["–", "–"]

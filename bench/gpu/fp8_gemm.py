@@ -16,7 +16,7 @@ import argparse
 from collections.abc import Callable
 
 import torch
-from event_time import median_ms
+from event_time import graph_us, median_ms
 
 from freetoken.experts.slots.gemm import grouped_experts_gather, grouped_experts_loop
 from freetoken.experts.slots.gemm_fp8_triton import grouped_experts_fp8_triton
@@ -30,19 +30,12 @@ CALLS = 12
 
 
 def _time_us(fn: Callable[[int], object], graph: bool, reps: int = 7) -> float:
-    fn(0)
-    torch.cuda.synchronize()
     if graph:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for i in range(CALLS):
-                fn(i)
-        run: Callable[[], object] = g.replay
-    else:  # the torch loop reads group counts on the host: not capturable
+        return graph_us(fn, CALLS, reps)
 
-        def run() -> None:
-            for i in range(CALLS):
-                fn(i)
+    def run() -> None:  # the torch loop reads group counts on the host: not capturable
+        for i in range(CALLS):
+            fn(i)
 
     return median_ms(run, reps) * 1e3 / CALLS
 

@@ -10,25 +10,14 @@ from __future__ import annotations
 
 import argparse
 import itertools
-from collections.abc import Callable
 
 import torch
-from event_time import median_ms
+from event_time import graph_us
 
 from freetoken.experts.slots.gemm_triton import DEFAULT_TILES, GemmTiles, grouped_experts_triton
 from freetoken.experts.slots.plan import group_routes
 
 D, INTER, TOP_K = 2048, 768, 8
-
-
-def _time_us(fn: Callable[[int], object], calls: int = 24, reps: int = 7) -> float:
-    fn(0)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fn(i)
-    return median_ms(g.replay, reps) * 1e3 / calls
 
 
 def bench_tokens(T: int, gu: torch.Tensor, dn: torch.Tensor, settings: list[tuple[str, GemmTiles]]) -> None:
@@ -49,7 +38,7 @@ def bench_tokens(T: int, gu: torch.Tensor, dn: torch.Tensor, settings: list[tupl
     for name, tiles in settings:
         try:
             err = (run(0, tiles) - ref).abs().max().item()
-            us = _time_us(lambda i, t=tiles: run(i, t))
+            us = graph_us(lambda i, t=tiles: run(i, t), 24)
         except Exception as e:  # a setting the compiler refuses
             print(f"{name:32s}  failed: {type(e).__name__}: {str(e)[:80]}")
             continue
