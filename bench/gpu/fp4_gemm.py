@@ -1,6 +1,6 @@
 """The Triton FP4 grouped GEMM (``slots/gemm_fp4_triton.py``, MXFP4 and NVFP4) against the bf16 kernel on the same
 weights, and against another tree's FP4 kernel (``--before DIR``: that tree's ``gemm_fp4_triton.py``, loaded beside
-this one) in the same loop.
+this one) in the same loop; then a sweep of one token's tiles.
 
 Shapes: Qwen3-30B-A3B's experts (D 2048, I 768, top-8) and gpt-oss-20b's (D 2880, I 2880, top-4, its biased clamped
 activation), T tokens (decode 1 and 4, prefill 64), slots drawn at random from a bank larger than L2 for every call.
@@ -24,7 +24,7 @@ from event_time import graph_us
 from freetoken.experts.reference import ExpertAct
 from freetoken.experts.slots import gemm_fp4_triton
 from freetoken.experts.slots.gemm import grouped_experts_loop
-from freetoken.experts.slots.gemm_triton import grouped_experts_triton
+from freetoken.experts.slots.gemm_triton import GemmTiles, grouped_experts_triton
 from freetoken.experts.slots.plan import group_routes
 from freetoken.experts.slots.weights import SlotWeights
 from freetoken.quant import format_by_name
@@ -55,9 +55,8 @@ def _weights(fmt_name: str, D: int, inter: int, S: int, gptoss: bool, dev: torch
     return SlotWeights(gu.to(dev), dn.to(dev), fmt, gus.to(dev), dns.to(dev), act=act)
 
 
-def bench_row(shape: str, fmt_name: str, T: int, S: int, before: ModuleType | None) -> str:
+def bench_row(shape: str, fmt_name: str, T: int, S: int, before: ModuleType | None, dev: torch.device) -> str:
     D, inter, k, gptoss = SHAPES[shape]
-    dev = torch.device("cuda")
     sw = _weights(fmt_name, D, inter, S, gptoss, dev)
     assert sw.gate_up_scale is not None and sw.down_scale is not None
     packed = (sw.gate_up[0].numel() + sw.down[0].numel() + sw.gate_up_scale[0].numel() + sw.down_scale[0].numel())
@@ -93,20 +92,61 @@ def bench_row(shape: str, fmt_name: str, T: int, S: int, before: ModuleType | No
     return "| " + " | ".join(cells + [f"{err:.1e}"]) + " |"
 
 
+# One token's tiles to compare (``decode_tiles(k)`` is the default): the dequantising kernel is compute-heavier than the
+# bf16 one, so its best tile may differ
+TILES = [
+    GemmTiles(gu_bn=32, gu_bk=128),
+    GemmTiles(gu_bn=32, gu_bk=256),
+    GemmTiles(gu_bn=64, gu_bk=128),
+    GemmTiles(gu_bn=16, gu_bk=256, dn_bn=32, dn_bk=128),
+    GemmTiles(gu_bn=32, gu_bk=128, dn_bn=32, dn_bk=128),
+    GemmTiles(gu_bn=32, gu_bk=128, gu_warps=8, dn_warps=8),
+]
+
+
+def sweep_tiles(shape: str, fmt_name: str, S: int, dev: torch.device) -> None:
+    """T = 1: µs per call of each of ``TILES`` (output checked against the default's)."""
+    D, inter, k, gptoss = SHAPES[shape]
+    sw = _weights(fmt_name, D, inter, S, gptoss, dev)
+    x, w = torch.randn(1, D, device=dev).bfloat16(), torch.rand(1, k, device=dev)
+    calls = []
+    for _ in range(CALLS):
+        groups = group_routes(torch.randperm(S, device=dev)[:k], S)
+        calls.append((groups, torch.where(groups.valid, groups.eid, torch.full_like(groups.eid, -1))))
+    run = gemm_fp4_triton.grouped_experts_fp4_triton
+    ref = run(x, calls[0][0], calls[0][1], w, sw, k)
+    for t in TILES:
+        try:
+            err = float((run(x, calls[0][0], calls[0][1], w, sw, k, tiles=t) - ref).abs().max())
+            us = graph_us(lambda i, t=t: run(x, calls[i][0], calls[i][1], w, sw, k, tiles=t), CALLS)
+        except Exception as e:  # a setting the compiler refuses
+            print(f"| {shape} | {fmt_name} | {t} | failed: {type(e).__name__} |")
+            continue
+        print(f"| {shape} | {fmt_name} | gu {t.gu_bn}x{t.gu_bk} w{t.gu_warps}, dn {t.dn_bn}x{t.dn_bk} w{t.dn_warps} "
+              f"| {us:.1f} | {err:.1e} |", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", default="1,4,64")
     p.add_argument("--slots", type=int, default=48, help="experts in the slot bank")
     p.add_argument("--before", type=Path, default=None, help="another tree's src/: its FP4 kernel timed alongside")
+    p.add_argument("--no-tiles", action="store_true", help="skip the one-token tile sweep")
     args = p.parse_args()
     before = _load_before(args.before) if args.before is not None else None
+    dev = torch.device("cuda")
     print("| shape | format | T | experts/call | FP4 µs | packed GB/s | before µs | before / this | before's err "
           "| bf16 µs | bf16 / FP4 | err vs fp32 |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for shape in SHAPES:
         for fmt_name in ("mxfp4", "nvfp4"):
             for T in (int(t) for t in args.tokens.split(",")):
-                print(bench_row(shape, fmt_name, T, args.slots, before), flush=True)
+                print(bench_row(shape, fmt_name, T, args.slots, before, dev), flush=True)
+    if not args.no_tiles:
+        print("\n| shape | format | tiles (T = 1) | µs | max diff vs the default's |\n|---|---|---|---|---|")
+        for shape in SHAPES:
+            for fmt_name in ("mxfp4", "nvfp4"):
+                sweep_tiles(shape, fmt_name, args.slots, dev)
 
 
 if __name__ == "__main__":
