@@ -141,12 +141,10 @@ def _gate_up_fp4_kernel(
             acc_g = tl.zeros((BM, BN), dtype=tl.float32)
             acc_u = tl.zeros((BM, BN), dtype=tl.float32)
             for b0 in range(0, D // 2, BK // 2):  # BK codes = BK / 2 packed bytes a step
-                offs_b = b0 + tl.arange(0, BK // 2)
-                bmask = offs_b < D // 2
-                xm = mmask[:, None] & bmask[None, :]
-                xrow = x + tok[:, None] * D + 2 * offs_b[None, :]
-                xe = tl.load(xrow, mask=xm, other=0.0)  # x at the even codes, then at the odd ones
-                xo = tl.load(xrow + 1, mask=xm, other=0.0)
+                offs_k = 2 * b0 + tl.arange(0, BK)
+                xm = mmask[:, None] & (offs_k < D)[None, :]
+                xa = tl.load(x + tok[:, None] * D + offs_k[None, :], mask=xm, other=0.0)
+                xe, xo = tl.split(tl.reshape(xa, (BM, BK // 2, 2)))  # x at the even codes, and at the odd ones
                 ge, go = _w_tiles(wp, sp, offs_n, b0, nmask, BK // 2, D, KIND, DT)
                 ue, uo = _w_tiles(wp, sp, I + offs_n, b0, nmask, BK // 2, D, KIND, DT)
                 acc_g = tl.dot(xe, ge, acc_g, input_precision=PREC)
@@ -184,13 +182,14 @@ def _down_fp4_kernel(
             ridx = tl.load(order + start + rows, mask=mmask, other=0).to(tl.int64)
             acc = tl.zeros((BM, BN), dtype=tl.float32)
             for b0 in range(0, I // 2, BK // 2):
-                offs_b = b0 + tl.arange(0, BK // 2)
-                bmask = offs_b < I // 2
                 we, wo = _w_tiles(wp, sp, offs_n, b0, nmask, BK // 2, I, KIND, DT)
-                hp = h + (start + rows).to(tl.int64)[:, None] * I + 2 * offs_b[None, :]
-                hm = mmask[:, None] & bmask[None, :]
-                acc = tl.dot(_as_dt(tl.load(hp, mask=hm, other=0.0), DT), we, acc, input_precision=PREC)
-                acc = tl.dot(_as_dt(tl.load(hp + 1, mask=hm, other=0.0), DT), wo, acc, input_precision=PREC)
+                offs_k = 2 * b0 + tl.arange(0, BK)
+                hm = mmask[:, None] & (offs_k < I)[None, :]
+                hp = h + (start + rows).to(tl.int64)[:, None] * I + offs_k[None, :]
+                ha = _as_dt(tl.load(hp, mask=hm, other=0.0), DT)
+                he, ho = tl.split(tl.reshape(ha, (BM, BK // 2, 2)))
+                acc = tl.dot(he, we, acc, input_precision=PREC)
+                acc = tl.dot(ho, wo, acc, input_precision=PREC)
             w = tl.load(wts + ridx, mask=mmask, other=0.0)
             yp = y + ridx[:, None] * D + offs_n[None, :]
             tl.store(yp, acc * w[:, None], mask=mmask[:, None] & nmask[None, :])
