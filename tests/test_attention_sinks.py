@@ -135,3 +135,31 @@ def test_triton_prefill_with_sinks_in_the_interpreter() -> None:
             ref = paged_prefill_reference(q, k, v, meta, SCALE, window, sinks)
             out = paged_prefill_triton(q, k, v, meta, SCALE, window, sinks)
             assert float((out - ref).norm() / ref.norm()) < 1e-5, (seqs, window)
+
+
+@TRITON_INTERPRETER
+@pytest.mark.parametrize("sinks", [False, True])
+def test_ring_window_decode_through_the_paged_kernel(sinks: bool) -> None:
+    """gpt-oss's window layers on CUDA: ``ring_decode_triton`` (the token's K/V into its ring row first, then the ring
+    read as one page through the paged decode kernel) against the layer's torch path, in Triton's interpreter:
+    positions before, at and past the window (the ring not yet full, just full, wrapped), GQA; the rings after."""
+    from types import SimpleNamespace
+
+    from freetoken.layers.window_attention import WindowAttention, ring_decode_triton
+
+    g = torch.Generator().manual_seed(5)
+    S, W, H, hkv, hd = 5, 32, 8, 2, 16
+    layer = WindowAttention.__new__(WindowAttention)
+    layer.window, layer.h, layer.hkv, layer.hd, layer.scale = W, H, hkv, hd, hd**-0.5
+    layer.sinks = _sinks(H) if sinks else None
+    rk, rv = (torch.randn(S, W, hkv, hd, generator=g) for _ in range(2))
+    slots = torch.tensor([3, 0, 4, 1])
+    pos = torch.tensor([5, W - 1, W, 3 * W + 7])
+    q = torch.randn(4, H, hd, generator=g)
+    k, v = (torch.randn(4, hkv, hd, generator=g) for _ in range(2))
+    batch = SimpleNamespace(state_slots=slots, positions=pos)
+    rk_ref, rv_ref = rk.clone(), rv.clone()
+    want = layer._decode(q, k, v, batch, rk_ref, rv_ref)  # type: ignore[arg-type]  # the torch path on the CPU
+    got = ring_decode_triton(q, k, v, slots, pos, rk, rv, layer.scale, layer.sinks)
+    assert float((got - want).norm() / want.norm()) < 1e-5
+    assert torch.equal(rk, rk_ref) and torch.equal(rv, rv_ref)

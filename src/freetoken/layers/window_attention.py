@@ -6,7 +6,8 @@ anchors like the recurrent states, ``SeqAttn.captures``) resumes it after an edi
 A step's queries attend to the ring (the W positions before the sequence's first new token; those below 0 masked) and
 to the step's own new K/V, causally within the window (a query at p sees p - W < t <= p), with the per-head sinks where
 the model has them; then the ring takes the newest W positions. Decode steps run batched from ``batch.state_slots``
-with no host read (fixed shapes: a CUDA graph captures them); other steps run per sequence, their queries in blocks
+with no host read (fixed shapes: a CUDA graph captures them; on CUDA through the paged decode kernel, the ring read as
+one page a sequence: ``ring_decode_triton``); other steps run per sequence, their queries in blocks
 so a long prompt never builds more than [block, W + block] scores. T = new tokens (all sequences), H / Hkv = query /
 KV heads, hd = head dim, W = window.
 """
@@ -17,8 +18,10 @@ import torch
 import torch.nn.functional as F
 
 from freetoken.cache.state_pool import StatePool
+from freetoken.kernels.attention import DecodeMeta
 from freetoken.kernels.attention.sinks import sdpa_with_sinks
 from freetoken.kernels.linear import linear
+from freetoken.kernels.triton_support import use_triton
 from freetoken.layers.attention import AttentionWeights, AttnBatch, SeqAttn
 from freetoken.layers.rope import Rotary
 
@@ -78,6 +81,8 @@ class WindowAttention:
         masked) and the token itself; then the token's K/V into ring row p % W."""
         assert batch.state_slots is not None, "a decode step over ring window layers needs state slots"
         W, slots, pos = self.window, batch.state_slots, batch.positions
+        if use_triton(q):
+            return ring_decode_triton(q, k, v, slots, pos, rk, rv, self.scale, self.sinks)
         kpos = pos[:, None] - W + torch.arange(W, device=pos.device)[None, :]  # [B, W]
         rows = torch.remainder(kpos, W)
         keys = torch.cat((rk[slots[:, None], rows], k[:, None]), dim=1).transpose(1, 2)  # [B, Hkv, W+1, hd]
@@ -127,3 +132,31 @@ class WindowAttention:
         at = torch.remainder(pos, self.window)
         rk[slot].index_copy_(0, at, keys)
         rv[slot].index_copy_(0, at, vals)
+
+
+def ring_decode_triton(
+    q: torch.Tensor,  # [B, H, hd] one new token per sequence, roped
+    k: torch.Tensor,  # [B, Hkv, hd] its K and V (ring dtype)
+    v: torch.Tensor,
+    slots: torch.Tensor,  # [B] state slots
+    pos: torch.Tensor,  # [B] int64 the tokens' positions
+    rk: torch.Tensor,  # [S, W, Hkv, hd] the layer's rings (contiguous)
+    rv: torch.Tensor,
+    scale: float,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:  # [B, H, hd] float32
+    """``WindowAttention._decode`` through the paged decode kernel: the token's K/V first replace ring row p % W, which
+    held position p - W, the one position its window drops; then rows 0 .. min(p + 1, W) - 1 of the slot's ring are
+    exactly its window (softmax does not care in which order), read as one page of W rows a sequence (the block table
+    is the slots). Three launches and no host read, where the torch path takes about twenty small ops."""
+    S, W, hkv, hd = rk.shape
+    from freetoken.kernels.attention.triton_decode import BLOCK_N, default_splits, paged_decode_triton
+
+    here = torch.remainder(pos, W)
+    rk[slots, here] = k
+    rv[slots, here] = v
+    meta = DecodeMeta(block_table=slots[:, None], seq_lens=torch.clamp(pos + 1, max=W), page_size=W)
+    splits = max(1, min(default_splits(q.shape[0], hkv), -(-W // BLOCK_N)))
+    out = paged_decode_triton(q, rk.view(S * W, hkv, hd), rv.view(S * W, hkv, hd), meta, scale, splits=splits,
+                              sinks=sinks)  # fmt: skip
+    return out.float()
