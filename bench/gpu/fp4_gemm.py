@@ -8,12 +8,13 @@ Every output is checked against the fp32 reference on the dequantised weights (`
 device µs per call (CUDA-graph replay, events, median). GB/s: packed bytes of the distinct experts read per call
 (codes + scale rows; bf16 bytes for the bf16 kernel).
 
-    PYTHONPATH=src python3 bench/gpu/fp4_gemm.py [--tokens 1,4,64] [--slots 48] [--before .before/src]
+    PYTHONPATH=src python3 bench/gpu/fp4_gemm.py [--tokens 1,4,64] [--before .before/src] [--no-tiles]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 from pathlib import Path
 from types import ModuleType
@@ -31,6 +32,7 @@ from freetoken.quant import format_by_name
 
 CALLS = 12
 SHAPES = {"qwen3": (2048, 768, 8, False), "gpt-oss": (2880, 2880, 4, True)}  # D, I, top-k, gpt-oss's activation
+SLOTS = {"qwen3": 48, "gpt-oss": 16}  # the bank's experts: 115 / 200 MB packed, both well past the L2 cache
 
 
 def _load_before(src: Path) -> ModuleType:
@@ -43,6 +45,7 @@ def _load_before(src: Path) -> ModuleType:
     return mod
 
 
+@functools.cache  # one bank per shape and format: quantising gpt-oss's 17 slots takes seconds on the host
 def _weights(fmt_name: str, D: int, inter: int, S: int, gptoss: bool, dev: torch.device) -> SlotWeights:
     fmt = format_by_name(fmt_name)
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -55,8 +58,9 @@ def _weights(fmt_name: str, D: int, inter: int, S: int, gptoss: bool, dev: torch
     return SlotWeights(gu.to(dev), dn.to(dev), fmt, gus.to(dev), dns.to(dev), act=act)
 
 
-def bench_row(shape: str, fmt_name: str, T: int, S: int, before: ModuleType | None, dev: torch.device) -> str:
+def bench_row(shape: str, fmt_name: str, T: int, before: ModuleType | None, dev: torch.device) -> str:
     D, inter, k, gptoss = SHAPES[shape]
+    S = SLOTS[shape]
     sw = _weights(fmt_name, D, inter, S, gptoss, dev)
     assert sw.gate_up_scale is not None and sw.down_scale is not None
     packed = (sw.gate_up[0].numel() + sw.down[0].numel() + sw.gate_up_scale[0].numel() + sw.down_scale[0].numel())
@@ -104,9 +108,10 @@ TILES = [
 ]
 
 
-def sweep_tiles(shape: str, fmt_name: str, S: int, dev: torch.device) -> None:
+def sweep_tiles(shape: str, fmt_name: str, dev: torch.device) -> None:
     """T = 1: µs per call of each of ``TILES`` (output checked against the default's)."""
     D, inter, k, gptoss = SHAPES[shape]
+    S = SLOTS[shape]
     sw = _weights(fmt_name, D, inter, S, gptoss, dev)
     x, w = torch.randn(1, D, device=dev).bfloat16(), torch.rand(1, k, device=dev)
     calls = []
@@ -129,7 +134,6 @@ def sweep_tiles(shape: str, fmt_name: str, S: int, dev: torch.device) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", default="1,4,64")
-    p.add_argument("--slots", type=int, default=48, help="experts in the slot bank")
     p.add_argument("--before", type=Path, default=None, help="another tree's src/: its FP4 kernel timed alongside")
     p.add_argument("--no-tiles", action="store_true", help="skip the one-token tile sweep")
     args = p.parse_args()
@@ -141,12 +145,12 @@ def main() -> None:
     for shape in SHAPES:
         for fmt_name in ("mxfp4", "nvfp4"):
             for T in (int(t) for t in args.tokens.split(",")):
-                print(bench_row(shape, fmt_name, T, args.slots, before, dev), flush=True)
+                print(bench_row(shape, fmt_name, T, before, dev), flush=True)
     if not args.no_tiles:
         print("\n| shape | format | tiles (T = 1) | µs | max diff vs the default's |\n|---|---|---|---|---|")
         for shape in SHAPES:
             for fmt_name in ("mxfp4", "nvfp4"):
-                sweep_tiles(shape, fmt_name, args.slots, dev)
+                sweep_tiles(shape, fmt_name, dev)
 
 
 if __name__ == "__main__":
