@@ -45,17 +45,18 @@ def _load_before(src: Path) -> ModuleType:
     return mod
 
 
-@functools.cache  # one bank per shape and format: quantising gpt-oss's 17 slots takes seconds on the host
+@functools.cache  # one bank per shape and format
 def _weights(fmt_name: str, D: int, inter: int, S: int, gptoss: bool, dev: torch.device) -> SlotWeights:
+    """Random experts rounded by the format's own quantiser (on ``dev``: gpt-oss's 17 slots are 0.4 G weights)."""
     fmt = format_by_name(fmt_name)
-    g = torch.Generator(device="cpu").manual_seed(0)
-    gu, gus = fmt.quantize(torch.randn(S + 1, 2 * inter, D, generator=g) / D**0.5)
-    dn, dns = fmt.quantize(torch.randn(S + 1, D, inter, generator=g) / inter**0.5)
+    g = torch.Generator(device=dev).manual_seed(0)
+    gu, gus = fmt.quantize(torch.randn(S + 1, 2 * inter, D, generator=g, device=dev) / D**0.5)
+    dn, dns = fmt.quantize(torch.randn(S + 1, D, inter, generator=g, device=dev) / inter**0.5)
     assert gus is not None and dns is not None
     act = None
     if gptoss:  # biases by eid: slots double as eids here
-        act = ExpertAct("gptoss", (torch.randn(S + 1, 2 * inter, generator=g) * 0.1).to(dev))
-    return SlotWeights(gu.to(dev), dn.to(dev), fmt, gus.to(dev), dns.to(dev), act=act)
+        act = ExpertAct("gptoss", torch.randn(S + 1, 2 * inter, generator=g, device=dev) * 0.1)
+    return SlotWeights(gu, dn, fmt, gus, dns, act=act)
 
 
 def bench_row(shape: str, fmt_name: str, T: int, before: ModuleType | None, dev: torch.device) -> str:
