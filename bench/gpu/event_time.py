@@ -1,5 +1,6 @@
 """Device time of a callable on CUDA for the kernel benchmarks here: one warm-up run, then ``reps`` runs each between
-two CUDA events; the median in milliseconds. (Scripts run as ``python3 bench/gpu/X.py`` import it as ``event_time``.)"""
+two CUDA events; the median in milliseconds; and the routes the grouped-GEMM benchmarks replay. (Scripts run as
+``python3 bench/gpu/X.py`` import it as ``event_time``.)"""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import statistics
 from collections.abc import Callable
 
 import torch
+
+from freetoken.experts.slots.plan import RouteGroups, group_routes
 
 
 def median_ms(run: Callable[[], object], reps: int = 7) -> float:
@@ -33,3 +36,14 @@ def graph_us(fn: Callable[[int], object], calls: int, reps: int = 7) -> float:
         for i in range(calls):
             fn(i)
     return median_ms(g.replay, reps) * 1e3 / calls
+
+
+def slot_routes(T: int, S: int, k: int, n: int, dev: torch.device) -> list[tuple[RouteGroups, torch.Tensor]]:
+    """``n`` steps of T tokens' top-k routes over S slots (distinct slots per token, drawn anew each step: the weights
+    come from HBM, not L2), each as (its groups, each group's slot): what the grouped-GEMM benchmarks replay."""
+    calls = []
+    for _ in range(n):
+        ids = torch.rand(T, S, device=dev).argsort(dim=1)[:, :k]  # [T, k]
+        groups = group_routes(ids.reshape(-1), S)
+        calls.append((groups, torch.where(groups.valid, groups.eid, torch.full_like(groups.eid, -1))))
+    return calls

@@ -20,13 +20,12 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
-from event_time import graph_us
+from event_time import graph_us, slot_routes
 
 from freetoken.experts.reference import ExpertAct
 from freetoken.experts.slots import gemm_fp4_triton
 from freetoken.experts.slots.gemm import grouped_experts_loop
 from freetoken.experts.slots.gemm_triton import GemmTiles, grouped_experts_triton
-from freetoken.experts.slots.plan import group_routes
 from freetoken.experts.slots.weights import SlotWeights
 from freetoken.quant import format_by_name
 
@@ -67,11 +66,7 @@ def bench_row(shape: str, fmt_name: str, T: int, before: ModuleType | None, dev:
     packed = (sw.gate_up[0].numel() + sw.down[0].numel() + sw.gate_up_scale[0].numel() + sw.down_scale[0].numel())
     x = torch.randn(T, D, device=dev).bfloat16()
     w = torch.rand(T, k, device=dev)
-    calls = []
-    for _ in range(CALLS):
-        ids = torch.rand(T, S, device=dev).argsort(dim=1)[:, :k]  # [T, k] distinct slots per token
-        groups = group_routes(ids.reshape(-1), S)
-        calls.append((groups, torch.where(groups.valid, groups.eid, torch.full_like(groups.eid, -1))))
+    calls = slot_routes(T, S, k, CALLS, dev)
     E = min(S, T * k)
     ours = lambda i: gemm_fp4_triton.grouped_experts_fp4_triton(x, calls[i][0], calls[i][1], w, sw, E)  # noqa: E731
     exact = grouped_experts_loop(x.float(), calls[0][0], calls[0][1], w, sw)  # fp32 on the dequantised weights
@@ -115,10 +110,7 @@ def sweep_tiles(shape: str, fmt_name: str, dev: torch.device) -> None:
     S = SLOTS[shape]
     sw = _weights(fmt_name, D, inter, S, gptoss, dev)
     x, w = torch.randn(1, D, device=dev).bfloat16(), torch.rand(1, k, device=dev)
-    calls = []
-    for _ in range(CALLS):
-        groups = group_routes(torch.randperm(S, device=dev)[:k], S)
-        calls.append((groups, torch.where(groups.valid, groups.eid, torch.full_like(groups.eid, -1))))
+    calls = slot_routes(1, S, k, CALLS, dev)
     run = gemm_fp4_triton.grouped_experts_fp4_triton
     ref = run(x, calls[0][0], calls[0][1], w, sw, k)
     for t in TILES:

@@ -16,12 +16,11 @@ import argparse
 from collections.abc import Callable
 
 import torch
-from event_time import graph_us, median_ms
+from event_time import graph_us, median_ms, slot_routes
 
 from freetoken.experts.slots.gemm import grouped_experts_gather, grouped_experts_loop
 from freetoken.experts.slots.gemm_fp8_triton import grouped_experts_fp8_triton
 from freetoken.experts.slots.gemm_triton import grouped_experts_triton
-from freetoken.experts.slots.plan import group_routes
 from freetoken.experts.slots.weights import SlotWeights
 from freetoken.quant import FP8_BLOCK_128
 
@@ -46,11 +45,7 @@ def bench_tokens(T: int, S: int, sw: SlotWeights, gub: torch.Tensor, dnb: torch.
     fp8_bytes = 3 * D * INTER + (3 * D * INTER // 128**2) * 4
     x = torch.randn(T, D, device=dev).bfloat16()
     w = torch.rand(T, TOP_K, device=dev)
-    calls = []
-    for _ in range(CALLS):
-        ids = torch.rand(T, S, device=dev).argsort(dim=1)[:, :TOP_K]  # [T, k] distinct slots per token
-        groups = group_routes(ids.reshape(-1), S)
-        calls.append((groups, torch.where(groups.valid, groups.eid, torch.full_like(groups.eid, -1))))
+    calls = slot_routes(T, S, TOP_K, CALLS, dev)
     E = min(S, T * TOP_K)
     ours = lambda i: grouped_experts_fp8_triton(x, calls[i][0], calls[i][1], w, sw, E)  # noqa: E731
     bf16 = lambda i: grouped_experts_triton(x, calls[i][0], calls[i][1], w, gub, dnb, E)  # noqa: E731
