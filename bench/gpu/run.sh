@@ -40,7 +40,7 @@
 #                  forced at 16; one thread in the L3), beside the streaming read
 #   cpufp4         the FP4 dot products alone (bench/fp4_dot.cpp, AVX512-BF16, AVX-512 and AVX2, one thread in L2;
 #                  AVX-512 and AVX2 also on 6 and 16 threads, rows in L2 and from DRAM beside the streaming read)
-#                  and bench/cpu_formats.py for MXFP4 / NVFP4 at 6 and 16 threads per ISA, experts of 4x the bytes
+#                  and bench/cpu_formats.py for MXFP4 / NVFP4 at 6 and 16 threads per ISA, gpt-oss's experts
 #   formats        ft bench bw per expert format (bf16, fp8_block, mxfp4, nvfp4) at 6 and 16 threads: B_H, copies
 #   kernels        GPU kernels alone: gemm_tiles.py, fp8_gemm.py, fp4_gemm.py (.before carried: that tree's FP4
 #                  kernel too), dnstep_time.py, hostckpt_copy.py, sample_time.py
@@ -251,12 +251,11 @@ stage_cpufp4() {  # #35: the FP4 dot products alone (bench/fp4_dot.cpp: one thre
     --read-gib 2 --isa avx2
   run_logged 100 cpufp4_avx512 python3 bench/cpu_formats.py --formats mxfp4,nvfp4 --threads 6,16 --iters 5 \
     --pool-gib 2 --read-gib 2 --isa avx512
-  # experts of 4x the bytes (4096 x 1536): does the share of the streaming read grow with the bytes a call reads (a
-  # fixed cost per call) or not (the decode)?
-  run_logged 120 cpufp4_big python3 bench/cpu_formats.py --formats mxfp4,nvfp4 --threads 16 --iters 5 --pool-gib 2 \
-    --read-gib 2 --isa avx2 --hidden 4096 --inter 1536
+  # gpt-oss-20b's experts (2880 x 2880, top-4, MXFP4 as shipped): rows of 2,880 codes end in a partial span of scales
+  run_logged 120 cpufp4_gptoss python3 bench/cpu_formats.py --formats mxfp4 --threads 6,16 --iters 5 --pool-gib 2 \
+    --read-gib 2 --isa avx512 --hidden 2880 --inter 2880 --top-k 4
   lscpu | grep -E "^(Model name|Thread|Core|Socket)" | tee "$OUT/lscpu.txt"
-  tables fp4_dot fp4_dot_avx512 fp4_dot_avx2 cpufp4_avx2 cpufp4_avx512 cpufp4_big
+  tables fp4_dot fp4_dot_avx512 fp4_dot_avx2 cpufp4_avx2 cpufp4_avx512 cpufp4_gptoss
 }
 
 stage_formats() {  # the CPU kernel's B_H and the copies per expert format (packed bytes), 6 and 16 threads
