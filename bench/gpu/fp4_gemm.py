@@ -92,8 +92,8 @@ def bench_row(shape: str, fmt_name: str, T: int, before: ModuleType | None, dev:
     return "| " + " | ".join(cells + [f"{err:.1e}"]) + " |"
 
 
-# One token's tiles to compare (``decode_tiles(k)`` is the default): the dequantising kernel is compute-heavier than the
-# bf16 one, so its best tile may differ
+# One token's tiles to compare (``fp4_decode_tiles(k, format)`` is the default): the dequantising kernel is
+# compute-heavier than the bf16 one, so its best tile may differ
 TILES = [
     GemmTiles(gu_bn=32, gu_bk=128),
     GemmTiles(gu_bn=32, gu_bk=256),

@@ -38,6 +38,15 @@ from freetoken.experts.slots.weights import SlotWeights
 COLS = 32  # D and I are multiples of this; reduction tiles too
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _KINDS = {"mxfp4": 0, "nvfp4": 1}
+# One token's NVFP4 gate/up: a reduction step of 256 codes (16 groups' scales a load) beside the bf16 kernel's 128
+# (bench/gpu/fp4_gemm.py's sweep, H100, 2026-12-07: Qwen3's shape 36.1 against 43.6 µs, gpt-oss's 83.3 against 85.5;
+# MXFP4 ran slower with it: 34.6 against 33.8, 94.8 against 85.6)
+NV_ONE_TOKEN_TILES = GemmTiles(gu_bn=32, gu_bk=256)
+
+
+def fp4_decode_tiles(routes: int, kind: str) -> GemmTiles:
+    """The FP4 kernels' tiles for a step of ``routes`` routes of ``kind`` ("mxfp4" or "nvfp4") experts."""
+    return NV_ONE_TOKEN_TILES if kind == "nvfp4" and routes <= 8 else decode_tiles(routes)
 
 
 @triton.jit
@@ -217,7 +226,7 @@ def grouped_experts_fp4_triton(
     topk_w: torch.Tensor,  # [T, k]
     weights: SlotWeights,  # uint8 slots [S+1, 2I, D/2], [S+1, D, I/2] with their uint8 scale rows
     max_groups: int | None = None,  # distinct experts a step can route to (a layer's E): bounds the grid
-    tiles: GemmTiles | None = None,  # None: decode_tiles(K)
+    tiles: GemmTiles | None = None,  # None: fp4_decode_tiles(K, format)
     out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:  # [T, D] out_dtype
     T, k = topk_w.shape
@@ -227,7 +236,7 @@ def grouped_experts_fp4_triton(
     D = x.shape[1]
     I = weights.gate_up.shape[1] // 2
     kind = _KINDS[weights.fmt.name]
-    t = tiles or decode_tiles(K)
+    t = tiles or fp4_decode_tiles(K, weights.fmt.name)
     assert t.gu_bk % COLS == 0 and t.dn_bk % COLS == 0, f"fp4 reduction tiles must be multiples of {COLS}"
     assert weights.gate_up_scale is not None and weights.down_scale is not None and D % COLS == 0 and I % COLS == 0
     srow_gu, srow_dn = weights.gate_up_scale.shape[-1], weights.down_scale.shape[-1]
