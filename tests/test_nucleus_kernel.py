@@ -120,3 +120,41 @@ def test_sample_batch_draws_from_the_cut(device: str) -> None:
     ref = _cut(z, b)
     for r in range(B):
         assert torch.isfinite(ref[r, ids[r]]) or z[r, ids[r]] == ref[r][torch.isfinite(ref[r])].min(), r
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_cut_takes_raw_logits_and_temperatures(device: str) -> None:
+    """Unshifted logits and per-row temperatures (a greedy row's, 0, cut at 1): the kept set is the sorted cut's of
+    ``(x - max x) / t``, and the kept tokens keep their logits x (the draw shifts and scales them itself)."""
+    z, top_p, min_p = _rows(6, 3001, 7)
+    x = z * 1.5 + torch.arange(6.0)[:, None] * 3.0  # another scale and shift per row
+    temp = torch.tensor([1.5, 0.7, 0.0, 2.0, 1.0, 0.3])
+    t = torch.where(temp < 1e-5, torch.ones(6), temp)
+    from freetoken.kernels.nucleus_triton import nucleus_cut_triton
+
+    got = nucleus_cut_triton(x.to(device), top_p.to(device), min_p.to(device), temp.to(device)).cpu()
+    kept = torch.isfinite(got)
+    assert torch.equal(got[kept], x[kept])
+    zt = (x - x.max(dim=-1, keepdim=True).values) / t[:, None]
+    _check(zt, top_p, min_p, torch.where(kept, zt, float("-inf")))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sample_batch_cut_keeps_greedy_rows_greedy(device: str) -> None:
+    """Through ``sample_batch`` at other temperatures: a greedy row (temperature 0) takes argmax x, the drawn rows a
+    token the sorted cut of their scaled logits keeps (or ties)."""
+    B, V = 4, 2000
+    z, top_p, _ = _rows(B, V, 9)
+    x = z * 2.0 + 5.0
+    b = _batch(top_p, torch.zeros(B))
+    b.temperature = torch.tensor([0.0, 0.6, 1.4, 1.0])
+    b.seed_lo = torch.arange(B, dtype=torch.int64) * 7
+    f = Features(draw=True, cuts=True, penalties=False, logprobs=False, nucleus=True)
+    dev_b = SamplingBatch(**{k: v.to(device) for k, v in vars(b).items()})
+    ids = sample_batch(x.to(device), dev_b, features=f).ids.cpu()
+    assert int(ids[0]) == int(x[0].argmax())
+    t = torch.where(b.temperature < 1e-5, torch.ones(B), b.temperature)
+    zt = (x - x.max(dim=-1, keepdim=True).values) / t[:, None]
+    ref = _cut(zt, b)
+    for r in range(1, B):
+        assert torch.isfinite(ref[r, ids[r]]) or zt[r, ids[r]] == ref[r][torch.isfinite(ref[r])].min(), r

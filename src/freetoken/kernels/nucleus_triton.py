@@ -1,20 +1,24 @@
 """The sampler's top-p / min-p cut (``runner/sampler.py::_cut``) without sorting the vocabulary: per row, the
 smallest kept logit found by a radix select over the logits' float bits, then one masking pass.
 
-``z`` [B, V] holds each row's temperature-scaled logits with its best at 0, so ``w = exp(z)`` are the row's
-unnormalised probabilities (best 1) and ``S = sum w``. The sorted cut keeps a token when the probability mass ranked
-before it is at most ``top_p``: with ``key`` the logit's order-preserving uint32, token i is kept iff
-``W(key > key_i) <= top_p * S``, an upper set of keys, so it is ``key >= k*`` for the smallest kept key ``k*``. The
-select finds ``k*`` four bits at a time, most significant first (8 levels): level l's programs (one per block of
-``BLOCK`` tokens) sum ``w`` and count tokens per 16 values of the next 4 bits, among the tokens whose higher bits
-match the prefix chosen so far; the next level's programs each reduce those partial histograms in the same fixed order
-(the same bits in every program and every run: no atomics) and take the lowest digit whose bin holds a token and
-whose mass above (the mass above the prefix's range plus the bins above it) is at most ``top_p * S``. Min-p keeps
-``w >= min_p`` (the sorted cut's ``p >= min_p * p_max`` with ``p_max = 1 / S``). The best token always stays.
+Each program computes a row's temperature-scaled logits ``z = (x - max x) / t`` from the logits ``x`` [B, V] as it
+loads them (``t`` the row's temperature, 1 for a greedy row's, below 1e-5), so ``w = exp(z)`` are the row's
+unnormalised probabilities (best 1) and ``S = sum w``; the output is ``x`` with the cut tokens at -inf, which the draw
+(``draw_triton.py``) shifts and scales itself: no torch ops over the vocabulary around the cut. The sorted cut keeps a
+token when the probability mass ranked before it is at most ``top_p``: with ``key`` the logit's order-preserving
+uint32, token i is kept iff ``W(key > key_i) <= top_p * S``, an upper set of keys, so it is ``key >= k*`` for the
+smallest kept key ``k*``. The select finds ``k*`` four bits at a time, most significant first (8 levels): level l's
+programs (one per block of ``BLOCK`` tokens) sum ``w`` and count tokens per 16 values of the next 4 bits, among the
+tokens whose higher bits match the prefix chosen so far; the next level's programs each reduce those partial
+histograms in the same fixed order (the same bits in every program and every run: no atomics) and take the lowest
+digit whose bin holds a token and whose mass above (the mass above the prefix's range plus the bins above it) is at
+most ``top_p * S``. Min-p keeps ``w >= min_p`` (the sorted cut's ``p >= min_p * p_max`` with ``p_max = 1 / S``). The
+best token always stays.
 
 What differs from the sort: the masses are summed in another order (a token whose mass ranked before it is within
 float32 rounding of ``top_p * S`` may go the other way), and tokens tied at ``k*`` are all kept (the sort keeps those
-its order puts first). Launches: 8 histogram levels and one masking pass, fixed shapes, no host read: capturable.
+its order puts first). Launches: the rows' max, 8 histogram levels and one masking pass, fixed shapes, no host
+read: capturable.
 """
 
 from __future__ import annotations
@@ -35,6 +39,14 @@ def _keys(z):
     """float32 -> uint32 in the same order (negatives: every bit flipped; the others: the sign bit set)."""
     u = z.to(tl.uint32, bitcast=True)
     return tl.where((u >> 31) != 0, u ^ 0xFFFFFFFF, u | 0x80000000)
+
+
+@triton.jit
+def _row_z(X, M, T, row, cols, V, stride):
+    """A block of the row's logits x and their z = (x - max x) / t (a greedy row's t: 1)."""
+    x = tl.load(X + row.to(tl.int64) * stride + cols, mask=cols < V, other=float("-inf"))
+    t = tl.load(T + row)
+    return x, (x - tl.load(M + row)) / tl.where(t < 1e-5, 1.0, t)
 
 
 @triton.jit
@@ -72,12 +84,12 @@ def _choose(PH, PC, SP, SA, SS, TP, row, blk, B, NB, LEVEL: tl.constexpr, NB_POW
 
 
 @triton.jit
-def _level_kernel(Z, TP, PH, PC, SP, SA, SS, V, stride, B, NB, LEVEL: tl.constexpr, NB_POW: tl.constexpr,
+def _level_kernel(X, M, T, TP, PH, PC, SP, SA, SS, V, stride, B, NB, LEVEL: tl.constexpr, NB_POW: tl.constexpr,
                   BLOCK: tl.constexpr):  # fmt: skip
     """Partial histograms of digit LEVEL (bits 28 - 4 LEVEL .. 31 - 4 LEVEL) over the block's tokens in the range."""
     row, blk = tl.program_id(0), tl.program_id(1)
     cols = blk * BLOCK + tl.arange(0, BLOCK)
-    z = tl.load(Z + row.to(tl.int64) * stride + cols, mask=cols < V, other=float("-inf"))
+    _, z = _row_z(X, M, T, row, cols, V, stride)
     key = _keys(z)
     inside = cols < V
     if LEVEL > 0:
@@ -92,28 +104,31 @@ def _level_kernel(Z, TP, PH, PC, SP, SA, SS, V, stride, B, NB, LEVEL: tl.constex
 
 
 @triton.jit
-def _mask_kernel(Z, TP, MP, PH, PC, SP, SA, SS, OUT, V, stride, B, NB, NB_POW: tl.constexpr, BLOCK: tl.constexpr):
-    """The smallest kept key from the last level, then z where kept (key >= it and w >= min_p), else -inf."""
+def _mask_kernel(X, M, T, TP, MP, PH, PC, SP, SA, SS, OUT, V, stride, B, NB, NB_POW: tl.constexpr,
+                 BLOCK: tl.constexpr):  # fmt: skip
+    """The smallest kept key from the last level, then x where kept (key >= it and w >= min_p), else -inf."""
     row, blk = tl.program_id(0), tl.program_id(1)
     kmin = _choose(PH, PC, SP, SA, SS, TP, row, blk, B, NB, 8, NB_POW)
     cols = blk * BLOCK + tl.arange(0, BLOCK)
-    z = tl.load(Z + row.to(tl.int64) * stride + cols, mask=cols < V, other=float("-inf"))
+    x, z = _row_z(X, M, T, row, cols, V, stride)
     keep = (_keys(z) >= kmin) & (tl.exp(z) >= tl.load(MP + row))
-    tl.store(OUT + row.to(tl.int64) * V + cols, tl.where(keep, z, float("-inf")), mask=cols < V)
+    tl.store(OUT + row.to(tl.int64) * V + cols, tl.where(keep, x, float("-inf")), mask=cols < V)
 
 
-def nucleus_cut_triton(z: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor, *, block: int = BLOCK,
+def nucleus_cut_triton(x: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
+                       temperature: torch.Tensor | None = None, *, block: int = BLOCK,
                        num_warps: int = NUM_WARPS) -> torch.Tensor:  # fmt: skip
-    """z [B, V] float32 (each row's best at 0), top_p, min_p [B] float32 -> z with the cut tokens at -inf. ``block``
-    (a power of 2 of at least 16) tokens per program; the same kept set whatever it is."""
-    B, V = z.shape
+    """x [B, V] float32 logits, top_p, min_p [B] float32, temperature [B] float32 (None: 1; below 1e-5: a greedy
+    row, cut at 1) -> x with the cut tokens at -inf. ``block`` (a power of 2 of at least 16) tokens per program; the
+    same kept set whatever it is."""
+    B, V = x.shape
     if block < 16 or block & (block - 1):
         raise ValueError(f"nucleus cut: block must be a power of 2 of at least 16, got {block}")
-    if z.dtype != torch.float32 or z.stride(1) != 1:
-        raise ValueError(f"nucleus cut: z must be float32 with unit column stride, got {z.dtype} {z.stride()}")
+    if x.dtype != torch.float32 or x.stride(1) != 1:
+        raise ValueError(f"nucleus cut: x must be float32 with unit column stride, got {x.dtype} {x.stride()}")
     NB = triton.cdiv(V, block)
     nb_pow = max(2, triton.next_power_of_2(NB))
-    dev = z.device
+    dev = x.device
     out = torch.empty((B, V), dtype=torch.float32, device=dev)
     if B == 0 or V == 0:
         return out
@@ -123,9 +138,11 @@ def nucleus_cut_triton(z: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
     sa = torch.empty((B, LEVELS + 1), dtype=torch.float32, device=dev)  # the mass above its range
     ss = torch.empty(B, dtype=torch.float32, device=dev)  # top_p * S
     tp, mp = top_p.to(torch.float32).contiguous(), min_p.to(torch.float32).contiguous()
+    t = torch.ones(B, device=dev) if temperature is None else temperature.to(torch.float32).contiguous()
+    m = torch.amax(x, dim=1)  # the rows' max: one reduction launch
     for level in range(LEVELS):
-        _level_kernel[(B, NB)](z, tp, ph, pc, sp, sa, ss, V, z.stride(0), B, NB, LEVEL=level, NB_POW=nb_pow,
+        _level_kernel[(B, NB)](x, m, t, tp, ph, pc, sp, sa, ss, V, x.stride(0), B, NB, LEVEL=level, NB_POW=nb_pow,
                                BLOCK=block, num_warps=num_warps)  # fmt: skip
-    _mask_kernel[(B, NB)](z, tp, mp, ph, pc, sp, sa, ss, out, V, z.stride(0), B, NB, NB_POW=nb_pow, BLOCK=block,
-                          num_warps=num_warps)  # fmt: skip
+    _mask_kernel[(B, NB)](x, m, t, tp, mp, ph, pc, sp, sa, ss, out, V, x.stride(0), B, NB, NB_POW=nb_pow,
+                          BLOCK=block, num_warps=num_warps)  # fmt: skip
     return out

@@ -114,16 +114,16 @@ def sample_batch(
         x = apply_bitmask(x, bitmask)
     if not f.draw:
         return _with_logprobs(Sampled(torch.argmax(x, dim=-1)), logits, f)
-    if f.cuts:
+    if f.cuts and f.nucleus and use_triton(x):
+        from freetoken.kernels.nucleus_triton import nucleus_cut_triton
+
+        # x's kept tokens, the others -inf (the cut at each row's temperature, a greedy row's at 1): the draw shifts
+        # and scales them itself, and a greedy row's argmax is kept
+        ids = gumbel_argmax(nucleus_cut_triton(x, b.top_p, b.min_p, b.temperature), b)
+    elif f.cuts:
         greedy = b.temperature < 1e-5
         temp = torch.where(greedy, torch.ones_like(b.temperature), b.temperature)
-        z = (x - x.max(dim=-1, keepdim=True).values) / temp[:, None]  # shifted: no overflow
-        if f.nucleus and use_triton(z):
-            from freetoken.kernels.nucleus_triton import nucleus_cut_triton
-
-            z = nucleus_cut_triton(z, b.top_p, b.min_p)
-        else:
-            z = _cut(z, b, f.top_k)
+        z = _cut((x - x.max(dim=-1, keepdim=True).values) / temp[:, None], b, f.top_k)  # shifted: no overflow
         # z's best is 0 and its temperature 1: the draw's own shift and division leave it as it is
         ids = torch.where(greedy, torch.argmax(x, dim=-1), gumbel_argmax(z, b, unit=True))
     else:
