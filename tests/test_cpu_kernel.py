@@ -10,6 +10,7 @@ import torch
 from freetoken.experts.cpu import defaults as dmod
 from freetoken.experts.cpu import kernel as kmod
 from freetoken.experts.cpu.kernel import ISAS, CpuExpertKernel, cpu_experts_reference
+from freetoken.experts.cpu.library import isa_supported as lib_isa_supported
 from freetoken.experts.cpu.sources import CPU_EXPERTS
 from freetoken.kernels import build
 
@@ -142,25 +143,27 @@ def test_rows_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="rows"):
         CpuExpertKernel(num_threads=1, rows=8)
     monkeypatch.setattr(dmod, "cpu_vendor", lambda: "GenuineIntel")
-    assert (dmod.default_rows("avx512bf16"), dmod.default_rows("avx512"), dmod.default_rows("avx2")) == (4, 4, 1)
+    rows = [dmod.default_rows(isa) for isa in ("avx512bf16", "avx512vbmi", "avx512", "avx2")]
+    assert rows == [4, 4, 4, 1]
     monkeypatch.setattr(dmod, "cpu_vendor", lambda: "AuthenticAMD")
     assert dmod.default_rows("avx512bf16") == 1
 
 
 def test_fp4_banks_take_the_avx512_integer_path_on_intel(monkeypatch: pytest.MonkeyPatch) -> None:
-    """FP4 kernels on Intel cores with AVX-512 run the AVX-512 integer path, not AVX512-BF16's (auto_isa); every other
-    case the best ISA."""
+    """FP4 kernels on Intel cores with AVX-512 run the AVX-512 integer path (its VBMI / VNNI form where the core has
+    those), not AVX512-BF16's (auto_isa); every other case the best ISA."""
     from freetoken.experts.cpu.runner import make_kernel
 
     _lib_or_skip()
     best = CpuExpertKernel(num_threads=1).isa
     monkeypatch.setattr(dmod, "cpu_vendor", lambda: "GenuineIntel")
     assert dmod.auto_isa(False) == "auto"
-    avx512 = best in ("avx512", "avx512bf16")
-    assert dmod.auto_isa(True) == ("avx512" if avx512 else "auto")
+    avx512 = best in ("avx512", "avx512vbmi", "avx512bf16")
+    integer = "avx512vbmi" if lib_isa_supported("avx512vbmi") else "avx512"
+    assert dmod.auto_isa(True) == (integer if avx512 else "auto")
     fp4, bf16 = make_kernel(torch.uint8, 2), make_kernel(torch.bfloat16, 2)
     assert fp4 is not None and bf16 is not None
-    assert (fp4.isa, bf16.isa) == ("avx512" if avx512 else best, best)
+    assert (fp4.isa, bf16.isa) == (integer if avx512 else best, best)
     monkeypatch.setattr(dmod, "cpu_vendor", lambda: "AuthenticAMD")
     assert dmod.auto_isa(True) == "auto"
     fp4.close()

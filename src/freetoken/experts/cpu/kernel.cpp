@@ -38,6 +38,9 @@ bool isa_supported(int isa) {
 #ifdef FT_HAVE_AVX512
     case ISA_AVX512: return avx512;
 #endif
+#ifdef FT_HAVE_AVX512VBMI
+    case ISA_AVX512VBMI: return avx512 && __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vnni");
+#endif
 #ifdef FT_HAVE_AVX512BF16
     case ISA_AVX512BF16: return avx512 && __builtin_cpu_supports("avx512bf16");
 #endif
@@ -55,6 +58,9 @@ IsaOps ops_for(int isa) {
 #endif
 #ifdef FT_HAVE_AVX512
     case ISA_AVX512: return ops_avx512();
+#endif
+#ifdef FT_HAVE_AVX512VBMI
+    case ISA_AVX512VBMI: return ops_avx512vbmi();
 #endif
 #ifdef FT_HAVE_AVX512BF16
     case ISA_AVX512BF16: return ops_avx512bf16();

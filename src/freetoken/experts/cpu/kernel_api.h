@@ -28,7 +28,10 @@ struct Bank {
   const void* scale;  // fp32 blocks (FMT_FP8_BLOCK) or scale-row bytes (FP4 formats)
 };
 enum Activation : int32_t { ACT_SILU = 0, ACT_GPTOSS = 1, ACT_GELU_TANH = 2, ACT_DSV4 = 3 };
-enum Isa : int32_t { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512BF16 = 3, ISA_COUNT = 4 };
+// Ordered so that ft_best_isa (the highest supported) prefers AVX512-BF16 where a CPU has it.
+enum Isa : int32_t {
+  ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512VBMI = 3, ISA_AVX512BF16 = 4, ISA_COUNT = 5
+};
 
 // The operand halves (Plan::x_hi ... h_lo) of FP4 banks on the vdpbf16ps path, in dot_fp4_dp.h's order: within
 // each whole 128-element block of a K-element row, element 4j + m sits at 32m + j; elements past the last whole
@@ -110,7 +113,7 @@ struct Plan {
 // Phase 3: out[t] = sum of w_s * y_s over t's routes in sorted order (a fixed order per element).
 // Operand forms an ISA's phases want written before phase 1 (x) and by phase 1 (h): none (fp32 only), the bf16
 // hi/lo split for bf16 and FP4 banks (the vdpbf16ps path), or int16 blocks in quantize_q16i's order for FP4 banks
-// (OPERANDS_Q16I_FP4: AVX2, AVX-512).
+// (OPERANDS_Q16I_FP4: AVX2, AVX-512, AVX-512 with VBMI).
 enum OperandForm : int32_t { OPERANDS_F32 = 0, OPERANDS_BF16 = 1, OPERANDS_Q16I_FP4 = 2 };
 inline bool q16_form(int32_t form) { return form == OPERANDS_Q16I_FP4; }
 
@@ -126,6 +129,7 @@ struct IsaOps {
 IsaOps ops_generic();
 IsaOps ops_avx2();
 IsaOps ops_avx512();
+IsaOps ops_avx512vbmi();
 IsaOps ops_avx512bf16();
 
 // e4m3fn -> fp32, exact (the NaN codes 0x7F/0xFF, which quantisers never write, read as +-480 like the SIMD

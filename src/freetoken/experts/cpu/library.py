@@ -9,7 +9,7 @@ import warnings
 
 from freetoken.experts.cpu.args import MoeArgs, QueuedArgs
 
-ISAS = ("generic", "avx2", "avx512", "avx512bf16")
+ISAS = ("generic", "avx2", "avx512", "avx512vbmi", "avx512bf16")
 
 
 @functools.lru_cache(maxsize=1)
@@ -42,6 +42,12 @@ def load_library() -> ctypes.CDLL | None:
     lib.ft_queue_take_trace.argtypes, lib.ft_queue_take_trace.restype = [vp, vp, i64], i64
     lib.ft_stream_read.argtypes, lib.ft_stream_read.restype = [vp, vp, i64], ctypes.c_uint64
     return lib
+
+
+def isa_supported(isa: str) -> bool:
+    """Whether this CPU and build run the ISA path ``isa`` (one of ``ISAS``)."""
+    lib = load_library()
+    return lib is not None and bool(lib.ft_isa_supported(ISAS.index(isa)))
 
 
 def best_isa() -> str:
