@@ -10,7 +10,6 @@ import torch
 from freetoken.experts.cpu import defaults as dmod
 from freetoken.experts.cpu import kernel as kmod
 from freetoken.experts.cpu.kernel import ISAS, CpuExpertKernel, cpu_experts_reference
-from freetoken.experts.cpu.library import isa_supported as lib_isa_supported
 from freetoken.experts.cpu.sources import CPU_EXPERTS
 from freetoken.kernels import build
 
@@ -150,8 +149,8 @@ def test_rows_setting(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_fp4_banks_take_the_avx512_integer_path_on_intel(monkeypatch: pytest.MonkeyPatch) -> None:
-    """FP4 kernels on Intel cores with AVX-512 run the AVX-512 integer path (its VBMI / VNNI form where the core has
-    those), not AVX512-BF16's (auto_isa); every other case the best ISA."""
+    """FP4 kernels on Intel cores with AVX-512 run the AVX-512 integer path, not AVX512-BF16's (auto_isa); every other
+    case the best ISA."""
     from freetoken.experts.cpu.runner import make_kernel
 
     _lib_or_skip()
@@ -159,7 +158,7 @@ def test_fp4_banks_take_the_avx512_integer_path_on_intel(monkeypatch: pytest.Mon
     monkeypatch.setattr(dmod, "cpu_vendor", lambda: "GenuineIntel")
     assert dmod.auto_isa(False) == "auto"
     avx512 = best in ("avx512", "avx512vbmi", "avx512bf16")
-    integer = "avx512vbmi" if lib_isa_supported("avx512vbmi") else "avx512"
+    integer = "avx512"
     assert dmod.auto_isa(True) == (integer if avx512 else "auto")
     fp4, bf16 = make_kernel(torch.uint8, 2), make_kernel(torch.bfloat16, 2)
     assert fp4 is not None and bf16 is not None

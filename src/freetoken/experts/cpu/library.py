@@ -44,12 +44,6 @@ def load_library() -> ctypes.CDLL | None:
     return lib
 
 
-def isa_supported(isa: str) -> bool:
-    """Whether this CPU and build run the ISA path ``isa`` (one of ``ISAS``)."""
-    lib = load_library()
-    return lib is not None and bool(lib.ft_isa_supported(ISAS.index(isa)))
-
-
 def best_isa() -> str:
     """The best ISA path this CPU and build support ("generic" without the library)."""
     lib = load_library()
