@@ -158,3 +158,24 @@ def test_sample_batch_cut_keeps_greedy_rows_greedy(device: str) -> None:
     ref = _cut(zt, b)
     for r in range(1, B):
         assert torch.isfinite(ref[r, ids[r]]) or zt[r, ids[r]] == ref[r][torch.isfinite(ref[r])].min(), r
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_fused_draw_is_the_draw_of_the_cut(device: str) -> None:
+    """``nucleus_draw_triton`` (the masking pass takes the draw's partials) picks what the draw picks from the cut
+    logits, bit for bit: drawn rows at several temperatures, a greedy row (its argmax), min-p rows, several steps."""
+    from freetoken.kernels.draw_triton import gumbel_argmax_triton
+    from freetoken.kernels.nucleus_triton import nucleus_cut_triton, nucleus_draw_triton
+
+    z, top_p, min_p = _rows(6, 5003, 11)
+    x = (z * 1.3 + 2.0).to(device)
+    temp = torch.tensor([1.0, 0.0, 0.7, 1.6, 1.0, 0.4]).to(device)
+    lo = torch.arange(6, dtype=torch.int64).to(device) * 977
+    hi = torch.full((6,), 5, dtype=torch.int64).to(device)
+    tp, mp = top_p.to(device), min_p.to(device)
+    for s in range(3):
+        step = torch.full((6,), s, dtype=torch.int64).to(device)
+        want = gumbel_argmax_triton(nucleus_cut_triton(x, tp, mp, temp), temp, lo, hi, step)
+        got = nucleus_draw_triton(x, temp, tp, mp, lo, hi, step)
+        assert torch.equal(got.cpu(), want.cpu()), s
+        assert int(got[1]) == int(x[1].argmax())

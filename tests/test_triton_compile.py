@@ -201,15 +201,18 @@ def test_triton_kernels_compile(arch: int) -> None:
             "NB": "i32"}  # fmt: skip
     for unit in (False, True):
         cases.append((draw_triton._pick_kernel, pick, {"NB_POW": 128, "UNIT": unit}))
-    # its top-p / min-p cut without a sort: the first, a middle and the masking pass
-    hist = {"X": "*fp32", "M": "*fp32", "T": "*fp32", "TP": "*fp32", "PH": "*fp32", "PC": "*i32", "SP": i64,
+    # its top-p / min-p cut without a sort: the first, a middle and the masking pass (writing the cut, or drawing)
+    hist = {"X": "*fp32", "T": "*fp32", "TP": "*fp32", "PH": "*fp32", "PC": "*i32", "PM": "*fp32", "SP": i64,
             "SA": "*fp32", "SS": "*fp32", "V": "i32", "stride": "i32", "B": "i32", "NB": "i32"}  # fmt: skip
     nb = {"NB_POW": 256, "BLOCK": nucleus_triton.BLOCK}  # the default launch at V = 151,936 (149 blocks)
     for level in (0, 1, 5):
         cases.append((nucleus_triton._level_kernel, hist, {"LEVEL": level, **nb}))
-    mask = {**hist, "MP": "*fp32", "OUT": "*fp32"}
-    order = ["X", "M", "T", "TP", "MP", "PH", "PC", "SP", "SA", "SS", "OUT", "V", "stride", "B", "NB"]
-    cases.append((nucleus_triton._mask_kernel, {k: mask[k] for k in order}, nb))
+    mask = {**hist, "MP": "*fp32", "OUT": "*fp32", "LO": i64, "HI": i64, "STEP": i64, "XM": "*fp32", "XI": "*i32",
+            "DM": "*fp32", "DI": "*i32"}  # fmt: skip
+    order = ["X", "T", "TP", "MP", "PH", "PC", "PM", "SP", "SA", "SS", "OUT", "LO", "HI", "STEP", "XM", "XI", "DM",
+             "DI", "V", "stride", "B", "NB"]  # fmt: skip
+    for draw in (False, True):
+        cases.append((nucleus_triton._mask_kernel, {k: mask[k] for k in order}, {**nb, "DRAW": draw, "PRECISE": True}))
     for fn, sig, consts in cases:
         signature: dict[str, str] = {**sig, **{k: "constexpr" for k in consts}}
         src = ASTSource(fn=fn, signature=signature, constexprs=consts)

@@ -115,11 +115,10 @@ def sample_batch(
     if not f.draw:
         return _with_logprobs(Sampled(torch.argmax(x, dim=-1)), logits, f)
     if f.cuts and f.nucleus and use_triton(x):
-        from freetoken.kernels.nucleus_triton import nucleus_cut_triton
+        from freetoken.kernels.nucleus_triton import nucleus_draw_triton
 
-        # x's kept tokens, the others -inf (the cut at each row's temperature, a greedy row's at 1): the draw shifts
-        # and scales them itself, and a greedy row's argmax is kept
-        ids = gumbel_argmax(nucleus_cut_triton(x, b.top_p, b.min_p, b.temperature), b)
+        # the cut at each row's temperature (a greedy row's at 1, which keeps its argmax), drawn in its masking pass
+        ids = nucleus_draw_triton(x, b.temperature, b.top_p, b.min_p, b.seed_lo, b.seed_hi, b.step)
     elif f.cuts:
         greedy = b.temperature < 1e-5
         temp = torch.where(greedy, torch.ones_like(b.temperature), b.temperature)
