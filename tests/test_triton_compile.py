@@ -200,7 +200,7 @@ def test_triton_kernels_compile(arch: int) -> None:
     pick = {"T": "*fp32", "PM": "*fp32", "PI": "*i32", "DM": "*fp32", "DI": "*i32", "OUT": i64, "V": "i32",
             "NB": "i32"}  # fmt: skip
     for unit in (False, True):
-        cases.append((draw_triton._pick_kernel, pick, {"NB_POW": 128, "UNIT": unit}))
+        cases.append((draw_triton.pick_kernel, pick, {"NB_POW": 128, "UNIT": unit}))
     # its top-p / min-p cut without a sort: the first, a middle and the masking pass (writing the cut, or drawing)
     hist = {"X": "*fp32", "T": "*fp32", "TP": "*fp32", "PH": "*fp32", "PC": "*i32", "PM": "*fp32", "SP": i64,
             "SA": "*fp32", "SS": "*fp32", "V": "i32", "stride": "i32", "B": "i32", "NB": "i32"}  # fmt: skip

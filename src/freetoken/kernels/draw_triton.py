@@ -29,7 +29,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 BLOCK = 2048
-_PRECISE = os.environ.get("TRITON_INTERPRET") != "1"  # libdevice's log on the GPU; the interpreter has none
+PRECISE_LOG = os.environ.get("TRITON_INTERPRET") != "1"  # libdevice's log on the GPU; the interpreter has none
 
 
 @triton.jit
@@ -68,7 +68,15 @@ def _log(x, PRECISE: tl.constexpr):
 
 
 @triton.jit
-def _block_best(v, cols, V):
+def gumbel(LO, HI, STEP, row, cols, PRECISE: tl.constexpr):
+    """The row's Gumbel noise at tokens ``cols``: ``-log(-log(u))``, u from the counter-based hash."""
+    h = _mix32(_row_key(LO, HI, STEP, row) ^ _mix32(cols.to(tl.uint32) + 0x9E3779B9))
+    u = ((h >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
+    return -_log(-_log(u, PRECISE), PRECISE)
+
+
+@triton.jit
+def block_best(v, cols, V):
     """(max of v, the first of its indices), NaN ignored; (-inf, V) where v has nothing above -inf."""
     v = tl.where(v == v, v, float("-inf"))
     m = tl.max(v, axis=0)
@@ -81,7 +89,7 @@ def _max_kernel(X, PM, PI, V, stride, NB, BLOCK: tl.constexpr):
     row, blk = tl.program_id(0), tl.program_id(1)
     cols = blk * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(X + row.to(tl.int64) * stride + cols, mask=cols < V, other=float("-inf"))
-    m, i = _block_best(x, cols, V)
+    m, i = block_best(x, cols, V)
     tl.store(PM + row * NB + blk, m)
     tl.store(PI + row * NB + blk, i)
 
@@ -102,16 +110,13 @@ def _draw_kernel(
             z = x - x_max
         else:
             z = (x - x_max) / tl.load(T + row)
-        h = _mix32(_row_key(LO, HI, STEP, row) ^ _mix32(cols.to(tl.uint32) + 0x9E3779B9))
-        u = ((h >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
-        g = -_log(-_log(u, PRECISE), PRECISE)
-        m, i = _block_best(z + g, cols, V)
+        m, i = block_best(z + gumbel(LO, HI, STEP, row, cols, PRECISE), cols, V)
         tl.store(DM + row * NB + blk, m)
         tl.store(DI + row * NB + blk, i)
 
 
 @triton.jit
-def _pick_kernel(T, PM, PI, DM, DI, OUT, V, NB, NB_POW: tl.constexpr, UNIT: tl.constexpr):
+def pick_kernel(T, PM, PI, DM, DI, OUT, V, NB, NB_POW: tl.constexpr, UNIT: tl.constexpr):
     row = tl.program_id(0)
     parts = tl.arange(0, NB_POW)
     ok = parts < NB
@@ -152,6 +157,6 @@ def gumbel_argmax_triton(
     t, lo, hi, st = (v.contiguous() for v in (temperature, seed_lo, seed_hi, step))  # (views where they already are)
     _max_kernel[(B, NB)](x, pm, pi, V, x.stride(0), NB, BLOCK=BLOCK)
     _draw_kernel[(B, NB)](x, t, lo, hi, st, pm, dm, di, V, x.stride(0), NB, NB_POW=nb_pow, BLOCK=BLOCK,
-                          PRECISE=_PRECISE, UNIT=unit)  # fmt: skip
-    _pick_kernel[(B,)](t, pm, pi, dm, di, out, V, NB, NB_POW=nb_pow, UNIT=unit)
+                          PRECISE=PRECISE_LOG, UNIT=unit)  # fmt: skip
+    pick_kernel[(B,)](t, pm, pi, dm, di, out, V, NB, NB_POW=nb_pow, UNIT=unit)
     return out

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from freetoken.kernels.draw_triton import _PRECISE, _block_best, _log, _mix32, _pick_kernel, _row_key
+from freetoken.kernels.draw_triton import PRECISE_LOG, block_best, gumbel, pick_kernel
 
 # Tokens per program and warps (the launches' defaults): the fastest of bench/gpu/sample_time.py's sweep at V = 151,936
 # (H100, 2026-12-07: the cut alone 39.5 / 81.7 µs at batch 1 / 4, against 59.5 / 142.3 at 2,048 tokens and 4 warps)
@@ -137,13 +137,10 @@ def _mask_kernel(X, T, TP, MP, PH, PC, PM, SP, SA, SS, OUT, LO, HI, STEP, XM, XI
     z = (x - _row_max(PM, row, NB, NB_POW)) / t
     keep = (_keys(x) >= kmin) & (tl.exp(z) >= tl.load(MP + row))
     if DRAW:
-        xm, xi = _block_best(tl.where(keep, x, float("-inf")), cols, V)
+        xm, xi = block_best(tl.where(keep, x, float("-inf")), cols, V)
         tl.store(XM + row * NB + blk, xm)
         tl.store(XI + row * NB + blk, xi)
-        h = _mix32(_row_key(LO, HI, STEP, row) ^ _mix32(cols.to(tl.uint32) + 0x9E3779B9))
-        u = ((h >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
-        g = -_log(-_log(u, PRECISE), PRECISE)
-        dm, di = _block_best(tl.where(keep, z, float("-inf")) + g, cols, V)
+        dm, di = block_best(tl.where(keep, z, float("-inf")) + gumbel(LO, HI, STEP, row, cols, PRECISE), cols, V)
         tl.store(DM + row * NB + blk, dm)
         tl.store(DI + row * NB + blk, di)
     else:
@@ -195,7 +192,7 @@ def nucleus_cut_triton(x: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
     s = _select(x, t, tp, block, num_warps)
     _mask_kernel[(B, s["nb"])](x, t, tp, mp, s["ph"], s["pc"], s["pm"], s["sp"], s["sa"], s["ss"], out, x, x, x, x,
                                x, x, x, V, x.stride(0), B, s["nb"], NB_POW=s["nb_pow"], BLOCK=block, DRAW=False,
-                               PRECISE=_PRECISE, num_warps=num_warps)  # fmt: skip
+                               PRECISE=PRECISE_LOG, num_warps=num_warps)  # fmt: skip
     return out
 
 
@@ -221,7 +218,7 @@ def nucleus_draw_triton(x: torch.Tensor, temperature: torch.Tensor, top_p: torch
     xi, di = (torch.empty((B, nb), dtype=torch.int32, device=x.device) for _ in range(2))
     lo, hi, st = (v.contiguous() for v in (seed_lo, seed_hi, step))
     _mask_kernel[(B, nb)](x, t, tp, mp, s["ph"], s["pc"], s["pm"], s["sp"], s["sa"], s["ss"], x, lo, hi, st, xm, xi,
-                          dm, di, V, x.stride(0), B, nb, NB_POW=s["nb_pow"], BLOCK=BLOCK, DRAW=True, PRECISE=_PRECISE,
-                          num_warps=NUM_WARPS)  # fmt: skip
-    _pick_kernel[(B,)](t, xm, xi, dm, di, out, V, nb, NB_POW=s["nb_pow"], UNIT=False)
+                          dm, di, V, x.stride(0), B, nb, NB_POW=s["nb_pow"], BLOCK=BLOCK, DRAW=True,
+                          PRECISE=PRECISE_LOG, num_warps=NUM_WARPS)  # fmt: skip
+    pick_kernel[(B,)](t, xm, xi, dm, di, out, V, nb, NB_POW=s["nb_pow"], UNIT=False)
     return out
