@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--read-gib", type=float, default=2.0, help="GiB of distinct data for the streaming read")
     p.add_argument("--pool-gib", type=float, default=1.0, help="GiB of experts to cycle over, per format (>> L3)")
     p.add_argument("--iters", type=int, default=15, help="measurements per variant (median reported)")
-    p.add_argument("--isa", default="auto", help="auto, avx2, avx512, avx512vbmi, avx512bf16, generic")
+    p.add_argument("--isa", default="auto", help="auto, avx2, avx2vnni, avx512, avx512vbmi, avx512bf16, generic")
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--inter", type=int, default=768)
     p.add_argument("--top-k", type=int, default=8)

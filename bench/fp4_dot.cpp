@@ -9,13 +9,16 @@
 // beside the kernel's own streaming read (stream_sum) of the same bytes on N threads. The kernel's plan, phases and
 // barriers are not in it: the gap between the DRAM row and bench/cpu_formats.py's kernel is theirs.
 //
-// AVX512-BF16, AVX-512 without it, AVX-512 with VBMI and VNNI, then AVX2 (from the repository root):
+// AVX512-BF16, AVX-512 without it, AVX-512 with VBMI and VNNI, AVX2 with AVX-VNNI, then AVX2 (from the repository
+// root):
 //   g++ -std=c++17 -O3 -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512bf16
 //       -pthread -Isrc/freetoken/experts/cpu bench/fp4_dot.cpp -o /tmp/fp4_dot && /tmp/fp4_dot [THREADS ...]
 //   g++ -std=c++17 -O3 -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -DFT_BENCH_AVX512
 //       -pthread -Isrc/freetoken/experts/cpu bench/fp4_dot.cpp -o /tmp/fp4_dot5 && /tmp/fp4_dot5
 //   g++ -std=c++17 -O3 -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512vbmi -mavx512vnni
 //       -DFT_BENCH_AVX512VBMI -pthread -Isrc/freetoken/experts/cpu bench/fp4_dot.cpp -o /tmp/fp4_dot6 && /tmp/fp4_dot6
+//   g++ -std=c++17 -O3 -mavx2 -mfma -mf16c -mavxvnni -DFT_BENCH_AVX2VNNI
+//       -pthread -Isrc/freetoken/experts/cpu bench/fp4_dot.cpp -o /tmp/fp4_dot7 && /tmp/fp4_dot7
 //   g++ -std=c++17 -O3 -mavx2 -mfma -mf16c -DFT_BENCH_AVX2
 //       -pthread -Isrc/freetoken/experts/cpu bench/fp4_dot.cpp -o /tmp/fp4_dot2 && /tmp/fp4_dot2
 #include <immintrin.h>
@@ -30,6 +33,8 @@
 
 #if defined(FT_BENCH_AVX2)
 #include "isa_avx2.h"  // the kernel's own AVX2 configuration
+#elif defined(FT_BENCH_AVX2VNNI)
+#include "isa_avx2vnni.h"  // the AVX2 configuration with its AVX-VNNI FP4 form
 #elif defined(FT_BENCH_AVX512VBMI)
 #include "isa_avx512vbmi.h"  // the AVX-512 configuration with its VBMI / VNNI FP4 form
 #elif defined(FT_BENCH_AVX512)

@@ -106,7 +106,7 @@ def fp4_logit_rel() -> float:
         kern = CpuExpertKernel(num_threads=1)
         isa = kern.isa
         kern.close()
-    return 5e-4 if isa in ("avx2", "avx512", "avx512vbmi") else 1e-4
+    return 5e-4 if isa in ("avx2", "avx2vnni", "avx512", "avx512vbmi") else 1e-4
 
 
 def assert_close_logits(ours: torch.Tensor, ref: torch.Tensor, rel: float = 1e-4) -> None:

@@ -41,8 +41,9 @@
 #   cpufp4         the FP4 dot products alone (bench/fp4_dot.cpp, AVX512-BF16, AVX-512 and AVX2, one thread in L2;
 #                  AVX-512 and AVX2 also on 6 and 16 threads, rows in L2 and from DRAM beside the streaming read)
 #                  and bench/cpu_formats.py for MXFP4 / NVFP4 at 6 and 16 threads per ISA, gpt-oss's experts
-#   vbmi           the AVX-512 FP4 path's VBMI / VNNI form against its vpshufb form, alternating: bench/fp4_dot.cpp
-#                  (one thread in L2; 6 and 16 threads) and bench/cpu_formats.py (Qwen3's and gpt-oss's experts)
+#   vbmi           the FP4 integer paths' vpdpwssd forms against the plain ones, alternating (AVX-512 with VBMI / VNNI;
+#                  PAIR=avx2: AVX2 with AVX-VNNI): bench/fp4_dot.cpp (one thread in L2; 6 and 16 threads) and
+#                  bench/cpu_formats.py (Qwen3's and gpt-oss's experts)
 #   formats        ft bench bw per expert format (bf16, fp8_block, mxfp4, nvfp4) at 6 and 16 threads: B_H, copies
 #   kernels        GPU kernels alone: gemm_tiles.py, fp8_gemm.py, fp4_gemm.py (.before carried: that tree's FP4
 #                  kernel too), dnstep_time.py, hostckpt_copy.py, sample_time.py
@@ -260,21 +261,23 @@ stage_cpufp4() {  # #35: the FP4 dot products alone (bench/fp4_dot.cpp: one thre
   tables fp4_dot fp4_dot_avx512 fp4_dot_avx2 cpufp4_avx2 cpufp4_avx512 cpufp4_gptoss
 }
 
-stage_vbmi() {  # #35: the AVX-512 FP4 path's VBMI / VNNI form (vpermb decode, vpdpwssd sums) against its vpshufb form,
-  # alternating: the dot products alone (one thread in L2; 6 and 16 threads, L2 / DRAM / the streaming read), then the
-  # kernel (bench/cpu_formats.py) on Qwen3's and gpt-oss's experts, batch 1 and 4, 6 and 16 threads
-  local f=(-std=c++17 -O3 -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -pthread -Isrc/freetoken/experts/cpu
-    bench/fp4_dot.cpp) r
-  g++ "${f[@]}" -DFT_BENCH_AVX512 -o /tmp/fp4_dot5 && g++ "${f[@]}" -mavx512vbmi -mavx512vnni -DFT_BENCH_AVX512VBMI \
-    -o /tmp/fp4_dot6 || return
+stage_vbmi() {  # #35: the FP4 integer paths' vpdpwssd forms against the plain ones, alternating (PAIR=avx2: AVX2 with
+  # AVX-VNNI against AVX2; else AVX-512 with VBMI / VNNI against AVX-512): the dot products alone (one thread in L2;
+  # 6 and 16 threads, L2 / DRAM / the streaming read), then the kernel (bench/cpu_formats.py) on Qwen3's and
+  # gpt-oss's experts, batch 1 and 4, 6 and 16 threads
+  local f=(-std=c++17 -O3 -mavx2 -mfma -mf16c -pthread -Isrc/freetoken/experts/cpu bench/fp4_dot.cpp) r isa
+  local plain=avx512 vnni=avx512vbmi pf=(-mavx512f -mavx512bw -mavx512vl -DFT_BENCH_AVX512)
+  local vf=(-mavx512f -mavx512bw -mavx512vl -mavx512vbmi -mavx512vnni -DFT_BENCH_AVX512VBMI)
+  if [ "${PAIR:-}" = avx2 ]; then plain=avx2 vnni=avx2vnni pf=(-DFT_BENCH_AVX2) vf=(-mavxvnni -DFT_BENCH_AVX2VNNI); fi
+  g++ "${f[@]}" "${pf[@]}" -o /tmp/dot_plain && g++ "${f[@]}" "${vf[@]}" -o /tmp/dot_vnni || return
   for r in 1 2; do
-    /tmp/fp4_dot5 6 16 > "$OUT/dot_avx512_$r.log" 2>&1; /tmp/fp4_dot6 6 16 > "$OUT/dot_vbmi_$r.log" 2>&1
+    /tmp/dot_plain 6 16 > "$OUT/dot_${plain}_$r.log" 2>&1; /tmp/dot_vnni 6 16 > "$OUT/dot_${vnni}_$r.log" 2>&1
   done
   local fmt=(--formats mxfp4,nvfp4 --threads 6,16 --iters 5 --pool-gib 2 --read-gib 2)
   local oss=(--formats mxfp4 --threads 6,16 --iters 5 --pool-gib 2 --read-gib 2 --hidden 2880 --inter 2880 --top-k 4)
-  for isa in avx512 avx512vbmi; do run_logged 110 "k_$isa" python3 bench/cpu_formats.py "${fmt[@]}" --isa $isa; done
-  for isa in avx512 avx512vbmi; do run_logged 110 "oss_$isa" python3 bench/cpu_formats.py "${oss[@]}" --isa $isa; done
-  tables dot_avx512_1 dot_vbmi_1 dot_avx512_2 dot_vbmi_2 k_avx512 k_avx512vbmi oss_avx512 oss_avx512vbmi
+  for isa in $plain $vnni; do run_logged 110 "k_$isa" python3 bench/cpu_formats.py "${fmt[@]}" --isa $isa; done
+  for isa in $plain $vnni; do run_logged 110 "oss_$isa" python3 bench/cpu_formats.py "${oss[@]}" --isa $isa; done
+  tables "dot_${plain}_1" "dot_${vnni}_1" "dot_${plain}_2" "dot_${vnni}_2" "k_$plain" "k_$vnni" "oss_$plain" "oss_$vnni"
 }
 
 stage_formats() {  # the CPU kernel's B_H and the copies per expert format (packed bytes), 6 and 16 threads

@@ -23,9 +23,13 @@ def auto_isa(fp4: bool) -> str:
     ``bench/cpu_formats.py``, packed GB/s AVX-512 / AVX2: 6 threads batch 1 MXFP4 22.8 / 22.4, NVFP4 28.3 / 21.0,
     batch 4 25.6 / 24.9, 32.5 / 22.4; 16 threads batch 1 MXFP4 34.9 / 39.4 (queued as decode runs it 44.8 / 44.1),
     NVFP4 43.9 / 38.8, batch 4 55.8 / 55.7, 68.9 / 50.6; one thread in L2, K 2,048: 11.9 / 8.7 and 11.1 / 4.0).
-    That path's ``vpermb`` / ``vpdpwssd`` form (``isa_avx512vbmi.h``: the same bits in fewer instructions, where the
-    core has AVX512-VBMI and VNNI) is chosen by name until ``run.sh vbmi`` has timed it against this one."""
-    avx512 = best_isa() in ("avx512", "avx512vbmi", "avx512bf16")
+    The ``vpdpwssd`` forms of the integer paths (``isa_avx512vbmi.h``, ``isa_avx2vnni.h``: the same bits in fewer
+    instructions, where the core has AVX512-VBMI and VNNI, or AVX-VNNI) are chosen by name until ``run.sh vbmi`` has
+    timed them against the plain ones: FP4 banks where AVX-VNNI is the best ISA take AVX2."""
+    best = best_isa()
+    if fp4 and best == "avx2vnni":
+        return "avx2"
+    avx512 = best in ("avx512", "avx512vbmi", "avx512bf16")
     return "avx512" if fp4 and avx512 and cpu_vendor() == "GenuineIntel" else "auto"
 
 

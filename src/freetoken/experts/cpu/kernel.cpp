@@ -35,6 +35,9 @@ bool isa_supported(int isa) {
 #ifdef FT_HAVE_AVX2
     case ISA_AVX2: return avx2;
 #endif
+#ifdef FT_HAVE_AVX2VNNI
+    case ISA_AVX2VNNI: return avx2 && __builtin_cpu_supports("avxvnni");
+#endif
 #ifdef FT_HAVE_AVX512
     case ISA_AVX512: return avx512;
 #endif
@@ -55,6 +58,9 @@ IsaOps ops_for(int isa) {
   switch (isa) {
 #ifdef FT_HAVE_AVX2
     case ISA_AVX2: return ops_avx2();
+#endif
+#ifdef FT_HAVE_AVX2VNNI
+    case ISA_AVX2VNNI: return ops_avx2vnni();
 #endif
 #ifdef FT_HAVE_AVX512
     case ISA_AVX512: return ops_avx512();

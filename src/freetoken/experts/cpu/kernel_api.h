@@ -30,7 +30,8 @@ struct Bank {
 enum Activation : int32_t { ACT_SILU = 0, ACT_GPTOSS = 1, ACT_GELU_TANH = 2, ACT_DSV4 = 3 };
 // Ordered so that ft_best_isa (the highest supported) prefers AVX512-BF16 where a CPU has it.
 enum Isa : int32_t {
-  ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512VBMI = 3, ISA_AVX512BF16 = 4, ISA_COUNT = 5
+  ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX2VNNI = 2, ISA_AVX512 = 3, ISA_AVX512VBMI = 4, ISA_AVX512BF16 = 5,
+  ISA_COUNT = 6
 };
 
 // The operand halves (Plan::x_hi ... h_lo) of FP4 banks on the vdpbf16ps path, in dot_fp4_dp.h's order: within
@@ -113,7 +114,7 @@ struct Plan {
 // Phase 3: out[t] = sum of w_s * y_s over t's routes in sorted order (a fixed order per element).
 // Operand forms an ISA's phases want written before phase 1 (x) and by phase 1 (h): none (fp32 only), the bf16
 // hi/lo split for bf16 and FP4 banks (the vdpbf16ps path), or int16 blocks in quantize_q16i's order for FP4 banks
-// (OPERANDS_Q16I_FP4: AVX2, AVX-512, AVX-512 with VBMI).
+// (OPERANDS_Q16I_FP4: AVX2, AVX2 with AVX-VNNI, AVX-512, AVX-512 with VBMI).
 enum OperandForm : int32_t { OPERANDS_F32 = 0, OPERANDS_BF16 = 1, OPERANDS_Q16I_FP4 = 2 };
 inline bool q16_form(int32_t form) { return form == OPERANDS_Q16I_FP4; }
 
@@ -128,6 +129,7 @@ struct IsaOps {
 // Defined in isa_<name>.cpp; kernel.cpp only references those the build compiled (FT_HAVE_<ISA>).
 IsaOps ops_generic();
 IsaOps ops_avx2();
+IsaOps ops_avx2vnni();
 IsaOps ops_avx512();
 IsaOps ops_avx512vbmi();
 IsaOps ops_avx512bf16();

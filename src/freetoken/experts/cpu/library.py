@@ -9,7 +9,7 @@ import warnings
 
 from freetoken.experts.cpu.args import MoeArgs, QueuedArgs
 
-ISAS = ("generic", "avx2", "avx512", "avx512vbmi", "avx512bf16")
+ISAS = ("generic", "avx2", "avx2vnni", "avx512", "avx512vbmi", "avx512bf16")
 
 
 @functools.lru_cache(maxsize=1)
