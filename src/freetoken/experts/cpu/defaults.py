@@ -3,7 +3,7 @@ each chosen by measurement (figures in docs/benchmarks.md)."""
 
 from __future__ import annotations
 
-from freetoken.experts.cpu.library import best_isa
+from freetoken.experts.cpu.library import best_isa, isa_supported
 from freetoken.hardware.cpus import cpu_vendor
 
 
@@ -23,14 +23,17 @@ def auto_isa(fp4: bool) -> str:
     ``bench/cpu_formats.py``, packed GB/s AVX-512 / AVX2: 6 threads batch 1 MXFP4 22.8 / 22.4, NVFP4 28.3 / 21.0,
     batch 4 25.6 / 24.9, 32.5 / 22.4; 16 threads batch 1 MXFP4 34.9 / 39.4 (queued as decode runs it 44.8 / 44.1),
     NVFP4 43.9 / 38.8, batch 4 55.8 / 55.7, 68.9 / 50.6; one thread in L2, K 2,048: 11.9 / 8.7 and 11.1 / 4.0).
-    The ``vpdpwssd`` forms of the integer paths (``isa_avx512vbmi.h``, ``isa_avx2vnni.h``: the same bits in fewer
-    instructions, where the core has AVX512-VBMI and VNNI, or AVX-VNNI) are chosen by name until ``run.sh vbmi`` has
-    timed them against the plain ones: FP4 banks where AVX-VNNI is the best ISA take AVX2."""
+    Where the core also has AVX512-VBMI and VNNI, FP4 takes that path's ``vpdpwssd`` form (``isa_avx512vbmi.h``: the
+    same bits, ``vpermb`` decode; ``run.sh vbmi``, 2026-12-08, 3cca14c: the dot products alone 1.1-1.35x the plain
+    form at 6 threads, the kernel 0.93-1.11x per row, 1.03x on average, gpt-oss's experts 1.00-1.09x). AVX-VNNI's
+    form of the AVX2 path (``isa_avx2vnni.h``) is chosen by name until ``run.sh vbmi`` with ``PAIR=avx2`` has timed
+    it: FP4 banks where AVX-VNNI is the best ISA take AVX2."""
     best = best_isa()
     if fp4 and best == "avx2vnni":
         return "avx2"
-    avx512 = best in ("avx512", "avx512vbmi", "avx512bf16")
-    return "avx512" if fp4 and avx512 and cpu_vendor() == "GenuineIntel" else "auto"
+    if not (fp4 and best in ("avx512", "avx512vbmi", "avx512bf16") and cpu_vendor() == "GenuineIntel"):
+        return "auto"
+    return "avx512vbmi" if isa_supported("avx512vbmi") else "avx512"
 
 
 ROW_BLOCKS = (1, 2, 4)  # batch-1 weight rows streamed at once per thread (CpuExpertKernel rows)

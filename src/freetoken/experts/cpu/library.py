@@ -48,3 +48,9 @@ def best_isa() -> str:
     """The best ISA path this CPU and build support ("generic" without the library)."""
     lib = load_library()
     return ISAS[lib.ft_best_isa()] if lib is not None else "generic"
+
+
+def isa_supported(isa: str) -> bool:
+    """Whether this CPU and build run the ISA path ``isa`` (one of ``ISAS``)."""
+    lib = load_library()
+    return lib is not None and bool(lib.ft_isa_supported(ISAS.index(isa)))
