@@ -20,6 +20,7 @@ from freetoken.runner import noise
 from freetoken.runner.constraint import apply_bitmask
 
 MAX_TOP_LOGPROBS = 20
+TOPK_KERNEL_MAX = 64  # kernels/topk_triton.py's K_LIMIT (not imported: triton is optional)
 
 
 @dataclass
@@ -119,6 +120,12 @@ def sample_batch(
 
         # the cut at each row's temperature (a greedy row's at 1, which keeps its argmax), drawn in its masking pass
         ids = nucleus_draw_triton(x, b.temperature, b.top_p, b.min_p, b.seed_lo, b.seed_hi, b.step)
+    elif f.cuts and 0 < f.top_k <= TOPK_KERNEL_MAX and use_triton(x):
+        from freetoken.kernels.topk_triton import topk_draw_triton
+
+        # every drawn row's top-k within f.top_k: the row's best (a power of 2 of them), cut and drawn in two launches
+        k = 1 << (f.top_k - 1).bit_length()
+        ids = topk_draw_triton(x, k, b.temperature, b.top_k, b.top_p, b.min_p, b.seed_lo, b.seed_hi, b.step)
     elif f.cuts:
         greedy = b.temperature < 1e-5
         temp = torch.where(greedy, torch.ones_like(b.temperature), b.temperature)
