@@ -24,7 +24,15 @@ def test_triton_kernels_compile(arch: int) -> None:
         pytest.skip("the interpreter replaces compilation")
     from freetoken.experts.cpu import stage_triton
     from freetoken.experts.slots import copy_triton, gemm_fp4_triton, gemm_fp8_triton, gemm_triton, plan_triton
-    from freetoken.kernels import deltanet_triton, draw_triton, norm_triton, nucleus_triton, router_triton, topk_triton
+    from freetoken.kernels import (
+        deltanet_triton,
+        draw_triton,
+        logprobs_triton,
+        norm_triton,
+        nucleus_triton,
+        router_triton,
+        topk_triton,
+    )
     from freetoken.kernels.attention import qkv_rope_triton, triton_decode, triton_prefill
 
     i64 = "*i64"
@@ -214,12 +222,17 @@ def test_triton_kernels_compile(arch: int) -> None:
     for draw in (False, True):
         cases.append((nucleus_triton._mask_kernel, {k: mask[k] for k in order}, {**nb, "DRAW": draw, "PRECISE": True}))
     # its top-k cut and draw: the blocks' K best, then each row's cut (and draw) at K = 32 (Qwen's top-k 20)
-    blk = {"X": "*fp32", "CV": "*fp32", "CI": "*i32", "V": "i32", "stride": "i32", "NB": "i32"}
-    cases.append((topk_triton._block_kernel, blk, {"K": 32, "BLOCK": topk_triton.BLOCK}))
+    blk = {"X": "*fp32", "CV": "*fp32", "CI": "*i32", "PM": "*fp32", "PS": "*fp32", "V": "i32", "stride": "i32",
+           "NB": "i32"}  # fmt: skip
+    for lse in (False, True):
+        cases.append((topk_triton.block_topk_kernel, blk, {"K": 32, "BLOCK": topk_triton.BLOCK, "LSE": lse}))
     row = {"CV": "*fp32", "CI": "*i32", "T": "*fp32", "TK": i64, "TP": "*fp32", "MP": "*fp32", "LO": i64, "HI": i64,
            "STEP": i64, "ZK": "*fp32", "IK": "*i32", "OUT": i64, "V": "i32", "NC": "i32"}  # fmt: skip
     for draw in (False, True):
         cases.append((topk_triton._row_kernel, row, {"K": 32, "NC_POW": 2048, "PRECISE": True, "DRAW": draw}))
+    lp = {"X": "*fp32", "IDS": i64, "CV": "*fp32", "CI": "*i32", "PM": "*fp32", "PS": "*fp32", "LP": "*fp32",
+          "TV": "*fp32", "TI": i64, "V": "i32", "stride": "i32", "NB": "i32", "NC": "i32"}  # fmt: skip
+    cases.append((logprobs_triton._row_kernel, lp, {"K": 32, "NC_POW": 2048, "NB_POW": 64}))
     for fn, sig, consts in cases:
         signature: dict[str, str] = {**sig, **{k: "constexpr" for k in consts}}
         src = ASTSource(fn=fn, signature=signature, constexprs=consts)

@@ -29,12 +29,18 @@ K_LIMIT = 64  # the largest Features.top_k this path takes (K rounds a program; 
 
 
 @triton.jit
-def _block_kernel(X, CV, CI, V, stride, NB, K: tl.constexpr, BLOCK: tl.constexpr):
-    """The block's K best logits (NaN as -inf) and their token ids, best first; (-inf, V) past its finite ones."""
+def block_topk_kernel(X, CV, CI, PM, PS, V, stride, NB, K: tl.constexpr, BLOCK: tl.constexpr, LSE: tl.constexpr):
+    """The block's K best logits (NaN as -inf) and their token ids, best first; (-inf, V) past its finite ones.
+    ``LSE``: also the block's max logit and sum of ``exp(x - max)`` (``logprobs_triton``'s normaliser)."""
     row, blk = tl.program_id(0), tl.program_id(1)
     cols = blk * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(X + row.to(tl.int64) * stride + cols, mask=cols < V, other=float("-inf"))
     x = tl.where(x == x, x, float("-inf"))
+    if LSE:
+        m = tl.max(x, axis=0)
+        tl.store(PM + row * NB + blk, m)
+        shift = tl.where(m > float("-inf"), m, 0.0)  # a block of -inf only: no -inf - -inf
+        tl.store(PS + row * NB + blk, tl.sum(tl.where(x > float("-inf"), tl.exp(x - shift), 0.0), axis=0))
     base = (row * NB + blk) * K
     for j in range(K):
         m, i = block_best(x, cols, V)
@@ -44,22 +50,30 @@ def _block_kernel(X, CV, CI, V, stride, NB, K: tl.constexpr, BLOCK: tl.constexpr
 
 
 @triton.jit
-def _row_kernel(
-    CV, CI, T, TK, TP, MP, LO, HI, STEP, ZK, IK, OUT, V, NC, K: tl.constexpr, NC_POW: tl.constexpr,
-    PRECISE: tl.constexpr, DRAW: tl.constexpr,
-):  # fmt: skip
-    row = tl.program_id(0)
+def row_topk(CV, CI, row, V, NC, K: tl.constexpr, NC_POW: tl.constexpr):
+    """The row's K best (values, token ids) from its blocks' candidates, best first (ties: the lower token id)."""
     parts = tl.arange(0, NC_POW)
     cv = tl.load(CV + row * NC + parts, mask=parts < NC, other=float("-inf"))
     ci = tl.load(CI + row * NC + parts, mask=parts < NC, other=V)
     rank = tl.arange(0, K)
     xs = tl.full([K], float("-inf"), tl.float32)
     ids = tl.full([K], V, tl.int32)
-    for j in range(K):  # the row's K best, best first (ties: the lower token id)
+    for j in range(K):
         m, i = block_best(cv, ci, V)
         xs = tl.where(rank == j, m, xs)
         ids = tl.where(rank == j, i, ids)
         cv = tl.where(ci == i, float("-inf"), cv)
+    return xs, ids
+
+
+@triton.jit
+def _row_kernel(
+    CV, CI, T, TK, TP, MP, LO, HI, STEP, ZK, IK, OUT, V, NC, K: tl.constexpr, NC_POW: tl.constexpr,
+    PRECISE: tl.constexpr, DRAW: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    rank = tl.arange(0, K)
+    xs, ids = row_topk(CV, CI, row, V, NC, K, NC_POW)
     t = tl.load(T + row)
     greedy = t < 1e-5
     t = tl.where(greedy, 1.0, t)
@@ -109,7 +123,7 @@ def _launch(x: torch.Tensor, k: int, temperature: torch.Tensor, top_k: torch.Ten
     t, tk = temperature.to(torch.float32).contiguous(), top_k.to(torch.int64).contiguous()
     tp, mp = top_p.to(torch.float32).contiguous(), min_p.to(torch.float32).contiguous()
     lo, hi, st = (s.contiguous() for s in seeds) if seeds is not None else (tk, tk, tk)
-    _block_kernel[(B, NB)](x, cv, ci, V, x.stride(0), NB, K=k, BLOCK=block)
+    block_topk_kernel[(B, NB)](x, cv, ci, cv, cv, V, x.stride(0), NB, K=k, BLOCK=block, LSE=False)
     _row_kernel[(B,)](cv, ci, t, tk, tp, mp, lo, hi, st, zk, ik, out, V, NB * k, K=k,
                       NC_POW=max(2, triton.next_power_of_2(NB * k)), PRECISE=PRECISE_LOG,
                       DRAW=seeds is not None)  # fmt: skip

@@ -163,7 +163,14 @@ def gumbel_argmax_reference(
 
 
 def _with_logprobs(out: Sampled, logits: torch.Tensor, f: Features) -> Sampled:
-    if f.logprobs:
+    """The sampled tokens' logprobs and each row's best ``MAX_TOP_LOGPROBS`` (when asked): on CUDA two Triton launches
+    (``kernels/logprobs_triton.py``), elsewhere log_softmax and topk."""
+    if f.logprobs and use_triton(logits) and logits.dtype == torch.float32:
+        from freetoken.kernels.logprobs_triton import logprobs_triton
+
+        n = min(MAX_TOP_LOGPROBS, logits.shape[1])
+        out.logprob, out.top_logprobs, out.top_ids = logprobs_triton(logits.contiguous(), out.ids, n)
+    elif f.logprobs:
         lp = torch.log_softmax(logits, dim=-1)
         out.logprob = lp.gather(1, out.ids[:, None])[:, 0]
         out.top_logprobs, out.top_ids = torch.topk(lp, min(MAX_TOP_LOGPROBS, lp.shape[1]), dim=-1)
