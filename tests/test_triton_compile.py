@@ -30,6 +30,7 @@ def test_triton_kernels_compile(arch: int) -> None:
         logprobs_triton,
         norm_triton,
         nucleus_triton,
+        penalty_triton,
         router_triton,
         topk_triton,
     )
@@ -233,6 +234,9 @@ def test_triton_kernels_compile(arch: int) -> None:
     lp = {"X": "*fp32", "IDS": i64, "CV": "*fp32", "CI": "*i32", "PM": "*fp32", "PS": "*fp32", "LP": "*fp32",
           "TV": "*fp32", "TI": i64, "V": "i32", "stride": "i32", "NB": "i32", "NC": "i32"}  # fmt: skip
     cases.append((logprobs_triton._row_kernel, lp, {"K": 32, "NC_POW": 2048, "NB_POW": 64}))
+    pen = {"X": "*fp32", "C": "*i32", "S": "*u8", "ROWS": i64, "REP": "*fp32", "PRES": "*fp32", "FREQ": "*fp32",
+           "OUT": "*fp32", "V": "i32", "stride": "i32"}  # fmt: skip
+    cases.append((penalty_triton._penalty_kernel, pen, {"BLOCK": penalty_triton.BLOCK}))
     for fn, sig, consts in cases:
         signature: dict[str, str] = {**sig, **{k: "constexpr" for k in consts}}
         src = ASTSource(fn=fn, signature=signature, constexprs=consts)

@@ -92,6 +92,12 @@ class PenaltyState:
 
 
 def apply_penalties(x: torch.Tensor, b: SamplingBatch, state: PenaltyState) -> torch.Tensor:
+    """Repetition, presence and frequency penalties from each row's counts and seen flags: one Triton launch on
+    CUDA (``kernels/penalty_triton.py``), these torch ops (the reference) elsewhere."""
+    if use_triton(x) and x.dtype == torch.float32:
+        from freetoken.kernels.penalty_triton import penalties_triton
+
+        return penalties_triton(x, state.counts, state.seen, b.rows, b.repetition, b.presence, b.frequency)
     counts = state.counts.index_select(0, b.rows).float()  # [B, V]
     seen = state.seen.index_select(0, b.rows)
     r = b.repetition[:, None]
