@@ -98,16 +98,18 @@ peer_prompt() {  # $1: a GGUF, then prompt lengths; all experts on the CPU (--n-
 }
 
 fused_rows() {  # #39, while llama.cpp builds (nice'd; a fused step leaves the CPU to it): the fused step at batch 1,
-  # 6 threads, sampled (temperature 1) and greedy in alternating processes (3 rounds), then the qwen3.6 preset's
-  # (sampled, medians of 3): sampled / greedy and qwen3.6 / qwen3 within one call
+  # 6 threads, sampled (temperature 1), greedy and sampled at Qwen's settings (T 0.7, top-k 20, top-p 0.8) in
+  # alternating processes (3 rounds), then the qwen3.6 preset's (sampled, medians of 3): sampled / greedy and
+  # qwen3.6 / qwen3 within one call
   local F=(--policies fused --cpu-threads 6 --batch 1 --repeats 1 --tokens 128 --warmup 16 --no-moe-only --no-bound) i
   for i in 1 2 3; do
     run_logged 90 "fused_t1_$i" "${E2E[@]}" "${F[@]}" --temperature 1.0
     run_logged 90 "fused_t0_$i" "${E2E[@]}" "${F[@]}" --temperature 0
+    run_logged 90 "fused_qw_$i" "${E2E[@]}" "${F[@]}" --temperature 0.7 --top-k 20 --top-p 0.8
   done
   run_logged 150 fused_q36 python3 -m freetoken.bench.e2e --preset qwen3.6-35b-a3b --layers 12 --dir $Q36 \
     --expert-cache 0.25 "${F[@]}" --repeats 3 --temperature 1.0
-  grep -h "^|" "$OUT"/fused_t1_*.log "$OUT"/fused_t0_*.log "$OUT"/fused_q36.log 2>/dev/null | tee "$OUT/fused_rows.md"
+  grep -h "^|" "$OUT"/fused_t1_*.log "$OUT"/fused_t0_*.log "$OUT"/fused_qw_*.log "$OUT"/fused_q36.log 2>/dev/null | tee "$OUT/fused_rows.md"
   # the qwen3.6 step's kernels (GPU busy, kernels/step, eager fallbacks), whole table under $OUT
   timeout 60 python3 bench/gpu/e2e_profile.py $Q36 --backend fused --batch 1 --top 24 > "$OUT/fused_q36_profile.txt" 2>&1
   tail -1 "$OUT/fused_q36_profile.txt"

@@ -47,11 +47,12 @@ ENGINE_FLAGS = ("device", "dtype", "expert_cache", "max_batched_tokens", "prefil
 ENGINE_DEFAULTS = {"expert_cache": 0.25, "prefill_interleave_ms": None}  # None: the engine's
 def decode_tok_s(
     llm: Any, batch: int, prompt: int, tokens: int, warmup: int, seed: int, temperature: float = 0.0,
-    timed: list[dict[str, Any]] | None = None,
+    timed: list[dict[str, Any]] | None = None, top_k: int = 0, top_p: float = 1.0,
 ) -> float:
     """Generated tokens per second of ``batch`` concurrent requests, after ``warmup`` tokens each: greedy, or
     sampled at ``temperature`` (seeded: a random-weight model then emits varied tokens, as llama-bench feeds
-    random tokens, where greedy decoding repeats a few tokens and so their experts). ``timed``: gets the
+    random tokens, where greedy decoding repeats a few tokens and so their experts), with ``top_k`` and ``top_p``
+    cuts when given (Qwen's recommended 20 and 0.8). ``timed``: gets the
     ``LLM.stats()`` and the per-layer counts (``e2e_bound.snapshot``) before and after the timed tokens (outside
     the timing)."""
     from freetoken.runner.sampling_params import SamplingParams
@@ -59,7 +60,8 @@ def decode_tok_s(
     eng = llm.engine
     vocab = eng.hf.vocab_size
     g = torch.Generator().manual_seed(seed)
-    params = SamplingParams(max_tokens=warmup + tokens, temperature=temperature, ignore_eos=True, seed=seed)
+    params = SamplingParams(max_tokens=warmup + tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                            ignore_eos=True, seed=seed)  # fmt: skip
     for b in range(batch):
         ids = torch.randint(3, vocab, (prompt,), generator=g).tolist()
         eng.add_request(f"bench-{seed}-{b}", ids, params)
@@ -135,7 +137,7 @@ def decode_row(
     peer_runs: list[float] = []
     for rep in range(args.repeats):
         runs.append(decode_tok_s(llm, batch, args.prompt_tokens, args.tokens, args.warmup, rep, args.temperature,
-                                 timed))  # fmt: skip
+                                 timed, args.top_k, args.top_p))  # fmt: skip
         if args.transformers and batch == 1 and threads is threads_list[0] and policy == policies[0]:
             peer.append(transformers_tok_s(path, args.tokens, args.prompt_tokens, rep))
         if peer_ncm is not None:
@@ -203,8 +205,8 @@ def _fused_tok_s(path: Path, args: argparse.Namespace, dev: str, dtype: str, bat
     """One short fused run per batch (T_gpu of the bound when the command has no fused rows)."""
     llm = _load(path, args, dev, dtype, "fused", None, batches)
     try:
-        return {b: decode_tok_s(llm, b, args.prompt_tokens, args.tokens, args.warmup, 0, args.temperature)
-                for b in batches}  # fmt: skip
+        return {b: decode_tok_s(llm, b, args.prompt_tokens, args.tokens, args.warmup, 0, args.temperature, None,
+                                args.top_k, args.top_p) for b in batches}  # fmt: skip
     finally:
         _close(llm)
         del llm
@@ -290,6 +292,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=0.0,
                    help="0: greedy; > 0: seeded sampling (varied tokens, so varied routing, on random weights)")
+    p.add_argument("--top-k", type=int, default=0, help="sampled rows' top-k (0: none; Qwen recommends 20)")
+    p.add_argument("--top-p", type=float, default=1.0, help="sampled rows' top-p (1: none; Qwen recommends 0.8)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--routing-trace", default=None, help="replay [tokens, layers, k] uint8 routing (.npy)")
     p.add_argument("--moe-only", action=argparse.BooleanOptionalAction, default=True,
