@@ -4,7 +4,8 @@ greedy vs temperature 1 vs temperature 1 + top-p 0.95 (sorted, and sort-free: ``
 Qwen's recommended settings (temperature 0.7, top-k 20, top-p 0.8) alone, with a presence penalty over a 2,000-token
 history, and with logprobs too, through
 the torch ops (``sampler.use_triton`` off: the draw's torch reference, the cut's sort) and through the Triton kernels
-(``kernels/draw_triton.py``). Medians of 7 timings of 50 replays (each
+(``kernels/draw_triton.py``; top-k steps ``topk_triton.py``, penalties ``penalty_triton.py``, logprobs
+``logprobs_triton.py``). Medians of 7 timings of 50 replays (each
 replay 10 calls). No grammar mask. Prints a markdown table, then the sort-free cut alone per
 launch shape (tokens per program, warps: ``SHAPES``; the first is the default). Seconds. No arguments.
 ``PYTHONPATH=src python bench/gpu/sample_time.py``"""
