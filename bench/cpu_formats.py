@@ -11,6 +11,9 @@ experts rounded by the format's own quantiser), on huge pages as the engine's po
     PYTHONPATH=src python bench/cpu_formats.py [--formats fp8_block,mxfp4,nvfp4] [--threads 2] [--iters 15]
         [--pool-gib 1.0] [--read-gib 2] [--isa avx2]
 
+A second table gives the queued batches' median timeline per format, thread count and batch (the feeder's batch
+trace: the plan, the operands' step, the three phases, the busy time): where a call's time goes beside its bytes.
+
 The torch baseline dequantises each routed expert with the format's reference (``quant/``) to bf16 and runs
 F.linear on it: what an engine without a kernel for the format does.
 """
@@ -36,6 +39,8 @@ from freetoken.experts.cpu.kernel import CpuExpertKernel  # noqa: E402
 from freetoken.hardware.cpus import physical_cores  # noqa: E402
 from freetoken.hardware.huge_pages import advise_huge_pages  # noqa: E402
 
+TRACE = "#trace "  # a child process's timeline rows, which the parent prints as a table of their own
+
 
 def torch_dequant_experts(x: torch.Tensor, tok: torch.Tensor, row: torch.Tensor, w: torch.Tensor,
                           banks: ExpertBanks) -> torch.Tensor:  # fmt: skip
@@ -60,7 +65,8 @@ def make_banks(fmt: str, D: int, inter: int, pool_gib: float, top_k: int) -> Exp
     return random_banks(shape, 1, torch.bfloat16)
 
 
-def run_threads(args: argparse.Namespace, n: int) -> list[str]:
+def run_threads(args: argparse.Namespace, n: int) -> tuple[list[str], list[str]]:
+    """(the kernel table's rows, the queued batches' timeline rows) on ``n`` threads."""
     D, inter = args.hidden, args.inter
     banks = {f: make_banks(f, D, inter, args.pool_gib, args.top_k) for f in args.formats.split(",")}
     bf16 = make_banks("bf16", D, inter, args.pool_gib, args.top_k)
@@ -70,6 +76,8 @@ def run_threads(args: argparse.Namespace, n: int) -> list[str]:
     kern = CpuExpertKernel(num_threads=n, isa=args.isa, caller_helps=False)
     # as decode drives it (cpu_threads = n): n - 1 workers + the helping feeder, every layer's batch queued at once
     queue = CpuExpertKernel(num_threads=max(1, n - 1), isa=args.isa)
+    queue.trace(1 << 12)  # the queued batches' timelines: where a batch's time goes (experts/cpu/batch_trace.py)
+    traces: dict[tuple[str, int], list[torch.Tensor]] = {}
     torch.set_num_threads(n)
     stream = StreamRead(kern, buf)
     for _ in range(buf.numel() // stream.chunk // 2):  # warm-up: touch the whole buffer once
@@ -83,7 +91,10 @@ def run_threads(args: argparse.Namespace, n: int) -> list[str]:
         calls = [walk.next(x.shape[0]) for _ in range(args.seq)]
         nbytes = sum(torch.unique(row).numel() for _, row, _ in calls) * b.expert_bytes
         if how == "queued":
-            return nbytes / timed(queued_run(queue, x, calls, (b.gate_up, b.down), scales(b))) / 1e9
+            queue.take_trace()  # drop what earlier runs left
+            g = nbytes / timed(queued_run(queue, x, calls, (b.gate_up, b.down), scales(b))) / 1e9
+            traces.setdefault((b.fmt.name, x.shape[0]), []).append(queue.take_trace())
+            return g
 
         def run() -> None:
             for tok, row, w in calls:
@@ -123,6 +134,22 @@ def run_threads(args: argparse.Namespace, n: int) -> list[str]:
             lines.append("| " + " | ".join(cells) + " |")
     kern.close()
     queue.close()
+    return lines, trace_lines(traces, banks, n)
+
+
+def trace_lines(traces: dict[tuple[str, int], list[torch.Tensor]], banks: dict[str, ExpertBanks], n: int) -> list[str]:
+    """The queued batches' median timeline per format and batch (``batch_trace.summarize``), as table rows: the
+    start (the plan), the operands' step (x in the path's form), the three phases, the busy time and its GB/s."""
+    from freetoken.experts.cpu.batch_trace import summarize
+
+    lines = []
+    for (fmt, batch), ts in traces.items():
+        b = next(v for v in banks.values() if v.fmt.name == fmt)
+        for r in summarize(torch.cat(ts), b.expert_bytes):
+            us = r.us
+            cells = [fmt, str(n), str(batch), str(r.experts), str(r.batches)] + [
+                f"{us[k]:.1f}" for k in ("start", "split", "phase1", "phase2", "phase3", "done", "busy")] + [f"{r.gb_s:.1f}"]
+            lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
@@ -150,12 +177,19 @@ def main(argv: list[str] | None = None) -> int:
               "| experts/s vs bf16 |")  # fmt: skip
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     if len(threads) > 1 or not args.one:
+        timelines: list[str] = []
         for n in threads:  # one process per thread count (torch's OpenMP team must not linger)
             cmd = [sys.executable, __file__, *strip_threads(argv), "--threads", str(n), "--one"]
-            subprocess.run(cmd, check=True)
+            out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout.splitlines()
+            print("\n".join(line for line in out if not line.startswith(TRACE)), flush=True)
+            timelines += [line[len(TRACE) :] for line in out if line.startswith(TRACE)]
+        print("\nThe queued batches' median timeline, µs (experts/cpu/batch_trace.py; start: ready flag to phase 1)")
+        print("| format | threads | batch | experts | batches | start | operands | phase 1 | phase 2 | phase 3 | done "
+              "| busy | GB/s busy |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+        print("\n".join(timelines), flush=True)
         return 0
-    for line in run_threads(args, threads[0]):
-        print(line, flush=True)
+    kernel_rows, trace_rows = run_threads(args, threads[0])
+    print("\n".join(kernel_rows + [TRACE + line for line in trace_rows]), flush=True)
     return 0
 
 
