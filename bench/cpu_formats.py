@@ -146,9 +146,8 @@ def trace_lines(traces: dict[tuple[str, int], list[torch.Tensor]], banks: dict[s
     for (fmt, batch), ts in traces.items():
         b = next(v for v in banks.values() if v.fmt.name == fmt)
         for r in summarize(torch.cat(ts), b.expert_bytes):
-            us = r.us
-            cells = [fmt, str(n), str(batch), str(r.experts), str(r.batches)] + [
-                f"{us[k]:.1f}" for k in ("start", "split", "phase1", "phase2", "phase3", "done", "busy")] + [f"{r.gb_s:.1f}"]
+            parts = [f"{r.us[k]:.1f}" for k in ("start", "split", "phase1", "phase2", "phase3", "done", "busy")]
+            cells = [fmt, str(n), str(batch), str(r.experts), str(r.batches), *parts, f"{r.gb_s:.1f}"]
             lines.append("| " + " | ".join(cells) + " |")
     return lines
 
