@@ -7,7 +7,8 @@ the torch ops (``sampler.use_triton`` off: the draw's torch reference, the cut's
 (``kernels/draw_triton.py``; top-k steps ``topk_triton.py``, penalties ``penalty_triton.py``, logprobs
 ``logprobs_triton.py``). Medians of 7 timings of 50 replays (each
 replay 10 calls). No grammar mask. Prints a markdown table, then the sort-free cut alone per
-launch shape (tokens per program, warps: ``SHAPES``; the first is the default). Seconds. No arguments.
+launch shape (tokens per program, warps: ``SHAPES``; the first is the default), then the top-k cut alone per
+first-launch block (``TOPK_BLOCKS``; the first is the default). Seconds. No arguments.
 ``PYTHONPATH=src python bench/gpu/sample_time.py``"""
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ MODES = {  # name: (temperature, top_p, top_k, presence penalty, features)
 }
 
 
+TOPK_BLOCKS = (4096, 2048, 8192, 1024)  # topk_triton's first-launch tokens per program (the first: its default)
 SHAPES = [(1024, 4), (2048, 4), (2048, 8), (1024, 8), (512, 4), (512, 8)]  # nucleus_cut_triton's block, num_warps
 
 
@@ -124,6 +126,21 @@ def _shapes(g: torch.Generator, dev: torch.device) -> None:
         for block, warps in SHAPES:
             us = _replay_us(lambda: nucleus_cut_triton(z, tp, mp, block=block, num_warps=warps))  # noqa: B023
             print(f"| {B} | {block} | {warps} | {us:.1f} |")
+    _topk_blocks(g, dev)
+
+
+def _topk_blocks(g: torch.Generator, dev: torch.device) -> None:
+    """The top-k cut alone (``topk_cut_triton``, K 32: Qwen's top-k 20) per first-launch block, batch 1 and 4."""
+    from freetoken.kernels.topk_triton import topk_cut_triton
+
+    print("\n| batch | top-k block | K | cut µs |\n|---|---|---|---|")
+    for B in (1, 4):
+        x = torch.randn(B, V, generator=g, device=dev) * 3
+        t, tp, mp = torch.full((B,), 0.7, device=dev), torch.full((B,), 0.8, device=dev), torch.zeros(B, device=dev)
+        tk = torch.full((B,), 20, dtype=torch.int64, device=dev)
+        for block in TOPK_BLOCKS:
+            us = _replay_us(lambda: topk_cut_triton(x, 32, t, tk, tp, mp, block=block))  # noqa: B023
+            print(f"| {B} | {block} | 32 | {us:.1f} |")
 
 
 if __name__ == "__main__":
