@@ -46,7 +46,8 @@
 #                  bench/cpu_formats.py (Qwen3's and gpt-oss's experts)
 #   formats        ft bench bw per expert format (bf16, fp8_block, mxfp4, nvfp4) at 6 and 16 threads: B_H, copies
 #   kernels        GPU kernels alone: gemm_tiles.py, fp8_gemm.py, fp4_gemm.py (.before carried: that tree's FP4
-#                  kernel too), dnstep_time.py, hostckpt_copy.py, sample_time.py
+#                  kernel too), dnstep_time.py, hostckpt_copy.py, sample_time.py (kernel_stages.sh, as vbmi)
+#   sampler        the sampler's kernels: their gpu tests, graph_matrix.py (step graph per feature set), sample_time.py
 #   contention     fills against the CPU kernel: contention.py (the kernel beside copies / the gather), gather_bw.py
 #   fla            the hybrid preset qwen3.6-35b-a3b: fla's kernels per head dims (fla_dims.py), decode e2e vs
 #                  MoE-only and the 8k prefill row vs the PCIe bound, with fla and with FREETOKEN_FLA=0
@@ -67,6 +68,7 @@ export PYTHONUNBUFFERED=1 FREETOKEN_CACHE=/tmp/ftc TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 source bench/gpu/lib.sh
 source bench/gpu/peer_stages.sh  # stage_llamacpp, stage_llamacpp_gptoss
+source bench/gpu/kernel_stages.sh  # stage_vbmi, stage_kernels, stage_sampler
 NOT_HERE=(--ignore=tests/test_chat_page_browser.py --ignore=tests/clients)
 
 gpu_files() {  # $1: 1 or 2 (one half of the files holding gpu-marked tests, alternating by name), or "all"
@@ -259,48 +261,6 @@ stage_cpufp4() {  # #35: the FP4 dot products alone (bench/fp4_dot.cpp: one thre
     --read-gib 2 --isa avx512 --hidden 2880 --inter 2880 --top-k 4
   lscpu | grep -E "^(Model name|Thread|Core|Socket)" | tee "$OUT/lscpu.txt"
   tables fp4_dot fp4_dot_avx512 fp4_dot_avx2 cpufp4_avx2 cpufp4_avx512 cpufp4_gptoss
-}
-
-stage_vbmi() {  # #35: the FP4 integer paths' vpdpwssd forms against the plain ones, alternating (PAIR=avx2: AVX2 with
-  # AVX-VNNI against AVX2; else AVX-512 with VBMI / VNNI against AVX-512): the dot products alone (one thread in L2;
-  # 6 and 16 threads, L2 / DRAM / the streaming read), then the kernel (bench/cpu_formats.py) on Qwen3's and
-  # gpt-oss's experts, batch 1 and 4, 6 and 16 threads
-  local f=(-std=c++17 -O3 -mavx2 -mfma -mf16c -pthread -Isrc/freetoken/experts/cpu bench/fp4_dot.cpp) r isa
-  local plain=avx512 vnni=avx512vbmi pf=(-mavx512f -mavx512bw -mavx512vl -DFT_BENCH_AVX512)
-  local vf=(-mavx512f -mavx512bw -mavx512vl -mavx512vbmi -mavx512vnni -DFT_BENCH_AVX512VBMI)
-  if [ "${PAIR:-}" = avx2 ]; then plain=avx2 vnni=avx2vnni pf=(-DFT_BENCH_AVX2) vf=(-mavxvnni -DFT_BENCH_AVX2VNNI); fi
-  g++ "${f[@]}" "${pf[@]}" -o /tmp/dot_plain && g++ "${f[@]}" "${vf[@]}" -o /tmp/dot_vnni || return
-  for r in 1 2; do
-    /tmp/dot_plain 6 16 > "$OUT/dot_${plain}_$r.log" 2>&1; /tmp/dot_vnni 6 16 > "$OUT/dot_${vnni}_$r.log" 2>&1
-  done
-  local fmt=(--formats mxfp4,nvfp4 --threads 6,16 --iters 5 --pool-gib 2 --read-gib 2)
-  local oss=(--formats mxfp4 --threads 6,16 --iters 5 --pool-gib 2 --read-gib 2 --hidden 2880 --inter 2880 --top-k 4)
-  for isa in $plain $vnni; do run_logged 110 "k_$isa" python3 bench/cpu_formats.py "${fmt[@]}" --isa $isa; done
-  for isa in $plain $vnni; do run_logged 110 "oss_$isa" python3 bench/cpu_formats.py "${oss[@]}" --isa $isa; done
-  tables "dot_${plain}_1" "dot_${vnni}_1" "dot_${plain}_2" "dot_${vnni}_2" "k_$plain" "k_$vnni" "oss_$plain" "oss_$vnni"
-}
-
-stage_formats() {  # the CPU kernel's B_H and the copies per expert format (packed bytes), 6 and 16 threads
-  local w t
-  for w in bf16 fp8_block mxfp4 nvfp4; do for t in 6 16; do
-    run_logged 60 "bw_${w}_$t" python3 -m freetoken.cli bench bw --weights "$w" --threads "$t" --no-save --seconds 1 \
-      --read-gib 4 --pool-gib 2
-  done; done
-  for w in bf16 fp8_block mxfp4 nvfp4; do for t in 6 16; do
-    echo "$w $t: $(grep -E '^\| (host read|B_H.?|B_P,fill|B_P.?) \|' "$OUT/bw_${w}_$t.log" | awk -F'|' '{printf "%s=%s ", $2, $3}')"
-  done; done
-}
-
-stage_kernels() {
-  run_logged 90 gemm_tiles python3 bench/gpu/gemm_tiles.py
-  run_logged 150 fp8_gemm python3 bench/gpu/fp8_gemm.py
-  local before=(); [ -d .before/src ] && before=(--before .before/src)  # that tree's FP4 kernel in the same loop
-  run_logged 200 fp4_gemm python3 bench/gpu/fp4_gemm.py "${before[@]}"
-  FREETOKEN_FLA=0 run_logged 90 dnstep_time python3 bench/gpu/dnstep_time.py
-  run_logged 90 hostckpt_copy python3 bench/gpu/hostckpt_copy.py
-  run_logged 90 sample_time python3 bench/gpu/sample_time.py
-  run_logged 240 dsa_time python3 bench/gpu/dsa_time.py  # DSA's Triton scores / prefill against the torch path
-  tables gemm_tiles fp8_gemm fp4_gemm dnstep_time sample_time dsa_time; echo "-- hostckpt_copy"; cat "$OUT/hostckpt_copy.log"
 }
 
 stage_contention() {
