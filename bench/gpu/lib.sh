@@ -109,7 +109,10 @@ fused_rows() {  # #39, while llama.cpp builds (nice'd; a fused step leaves the C
   done
   run_logged 150 fused_q36 python3 -m freetoken.bench.e2e --preset qwen3.6-35b-a3b --layers 12 --dir $Q36 \
     --expert-cache 0.25 "${F[@]}" --repeats 3 --temperature 1.0
-  grep -h "^|" "$OUT"/fused_t1_*.log "$OUT"/fused_t0_*.log "$OUT"/fused_qw_*.log "$OUT"/fused_q36.log 2>/dev/null | tee "$OUT/fused_rows.md"
+  # each log's data row, named (t1: temperature 1, t0: greedy, qw: Qwen's settings; q36: the qwen3.6 preset)
+  for f in "$OUT"/fused_t1_*.log "$OUT"/fused_t0_*.log "$OUT"/fused_qw_*.log "$OUT"/fused_q36.log; do
+    [ -f "$f" ] && echo "$(basename "$f" .log) $(grep "^| [0-9d]" "$f" | tail -1)"
+  done | tee "$OUT/fused_rows.md"
   # the qwen3.6 step's kernels (GPU busy, kernels/step, eager fallbacks), whole table under $OUT
   timeout 60 python3 bench/gpu/e2e_profile.py $Q36 --backend fused --batch 1 --top 24 > "$OUT/fused_q36_profile.txt" 2>&1
   tail -1 "$OUT/fused_q36_profile.txt"
