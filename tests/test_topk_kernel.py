@@ -129,3 +129,48 @@ def test_bad_bounds_are_refused() -> None:
             topk_cut_triton(x, k, one, torch.zeros(1, dtype=torch.int64), one, one * 0)
     with pytest.raises(ValueError, match="float32"):
         topk_cut_triton(x.double(), 16, one, torch.zeros(1, dtype=torch.int64), one, one * 0)
+
+
+def test_a_step_mixing_rows_with_and_without_a_top_k() -> None:
+    """``features_of``: drawn rows with a top-k beside drawn rows without one make a mixed step (the bound over those
+    that have one); a uniform step, or one whose top-k rows are greedy, does not."""
+    from types import SimpleNamespace
+
+    from freetoken.runner.step_sampler import features_of
+
+    def req(temperature: float, top_k: int, top_p: float) -> SimpleNamespace:
+        p = SimpleNamespace(temperature=temperature, top_k=top_k, top_p=top_p, min_p=0.0, greedy=temperature < 1e-5,
+                            has_penalties=False, logprobs=None)  # fmt: skip
+        return SimpleNamespace(params=p, constraint=None)
+
+    mixed = features_of([req(1.0, 20, 0.8), req(0.7, 0, 0.95), req(0.0, 0, 1.0)])
+    assert (mixed.mixed_top_k, mixed.top_k, mixed.nucleus) == (32, 0, False)
+    assert features_of([req(1.0, 20, 0.8), req(0.7, 40, 0.95)]).mixed_top_k == 0  # every drawn row has one
+    assert features_of([req(0.0, 20, 0.8), req(0.7, 0, 0.95)]).mixed_top_k == 0  # the top-k row is greedy
+    assert features_of([req(1.0, 2000, 0.8), req(0.7, 0, 0.95)]).mixed_top_k == 0  # above TOP_K_MAX: the sort
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_mixed_step_takes_each_rows_own_draw(device: str) -> None:
+    """Through ``sample_batch`` with ``mixed_top_k`` and the kernels on (the interpreter on the CPU): rows with a top-k
+    get ``topk_draw_triton``'s token, the others ``nucleus_draw_triton``'s, a greedy row its argmax."""
+    from unittest import mock
+
+    from freetoken.kernels.nucleus_triton import nucleus_draw_triton
+    from freetoken.kernels.topk_triton import topk_draw_triton
+    from freetoken.runner import sampler
+
+    B, V = 6, 3001
+    x = _logits(B, V, 5).to(device)
+    b = _batch(B, 1)
+    b.top_k = torch.tensor([20, 0, 0, 5, 0, 13])
+    d = _on(b, device)
+    f = Features(draw=True, cuts=True, penalties=False, logprobs=False, mixed_top_k=20)
+    with mock.patch.object(sampler, "use_triton", lambda where: True):
+        got = sample_batch(x, d, features=f).ids.cpu()
+    args = (d.temperature, d.top_k, d.top_p, d.min_p, d.seed_lo, d.seed_hi, d.step)
+    by_k = topk_draw_triton(x, 32, *args).cpu()
+    by_p = nucleus_draw_triton(x, d.temperature, d.top_p, d.min_p, d.seed_lo, d.seed_hi, d.step).cpu()
+    has_k = b.top_k > 0
+    assert torch.equal(got[has_k], by_k[has_k]) and torch.equal(got[~has_k], by_p[~has_k])
+    assert int(got[1]) == int(x[1].argmax())  # greedy

@@ -53,6 +53,8 @@ class Features:
     # instead of sorting the whole row (the same kept set: nothing past a row's top_k survives the cut anyway)
     nucleus: bool = False  # no drawn row has a top_k: on CUDA the top-p / min-p cut is a radix select, not a sort
     # (kernels/nucleus_triton.py)
+    mixed_top_k: int = 0  # > 0: some drawn rows have a top_k (at most this) and others none: on CUDA each row takes
+    # the draw of its own kind (topk_triton's or nucleus_triton's); elsewhere the sort, as top_k 0 says
 
 
 @dataclass
@@ -126,6 +128,15 @@ def sample_batch(
 
         # the cut at each row's temperature (a greedy row's at 1, which keeps its argmax), drawn in its masking pass
         ids = nucleus_draw_triton(x, b.temperature, b.top_p, b.min_p, b.seed_lo, b.seed_hi, b.step)
+    elif f.cuts and 0 < f.mixed_top_k <= TOPK_KERNEL_MAX and use_triton(x):
+        from freetoken.kernels.nucleus_triton import nucleus_draw_triton
+        from freetoken.kernels.topk_triton import topk_draw_triton
+
+        # rows with a top-k take its draw, the others the nucleus one (each kernel's other rows are discarded)
+        k = 1 << (f.mixed_top_k - 1).bit_length()
+        by_k = topk_draw_triton(x, k, b.temperature, b.top_k, b.top_p, b.min_p, b.seed_lo, b.seed_hi, b.step)
+        by_p = nucleus_draw_triton(x, b.temperature, b.top_p, b.min_p, b.seed_lo, b.seed_hi, b.step)
+        ids = torch.where(b.top_k > 0, by_k, by_p)
     elif f.cuts and 0 < f.top_k <= TOPK_KERNEL_MAX and use_triton(x):
         from freetoken.kernels.topk_triton import topk_draw_triton
 

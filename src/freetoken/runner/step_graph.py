@@ -299,4 +299,5 @@ def _stages(f: Features) -> str:
     """The sampler stages of ``f`` in words (a capture failure's log line)."""
     on = [name for name in ("draw", "cuts", "penalties", "logprobs", "mask") if getattr(f, name)]
     cut = f" (top-k <= {f.top_k})" if f.top_k else " (sort-free)" if f.nucleus else ""
+    cut = f" (mixed: top-k <= {f.mixed_top_k} or sort-free)" if f.mixed_top_k else cut
     return "stages " + ("+".join(on) if on else "greedy") + cut

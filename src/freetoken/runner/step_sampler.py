@@ -107,6 +107,8 @@ def features_of(reqs: Sequence[StepRequest]) -> Features:
     """The sampler's stages some row of the step needs."""
     p = [r.params for r in reqs]
     cuts = any(not x.greedy and (x.top_k > 0 or x.top_p < 1 or x.min_p > 0) for x in p)
+    drawn_k = [x.top_k for x in p if not x.greedy]
+    mixed = cuts and any(k > 0 for k in drawn_k) and any(k <= 0 for k in drawn_k)
     return Features(
         draw=any(not x.greedy for x in p),
         cuts=cuts,
@@ -115,6 +117,7 @@ def features_of(reqs: Sequence[StepRequest]) -> Features:
         mask=any(r.constraint is not None for r in reqs),
         top_k=top_k_bound([x.top_k for x in p if not x.greedy]),
         nucleus=cuts and all(x.greedy or x.top_k <= 0 for x in p),
+        mixed_top_k=top_k_bound([k for k in drawn_k if k > 0]) if mixed else 0,
     )
 
 
